@@ -1,0 +1,31 @@
+# Two commands do everything on a fresh clone: `make demo` and `make test`.
+# Both create .venv (with a ttnn-capable Python: 3.12 or 3.10) when it is missing.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/find_python.sh
+	@set -euo pipefail; \
+	if [ ! -x "$(PY)" ]; then \
+	  BASE=$$(bash scripts/find_python.sh); \
+	  echo "[make] creating $(VENV) with $$BASE"; \
+	  "$$BASE" -m venv $(VENV); \
+	fi; \
+	$(PY) -m pip install -q --upgrade pip; \
+	$(PY) -m pip install -q -e '.[tt,test]'; \
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/qwen36 demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,244 @@
+"""Checkpoint loading: HF safetensors (single file or sharded with an index), lazy per tensor.
+
+One key mapping lives here. Our canonical names drop the HF wrapper prefix:
+
+    HF (Qwen3_5ForConditionalGeneration)    HF (Qwen3_5ForCausalLM)     canonical
+    model.language_model.embed_tokens.w     model.embed_tokens.w        embed_tokens.weight
+    model.language_model.layers.N.*         model.layers.N.*            layers.N.*
+    model.language_model.norm.weight        model.norm.weight           norm.weight
+    lm_head.weight                          lm_head.weight              lm_head.weight
+    mtp.*                                   mtp.*                       mtp.*
+
+``model.visual.*`` (vision tower) is recognised and ignored. Tensors are opened one at a time with
+``safetensors.safe_open``, so a 55 GB checkpoint is never materialised at once; shapes are checked from
+the file headers before anything is read.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+
+from .config import FULL, LINEAR, Qwen36Config
+
+HF_PREFIXES = ("model.language_model.", "model.")
+IGNORED_PREFIXES = ("model.visual.", "visual.")
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match its config; the message names every offending tensor."""
+
+
+def to_canonical(hf_key: str) -> str | None:
+    """Map an HF key to our canonical name; ``None`` for keys we deliberately ignore (vision tower)."""
+    if hf_key.startswith(IGNORED_PREFIXES):
+        return None
+    if hf_key.startswith(("mtp.", "lm_head.")):
+        return hf_key
+    for p in HF_PREFIXES:
+        if hf_key.startswith(p):
+            return hf_key[len(p):]
+    return hf_key  # unknown: reported as unexpected by validate()
+
+
+def to_hf(canonical: str, wrapped: bool = False) -> str:
+    """Canonical name -> HF key (``wrapped`` selects the ConditionalGeneration layout)."""
+    if canonical.startswith(("mtp.", "lm_head.")):
+        return canonical
+    return ("model.language_model." if wrapped else "model.") + canonical
+
+
+def _attention_shapes(cfg: Qwen36Config, prefix: str) -> dict[str, tuple[int, ...]]:
+    h, d = cfg.hidden_size, cfg.head_dim
+    return {
+        f"{prefix}self_attn.q_proj.weight": (2 * cfg.num_attention_heads * d, h),  # per head [q | gate]
+        f"{prefix}self_attn.k_proj.weight": (cfg.num_key_value_heads * d, h),
+        f"{prefix}self_attn.v_proj.weight": (cfg.num_key_value_heads * d, h),
+        f"{prefix}self_attn.o_proj.weight": (h, cfg.num_attention_heads * d),
+        f"{prefix}self_attn.q_norm.weight": (d,),
+        f"{prefix}self_attn.k_norm.weight": (d,),
+    }
+
+
+def _gdn_shapes(cfg: Qwen36Config, prefix: str) -> dict[str, tuple[int, ...]]:
+    h, hv = cfg.hidden_size, cfg.linear_num_value_heads
+    p = f"{prefix}linear_attn."
+    return {
+        f"{p}in_proj_qkv.weight": (cfg.gdn_conv_dim, h),
+        f"{p}in_proj_z.weight": (cfg.gdn_value_dim, h),
+        f"{p}in_proj_b.weight": (hv, h),
+        f"{p}in_proj_a.weight": (hv, h),
+        f"{p}conv1d.weight": (cfg.gdn_conv_dim, 1, cfg.linear_conv_kernel_dim),
+        f"{p}A_log": (hv,),
+        f"{p}dt_bias": (hv,),
+        f"{p}norm.weight": (cfg.linear_value_head_dim,),
+        f"{p}out_proj.weight": (h, cfg.gdn_value_dim),
+    }
+
+
+def _decoder_layer_shapes(cfg: Qwen36Config, prefix: str, layer_type: str) -> dict[str, tuple[int, ...]]:
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    shapes = _attention_shapes(cfg, prefix) if layer_type == FULL else _gdn_shapes(cfg, prefix)
+    shapes.update({
+        f"{prefix}input_layernorm.weight": (h,),
+        f"{prefix}post_attention_layernorm.weight": (h,),
+        f"{prefix}mlp.gate_proj.weight": (i, h),
+        f"{prefix}mlp.up_proj.weight": (i, h),
+        f"{prefix}mlp.down_proj.weight": (h, i),
+    })
+    return shapes
+
+
+def target_shapes(cfg: Qwen36Config) -> dict[str, tuple[int, ...]]:
+    """Canonical name -> shape for every tensor of the target model."""
+    shapes: dict[str, tuple[int, ...]] = {
+        "embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
+        "norm.weight": (cfg.hidden_size,),
+    }
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    for n, t in enumerate(cfg.layer_types):
+        shapes.update(_decoder_layer_shapes(cfg, f"layers.{n}.", t))
+    return shapes
+
+
+def mtp_shapes(cfg: Qwen36Config) -> dict[str, tuple[int, ...]]:
+    """The 15 ``mtp.*`` tensors: fc, two pre-fc norms, final norm and one full-attention decoder layer."""
+    h = cfg.hidden_size
+    shapes = {
+        "mtp.fc.weight": (h, 2 * h),
+        "mtp.pre_fc_norm_embedding.weight": (h,),
+        "mtp.pre_fc_norm_hidden.weight": (h,),
+        "mtp.norm.weight": (h,),
+    }
+    shapes.update(_decoder_layer_shapes(cfg, "mtp.layers.0.", FULL))
+    return shapes
+
+
+@dataclass
+class CheckpointReader:
+    """Lazy view of a checkpoint directory: canonical name -> (file, HF key)."""
+
+    path: Path
+    config: Qwen36Config
+    locations: dict[str, tuple[Path, str]] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, path: str | Path) -> "CheckpointReader":
+        path = Path(path)
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: checkpoint directory not found")
+        cfg = Qwen36Config.from_file(path)
+        reader = cls(path=path, config=cfg)
+        index = path / INDEX_FILE
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{index}: malformed index ({e})") from e
+            missing_files = sorted({f for f in weight_map.values() if not (path / f).exists()})
+            if missing_files:
+                raise CheckpointError(f"{index}: shard file(s) listed in the index are missing: {missing_files}")
+            files = {k: path / f for k, f in weight_map.items()}
+        elif (path / SINGLE_FILE).exists():
+            with safe_open(path / SINGLE_FILE, framework="pt") as f:
+                files = {k: path / SINGLE_FILE for k in f.keys()}
+        else:
+            raise CheckpointError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+        for hf_key, file in files.items():
+            canon = to_canonical(hf_key)
+            if canon is None:
+                reader.ignored.append(hf_key)
+            elif canon in reader.locations:
+                raise CheckpointError(f"{path}: tensor '{canon}' appears twice (as '{reader.locations[canon][1]}' and '{hf_key}')")
+            else:
+                reader.locations[canon] = (file, hf_key)
+        return reader
+
+    @property
+    def has_mtp(self) -> bool:
+        return any(k.startswith("mtp.") for k in self.locations)
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        file, key = self.locations[name]
+        with safe_open(file, framework="pt") as f:
+            return tuple(f.get_slice(key).get_shape())
+
+    def validate(self, *, require_mtp: bool = False) -> None:
+        """Check every expected tensor is present with the right shape; report all problems at once."""
+        cfg = self.config
+        expected = target_shapes(cfg)
+        has_mtp_tensors = self.has_mtp
+        if require_mtp and not has_mtp_tensors:
+            raise CheckpointError(
+                f"{self.path}: speculative decoding needs the MTP head, but the checkpoint has no 'mtp.*' tensors "
+                f"(expected {len(mtp_shapes(cfg))} tensors such as 'mtp.fc.weight'). Run without speculation or use a "
+                "checkpoint that ships the MTP weights.")
+        if has_mtp_tensors or require_mtp:
+            expected.update(mtp_shapes(cfg))
+        problems: list[str] = []
+        missing = sorted(k for k in expected if k not in self.locations)
+        if missing:
+            problems.append(f"missing tensor(s): {missing}")
+        allowed_extra = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+        unexpected = sorted(k for k in self.locations if k not in expected and k not in allowed_extra)
+        if unexpected:
+            problems.append(f"unexpected tensor(s): {unexpected}")
+        by_file: dict[Path, list[str]] = {}
+        for k in expected:
+            if k in self.locations:
+                by_file.setdefault(self.locations[k][0], []).append(k)
+        for file, names in by_file.items():
+            with safe_open(file, framework="pt") as f:
+                for k in names:
+                    got = tuple(f.get_slice(self.locations[k][1]).get_shape())
+                    if got != tuple(expected[k]):
+                        problems.append(f"tensor '{k}' has shape {list(got)}, expected {list(expected[k])}")
+        if problems:
+            raise CheckpointError(f"{self.path}: checkpoint does not match config.json: " + "; ".join(problems))
+
+    def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        if name not in self.locations:
+            raise CheckpointError(f"{self.path}: tensor '{name}' not in checkpoint")
+        file, key = self.locations[name]
+        with safe_open(file, framework="pt") as f:
+            t = f.get_tensor(key)
+        return t if dtype is None else t.to(dtype)
+
+    def iter_tensors(self, names: list[str] | None = None, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (name, tensor) one at a time, opening each file once."""
+        names = sorted(self.locations) if names is None else names
+        by_file: dict[Path, list[str]] = {}
+        for n in names:
+            if n not in self.locations:
+                raise CheckpointError(f"{self.path}: tensor '{n}' not in checkpoint")
+            by_file.setdefault(self.locations[n][0], []).append(n)
+        for file, ns in by_file.items():
+            with safe_open(file, framework="pt") as f:
+                for n in ns:
+                    t = f.get_tensor(self.locations[n][1])
+                    yield n, (t if dtype is None else t.to(dtype))
+
+
+_LAYER_RE = re.compile(r"^layers\.(\d+)\.")
+
+
+def layer_index(name: str) -> int | None:
+    m = _LAYER_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def load_checkpoint(path: str | Path, *, require_mtp: bool = False) -> CheckpointReader:
+    """Open and fully validate a checkpoint (headers only; no tensor data is read)."""
+    reader = CheckpointReader.open(path)
+    reader.validate(require_mtp=require_mtp)
+    return reader

@@ -1,0 +1,63 @@
+"""Pick the backend a command runs on, explicitly. ``reference`` is the pure-torch model (CPU, or CUDA when
+``--device reference-cuda``); ``emulated-p150*`` / ``p150*`` run the TTNN model through tt_ops.device.
+There is no fallback between them: an unavailable backend is an error."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REFERENCE_DEVICES = ("reference", "reference-cuda")
+TT_DEVICES = ("emulated-p150", "emulated-p150x2", "emulated-p150x4", "p150", "p150x2", "p150x4")
+
+
+def check_device(name: str) -> str:
+    if name not in REFERENCE_DEVICES + TT_DEVICES:
+        raise SystemExit(f"error: unknown --device {name!r}; choose from {', '.join(REFERENCE_DEVICES + TT_DEVICES)}")
+    return name
+
+
+def reference_label(device: str) -> str:
+    if device == "reference-cuda":
+        return f"reference (torch CUDA: {torch.cuda.get_device_name()})"
+    return "reference (torch CPU)"
+
+
+@dataclass
+class ReferenceTarget:
+    model: "object"
+    label: str
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @torch.no_grad()
+    def teacher_forced_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        dev = self.model.embed_tokens.weight.device
+        state = self.model.new_state(1, ids.numel() + 1)
+        return self.model(ids.view(1, -1).to(dev), state).logits[0].cpu()
+
+    @torch.no_grad()
+    def greedy(self, prompt: list[int], max_new_tokens: int, eos_ids: tuple[int, ...]) -> list[int]:
+        from ..reference.model import greedy_generate
+
+        dev = self.model.embed_tokens.weight.device
+        return greedy_generate(self.model, torch.tensor(prompt, device=dev), max_new_tokens, eos_ids)
+
+
+def load_target(ckpt: Path, device: str, dtype: torch.dtype, *, require_mtp: bool = False):
+    """The target model on the requested backend."""
+    check_device(device)
+    if device in REFERENCE_DEVICES:
+        from ..reference.model import Qwen36Model
+
+        if device == "reference-cuda" and not torch.cuda.is_available():
+            raise SystemExit("error: --device reference-cuda but torch sees no CUDA device; use --device reference")
+        dev = "cuda" if device == "reference-cuda" else "cpu"
+        model = Qwen36Model.from_checkpoint(ckpt, dtype=dtype, device=dev, require_mtp=require_mtp)
+        return ReferenceTarget(model, reference_label(device))
+    from ..tt.generator import load_tt_target  # TT model (emulated mesh or cards)
+
+    return load_tt_target(ckpt, device, dtype=dtype, require_mtp=require_mtp)

@@ -1,0 +1,74 @@
+"""qwen36 generate: greedy or speculative (MTP) generation on the reference model or the TT model."""
+from __future__ import annotations
+
+import argparse
+import time
+
+from .common import add_checkpoint_arg, parse_ids, positive_int, resolve_checkpoint, torch_dtype
+
+
+def add_parser(sub, name: str) -> None:
+    p = sub.add_parser(name, help="generate text (greedy, or speculative with --spec-k)")
+    add_checkpoint_arg(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (needs the checkpoint's tokenizer)")
+    src.add_argument("--ids", type=parse_ids, help="prompt token ids, comma-separated")
+    p.add_argument("--max-new-tokens", type=positive_int, default=32)
+    p.add_argument("--device", default="reference", help="reference | reference-cuda | emulated-p150x2 | p150x2 | ...")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    add_spec_args(p)
+    p.set_defaults(run=run)
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (MTP)")
+    g.add_argument("--spec-k", type=int, default=0, help="draft depth K (0 = plain decoding)")
+    g.add_argument("--commit", default="shadow_commit", choices=["snapshot", "shadow_commit", "recompute"],
+                   help="GDN/conv state commit mechanism")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; >0 = stochastic rejection sampling")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def encode_prompt(args, ckpt):
+    if args.ids is not None:
+        return args.ids, None
+    from ..tokenizer import load_tokenizer
+
+    tok = load_tokenizer(ckpt)
+    ids = tok.encode(args.prompt)
+    if not ids:
+        raise SystemExit("error: --prompt encodes to zero tokens")
+    return ids, tok
+
+
+def run(args: argparse.Namespace) -> int:
+    from loguru import logger
+
+    from .backends import check_device, load_target
+
+    check_device(args.device)
+    if args.spec_k < 0:
+        raise SystemExit(f"error: --spec-k must be >= 0, got {args.spec_k}")
+    ckpt = resolve_checkpoint(args.checkpoint)
+    ids, tok = encode_prompt(args, ckpt)
+    if args.spec_k > 0:
+        from ..spec.cli_support import run_speculative_generate
+
+        return run_speculative_generate(args, ckpt, ids, tok)
+    if args.temperature != 0.0:
+        raise SystemExit("error: plain decoding here is greedy; stochastic sampling needs --spec-k >= 1")
+    target = load_target(ckpt, args.device, torch_dtype(args.dtype))
+    vocab = target.config.vocab_size
+    if any(i >= vocab for i in ids):
+        raise SystemExit(f"error: prompt ids outside the vocabulary (size {vocab})")
+    t0 = time.perf_counter()
+    out = target.greedy(ids, args.max_new_tokens, target.config.eos_token_id)
+    dt = time.perf_counter() - t0
+    logger.info(f"[{target.label}] greedy: {len(out)} tokens in {dt:.2f} s ({len(out) / dt:.1f} tok/s, measured on this backend)")
+    print("ids:", ",".join(map(str, out)))
+    if tok is not None:
+        print("prompt:", args.prompt)
+        print("text:", tok.decode(out))
+    return 0

@@ -1,0 +1,102 @@
+"""Project-made checkpoints in HF format (config.json, model.safetensors with mtp.*, tokenizer).
+
+Presets:
+  ci          seconds on CPU; Hv/Hk = 3, head_dim != hidden/heads, partial rotary 0.25, 3 GDN : 1 attention
+  ci-tied     like ci with tied embeddings (tests the tied path)
+  27b-ratios  the real 27B head structure (24/4 attention heads of 256, 16/48 GDN heads of 128) at a small hidden size
+  27b-layers  real 27B per-layer shapes (hidden 5120, MLP 17408) for one GDN and one attention layer; memory checks
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .checkpoint import mtp_shapes, target_shapes, to_hf
+from .config import FULL, LINEAR, Qwen36Config
+from .io_utils import atomic_write, atomic_write_json
+
+_CI = Qwen36Config(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+    layer_types=(LINEAR, LINEAR, LINEAR, FULL),
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, partial_rotary_factor=0.25, rope_theta=10_000_000.0,
+    linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=16, linear_value_head_dim=16,
+    linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=4096, mtp_num_hidden_layers=1,
+)
+
+PRESETS: dict[str, Qwen36Config] = {
+    "ci": _CI,
+    "ci-tied": replace(_CI, tie_word_embeddings=True),
+    "27b-ratios": replace(
+        _CI, vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+        num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128),
+    "27b-layers": replace(
+        _CI, vocab_size=1024, hidden_size=5120, intermediate_size=17408, num_hidden_layers=2,
+        layer_types=(LINEAR, FULL), num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128),
+}
+
+
+def random_weights(cfg: Qwen36Config, seed: int, dtype: torch.dtype = torch.float32,
+                   with_mtp: bool = True) -> dict[str, torch.Tensor]:
+    """Deterministic random weights (canonical names) with scales that keep activations O(1)."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = dict(target_shapes(cfg))
+    if with_mtp:
+        shapes.update(mtp_shapes(cfg))
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(shapes):
+        shape = shapes[name]
+        leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else name.rsplit(".", 1)[-1]
+        if name.endswith("A_log"):
+            # decay per token exp(g) mostly in ~[0.7, 0.99]: the state keeps several tokens, so GDN outputs are
+            # not dominated by one q.k product (a near-zero one makes the gated norm ill-conditioned in fp32)
+            t = torch.empty(shape).uniform_(0.05, 1.0, generator=gen).log()
+        elif name.endswith("dt_bias"):
+            t = -1.0 + 0.1 * torch.randn(shape, generator=gen)
+        elif leaf == "norm" and "linear_attn" in name:  # gated norm: plain weight around 1
+            t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        elif len(shape) == 1:  # zero-centred norms: weight around 0
+            t = 0.1 * torch.randn(shape, generator=gen)
+        elif leaf == "conv1d":
+            t = torch.randn(shape, generator=gen) * shape[-1] ** -0.5
+        elif leaf == "embed_tokens":
+            t = torch.randn(shape, generator=gen)
+        else:  # linear [out, in]
+            t = torch.randn(shape, generator=gen) * shape[-1] ** -0.5
+        out[name] = t.to(dtype)
+    return out
+
+
+def write_checkpoint(out_dir: str | Path, cfg: Qwen36Config, weights: dict[str, torch.Tensor], *,
+                     wrapped: bool = False, tokenizer: bool = True) -> Path:
+    """Write an HF-format directory: config.json, model.safetensors (HF key names), tokenizer files."""
+    from .tokenizer import make_fixed_tokenizer
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer:
+        eos = make_fixed_tokenizer(out_dir, vocab_size=min(cfg.vocab_size, 1024))
+        if not cfg.eos_token_id:
+            cfg = replace(cfg, eos_token_id=(eos,))
+    hf = {to_hf(k, wrapped): v.contiguous() for k, v in weights.items()}
+    atomic_write(out_dir / "model.safetensors", lambda tmp: save_file(hf, tmp, metadata={"format": "pt"}))
+    cfg_dict = cfg.to_hf_dict()
+    if wrapped:
+        cfg_dict = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                    "text_config": cfg_dict, "tie_word_embeddings": cfg.tie_word_embeddings}
+    atomic_write_json(out_dir / "config.json", cfg_dict)
+    return out_dir
+
+
+def make_tiny(out_dir: str | Path, preset: str = "ci", seed: int = 0, dtype: torch.dtype = torch.float32,
+              with_mtp: bool = True) -> Path:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    cfg = PRESETS[preset]
+    if not with_mtp:
+        cfg = replace(cfg, mtp_num_hidden_layers=0)
+    return write_checkpoint(out_dir, cfg, random_weights(cfg, seed, dtype, with_mtp=with_mtp))

@@ -1,0 +1,96 @@
+"""Byte-level BPE tokenizers for project-made checkpoints (trained with the `tokenizers` library) and glue
+to load any checkpoint's tokenizer through ``transformers.AutoTokenizer``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+from .io_utils import atomic_write_json, atomic_write_text
+
+EOS_TOKEN = "<|endoftext|>"
+SPECIAL_TOKENS = [EOS_TOKEN, "<|im_start|>", "<|im_end|>"]
+
+# A fixed corpus for random-weight test checkpoints: the tokenizer must not change when code changes.
+_FIXED_CORPUS = """\
+def fibonacci(n):
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def pop(self):
+        return self.items.pop()
+
+The quick brown fox jumps over the lazy dog. Speculative decoding drafts several tokens with a small head
+and verifies them with one forward pass of the target model; accepted tokens are committed, the rest are
+discarded. Gated DeltaNet layers keep a recurrent state per head, attention layers keep a key/value cache.
+import os, sys, json
+for key, value in sorted(config.items()):
+    print(f"{key} = {value!r}")
+if __name__ == "__main__":
+    main()
+"""
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2):
+    """Train a byte-level BPE tokenizer (deterministic for the same texts and settings)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def save_hf_tokenizer(tok, out_dir: str | Path, model_max_length: int = 32768) -> int:
+    """Write tokenizer.json + tokenizer_config.json loadable by AutoTokenizer. Returns the EOS id."""
+    out_dir = Path(out_dir)
+    atomic_write_text(out_dir / "tokenizer.json", tok.to_str())
+    eos_id = tok.token_to_id(EOS_TOKEN)
+    atomic_write_json(out_dir / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN,
+        "bos_token": None,
+        "unk_token": None,
+        "model_max_length": model_max_length,
+        "clean_up_tokenization_spaces": False,
+    })
+    return eos_id
+
+
+def make_fixed_tokenizer(out_dir: str | Path, vocab_size: int) -> int:
+    """The tokenizer of random-weight tiny checkpoints. Returns the EOS id."""
+    tok = train_bpe([_FIXED_CORPUS] * 4, vocab_size=vocab_size, min_frequency=1)
+    return save_hf_tokenizer(tok, out_dir)
+
+
+def load_tokenizer(checkpoint_dir: str | Path):
+    """The checkpoint's own tokenizer via transformers.AutoTokenizer (fails loudly when absent)."""
+    from transformers import AutoTokenizer
+
+    checkpoint_dir = Path(checkpoint_dir)
+    if not (checkpoint_dir / "tokenizer.json").exists() and not (checkpoint_dir / "tokenizer_config.json").exists():
+        raise FileNotFoundError(f"{checkpoint_dir}: no tokenizer files (tokenizer.json / tokenizer_config.json); pass --ids instead of --prompt")
+    return AutoTokenizer.from_pretrained(str(checkpoint_dir))
+
+
+def tokenizer_vocab_size(checkpoint_dir: str | Path) -> int:
+    data = json.loads((Path(checkpoint_dir) / "tokenizer.json").read_text(encoding="utf-8"))
+    return len(data["model"]["vocab"]) + len(data.get("added_tokens", []))

@@ -1,0 +1,401 @@
+"""The emulating ``ttnn`` namespace handed to model code on the emulated mesh.
+
+Attribute lookup, in order:
+
+1. **Override table** (``registry.OVERRIDES``): ops and host functions the emulator implements itself
+   (tensor creation/transfer, linear/matmul in fp32, collectives, paged cache ops, ring-mode GDN, spec
+   SDPA, traces, mesh mappers...). An override is reachable only if the name exists in the installed
+   ttnn - the emulator never invents API.
+2. **Registered ttnn ops** (``FastOperation``/``Operation``): wrapped so that each call validates the
+   arguments against the real signature, checks the op's dtype/layout table, and runs
+   ``ttnn.get_golden_function(op)`` once per device shard. Ops without a golden raise
+   :class:`NotEmulatedError` naming the op.
+3. **Submodules** (``ttnn.transformer``, ``ttnn.experimental``, ...) become sub-namespaces.
+4. **Classes, enums and constants** are forwarded unchanged (``ttnn.bfloat16``, ``ttnn.MemoryConfig``,
+   ``ttnn.WormholeComputeKernelConfig``...).
+5. **Other plain functions** are forwarded, but refuse (NotEmulatedError) when handed an emulated
+   tensor or mesh, or when they are device-touching (open/close device, ...).
+
+Every device op goes through :meth:`Dispatcher.call`, which counts the work and records it when a
+trace is being captured.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any, Callable
+
+import torch
+
+from . import registry
+from .errors import EmulatorError, NotEmulatedError, TraceRuleError
+from .signatures import dtype_layout_table, signature_of
+from .tensor import EmuTensor, dtype_name, make_like, shard_bytes
+from .ttnn_import import ttnn
+
+try:
+    from ttnn.decorators import FastOperation, Operation
+
+    _OP_TYPES: tuple = (FastOperation, Operation)
+except ImportError:  # pragma: no cover
+    _OP_TYPES = ()
+
+# Device-touching plain callables of ttnn that have no meaning on the emulated mesh.
+REFUSED = {
+    "ttnn.open_device",
+    "ttnn.close_device",
+    "ttnn.open_mesh_device",
+    "ttnn.close_mesh_device",
+    "ttnn.manage_device",
+    "ttnn.CreateDevice",
+    "ttnn.CreateDevices",
+    "ttnn.CloseDevice",
+    "ttnn.CloseDevices",
+    "ttnn.set_fabric_config",
+    "ttnn.get_device_tensors_from_device",
+    "ttnn.dump_device_memory_state",
+    "ttnn.get_memory_view",
+    "ttnn.ReadDeviceProfiler",
+    "ttnn.SetDefaultDevice",
+    "ttnn.GetDefaultDevice",
+    "ttnn.create_submesh",
+    "ttnn.light_metal_begin_capture",
+    "ttnn.light_metal_end_capture",
+    "ttnn.create_global_semaphore",
+    "ttnn.create_global_circular_buffer",
+}
+
+
+def iter_tensors(obj):
+    if isinstance(obj, EmuTensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from iter_tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from iter_tensors(o)
+
+
+def map_shards(obj, i: int, convert: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    """Replace every EmuTensor inside ``obj`` by its shard ``i`` (optionally converted)."""
+    if isinstance(obj, EmuTensor):
+        s = obj.shards[i]
+        return convert(s) if convert else s
+    if isinstance(obj, list):
+        return [map_shards(o, i, convert) for o in obj]
+    if isinstance(obj, tuple):
+        return tuple(map_shards(o, i, convert) for o in obj)
+    if isinstance(obj, dict):
+        return {k: map_shards(v, i, convert) for k, v in obj.items()}
+    return obj
+
+
+def bytes_by_dtype(tensors) -> dict:
+    out: dict = {}
+    seen = set()
+    for t in tensors:
+        if id(t) in seen or not t.on_device:
+            continue
+        seen.add(id(t))
+        k = dtype_name(t.dtype)
+        out[k] = out.get(k, 0) + shard_bytes(t._shards[0].shape, t.dtype, t.layout)
+    return out
+
+
+class Dispatcher:
+    """Validates, counts, records (capture) and executes device ops on one emulated mesh."""
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+
+    def _bind_names(self, sig, args, kwargs) -> dict:
+        """Map call arguments to parameter names (first overload whose positional list fits)."""
+        named = dict(kwargs)
+        for o in sig.overloads:
+            if len(args) <= len(o.positional):
+                for name, a in zip(o.positional, args):
+                    named.setdefault(name, a)
+                break
+        return named
+
+    def check_inputs(self, op_name: str, args, kwargs, real_op) -> None:
+        mesh = self.mesh
+        for t in iter_tensors((args, kwargs)):
+            if t._deallocated and not (mesh.trace.replaying and not t._freed):
+                raise EmulatorError(f"{op_name}: input tensor {t.logical_shape_list} was deallocated")
+            if not t.on_device:
+                raise EmulatorError(
+                    f"{op_name}: input tensor {t.logical_shape_list} ({dtype_name(t.dtype)}) is on host; device ops "
+                    "need device tensors (ttnn.from_torch(..., device=mesh) or ttnn.to_device)"
+                )
+            if t.mesh is not mesh:
+                raise EmulatorError(f"{op_name}: input tensor lives on another mesh ({t.mesh!r})")
+            if t.num_shards != mesh.num_devices:
+                raise EmulatorError(
+                    f"{op_name}: input tensor has {t.num_shards} shards, mesh has {mesh.num_devices} devices"
+                )
+        if real_op is not None:
+            table = dtype_layout_table(op_name, real_op)
+            if table:
+                sig = signature_of(op_name, real_op)
+                named = self._bind_names(sig, args, kwargs)
+                for arg_name, rows in table.items():
+                    t = named.get(arg_name)
+                    if not isinstance(t, EmuTensor):
+                        continue
+                    dn, ln = dtype_name(t.dtype), t.layout.name
+                    if not any(dn in dts and ln in lys for dts, lys in rows):
+                        allowed = "; ".join(f"{sorted(d)} in {sorted(l)}" for d, l in rows)
+                        raise EmulatorError(
+                            f"{op_name}: {arg_name} is {dn} in {ln} layout; the op supports {allowed} "
+                            "(from the op's 'Supported data types and layouts' table)"
+                        )
+
+    def call(self, op_name: str, impl: Callable, args: tuple, kwargs: dict, *, real_op=None, collective_bytes=None):
+        mesh = self.mesh
+        mesh.check_open()
+        if real_op is not None:
+            signature_of(op_name, real_op).validate(args, kwargs)
+        self.check_inputs(op_name, args, kwargs, real_op)
+        trace = mesh.trace
+        inputs = list(iter_tensors((args, kwargs)))
+        read = bytes_by_dtype(inputs)
+        if trace.capturing is not None:
+            tr = trace.capturing
+            trace.dry = True
+            try:
+                out = impl(*args, **kwargs)
+            finally:
+                trace.dry = False
+            tr.steps.append(_make_step(op_name, impl, args, kwargs, out))
+            written = bytes_by_dtype(iter_tensors(out))
+            cb = collective_bytes(args, kwargs, out) if collective_bytes else None
+            with mesh.counters._sink(tr.counts):
+                mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False)
+            return out
+        out = impl(*args, **kwargs)
+        written = bytes_by_dtype(iter_tensors(out))
+        cb = collective_bytes(args, kwargs, out) if collective_bytes else None
+        mesh.counters.record_op(op_name, read, written, collective_bytes=cb)
+        return out
+
+
+def _make_step(op_name, impl, args, kwargs, out):
+    from .trace import TraceStep
+
+    return TraceStep(op_name=op_name, impl=impl, args=args, kwargs=kwargs, outputs=out)
+
+
+def write_inplace(t: EmuTensor, new_shards: list[torch.Tensor]) -> None:
+    """In-place update of an existing device buffer (suppressed during a capture's dry evaluation)."""
+    mesh = t.mesh
+    if mesh is not None and mesh.trace.dry:
+        return
+    t.set_shards([s.contiguous() for s in new_shards])
+
+
+# --------------------------------------------------------------------------------------------------
+# Golden-backed ops
+# --------------------------------------------------------------------------------------------------
+def _out_dtype_for(golden_out: torch.Tensor, args, kwargs, ref: EmuTensor):
+    if kwargs.get("dtype") is not None:
+        return kwargs["dtype"]
+    if golden_out.dtype == torch.bool:
+        return ref.dtype
+    if not golden_out.is_floating_point():
+        for t in iter_tensors((args, kwargs)):
+            if dtype_name(t.dtype) in ("UINT32", "INT32", "UINT16", "UINT8"):
+                return t.dtype
+        return ttnn.uint32
+    for t in iter_tensors((args, kwargs)):
+        if dtype_name(t.dtype) not in ("UINT32", "INT32", "UINT16", "UINT8"):
+            return t.dtype
+    return ttnn.bfloat16
+
+
+def golden_impl(op_name: str, real_op) -> Callable:
+    golden = getattr(real_op, "golden_function", None)
+
+    def impl(*args, **kwargs):
+        if golden is None:
+            raise NotEmulatedError(
+                f"{op_name} exists in ttnn 0.81.1 but has no golden function and no emulation in tt_ops.emulator; "
+                "add an emulation (tt_ops/emulator/ops_*.py) with a test against an independent torch formulation"
+            )
+        inputs = list(iter_tensors((args, kwargs)))
+        if not inputs:
+            raise NotEmulatedError(f"{op_name}: no device tensor argument; creation ops are not emulated")
+        ref = inputs[0]
+        out_kw = kwargs.get("output_tensor")
+        gkw = {k: v for k, v in kwargs.items() if k not in ("output_tensor", "memory_config", "compute_kernel_config")}
+        results = []
+        for i in range(ref.num_shards):
+            r = golden(*map_shards(args, i), **map_shards(gkw, i))
+            results.append(r)
+        return _assemble(op_name, results, args, kwargs, ref, out_kw)
+
+    return impl
+
+
+def _assemble(op_name, results, args, kwargs, ref, out_kw=None):
+    first = results[0]
+    mem = kwargs.get("memory_config")
+    if isinstance(first, torch.Tensor):
+        dtype = _out_dtype_for(first, args, kwargs, ref)
+        layout = ref.layout
+        if out_kw is not None:
+            from .tensor import quantize_via_ttnn
+
+            write_inplace(out_kw, [quantize_via_ttnn(r, out_kw.dtype) for r in results])
+            return out_kw
+        return make_like(ref, results, dtype=dtype, layout=layout, memory_config=mem)
+    if isinstance(first, (tuple, list)):
+        parts = []
+        for j in range(len(first)):
+            col = [r[j] for r in results]
+            if col[0] is None:
+                parts.append(None)
+            elif isinstance(col[0], torch.Tensor):
+                dtype = _out_dtype_for(col[0], args, kwargs, ref)
+                parts.append(make_like(ref, col, dtype=dtype, memory_config=mem))
+            else:
+                parts.append(col[0])
+        return type(first)(parts) if isinstance(first, tuple) else parts
+    if first is None:
+        return None
+    return first
+
+
+# --------------------------------------------------------------------------------------------------
+# The namespace
+# --------------------------------------------------------------------------------------------------
+class OpProxy:
+    """Callable standing in for one ttnn op on the emulated mesh."""
+
+    __slots__ = ("op_name", "real_op", "impl", "dispatcher", "collective_bytes", "__doc__", "__name__")
+
+    def __init__(self, op_name, real_op, impl, dispatcher, collective_bytes=None):
+        self.op_name = op_name
+        self.real_op = real_op
+        self.impl = impl
+        self.dispatcher = dispatcher
+        self.collective_bytes = collective_bytes
+        self.__doc__ = getattr(real_op, "__doc__", None)
+        self.__name__ = op_name
+
+    def __call__(self, *args, **kwargs):
+        return self.dispatcher.call(
+            self.op_name, self.impl, args, kwargs, real_op=self.real_op, collective_bytes=self.collective_bytes
+        )
+
+    def __repr__(self):
+        return f"<emulated op {self.op_name}>"
+
+
+class HostFunction:
+    """Host-side / control function override (tensor transfer, traces, mappers): validated, not counted."""
+
+    __slots__ = ("name", "fn", "real", "mesh", "__doc__", "__name__")
+
+    def __init__(self, name, fn, real, mesh):
+        self.name = name
+        self.fn = fn
+        self.real = real
+        self.mesh = mesh
+        self.__doc__ = getattr(real, "__doc__", None)
+        self.__name__ = name
+
+    def __call__(self, *args, **kwargs):
+        if self.real is not None and registry.validate_host(self.name):
+            signature_of(self.name, self.real).validate(args, kwargs)
+        return self.fn(self.mesh, *args, **kwargs)
+
+    def __repr__(self):
+        return f"<emulated host function {self.name}>"
+
+
+class _Refused:
+    def __init__(self, name):
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        raise NotEmulatedError(
+            f"{self.name} touches real devices and is not available on the emulated mesh; "
+            "open devices only through tt_ops.device.open_mesh(...)"
+        )
+
+
+class _GuardedFunction:
+    """A forwarded plain ttnn function that refuses emulated tensors/meshes (it would hit C++)."""
+
+    def __init__(self, name, fn):
+        self.name = name
+        self.fn = fn
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, *args, **kwargs):
+        from .mesh import EmulatedMeshDevice
+
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, (EmuTensor, EmulatedMeshDevice)) or any(True for _ in iter_tensors(a)):
+                raise NotEmulatedError(
+                    f"{self.name} is a plain ttnn function that works on real device objects; it has no emulation"
+                )
+        return self.fn(*args, **kwargs)
+
+
+class EmulatedTTNN(types.SimpleNamespace):
+    """``ttnn`` as seen by model code on the emulated mesh. See the module docstring."""
+
+    def __init__(self, mesh, path: str = "ttnn", real_module=ttnn):
+        object.__setattr__(self, "_mesh", mesh)
+        object.__setattr__(self, "_path", path)
+        object.__setattr__(self, "_real", real_module)
+        object.__setattr__(self, "_dispatcher", mesh.__dict__.get("_dispatcher") or Dispatcher(mesh))
+        object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "is_emulated", True)
+
+    def __repr__(self):
+        return f"<emulating namespace {self._path} on {self._mesh.label_short}>"
+
+    def __dir__(self):
+        return sorted(set(dir(self._real)))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        cache = self._cache
+        if name in cache:
+            return cache[name]
+        full = f"{self._path}.{name}"
+        registry.load_all()
+        real = getattr(self._real, name)  # AttributeError for names the installed ttnn lacks
+        value = self._resolve(full, name, real)
+        cache[name] = value
+        return value
+
+    def _resolve(self, full: str, name: str, real: Any) -> Any:
+        spec = registry.OVERRIDES.get(full)
+        if spec is not None:
+            if spec.kind == "op":
+                return OpProxy(full, real if isinstance(real, _OP_TYPES) else None, spec.fn, self._dispatcher,
+                               collective_bytes=spec.collective_bytes)
+            return HostFunction(full, spec.fn, real, self._mesh)
+        if full in REFUSED:
+            return _Refused(full)
+        if _OP_TYPES and isinstance(real, _OP_TYPES):
+            return OpProxy(full, real, golden_impl(full, real), self._dispatcher)
+        if isinstance(real, types.ModuleType):
+            return EmulatedTTNN(self._mesh, full, real)
+        if inspect.isclass(real):
+            return real
+        if callable(real) and not isinstance(real, (int, float, str)):
+            if type(real).__name__ in ("nb_func", "function", "builtin_function_or_method"):
+                return _GuardedFunction(full, real)
+            return real
+        return real
+
+    def __setattr__(self, key, value):
+        raise AttributeError("the emulating ttnn namespace is read-only")

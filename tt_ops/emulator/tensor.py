@@ -1,0 +1,362 @@
+"""Emulated ttnn tensors: one torch tensor per device plus ttnn metadata.
+
+An :class:`EmuTensor` stands in for a (multi-device) ``ttnn.Tensor``. It holds
+
+* ``shards``: one torch tensor per mesh device (row-major over mesh coordinates), stored at the
+  *logical* shape (tile padding is metadata, reported through ``padded_shape``),
+* ``dtype`` (a real ``ttnn.DataType``), ``layout`` (``ttnn.Layout``), memory config,
+* the mesh it lives on (``None`` for a host tensor that was never mapped) and its storage
+  (``HOST`` or ``DEVICE``), plus an allocation flag.
+
+Storage dtypes: bfloat16 -> torch.bfloat16, float32 -> torch.float32, bfloat8_b/bfloat4_b ->
+torch.bfloat16 holding the *dequantised* values produced by ttnn's own host packer (exact in
+bf16), integer dtypes -> the matching torch integer dtype (uint32 -> torch.int64 so indices work
+everywhere; ``to_torch`` gives back ``torch.uint32`` like ttnn).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+
+from .errors import EmulatorError
+from .ttnn_import import ttnn
+
+TILE = 32
+
+# Bytes of one 32x32 tile per dtype (ttnn.tile_size gives the same numbers; tested).
+TILE_BYTES = {
+    "BFLOAT16": 2048,
+    "FLOAT32": 4096,
+    "BFLOAT8_B": 1088,  # 1024 mantissa bytes + 64 shared-exponent bytes
+    "BFLOAT4_B": 576,  # 512 + 64
+    "UINT32": 4096,
+    "INT32": 4096,
+    "UINT16": 2048,
+    "UINT8": 1024,
+}
+ELEMENT_BYTES = {"BFLOAT16": 2, "FLOAT32": 4, "UINT32": 4, "INT32": 4, "UINT16": 2, "UINT8": 1}
+
+BLOCK_FLOAT = ("BFLOAT8_B", "BFLOAT4_B")
+
+
+def dtype_name(dtype) -> str:
+    return dtype.name if hasattr(dtype, "name") else str(dtype)
+
+
+def storage_torch_dtype(dtype) -> torch.dtype:
+    name = dtype_name(dtype)
+    return {
+        "BFLOAT16": torch.bfloat16,
+        "FLOAT32": torch.float32,
+        "BFLOAT8_B": torch.bfloat16,
+        "BFLOAT4_B": torch.bfloat16,
+        "UINT32": torch.int64,
+        "INT32": torch.int32,
+        "UINT16": torch.int32,
+        "UINT8": torch.int32,
+    }[name]
+
+
+def ttnn_dtype_from_torch(tdtype: torch.dtype):
+    mapping = {
+        torch.bfloat16: ttnn.bfloat16,
+        torch.float32: ttnn.float32,
+        torch.float16: ttnn.bfloat16,
+        torch.float64: ttnn.float32,
+        torch.int32: ttnn.int32,
+        torch.int64: ttnn.uint32,
+        torch.uint8: ttnn.uint8,
+        torch.int16: ttnn.uint16,
+        torch.bool: ttnn.uint8,
+    }
+    if hasattr(torch, "uint32"):
+        mapping[torch.uint32] = ttnn.uint32
+    if hasattr(torch, "uint16"):
+        mapping[torch.uint16] = ttnn.uint16
+    if tdtype not in mapping:
+        raise EmulatorError(f"from_torch: torch dtype {tdtype} has no ttnn equivalent")
+    return mapping[tdtype]
+
+
+def to_torch_dtype(dtype) -> torch.dtype:
+    """torch dtype that real ``ttnn.to_torch`` returns for a ttnn dtype (verified on 0.81.1)."""
+    name = dtype_name(dtype)
+    return {
+        "BFLOAT16": torch.bfloat16,
+        "FLOAT32": torch.float32,
+        "BFLOAT8_B": torch.float32,
+        "BFLOAT4_B": torch.float32,
+        "UINT32": getattr(torch, "uint32", torch.int64),
+        "INT32": torch.int32,
+        "UINT16": getattr(torch, "uint16", torch.int32),
+        "UINT8": torch.uint8,
+    }[name]
+
+
+def is_block_float(dtype) -> bool:
+    return dtype_name(dtype) in BLOCK_FLOAT
+
+
+def is_tile(layout) -> bool:
+    return layout == ttnn.TILE_LAYOUT
+
+
+def padded_shape_of(shape: Sequence[int], layout) -> list[int]:
+    shape = list(shape)
+    if not is_tile(layout):
+        return shape
+    if len(shape) == 0:
+        return [TILE, TILE]
+    if len(shape) == 1:
+        return [TILE, _round_up(shape[0])]
+    return shape[:-2] + [_round_up(shape[-2]), _round_up(shape[-1])]
+
+
+def _round_up(n: int, m: int = TILE) -> int:
+    return ((int(n) + m - 1) // m) * m
+
+
+def shard_bytes(shape: Sequence[int], dtype, layout) -> int:
+    """Tile-accurate bytes one device holds for a tensor of this (logical) shape."""
+    name = dtype_name(dtype)
+    if is_tile(layout):
+        padded = padded_shape_of(shape, layout)
+        tiles = math.prod(padded[:-2]) * (padded[-2] // TILE) * (padded[-1] // TILE)
+        return tiles * TILE_BYTES[name]
+    if name in BLOCK_FLOAT:
+        raise EmulatorError(f"{name} requires TILE layout")
+    return math.prod(shape) * ELEMENT_BYTES[name]
+
+
+def check_dtype_layout(dtype, layout, where: str) -> None:
+    if is_block_float(dtype) and not is_tile(layout):
+        raise EmulatorError(
+            f"{where}: {dtype_name(dtype)} requires ttnn.TILE_LAYOUT (cards reject block-float dtypes in "
+            f"{getattr(layout, 'name', layout)} layout: 'Layout must be Layout::TILE for bfloat8_b or bfloat4_b')"
+        )
+
+
+def quantize_via_ttnn(shard: torch.Tensor, dtype) -> torch.Tensor:
+    """Round a torch tensor to ``dtype`` exactly as ttnn's host conversion does; return storage values.
+
+    Block-float dtypes go through the real ttnn host packer (``ttnn.from_torch(..., TILE)`` and back), so
+    the quantisation error is the real one. The source dtype is kept (fp32 and bf16 sources give different
+    bf8 codes), except dtypes ttnn cannot take (float64/float16), which are cast to float32 first.
+    """
+    name = dtype_name(dtype)
+    if name in BLOCK_FLOAT:
+        src = shard
+        if src.dtype not in (torch.float32, torch.bfloat16):
+            src = src.to(torch.float32)
+        if src.numel() == 0:
+            return src.to(torch.bfloat16)
+        packed = ttnn.from_torch(src.contiguous(), dtype=dtype, layout=ttnn.TILE_LAYOUT)
+        return ttnn.to_torch(packed).to(torch.bfloat16).reshape(shard.shape)
+    target = storage_torch_dtype(dtype)
+    if name == "BFLOAT16":
+        return shard.to(torch.bfloat16)
+    if name == "FLOAT32":
+        return shard.to(torch.float32)
+    # integer dtypes
+    if shard.is_floating_point():
+        shard = shard.to(torch.int64)
+    return shard.to(target)
+
+
+class EmuTensor:
+    """Stand-in for a (multi-device) ``ttnn.Tensor`` on the emulated mesh."""
+
+    __slots__ = (
+        "_shards",
+        "dtype",
+        "layout",
+        "_memory_config",
+        "mesh",
+        "on_device",
+        "_deallocated",
+        "_freed",
+        "placements",
+        "persistent",
+        "trace_owner",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        shards: list[torch.Tensor],
+        dtype,
+        layout,
+        *,
+        mesh=None,
+        on_device: bool = False,
+        memory_config=None,
+        placements=None,
+    ):
+        if not shards:
+            raise EmulatorError("EmuTensor needs at least one shard")
+        self._shards = shards
+        self.dtype = dtype
+        self.layout = layout
+        self._memory_config = memory_config if memory_config is not None else ttnn.DRAM_MEMORY_CONFIG
+        self.mesh = mesh
+        self.on_device = on_device
+        self._deallocated = False
+        self._freed = False
+        self.placements = placements  # description of how the host tensor was mapped (for to_torch hints)
+        self.persistent = True  # cleared for tensors allocated inside a trace capture
+        self.trace_owner = None  # trace id whose capture allocated this tensor
+
+    # ---- data access -------------------------------------------------------------------------
+    @property
+    def shards(self) -> list[torch.Tensor]:
+        if self._deallocated and (self._freed or self.mesh is None or not self.mesh.trace.replaying):
+            raise EmulatorError(
+                f"use of a deallocated tensor (shape {list(self._shards_shape())}, {dtype_name(self.dtype)}): "
+                "ttnn.deallocate() was called on it"
+            )
+        return self._shards
+
+    def _shards_shape(self):
+        return self._shards[0].shape if self._shards else ()
+
+    def set_shards(self, new: list[torch.Tensor]) -> None:
+        if len(new) != len(self._shards):
+            raise EmulatorError(f"shard count mismatch: tensor has {len(self._shards)}, got {len(new)}")
+        self._shards = new
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._shards)
+
+    # ---- ttnn.Tensor-like metadata -----------------------------------------------------------
+    @property
+    def shape(self):
+        return ttnn.Shape(list(self._shards[0].shape))
+
+    @property
+    def logical_shape_list(self) -> list[int]:
+        return list(self._shards[0].shape)
+
+    @property
+    def padded_shape(self):
+        return ttnn.Shape(padded_shape_of(self._shards[0].shape, self.layout))
+
+    def get_dtype(self):
+        return self.dtype
+
+    def get_layout(self):
+        return self.layout
+
+    def memory_config(self):
+        return self._memory_config
+
+    def storage_type(self):
+        return ttnn.StorageType.DEVICE if self.on_device else ttnn.StorageType.HOST
+
+    def is_allocated(self) -> bool:
+        return not self._deallocated
+
+    def device(self):
+        return self.mesh if self.on_device else None
+
+    def is_sharded(self) -> bool:
+        return bool(self._memory_config.is_sharded())
+
+    def logical_volume(self) -> int:
+        return math.prod(self._shards[0].shape)
+
+    def volume(self) -> int:
+        return math.prod(padded_shape_of(self._shards[0].shape, self.layout))
+
+    def bytes_per_device(self) -> int:
+        return shard_bytes(self._shards[0].shape, self.dtype, self.layout)
+
+    def element_size(self) -> int:
+        return ELEMENT_BYTES.get(dtype_name(self.dtype), 1)
+
+    def __len__(self) -> int:
+        return int(self._shards[0].shape[0])
+
+    def __repr__(self) -> str:
+        where = f"device(mesh {self.mesh.label_short})" if self.on_device and self.mesh else "host"
+        state = "" if not self._deallocated else ", deallocated"
+        return (
+            f"EmuTensor(shape={list(self._shards[0].shape)}, padded={list(self.padded_shape)}, "
+            f"dtype={dtype_name(self.dtype)}, layout={self.layout.name}, shards={len(self._shards)}, {where}{state})"
+        )
+
+    # ttnn.Tensor has `.to(device, memory_config)` and `.cpu()`; route through the namespace ops.
+    def to(self, device_or_layout: Any, memory_config=None, *args, **kwargs):
+        from . import ops_core
+
+        if isinstance(device_or_layout, type(ttnn.TILE_LAYOUT)):
+            return ops_core.to_layout(self, device_or_layout)
+        return ops_core.to_device(self, device_or_layout, memory_config=memory_config)
+
+    def cpu(self, blocking: bool = True, cq_id=None):
+        from . import ops_core
+
+        return ops_core.from_device(self)
+
+    def to_torch(self, *args, **kwargs):
+        from . import ops_core
+
+        return ops_core.to_torch(self, *args, **kwargs)
+
+    # Arithmetic operators route through the emulated namespace like ttnn's do.
+    def _ns(self):
+        if self.mesh is None:
+            raise EmulatorError("arithmetic on a host tensor: move it to the device first")
+        return self.mesh.ttnn
+
+    def __add__(self, other):
+        return self._ns().add(self, other)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return self._ns().subtract(self, other)
+
+    def __rsub__(self, other):
+        return self._ns().subtract(other, self)
+
+    def __mul__(self, other):
+        return self._ns().multiply(self, other)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        return self._ns().divide(self, other)
+
+    def __neg__(self):
+        return self._ns().neg(self)
+
+    def __getitem__(self, key):
+        raise EmulatorError(
+            "EmuTensor indexing is not emulated; use ttnn.slice(...) (the op model code should use on cards)"
+        )
+
+
+def make_like(
+    ref: EmuTensor, shards: list[torch.Tensor], *, dtype=None, layout=None, memory_config=None
+) -> EmuTensor:
+    """New device tensor on ``ref``'s mesh, values rounded to ``dtype`` (default ``ref.dtype``)."""
+    dtype = ref.dtype if dtype is None else dtype
+    layout = ref.layout if layout is None else layout
+    check_dtype_layout(dtype, layout, "op output")
+    return new_device_tensor(
+        ref.mesh,
+        [quantize_via_ttnn(s, dtype) for s in shards],
+        dtype,
+        layout,
+        memory_config=memory_config if memory_config is not None else ref.memory_config(),
+    )
+
+
+def new_device_tensor(mesh, shards, dtype, layout, memory_config=None) -> EmuTensor:
+    t = EmuTensor(list(shards), dtype, layout, mesh=mesh, on_device=True, memory_config=memory_config)
+    mesh.on_allocate(t)
+    return t

@@ -1,0 +1,225 @@
+"""Trace capture and replay on the emulated mesh.
+
+Cards record the commands issued between ``begin_trace_capture`` and ``end_trace_capture`` and do
+*not* execute them; ``execute_trace`` replays the recorded programs against whatever the device
+buffers hold at that moment. The emulator does the same:
+
+* During capture every device op is *recorded* (op implementation, arguments, outputs). To give the
+  caller output tensors with the right shape/dtype, the op is evaluated once in "dry" mode: all
+  in-place writes to existing buffers (``copy``, cache updates, GDN ring writes, ``output_tensor=``)
+  are suppressed, so capture never changes device state. Outputs allocated during capture are the
+  trace's persistent output buffers; at ``end_trace_capture`` their contents are poisoned (NaN for
+  floats, -1 / max for integers) because on cards they hold garbage until the first replay.
+* ``execute_trace`` re-runs the recorded steps in order; each step's fresh results are written into the
+  recorded output buffers *in place*, so tensors the caller holds from capture see the new values, and
+  later steps read them.
+
+Rules enforced (each raises :class:`TraceRuleError` with the reason):
+
+1. ``begin_trace_capture`` needs ``trace_region_size > 0`` at mesh open.
+2. No host-to-device writes inside capture: ``from_torch``/``as_tensor``/``to_device`` to the mesh,
+   ``copy_host_to_device_tensor``; and no device-to-host reads (``to_torch``/``from_device``).
+3. Traced inputs are persistent device buffers: an op input inside capture must be a device tensor; new
+   values reach a trace only through ``copy_host_to_device_tensor(host, persistent_buffer)`` between
+   replays (shard count, shape, dtype and layout must match the buffer).
+4. No device allocation while a trace is live (captured and not released), outside capture. Policy is
+   set at open (``alloc_while_trace_live="error"`` default, or ``"warn"`` like tt-metal's warning).
+5. A buffer owned by a live trace (allocated during its capture) cannot be deallocated eagerly, and a
+   trace whose input buffer was deallocated cannot be replayed.
+6. No nested capture, no ``execute_trace`` inside a capture, no replay of a released/unknown trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from .counters import Counts
+from .errors import TraceRuleError
+
+
+@dataclasses.dataclass
+class TraceStep:
+    op_name: str
+    impl: Callable
+    args: tuple
+    kwargs: dict
+    outputs: Any
+
+
+@dataclasses.dataclass
+class Trace:
+    trace_id: int
+    cq_id: int
+    steps: list = dataclasses.field(default_factory=list)
+    counts: Counts = dataclasses.field(default_factory=lambda: Counts("trace"))
+    owned: list = dataclasses.field(default_factory=list)  # tensors allocated during capture
+    complete: bool = False
+    released: bool = False
+
+
+class EmuTraceId:
+    """Stand-in for ``ttnn.MeshTraceId``."""
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def __int__(self) -> int:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"EmuTraceId({self.value})"
+
+    def __hash__(self):
+        return hash(self.value)
+
+    def __eq__(self, other):
+        return isinstance(other, EmuTraceId) and other.value == self.value
+
+
+class TraceState:
+    def __init__(self, mesh):
+        self.mesh = mesh
+        self.traces: dict[int, Trace] = {}
+        self.capturing: Trace | None = None
+        self.replaying = False
+        self.dry = False
+        self._next = 0
+
+    # ---- queries -------------------------------------------------------------------------------
+    def live_trace_ids(self) -> list[int]:
+        return [t.trace_id for t in self.traces.values() if t.complete and not t.released]
+
+    def _get(self, trace_id, what: str) -> Trace:
+        key = int(trace_id) if isinstance(trace_id, EmuTraceId) else trace_id
+        if not isinstance(key, int) or key not in self.traces:
+            raise TraceRuleError(f"{what}: unknown trace id {trace_id!r} on {self.mesh.label_short}")
+        return self.traces[key]
+
+    def forbid_in_capture(self, what: str) -> None:
+        if self.capturing is not None:
+            raise TraceRuleError(
+                f"{what} inside trace capture (trace {self.capturing.trace_id}): on cards a trace records device "
+                "commands only; host<->device transfers cannot be captured. Write inputs with "
+                "ttnn.copy_host_to_device_tensor into persistent device buffers *before* execute_trace, and read "
+                "outputs with ttnn.to_torch *after* it."
+            )
+
+    # ---- API -----------------------------------------------------------------------------------
+    def begin(self, cq_id: int = 0) -> EmuTraceId:
+        self.mesh.check_open()
+        if self.mesh.trace_region_size <= 0:
+            raise TraceRuleError(
+                "begin_trace_capture: the mesh was opened with trace_region_size=0; cards need a reserved trace "
+                "region (open_mesh(..., trace_region_size=<bytes>), e.g. 50_000_000)"
+            )
+        if self.capturing is not None:
+            raise TraceRuleError(f"begin_trace_capture: trace {self.capturing.trace_id} is still being captured")
+        tid = self._next
+        self._next += 1
+        tr = Trace(trace_id=tid, cq_id=int(cq_id or 0))
+        self.traces[tid] = tr
+        self.capturing = tr
+        return EmuTraceId(tid)
+
+    def end(self, trace_id, cq_id: int = 0) -> None:
+        tr = self._get(trace_id, "end_trace_capture")
+        if self.capturing is not tr:
+            raise TraceRuleError(f"end_trace_capture: trace {tr.trace_id} is not being captured")
+        self.capturing = None
+        tr.complete = True
+        for t in tr.owned:
+            _poison(t)
+
+    def execute(self, trace_id, cq_id: int = 0, blocking: bool = True) -> None:
+        self.mesh.check_open()
+        if self.capturing is not None:
+            raise TraceRuleError("execute_trace inside a trace capture is not allowed")
+        tr = self._get(trace_id, "execute_trace")
+        if tr.released:
+            raise TraceRuleError(f"execute_trace: trace {tr.trace_id} was released")
+        if not tr.complete:
+            raise TraceRuleError(f"execute_trace: trace {tr.trace_id} capture was never ended")
+        self.replaying = True
+        try:
+            for step in tr.steps:
+                _check_inputs_alive(step, tr)
+                fresh = step.impl(*step.args, **step.kwargs)
+                _write_back(step.outputs, fresh, step.op_name)
+        finally:
+            self.replaying = False
+        self.mesh.counters.record_replay(tr.counts)
+
+    def release(self, trace_id) -> None:
+        tr = self._get(trace_id, "release_trace")
+        if tr.released:
+            raise TraceRuleError(f"release_trace: trace {tr.trace_id} already released")
+        if self.capturing is tr:
+            raise TraceRuleError("release_trace: the trace is still being captured")
+        tr.released = True
+        tr.steps.clear()
+
+    def owner_live(self, t) -> bool:
+        owner = getattr(t, "trace_owner", None)
+        if owner is None or owner not in self.traces:
+            return False
+        tr = self.traces[owner]
+        return not tr.released
+
+
+def _iter_tensors(obj):
+    from .tensor import EmuTensor
+
+    if isinstance(obj, EmuTensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _iter_tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _iter_tensors(o)
+
+
+def _check_inputs_alive(step: TraceStep, tr: Trace) -> None:
+    for t in _iter_tensors((step.args, step.kwargs)):
+        if getattr(t, "_freed", False):
+            raise TraceRuleError(
+                f"execute_trace: trace {tr.trace_id} reads a buffer ({t.logical_shape_list}, op {step.op_name}) that "
+                "was deallocated after capture; on cards the replay would read freed memory"
+            )
+
+
+def _write_back(recorded, fresh, op_name: str) -> None:
+    from .tensor import EmuTensor
+
+    if recorded is None:
+        return
+    if isinstance(recorded, EmuTensor):
+        if fresh is recorded:
+            return
+        if not isinstance(fresh, EmuTensor):
+            raise TraceRuleError(f"replay of {op_name}: output structure changed")
+        if fresh.logical_shape_list != recorded.logical_shape_list:
+            raise TraceRuleError(
+                f"replay of {op_name}: output shape {fresh.logical_shape_list} != captured "
+                f"{recorded.logical_shape_list} (the trace's buffers are fixed at capture)"
+            )
+        recorded.set_shards(list(fresh._shards))
+        return
+    if isinstance(recorded, (list, tuple)):
+        for r, f in zip(recorded, fresh):
+            _write_back(r, f, op_name)
+
+
+def _poison(t) -> None:
+    if getattr(t, "_freed", False):
+        return
+    new = []
+    for s in t._shards:
+        if s.is_floating_point():
+            new.append(torch.full_like(s, float("nan")))
+        else:
+            new.append(torch.full_like(s, -1 if s.dtype != torch.uint8 else 255))
+    t._shards = new
