@@ -33,11 +33,17 @@ def l2_normalize(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
 def prepare_qk(q: torch.Tensor, k: torch.Tensor, hv: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T, Hk, Dk] -> fp32 [B, Hv, T, Dk]: L2-normalise, scale q, expand key heads to value heads."""
     rep = hv // q.shape[2]
-    q = l2_normalize(q.float()) * q.shape[-1] ** -0.5
-    k = l2_normalize(k.float())
+    dt = _compute_dtype(q)
+    q = l2_normalize(q.to(dt)) * q.shape[-1] ** -0.5
+    k = l2_normalize(k.to(dt))
     q = q.repeat_interleave(rep, dim=2).transpose(1, 2)
     k = k.repeat_interleave(rep, dim=2).transpose(1, 2)
     return q, k
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The recurrence runs in fp32 (fp64 when the inputs are fp64, for numerics checks)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def recurrent_gated_delta_rule(q, k, v, g, beta, state, per_token: bool = False):
@@ -46,8 +52,8 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, state, per_token: bool = False)
     q, k: [B, H, T, Dk] (prepared); v: [B, H, T, Dv]; g, beta: [B, H, T]; state: [B, H, Dk, Dv] fp32.
     Returns (o [B, H, T, Dv] fp32, final state, per-token states [B, T, H, Dk, Dv] or None).
     """
-    v, g, beta = v.float(), g.float(), beta.float()
-    s = state.float()
+    dt = _compute_dtype(q)
+    q, k, v, g, beta, s = (x.to(dt) for x in (q, k, v, g, beta, state))
     outs, states = [], []
     for t in range(q.shape[2]):
         s = s * g[:, :, t].exp()[..., None, None]
@@ -71,7 +77,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64):
     """
     b, h, t, dk = q.shape
     dv = v.shape[-1]
-    v, g, beta = v.float(), g.float(), beta.float()
+    dt = _compute_dtype(q)
+    q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))
     pad = (-t) % chunk
     if pad:
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
@@ -96,8 +103,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64):
     k_dec = k * (G[..., -1:] - G).exp()[..., None]
     chunk_decay = G[..., -1].exp()[..., None, None]
 
-    s = state.float()
-    out = torch.empty(b, h, n, chunk, dv, dtype=torch.float32, device=q.device)
+    s = state.to(dt)
+    out = torch.empty(b, h, n, chunk, dv, dtype=dt, device=q.device)
     for c in range(n):
         u = w_v[:, :, c] - w_k[:, :, c] @ s
         out[:, :, c] = q_dec[:, :, c] @ s + qk[:, :, c] @ u
@@ -151,8 +158,9 @@ class GatedDeltaNet(nn.Module):
         q, k, v = torch.split(conv_out.transpose(1, 2), [self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], dim=-1)
         q, k = prepare_qk(q.reshape(bsz, t, self.hk, self.dk), k.reshape(bsz, t, self.hk, self.dk), self.hv)
         v = v.reshape(bsz, t, self.hv, self.dv).transpose(1, 2)
-        beta = torch.sigmoid(self.in_proj_b(x).float()).transpose(1, 2)  # [B, Hv, T]
-        g = (-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())).transpose(1, 2)
+        dt = _compute_dtype(x)
+        beta = torch.sigmoid(self.in_proj_b(x).to(dt)).transpose(1, 2)  # [B, Hv, T]
+        g = (-self.A_log.to(dt).exp() * F.softplus(self.in_proj_a(x).to(dt) + self.dt_bias.to(dt))).transpose(1, 2)
 
         use_recurrent = mode == "recurrent" or per_token or (mode == "auto" and t <= 16)
         if mode not in ("auto", "chunk", "recurrent"):

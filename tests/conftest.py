@@ -1,0 +1,32 @@
+"""Shared fixtures: project-made checkpoints (built once per session in a temp dir)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def ckpt_factory(tmp_path_factory):
+    """make(preset, seed=0, wrapped=False, with_mtp=True) -> checkpoint dir (cached per arguments)."""
+    from models.qwen36.tiny import PRESETS, random_weights, write_checkpoint
+    from dataclasses import replace
+
+    cache: dict = {}
+
+    def make(preset: str = "ci", seed: int = 0, wrapped: bool = False, with_mtp: bool = True):
+        key = (preset, seed, wrapped, with_mtp)
+        if key not in cache:
+            cfg = PRESETS[preset] if with_mtp else replace(PRESETS[preset], mtp_num_hidden_layers=0)
+            d = tmp_path_factory.mktemp(f"ckpt-{preset}-{seed}-{'w' if wrapped else 'f'}-{'m' if with_mtp else 'nom'}")
+            write_checkpoint(d, cfg, random_weights(cfg, seed, with_mtp=with_mtp), wrapped=wrapped)
+            cache[key] = d
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def ci_ckpt(ckpt_factory):
+    return ckpt_factory("ci")

@@ -1,0 +1,65 @@
+"""The pure-torch reference equals transformers' Qwen3_5ForCausalLM built from the same config and weights.
+
+Tolerance: max abs logit error <= 1e-4 in fp32 (both implementations compute in fp32; measured ~1e-5 on these
+configs, the residual coming from different GDN chunk orderings and matmul shapes).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from models.qwen36.reference.model import Qwen36Model
+
+ATOL = 1e-4
+PROMPT_LEN = 45
+DECODE_STEPS = 32
+
+
+def hf_model(ckpt):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    raw = json.loads((ckpt / "config.json").read_text())
+    text = raw.get("text_config", raw)
+    cfg = Qwen3_5TextConfig(**{k: v for k, v in text.items() if k not in ("model_type", "architectures", "torch_dtype")})
+    model = Qwen3_5ForCausalLM(cfg).eval()
+    sd = {k.replace("model.language_model.", "model."): v for k, v in load_file(ckpt / "model.safetensors").items()
+          if not k.startswith("mtp.")}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
+    assert not missing and not unexpected, (missing, unexpected)
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    return model
+
+
+@pytest.mark.parametrize("preset,wrapped", [("ci", False), ("ci-tied", True), ("27b-ratios", False)])
+@torch.no_grad()
+def test_prefill_and_decode_match_transformers(ckpt_factory, preset, wrapped):
+    ckpt = ckpt_factory(preset, seed=1, wrapped=wrapped)
+    ours = Qwen36Model.from_checkpoint(ckpt)
+    ref = hf_model(ckpt)
+    cfg = ours.config
+    gen = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT_LEN), generator=gen)
+
+    state = ours.new_state(1, PROMPT_LEN + DECODE_STEPS + 1)
+    o = ours(prompt, state)
+    r = ref(prompt, use_cache=True)
+    err = (o.logits - r.logits).abs().max().item()
+    assert err <= ATOL, f"{preset}: prefill max abs logit error {err:.3e} > {ATOL}"
+    cache = r.past_key_values
+    worst = 0.0
+    tok = o.logits[:, -1].argmax(-1, keepdim=True)
+    for step in range(DECODE_STEPS):
+        o = ours(tok, state)
+        r = ref(tok, cache=cache, use_cache=True)
+        cache = r.past_key_values
+        err = (o.logits - r.logits).abs().max().item()
+        worst = max(worst, err)
+        assert err <= ATOL, f"{preset}: decode step {step} max abs logit error {err:.3e} > {ATOL}"
+        assert torch.equal(o.logits.argmax(-1), r.logits.argmax(-1)), f"{preset}: argmax differs at decode step {step}"
+        tok = o.logits[:, -1].argmax(-1, keepdim=True)
+    assert state.pos == PROMPT_LEN + DECODE_STEPS
