@@ -260,3 +260,25 @@ def dtype_layout_table(op_name: str, op: Any) -> dict[str, list[tuple[frozenset,
     if "list-table::" not in doc:
         return {}
     return _table_cached(op_name, doc)
+
+
+def bind_arguments(op_name: str, op: Any, args: tuple, kwargs: dict) -> dict:
+    """Bind a call to the first overload of the real signature it fits; return {param_name: value}.
+
+    An overload fits when the positional arguments fit its positional slots, every keyword is one of its
+    names, and all its required parameters are supplied. Raises TypeError when no overload fits.
+    """
+    sig = signature_of(op_name, op)
+    for o in sig.overloads:
+        if len(args) > len(o.positional) and not o.var_args:
+            continue
+        names = o.all_names
+        if any(k not in names for k in kwargs) and not o.var_kwargs:
+            continue
+        bound = dict(zip(o.positional, args))
+        if any(k in bound for k in kwargs):
+            continue
+        bound.update(kwargs)
+        if all(r in bound for r in o.required):
+            return bound
+    raise TypeError(f"{op_name}(): arguments match no overload of the installed ttnn signature")

@@ -1,0 +1,212 @@
+"""Collectives emulated directly over the device shards (the ttnn CCL goldens need private kwargs).
+
+Mesh is (1, N). ``cluster_axis`` None or 1 -> the N devices of the row; ``cluster_axis`` 0 -> groups of
+one device (identity). Semantics (ttnn):
+
+* ``all_gather(x, dim)``: every device gets ``cat(shards, dim)``.
+* ``reduce_scatter(x, dim)``: sum over devices, then device i keeps chunk i of ``dim`` (N equal chunks).
+* ``all_reduce(x)``: every device gets the sum.
+
+Reductions sum in fp32 and round once to the output dtype (cards reduce pairwise in the packer format;
+bf16 partial rounding is not modelled - see docs/emulator.md). Link bytes per device (ring algorithm):
+all_gather (N-1) x shard, reduce_scatter (N-1)/N x input, all_reduce 2(N-1)/N x input.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import EmulatorError
+from .registry import device_op, host_fn
+from .signatures import bind_arguments
+from .tensor import EmuTensor, make_like, quantize_via_ttnn
+from .ttnn_import import ttnn
+
+
+def _groups(t: EmuTensor, cluster_axis) -> list[list[int]]:
+    n = t.num_shards
+    if cluster_axis is None or cluster_axis == 1:
+        return [list(range(n))]
+    if cluster_axis == 0:
+        return [[i] for i in range(n)]
+    raise EmulatorError(f"cluster_axis must be 0, 1 or None on a (1, {n}) mesh, got {cluster_axis}")
+
+
+def _norm_dim(dim: int, ndim: int, op: str) -> int:
+    if not -ndim <= dim < ndim:
+        raise EmulatorError(f"{op}: dim {dim} out of range for rank {ndim}")
+    return dim % ndim
+
+
+def _all_gather_shards(t: EmuTensor, dim: int, cluster_axis, op: str) -> list[torch.Tensor]:
+    d = _norm_dim(dim, t.shards[0].ndim, op)
+    out = [None] * t.num_shards
+    for g in _groups(t, cluster_axis):
+        cat = torch.cat([t.shards[i] for i in g], dim=d)
+        for i in g:
+            out[i] = cat.clone()
+    return out
+
+
+def _sum_fp32(t: EmuTensor, g: list[int]) -> torch.Tensor:
+    acc = t.shards[g[0]].to(torch.float32).clone()
+    for i in g[1:]:
+        acc += t.shards[i].to(torch.float32)
+    return acc
+
+
+def _reduce_scatter_shards(t: EmuTensor, dim: int, cluster_axis, op: str) -> list[torch.Tensor]:
+    d = _norm_dim(dim, t.shards[0].ndim, op)
+    out = [None] * t.num_shards
+    for g in _groups(t, cluster_axis):
+        total = _sum_fp32(t, g)
+        if total.shape[d] % len(g) != 0:
+            raise EmulatorError(f"{op}: dim {dim} of size {total.shape[d]} does not split over {len(g)} devices")
+        chunks = torch.chunk(total, len(g), dim=d)
+        for k, i in enumerate(g):
+            out[i] = chunks[k].contiguous()
+    return out
+
+
+def _all_reduce_shards(t: EmuTensor, cluster_axis) -> list[torch.Tensor]:
+    out = [None] * t.num_shards
+    for g in _groups(t, cluster_axis):
+        total = _sum_fp32(t, g)
+        for i in g:
+            out[i] = total.clone()
+    return out
+
+
+def _group_size(t: EmuTensor, cluster_axis) -> int:
+    return len(_groups(t, cluster_axis)[0])
+
+
+def _input_of(args, kwargs) -> EmuTensor:
+    return args[0] if args else kwargs["input_tensor"]
+
+
+def _bytes(t: EmuTensor) -> int:
+    return t.bytes_per_device()
+
+
+def _ag_bytes(args, kwargs, out):
+    t = _input_of(args, kwargs)
+    n = _group_size(t, kwargs.get("cluster_axis"))
+    return (n - 1) * _bytes(t)
+
+
+def _rs_bytes(args, kwargs, out):
+    t = _input_of(args, kwargs)
+    n = _group_size(t, kwargs.get("cluster_axis"))
+    return (n - 1) * _bytes(t) // n
+
+
+def _ar_bytes(args, kwargs, out):
+    t = _input_of(args, kwargs)
+    n = _group_size(t, kwargs.get("cluster_axis"))
+    return 2 * (n - 1) * _bytes(t) // n
+
+
+def _emit(t: EmuTensor, shards, memory_config, output_tensor=None, dtype=None):
+    if output_tensor is not None:
+        from .namespace import write_inplace
+
+        if list(output_tensor.shards[0].shape) != list(shards[0].shape):
+            raise EmulatorError(
+                f"output_tensor shape {output_tensor.logical_shape_list} != result {list(shards[0].shape)}"
+            )
+        write_inplace(output_tensor, [quantize_via_ttnn(s, output_tensor.dtype) for s in shards])
+        return output_tensor
+    return make_like(t, shards, dtype=dtype, memory_config=memory_config)
+
+
+@device_op("ttnn.all_gather", collective_bytes=_ag_bytes)
+def all_gather(input_tensor, dim, *, cluster_axis=None, memory_config=None, output_tensor=None, **_ignored):
+    shards = _all_gather_shards(input_tensor, dim, cluster_axis, "ttnn.all_gather")
+    return _emit(input_tensor, shards, memory_config, output_tensor)
+
+
+@device_op("ttnn.reduce_scatter", collective_bytes=_rs_bytes)
+def reduce_scatter(input_tensor, dim, *, cluster_axis=None, memory_config=None, output_tensor=None, **_ignored):
+    shards = _reduce_scatter_shards(input_tensor, dim, cluster_axis, "ttnn.reduce_scatter")
+    return _emit(input_tensor, shards, memory_config, output_tensor)
+
+
+@device_op("ttnn.all_reduce", collective_bytes=_ar_bytes)
+def all_reduce(input_tensor, *, cluster_axis=None, memory_config=None, **_ignored):
+    return _emit(input_tensor, _all_reduce_shards(input_tensor, cluster_axis), memory_config)
+
+
+# ---- experimental async forms ------------------------------------------------------------------
+def _ag_async_bytes(args, kwargs, out):
+    b = bind_arguments("ttnn.experimental.all_gather_async", ttnn.experimental.all_gather_async, args, kwargs)
+    t = b["input_tensor"]
+    return (_group_size(t, b.get("cluster_axis")) - 1) * _bytes(t)
+
+
+@device_op("ttnn.experimental.all_gather_async", collective_bytes=_ag_async_bytes)
+def all_gather_async(*args, **kwargs):
+    b = bind_arguments("ttnn.experimental.all_gather_async", ttnn.experimental.all_gather_async, args, kwargs)
+    t = b["input_tensor"]
+    shards = _all_gather_shards(t, b["dim"], b.get("cluster_axis"), "ttnn.experimental.all_gather_async")
+    return _emit(t, shards, b.get("memory_config"), b.get("persistent_output_buffer"))
+
+
+def _rs_async_bytes(args, kwargs, out):
+    b = bind_arguments(
+        "ttnn.experimental.reduce_scatter_minimal_async", ttnn.experimental.reduce_scatter_minimal_async, args, kwargs
+    )
+    t = b["input_tensor"]
+    n = _group_size(t, b.get("cluster_axis"))
+    return (n - 1) * _bytes(t) // n
+
+
+@device_op("ttnn.experimental.reduce_scatter_minimal_async", collective_bytes=_rs_async_bytes)
+def reduce_scatter_minimal_async(*args, **kwargs):
+    name = "ttnn.experimental.reduce_scatter_minimal_async"
+    b = bind_arguments(name, ttnn.experimental.reduce_scatter_minimal_async, args, kwargs)
+    t = b["input_tensor"]
+    shards = _reduce_scatter_shards(t, b["dim"], b.get("cluster_axis"), name)
+    bufs = b.get("persistent_output_buffers")
+    # persistent_output_buffers = [intermediate, output] on cards; the output is the last one
+    out_buf = bufs[-1] if bufs else None
+    return _emit(t, shards, b.get("memory_config"), out_buf)
+
+
+def _ar_async_bytes(args, kwargs, out):
+    b = bind_arguments("ttnn.experimental.all_reduce_async", ttnn.experimental.all_reduce_async, args, kwargs)
+    t = b["input_tensor"]
+    n = _group_size(t, b.get("cluster_axis"))
+    return 2 * (n - 1) * _bytes(t) // n
+
+
+@device_op("ttnn.experimental.all_reduce_async", collective_bytes=_ar_async_bytes)
+def all_reduce_async(*args, **kwargs):
+    name = "ttnn.experimental.all_reduce_async"
+    b = bind_arguments(name, ttnn.experimental.all_reduce_async, args, kwargs)
+    t = b["input_tensor"]
+    math_op = b.get("math_op")
+    if math_op is not None and str(math_op).split(".")[-1].lower() != "sum":
+        raise EmulatorError(f"{name}: only math_op=ReduceType.Sum is emulated, got {math_op}")
+    return _emit(t, _all_reduce_shards(t, b.get("cluster_axis")), b.get("memory_config"))
+
+
+class EmuGlobalSemaphore:
+    """Stand-in for a ttnn global semaphore (collectives on the emulator synchronise trivially)."""
+
+    def __init__(self, initial_value: int = 0):
+        self.value = initial_value
+
+    def __repr__(self):
+        return f"EmuGlobalSemaphore({self.value})"
+
+
+@host_fn("ttnn.create_global_semaphore", validate=True)
+def create_global_semaphore(mesh, mesh_device, cores, initial_value, buffer_type=None):
+    mesh.trace.forbid_in_capture("ttnn.create_global_semaphore (a device allocation)")
+    return EmuGlobalSemaphore(int(initial_value))
+
+
+@host_fn("ttnn.reset_global_semaphore_value", validate=False)
+def reset_global_semaphore_value(mesh, semaphore, value):
+    semaphore.value = int(value)

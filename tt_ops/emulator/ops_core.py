@@ -1,0 +1,515 @@
+"""Tensor creation, transfer, layout/dtype conversion, in-place copy and mesh mappers (emulated).
+
+Host<->device transfers are host functions (not device programs): they are not counted as programs,
+and they are forbidden inside trace capture. Layout/dtype conversions and copies of device tensors are
+device ops (counted, traceable).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import uuid
+
+import torch
+
+from . import mesh as mesh_mod
+from .errors import EmulatorError, NotEmulatedError, TraceRuleError
+from .registry import device_op, host_fn
+from .tensor import (
+    EmuTensor,
+    check_dtype_layout,
+    dtype_name,
+    is_block_float,
+    make_like,
+    new_device_tensor,
+    quantize_via_ttnn,
+    storage_torch_dtype,
+    to_torch_dtype,
+    ttnn_dtype_from_torch,
+)
+from .ttnn_import import ttnn
+
+# Observable statistics (tests use them to prove a weight-cache reload skips conversion).
+STATS = {"as_tensor_conversions": 0, "as_tensor_cache_loads": 0}
+
+CACHE_FORMAT_VERSION = 1
+
+
+def _resolve_mesh(ns_mesh, device):
+    if device is None:
+        return None
+    if isinstance(device, mesh_mod.EmulatedMeshDevice):
+        if device is not ns_mesh:
+            raise EmulatorError("tensor targeted at a different emulated mesh than this namespace's")
+        return device
+    raise EmulatorError(
+        f"device={type(device).__name__}: the emulating namespace only accepts its emulated mesh "
+        "(ctx.mesh_device); real devices and the emulator cannot be mixed"
+    )
+
+
+def _dispatch(mesh, name, impl, args, kwargs):
+    real = ttnn
+    for part in name.split(".")[1:]:
+        real = getattr(real, part)
+    return mesh.ttnn._dispatcher.call(name, impl, args, kwargs, real_op=None if not hasattr(real, "function") else real)
+
+
+# ------------------------------------------------------------------------------------------------
+# from_torch / to_torch / as_tensor / to_device / from_device
+# ------------------------------------------------------------------------------------------------
+def _build_shards(mesh, tensor: torch.Tensor, dtype, mesh_mapper, device_mesh) -> tuple[list, object]:
+    if mesh_mapper is not None:
+        if isinstance(mesh_mapper, ttnn.ReplicateTensorToMeshWrapper) or type(mesh_mapper).__module__.startswith(
+            "ttnn"
+        ):
+            raise EmulatorError(
+                "mesh_mapper is a real ttnn mapper; on the emulated mesh build it through ctx.ttnn "
+                "(ttnn.ShardTensorToMesh(mesh, dim), ttnn.ReplicateTensorToMesh(mesh), ttnn.create_mesh_mapper(...))"
+            )
+        if not isinstance(mesh_mapper, mesh_mod.EmuMeshMapper):
+            raise EmulatorError(f"unsupported mesh_mapper {mesh_mapper!r}")
+        if device_mesh is not None and mesh_mapper.num_devices != device_mesh.num_devices:
+            raise EmulatorError(
+                f"mesh_mapper maps onto {mesh_mapper.num_devices} devices but the mesh has {device_mesh.num_devices}"
+            )
+        pieces = mesh_mapper.map(tensor)
+        placements = mesh_mapper.key()
+    elif device_mesh is not None:
+        # ttnn replicates a tensor with no mapper onto every device of the mesh
+        pieces = [tensor] * device_mesh.num_devices
+        placements = "replicate(default)"
+    else:
+        pieces = [tensor]
+        placements = None
+    if is_block_float(dtype) and len(pieces) > 1 and all(p is pieces[0] for p in pieces):
+        q = quantize_via_ttnn(pieces[0], dtype)
+        return [q.clone() for _ in pieces], placements
+    return [quantize_via_ttnn(p, dtype) for p in pieces], placements
+
+
+@host_fn("ttnn.from_torch")
+def from_torch(
+    mesh,
+    tensor,
+    dtype=None,
+    *,
+    spec=None,
+    tile=None,
+    pad_value=None,
+    layout=None,
+    device=None,
+    memory_config=None,
+    mesh_mapper=None,
+    cq_id=None,
+    preserve_nan_values=False,
+    col_tilize=False,
+    enable_bfloat_opt=False,
+):
+    if tensor is None:
+        return None
+    if spec is not None:
+        raise NotEmulatedError("ttnn.from_torch(spec=...) is not emulated; pass dtype/layout/memory_config")
+    if tile is not None and list(getattr(tile, "tile_shape", [32, 32])) != [32, 32]:
+        raise NotEmulatedError("ttnn.from_torch: only 32x32 tiles are emulated")
+    if col_tilize:
+        raise NotEmulatedError("ttnn.from_torch(col_tilize=True) is not emulated")
+    if not isinstance(tensor, torch.Tensor):
+        tensor = torch.as_tensor(tensor)
+    target = _resolve_mesh(mesh, device)
+    if target is not None:
+        mesh.trace.forbid_in_capture("ttnn.from_torch(..., device=mesh) (a host-to-device write)")
+    dtype = dtype if dtype is not None else ttnn_dtype_from_torch(tensor.dtype)
+    layout = layout if layout is not None else ttnn.ROW_MAJOR_LAYOUT
+    check_dtype_layout(dtype, layout, "ttnn.from_torch")
+    shards, placements = _build_shards(mesh, tensor, dtype, mesh_mapper, target)
+    if target is not None:
+        t = new_device_tensor(target, shards, dtype, layout, memory_config=memory_config)
+    else:
+        t = EmuTensor(shards, dtype, layout, mesh=mesh, on_device=False, memory_config=memory_config)
+    t.placements = placements
+    return t
+
+
+@host_fn("ttnn.to_torch")
+def to_torch(mesh, tensor, dtype=None, *, torch_rank=None, mesh_composer=None, device=None, cq_id=None):
+    if isinstance(tensor, torch.Tensor):
+        return tensor.to(dtype) if dtype is not None else tensor
+    if not isinstance(tensor, EmuTensor):
+        raise EmulatorError(f"ttnn.to_torch: expected an emulated tensor, got {type(tensor).__name__}")
+    if tensor.on_device:
+        mesh.trace.forbid_in_capture("ttnn.to_torch of a device tensor (a device-to-host read)")
+    shards = tensor.shards
+    if mesh_composer is not None:
+        if not isinstance(mesh_composer, mesh_mod.EmuMeshComposer):
+            raise EmulatorError(
+                "mesh_composer must come from the emulating namespace (ttnn.ConcatMeshToTensor(mesh, dim) ...)"
+            )
+        out = mesh_composer.compose(list(shards))
+    else:
+        if len(shards) != 1:
+            raise EmulatorError(
+                f"ttnn.to_torch: can't convert a tensor distributed on MeshShape([1, {len(shards)}]) mesh to a "
+                "row-major logical tensor. Supply a mesh composer to concatenate multi-device shards "
+                "(same message as ttnn)."
+            )
+        out = shards[0]
+    out = out.to(to_torch_dtype(tensor.dtype)) if out.dtype != to_torch_dtype(tensor.dtype) else out.clone()
+    if torch_rank is not None:
+        while out.ndim > torch_rank:
+            if out.shape[0] != 1:
+                raise EmulatorError("ttnn.to_torch: Unable to squeeze to desired rank!")
+            out = out.squeeze(0)
+    return out.to(dtype) if dtype is not None else out
+
+
+@host_fn("ttnn.as_tensor")
+def as_tensor(
+    mesh,
+    tensor,
+    dtype=None,
+    *,
+    layout=ttnn.ROW_MAJOR_LAYOUT,
+    device=None,
+    memory_config=None,
+    cache_file_name=None,
+    preprocess=None,
+    mesh_mapper=None,
+    cache_dump_mode=None,
+):
+    if device is not None and memory_config is None:
+        raise EmulatorError("memory_config must be specified when device is specified (ttnn.as_tensor rule)")
+    target = _resolve_mesh(mesh, device)
+    if target is not None:
+        mesh.trace.forbid_in_capture("ttnn.as_tensor(..., device=mesh) (a host-to-device write)")
+
+    def convert():
+        STATS["as_tensor_conversions"] += 1
+        src = preprocess(tensor) if preprocess else tensor
+        return from_torch(mesh, src, dtype, layout=layout, mesh_mapper=mesh_mapper, memory_config=memory_config)
+
+    if cache_file_name is None:
+        host = convert()
+    else:
+        dname = dtype.name if dtype is not None else "None"
+        lname = layout.name if layout is not None else "None"
+        path = pathlib.Path(f"{cache_file_name}_dtype_{dname}_layout_{lname}.emutensor.pt")
+        mapper_key = mesh_mapper.key() if mesh_mapper is not None else None
+        if path.is_file():
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+            _check_cache_blob(blob, path, dname, lname, mapper_key, tensor)
+            STATS["as_tensor_cache_loads"] += 1
+            dt = getattr(ttnn, blob["dtype"].lower()) if blob["dtype"] != "None" else None
+            host = EmuTensor(
+                [s.to(storage_torch_dtype(dt)) for s in blob["shards"]],
+                dt,
+                layout,
+                mesh=mesh,
+                on_device=False,
+                memory_config=memory_config,
+            )
+            host.placements = mapper_key
+        else:
+            host = convert()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            blob = {
+                "version": CACHE_FORMAT_VERSION,
+                "writer": "tt_ops.emulator (emulated ttnn cache; not a ttnn .tensorbin)",
+                "dtype": host.dtype.name,
+                "layout": lname,
+                "mapper": mapper_key,
+                "source_shape": list(tensor.shape) if tensor is not None else None,
+                "shards": [s.contiguous() for s in host.shards],
+            }
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+            try:
+                torch.save(blob, tmp)
+                os.replace(tmp, path)
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
+    if target is None:
+        return host
+    return to_device(mesh, host, target, memory_config=memory_config)
+
+
+def _check_cache_blob(blob, path, dname, lname, mapper_key, tensor):
+    problems = []
+    if blob.get("version") != CACHE_FORMAT_VERSION:
+        problems.append(f"format version {blob.get('version')} != {CACHE_FORMAT_VERSION}")
+    if blob.get("dtype") != dname and dname != "None":
+        problems.append(f"dtype {blob.get('dtype')} != {dname}")
+    if blob.get("layout") != lname:
+        problems.append(f"layout {blob.get('layout')} != {lname}")
+    if blob.get("mapper") != mapper_key:
+        problems.append(f"mesh mapping {blob.get('mapper')} != {mapper_key}")
+    if tensor is not None and blob.get("source_shape") is not None and list(tensor.shape) != blob["source_shape"]:
+        problems.append(f"source shape {blob['source_shape']} != {list(tensor.shape)}")
+    if problems:
+        raise EmulatorError(
+            f"weight cache {path} does not match this request ({'; '.join(problems)}); delete it to regenerate"
+        )
+
+
+@host_fn("ttnn.to_device")
+def to_device(mesh, tensor, device, memory_config=None, *, queue_id=None):
+    target = _resolve_mesh(mesh, device)
+    if target is None:
+        raise EmulatorError("ttnn.to_device needs the emulated mesh as device")
+    mesh.trace.forbid_in_capture("ttnn.to_device (a host-to-device write)")
+    if tensor.on_device:
+        return tensor
+    shards = tensor.shards
+    if len(shards) == 1 and target.num_devices > 1:
+        shards = [shards[0]] * target.num_devices
+    if len(shards) != target.num_devices:
+        raise EmulatorError(f"ttnn.to_device: tensor has {len(shards)} shards, mesh has {target.num_devices} devices")
+    t = new_device_tensor(
+        target, [s.clone() for s in shards], tensor.dtype, tensor.layout, memory_config=memory_config or tensor.memory_config()
+    )
+    t.placements = tensor.placements
+    return t
+
+
+@host_fn("ttnn.from_device")
+def from_device(mesh, tensor, blocking=True, *, queue_id=None):
+    if not tensor.on_device:
+        return tensor
+    mesh.trace.forbid_in_capture("ttnn.from_device (a device-to-host read)")
+    t = EmuTensor([s.clone() for s in tensor.shards], tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=False)
+    t.placements = tensor.placements
+    return t
+
+
+@host_fn("ttnn.copy_host_to_device_tensor")
+def copy_host_to_device_tensor(mesh, host_tensor, device_tensor, cq_id=None):
+    mesh.trace.forbid_in_capture("ttnn.copy_host_to_device_tensor (a host-to-device write)")
+    if not isinstance(host_tensor, EmuTensor) or host_tensor.on_device:
+        raise EmulatorError("copy_host_to_device_tensor: the source must be a host tensor (ttnn.from_torch without device)")
+    if not isinstance(device_tensor, EmuTensor) or not device_tensor.on_device:
+        raise EmulatorError("copy_host_to_device_tensor: the destination must be a device tensor")
+    if device_tensor._deallocated:
+        raise EmulatorError("copy_host_to_device_tensor: the destination buffer was deallocated")
+    if host_tensor.num_shards != device_tensor.num_shards:
+        raise TraceRuleError(
+            f"copy_host_to_device_tensor: host tensor has {host_tensor.num_shards} shard(s) but the device buffer has "
+            f"{device_tensor.num_shards}; build the host tensor with the same mesh_mapper as the persistent buffer"
+        )
+    if host_tensor.logical_shape_list != device_tensor.logical_shape_list:
+        raise EmulatorError(
+            f"copy_host_to_device_tensor: shape {host_tensor.logical_shape_list} != buffer "
+            f"{device_tensor.logical_shape_list}"
+        )
+    if host_tensor.dtype != device_tensor.dtype or host_tensor.layout != device_tensor.layout:
+        raise EmulatorError(
+            f"copy_host_to_device_tensor: {dtype_name(host_tensor.dtype)}/{host_tensor.layout.name} does not match "
+            f"buffer {dtype_name(device_tensor.dtype)}/{device_tensor.layout.name}"
+        )
+    device_tensor.set_shards([s.clone() for s in host_tensor.shards])
+
+
+@host_fn("ttnn.copy_device_to_host_tensor")
+def copy_device_to_host_tensor(mesh, device_tensor, host_tensor, blocking=True, cq_id=None):
+    mesh.trace.forbid_in_capture("ttnn.copy_device_to_host_tensor (a device-to-host read)")
+    if host_tensor.num_shards != device_tensor.num_shards:
+        raise EmulatorError("copy_device_to_host_tensor: shard count mismatch")
+    host_tensor.set_shards([s.clone() for s in device_tensor.shards])
+
+
+@host_fn("ttnn.deallocate")
+def deallocate(mesh, tensor, force=True):
+    if not isinstance(tensor, EmuTensor):
+        raise EmulatorError(f"ttnn.deallocate: expected an emulated tensor, got {type(tensor).__name__}")
+    if tensor._deallocated or not tensor.on_device:
+        tensor._deallocated = True
+        return
+    tr = mesh.trace
+    if tr.capturing is not None:
+        # Inside capture: the buffer's address may be reused by later captured ops (cards); the replay still
+        # computes through it, so the storage is kept for the trace but the caller may not use it any more.
+        tensor._deallocated = True
+        return
+    if tr.owner_live(tensor):
+        raise TraceRuleError(
+            f"ttnn.deallocate of a buffer ({tensor.logical_shape_list}) owned by live trace {tensor.trace_owner}: "
+            "replay writes into it; release the trace first"
+        )
+    tensor._deallocated = True
+    tensor._freed = True
+    tensor._shards = [torch.empty(s.shape, dtype=s.dtype, device="meta") for s in tensor._shards]
+
+
+@host_fn("ttnn.get_device_tensors")
+def get_device_tensors(mesh, tensor):
+    out = []
+    for s in tensor.shards:
+        t = EmuTensor([s], tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=tensor.on_device,
+                      memory_config=tensor.memory_config())
+        out.append(t)
+    return out
+
+
+@host_fn("ttnn.synchronize_device")
+def synchronize_device(mesh, device, cq_id=None, sub_device_ids=()):
+    _resolve_mesh(mesh, device)
+    mesh.trace.forbid_in_capture("ttnn.synchronize_device")
+
+
+@host_fn("ttnn.is_trace_capture_active")
+def is_trace_capture_active(mesh, device):
+    return mesh.trace.capturing is not None
+
+
+@host_fn("ttnn.allocate_tensor_on_device", validate=False)
+def allocate_tensor_on_device(mesh, *args, **kwargs):
+    names = ["shape", "dtype", "layout", "mesh_device", "memory_config"]
+    if args and isinstance(args[0], ttnn.TensorSpec):
+        raise NotEmulatedError("allocate_tensor_on_device(TensorSpec, ...) is not emulated; pass shape/dtype/layout")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    shape = [int(x) for x in bound["shape"]]
+    dtype, layout = bound["dtype"], bound["layout"]
+    target = _resolve_mesh(mesh, bound.get("mesh_device") or bound.get("device"))
+    check_dtype_layout(dtype, layout, "ttnn.allocate_tensor_on_device")
+    sdt = storage_torch_dtype(dtype)
+    # uninitialised device memory: NaN / -1 so reads before a write show up
+    fill = float("nan") if sdt.is_floating_point else -1
+    shards = [torch.full(shape, fill, dtype=sdt) for _ in range(target.num_devices)]
+    return new_device_tensor(target, shards, dtype, layout, memory_config=bound.get("memory_config"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Device-side conversions and copies
+# ------------------------------------------------------------------------------------------------
+def _to_layout_impl(tensor, layout, dtype=None, memory_config=None, sub_core_grids=None, pad_value=0.0):
+    dtype = dtype if dtype is not None else tensor.dtype
+    check_dtype_layout(dtype, layout, "ttnn.to_layout")
+    if layout == tensor.layout and dtype == tensor.dtype and memory_config is None:
+        return tensor
+    return make_like(tensor, list(tensor.shards), dtype=dtype, layout=layout, memory_config=memory_config)
+
+
+@host_fn("ttnn.to_layout")
+def to_layout(mesh, tensor, layout, dtype=None, memory_config=None, sub_core_grids=None, pad_value=0.0):
+    if tensor.on_device:
+        return _dispatch(tensor.mesh, "ttnn.to_layout", _to_layout_impl, (tensor, layout),
+                         {"dtype": dtype, "memory_config": memory_config})
+    dtype = dtype if dtype is not None else tensor.dtype
+    check_dtype_layout(dtype, layout, "ttnn.to_layout")
+    t = EmuTensor([quantize_via_ttnn(s, dtype) for s in tensor.shards], dtype, layout, mesh=tensor.mesh, on_device=False)
+    t.placements = tensor.placements
+    return t
+
+
+@device_op("ttnn.typecast")
+def typecast(tensor, *args, dtype=None, memory_config=None, output_tensor=None, sub_core_grids=None):
+    if len(args) == 1:
+        dtype = args[0]
+    elif len(args) == 2:  # (input_dtype, output_dtype) overload
+        if args[0] != tensor.dtype:
+            raise EmulatorError(f"ttnn.typecast: input_dtype {args[0]} != tensor dtype {tensor.dtype}")
+        dtype = args[1]
+    if dtype is None:
+        raise TypeError("ttnn.typecast() missing the target dtype")
+    check_dtype_layout(dtype, tensor.layout, "ttnn.typecast")
+    src = [s.to(torch.float32) if s.is_floating_point() else s for s in tensor.shards]
+    if output_tensor is not None:
+        from .namespace import write_inplace
+
+        write_inplace(output_tensor, [quantize_via_ttnn(s, output_tensor.dtype) for s in src])
+        return output_tensor
+    return make_like(tensor, src, dtype=dtype, memory_config=memory_config)
+
+
+@device_op("ttnn.to_memory_config")
+def to_memory_config(tensor, memory_config, dtype=None, output_tensor=None):
+    dtype = dtype if dtype is not None else tensor.dtype
+    return make_like(tensor, list(tensor.shards), dtype=dtype, memory_config=memory_config)
+
+
+@device_op("ttnn.reshape")
+def reshape(tensor, shape, *rest, memory_config=None, pad_value=None, reshape_tile_mode=None, sub_core_grids=None,
+            skip_padding_fill=False):
+    target = [int(x) for x in shape]  # ttnn.Shape or sequence; the golden rejects ttnn.Shape
+    if rest:  # (logical_shape, padded_shape) overload: padded shape is metadata only here
+        if len(rest) != 1:
+            raise TypeError("ttnn.reshape(): too many positional arguments")
+    numel = tensor.shards[0].numel()
+    prod = 1
+    for d in target:
+        prod *= d if d != -1 else 1
+    if -1 not in target and prod != numel:
+        raise EmulatorError(f"ttnn.reshape: cannot reshape {tensor.logical_shape_list} to {target}")
+    return make_like(tensor, [s.reshape(target) for s in tensor.shards], memory_config=memory_config)
+
+
+@device_op("ttnn.copy")
+def copy(input_a, input_b):
+    """In place: writes input_a (cast to input_b's dtype) into input_b; returns input_b (ttnn semantics)."""
+    if input_a.logical_shape_list != input_b.logical_shape_list:
+        raise EmulatorError(f"ttnn.copy: shape {input_a.logical_shape_list} != {input_b.logical_shape_list}")
+    if input_a.layout != input_b.layout:
+        raise EmulatorError("ttnn.copy: input layouts differ")
+    from .namespace import write_inplace
+
+    write_inplace(input_b, [quantize_via_ttnn(s, input_b.dtype) for s in input_a.shards])
+    return input_b
+
+
+@device_op("ttnn.clone")
+def clone(input, *, dtype=None, memory_config=None, compute_kernel_config=None):
+    return make_like(input, [s.clone() for s in input.shards], dtype=dtype, memory_config=memory_config)
+
+
+# ------------------------------------------------------------------------------------------------
+# Mesh mappers / composers
+# ------------------------------------------------------------------------------------------------
+@host_fn("ttnn.ShardTensorToMesh")
+def _shard(mesh, mesh_device, dim):
+    return mesh_mod.ShardTensorToMesh(mesh_device, dim)
+
+
+@host_fn("ttnn.shard_tensor_to_mesh_mapper", validate=False)
+def _shard2(mesh, mesh_device, dim):
+    return mesh_mod.ShardTensorToMesh(mesh_device, dim)
+
+
+@host_fn("ttnn.ReplicateTensorToMesh")
+def _replicate(mesh, mesh_device):
+    return mesh_mod.ReplicateTensorToMesh(mesh_device)
+
+
+@host_fn("ttnn.replicate_tensor_to_mesh_mapper", validate=False)
+def _replicate2(mesh, mesh_device):
+    return mesh_mod.ReplicateTensorToMesh(mesh_device)
+
+
+@host_fn("ttnn.ShardTensor2dMesh")
+def _shard2d(mesh, mesh_device, mesh_shape, dims):
+    return mesh_mod.ShardTensor2dMesh(mesh_device, mesh_shape, dims)
+
+
+@host_fn("ttnn.create_mesh_mapper", validate=False)
+def _create_mapper(mesh, mesh_device, config):
+    return mesh_mod.create_mesh_mapper(mesh_device, config)
+
+
+@host_fn("ttnn.ConcatMeshToTensor")
+def _concat(mesh, mesh_device, dim):
+    return mesh_mod.ConcatMeshToTensor(mesh_device, dim)
+
+
+@host_fn("ttnn.concat_mesh_to_tensor_composer", validate=False)
+def _concat2(mesh, mesh_device, dim):
+    return mesh_mod.ConcatMeshToTensor(mesh_device, dim)
+
+
+@host_fn("ttnn.ConcatMesh2dToTensor")
+def _concat2d(mesh, mesh_device, mesh_shape, dims):
+    return mesh_mod.ConcatMesh2dToTensor(mesh_device, mesh_shape, dims)
+
+
+@host_fn("ttnn.create_mesh_composer", validate=False)
+def _create_composer(mesh, mesh_device, config):
+    return mesh_mod.create_mesh_composer(mesh_device, config)
