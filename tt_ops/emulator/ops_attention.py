@@ -1,0 +1,388 @@
+"""KV-cache updates, decode attention and rotary embedding: emulations and vectorised goldens.
+
+Semantics follow the op docstrings of ttnn 0.81.1 and, for ``spec_multi_pos_tiles``, the shipped
+flash-decode kernel sources (``ttnn/cpp/.../sdpa_decode/device/kernels``, read for facts):
+
+* ``experimental.paged_update_cache(cache, input, update_idxs_tensor=pos, page_table=pt)``: in place,
+  for each user b with ``pos[b] >= 0``: ``cache[pt[b, p // bs], h, p % bs, :] = input[0, b, h, :]`` for the
+  cache's KV heads h (``p = pos[b] % cache_position_modulo`` when given). Without a page table the cache
+  is ``[B, nkv, S, dh]`` and row ``b + batch_offset`` is written. Inputs must be FLOAT32/BFLOAT16; the
+  written row is rounded to the cache dtype through ttnn's packer (bfp exponents are shared per 16
+  datums of one row, so a row packs independently of the rest of its tile).
+* ``experimental.paged_fill_cache(cache, input, page_table, batch_idx=...)``: in place, input
+  ``[nb, nkv, S, dh]``, token t of input row r goes to ``cache[pt[b_r, t // bs], :, t % bs, :]``;
+  input dtype must equal the cache dtype (raw tile copy).
+* ``transformer.paged_scaled_dot_product_attention_decode``: q ``[1, B, nh, dh]``, paged K/V
+  ``[P, nkv, bs, dh]``, causal bound ``cur_pos[b]`` (inclusive), ``cur_pos < 0`` skips the user (zeros).
+  With ``spec_multi_pos_tiles=T``: q is ``[1, G, T*32, dh]`` (candidate j of group g owns row-tile j,
+  rows ``32j..32j+31``), ``cur_pos_tensor`` holds ``G*T`` bounds (group g owns ``[g*T, (g+1)*T)``,
+  ascending), candidate j attends to KV positions ``<= cur_pos[g*T + j]``; one KV head (nkv == 1).
+  Output has q's shape.
+* ``experimental.rotary_embedding_llama(x, cos, sin, trans_mat)``: ``x * cos + (x @ T) * sin`` where the
+  32x32 ``trans_mat`` acts on each 32-wide block of the head dim (cards apply it tile by tile).
+  Prefill: x ``[1, nh, S, dh]``, cos/sin ``[1, 1 or nh, S, dh]``. Decode (``is_decode_mode=True``): x
+  ``[1, B, nh, dh]``, cos/sin ``[1, B, 32 or nh or 1, dh]`` (one row per user, broadcast over heads).
+
+Attention math runs in fp32 and is rounded to q's dtype (cards accumulate flash-decode partials in
+bf16/fp32 per program config; that reduction-order error is not modelled).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import EmulatorError, NotEmulatedError
+from .namespace import golden_impl, write_inplace
+from .registry import device_op
+from .tensor import EmuTensor, dtype_name, make_like, quantize_via_ttnn
+from .ttnn_import import ttnn
+
+
+def _ints(t: EmuTensor | None, i: int) -> torch.Tensor | None:
+    if t is None:
+        return None
+    return t.shards[i].to(torch.int64).reshape(-1) if t.shards[i].ndim <= 1 else t.shards[i].to(torch.int64)
+
+
+def _mesh_indices(t: EmuTensor, mesh_coords) -> list[int]:
+    if mesh_coords is None:
+        return list(range(t.num_shards))
+    out = []
+    for c in mesh_coords:
+        coords = list(c)
+        if len(coords) != 2 or coords[0] != 0:
+            raise EmulatorError(f"mesh coordinate {coords} is outside the (1, {t.num_shards}) mesh")
+        out.append(int(coords[1]))
+    return sorted(out)
+
+
+# ------------------------------------------------------------------------------------------------
+# cache updates
+# ------------------------------------------------------------------------------------------------
+def _check_update_input(op: str, input_tensor: EmuTensor):
+    if dtype_name(input_tensor.dtype) not in ("FLOAT32", "BFLOAT16"):
+        raise EmulatorError(
+            f"{op}: input_tensor must be FLOAT32 or BFLOAT16 (got {dtype_name(input_tensor.dtype)}); the op repacks "
+            "into the cache dtype itself - do not pre-cast K/V to the cache's block-float dtype"
+        )
+
+
+@device_op("ttnn.experimental.paged_update_cache")
+def paged_update_cache(
+    cache_tensor,
+    input_tensor,
+    *,
+    update_idxs=(),
+    update_idxs_tensor=None,
+    share_cache=None,
+    page_table=None,
+    batch_offset=0,
+    compute_kernel_config=None,
+    mesh_coords=None,
+    block_size=None,
+    num_kv_heads=None,
+    cache_position_modulo=None,
+):
+    op = "ttnn.experimental.paged_update_cache"
+    _check_update_input(op, input_tensor)
+    if share_cache:
+        raise NotEmulatedError(f"{op}(share_cache=True) is not emulated")
+    if block_size is not None or num_kv_heads is not None:
+        raise NotEmulatedError(f"{op}: block_size/num_kv_heads view overrides are not emulated")
+    new_shards = list(cache_tensor.shards)
+    for i in _mesh_indices(cache_tensor, mesh_coords):
+        cache = cache_tensor.shards[i].clone()
+        x = input_tensor.shards[i]
+        if x.ndim != 4 or x.shape[0] != 1:
+            raise EmulatorError(f"{op}: input must be [1, B, nkv, head_dim], got {list(x.shape)}")
+        users = x.shape[1]
+        pos = _ints(update_idxs_tensor, i) if update_idxs_tensor is not None else torch.tensor(
+            list(update_idxs), dtype=torch.int64)
+        if pos.numel() < users:
+            raise EmulatorError(f"{op}: {pos.numel()} update positions for {users} users")
+        pos = pos[:users]
+        nkv = cache.shape[1]
+        if x.shape[2] < nkv:
+            raise EmulatorError(f"{op}: input has {x.shape[2]} KV-head rows, cache has {nkv}")
+        if x.shape[-1] != cache.shape[-1]:
+            raise EmulatorError(f"{op}: head_dim {x.shape[-1]} != cache head_dim {cache.shape[-1]}")
+        valid = pos >= 0
+        b_idx = torch.arange(users)[valid]
+        p = pos[valid]
+        rows = x[0, b_idx, :nkv, :]  # [n, nkv, dh]
+        rows = quantize_via_ttnn(rows.reshape(-1, rows.shape[-1]), cache_tensor.dtype).reshape(rows.shape)
+        rows = rows.to(cache.dtype)
+        if page_table is not None:
+            pt = page_table.shards[i].to(torch.int64)
+            bs = cache.shape[2]
+            if cache_position_modulo is not None:
+                m = int(cache_position_modulo)
+                if m <= 0 or m % bs or m > pt.shape[1] * bs:
+                    raise EmulatorError(f"{op}: cache_position_modulo {m} must be a positive multiple of {bs} "
+                                        f"<= {pt.shape[1] * bs}")
+                p = p % m
+            if bool((p // bs >= pt.shape[1]).any()):
+                raise EmulatorError(f"{op}: position beyond the page table capacity {pt.shape[1] * bs}")
+            blocks = pt[b_idx, p // bs]
+            cache[blocks, :, p % bs, :] = rows
+        else:
+            if cache_position_modulo is not None:
+                raise EmulatorError(f"{op}: cache_position_modulo needs a page_table")
+            if bool((p >= cache.shape[2]).any()):
+                raise EmulatorError(f"{op}: position beyond the cache length {cache.shape[2]}")
+            cache[b_idx + int(batch_offset), :, p, :] = rows
+        new_shards[i] = cache
+    write_inplace(cache_tensor, new_shards)
+    return cache_tensor
+
+
+@device_op("ttnn.experimental.paged_fill_cache")
+def paged_fill_cache(
+    cache_tensor,
+    input_tensor,
+    page_table,
+    *,
+    batch_idx_tensor=None,
+    batch_idx=0,
+    compute_kernel_config=None,
+    mesh_coords=None,
+    block_size=None,
+    cache_position_modulo=None,
+    valid_seq_len_tensor=None,
+):
+    op = "ttnn.experimental.paged_fill_cache"
+    if input_tensor.dtype != cache_tensor.dtype:
+        raise EmulatorError(
+            f"{op}: input dtype {dtype_name(input_tensor.dtype)} must match the cache dtype "
+            f"{dtype_name(cache_tensor.dtype)} (raw tile copy; cast prefill K/V to the cache dtype first)"
+        )
+    if block_size is not None or cache_position_modulo is not None or valid_seq_len_tensor is not None:
+        raise NotEmulatedError(f"{op}: block_size / cache_position_modulo / valid_seq_len_tensor are not emulated")
+    new_shards = list(cache_tensor.shards)
+    for i in _mesh_indices(cache_tensor, mesh_coords):
+        cache = cache_tensor.shards[i].clone()
+        x = input_tensor.shards[i]
+        pt = page_table.shards[i].to(torch.int64)
+        nb, nkv, seq, dh = x.shape
+        if nkv != cache.shape[1] or dh != cache.shape[3]:
+            raise EmulatorError(f"{op}: input {list(x.shape)} does not fit cache {list(cache.shape)}")
+        if batch_idx_tensor is not None:
+            users = _ints(batch_idx_tensor, i)[:nb]
+        else:
+            if nb != 1:
+                raise EmulatorError(f"{op}: input batch {nb} needs batch_idx_tensor (batch_idx covers one row)")
+            users = torch.tensor([int(batch_idx)])
+        bs = cache.shape[2]
+        if seq > pt.shape[1] * bs:
+            raise EmulatorError(f"{op}: {seq} tokens exceed the page table capacity {pt.shape[1] * bs}")
+        t = torch.arange(seq)
+        for r in range(nb):
+            blocks = pt[users[r], t // bs]
+            cache[blocks, :, t % bs, :] = x[r].permute(1, 0, 2).to(cache.dtype)
+        new_shards[i] = cache
+    write_inplace(cache_tensor, new_shards)
+    return cache_tensor
+
+
+@device_op("ttnn.update_cache")
+def update_cache(cache, input, update_idx, *, batch_offset=0, compute_kernel_config=None):
+    """Vectorised in-place update of a non-paged cache [B, nkv, S, dh] at one position for all users."""
+    _check_update_input("ttnn.update_cache", input)
+    new = []
+    for i in range(cache.num_shards):
+        c = cache.shards[i].clone()
+        x = input.shards[i]  # [1, B, nkv, dh]
+        users = x.shape[1]
+        rows = quantize_via_ttnn(x[0, :, : c.shape[1], :].reshape(-1, x.shape[-1]), cache.dtype)
+        c[int(batch_offset): int(batch_offset) + users, :, int(update_idx), :] = rows.reshape(
+            users, c.shape[1], -1).to(c.dtype)
+        new.append(c)
+    write_inplace(cache, new)
+    return cache
+
+
+@device_op("ttnn.fill_cache")
+def fill_cache(cache_tensor, input_tensor, batch_idx, *, update_idx=0):
+    """In-place prefill of a non-paged cache row: cache[batch_idx, :, update_idx:update_idx+S] = input[0]."""
+    new = []
+    for i in range(cache_tensor.num_shards):
+        c = cache_tensor.shards[i].clone()
+        x = input_tensor.shards[i]
+        s = x.shape[2]
+        c[int(batch_idx), :, int(update_idx): int(update_idx) + s, :] = quantize_via_ttnn(
+            x[0], cache_tensor.dtype).to(c.dtype)
+        new.append(c)
+    write_inplace(cache_tensor, new)
+    return cache_tensor
+
+
+# ------------------------------------------------------------------------------------------------
+# decode attention
+# ------------------------------------------------------------------------------------------------
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, nkv, R, dh], k/v [B, nkv, S, dh], bound [B, R] (inclusive KV bound, <0 = skip) -> [B, nkv, R, dh]."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, nkv, R, S]
+    pos = torch.arange(k.shape[2])
+    mask = pos.view(1, 1, 1, -1) > bound.view(bound.shape[0], 1, bound.shape[1], 1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    skip = bound < 0  # [B, R]
+    scores = scores.masked_fill(skip.view(skip.shape[0], 1, skip.shape[1], 1), 0.0)
+    p = torch.softmax(scores, dim=-1)
+    out = torch.matmul(p, v)
+    return out.masked_fill(skip.view(skip.shape[0], 1, skip.shape[1], 1), 0.0)
+
+
+def _paged_to_contiguous(cache: torch.Tensor, pt: torch.Tensor) -> torch.Tensor:
+    """[P, nkv, bs, dh] pages + [B, nblk] table -> [B, nkv, nblk*bs, dh]."""
+    if bool(((pt < 0) | (pt >= cache.shape[0])).any()):
+        raise EmulatorError(f"page table holds a block index outside [0, {cache.shape[0]})")
+    g = cache[pt]  # [B, nblk, nkv, bs, dh]
+    b, nblk, nkv, bs, dh = g.shape
+    return g.permute(0, 2, 1, 3, 4).reshape(b, nkv, nblk * bs, dh)
+
+
+_PLAIN_DECODE_KW = {"attn_mask", "attention_sink", "sliding_window_size", "paged_cache_geometry",
+                    "cache_position_modulo"}
+
+
+def _decode_core(op, q_t, k_all, v_all, positions, scale, is_causal, spec_t):
+    """q_t [1, B, R, dh] fp32; k_all/v_all [B or 1, nkv, S, dh] fp32; positions [B] or [B*T]."""
+    _, users, rows, dh = q_t.shape
+    nkv = k_all.shape[1]
+    s_len = k_all.shape[2]
+    if k_all.shape[0] == 1 and users > 1:
+        k_all = k_all.expand(users, -1, -1, -1)
+        v_all = v_all.expand(users, -1, -1, -1)
+    scale = (1.0 / math.sqrt(dh)) if scale is None else float(scale)
+    if spec_t:
+        if nkv != 1:
+            raise EmulatorError(
+                f"{op}: spec_multi_pos_tiles needs one KV head per device (got {nkv}); the multi-position mode "
+                "shares one KV scan per group and has no per-KV-head Q layout"
+            )
+        if rows != spec_t * 32:
+            raise EmulatorError(
+                f"{op}: spec_multi_pos_tiles={spec_t} expects q [1, G, {spec_t * 32}, dh] (one 32-row tile per "
+                f"candidate), got {list(q_t.shape)}"
+            )
+        if positions is None or positions.numel() != users * spec_t:
+            raise EmulatorError(f"{op}: spec mode needs cur_pos_tensor with G*T = {users * spec_t} bounds")
+        bounds = positions.reshape(users, spec_t)
+        last = bounds[:, -1]
+        for g in range(users):
+            if last[g] >= 0 and bool((bounds[g, :-1] > bounds[g, 1:]).any() or (bounds[g] < 0).any()):
+                raise EmulatorError(
+                    f"{op}: spec bounds of group {g} must ascend ({bounds[g].tolist()}); on device a non-ascending "
+                    "group silently drops KV"
+                )
+        bounds = torch.where(last.view(-1, 1) < 0, torch.full_like(bounds, -1), bounds)
+        row_bound = bounds.repeat_interleave(32, dim=1)  # [G, T*32]
+        qh = q_t[0].unsqueeze(1)  # [G, 1, R, dh]
+        out = _attend(qh, k_all, v_all, row_bound, scale)  # [G, 1, R, dh]
+        return out[:, 0].unsqueeze(0)
+    if rows % nkv != 0:
+        raise EmulatorError(f"{op}: {rows} Q heads do not divide over {nkv} KV heads")
+    groups = rows // nkv
+    if is_causal:
+        if positions is None:
+            pos = torch.full((users,), s_len - 1, dtype=torch.int64)
+        else:
+            pos = positions.reshape(-1)
+            pos = pos[torch.arange(users) % pos.numel()]
+    else:
+        pos = torch.full((users,), s_len - 1, dtype=torch.int64)
+    if bool((pos >= s_len).any()):
+        raise EmulatorError(f"{op}: cur_pos {pos.max().item()} beyond the KV length {s_len}")
+    qh = q_t[0].reshape(users, nkv, groups, dh)
+    bound = pos.view(-1, 1).expand(users, groups)
+    out = _attend(qh, k_all, v_all, bound, scale)  # [B, nkv, groups, dh]
+    return out.reshape(users, rows, dh).unsqueeze(0)
+
+
+@device_op("ttnn.transformer.paged_scaled_dot_product_attention_decode")
+def paged_sdpa_decode(input_tensor_q, input_tensor_k, input_tensor_v, page_table_tensor, **kwargs):
+    op = "ttnn.transformer.paged_scaled_dot_product_attention_decode"
+    spec_t = int(kwargs.get("spec_multi_pos_tiles", 0) or 0)
+    exotic = [k for k in _PLAIN_DECODE_KW if kwargs.get(k) is not None]
+    if exotic:
+        if spec_t:
+            raise NotEmulatedError(f"{op}: spec_multi_pos_tiles combined with {exotic} is not emulated")
+        # rarely used features: the (per-user looping) golden in fp32
+        impl = golden_impl(op, ttnn.transformer.paged_scaled_dot_product_attention_decode)
+        return impl(input_tensor_q, input_tensor_k, input_tensor_v, page_table_tensor, **kwargs)
+    if kwargs.get("cur_pos_tensor") is None and kwargs.get("is_causal", True):
+        raise EmulatorError(f"{op}: causal paged decode needs cur_pos_tensor")
+    outs = []
+    for i in range(input_tensor_q.num_shards):
+        q = input_tensor_q.shards[i].to(torch.float32)
+        pt = page_table_tensor.shards[i].to(torch.int64)
+        k = _paged_to_contiguous(input_tensor_k.shards[i].to(torch.float32), pt)
+        v = _paged_to_contiguous(input_tensor_v.shards[i].to(torch.float32), pt)
+        pos = _ints(kwargs.get("cur_pos_tensor"), i)
+        if q.shape[1] != pt.shape[0]:
+            raise EmulatorError(f"{op}: q has {q.shape[1]} users/groups but the page table has {pt.shape[0]} rows")
+        outs.append(_decode_core(op, q, k, v, pos, kwargs.get("scale"), kwargs.get("is_causal", True), spec_t))
+    return make_like(input_tensor_q, outs, memory_config=kwargs.get("memory_config"))
+
+
+@device_op("ttnn.transformer.scaled_dot_product_attention_decode")
+def sdpa_decode(input_tensor_q, input_tensor_k, input_tensor_v, **kwargs):
+    op = "ttnn.transformer.scaled_dot_product_attention_decode"
+    exotic = [k for k in ("attn_mask", "attention_sink", "sliding_window_size") if kwargs.get(k) is not None]
+    if exotic or kwargs.get("share_cache"):
+        impl = golden_impl(op, ttnn.transformer.scaled_dot_product_attention_decode)
+        return impl(input_tensor_q, input_tensor_k, input_tensor_v, **kwargs)
+    outs = []
+    for i in range(input_tensor_q.num_shards):
+        q = input_tensor_q.shards[i].to(torch.float32)
+        k = input_tensor_k.shards[i].to(torch.float32)
+        v = input_tensor_v.shards[i].to(torch.float32)
+        pos = _ints(kwargs.get("cur_pos_tensor"), i)
+        if pos is None and kwargs.get("cur_pos"):
+            pos = torch.tensor(list(kwargs["cur_pos"]), dtype=torch.int64)
+        outs.append(_decode_core(op, q, k, v, pos, kwargs.get("scale"), kwargs.get("is_causal", True), 0))
+    return make_like(input_tensor_q, outs, memory_config=kwargs.get("memory_config"))
+
+
+# ------------------------------------------------------------------------------------------------
+# rotary embedding (llama / interleaved-pair form with a transformation matrix)
+# ------------------------------------------------------------------------------------------------
+@device_op("ttnn.experimental.rotary_embedding_llama")
+def rotary_embedding_llama(input_tensor, cos_cache, sin_cache, trans_mat, *, is_decode_mode=False,
+                           memory_config=None, compute_kernel_config=None):
+    op = "ttnn.experimental.rotary_embedding_llama"
+    for name, t in (("input_tensor", input_tensor), ("cos_cache", cos_cache), ("sin_cache", sin_cache),
+                    ("trans_mat", trans_mat)):
+        if t.layout != ttnn.TILE_LAYOUT:
+            raise EmulatorError(f"{op}: {name} must be in TILE layout")
+    outs = []
+    for i in range(input_tensor.num_shards):
+        x = input_tensor.shards[i].to(torch.float32)
+        cos = cos_cache.shards[i].to(torch.float32)
+        sin = sin_cache.shards[i].to(torch.float32)
+        tm = trans_mat.shards[i].to(torch.float32)
+        tm = tm.reshape(tm.shape[-2], tm.shape[-1])
+        dh = x.shape[-1]
+        if tm.shape == (32, 32):
+            if dh % 32:
+                raise EmulatorError(f"{op}: head_dim {dh} is not a multiple of the 32-wide transformation tile")
+            rot = torch.matmul(x.reshape(*x.shape[:-1], dh // 32, 32), tm).reshape(x.shape)
+        elif tm.shape == (dh, dh):
+            rot = torch.matmul(x, tm)
+        else:
+            raise EmulatorError(f"{op}: trans_mat must be [.., 32, 32] or [.., {dh}, {dh}], got {list(tm.shape)}")
+        if cos.shape[-1] != dh or sin.shape != cos.shape:
+            raise EmulatorError(f"{op}: cos/sin {list(cos.shape)} do not match head_dim {dh}")
+        if is_decode_mode:
+            # x [1, B, nh, dh]; cos/sin [1, B, rows, dh] with identical rows per user
+            if cos.shape[1] != x.shape[1]:
+                raise EmulatorError(f"{op}: decode cos/sin batch {cos.shape[1]} != input batch {x.shape[1]}")
+            if cos.shape[2] != x.shape[2]:
+                cos, sin = cos[:, :, :1, :], sin[:, :, :1, :]
+        else:
+            if cos.shape[-2] != x.shape[-2]:
+                raise EmulatorError(f"{op}: cos/sin seq_len {cos.shape[-2]} != input seq_len {x.shape[-2]}")
+        outs.append(x * cos + rot * sin)
+    return make_like(input_tensor, outs, memory_config=memory_config)

@@ -1,0 +1,104 @@
+"""Gated-DeltaNet recurrence: ttnn's golden for the math, plus the in-place "ring" mode it ignores.
+
+``transformer.fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale, initial_state,
+initial_state_block_idx, output_final_state, output_per_token_state, use_qk_l2norm)``:
+
+* q/k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g/beta ``[B, T, HV]``; returns ``(o [B, T, HV, V], state)``.
+* Plain mode: the golden (fp32), state ``[B, HV, K, V]`` (final) or ``[B, T, HV, K, V]`` (per token).
+* Ring mode (``initial_state_block_idx`` given; op docstring): requires ``output_per_token_state=True``
+  and an fp32 TILE ``initial_state`` of exact shape ``[T*BH, K, V]`` (BH = B*HV, h = b*HV + hv);
+  ``idx`` is ``[BH]`` or ``[1, BH]`` uint32/int32 ROW_MAJOR with ``idx[h] % BH == h`` (caller contract).
+  Head h starts from ring block ``idx[h]``; after token t its state is written *in place* to block
+  ``t*BH + h``; all initial states are read before any write. The returned state is the ring tensor
+  itself (same buffer).
+
+Output dtypes: ``o`` takes v's dtype; states are fp32 (the GDN state must stay fp32). The golden's
+math is fp32; cards run it at the configured fidelity (not modelled).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import EmulatorError
+from .namespace import write_inplace
+from .registry import device_op
+from .tensor import dtype_name, make_like, new_device_tensor
+from .ttnn_import import ttnn
+
+_golden = ttnn.transformer.fused_recurrent_gated_delta_rule.golden_function
+
+
+@device_op("ttnn.transformer.fused_recurrent_gated_delta_rule")
+def fused_recurrent_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    scale=None,
+    initial_state=None,
+    initial_state_block_idx=None,
+    output_final_state=False,
+    output_per_token_state=False,
+    use_qk_l2norm=False,
+    memory_config=None,
+    compute_kernel_config=None,
+):
+    op = "ttnn.transformer.fused_recurrent_gated_delta_rule"
+    if use_qk_l2norm:
+        raise EmulatorError(f"{op}: use_qk_l2norm must be False (L2-normalise q/k before the op)")
+    ring = initial_state_block_idx is not None
+    if ring:
+        if not output_per_token_state:
+            raise EmulatorError(f"{op}: ring mode (initial_state_block_idx) requires output_per_token_state=True")
+        if initial_state is None:
+            raise EmulatorError(f"{op}: ring mode needs the [T*BH, K, V] ring as initial_state")
+        if dtype_name(initial_state.dtype) != "FLOAT32" or initial_state.layout != ttnn.TILE_LAYOUT:
+            raise EmulatorError(f"{op}: the ring must be FLOAT32 in TILE layout (got "
+                                f"{dtype_name(initial_state.dtype)}/{initial_state.layout.name})")
+        if dtype_name(initial_state_block_idx.dtype) not in ("UINT32", "INT32") or \
+                initial_state_block_idx.layout != ttnn.ROW_MAJOR_LAYOUT:
+            raise EmulatorError(f"{op}: initial_state_block_idx must be uint32/int32 in ROW_MAJOR layout")
+    outs, states, new_ring = [], [], []
+    for i in range(q.num_shards):
+        qi, ki, vi, gi, bi = (t.shards[i].to(torch.float32) for t in (q, k, v, g, beta))
+        b_sz, t_len, hv = vi.shape[0], vi.shape[1], vi.shape[2]
+        kd, vd = ki.shape[-1], vi.shape[-1]
+        bh = b_sz * hv
+        if ring:
+            rt = initial_state.shards[i]
+            if list(rt.shape) != [t_len * bh, kd, vd]:
+                raise EmulatorError(f"{op}: ring shape {list(rt.shape)} must be exactly [T*BH, K, V] = "
+                                    f"{[t_len * bh, kd, vd]}")
+            idx = initial_state_block_idx.shards[i].to(torch.int64).reshape(-1)
+            if idx.numel() != bh:
+                raise EmulatorError(f"{op}: initial_state_block_idx has {idx.numel()} entries, BH = {bh}")
+            heads = torch.arange(bh)
+            if bool(((idx % bh) != heads).any()) or bool(((idx < 0) | (idx >= t_len * bh)).any()):
+                raise EmulatorError(
+                    f"{op}: caller contract idx[h] % BH == h (and idx < T*BH) violated: idx={idx.tolist()}, BH={bh}"
+                )
+            h0 = rt[idx].reshape(b_sz, hv, kd, vd).to(torch.float32).clone()  # read all before writing
+            o, per_tok = _golden(qi, ki, vi, gi, bi, scale=scale, initial_state=h0, output_per_token_state=True)
+            ring_new = rt.clone()
+            # per_tok [B, T, HV, K, V] -> block t*BH + (b*HV + hv)
+            ring_new[:] = per_tok.permute(1, 0, 2, 3, 4).reshape(t_len * bh, kd, vd).to(rt.dtype)
+            new_ring.append(ring_new)
+            outs.append(o)
+        else:
+            h0 = None if initial_state is None else initial_state.shards[i].to(torch.float32)
+            o, st = _golden(qi, ki, vi, gi, bi, scale=scale, initial_state=h0,
+                            output_final_state=output_final_state, output_per_token_state=output_per_token_state)
+            outs.append(o)
+            states.append(st)
+    o_t = make_like(v, outs, memory_config=memory_config)
+    if ring:
+        write_inplace(initial_state, new_ring)
+        return o_t, initial_state
+    if states and states[0] is not None:
+        st_t = new_device_tensor(q.mesh, [s.to(torch.float32).contiguous() for s in states], ttnn.float32,
+                                 ttnn.TILE_LAYOUT, memory_config=memory_config)
+        return o_t, st_t
+    return o_t, None
