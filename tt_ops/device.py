@@ -36,8 +36,9 @@ def _emulated_name(n: int) -> str:
     return "emulated-p150" if n == 1 else f"emulated-p150x{n}"
 
 
-def count_tenstorrent_cards(dev_dir: pathlib.Path = TT_DEVICE_DIR) -> int:
+def count_tenstorrent_cards(dev_dir: pathlib.Path | None = None) -> int:
     """Number of Tenstorrent PCIe devices visible (``/dev/tenstorrent/<n>``), without touching ttnn."""
+    dev_dir = TT_DEVICE_DIR if dev_dir is None else dev_dir
     if not dev_dir.is_dir():
         return 0
     return sum(1 for p in dev_dir.iterdir() if p.name.isdigit())
