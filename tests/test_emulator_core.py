@@ -339,3 +339,30 @@ def test_forwarded_classes_and_constants(ctx2):
     assert isinstance(ttnn.from_torch(torch.zeros(2)), EmuTensor)
     with pytest.raises(Exception, match="emulated mesh"):
         ttnn.open_mesh_device(ttnn.MeshShape(1, 2))
+
+
+def test_op_table_policy():
+    """sigmoid documents BFLOAT16 only: default policy logs an unlisted dtype, 'strict' raises; layouts raise."""
+    with open_mesh("emulated-p150") as c:
+        x32 = c.ttnn.from_torch(torch.randn(32, 32), dtype=c.ttnn.float32, layout=c.ttnn.TILE_LAYOUT,
+                                device=c.mesh_device)
+        c.ttnn.sigmoid(x32)  # warned, not raised
+    with open_mesh("emulated-p150", op_table_policy="strict") as c:
+        x32 = c.ttnn.from_torch(torch.randn(32, 32), dtype=c.ttnn.float32, layout=c.ttnn.TILE_LAYOUT,
+                                device=c.mesh_device)
+        with pytest.raises(EmulatorError, match="sigmoid: input_tensor is FLOAT32"):
+            c.ttnn.sigmoid(x32)
+    with open_mesh("emulated-p150", op_table_policy="off") as c:
+        xr = c.ttnn.from_torch(torch.randn(32, 32), dtype=c.ttnn.bfloat16, layout=c.ttnn.ROW_MAJOR_LAYOUT,
+                               device=c.mesh_device)
+        c.ttnn.softmax(xr)  # TILE-only op, but checks are off
+
+
+def test_isinstance_shims(ctx2):
+    ttnn, mesh = ctx2.ttnn, ctx2.mesh_device
+    t = ttnn.from_torch(torch.randn(2, 2), dtype=ttnn.float32, device=mesh)
+    assert isinstance(t, ttnn.Tensor)
+    assert isinstance(mesh, ttnn.MeshDevice)
+    assert not isinstance(torch.zeros(1), ttnn.Tensor)
+    with pytest.raises(Exception, match="from_torch"):
+        ttnn.Tensor(torch.zeros(2), ttnn.bfloat16)

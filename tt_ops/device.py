@@ -114,19 +114,24 @@ def open_mesh(
     l1_small_size: int = DEFAULT_L1_SMALL_SIZE,
     num_command_queues: int = 1,
     alloc_while_trace_live: str = "error",
+    op_table_policy: str = "layout",
 ) -> MeshContext:
     """Open the chosen backend. See the module docstring.
 
     ``alloc_while_trace_live`` (emulator only): ``"error"`` (default) raises on a device allocation while a
     captured trace is live, ``"warn"`` logs tt-metal's warning instead.
+    ``op_table_policy`` (emulator only): how the ops' documented dtype/layout tables are enforced:
+    ``"layout"`` (default: unsupported layout raises, unlisted dtype warns once), ``"strict"``, ``"warn"``, ``"off"``.
     """
     name = resolve_device_name(device)
     if name in EMULATED_DEVICES:
-        return _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_while_trace_live)
+        return _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_while_trace_live,
+                              op_table_policy)
     return _open_hardware(name, trace_region_size, l1_small_size, num_command_queues)
 
 
-def _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_policy) -> MeshContext:
+def _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_policy,
+                   op_table_policy="layout") -> MeshContext:
     from .emulator.mesh import EmulatedMeshDevice
 
     n = EMULATED_DEVICES[name]
@@ -136,6 +141,7 @@ def _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, a
         l1_small_size=l1_small_size,
         num_command_queues=num_command_queues,
         alloc_while_trace_live=alloc_policy,
+        op_table_policy=op_table_policy,
     )
     label = f"{name} (ttnn goldens on CPU)"
     from loguru import logger

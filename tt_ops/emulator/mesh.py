@@ -50,11 +50,15 @@ class EmulatedMeshDevice:
         l1_small_size: int = 0,
         num_command_queues: int = 1,
         alloc_while_trace_live: str = "error",
+        op_table_policy: str = "layout",
     ):
         if num_devices not in MOCK_CLUSTER_FILES:
             raise EmulatorError(f"emulated mesh supports 1, 2 or 4 P150a chips, got {num_devices}")
         if alloc_while_trace_live not in ("error", "warn"):
             raise EmulatorError("alloc_while_trace_live must be 'error' or 'warn'")
+        if op_table_policy not in ("strict", "layout", "warn", "off"):
+            raise EmulatorError("op_table_policy must be 'strict', 'layout', 'warn' or 'off'")
+        self.op_table_policy = op_table_policy
         if num_command_queues not in (1, 2):
             raise EmulatorError(f"num_command_queues must be 1 or 2, got {num_command_queues}")
         self.mock_cluster_desc = ensure_mock_cluster(num_devices)

@@ -221,8 +221,9 @@ def _table_cached(op_name: str, doc: str) -> dict[str, list[tuple[frozenset, fro
            * - BFLOAT16, FLOAT32, BFLOAT8_B
              - TILE
 
-    Only tables titled by a single identifier (an argument name) are used; rows whose cells are not
-    plain dtype / layout lists are skipped. Anything unparseable yields no constraint.
+    Tables titled by a single identifier constrain that argument; untitled tables ("Supported dtypes and
+    layouts") constrain the first tensor argument (key ``__first__``). Rows whose cells are not plain
+    dtype / layout lists are skipped. Anything unparseable yields no constraint.
     """
     table: dict[str, list[tuple[frozenset, frozenset]]] = {}
     current = None
@@ -232,7 +233,10 @@ def _table_cached(op_name: str, doc: str) -> dict[str, list[tuple[frozenset, fro
         m = re.match(r"^\.\. list-table::\s*(.*)$", line)
         if m:
             title = m.group(1).strip()
-            current = title if re.fullmatch(r"[a-z_][a-z0-9_]*", title) else None
+            if not title:
+                current = "__first__"  # untitled table: constrains the op's first (input) tensor
+            else:
+                current = title if re.fullmatch(r"[a-z_][a-z0-9_]*", title) else None
             pending_dtypes = None
             continue
         if current is None:
