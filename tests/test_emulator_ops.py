@@ -437,3 +437,19 @@ def test_gdn_ring_mode_k_plus_one(ctx1):
             f32(q), f32(k), f32(v), f32(g), f32(beta),
             initial_state=ttnn.from_torch(ring0, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh),
             initial_state_block_idx=idx_t, output_per_token_state=True)
+
+
+def test_gdn_chunk_prefill_matches_recurrent_reference(ctx1):
+    ttnn, mesh = ctx1.ttnn, ctx1.mesh_device
+    b_sz, t_len, h, hv, kd, vd = 1, 40, 1, 2, 32, 32
+    q, k, v, g, beta = _gdn_inputs(b_sz, t_len, h, hv, kd, vd, seed=9)
+    h0 = torch.randn(b_sz, hv, kd, vd) * 0.1
+    bf = lambda x: ttnn.from_torch(x, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh)  # noqa: E731
+    f32 = lambda x: ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=mesh)  # noqa: E731
+    o, st = ttnn.transformer.chunk_gated_delta_rule(bf(q), bf(k), bf(v), f32(g), f32(beta), initial_state=f32(h0),
+                                                    output_final_state=True, chunk_size=16)
+    assert o.dtype == ttnn.bfloat16 and st.dtype == ttnn.float32  # state never rounded to bf16
+    qb, kb, vb = (x.bfloat16().float() for x in (q, k, v))
+    ro, rstates = _gdn_reference(qb, kb, vb, g, beta, h0, kd ** -0.5)
+    assert torch.allclose(ttnn.to_torch(o).double(), ro, atol=3e-2)
+    assert torch.allclose(ttnn.to_torch(st).double(), rstates[:, -1], atol=1e-4)

@@ -102,3 +102,45 @@ def fused_recurrent_gated_delta_rule(
                                  ttnn.TILE_LAYOUT, memory_config=memory_config)
         return o_t, st_t
     return o_t, None
+
+
+_chunk_golden = ttnn.transformer.chunk_gated_delta_rule.golden_function
+
+
+@device_op("ttnn.transformer.chunk_gated_delta_rule")
+def chunk_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    chunk_size=64,
+    use_qk_l2norm=False,
+    output_head_major=False,
+    program_config=None,
+    wy_inverse=None,
+    memory_config=None,
+    compute_kernel_config=None,
+    eye=None,
+    tril=None,
+    ones=None,
+    masks=None,
+):
+    """Prefill GDN: the golden in fp32; ``o`` takes v's dtype, the final state stays fp32."""
+    outs, states = [], []
+    for i in range(q.num_shards):
+        qi, ki, vi, gi, bi = (t.shards[i].to(torch.float32) for t in (q, k, v, g, beta))
+        h0 = None if initial_state is None else initial_state.shards[i].to(torch.float32)
+        o, st = _chunk_golden(qi, ki, vi, gi, bi, scale=scale, initial_state=h0, output_final_state=output_final_state,
+                              chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm, output_head_major=output_head_major)
+        outs.append(o)
+        states.append(st)
+    o_t = make_like(v, outs, memory_config=memory_config)
+    if output_final_state and states[0] is not None:
+        return o_t, new_device_tensor(q.mesh, [s.to(torch.float32).contiguous() for s in states], ttnn.float32,
+                                      ttnn.TILE_LAYOUT, memory_config=memory_config)
+    return o_t, None

@@ -24,7 +24,7 @@ class OverrideSpec:
 
 OVERRIDES: dict[str, OverrideSpec] = {}
 
-_MODULES = ("ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_gdn", "ops_trace")
+_MODULES = ("ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_gdn", "ops_trace", "ops_sampling")
 _loaded = False
 
 
