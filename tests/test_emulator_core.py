@@ -366,3 +366,50 @@ def test_isinstance_shims(ctx2):
     assert not isinstance(torch.zeros(1), ttnn.Tensor)
     with pytest.raises(Exception, match="from_torch"):
         ttnn.Tensor(torch.zeros(2), ttnn.bfloat16)
+
+
+def test_override_parameter_names_match_real_signatures():
+    """Keyword calls with the real parameter names must reach every override (regression: typecast/reshape)."""
+    import inspect
+
+    from tt_ops.emulator import registry
+    from tt_ops.emulator.signatures import signature_of
+
+    registry.load_all()
+    problems = []
+    for name, spec in registry.OVERRIDES.items():
+        real = ttnn_real
+        try:
+            for part in name.split(".")[1:]:
+                real = getattr(real, part)
+        except AttributeError:
+            problems.append(f"{name}: override for a name the installed ttnn lacks")
+            continue
+        sig = signature_of(name, real)
+        if sig.source == "unknown":
+            continue
+        params = inspect.signature(spec.fn).parameters
+        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            continue
+        names = set(params)
+        for o in sig.overloads:
+            missing = [n for n in list(o.positional) + list(o.keyword_only) if n not in names]
+            if spec.kind == "op" and missing:
+                problems.append(f"{name}: real parameter(s) {missing} not accepted by the emulation")
+    assert not problems, "\n".join(problems)
+
+
+def test_tensor_methods(ctx2):
+    ttnn, mesh = ctx2.ttnn, ctx2.mesh_device
+    h = ttnn.from_torch(torch.randn(32, 32), dtype=ttnn.bfloat16, mesh_mapper=ttnn.ReplicateTensorToMesh(mesh))
+    d = h.to(mesh, ttnn.DRAM_MEMORY_CONFIG)
+    assert d.storage_type() == ttnn.StorageType.DEVICE and d.device() is mesh
+    t = d.to(ttnn.TILE_LAYOUT)
+    assert t.layout == ttnn.TILE_LAYOUT
+    back = t.cpu()
+    assert back.storage_type() == ttnn.StorageType.HOST
+    assert torch.equal(back.to_torch(mesh_composer=ttnn.ConcatMeshToTensor(mesh, dim=0))[:32], ttnn.to_torch(
+        ttnn.get_device_tensors(h)[0]))
+    assert torch.equal(ttnn.to_torch(ttnn.get_device_tensors(ttnn.typecast(input_tensor=t, dtype=ttnn.float32))[0]),
+                       ttnn.to_torch(ttnn.get_device_tensors(h)[0]).float())
+    assert list(ttnn.reshape(input_tensor=t, shape=[1, 32, 32]).shape) == [1, 32, 32]

@@ -403,7 +403,11 @@ def to_layout(mesh, tensor, layout, dtype=None, memory_config=None, sub_core_gri
 
 
 @device_op("ttnn.typecast")
-def typecast(tensor, *args, dtype=None, memory_config=None, output_tensor=None, sub_core_grids=None):
+def typecast(input_tensor, *args, dtype=None, memory_config=None, output_tensor=None, sub_core_grids=None,
+             input_dtype=None, output_dtype=None):
+    tensor = input_tensor
+    if input_dtype is not None or output_dtype is not None:
+        args = (input_dtype if input_dtype is not None else tensor.dtype, output_dtype)
     if len(args) == 1:
         dtype = args[0]
     elif len(args) == 2:  # (input_dtype, output_dtype) overload
@@ -429,8 +433,13 @@ def to_memory_config(tensor, memory_config, dtype=None, output_tensor=None):
 
 
 @device_op("ttnn.reshape")
-def reshape(tensor, shape, *rest, memory_config=None, pad_value=None, reshape_tile_mode=None, sub_core_grids=None,
-            skip_padding_fill=False):
+def reshape(input_tensor, shape=None, *rest, memory_config=None, pad_value=None, reshape_tile_mode=None,
+            sub_core_grids=None, skip_padding_fill=False, logical_shape=None, padded_shape=None):
+    tensor = input_tensor
+    if shape is None:
+        shape = logical_shape
+    if shape is None:
+        raise TypeError("ttnn.reshape() missing the target shape")
     target = [int(x) for x in shape]  # ttnn.Shape or sequence; the golden rejects ttnn.Shape
     if rest:  # (logical_shape, padded_shape) overload: padded shape is metadata only here
         if len(rest) != 1:

@@ -288,23 +288,28 @@ class EmuTensor:
             f"dtype={dtype_name(self.dtype)}, layout={self.layout.name}, shards={len(self._shards)}, {where}{state})"
         )
 
-    # ttnn.Tensor has `.to(device, memory_config)` and `.cpu()`; route through the namespace ops.
+    # ttnn.Tensor has `.to(device, memory_config)`, `.to(layout)`, `.cpu()`, `.to_torch()`.
+    def _home(self):
+        if self.mesh is None:
+            raise EmulatorError("this tensor is not attached to an emulated mesh")
+        return self.mesh
+
     def to(self, device_or_layout: Any, memory_config=None, *args, **kwargs):
         from . import ops_core
 
         if isinstance(device_or_layout, type(ttnn.TILE_LAYOUT)):
-            return ops_core.to_layout(self, device_or_layout)
-        return ops_core.to_device(self, device_or_layout, memory_config=memory_config)
+            return ops_core.to_layout(self._home(), self, device_or_layout)
+        return ops_core.to_device(self._home(), self, device_or_layout, memory_config=memory_config)
 
     def cpu(self, blocking: bool = True, cq_id=None):
         from . import ops_core
 
-        return ops_core.from_device(self)
+        return ops_core.from_device(self._home(), self)
 
     def to_torch(self, *args, **kwargs):
         from . import ops_core
 
-        return ops_core.to_torch(self, *args, **kwargs)
+        return ops_core.to_torch(self._home(), self, *args, **kwargs)
 
     # Arithmetic operators route through the emulated namespace like ttnn's do.
     def _ns(self):
