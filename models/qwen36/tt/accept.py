@@ -1,0 +1,447 @@
+"""On-device acceptance for MTP speculative decoding (issue 7 item 4): greedy and stochastic, traceable.
+
+Everything between "target verify logits + draft tokens are on device" and "host reads one small tensor"
+is a composition of ttnn ops: no host reads or writes, no tensor creation (constants, scratch, RNG table
+and the persistent result buffers are made in :meth:`DeviceAcceptor.allocate`, before any capture), so a
+caller can record :meth:`DeviceAcceptor.greedy` / :meth:`DeviceAcceptor.stochastic` inside its traced spec
+step. Semantics are those of the reference engine (``models/qwen36/spec/acceptance.py`` and
+``spec/sampling.py``); see docs/tt_accept.md for the derivation, approximations and card caveats.
+
+Shapes (B = batch/users, K = draft depth, R = K + 1 verify rows, V = vocab; all 4-D, TILE unless noted):
+
+* target logits ``[1, B, R, V]`` bf16 or fp32; replicated on every device (``logits_layout="replicated"``),
+  or vocab-sharded across the mesh (``"vocab_sharded"``: the acceptor all-gathers along V first).
+* drafts ``[1, B, 1, K]`` uint32 (ROW_MAJOR or TILE), replicated.
+* draft probabilities ``[1, B, K, V]`` fp32 from :meth:`DeviceAcceptor.probs_from_logits` (same transform
+  as the target), or ``None`` = one-hot drafts (argmax drafting).
+* result ``[1, B, 1, R + 2]`` int32, persistent (same buffer every call/replay):
+  columns ``0..K`` emitted tokens with :data:`PLACEHOLDER_TOKEN_ID` after the ``a + 1`` emitted ones,
+  column ``R`` the accepted count ``a``, column ``R + 1`` the RNG table row this step used (-1 for greedy).
+* :attr:`DeviceAcceptor.count` ``[1, B, 1, 1]`` fp32, persistent: ``a`` on device for the commit step;
+  :meth:`DeviceAcceptor.ring_block_idx` turns it into the GDN ring's ``initial_state_block_idx``.
+
+Randomness: one row of a persistent fp32 table of uniforms ``[rng_rows, B*32]`` per stochastic step,
+gathered on device by a device-resident counter that the step advances in place (``ttnn.embedding`` +
+``ttnn.add`` + ``ttnn.copy``). The table is (re)filled outside any trace, either on device with seeded
+``ttnn.uniform`` (``rng="device"``, default) or from a seeded torch generator on the host
+(``rng="host"``: bit-identical across card and emulator). :meth:`read_result` refills it when the row
+just used was the last one. Drawing in a trace would replay the same seed every step (captured runtime
+args), which is why draws happen outside.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from models.qwen36.spec.acceptance import PLACEHOLDER_TOKEN_ID
+from models.qwen36.spec.sampling import SamplingParams
+
+RESULT_EXTRA_COLS = 2  # accepted count, RNG row
+MAX_EXACT_FP32_INT = 1 << 24  # token ids / counts are carried in fp32: exact below 2**24
+UNIFORMS_PER_ROW = 32  # one tile row of uniforms per user per step: K accept draws + 1 categorical draw
+LOGITS_LAYOUTS = ("replicated", "vocab_sharded")
+RNG_SOURCES = ("device", "host")
+
+
+@dataclass(frozen=True)
+class AcceptResult:
+    """Host view of one step's result for one user."""
+
+    tokens: list[int]  # K+1 entries: a+1 emitted tokens then PLACEHOLDER_TOKEN_ID
+    num_accepted: int
+    rng_row: int  # table row the step used, -1 for greedy
+
+    @property
+    def emitted(self) -> list[int]:
+        return self.tokens[: self.num_accepted + 1]
+
+
+class DeviceAcceptor:
+    """Greedy + stochastic acceptance as ttnn op compositions (see module docstring).
+
+    Typical traced use::
+
+        acc = DeviceAcceptor(ttnn, mesh, k=3, vocab=V, sampling_params=SamplingParams(temperature=0.8, top_p=0.9))
+        acc.allocate()                               # before any capture
+        res = acc.stochastic(logits_buf, drafts_buf) # compile/warm-up eagerly once (also a valid step)
+        acc.read_result(res)
+        tid = ttnn.begin_trace_capture(mesh, cq_id=0)
+        res = acc.stochastic(logits_buf, drafts_buf) # recorded, not executed
+        ttnn.end_trace_capture(mesh, tid, cq_id=0)
+        ... write new logits/drafts (or produce them on device) ...
+        ttnn.execute_trace(mesh, tid, cq_id=0); tokens, a = acc.read_result(res)
+    """
+
+    def __init__(self, ttnn, mesh_device, k: int, vocab: int, sampling_params: SamplingParams | None = None,
+                 seed: int | None = None, *, batch: int = 1, logits_layout: str = "replicated",
+                 rng: str = "device", rng_rows: int = 1024, ring_heads: int | None = None):
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k (draft depth) must be an int >= 1, got {k!r}")
+        if k + 1 > UNIFORMS_PER_ROW:
+            raise ValueError(f"k={k}: at most {UNIFORMS_PER_ROW - 1} drafts (K accept draws + 1 categorical draw "
+                             f"per {UNIFORMS_PER_ROW}-wide RNG row)")
+        if not isinstance(vocab, int) or vocab < 2:
+            raise ValueError(f"vocab must be an int >= 2, got {vocab!r}")
+        if vocab > MAX_EXACT_FP32_INT:
+            raise ValueError(f"vocab={vocab} > 2**24: token ids are carried in fp32 on device and would not be exact")
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+        if logits_layout not in LOGITS_LAYOUTS:
+            raise ValueError(f"logits_layout must be one of {LOGITS_LAYOUTS}, got {logits_layout!r}")
+        if rng not in RNG_SOURCES:
+            raise ValueError(f"rng must be one of {RNG_SOURCES}, got {rng!r}")
+        if not isinstance(rng_rows, int) or rng_rows < 1:
+            raise ValueError(f"rng_rows must be an int >= 1, got {rng_rows!r}")
+        self.ttnn = ttnn
+        self.mesh = mesh_device
+        self.k = k
+        self.rows = k + 1
+        self.vocab = vocab
+        self.batch = batch
+        self.params = sampling_params if sampling_params is not None else SamplingParams()
+        self.seed = int(self.params.seed if seed is None else seed)
+        self.logits_layout = logits_layout
+        self.rng = rng
+        self.rng_rows = rng_rows
+        self.ring_heads = ring_heads
+        self.num_devices = self._num_devices()
+        self.allocated = False
+        self._refills = 0
+        self._host_gen: torch.Generator | None = None
+        self._ckc = None
+
+    # ------------------------------------------------------------------------------------------------
+    # setup (before capture)
+    # ------------------------------------------------------------------------------------------------
+    def _num_devices(self) -> int:
+        for attr in ("get_num_devices",):
+            f = getattr(self.mesh, attr, None)
+            if callable(f):
+                return int(f())
+        n = getattr(self.mesh, "num_devices", None)
+        if n is None:
+            raise ValueError("cannot tell the number of devices of mesh_device")
+        return int(n() if callable(n) else n)
+
+    def _replicated(self, x: torch.Tensor, dtype, layout=None):
+        ttnn = self.ttnn
+        return ttnn.from_torch(x, dtype=dtype, layout=layout or ttnn.TILE_LAYOUT, device=self.mesh,
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+
+    def _host_replicated(self, x: torch.Tensor, dtype, layout=None):
+        ttnn = self.ttnn
+        return ttnn.from_torch(x, dtype=dtype, layout=layout or ttnn.TILE_LAYOUT,
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+
+    def allocate(self) -> "DeviceAcceptor":
+        """Create every constant, scratch and persistent buffer (call once, before any trace capture)."""
+        if self.allocated:
+            return self
+        ttnn, b, r, k, v = self.ttnn, self.batch, self.rows, self.k, self.vocab
+        f32 = ttnn.float32
+        self._ckc = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,
+                                                     fp32_dest_acc_en=True, packer_l1_acc=False)
+        ar = torch.arange
+        self.c_row_idx = self._replicated(ar(r, dtype=torch.float32).reshape(1, 1, r, 1).expand(1, b, r, 1).clone(), f32)
+        self.c_draft_row_idx = self._replicated(ar(k, dtype=torch.float32).reshape(1, 1, k, 1).expand(1, b, k, 1).clone(), f32)
+        self.c_col_idx = self._replicated(ar(r, dtype=torch.float32).reshape(1, 1, 1, r).expand(1, b, 1, r).clone(), f32)
+        self.c_vocab_idx = self._replicated(ar(v, dtype=torch.float32).reshape(1, 1, 1, v), f32)
+        self.c_zero_col = self._replicated(torch.zeros(1, b, 1, 1), f32)
+        self.c_minus_one_col = self._replicated(torch.full((1, b, 1, 1), -1.0), f32)
+        self.c_zero_counter = self._replicated(torch.zeros(1, 1, 1, 1), f32)
+        # persistent outputs
+        self.result = self._replicated(torch.zeros(1, b, 1, r + RESULT_EXTRA_COLS, dtype=torch.int32), ttnn.int32)
+        self.count = self._replicated(torch.zeros(1, b, 1, 1), f32)
+        # RNG: table of uniforms + device-side row counter (fp32, exact below 2**24 rows)
+        self.rng_table = self._replicated(torch.zeros(self.rng_rows, b * UNIFORMS_PER_ROW), f32)
+        self.rng_counter = self._replicated(torch.zeros(1, 1, 1, 1), f32)
+        if self.ring_heads is not None:
+            hv = int(self.ring_heads)
+            heads = ar(b * hv, dtype=torch.float32).reshape(1, b, 1, hv)  # h = b*HV + hv
+            self.c_ring_heads = self._replicated(heads, f32)
+            self.block_idx = self._replicated(torch.zeros(1, b * hv, dtype=torch.int64), ttnn.uint32,
+                                              ttnn.ROW_MAJOR_LAYOUT)
+        self.allocated = True
+        self.refill_rng()
+        return self
+
+    def refill_rng(self) -> None:
+        """(Re)fill the uniform table and reset the device counter. Outside any capture; allocates nothing."""
+        self._require_allocated()
+        ttnn = self.ttnn
+        if self.rng == "device":
+            # distinct, nonzero, deterministic seed per refill (0 means "unseeded" for ttnn.uniform)
+            s = (self.seed * 1_000_003 + self._refills * 7919 + 1) % 0x7FFFFFFF or 1
+            ttnn.uniform(self.rng_table, 0.0, 1.0, s)
+        else:
+            if self._host_gen is None:
+                self._host_gen = torch.Generator().manual_seed(self.seed)
+            vals = torch.rand(self.rng_rows, self.batch * UNIFORMS_PER_ROW, generator=self._host_gen)
+            ttnn.copy_host_to_device_tensor(self._host_replicated(vals, ttnn.float32), self.rng_table)
+        ttnn.copy(self.c_zero_counter, self.rng_counter)
+        self._refills += 1
+
+    def _require_allocated(self):
+        if not self.allocated:
+            raise RuntimeError("DeviceAcceptor.allocate() must be called (before any trace capture) first")
+
+    # ------------------------------------------------------------------------------------------------
+    # input helpers (persistent buffers for traced use)
+    # ------------------------------------------------------------------------------------------------
+    def _logits_mapper(self):
+        ttnn = self.ttnn
+        if self.logits_layout == "vocab_sharded":
+            return ttnn.ShardTensorToMesh(self.mesh, dim=3)
+        return ttnn.ReplicateTensorToMesh(self.mesh)
+
+    def host_logits(self, logits: torch.Tensor, dtype=None):
+        """torch [B, R, V] or [1, B, R, V] -> host tensor laid out for this acceptor (for copy_host_to_device_tensor)."""
+        ttnn = self.ttnn
+        x = self._check_host_shape(logits, (self.batch, self.rows, self.vocab), "logits")
+        return ttnn.from_torch(x, dtype=dtype or ttnn.float32, layout=ttnn.TILE_LAYOUT, mesh_mapper=self._logits_mapper())
+
+    def host_drafts(self, drafts: torch.Tensor):
+        """torch [B, K] (or [1, B, 1, K]) int -> host uint32 ROW_MAJOR tensor."""
+        ttnn = self.ttnn
+        d = torch.as_tensor(drafts).to(torch.int64)
+        if d.dim() == 2:
+            d = d.reshape(1, d.shape[0], 1, d.shape[1])
+        if list(d.shape) != [1, self.batch, 1, self.k]:
+            raise ValueError(f"drafts shape {list(drafts.shape)} != [B={self.batch}, K={self.k}]")
+        if d.numel() and (int(d.min()) < 0 or int(d.max()) >= self.vocab):
+            raise ValueError(f"draft token ids must be in [0, {self.vocab}); got min {int(d.min())} max {int(d.max())}")
+        return ttnn.from_torch(d, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT,
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+
+    def host_draft_probs(self, probs: torch.Tensor):
+        """torch [B, K, V] fp32 -> host tensor (replicated; vocab-sharded when logits are)."""
+        ttnn = self.ttnn
+        x = self._check_host_shape(probs, (self.batch, self.k, self.vocab), "draft_probs")
+        return ttnn.from_torch(x.float(), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, mesh_mapper=self._logits_mapper())
+
+    def to_device(self, host_tensor):
+        return self.ttnn.to_device(host_tensor, self.mesh)
+
+    @staticmethod
+    def _check_host_shape(x: torch.Tensor, want: tuple, what: str) -> torch.Tensor:
+        if x.dim() == 3:
+            x = x.unsqueeze(0)
+        if list(x.shape) != [1, *want]:
+            raise ValueError(f"{what} shape {list(x.shape)} != [1, B, rows, V] = [1, {', '.join(map(str, want))}]")
+        return x
+
+    # ------------------------------------------------------------------------------------------------
+    # device compositions
+    # ------------------------------------------------------------------------------------------------
+    def _check_dev(self, t, rows: int, what: str) -> None:
+        shape = [int(s) for s in t.shape]
+        v = self.vocab // self.num_devices if self.logits_layout == "vocab_sharded" else self.vocab
+        want = [1, self.batch, rows, v]
+        if shape != want:
+            raise ValueError(f"{what}: device shape {shape} != {want} (logits_layout={self.logits_layout!r}, "
+                             f"B={self.batch}, K={self.k}, V={self.vocab})")
+
+    def _gathered(self, x):
+        """Full-vocab view of a (possibly vocab-sharded) [1, B, rows, V] device tensor."""
+        if self.logits_layout == "vocab_sharded":
+            return self.ttnn.all_gather(x, dim=3)
+        return x
+
+    def _drafts_f32(self, drafts_dev):
+        ttnn = self.ttnn
+        shape = [int(s) for s in drafts_dev.shape]
+        if shape != [1, self.batch, 1, self.k]:
+            raise ValueError(f"drafts: device shape {shape} != [1, B={self.batch}, 1, K={self.k}]")
+        d = drafts_dev
+        if d.layout != ttnn.TILE_LAYOUT:
+            d = ttnn.to_layout(d, ttnn.TILE_LAYOUT)
+        row = ttnn.typecast(d, ttnn.float32)  # [1, B, 1, K]
+        col = ttnn.reshape(row, [1, self.batch, self.k, 1])
+        return row, col
+
+    def _num_accepted(self, accepted_col):
+        """accepted [1, B, K, 1] 0/1 fp32 -> a [1, B, 1, 1] fp32 (length of the all-ones prefix)."""
+        ttnn = self.ttnn
+        prefix = ttnn.cumprod(accepted_col, dim=2)
+        return ttnn.sum(prefix, dim=2, keepdim=True, compute_kernel_config=self._ckc)
+
+    def _finish(self, drafts_row, a, final, rng_col):
+        """Assemble [tokens(R) | a | rng_row] into the persistent int32 result; a into :attr:`count`."""
+        ttnn = self.ttnn
+        dr = ttnn.concat([drafts_row, self.c_zero_col], dim=3)  # [1, B, 1, R]; column K is never < a
+        before = ttnn.lt(self.c_col_idx, a)  # j < a: accepted draft
+        at = ttnn.eq(self.c_col_idx, a)  # j == a: correction / bonus token
+        # before*(d+1) + at*(final+1) - 1: exact in fp32 for ids < 2**24, -1 (placeholder) elsewhere
+        toks = ttnn.add(ttnn.multiply(before, ttnn.add(dr, 1.0)), ttnn.multiply(at, ttnn.add(final, 1.0)))
+        toks = ttnn.subtract(toks, 1.0)
+        res = ttnn.concat([toks, a, rng_col], dim=3)
+        ttnn.copy(ttnn.typecast(res, ttnn.int32), self.result)
+        ttnn.copy(a, self.count)
+        return self.result
+
+    def greedy(self, logits_dev, drafts_dev):
+        """Greedy acceptance. logits [1,B,R,V] (bf16/fp32), drafts [1,B,1,K] uint32 -> persistent result.
+
+        a = longest prefix with d_i == argmax(row i-1); final = argmax(row a). argmax ties: lowest index.
+        """
+        self._require_allocated()
+        ttnn, b, k = self.ttnn, self.batch, self.k
+        self._check_dev(logits_dev, self.rows, "greedy logits")
+        x = self._gathered(logits_dev)
+        am = ttnn.argmax(x, dim=3, keepdim=True)  # [1, B, R, 1] uint32 (ROW_MAJOR on cards)
+        am = ttnn.typecast(ttnn.to_layout(am, ttnn.TILE_LAYOUT), ttnn.float32)
+        drafts_row, drafts_col = self._drafts_f32(drafts_dev)
+        am_k = ttnn.slice(am, [0, 0, 0, 0], [1, b, k, 1])
+        a = self._num_accepted(ttnn.eq(am_k, drafts_col))
+        sel = ttnn.eq(self.c_row_idx, a)  # [1, B, R, 1] one-hot at row a
+        final = ttnn.sum(ttnn.multiply(am, sel), dim=2, keepdim=True, compute_kernel_config=self._ckc)
+        return self._finish(drafts_row, a, final, self.c_minus_one_col)
+
+    def probs_from_logits(self, logits_dev):
+        """Device twin of ``spec.sampling.probs_from_logits``: [1,B,rows,V] -> fp32 probabilities (full V).
+
+        temperature (x * 1/T), then top-k (keep x >= k-th largest, ties kept), then top-p (drop a token when
+        the mass of the tokens sorted before it is >= top_p), then softmax. One descending sort serves both.
+        """
+        self._require_allocated()
+        ttnn, p = self.ttnn, self.params
+        if p.greedy:
+            raise ValueError("probs_from_logits needs temperature > 0 (greedy decoding uses argmax)")
+        x = self._gathered(logits_dev)
+        if x.dtype != ttnn.float32:
+            x = ttnn.typecast(x, ttnn.float32)
+        x = ttnn.multiply(x, 1.0 / p.temperature)
+        use_k = 0 < p.top_k < self.vocab
+        use_p = p.top_p < 1.0
+        if use_k or use_p:
+            rows = int(x.shape[2])
+            sorted_x, order = ttnn.sort(x, dim=3, descending=True)
+            if use_k:
+                kth = ttnn.slice(sorted_x, [0, 0, 0, p.top_k - 1], [1, self.batch, rows, p.top_k])
+                x = ttnn.where(ttnn.lt(x, kth), float("-inf"), x)
+                # the masked tokens sort last; the kept ones keep their order
+                sorted_x = ttnn.where(ttnn.lt(sorted_x, kth), float("-inf"), sorted_x)
+            if use_p:
+                sp = ttnn.softmax(sorted_x, dim=3, numeric_stable=True, compute_kernel_config=self._ckc)
+                mass_before = ttnn.subtract(ttnn.cumsum(sp, dim=3), sp)
+                drop_sorted = ttnn.ge(mass_before, p.top_p)
+                drop = ttnn.scatter(drop_sorted, 3, order, drop_sorted)  # back to vocab order (order is a permutation)
+                x = ttnn.where(drop, float("-inf"), x)
+        return ttnn.softmax(x, dim=3, numeric_stable=True, compute_kernel_config=self._ckc)
+
+    def _uniforms(self):
+        """-> (u_accept [1,B,K,1], u_final [1,B,1,1], rng_row [1,B,1,1]); advances the device counter in place."""
+        ttnn, b, k = self.ttnn, self.batch, self.k
+        idx = ttnn.to_layout(ttnn.reshape(ttnn.typecast(self.rng_counter, ttnn.uint32), [1, 1]), ttnn.ROW_MAJOR_LAYOUT)
+        row = ttnn.embedding(idx, self.rng_table, layout=ttnn.TILE_LAYOUT)  # [1, 1, B*32]
+        row = ttnn.reshape(row, [1, b, 1, UNIFORMS_PER_ROW])
+        u_acc = ttnn.reshape(ttnn.slice(row, [0, 0, 0, 0], [1, b, 1, k]), [1, b, k, 1])
+        u_fin = ttnn.slice(row, [0, 0, 0, k], [1, b, 1, k + 1])
+        rng_col = ttnn.add(self.c_zero_col, self.rng_counter)  # [1, B, 1, 1] row index used (for the host)
+        ttnn.copy(ttnn.add(self.rng_counter, 1.0), self.rng_counter)
+        return u_acc, u_fin, rng_col
+
+    def stochastic(self, logits_dev, drafts_dev, draft_probs_dev=None):
+        """Stochastic acceptance (exact speculative sampling) -> persistent result.
+
+        logits [1,B,R,V] target verify logits (transformed here with the acceptor's SamplingParams);
+        drafts [1,B,1,K] uint32; draft_probs [1,B,K,V] fp32 (from :meth:`probs_from_logits` of the draft
+        logits, full V even when logits are vocab-sharded) or None for one-hot (argmax) drafts.
+        Accept d_i iff u_i * p_d(d_i) < p_t(d_i); on the first rejection (row a) sample from
+        normalise(max(p_t(row a) - p_d(row a), 0)) (p_t(row a) if that has zero mass); if all K are accepted
+        sample the bonus from p_t(row K). Categorical draws by inverse CDF with one uniform.
+        """
+        self._require_allocated()
+        ttnn, b, k, r = self.ttnn, self.batch, self.k, self.rows
+        self._check_dev(logits_dev, r, "stochastic logits")
+        if draft_probs_dev is not None:
+            shape = [int(s) for s in draft_probs_dev.shape]
+            if shape != [1, b, k, self.vocab]:
+                raise ValueError(f"draft_probs: device shape {shape} != [1, B={b}, K={k}, V={self.vocab}] "
+                                 "(full vocab: pass probs_from_logits(draft_logits))")
+        pt = self.probs_from_logits(logits_dev)  # [1, B, R, V]
+        drafts_row, drafts_col = self._drafts_f32(drafts_dev)
+        onehot = ttnn.eq(self.c_vocab_idx, drafts_col)  # [1, B, K, V]
+        pt_k = ttnn.slice(pt, [0, 0, 0, 0], [1, b, k, self.vocab])
+        pt_d = ttnn.sum(ttnn.multiply(pt_k, onehot), dim=3, keepdim=True, compute_kernel_config=self._ckc)
+        u_acc, u_fin, rng_col = self._uniforms()
+        if draft_probs_dev is None:
+            draft_dist = onehot
+            accepted = ttnn.lt(u_acc, pt_d)  # p_d(d_i) = 1
+        else:
+            draft_dist = draft_probs_dev
+            pd_d = ttnn.sum(ttnn.multiply(draft_probs_dev, onehot), dim=3, keepdim=True, compute_kernel_config=self._ckc)
+            accepted = ttnn.lt(ttnn.multiply(u_acc, pd_d), pt_d)
+        a = self._num_accepted(accepted)  # [1, B, 1, 1]
+        sel_r = ttnn.eq(self.c_row_idx, a)  # [1, B, R, 1]
+        sel_k = ttnn.eq(self.c_draft_row_idx, a)  # [1, B, K, 1]; all zero when a == K (bonus row)
+        pt_a = ttnn.sum(ttnn.multiply(pt, sel_r), dim=2, keepdim=True, compute_kernel_config=self._ckc)  # [1,B,1,V]
+        pd_a = ttnn.sum(ttnn.multiply(draft_dist, sel_k), dim=2, keepdim=True, compute_kernel_config=self._ckc)
+        residual = ttnn.relu(ttnn.subtract(pt_a, pd_a))  # == p_t(row K) when a == K
+        mass = ttnn.sum(residual, dim=3, keepdim=True, compute_kernel_config=self._ckc)
+        has_mass = ttnn.gt(mass, 0.0)
+        dist = ttnn.add(ttnn.multiply(residual, has_mass), ttnn.multiply(pt_a, ttnn.rsub(has_mass, 1.0)))
+        # inverse CDF: token = #{i : cdf_i <= u * total and cdf_i < total}
+        cdf = ttnn.cumsum(dist, dim=3)
+        total = ttnn.max(cdf, dim=3, keepdim=True)
+        thr = ttnn.multiply(u_fin, total)
+        below = ttnn.multiply(ttnn.le(cdf, thr), ttnn.lt(cdf, total))
+        final = ttnn.sum(below, dim=3, keepdim=True, compute_kernel_config=self._ckc)
+        return self._finish(drafts_row, a, final, rng_col)
+
+    def ring_block_idx(self):
+        """GDN ring slot of the accepted state per head: idx[b*HV + hv] = (a_b * B + b) * HV + hv
+        (= a_b * B*HV + h), uint32 [1, B*HV] ROW_MAJOR, persistent (:attr:`block_idx`). Slot a = state after
+        verify row a (row 0 = the pending token, rows 1..a = the accepted drafts). Traceable."""
+        self._require_allocated()
+        if self.ring_heads is None:
+            raise ValueError("ring_block_idx needs DeviceAcceptor(..., ring_heads=HV) at construction")
+        ttnn, b, hv = self.ttnn, self.batch, int(self.ring_heads)
+        blk = ttnn.add(ttnn.multiply(self.count, float(b * hv)), self.c_ring_heads)  # [1, B, 1, HV]
+        blk = ttnn.reshape(ttnn.typecast(blk, ttnn.uint32), [1, b * hv])
+        ttnn.copy(ttnn.to_layout(blk, ttnn.ROW_MAJOR_LAYOUT), self.block_idx)
+        return self.block_idx
+
+    # ------------------------------------------------------------------------------------------------
+    # host read-back (the only device->host transfer)
+    # ------------------------------------------------------------------------------------------------
+    def read_results(self, result_dev=None, *, check_replicas: bool = True) -> list[AcceptResult]:
+        """Read the result tensor (one small int32 tensor) -> one :class:`AcceptResult` per user.
+
+        Checks that every device holds the same result (replicated acceptance must agree across cards) and
+        refills the RNG table when the step used its last row. Call it after each step, before the next.
+        """
+        self._require_allocated()
+        ttnn = self.ttnn
+        t = result_dev if result_dev is not None else self.result
+        shards = [ttnn.to_torch(s).to(torch.int64) for s in ttnn.get_device_tensors(t)]
+        host = shards[0]
+        if check_replicas:
+            for i, s in enumerate(shards[1:], 1):
+                if not torch.equal(s, host):
+                    raise RuntimeError(f"acceptance result differs between device 0 and device {i}: "
+                                       f"{host.flatten().tolist()} vs {s.flatten().tolist()}")
+        host = host.reshape(self.batch, self.rows + RESULT_EXTRA_COLS)
+        out = []
+        for row in host.tolist():
+            toks, a, rng_row = row[: self.rows], row[self.rows], row[self.rows + 1]
+            if not 0 <= a <= self.k:
+                raise RuntimeError(f"device acceptance returned a={a} outside [0, {self.k}]: {row}")
+            out.append(AcceptResult(tokens=toks, num_accepted=a, rng_row=rng_row))
+        used = max(r.rng_row for r in out)
+        if used >= self.rng_rows - 1:
+            self.refill_rng()
+        return out
+
+    def read_result(self, result_dev=None) -> tuple[list[int], int]:
+        """B == 1 convenience: -> (tokens [K+1] with PLACEHOLDER_TOKEN_ID after the emitted ones, a)."""
+        if self.batch != 1:
+            raise ValueError(f"read_result is for batch 1 (this acceptor has B={self.batch}); use read_results")
+        r = self.read_results(result_dev)[0]
+        return r.tokens, r.num_accepted
+
+
+__all__ = ["DeviceAcceptor", "AcceptResult", "PLACEHOLDER_TOKEN_ID", "UNIFORMS_PER_ROW"]
