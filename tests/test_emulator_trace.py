@@ -235,3 +235,91 @@ def test_gdn_ring_state_not_advanced_by_capture():
         assert not torch.equal(after_one, ring0)
         ttnn.execute_trace(mesh, tid)  # second step starts from the first step's last slot
         assert not torch.equal(_read(ttnn, mesh, ring), after_one)
+
+
+def test_traced_decode_step_with_cache_ring_and_collectives_matches_eager():
+    """A K+1-row verify-like step: paged KV update + spec multi-position SDPA + ring GDN + all_reduce,
+    captured once and replayed twice == the same two steps run eagerly."""
+    T, nkv, dh, bs, nblk, kd = 3, 1, 32, 32, 4, 32
+
+    def build(ctx):
+        ttnn, mesh = ctx.ttnn, ctx.mesh_device
+        g = torch.Generator().manual_seed(11)
+        rep = ttnn.ReplicateTensorToMesh(mesh)
+        bf = lambda x, m=rep: ttnn.from_torch(x, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh,  # noqa
+                                              mesh_mapper=m)
+        f32 = lambda x: ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=mesh,  # noqa
+                                        mesh_mapper=rep)
+        s = dict(
+            kc=bf(torch.randn(nblk, nkv, bs, dh, generator=g)), vc=bf(torch.randn(nblk, nkv, bs, dh, generator=g)),
+            pt=ttnn.from_torch(torch.tensor([[2, 0, 3, 1]], dtype=torch.int32), dtype=ttnn.int32, device=mesh,
+                               mesh_mapper=rep),
+            ring=f32(torch.randn(T, kd, kd, generator=g) * 0.1),
+            # persistent inputs (written with copy_host_to_device_tensor each step)
+            q=bf(torch.zeros(1, 1, T * 32, dh)), knew=bf(torch.zeros(1, T, nkv, dh)),
+            upd_pos=ttnn.from_torch(torch.zeros(T, dtype=torch.int32), dtype=ttnn.int32, device=mesh, mesh_mapper=rep),
+            cur=ttnn.from_torch(torch.zeros(T, dtype=torch.int32), dtype=ttnn.int32, device=mesh, mesh_mapper=rep),
+            idx=ttnn.from_torch(torch.zeros(1, dtype=torch.int32), dtype=ttnn.uint32, device=mesh, mesh_mapper=rep),
+            gq=f32(torch.zeros(1, T, 1, kd)), gv=f32(torch.zeros(1, T, 1, kd)), gg=f32(torch.zeros(1, T, 1)),
+            gb=f32(torch.zeros(1, T, 1)),
+        )
+        return s
+
+    def step(ctx, s):
+        ttnn = ctx.ttnn
+        # K/V of the T candidate rows go to positions pos..pos+T-1 (one pseudo-user per row, aliased page table)
+        pt_rows = ttnn.concat([s["pt"]] * T, dim=0)
+        ttnn.experimental.paged_update_cache(s["kc"], s["knew"], update_idxs_tensor=s["upd_pos"], page_table=pt_rows)
+        ttnn.experimental.paged_update_cache(s["vc"], s["knew"], update_idxs_tensor=s["upd_pos"], page_table=pt_rows)
+        att = ttnn.transformer.paged_scaled_dot_product_attention_decode(
+            s["q"], s["kc"], s["vc"], s["pt"], cur_pos_tensor=s["cur"], scale=dh ** -0.5, spec_multi_pos_tiles=T)
+        o, _ = ttnn.transformer.fused_recurrent_gated_delta_rule(
+            s["gq"], s["gq"], s["gv"], s["gg"], s["gb"], initial_state=s["ring"], initial_state_block_idx=s["idx"],
+            output_per_token_state=True)
+        return ttnn.all_reduce(att), o
+
+    def inputs(ctx, step_no):
+        ttnn, mesh = ctx.ttnn, ctx.mesh_device
+        g = torch.Generator().manual_seed(100 + step_no)
+        rep = ttnn.ReplicateTensorToMesh(mesh)
+        pos = 40 + 3 * step_no
+        h = lambda x, dt=ttnn.bfloat16, lay=ttnn.TILE_LAYOUT: ttnn.from_torch(x, dtype=dt, layout=lay,  # noqa
+                                                                              mesh_mapper=rep)
+        return dict(
+            q=h(torch.randn(1, 1, T * 32, dh, generator=g)), knew=h(torch.randn(1, T, nkv, dh, generator=g)),
+            upd_pos=h(torch.arange(pos, pos + T, dtype=torch.int32), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT),
+            cur=h(torch.arange(pos, pos + T, dtype=torch.int32), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT),
+            idx=h(torch.tensor([step_no % T], dtype=torch.int32), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT),
+            gq=h(torch.nn.functional.normalize(torch.randn(1, T, 1, kd, generator=g), dim=-1), ttnn.float32),
+            gv=h(torch.randn(1, T, 1, kd, generator=g), ttnn.float32),
+            gg=h(-torch.rand(1, T, 1, generator=g), ttnn.float32), gb=h(torch.rand(1, T, 1, generator=g), ttnn.float32),
+        )
+
+    def write(ctx, s, inp):
+        for k, v in inp.items():
+            ctx.ttnn.copy_host_to_device_tensor(v, s[k])
+
+    def read(ctx, t):
+        return ctx.ttnn.to_torch(ctx.ttnn.get_device_tensors(t)[1]).clone()
+
+    eager = []
+    with _open() as ctx:
+        s = build(ctx)
+        for n in range(2):
+            write(ctx, s, inputs(ctx, n))
+            att, o = step(ctx, s)
+            eager.append((read(ctx, att), read(ctx, o), read(ctx, s["ring"]), read(ctx, s["kc"])))
+    with _open() as ctx:
+        s = build(ctx)
+        write(ctx, s, inputs(ctx, 0))
+        tid = ctx.ttnn.begin_trace_capture(ctx.mesh_device, cq_id=0)
+        att, o = step(ctx, s)
+        ctx.ttnn.end_trace_capture(ctx.mesh_device, tid, cq_id=0)
+        for n in range(2):
+            write(ctx, s, inputs(ctx, n))
+            with ctx.counters.scope("verify") as c:
+                ctx.ttnn.execute_trace(ctx.mesh_device, tid, cq_id=0)
+            got = (read(ctx, att), read(ctx, o), read(ctx, s["ring"]), read(ctx, s["kc"]))
+            for a, b in zip(got, eager[n]):
+                assert torch.equal(a, b)
+        assert c.programs == 6 and c.collectives == 1
