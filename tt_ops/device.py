@@ -115,6 +115,7 @@ def open_mesh(
     num_command_queues: int = 1,
     alloc_while_trace_live: str = "error",
     op_table_policy: str = "layout",
+    dispatch_core_config: Any = None,
 ) -> MeshContext:
     """Open the chosen backend. See the module docstring.
 
@@ -122,12 +123,14 @@ def open_mesh(
     captured trace is live, ``"warn"`` logs tt-metal's warning instead.
     ``op_table_policy`` (emulator only): how the ops' documented dtype/layout tables are enforced:
     ``"layout"`` (default: unsupported layout raises, unlisted dtype warns once), ``"strict"``, ``"warn"``, ``"off"``.
+    ``dispatch_core_config`` (hardware only): passed to ``ttnn.open_mesh_device``; ``None`` lets ttnn pick the
+    architecture default.
     """
     name = resolve_device_name(device)
     if name in EMULATED_DEVICES:
         return _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_while_trace_live,
                               op_table_policy)
-    return _open_hardware(name, trace_region_size, l1_small_size, num_command_queues)
+    return _open_hardware(name, trace_region_size, l1_small_size, num_command_queues, dispatch_core_config)
 
 
 def _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_policy,
@@ -151,7 +154,8 @@ def _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, a
                        device_name=name, _closer=mesh.close)
 
 
-def _open_hardware(name, trace_region_size, l1_small_size, num_command_queues) -> MeshContext:
+def _open_hardware(name, trace_region_size, l1_small_size, num_command_queues,
+                   dispatch_core_config=None) -> MeshContext:
     n = HARDWARE_DEVICES[name]
     cards = count_tenstorrent_cards()
     if cards == 0:
@@ -179,7 +183,7 @@ def _open_hardware(name, trace_region_size, l1_small_size, num_command_queues) -
         trace_region_size=trace_region_size,
         l1_small_size=l1_small_size,
         num_command_queues=num_command_queues,
-        dispatch_core_config=ttnn.DispatchCoreConfig(),
+        dispatch_core_config=dispatch_core_config,
     )
     label = f"p150a x{n} (hardware)"
 
