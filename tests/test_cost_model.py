@@ -65,3 +65,16 @@ def test_counts_from_emulator_feed_the_model():
         assert ms > 0
         ctx.counters.reset()
         assert ctx.counters.total.programs == 0
+
+
+def test_verify_cost_ratio_from_counts():
+    m = P150aCostModel()
+    decode, verify = Counts("decode"), Counts("verify")
+    for c, rows in ((decode, 1), (verify, 8)):
+        c.bytes_read["BFLOAT8_B"] = 10 * 10**9  # weights stream once per step either way
+        c.bytes_read["BFLOAT16"] = rows * 5120 * 2 * 64 * 10  # activations scale with rows
+        c.programs = 3000
+        c.collectives = 128
+        c.collective_bytes = 128 * rows * 5120 * 2
+    r = m.verify_cost_ratio(verify, decode)
+    assert 1.0 < r < 1.05  # weight-bound: K+1 rows cost barely more than one (modelled)
