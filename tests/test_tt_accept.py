@@ -1,0 +1,412 @@
+"""On-device acceptance (models/qwen36/tt/accept.py) on the emulated 1x2 P150a mesh vs the reference engine.
+
+Gates:
+* greedy == spec.acceptance.greedy_accept exactly (K in {1,2,3,7}, every forced acceptance length, argmax ties);
+* probs_from_logits (temperature/top-k/top-p) vs spec.sampling.probs_from_logits: max abs error <= 1e-6;
+* stochastic: chi-square (p > 1e-3, fixed seeds) of the first emitted token vs the target row 0, of the second
+  emitted token (given a >= 1) vs target row 1, and of the accepted-count distribution vs its closed form,
+  with one-hot and with sampled drafts; the reference rejection sampler passes the same closed form;
+  a negative control (wrong expected distribution) is rejected;
+* traced capture + replay with new inputs == eager (greedy bit-exact; stochastic bit-exact from the same RNG
+  state, across RNG-table refills); only the result tensor is read back.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("ttnn")
+
+from models.qwen36.spec.acceptance import PLACEHOLDER_TOKEN_ID, greedy_accept, rejection_sample  # noqa: E402
+from models.qwen36.spec.sampling import SamplingParams, probs_from_logits  # noqa: E402
+from models.qwen36.tt.accept import DeviceAcceptor  # noqa: E402
+from tt_ops.device import open_mesh  # noqa: E402
+
+P_MIN = 1e-3  # chi-square acceptance threshold (fixed seeds: the tests are deterministic)
+PROB_ATOL = 1e-6  # device probs_from_logits vs torch, fp32
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    c = open_mesh("emulated-p150x2", trace_region_size=10_000_000)
+    yield c
+    c.close()
+
+
+def _acc(ctx, k, v, params=None, **kw):
+    return DeviceAcceptor(ctx.ttnn, ctx.mesh_device, k, v, params, **kw).allocate()
+
+
+def _dev(acc, host):
+    return acc.to_device(host)
+
+
+def _shard0(ctx, t):
+    return ctx.ttnn.to_torch(ctx.ttnn.get_device_tensors(t)[0])
+
+
+# ---------------------------------------------------------------------------------------------------
+# greedy
+# ---------------------------------------------------------------------------------------------------
+def _forced_greedy_case(k, v, a, g):
+    """logits [K+1, V] (bf16-exact) and drafts [K] whose greedy acceptance length is exactly a."""
+    logits = torch.randn(k + 1, v, generator=g).bfloat16().float()
+    am = logits.argmax(-1)
+    drafts = torch.randint(0, v, (k,), generator=g)
+    for i in range(k):
+        if i < a:
+            drafts[i] = am[i]
+        elif i == a:
+            drafts[i] = (am[i] + 1 + torch.randint(0, v - 1, (1,), generator=g)) % v  # != argmax
+    return logits, drafts
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7])
+def test_greedy_matches_reference_every_acceptance_length(ctx, k):
+    v = 40
+    g = torch.Generator().manual_seed(100 + k)
+    b = k + 1  # user a has acceptance length a
+    cases = [_forced_greedy_case(k, v, a, g) for a in range(k + 1)]
+    logits = torch.stack([c[0] for c in cases])
+    drafts = torch.stack([c[1] for c in cases])
+    ref_tokens, ref_a = greedy_accept(drafts, logits)
+    assert ref_a.tolist() == list(range(k + 1))
+    acc = _acc(ctx, k, v, batch=b)
+    ttnn = ctx.ttnn
+    res = acc.greedy(_dev(acc, acc.host_logits(logits, dtype=ttnn.bfloat16)), _dev(acc, acc.host_drafts(drafts)))
+    got = acc.read_results(res)
+    assert [r.tokens for r in got] == ref_tokens.tolist()
+    assert [r.num_accepted for r in got] == ref_a.tolist()
+    assert all(r.rng_row == -1 for r in got)
+    assert _shard0(ctx, acc.count).flatten().tolist() == [float(a) for a in ref_a.tolist()]
+    for r in got:  # placeholder after the a+1 emitted tokens
+        assert r.tokens[r.num_accepted + 1:] == [PLACEHOLDER_TOKEN_ID] * (k - r.num_accepted)
+
+
+def test_greedy_argmax_ties_resolve_to_lowest_index_like_torch(ctx):
+    k, v = 3, 16
+    logits = torch.zeros(k + 1, v)
+    for row in range(k + 1):  # two maxima per row: lowest index wins in torch.argmax
+        logits[row, 2 + row] = 5.0
+        logits[row, 10 + row] = 5.0
+    lo = torch.tensor([2, 3, 4])
+    hi = torch.tensor([10, 11, 12])
+    acc = _acc(ctx, k, v)
+    for drafts, want_a in ((lo, 3), (hi, 0), (torch.tensor([2, 3, 13]), 2)):
+        ref_t, ref_a = greedy_accept(drafts[None], logits[None])
+        assert int(ref_a) == want_a
+        res = acc.greedy(_dev(acc, acc.host_logits(logits[None])), _dev(acc, acc.host_drafts(drafts[None])))
+        tokens, a = acc.read_result(res)
+        assert (tokens, a) == (ref_t[0].tolist(), want_a)
+
+
+def test_greedy_vocab_sharded_logits_equal_replicated(ctx):
+    k, v, b = 3, 64, 4
+    g = torch.Generator().manual_seed(7)
+    cases = [_forced_greedy_case(k, v, a, g) for a in range(b)]
+    logits = torch.stack([c[0] for c in cases])
+    drafts = torch.stack([c[1] for c in cases])
+    ref_t, ref_a = greedy_accept(drafts, logits)
+    acc = _acc(ctx, k, v, batch=b, logits_layout="vocab_sharded")
+    host = acc.host_logits(logits)
+    assert len(ctx.ttnn.get_device_tensors(_dev(acc, host))) == 2
+    res = acc.greedy(_dev(acc, host), _dev(acc, acc.host_drafts(drafts)))
+    got = acc.read_results(res)
+    assert [r.tokens for r in got] == ref_t.tolist() and [r.num_accepted for r in got] == ref_a.tolist()
+
+
+# ---------------------------------------------------------------------------------------------------
+# temperature / top-k / top-p transform
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_k=5),
+    SamplingParams(temperature=1.3, top_p=0.8),
+    SamplingParams(temperature=0.9, top_k=6, top_p=0.7),
+    SamplingParams(temperature=0.5, top_k=32, top_p=0.95),  # top_k == V: off
+    SamplingParams(temperature=2.0, top_p=0.05),  # only the top token survives
+], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+@pytest.mark.parametrize("layout", ["replicated", "vocab_sharded"])
+def test_probs_from_logits_matches_torch(ctx, params, layout):
+    k, v, b = 3, 32, 2
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(b, k + 1, v, generator=g) * 3
+    acc = _acc(ctx, k, v, params, batch=b, logits_layout=layout)
+    probs = acc.probs_from_logits(_dev(acc, acc.host_logits(logits)))
+    ref = probs_from_logits(logits, params)
+    for got in (ctx.ttnn.to_torch(s) for s in ctx.ttnn.get_device_tensors(probs)):  # full V on every device
+        assert got.shape == (1, b, k + 1, v)
+        err = (got[0] - ref).abs().max().item()
+        assert err <= PROB_ATOL, f"max abs error {err}"
+        assert torch.equal(got[0] > 0, ref > 0), "kept-token sets differ"
+
+
+def test_probs_from_logits_top_k_keeps_ties_like_torch(ctx):
+    k, v = 1, 16
+    logits = torch.tensor([[0, 1, 2, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 5.0]] * 2)[None]  # ties at the k-th value
+    params = SamplingParams(temperature=1.0, top_k=3)
+    acc = _acc(ctx, k, v, params)
+    got = _shard0(ctx, acc.probs_from_logits(_dev(acc, acc.host_logits(logits))))[0]
+    ref = probs_from_logits(logits, params)
+    assert (got > 0).sum(-1).tolist() == [[4, 4]] == (ref > 0).sum(-1).tolist()
+    assert (got - ref).abs().max().item() <= PROB_ATOL
+
+
+# ---------------------------------------------------------------------------------------------------
+# stochastic: distribution tests
+# ---------------------------------------------------------------------------------------------------
+def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square goodness of fit; bins with expected < 5 are pooled. p = Q(dof/2, stat/2)."""
+    n = counts.sum().item()
+    expected = probs.double() * n
+    counts = counts.double()
+    if (counts[expected == 0] > 0).any():
+        return 0.0  # an impossible outcome happened
+    big = expected >= 5
+    e = torch.cat([expected[big], expected[~big].sum().reshape(1)]) if (~big).any() else expected[big]
+    o = torch.cat([counts[big], counts[~big].sum().reshape(1)]) if (~big).any() else counts[big]
+    keep = e > 0
+    e, o = e[keep], o[keep]
+    stat = ((o - e) ** 2 / e).sum()
+    dof = e.numel() - 1
+    if dof < 1:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2.0))
+
+
+def _expected(pt: torch.Tensor, q: torch.Tensor | None, drafts_fixed: torch.Tensor | None, k: int):
+    """Closed forms for row-independent target/draft distributions.
+
+    pt [K+1, V] target rows; q [K, V] draft rows (sampled drafts) or None with drafts_fixed [K] (one-hot).
+    alpha_i = P(accept d_i | d_1..d_{i-1} accepted) = sum_x min(p_{i-1}(x), q_i(x)) (sampled) or p_{i-1}(d_i).
+    -> (count distribution [K+1], first token distribution = pt[0], second token given a >= 1 = pt[1]).
+    """
+    if q is None:
+        alpha = torch.stack([pt[i, drafts_fixed[i]] for i in range(k)])
+    else:
+        alpha = torch.minimum(pt[:k], q).sum(-1)
+    count = torch.zeros(k + 1, dtype=torch.float64)
+    run = 1.0
+    for j in range(k):
+        count[j] = run * (1 - alpha[j].item())
+        run *= alpha[j].item()
+    count[k] = run
+    return count, pt[0], pt[1]
+
+
+def _stats(tokens: torch.Tensor, a: torch.Tensor, v: int, k: int):
+    count = torch.bincount(a, minlength=k + 1)
+    first = torch.bincount(tokens[:, 0], minlength=v)
+    second = torch.bincount(tokens[a >= 1, 1], minlength=v)
+    return count, first, second
+
+
+STOCH_V, STOCH_N = 12, 3000
+STOCH_PARAMS = SamplingParams(temperature=0.9, top_k=9, top_p=0.95, seed=1234)
+
+
+def _stoch_setup(k, seed):
+    g = torch.Generator().manual_seed(seed)
+    target_logits = torch.randn(k + 1, STOCH_V, generator=g) * 1.5
+    draft_logits = target_logits[:k] + torch.randn(k, STOCH_V, generator=g)  # a related but different drafter
+    pt = probs_from_logits(target_logits, STOCH_PARAMS)
+    q = probs_from_logits(draft_logits, STOCH_PARAMS)
+    return g, target_logits, draft_logits, pt, q
+
+
+@pytest.mark.parametrize("k,mode", [(2, "one_hot"), (2, "sampled"), (3, "sampled")])
+def test_stochastic_distribution_chi_square(ctx, k, mode):
+    g, target_logits, draft_logits, pt, q = _stoch_setup(k, seed=20 + k)
+    n, v = STOCH_N, STOCH_V
+    acc = _acc(ctx, k, v, STOCH_PARAMS, batch=n, rng_rows=2)
+    ttnn = ctx.ttnn
+    logits_dev = _dev(acc, acc.host_logits(target_logits.expand(n, k + 1, v)))
+    if mode == "one_hot":
+        drafts = q.argmax(-1).expand(n, k)  # argmax drafting; the first draft has p_t > 0 by construction below
+        draft_probs_dev = None
+        exp_count, exp_first, exp_second = _expected(pt, None, drafts[0], k)
+    else:
+        drafts = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=g) for i in range(k)], dim=1)
+        dl = _dev(acc, acc.host_logits(torch.cat([draft_logits, draft_logits[:1]]).expand(n, k + 1, v)))
+        draft_probs_dev = ttnn.slice(acc.probs_from_logits(dl), [0, 0, 0, 0], [1, n, k, v])  # device transform
+        exp_count, exp_first, exp_second = _expected(pt, q, None, k)
+    res = acc.stochastic(logits_dev, _dev(acc, acc.host_drafts(drafts)), draft_probs_dev)
+    got = acc.read_results(res)
+    tokens = torch.tensor([r.tokens for r in got])
+    a = torch.tensor([r.num_accepted for r in got])
+    count, first, second = _stats(tokens, a, v, k)
+    p_count = _chi2_pvalue(count, exp_count)
+    p_first = _chi2_pvalue(first, exp_first)
+    p_second = _chi2_pvalue(second, exp_second)
+    assert min(p_count, p_first, p_second) > P_MIN, (p_count, p_first, p_second, count.tolist(), exp_count.tolist())
+    # accepted drafts are the drafts; tokens after the emitted ones are placeholders
+    for r, d in zip(got[:200], drafts[:200].tolist()):
+        assert r.tokens[: r.num_accepted] == d[: r.num_accepted]
+        assert r.tokens[r.num_accepted + 1:] == [PLACEHOLDER_TOKEN_ID] * (k - r.num_accepted)
+    # negative control: the first token is NOT distributed like the draft row
+    assert _chi2_pvalue(first, q[0]) < 1e-6
+    # the reference rejection sampler satisfies the same closed forms (ties the device to the reference)
+    ref_t, ref_a = rejection_sample(drafts, None if mode == "one_hot" else q.expand(n, k, v),
+                                    pt.expand(n, k + 1, v), torch.Generator().manual_seed(5))
+    rc, rf, rs = _stats(ref_t, ref_a, v, k)
+    assert min(_chi2_pvalue(rc, exp_count), _chi2_pvalue(rf, exp_first), _chi2_pvalue(rs, exp_second)) > P_MIN
+
+
+def test_stochastic_all_accepted_bonus_and_forced_rejection(ctx):
+    """Deterministic corners: p_t(d_i) = 1 -> always accepted, bonus from row K; p_t(d_1) = 0 -> a = 0 and the
+    recovered token comes from p_t(row 0) with d_1 removed (one-hot residual)."""
+    k, v, n = 2, 8, 64
+    params = SamplingParams(temperature=1.0, seed=3)
+    big = 30.0
+    logits = torch.zeros(k + 1, v)
+    logits[0, 1] = big
+    logits[1, 2] = big  # rows 0, 1 put all mass on drafts 1, 2
+    logits[2, 5] = big  # bonus row: token 5
+    acc = _acc(ctx, k, v, params, batch=n)
+    drafts = torch.tensor([1, 2]).expand(n, k)
+    got = acc.read_results(acc.stochastic(_dev(acc, acc.host_logits(logits.expand(n, k + 1, v))),
+                                          _dev(acc, acc.host_drafts(drafts))))
+    assert all(r.tokens == [1, 2, 5] and r.num_accepted == 2 for r in got)
+    logits2 = torch.zeros(k + 1, v)
+    logits2[0, 0] = -big  # p_t(d_1 = 0) ~ 0: rejected; residual = p_t(row 0) without token 0
+    drafts2 = torch.tensor([0, 3]).expand(n, k)
+    got2 = acc.read_results(acc.stochastic(_dev(acc, acc.host_logits(logits2.expand(n, k + 1, v))),
+                                           _dev(acc, acc.host_drafts(drafts2))))
+    assert all(r.num_accepted == 0 and r.tokens[0] != 0 and r.tokens[1:] == [-1, -1] for r in got2)
+    assert len({r.tokens[0] for r in got2}) > 3  # spread over the remaining 7 tokens
+
+
+# ---------------------------------------------------------------------------------------------------
+# traces
+# ---------------------------------------------------------------------------------------------------
+def _step_inputs(k, v, steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for s in range(steps):
+        logits, drafts = _forced_greedy_case(k, v, s % (k + 1), g)
+        out.append((logits[None], drafts[None]))
+    return out
+
+
+def test_greedy_traced_replay_equals_eager_and_reference(ctx):
+    ttnn, mesh = ctx.ttnn, ctx.mesh_device
+    k, v = 3, 48
+    inputs = _step_inputs(k, v, steps=8, seed=31)
+    acc = _acc(ctx, k, v, ring_heads=4)
+    logits_buf = _dev(acc, acc.host_logits(inputs[0][0]))
+    drafts_buf = _dev(acc, acc.host_drafts(inputs[0][1]))
+    eager = []
+    for logits, drafts in inputs:  # eager (also compiles every program before capture)
+        ttnn.copy_host_to_device_tensor(acc.host_logits(logits), logits_buf)
+        ttnn.copy_host_to_device_tensor(acc.host_drafts(drafts), drafts_buf)
+        acc.greedy(logits_buf, drafts_buf)
+        acc.ring_block_idx()
+        eager.append((acc.read_result(), _shard0(ctx, acc.block_idx).flatten().tolist()))
+    tid = ttnn.begin_trace_capture(mesh, cq_id=0)
+    res = acc.greedy(logits_buf, drafts_buf)
+    blk = acc.ring_block_idx()
+    ttnn.end_trace_capture(mesh, tid, cq_id=0)
+    assert res is acc.result and blk is acc.block_idx
+    for (logits, drafts), (want, want_blk) in zip(inputs, eager):
+        ttnn.copy_host_to_device_tensor(acc.host_logits(logits), logits_buf)
+        ttnn.copy_host_to_device_tensor(acc.host_drafts(drafts), drafts_buf)
+        ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)
+        got = acc.read_result(res)
+        ref_t, ref_a = greedy_accept(drafts, logits)
+        assert got == want == (ref_t[0].tolist(), int(ref_a))
+        assert _shard0(ctx, blk).flatten().tolist() == want_blk == [int(ref_a) * 4 + h for h in range(4)]
+    ttnn.release_trace(mesh, tid)
+
+
+@pytest.mark.parametrize("rng", ["device", "host"])
+def test_stochastic_traced_replay_equals_eager_same_rng_state(ctx, rng, monkeypatch):
+    ttnn, mesh = ctx.ttnn, ctx.mesh_device
+    k, v, b, steps = 2, 16, 4, 7
+    params = SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=77)
+    g = torch.Generator().manual_seed(41)
+    inputs = [(torch.randn(b, k + 1, v, generator=g) * 2, torch.randint(0, v, (b, k), generator=g),
+               torch.randn(b, k + 1, v, generator=g)) for _ in range(steps)]
+    acc = _acc(ctx, k, v, params, batch=b, rng=rng, rng_rows=3)  # refills inside the run (every 3 steps)
+    bufs = [_dev(acc, acc.host_logits(inputs[0][0])), _dev(acc, acc.host_drafts(inputs[0][1])),
+            _dev(acc, acc.host_logits(inputs[0][2]))]
+
+    def write(step):
+        logits, drafts, dlogits = inputs[step]
+        ttnn.copy_host_to_device_tensor(acc.host_logits(logits), bufs[0])
+        ttnn.copy_host_to_device_tensor(acc.host_drafts(drafts), bufs[1])
+        ttnn.copy_host_to_device_tensor(acc.host_logits(dlogits), bufs[2])
+
+    def step_ops():
+        pd = ttnn.slice(acc.probs_from_logits(bufs[2]), [0, 0, 0, 0], [1, b, k, v])  # drafter probs, same transform
+        return acc.stochastic(bufs[0], bufs[1], pd)
+
+    def reset_rng():
+        acc._refills, acc._host_gen = 0, None
+        acc.refill_rng()
+
+    eager = []
+    for s in range(steps):
+        write(s)
+        step_ops()
+        eager.append(acc.read_results())
+    assert [r.rng_row for r in eager[-1]] == [(steps - 1) % 3] * b
+    reset_rng()
+    tid = ttnn.begin_trace_capture(mesh, cq_id=0)
+    res = step_ops()
+    ttnn.end_trace_capture(mesh, tid, cq_id=0)
+    reads = []
+    real_fn = ttnn.to_torch.fn
+    monkeypatch.setattr(ttnn.to_torch, "fn", lambda m, t, *a, **kw: (reads.append(t.logical_shape_list),
+                                                                    real_fn(m, t, *a, **kw))[1])
+    for s in range(steps):
+        write(s)
+        ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)
+        assert acc.read_results(res) == eager[s], f"step {s}"
+    assert reads and all(shape == [1, b, 1, k + 3] for shape in reads), "only the result tensor is read back"
+    assert len({tuple(tuple(r.tokens) for r in e) for e in eager}) > 1  # replays saw new inputs / new uniforms
+    ttnn.release_trace(mesh, tid)
+
+
+# ---------------------------------------------------------------------------------------------------
+# RNG emulation and input validation
+# ---------------------------------------------------------------------------------------------------
+def test_uniform_emulation_in_place_seeded_replicated(ctx):
+    ttnn, mesh = ctx.ttnn, ctx.mesh_device
+    t = ttnn.from_torch(torch.zeros(64, 64), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=mesh,
+                        mesh_mapper=ttnn.ReplicateTensorToMesh(mesh))
+    out = ttnn.uniform(t, 0.0, 1.0, 9)
+    assert out is t
+    s = [ttnn.to_torch(x) for x in ttnn.get_device_tensors(t)]
+    assert torch.equal(s[0], s[1]), "replicated uniform must give the same values on every device"
+    assert 0.0 <= s[0].min() and s[0].max() < 1.0 and abs(s[0].mean().item() - 0.5) < 0.02
+    first = s[0].clone()
+    ttnn.uniform(t, 0.0, 1.0, 9)
+    assert torch.equal(_shard0(ctx, t), first)  # same seed -> same values
+    ttnn.uniform(t, 0.0, 1.0, 10)
+    assert not torch.equal(_shard0(ctx, t), first)
+
+
+def test_bad_inputs_fail_with_named_problem(ctx):
+    ttnn = ctx.ttnn
+    with pytest.raises(ValueError, match="k .draft depth."):
+        DeviceAcceptor(ttnn, ctx.mesh_device, 0, 16)
+    with pytest.raises(ValueError, match="at most 31 drafts"):
+        DeviceAcceptor(ttnn, ctx.mesh_device, 32, 16)
+    with pytest.raises(ValueError, match="logits_layout"):
+        DeviceAcceptor(ttnn, ctx.mesh_device, 2, 16, logits_layout="sharded")
+    acc = DeviceAcceptor(ttnn, ctx.mesh_device, 2, 16)
+    with pytest.raises(RuntimeError, match="allocate"):
+        acc.greedy(None, None)
+    acc.allocate()
+    with pytest.raises(ValueError, match="drafts shape"):
+        acc.host_drafts(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="draft token ids must be in"):
+        acc.host_drafts(torch.tensor([[0, 16]]))
+    wrong = _dev(acc, ttnn.from_torch(torch.zeros(1, 1, 4, 16), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
+                                      mesh_mapper=ttnn.ReplicateTensorToMesh(ctx.mesh_device)))
+    drafts = _dev(acc, acc.host_drafts(torch.tensor([[1, 2]])))
+    with pytest.raises(ValueError, match=r"greedy logits: device shape \[1, 1, 4, 16\] != \[1, 1, 3, 16\]"):
+        acc.greedy(wrong, drafts)
+    with pytest.raises(ValueError, match="temperature > 0"):
+        acc.probs_from_logits(_dev(acc, acc.host_logits(torch.zeros(1, 3, 16))))
