@@ -453,3 +453,24 @@ def test_gdn_chunk_prefill_matches_recurrent_reference(ctx1):
     ro, rstates = _gdn_reference(qb, kb, vb, g, beta, h0, kd ** -0.5)
     assert torch.allclose(ttnn.to_torch(o).double(), ro, atol=3e-2)
     assert torch.allclose(ttnn.to_torch(st).double(), rstates[:, -1], atol=1e-4)
+
+
+def test_accounting_of_cache_and_attention_ops(ctx1):
+    """Cache/attention ops count what they really touch, not the whole cache they are handed."""
+    ttnn, mesh = ctx1.ttnn, ctx1.mesh_device
+    nblk, nkv, bs, dh = 16, 1, 32, 64
+    k = torch.randn(1, nkv, nblk * bs, dh)
+    kt, vt, ptt = _paged(ttnn, mesh, k, k, bs)
+    block = 2 * 1 * 2048  # one [1, 1, 32, 64] bf16 block = 2 tiles
+    q = ttnn.from_torch(torch.randn(1, 1, 4, dh), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh)
+    pos = ttnn.from_torch(torch.tensor([70], dtype=torch.int32), dtype=ttnn.int32, device=mesh)
+    with ctx1.counters.scope("sdpa") as c:
+        ttnn.transformer.paged_scaled_dot_product_attention_decode(q, kt, vt, ptt, cur_pos_tensor=pos)
+    # positions 0..70 live in 3 blocks; K and V each
+    kv = c.bytes_read["BFLOAT16"] - q.bytes_per_device()
+    assert kv == 2 * 3 * block
+    new = ttnn.from_torch(torch.randn(1, 1, nkv, dh), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh)
+    with ctx1.counters.scope("upd") as c:
+        ttnn.experimental.paged_update_cache(kt, new, update_idxs_tensor=pos, page_table=ptt)
+    assert c.bytes_written["BFLOAT16"] == 2 * 2048  # one token row of one KV head: the 2 tiles holding it
+    assert c.bytes_read["BFLOAT16"] == new.bytes_per_device() + 2 * 2048

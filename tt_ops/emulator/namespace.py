@@ -174,7 +174,8 @@ class Dispatcher:
 
             logger.warning(f"[emulator] {msg} - not raised under op_table_policy={policy!r}")
 
-    def call(self, op_name: str, impl: Callable, args: tuple, kwargs: dict, *, real_op=None, collective_bytes=None):
+    def call(self, op_name: str, impl: Callable, args: tuple, kwargs: dict, *, real_op=None, collective_bytes=None,
+             read_bytes=None, written_bytes=None):
         mesh = self.mesh
         mesh.check_open()
         if real_op is not None:
@@ -182,24 +183,25 @@ class Dispatcher:
         self.check_inputs(op_name, args, kwargs, real_op)
         trace = mesh.trace
         inputs = list(iter_tensors((args, kwargs)))
-        read = bytes_by_dtype(inputs)
-        if trace.capturing is not None:
-            tr = trace.capturing
+        capturing = trace.capturing
+        if capturing is not None:
             trace.dry = True
             try:
                 out = impl(*args, **kwargs)
             finally:
                 trace.dry = False
-            tr.steps.append(_make_step(op_name, impl, args, kwargs, out))
-            written = bytes_by_dtype(iter_tensors(out))
-            cb = collective_bytes(args, kwargs, out) if collective_bytes else None
-            with mesh.counters._sink(tr.counts):
-                mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False)
-            return out
-        out = impl(*args, **kwargs)
-        written = bytes_by_dtype(iter_tensors(out))
+            capturing.steps.append(_make_step(op_name, impl, args, kwargs, out))
+        else:
+            out = impl(*args, **kwargs)
+        # accounting after the call, so that invalid calls fail with the op's own message first
+        read = read_bytes(args, kwargs) if read_bytes else bytes_by_dtype(inputs)
+        written = written_bytes(args, kwargs) if written_bytes else bytes_by_dtype(iter_tensors(out))
         cb = collective_bytes(args, kwargs, out) if collective_bytes else None
-        mesh.counters.record_op(op_name, read, written, collective_bytes=cb)
+        if capturing is not None:
+            with mesh.counters._sink(capturing.counts):
+                mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False)
+        else:
+            mesh.counters.record_op(op_name, read, written, collective_bytes=cb)
         return out
 
 
@@ -326,18 +328,22 @@ class OpProxy:
     """Callable standing in for one ttnn op on the emulated mesh."""
 
 
-    def __init__(self, op_name, real_op, impl, dispatcher, collective_bytes=None):
+    def __init__(self, op_name, real_op, impl, dispatcher, collective_bytes=None, read_bytes=None,
+                 written_bytes=None):
         self.op_name = op_name
         self.real_op = real_op
         self.impl = impl
         self.dispatcher = dispatcher
         self.collective_bytes = collective_bytes
+        self.read_bytes = read_bytes
+        self.written_bytes = written_bytes
         self.__doc__ = getattr(real_op, "__doc__", None)
         self.__name__ = op_name
 
     def __call__(self, *args, **kwargs):
         return self.dispatcher.call(
-            self.op_name, self.impl, args, kwargs, real_op=self.real_op, collective_bytes=self.collective_bytes
+            self.op_name, self.impl, args, kwargs, real_op=self.real_op, collective_bytes=self.collective_bytes,
+            read_bytes=self.read_bytes, written_bytes=self.written_bytes,
         )
 
     def __repr__(self):
@@ -459,7 +465,8 @@ class EmulatedTTNN(types.SimpleNamespace):
         if spec is not None:
             if spec.kind == "op":
                 return OpProxy(full, real if isinstance(real, _OP_TYPES) else None, spec.fn, self._dispatcher,
-                               collective_bytes=spec.collective_bytes)
+                               collective_bytes=spec.collective_bytes, read_bytes=spec.read_bytes,
+                               written_bytes=spec.written_bytes)
             return HostFunction(full, spec.fn, real, self._mesh)
         if full in REFUSED:
             return _Refused(full)

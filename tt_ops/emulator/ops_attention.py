@@ -36,7 +36,7 @@ import torch
 from .errors import EmulatorError, NotEmulatedError
 from .namespace import golden_impl, write_inplace
 from .registry import device_op
-from .tensor import EmuTensor, dtype_name, make_like, quantize_via_ttnn
+from .tensor import EmuTensor, dtype_name, make_like, quantize_via_ttnn, shard_bytes
 from .ttnn_import import ttnn
 
 
@@ -59,6 +59,97 @@ def _mesh_indices(t: EmuTensor, mesh_coords) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------
+# accounting: what these ops really read/write per device (not the whole cache they are handed)
+# ------------------------------------------------------------------------------------------------
+def _acc(d: dict, t: EmuTensor | None, nbytes: int | None = None) -> None:
+    if t is None:
+        return
+    k = dtype_name(t.dtype)
+    d[k] = d.get(k, 0) + (t.bytes_per_device() if nbytes is None else nbytes)
+
+
+def _bind(name, args, kwargs):
+    from .signatures import bind_arguments
+
+    real = ttnn
+    for part in name.split(".")[1:]:
+        real = getattr(real, part)
+    return bind_arguments(name, real, args, kwargs)
+
+
+def _row_tiles_bytes(cache: EmuTensor, rows: int) -> int:
+    """Bytes of the tiles holding ``rows`` token rows (one per user and KV head) of a TILE cache."""
+    dh = cache.logical_shape_list[-1]
+    return rows * shard_bytes([32, dh], cache.dtype, ttnn.TILE_LAYOUT)
+
+
+def _update_rows(b) -> int:
+    x, cache = b["input_tensor"], b["cache_tensor"]
+    users = x.logical_shape_list[1]
+    idx = b.get("update_idxs_tensor")
+    if idx is not None:
+        valid = int((idx.shards[0].reshape(-1)[:users] >= 0).sum())
+    else:
+        valid = sum(1 for p in list(b.get("update_idxs") or [])[:users] if p >= 0)
+    return valid * cache.logical_shape_list[1]
+
+
+def _update_read(args, kwargs):
+    b = _bind("ttnn.experimental.paged_update_cache", args, kwargs)
+    d: dict = {}
+    for k in ("input_tensor", "update_idxs_tensor", "page_table"):
+        _acc(d, b.get(k))
+    _acc(d, b["cache_tensor"], _row_tiles_bytes(b["cache_tensor"], _update_rows(b)))  # read-modify-write
+    return d
+
+
+def _update_written(args, kwargs):
+    b = _bind("ttnn.experimental.paged_update_cache", args, kwargs)
+    d: dict = {}
+    _acc(d, b["cache_tensor"], _row_tiles_bytes(b["cache_tensor"], _update_rows(b)))
+    return d
+
+
+def _fill_read(args, kwargs):
+    b = _bind("ttnn.experimental.paged_fill_cache", args, kwargs)
+    d: dict = {}
+    for k in ("input_tensor", "page_table", "batch_idx_tensor"):
+        _acc(d, b.get(k))
+    return d
+
+
+def _fill_written(args, kwargs):
+    b = _bind("ttnn.experimental.paged_fill_cache", args, kwargs)
+    d: dict = {}
+    _acc(d, b["cache_tensor"], b["input_tensor"].bytes_per_device())
+    return d
+
+
+def _sdpa_read(args, kwargs):
+    """q, page table, positions, and only the KV blocks up to each user's (group's largest) bound."""
+    b = _bind("ttnn.transformer.paged_scaled_dot_product_attention_decode", args, kwargs)
+    q, k, v, pt = b["input_tensor_q"], b["input_tensor_k"], b["input_tensor_v"], b["page_table_tensor"]
+    d: dict = {}
+    for t in (q, pt, b.get("cur_pos_tensor"), b.get("attn_mask"), b.get("attention_sink")):
+        _acc(d, t)
+    _, nkv, bs, dh = k.logical_shape_list
+    per_block = shard_bytes([1, nkv, bs, dh], k.dtype, ttnn.TILE_LAYOUT)
+    pos_t = b.get("cur_pos_tensor")
+    users = q.logical_shape_list[1]
+    nblk_max = pt.logical_shape_list[-1]
+    if pos_t is None or not b.get("is_causal", True):
+        blocks = users * nblk_max
+    else:
+        pos = pos_t.shards[0].to(torch.int64).reshape(-1)
+        spec_t = int(b.get("spec_multi_pos_tiles") or 0)
+        bounds = pos.reshape(users, spec_t)[:, -1] if spec_t else pos[torch.arange(users) % pos.numel()]
+        blocks = int(sum(min(nblk_max, (int(p) + bs) // bs) for p in bounds if p >= 0))
+    _acc(d, k, blocks * per_block)
+    _acc(d, v, blocks * per_block)
+    return d
+
+
+# ------------------------------------------------------------------------------------------------
 # cache updates
 # ------------------------------------------------------------------------------------------------
 def _check_update_input(op: str, input_tensor: EmuTensor):
@@ -69,7 +160,7 @@ def _check_update_input(op: str, input_tensor: EmuTensor):
         )
 
 
-@device_op("ttnn.experimental.paged_update_cache")
+@device_op("ttnn.experimental.paged_update_cache", read_bytes=_update_read, written_bytes=_update_written)
 def paged_update_cache(
     cache_tensor,
     input_tensor,
@@ -138,7 +229,7 @@ def paged_update_cache(
     return cache_tensor
 
 
-@device_op("ttnn.experimental.paged_fill_cache")
+@device_op("ttnn.experimental.paged_fill_cache", read_bytes=_fill_read, written_bytes=_fill_written)
 def paged_fill_cache(
     cache_tensor,
     input_tensor,
@@ -301,7 +392,7 @@ def _decode_core(op, q_t, k_all, v_all, positions, scale, is_causal, spec_t):
     return out.reshape(users, rows, dh).unsqueeze(0)
 
 
-@device_op("ttnn.transformer.paged_scaled_dot_product_attention_decode")
+@device_op("ttnn.transformer.paged_scaled_dot_product_attention_decode", read_bytes=_sdpa_read)
 def paged_sdpa_decode(input_tensor_q, input_tensor_k, input_tensor_v, page_table_tensor, **kwargs):
     op = "ttnn.transformer.paged_scaled_dot_product_attention_decode"
     spec_t = int(kwargs.get("spec_multi_pos_tiles", 0) or 0)

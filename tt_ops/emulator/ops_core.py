@@ -453,7 +453,12 @@ def reshape(input_tensor, shape=None, *rest, memory_config=None, pad_value=None,
     return make_like(tensor, [s.reshape(target) for s in tensor.shards], memory_config=memory_config)
 
 
-@device_op("ttnn.copy")
+def _copy_read(args, kwargs):
+    a = args[0] if args else kwargs["input_a"]
+    return {dtype_name(a.dtype): a.bytes_per_device()}
+
+
+@device_op("ttnn.copy", read_bytes=_copy_read)
 def copy(input_a, input_b):
     """In place: writes input_a (cast to input_b's dtype) into input_b; returns input_b (ttnn semantics)."""
     if input_a.logical_shape_list != input_b.logical_shape_list:

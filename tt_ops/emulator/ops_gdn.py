@@ -29,7 +29,32 @@ from .ttnn_import import ttnn
 _golden = ttnn.transformer.fused_recurrent_gated_delta_rule.golden_function
 
 
-@device_op("ttnn.transformer.fused_recurrent_gated_delta_rule")
+def _gdn_bind(args, kwargs):
+    from .signatures import bind_arguments
+
+    return bind_arguments("ttnn.transformer.fused_recurrent_gated_delta_rule",
+                          ttnn.transformer.fused_recurrent_gated_delta_rule, args, kwargs)
+
+
+def _gdn_read(args, kwargs):
+    """Inputs plus the BH initial states actually read (ring mode reads BH of the T*BH ring blocks)."""
+    b = _gdn_bind(args, kwargs)
+    d: dict = {}
+    for k in ("q", "k", "v", "g", "beta", "initial_state_block_idx"):
+        t = b.get(k)
+        if t is not None:
+            d[dtype_name(t.dtype)] = d.get(dtype_name(t.dtype), 0) + t.bytes_per_device()
+    st = b.get("initial_state")
+    if st is not None:
+        n = st.bytes_per_device()
+        if b.get("initial_state_block_idx") is not None:
+            v = b["v"].logical_shape_list
+            n = n // v[1]  # BH of T*BH blocks
+        d[dtype_name(st.dtype)] = d.get(dtype_name(st.dtype), 0) + n
+    return d
+
+
+@device_op("ttnn.transformer.fused_recurrent_gated_delta_rule", read_bytes=_gdn_read)
 def fused_recurrent_gated_delta_rule(
     q,
     k,

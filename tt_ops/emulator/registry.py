@@ -20,6 +20,9 @@ class OverrideSpec:
     fn: Callable
     collective_bytes: Callable | None = None
     validate: bool = True
+    # optional accounting overrides: fn(args, kwargs, out) -> {dtype_name: bytes per device}
+    read_bytes: Callable | None = None
+    written_bytes: Callable | None = None
 
 
 OVERRIDES: dict[str, OverrideSpec] = {}
@@ -28,10 +31,11 @@ _MODULES = ("ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_gdn", "o
 _loaded = False
 
 
-def device_op(*names: str, collective_bytes: Callable | None = None):
+def device_op(*names: str, collective_bytes: Callable | None = None, read_bytes: Callable | None = None,
+              written_bytes: Callable | None = None):
     def deco(fn):
         for n in names:
-            OVERRIDES[n] = OverrideSpec("op", fn, collective_bytes)
+            OVERRIDES[n] = OverrideSpec("op", fn, collective_bytes, True, read_bytes, written_bytes)
         return fn
 
     return deco
