@@ -1,0 +1,167 @@
+"""The speculative engine: one transaction per step, over a small backend interface.
+
+    step:  draft -> verify -> accept -> commit (publish accepted, discard the rest)    [or abort]
+
+A backend owns all model state (target KV + GDN + conv, MTP KV, the pending token, the sampler) and may
+keep it on a device: :meth:`SpecBackend.draft` and :meth:`SpecBackend.verify` return opaque handles the
+engine never looks into, and :meth:`SpecBackend.accept` hands back only the emitted tokens and the accepted
+count (DESIGN 4.1). The reference backend (``reference_backend.py``) implements the same contract on torch
+and also exposes finer primitives for the probes; a TT backend runs the same four calls as device work.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from .sampling import SamplingParams
+
+MECHANISMS = ("snapshot", "shadow_commit", "recompute")  # GDN/conv state commit mechanisms (DESIGN 4)
+
+
+@dataclass
+class Acceptance:
+    """What one step publishes, host side: ``tokens`` = accepted drafts then one recovered/bonus token."""
+
+    num_accepted: int
+    tokens: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != self.num_accepted + 1:
+            raise ValueError(f"an acceptance emits num_accepted + 1 tokens, got {self.num_accepted} and {self.tokens}")
+
+    @classmethod
+    def dummy(cls, num_accepted: int = 0) -> "Acceptance":
+        return cls(num_accepted, list(range(num_accepted + 1)))
+
+
+@dataclass
+class MechanismCounters:
+    """Work done by the speculative state machinery, summed over steps.
+
+    state_copies: copies of one GDN layer's (recurrent + conv) state (save, restore, scratch).
+    state_bytes_moved: bytes of those copies. slot_bytes_written: bytes of per-row state slots a verify writes
+    (shadow_commit's price instead of copies). recurrence_steps: rows run through a GDN layer's recurrence,
+    summed over GDN layers. target_forwards / mtp_forwards: model forward calls (op calls) of each kind.
+    """
+
+    steps: int = 0
+    aborts: int = 0
+    state_copies: int = 0
+    state_bytes_moved: int = 0
+    slot_bytes_written: int = 0
+    recurrence_steps: int = 0
+    target_forwards: int = 0
+    mtp_forwards: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+    def add(self, other: "MechanismCounters") -> None:
+        for k, v in other.__dict__.items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+@runtime_checkable
+class SpecBackend(Protocol):
+    """The contract a backend implements. Batch 1; K >= 1; handles are backend-private.
+
+    label: what actually runs, derived from the live objects (e.g. "reference (torch CPU)").
+    mechanism: one of MECHANISMS, fixed at construction. counters: a MechanismCounters, updated in place.
+    """
+
+    label: str
+    mechanism: str
+    counters: MechanismCounters
+
+    def prefill(self, prompt: Sequence[int], params: SamplingParams) -> int:
+        """Consume the prompt, seed the sampler from params, pick and return the first new token (pending)."""
+
+    def draft(self, k: int) -> Any:
+        """MTP: reseed the verified rows, then chain k drafts. Returns a handle (draft ids, draft probs)."""
+
+    def verify(self, draft: Any) -> Any:
+        """ONE target forward over the K+1 rows [pending, d_1..d_K] (state per the mechanism). Returns a handle."""
+
+    def accept(self, draft: Any, verify: Any) -> Acceptance:
+        """Greedy or rejection sampling (per the prefill params). Only tokens + count cross to the host."""
+
+    def commit(self, acceptance: Acceptance) -> None:
+        """Publish the state after row num_accepted; discard later rows; the last token becomes pending."""
+
+    def abort(self) -> None:
+        """Discard the drafted/verified step: live state as before draft()."""
+
+
+def speculative_step(backend: SpecBackend, k: int) -> Acceptance:
+    """One transaction: draft, verify (one packed K+1 forward), accept, commit."""
+    draft = backend.draft(k)
+    verify = backend.verify(draft)
+    acceptance = backend.accept(draft, verify)
+    backend.commit(acceptance)
+    return acceptance
+
+
+@dataclass
+class AcceptanceStats:
+    """Acceptance counters of a run. ``accepted[i]`` = drafts accepted at step i (before EOS/length cuts)."""
+
+    k: int
+    accepted: list[int] = field(default_factory=list)
+
+    def record(self, acceptance: Acceptance) -> None:
+        self.accepted.append(acceptance.num_accepted)
+
+    @property
+    def steps(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def mean_accepted(self) -> float:
+        return sum(self.accepted) / max(1, self.steps)
+
+    @property
+    def mean_emitted(self) -> float:
+        return self.mean_accepted + 1.0 if self.steps else 0.0
+
+    def per_position(self) -> list[float]:
+        """P(draft i accepted), i = 1..K: fraction of steps with at least i accepted."""
+        return [sum(a >= i for a in self.accepted) / max(1, self.steps) for i in range(1, self.k + 1)]
+
+    def histogram(self) -> list[int]:
+        c = Counter(self.accepted)
+        return [c.get(a, 0) for a in range(self.k + 1)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "steps": self.steps, "mean_accepted": self.mean_accepted,
+                "mean_emitted": self.mean_emitted, "per_position": self.per_position(),
+                "histogram": self.histogram()}
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens (first one from prefill), cut after EOS and at max_new_tokens
+    stats: AcceptanceStats
+
+
+def _cut(tokens: list[int], max_new_tokens: int, eos_ids: Sequence[int]) -> tuple[list[int], bool]:
+    """Truncate at the first EOS (kept) or at max_new_tokens; returns (tokens, finished)."""
+    for i, t in enumerate(tokens[:max_new_tokens]):
+        if t in eos_ids:
+            return tokens[: i + 1], True
+    return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
+
+
+def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_tokens: int, k: int,
+                         params: SamplingParams = SamplingParams(), eos_ids: Sequence[int] = ()) -> GenerationResult:
+    """Prefill, then speculative steps until EOS or max_new_tokens. EOS inside an accepted block ends it there."""
+    if k < 1:
+        raise ValueError(f"draft depth k must be >= 1, got {k}")
+    stats = AcceptanceStats(k)
+    tokens = [backend.prefill(prompt, params)]
+    tokens, done = _cut(tokens, max_new_tokens, eos_ids)
+    while not done:
+        acceptance = speculative_step(backend, k)
+        stats.record(acceptance)
+        tokens, done = _cut(tokens + acceptance.tokens, max_new_tokens, eos_ids)
+    return GenerationResult(tokens, stats)

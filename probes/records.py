@@ -1,0 +1,129 @@
+"""Run records (DESIGN 6): one JSON object per line, appended atomically.
+
+Fields of every record: probe, time_utc, run_id, git_commit, git_dirty, config, backend (derived from what
+ran, never typed by hand), cells (per-cell results, each with a "pass" bool), counters, verdict
+("pass" | "fail"), gate_complete (every cell of the gate matrix ran, none skipped), performance
+(null unless the run is a performance run, whose numbers must then be labelled measured/modelled).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from models.qwen36.io_utils import atomic_append_line
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RUNS_DIR = REPO_ROOT / "bench" / "runs"
+PASS, FAIL = "pass", "fail"
+
+
+@dataclass
+class ProbeReport:
+    """What a probe's run() returns; the probe command adds the run metadata and writes it."""
+
+    probe: str
+    backend: str
+    config: dict[str, Any]
+    cells: list[dict[str, Any]]
+    counters: dict[str, Any] = field(default_factory=dict)
+    gate_complete: bool = False
+    performance: dict[str, Any] | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return PASS if self.cells and all(c.get("pass") for c in self.cells) else FAIL
+
+
+def git_commit(root: Path = REPO_ROOT) -> tuple[str | None, bool | None]:
+    """(HEAD commit, working tree dirty) or (None, None) outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, check=True).stdout.strip())
+        return head, dirty
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+
+
+def to_record(report: ProbeReport, *, now: _dt.datetime | None = None, run_id: str | None = None) -> dict[str, Any]:
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    commit, dirty = git_commit()
+    return {
+        "probe": report.probe,
+        "time_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "run_id": run_id or uuid.uuid4().hex[:8],
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "config": report.config,
+        "backend": report.backend,
+        "cells": report.cells,
+        "counters": report.counters,
+        "verdict": report.verdict,
+        "gate_complete": report.gate_complete,
+        "performance": report.performance,
+        "notes": report.notes,
+    }
+
+
+def default_records_path(record: dict[str, Any]) -> Path:
+    stamp = record["time_utc"].replace("-", "").replace(":", "")
+    return RUNS_DIR / f"{record['probe']}-{stamp}-{record['run_id']}.jsonl"
+
+
+def append_record(record: dict[str, Any], path: str | Path | None = None) -> Path:
+    """Append one JSON line atomically (a reader never sees half a line)."""
+    path = Path(path) if path is not None else default_records_path(record)
+    return atomic_append_line(path, json.dumps(record, sort_keys=True, default=_jsonable))
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    out = []
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i}: not a JSON line ({e.msg})") from None
+    return out
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def summarize(records: list[dict[str, Any]]) -> str:
+    """A plain-text table: one line per run, then per-group cell counts and counters when present."""
+    rows = [["probe", "time (UTC)", "commit", "backend", "cells", "failed", "verdict", "gate_complete"]]
+    for r in records:
+        cells = r.get("cells") or []
+        failed = sum(1 for c in cells if not c.get("pass"))
+        rows.append([str(r.get("probe")), str(r.get("time_utc")), (r.get("git_commit") or "-")[:10],
+                     str(r.get("backend")), str(len(cells)), str(failed), str(r.get("verdict")),
+                     str(r.get("gate_complete"))])
+    parts = [_table(rows)]
+    for r in records:
+        counters = r.get("counters") or {}
+        if counters and all(isinstance(v, dict) for v in counters.values()):
+            keys = sorted({k for v in counters.values() for k in v})
+            crow = [["counters"] + keys] + [[name] + [str(v.get(k, "")) for k in keys] for name, v in counters.items()]
+            parts.append(f"\n{r.get('probe')} {r.get('run_id')}:\n" + _table(crow))
+        bad = [c for c in (r.get("cells") or []) if not c.get("pass")]
+        for c in bad[:20]:
+            parts.append(f"  FAIL {c.get('cell', c)}: {', '.join(c.get('failed', [])) or '?'}")
+    return "\n".join(parts)

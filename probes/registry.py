@@ -1,0 +1,30 @@
+"""Probe registry: name -> module. Kept import-light (no torch) so ``qwen36 --help`` stays fast.
+
+A probe module provides:
+    HELP: str                                   one line for ``qwen36 probe --help``
+    add_arguments(parser) -> None               its own options (``--device`` and ``--records`` are common)
+    run(args) -> probes.records.ProbeReport     does the work; the backend label comes from what ran
+The ``probe`` command turns the report into one JSON line (probes.records) and exits non-zero on a fail.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+PROBES: dict[str, str] = {
+    "gdn-transaction": "probes.gdn_transaction",
+}
+
+
+def probe_names() -> list[str]:
+    return sorted(PROBES)
+
+
+def load_probe(name: str) -> ModuleType:
+    if name not in PROBES:
+        raise KeyError(f"unknown probe {name!r}; registered: {', '.join(probe_names())}")
+    module = importlib.import_module(PROBES[name])
+    for attr in ("HELP", "add_arguments", "run"):
+        if not hasattr(module, attr):
+            raise TypeError(f"probe module {PROBES[name]} lacks {attr!r} (see probes/registry.py)")
+    return module
