@@ -323,3 +323,29 @@ def test_traced_decode_step_with_cache_ring_and_collectives_matches_eager():
             for a, b in zip(got, eager[n]):
                 assert torch.equal(a, b)
         assert c.programs == 6 and c.collectives == 1
+
+
+def test_replay_accounting_follows_current_positions():
+    with _open() as ctx:
+        ttnn, mesh = ctx.ttnn, ctx.mesh_device
+        rep = ttnn.ReplicateTensorToMesh(mesh)
+        nblk, bs, dh = 8, 32, 32
+        mk = lambda x: ttnn.from_torch(x, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh,  # noqa: E731
+                                       mesh_mapper=rep)
+        kc, vc = mk(torch.randn(nblk, 1, bs, dh)), mk(torch.randn(nblk, 1, bs, dh))
+        pt = ttnn.from_torch(torch.arange(nblk, dtype=torch.int32).reshape(1, nblk), dtype=ttnn.int32, device=mesh,
+                             mesh_mapper=rep)
+        q = mk(torch.randn(1, 1, 8, dh))
+        pos = ttnn.from_torch(torch.tensor([0], dtype=torch.int32), dtype=ttnn.int32, device=mesh, mesh_mapper=rep)
+        tid = ttnn.begin_trace_capture(mesh, cq_id=0)
+        ttnn.transformer.paged_scaled_dot_product_attention_decode(q, kc, vc, pt, cur_pos_tensor=pos)
+        ttnn.end_trace_capture(mesh, tid)
+        reads = []
+        for p in (0, 100, 255):
+            ttnn.copy_host_to_device_tensor(
+                ttnn.from_torch(torch.tensor([p], dtype=torch.int32), dtype=ttnn.int32, mesh_mapper=rep), pos)
+            with ctx.counters.scope("step") as c:
+                ttnn.execute_trace(mesh, tid)
+            reads.append(c.bytes_read["BFLOAT16"] - q.bytes_per_device())
+        block = 2048  # [1, 1, 32, 32] bf16
+        assert reads == [2 * 1 * block, 2 * 4 * block, 2 * 8 * block]

@@ -182,33 +182,36 @@ class Dispatcher:
             signature_of(op_name, real_op).validate(args, kwargs)
         self.check_inputs(op_name, args, kwargs, real_op)
         trace = mesh.trace
-        inputs = list(iter_tensors((args, kwargs)))
         capturing = trace.capturing
+
+        def account(out):
+            # accounting after the call, so that invalid calls fail with the op's own message first
+            read = read_bytes(args, kwargs) if read_bytes else bytes_by_dtype(iter_tensors((args, kwargs)))
+            written = written_bytes(args, kwargs) if written_bytes else bytes_by_dtype(iter_tensors(out))
+            cb = collective_bytes(args, kwargs, out) if collective_bytes else None
+            return read, written, cb
+
         if capturing is not None:
             trace.dry = True
             try:
                 out = impl(*args, **kwargs)
             finally:
                 trace.dry = False
-            capturing.steps.append(_make_step(op_name, impl, args, kwargs, out))
-        else:
-            out = impl(*args, **kwargs)
-        # accounting after the call, so that invalid calls fail with the op's own message first
-        read = read_bytes(args, kwargs) if read_bytes else bytes_by_dtype(inputs)
-        written = written_bytes(args, kwargs) if written_bytes else bytes_by_dtype(iter_tensors(out))
-        cb = collective_bytes(args, kwargs, out) if collective_bytes else None
-        if capturing is not None:
+            capturing.steps.append(_make_step(op_name, impl, args, kwargs, out, account))
+            read, written, cb = account(out)
             with mesh.counters._sink(capturing.counts):
                 mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False)
-        else:
-            mesh.counters.record_op(op_name, read, written, collective_bytes=cb)
+            return out
+        out = impl(*args, **kwargs)
+        read, written, cb = account(out)
+        mesh.counters.record_op(op_name, read, written, collective_bytes=cb)
         return out
 
 
-def _make_step(op_name, impl, args, kwargs, out):
+def _make_step(op_name, impl, args, kwargs, out, account):
     from .trace import TraceStep
 
-    return TraceStep(op_name=op_name, impl=impl, args=args, kwargs=kwargs, outputs=out)
+    return TraceStep(op_name=op_name, impl=impl, args=args, kwargs=kwargs, outputs=out, account=account)
 
 
 def write_inplace(t: EmuTensor, new_shards: list[torch.Tensor]) -> None:

@@ -47,6 +47,7 @@ class TraceStep:
     args: tuple
     kwargs: dict
     outputs: Any
+    account: Callable | None = None  # fn(outputs) -> (read, written, collective_bytes), evaluated per replay
 
 
 @dataclasses.dataclass
@@ -143,14 +144,18 @@ class TraceState:
         if not tr.complete:
             raise TraceRuleError(f"execute_trace: trace {tr.trace_id} capture was never ended")
         self.replaying = True
+        counts = Counts(f"trace {tr.trace_id}")
         try:
             for step in tr.steps:
                 _check_inputs_alive(step, tr)
                 fresh = step.impl(*step.args, **step.kwargs)
                 _write_back(step.outputs, fresh, step.op_name)
+                if step.account is not None:
+                    read, written, cb = step.account(step.outputs)
+                    _add(counts, step.op_name, read, written, cb)
         finally:
             self.replaying = False
-        self.mesh.counters.record_replay(tr.counts)
+        self.mesh.counters.record_replay(counts)
 
     def release(self, trace_id) -> None:
         tr = self._get(trace_id, "release_trace")
@@ -167,6 +172,18 @@ class TraceState:
             return False
         tr = self.traces[owner]
         return not tr.released
+
+
+def _add(c: Counts, op_name, read, written, cb) -> None:
+    c.programs += 1
+    c.per_op[op_name] += 1
+    for k, v in read.items():
+        c.bytes_read[k] += v
+    for k, v in written.items():
+        c.bytes_written[k] += v
+    if cb is not None:
+        c.collectives += 1
+        c.collective_bytes += cb
 
 
 def _iter_tensors(obj):
