@@ -52,3 +52,36 @@ def test_scan_catches_made_up_op_and_kwarg():
 def test_scan_ignores_emulator_private_attributes():
     assert scan_source("def f(mesh):\n    return mesh.ttnn._dispatcher\n") == []
     assert [str(f) for f in scan_source("import ttnn\nttnn._no_such_private\n")]
+
+
+# The API the TT model is written against (issue 4 contract). Every name must exist in the installed ttnn and
+# be reachable through the emulating namespace (golden-backed or emulated - never invented).
+CONTRACT = """
+as_tensor from_torch to_torch bfloat16 bfloat8_b bfloat4_b float32 uint32 int32 TILE_LAYOUT ROW_MAJOR_LAYOUT
+ShardTensorToMesh ReplicateTensorToMesh create_mesh_mapper MeshMapperConfig PlacementShard PlacementReplicate
+ConcatMeshToTensor ShardTensor2dMesh ConcatMesh2dToTensor MeshShape DRAM_MEMORY_CONFIG L1_MEMORY_CONFIG
+linear matmul WormholeComputeKernelConfig MathFidelity rms_norm add mul multiply subtract sigmoid silu exp softplus
+neg reshape permute transpose concat slice typecast to_layout embedding softmax argmax topk sampling all_gather
+all_reduce reduce_scatter experimental.all_gather_async experimental.reduce_scatter_minimal_async
+transformer.fused_recurrent_gated_delta_rule transformer.chunk_gated_delta_rule
+transformer.paged_scaled_dot_product_attention_decode transformer.scaled_dot_product_attention
+transformer.scaled_dot_product_attention_decode transformer.chunked_scaled_dot_product_attention
+experimental.paged_update_cache experimental.paged_fill_cache experimental.rotary_embedding_llama update_cache
+fill_cache copy copy_host_to_device_tensor begin_trace_capture end_trace_capture execute_trace release_trace
+get_device_tensors deallocate synchronize_device to_device from_device Topology create_global_semaphore
+""".split()
+
+
+def test_contract_names_exist_and_are_reachable():
+    import ttnn as real
+
+    from tt_ops.device import open_mesh
+
+    with open_mesh("emulated-p150") as ctx:
+        for name in CONTRACT:
+            r, e = real, ctx.ttnn
+            for part in name.split("."):
+                r = getattr(r, part)  # AttributeError = the contract names something 0.81.1 lacks
+                e = getattr(e, part)
+            assert e is not None
+    assert not hasattr(real, "BlackholeComputeKernelConfig")  # documented: use WormholeComputeKernelConfig

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import weakref
 
 import torch
 
@@ -72,7 +71,6 @@ class EmulatedMeshDevice:
         self.label_short = f"emulated-p150x{num_devices}" if num_devices > 1 else "emulated-p150"
         self._closed = False
         self._program_cache_enabled = True
-        self._live_tensors: "weakref.WeakSet" = weakref.WeakSet()
         from .trace import TraceState
 
         self.trace = TraceState(self)
@@ -153,7 +151,6 @@ class EmulatedMeshDevice:
                 from loguru import logger
 
                 logger.warning(msg)
-        self._live_tensors.add(t)
 
     def close(self) -> None:
         self._closed = True
