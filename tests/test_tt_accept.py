@@ -223,7 +223,7 @@ def test_stochastic_distribution_chi_square(ctx, k, mode):
     ttnn = ctx.ttnn
     logits_dev = _dev(acc, acc.host_logits(target_logits.expand(n, k + 1, v)))
     if mode == "one_hot":
-        drafts = q.argmax(-1).expand(n, k)  # argmax drafting; the first draft has p_t > 0 by construction below
+        drafts = q.argmax(-1).expand(n, k)  # argmax drafting: the same fixed drafts for every user
         draft_probs_dev = None
         exp_count, exp_first, exp_second = _expected(pt, None, drafts[0], k)
     else:
