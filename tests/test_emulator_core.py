@@ -413,3 +413,16 @@ def test_tensor_methods(ctx2):
     assert torch.equal(ttnn.to_torch(ttnn.get_device_tensors(ttnn.typecast(input_tensor=t, dtype=ttnn.float32))[0]),
                        ttnn.to_torch(ttnn.get_device_tensors(h)[0]).float())
     assert list(ttnn.reshape(input_tensor=t, shape=[1, 32, 32]).shape) == [1, 32, 32]
+
+
+def test_from_torch_does_not_alias_caller_tensor(ctx):
+    ttnn, mesh = ctx.ttnn, ctx.mesh_device
+    x = torch.zeros(32, 32, dtype=torch.bfloat16)
+    t = ttnn.from_torch(x, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh)
+    h = ttnn.from_torch(x, dtype=ttnn.bfloat16)
+    x.fill_(7)
+    assert torch.all(ttnn.to_torch(ttnn.get_device_tensors(t)[0]) == 0)
+    assert torch.all(ttnn.to_torch(h) == 0)
+    out = ttnn.to_torch(h)
+    out.fill_(3)
+    assert torch.all(ttnn.to_torch(h) == 0)

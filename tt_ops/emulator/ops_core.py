@@ -83,10 +83,15 @@ def _build_shards(mesh, tensor: torch.Tensor, dtype, mesh_mapper, device_mesh) -
     else:
         pieces = [tensor]
         placements = None
-    if is_block_float(dtype) and len(pieces) > 1 and all(p is pieces[0] for p in pieces):
+    if len(pieces) > 1 and all(p is pieces[0] for p in pieces):
         q = quantize_via_ttnn(pieces[0], dtype)
         return [q.clone() for _ in pieces], placements
-    return [quantize_via_ttnn(p, dtype) for p in pieces], placements
+    out = []
+    for p in pieces:
+        q = quantize_via_ttnn(p, dtype)
+        # never alias the caller's torch tensor: emulated shards are immutable snapshots
+        out.append(q.clone() if q.data_ptr() == tensor.data_ptr() and q.numel() else q)
+    return out, placements
 
 
 @host_fn("ttnn.from_torch")

@@ -12,6 +12,12 @@ Storage dtypes: bfloat16 -> torch.bfloat16, float32 -> torch.float32, bfloat8_b/
 torch.bfloat16 holding the *dequantised* values produced by ttnn's own host packer (exact in
 bf16), integer dtypes -> the matching torch integer dtype (uint32 -> torch.int64 so indices work
 everywhere; ``to_torch`` gives back ``torch.uint32`` like ttnn).
+
+Invariant: shard tensors are never mutated in place. In-place device ops (``copy``, cache updates, ring
+writes, ``copy_host_to_device_tensor``, trace write-back) *replace* a tensor's shard list, so op outputs
+may safely share storage with their inputs (views from reshape/permute), and ``from_torch`` never aliases
+the caller's torch tensor. (Consequence: tensors returned by ``get_device_tensors`` are snapshots of the
+shards at that moment, not live aliases as on cards.)
 """
 
 from __future__ import annotations
