@@ -1,0 +1,116 @@
+"""Gated full attention on a TP mesh: Hq/N query heads and Hkv/N KV heads per device, paged KV cache.
+
+    qkv   = x @ [q_d | gate_d | k_d | v_d]                    one column-parallel matmul
+    q, k  = zero-centred RMSNorm over head_dim (weights stored as 1 + w), then partial NeoX RoPE:
+            x * cos + (x @ R) * sin with cos = 1 / sin = 0 past rotary_dim (no slicing of the head)
+    KV    = prefill: paged_fill_cache (whole pages of the chunk); decode: paged_update_cache at ``pos``
+    o     = prefill: chunked SDPA over the paged cache (causal from chunk_start);
+            decode: paged SDPA decode with cur_pos = pos
+    out   = all_reduce((o * sigmoid(gate)) @ o_proj_d)
+
+Shapes per device: x [1, 1, T, H] -> [1, 1, T, H]. cos/sin rows [1, T, 1, D] come from the model (one
+table gather per step, shared by all attention layers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .gdn import all_reduce
+from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
+                           compute_config_norm, sdpa_decode_program_config)
+from .state import KVLayerState
+from .weights import AttentionWeights
+
+
+@dataclass
+class AttentionContext:
+    """Per-forward inputs shared by every attention layer (all device tensors)."""
+
+    mode: str  # "prefill" | "decode"
+    cos: Any  # [1, T, 1, D]
+    sin: Any
+    page_table: Any  # [B, blocks_per_seq] int32
+    pos: Any = None  # decode: [B] int32 cache position of the row
+    chunk_start: int = 0  # prefill: absolute position of row 0 (a multiple of block_size)
+    chunk_page_table: Any = None  # prefill: [B, pages of this chunk] int32
+
+
+class TTGatedAttention:
+    def __init__(self, args: TTModelArgs, weights: AttentionWeights, rope_rot, ttnn, mesh):
+        self.args, self.w, self.rot, self.ttnn, self.mesh = args, weights, rope_rot, ttnn, mesh
+        c = args.cfg
+        self.hq, self.hkv, self.d = args.hq_d, args.hkv_d, c.head_dim
+        self.eps = c.rms_norm_eps
+        self.scale = c.head_dim ** -0.5
+
+    def rope(self, x, ctx: AttentionContext):
+        """Partial NeoX RoPE on [1, T, heads, D] (rotate_half as an exact +-1 matmul)."""
+        ttnn = self.ttnn
+        rotated = ttnn.matmul(x, self.rot)
+        return ttnn.add(ttnn.multiply(x, ctx.cos), ttnn.multiply(rotated, ctx.sin))
+
+    def project(self, x):
+        ttnn, a = self.ttnn, self.args
+        rows = x.shape[2]
+        qd, kvd = self.hq * self.d, self.hkv * self.d
+        qkv = ttnn.linear(x, self.w.qkv, dtype=a.dtype(TensorGroup.ACTIVATION, ttnn),
+                          memory_config=activation_memory_config(ttnn),
+                          compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.ATTN_QKV)))
+        q = ttnn.reshape(ttnn.slice(qkv, [0, 0, 0, 0], [1, 1, rows, qd]), [1, rows, self.hq, self.d])
+        gate = ttnn.slice(qkv, [0, 0, 0, qd], [1, 1, rows, 2 * qd])
+        k = ttnn.reshape(ttnn.slice(qkv, [0, 0, 0, 2 * qd], [1, 1, rows, 2 * qd + kvd]), [1, rows, self.hkv, self.d])
+        v = ttnn.reshape(ttnn.slice(qkv, [0, 0, 0, 2 * qd + kvd], [1, 1, rows, 2 * qd + 2 * kvd]),
+                         [1, rows, self.hkv, self.d])
+        ncfg = compute_config_norm(ttnn)
+        q = ttnn.rms_norm(q, epsilon=self.eps, weight=self.w.q_norm, compute_kernel_config=ncfg)
+        k = ttnn.rms_norm(k, epsilon=self.eps, weight=self.w.k_norm, compute_kernel_config=ncfg)
+        return q, gate, k, v
+
+    def attend_decode(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
+        """One row per user: q/k/v [1, B, heads, D] -> o [1, 1, B, Hq_d D]."""
+        ttnn = self.ttnn
+        if q.shape[1] != 1:
+            raise NotImplementedError(
+                "multi-row decode attention (K+1-row verify) needs paged SDPA with spec_multi_pos_tiles; "
+                "it is built on this layer in issue 7")
+        ttnn.experimental.paged_update_cache(kv.k, k, update_idxs_tensor=ctx.pos, page_table=ctx.page_table)
+        ttnn.experimental.paged_update_cache(kv.v, v, update_idxs_tensor=ctx.pos, page_table=ctx.page_table)
+        o = ttnn.transformer.paged_scaled_dot_product_attention_decode(
+            q, kv.k, kv.v, ctx.page_table, cur_pos_tensor=ctx.pos, scale=self.scale,
+            program_config=sdpa_decode_program_config(ttnn), compute_kernel_config=compute_config_norm(ttnn),
+            memory_config=activation_memory_config(ttnn))
+        return ttnn.reshape(o, [1, 1, 1, self.hq * self.d])
+
+    def attend_prefill(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
+        """T rows at chunk_start..: fill the chunk's pages, then causal chunked SDPA over the paged cache."""
+        ttnn, a = self.ttnn, self.args
+        rows = q.shape[1]
+        kv_dt = a.dtype(TensorGroup.KV_CACHE, ttnn)
+        for cache, t in ((kv.k, k), (kv.v, v)):
+            heads_first = ttnn.permute(t, (0, 2, 1, 3))  # [1, Hkv_d, T, D]
+            if heads_first.dtype != kv_dt:  # paged_fill_cache copies tiles: input dtype must equal the cache's
+                heads_first = ttnn.typecast(heads_first, kv_dt)
+            ttnn.experimental.paged_fill_cache(cache, heads_first, ctx.chunk_page_table, batch_idx=0)
+        qh = ttnn.permute(q, (0, 2, 1, 3))  # [1, Hq_d, T, D]
+        o = ttnn.transformer.chunked_scaled_dot_product_attention(
+            qh, kv.k, kv.v, ctx.page_table, ctx.chunk_start, scale=self.scale,
+            compute_kernel_config=compute_config_norm(ttnn), memory_config=activation_memory_config(ttnn))
+        o = ttnn.permute(o, (0, 2, 1, 3))  # [1, T, Hq_d, D]
+        return ttnn.reshape(o, [1, 1, rows, self.hq * self.d])
+
+    def forward(self, x, kv: KVLayerState, ctx: AttentionContext):
+        ttnn, a = self.ttnn, self.args
+        q, gate, k, v = self.project(x)
+        q, k = self.rope(q, ctx), self.rope(k, ctx)
+        if ctx.mode == "decode":
+            o = self.attend_decode(q, k, v, kv, ctx)
+        elif ctx.mode == "prefill":
+            o = self.attend_prefill(q, k, v, kv, ctx)
+        else:
+            raise ValueError(f"attention mode must be 'prefill' or 'decode', got {ctx.mode!r}")
+        o = ttnn.multiply(o, ttnn.sigmoid(gate))
+        out = ttnn.linear(o, self.w.o_proj, dtype=a.dtype(TensorGroup.ACTIVATION, ttnn),
+                          memory_config=activation_memory_config(ttnn),
+                          compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.ATTN_O)))
+        return all_reduce(ttnn, out, a.num_devices)

@@ -1,0 +1,135 @@
+"""Generation on the TT model: chunked prefill, then decode steps captured once in a trace and replayed.
+
+Trace life cycle (the card rules, enforced by the emulator too):
+  1. the first decode step after a prefill runs eagerly: it compiles every decode program and does real work;
+  2. the same step function is then captured (recorded, not executed) reading only persistent buffers:
+     weights, state (GDN/conv/KV, page table) and the DecodeInputs buffers;
+  3. every later step writes its inputs with ``copy_host_to_device_tensor`` and replays the trace.
+A new prompt releases the trace first (prefill allocates, which is not allowed while a trace is live).
+
+    gen = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2")
+    ids = gen.greedy(prompt_ids, max_new_tokens=32, eos_ids=())
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from loguru import logger
+
+from ..checkpoint import load_checkpoint
+from .model import DecodeOutputs, TTQwen36Model
+from .model_config import PrecisionSetting, TTModelArgs
+from .state import TTModelState, allocate_decode_inputs, allocate_state, reset_state
+from .weights import WeightLoader
+
+DEFAULT_TRACE_REGION = 64 * 1024 * 1024  # bytes reserved for the decode trace (27B decode trace: a few MB)
+
+
+class TTGenerator:
+    def __init__(self, model: TTQwen36Model, state: TTModelState, *, use_trace: bool = True, label: str = ""):
+        self.model, self.state, self.use_trace, self.label = model, state, use_trace, label
+        self.ttnn, self.mesh = model.ttnn, model.mesh
+        self.inputs = allocate_decode_inputs(self.ttnn, self.mesh, rows=1)
+        self.trace_id = None
+        self.trace_out: DecodeOutputs | None = None
+        self.ctx = None  # MeshContext when this generator opened the mesh
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: str | Path, device: str, *, precision: str | PrecisionSetting = "performance",
+                        max_seq_len: int = 2048, use_trace: bool = True, cache_dir: str | Path | None = None,
+                        require_mtp: bool = False, progress: bool = True) -> "TTGenerator":
+        from tt_ops.device import open_mesh
+
+        ctx = open_mesh(device, trace_region_size=DEFAULT_TRACE_REGION if use_trace else 0)
+        reader = load_checkpoint(ckpt, require_mtp=require_mtp)
+        prec = precision if isinstance(precision, PrecisionSetting) else PrecisionSetting.named(precision)
+        args = TTModelArgs.from_config(reader.config, ctx.num_devices, prec, max_seq_len=max_seq_len)
+        weights = WeightLoader(reader, args, ctx.ttnn, ctx.mesh_device, cache_dir, progress=progress).load()
+        model = TTQwen36Model(args, weights, ctx.ttnn, ctx.mesh_device)
+        gen = cls(model, allocate_state(args, ctx.ttnn, ctx.mesh_device), use_trace=use_trace, label=ctx.label)
+        gen.ctx = ctx
+        logger.info(f"[{ctx.label}] TT model loaded: tp={ctx.num_devices}, precision={prec.name}, trace={use_trace}")
+        return gen
+
+    @property
+    def config(self):
+        return self.model.args.cfg
+
+    # ---- state / trace management ---------------------------------------------------------------------
+    def release_trace(self) -> None:
+        if self.trace_id is not None:
+            self.ttnn.release_trace(self.mesh, self.trace_id)
+            self.trace_id, self.trace_out = None, None
+
+    def reset(self) -> None:
+        """Forget the sequence: release the trace, zero GDN/conv state, position 0."""
+        self.release_trace()
+        reset_state(self.state, self.ttnn)
+
+    def capture_decode_trace(self) -> None:
+        """Record decode_forward over the persistent buffers (after an eager step compiled its programs)."""
+        ttnn = self.ttnn
+        tid = ttnn.begin_trace_capture(self.mesh, cq_id=0)
+        self.trace_out = self.model.decode_forward(self.inputs, self.state)
+        ttnn.end_trace_capture(self.mesh, tid, cq_id=0)
+        self.trace_id = tid
+
+    # ---- steps -------------------------------------------------------------------------------------------
+    def prefill(self, ids: list[int] | torch.Tensor, all_rows: bool = False) -> torch.Tensor:
+        """Reset and prefill a new prompt; returns fp32 logits [T, V] (all_rows) or [V] (last row)."""
+        self.reset()
+        ids = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
+        if ids.numel() == 0:
+            raise ValueError("prefill needs at least one token")
+        logits = self.model.prefill_forward(ids, self.state, all_rows=all_rows)
+        return logits if all_rows else logits[-1]
+
+    def decode_step(self, token: int) -> tuple[torch.Tensor, int]:
+        """Feed ``token`` at position state.pos; returns (fp32 logits [V], argmax id)."""
+        m = self.model
+        if self.state.pos >= m.args.max_seq_len:
+            raise ValueError(f"position {self.state.pos} reached max_seq_len {m.args.max_seq_len}")
+        m.copy_host_to_device(m.prepare_decode_inputs_host([int(token)], self.state.pos), self.inputs)
+        if not self.use_trace:
+            out = m.decode_forward(self.inputs, self.state)
+            logits, ids = m.process_output_decode(out)
+        elif self.trace_id is None:
+            out = m.decode_forward(self.inputs, self.state)  # eager: compiles every program, real step
+            logits, ids = m.process_output_decode(out)
+            self.capture_decode_trace()
+        else:
+            self.ttnn.execute_trace(self.mesh, self.trace_id, cq_id=0, blocking=False)
+            logits, ids = m.process_output_decode(self.trace_out)
+        self.state.pos += 1
+        return logits[-1], int(ids[-1])
+
+    # ---- CLI contract (same as ReferenceTarget) ----------------------------------------------------------
+    @torch.no_grad()
+    def teacher_forced_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.prefill(ids, all_rows=True)
+
+    @torch.no_grad()
+    def greedy(self, prompt: list[int], max_new_tokens: int, eos_ids: tuple[int, ...] = ()) -> list[int]:
+        tok = int(self.prefill(prompt).argmax())
+        out: list[int] = []
+        while True:
+            out.append(tok)
+            if tok in eos_ids or len(out) >= max_new_tokens:
+                return out
+            _, tok = self.decode_step(tok)
+
+    def close(self) -> None:
+        self.release_trace()
+        if self.ctx is not None:
+            self.ctx.close()
+
+
+def load_tt_target(ckpt, device: str, dtype=None, require_mtp: bool = False, precision: str = "performance",
+                   **kw) -> TTGenerator:
+    """Entry point of ``qwen36 logits|generate --device emulated-p150x2|p150x2``. ``dtype`` is the reference
+    model's torch dtype; the TT model's numerics are set by the precision preset instead."""
+    if dtype is not None:
+        logger.info(f"TT target: --dtype {dtype} applies to the reference model; using precision preset '{precision}'")
+    return TTGenerator.from_checkpoint(ckpt, device, precision=precision, require_mtp=require_mtp, **kw)

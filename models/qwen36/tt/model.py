@@ -1,0 +1,176 @@
+"""Qwen3.6 target model on a TP mesh (any width N that divides the heads): decoder layers, embedding,
+final norm and the vocab-parallel LM head (each device computes V/N logits, one all_gather makes the full
+row on every device: 1 collective of T x V x 4 bytes per step, and argmax/sampling then runs on device
+without a second collective).
+
+Host/device boundary (decode, the traced path):
+
+    prepare_decode_inputs_host(tokens, pos)  -> host tensors (replicated mapping, torch -> ttnn, no device)
+    copy_host_to_device(host, inputs)        -> writes the persistent DecodeInputs buffers in place
+    decode_forward(inputs, state)            -> device only; traceable; returns DecodeOutputs (device)
+    process_output_decode(outputs)           -> torch logits [rows, V] fp32 and argmax ids [rows]
+
+Prefill (not traced) takes host token ids and runs chunk by chunk (``prefill_forward``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import FULL
+from .attention import AttentionContext, TTGatedAttention
+from .gdn import TTGatedDeltaNet
+from .mlp import TTMLP
+from .model_config import TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul, compute_config_norm
+from .state import DecodeInputs, GDNLayerState, KVLayerState, TTModelState
+from .weights import LayerWeights, ModelWeights
+
+
+@dataclass
+class DecodeOutputs:
+    logits: Any  # [1, 1, rows, V] (LOGITS dtype), full vocab on every device
+    tokens: Any  # [1, 1, rows] uint32 argmax
+    hidden: Any  # [1, 1, rows, H] post-final-norm hidden (the MTP head's h_t)
+
+
+class TTDecoderLayer:
+    """Pre-norm residual block: mixer (GDN or gated attention) then SwiGLU MLP."""
+
+    def __init__(self, args: TTModelArgs, w: LayerWeights, rope_rot, ttnn, mesh):
+        self.args, self.w, self.ttnn = args, w, ttnn
+        self.layer_type = w.layer_type
+        if w.layer_type == FULL:
+            self.mixer = TTGatedAttention(args, w.mixer, rope_rot, ttnn, mesh)
+        else:
+            self.mixer = TTGatedDeltaNet(args, w.mixer, ttnn, mesh)
+        self.mlp = TTMLP(args, w.mlp, ttnn, mesh)
+        self.eps = args.cfg.rms_norm_eps
+
+    def forward(self, x, state: GDNLayerState | KVLayerState, ctx: AttentionContext):
+        ttnn, a = self.ttnn, self.args
+        res = a.dtype(TensorGroup.RESIDUAL, ttnn)
+        ncfg = compute_config_norm(ttnn)
+        h = ttnn.rms_norm(x, epsilon=self.eps, weight=self.w.input_norm, compute_kernel_config=ncfg)
+        if self.layer_type == FULL:
+            h = self.mixer.forward(h, state, ctx)
+        else:
+            h = self.mixer.forward(h, state, ctx.mode)
+        x = ttnn.add(x, h, dtype=res)
+        h = ttnn.rms_norm(x, epsilon=self.eps, weight=self.w.post_norm, compute_kernel_config=ncfg)
+        return ttnn.add(x, self.mlp.forward(h), dtype=res)
+
+
+class TTQwen36Model:
+    def __init__(self, args: TTModelArgs, weights: ModelWeights, ttnn, mesh):
+        self.args, self.w, self.ttnn, self.mesh = args, weights, ttnn, mesh
+        self.layers = [TTDecoderLayer(args, lw, weights.rope_rot, ttnn, mesh) for lw in weights.layers]
+        self.replicate = ttnn.ReplicateTensorToMesh(mesh)
+
+    # ---- device pieces (traceable) ---------------------------------------------------------------
+    def embed(self, tokens):
+        """tokens [1, T] uint32 -> x [1, 1, T, H] in the residual dtype."""
+        ttnn, a = self.ttnn, self.args
+        rows = tokens.shape[-1]
+        x = ttnn.embedding(tokens, self.w.embedding, layout=ttnn.TILE_LAYOUT, memory_config=activation_memory_config(ttnn))
+        x = ttnn.reshape(ttnn.to_layout(x, ttnn.TILE_LAYOUT), [1, 1, rows, a.cfg.hidden_size])
+        res = a.dtype(TensorGroup.RESIDUAL, ttnn)
+        return x if x.dtype == res else ttnn.typecast(x, res)
+
+    def rope_rows(self, rope_idx):
+        """rope_idx [1, T] uint32 -> cos, sin [1, T, 1, D] (one gather each from the fp32 tables)."""
+        ttnn = self.ttnn
+        rows, d = rope_idx.shape[-1], self.args.cfg.head_dim
+        out = []
+        for table in (self.w.rope_cos, self.w.rope_sin):
+            t = ttnn.embedding(rope_idx, table, layout=ttnn.TILE_LAYOUT)
+            out.append(ttnn.reshape(ttnn.to_layout(t, ttnn.TILE_LAYOUT), [1, rows, 1, d]))
+        return out[0], out[1]
+
+    def layers_forward(self, x, state: TTModelState, ctx: AttentionContext):
+        for layer, st in zip(self.layers, state.layers):
+            x = layer.forward(x, st, ctx)
+        return x
+
+    def head(self, x, last_row_only: bool):
+        """Final norm + vocab-parallel LM head + all_gather -> (logits [1,1,T',V], post-norm hidden [1,1,T,H])."""
+        ttnn, a = self.ttnn, self.args
+        rows = x.shape[2]
+        hidden = ttnn.rms_norm(x, epsilon=a.cfg.rms_norm_eps, weight=self.w.final_norm,
+                               compute_kernel_config=compute_config_norm(ttnn))
+        h = ttnn.slice(hidden, [0, 0, rows - 1, 0], [1, 1, rows, a.cfg.hidden_size]) if last_row_only else hidden
+        if h.dtype != a.dtype(TensorGroup.ACTIVATION, ttnn):
+            h = ttnn.typecast(h, a.dtype(TensorGroup.ACTIVATION, ttnn))
+        logits = ttnn.linear(h, self.w.lm_head, dtype=a.dtype(TensorGroup.LOGITS, ttnn),
+                             memory_config=activation_memory_config(ttnn),
+                             compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.LM_HEAD)))
+        if a.num_devices > 1:
+            logits = ttnn.all_gather(logits, dim=3, cluster_axis=1, memory_config=activation_memory_config(ttnn))
+        return logits, hidden
+
+    def decode_forward(self, inputs: DecodeInputs, state: TTModelState) -> DecodeOutputs:
+        """One decode step over ``inputs.rows`` rows, device only (safe to capture in a trace)."""
+        ttnn = self.ttnn
+        x = self.embed(inputs.tokens)
+        cos, sin = self.rope_rows(inputs.rope_idx)
+        ctx = AttentionContext("decode", cos, sin, state.page_table, pos=inputs.pos)
+        x = self.layers_forward(x, state, ctx)
+        logits, hidden = self.head(x, last_row_only=False)
+        tokens = ttnn.argmax(logits, dim=-1)
+        return DecodeOutputs(logits, tokens, hidden)
+
+    # ---- host boundary -------------------------------------------------------------------------------
+    def prepare_decode_inputs_host(self, tokens: list[int], pos: int) -> dict:
+        """Host tensors (same replicated mapping as the persistent buffers) for rows at pos, pos+1, ..."""
+        ttnn, rm = self.ttnn, self.ttnn.ROW_MAJOR_LAYOUT
+        rows = len(tokens)
+        t = torch.tensor([tokens], dtype=torch.int32)
+        r = torch.arange(pos, pos + rows, dtype=torch.int32)[None]
+        p = torch.tensor([pos], dtype=torch.int32)
+        return {"tokens": ttnn.from_torch(t, dtype=ttnn.uint32, layout=rm, mesh_mapper=self.replicate),
+                "rope_idx": ttnn.from_torch(r, dtype=ttnn.uint32, layout=rm, mesh_mapper=self.replicate),
+                "pos": ttnn.from_torch(p, dtype=ttnn.int32, layout=rm, mesh_mapper=self.replicate)}
+
+    def copy_host_to_device(self, host: dict, inputs: DecodeInputs) -> None:
+        for name, h in host.items():
+            self.ttnn.copy_host_to_device_tensor(h, getattr(inputs, name))
+
+    def to_host(self, t) -> torch.Tensor:
+        """A replicated device tensor -> torch (device 0's copy)."""
+        return self.ttnn.to_torch(self.ttnn.get_device_tensors(t)[0])
+
+    def process_output_decode(self, out: DecodeOutputs) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.to_host(out.logits).float()
+        return logits.reshape(-1, logits.shape[-1]), self.to_host(out.tokens).reshape(-1).to(torch.int64)
+
+    # ---- prefill ---------------------------------------------------------------------------------------
+    def prefill_forward(self, ids: torch.Tensor, state: TTModelState, all_rows: bool = False) -> torch.Tensor:
+        """Run prompt ``ids`` [T] from position ``state.pos`` in chunks of ``args.prefill_chunk``; advances the
+        state. Returns fp32 logits [T, V] (all_rows) or [1, V] (last row)."""
+        ttnn, a = self.ttnn, self.args
+        ids = ids.reshape(-1).to(torch.int32)
+        start0 = state.pos
+        if start0 % a.block_size:
+            raise ValueError(f"prefill must start on a page boundary (pos {start0}, block_size {a.block_size})")
+        if start0 + ids.numel() > a.max_seq_len:
+            raise ValueError(f"prompt of {ids.numel()} tokens from position {start0} exceeds max_seq_len {a.max_seq_len}")
+        rm, mc = ttnn.ROW_MAJOR_LAYOUT, activation_memory_config(ttnn)
+        outs = []
+        for off in range(0, ids.numel(), a.prefill_chunk):
+            chunk = ids[off: off + a.prefill_chunk]
+            rows, start = chunk.numel(), start0 + off
+            tokens = ttnn.from_torch(chunk[None], dtype=ttnn.uint32, layout=rm, device=self.mesh, memory_config=mc)
+            rope_idx = ttnn.from_torch(torch.arange(start, start + rows, dtype=torch.int32)[None], dtype=ttnn.uint32,
+                                       layout=rm, device=self.mesh, memory_config=mc)
+            pages = state.page_table_host[:, start // a.block_size: -(-(start + rows) // a.block_size)].contiguous()
+            chunk_pt = ttnn.from_torch(pages, dtype=ttnn.int32, layout=rm, device=self.mesh, memory_config=mc)
+            cos, sin = self.rope_rows(rope_idx)
+            ctx = AttentionContext("prefill", cos, sin, state.page_table, chunk_start=start, chunk_page_table=chunk_pt)
+            x = self.layers_forward(self.embed(tokens), state, ctx)
+            last = not all_rows and off + a.prefill_chunk >= ids.numel()
+            if all_rows or last:
+                logits, _ = self.head(x, last_row_only=not all_rows)
+                outs.append(self.to_host(logits).float().reshape(-1, a.cfg.vocab_size))
+            state.pos = start + rows
+        return torch.cat(outs, 0)

@@ -1,0 +1,256 @@
+"""Checkpoint -> device weights with tensor-parallel sharding over the mesh width N.
+
+Column-parallel (output features split, no communication): the fused GDN in-projection [qkv | z | b | a],
+the fused attention projection [q | gate | k | v], the fused MLP [gate | up], the LM head (vocab-parallel).
+Row-parallel (input features split, partial sums all-reduced): GDN out_proj, attention o_proj, MLP down.
+
+GDN split: device d owns key heads [d*Hk/N, (d+1)*Hk/N) and the value heads that read them
+(value head j reads key head j // (Hv/Hk), so the owned value heads are the contiguous range
+[d*Hv/N, (d+1)*Hv/N)). ``in_proj_qkv`` rows are [q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv)]; each device gets
+[q_d | k_d | v_d], and the conv channels are permuted identically. Attention: Hq/N query heads (each
+head's [q | gate] rows stay together) and Hkv/N KV heads per device (q head i reads KV head i // (Hq/Hkv),
+so contiguous ranges line up again).
+
+Every tensor goes through ``ttnn.as_tensor(..., cache_file_name=...)`` when a cache directory is given,
+so a second load skips the (slow) block-float conversion. Host-side rearrangement happens in the
+checkpoint's own dtype (quantising from bf16 and from fp32 gives different bf8 codes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from ..checkpoint import CheckpointReader
+from ..config import FULL
+from ..reference.layers import rope_cos_sin
+from .model_config import TensorGroup, TTModelArgs, weight_memory_config
+
+
+# ---- host-side layout helpers (pure torch; unit-tested without a device) ------------------------------
+def per_device_blocks(t: torch.Tensor, n: int, dim: int = 0) -> list[torch.Tensor]:
+    if t.shape[dim] % n:
+        raise ValueError(f"dimension {dim} of size {t.shape[dim]} does not split over {n} devices")
+    return list(torch.chunk(t, n, dim=dim))
+
+
+def device_major(parts_per_device: list[list[torch.Tensor]], dim: int = 0) -> torch.Tensor:
+    """[[a_0, b_0, ...], [a_1, b_1, ...]] -> cat(a_0, b_0, ..., a_1, b_1, ...) so that an even split of ``dim``
+    over N devices hands device d exactly [a_d | b_d | ...]."""
+    return torch.cat([torch.cat(p, dim=dim) for p in parts_per_device], dim=dim)
+
+
+def gdn_in_proj_rows(qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, hk: int, dk: int,
+                     hv: int, dv: int, n: int) -> torch.Tensor:
+    """Fused GDN in-projection rows [out, in], device-major: device d gets [q_d | k_d | v_d | z_d | b_d | a_d]."""
+    q, k, v = torch.split(qkv, [hk * dk, hk * dk, hv * dv], dim=0)
+    parts = zip(*(per_device_blocks(x, n) for x in (q, k, v, z, b, a)))
+    return device_major([list(p) for p in parts])
+
+
+def gdn_conv_channels(conv_w: torch.Tensor, hk: int, dk: int, hv: int, dv: int, n: int) -> torch.Tensor:
+    """conv1d weight [C, 1, K] -> taps [K, C] with channels permuted like the qkv rows (device-major)."""
+    w = conv_w[:, 0, :]
+    q, k, v = torch.split(w, [hk * dk, hk * dk, hv * dv], dim=0)
+    parts = zip(*(per_device_blocks(x, n) for x in (q, k, v)))
+    return device_major([list(p) for p in parts]).t().contiguous()
+
+
+def attention_qkv_rows(q_proj: torch.Tensor, k_proj: torch.Tensor, v_proj: torch.Tensor, hq: int, d: int,
+                       n: int) -> torch.Tensor:
+    """Fused attention rows, device-major: device d gets [q_d | gate_d | k_d | v_d] (q_proj rows are per head
+    [q | gate]; the head's q and gate rows land on the same device)."""
+    qg = q_proj.reshape(hq, 2, d, -1)
+    q, gate = qg[:, 0].reshape(hq * d, -1), qg[:, 1].reshape(hq * d, -1)
+    parts = zip(*(per_device_blocks(x, n) for x in (q, gate, k_proj, v_proj)))
+    return device_major([list(p) for p in parts])
+
+
+def mlp_gate_up_rows(gate: torch.Tensor, up: torch.Tensor, n: int) -> torch.Tensor:
+    parts = zip(per_device_blocks(gate, n), per_device_blocks(up, n))
+    return device_major([list(p) for p in parts])
+
+
+def rope_tables(max_len: int, head_dim: int, rotary_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """[max_len, head_dim] cos/sin over the *whole* head: cos = 1 and sin = 0 past ``rotary_dim``, so
+    ``x * cos + rotate(x) * sin`` leaves the pass-through dims untouched (partial RoPE without slicing)."""
+    cos, sin = rope_cos_sin(torch.arange(max_len), rotary_dim, theta, torch.float32)
+    pad = head_dim - rotary_dim
+    return (torch.cat([cos, torch.ones(max_len, pad)], -1), torch.cat([sin, torch.zeros(max_len, pad)], -1))
+
+
+def rotate_half_matrix(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """R [D, D] with (x @ R) = NeoX rotate_half on the first rotary_dim dims, 0 elsewhere (exact in bf16)."""
+    r = torch.zeros(head_dim, head_dim)
+    h = rotary_dim // 2
+    for i in range(h):
+        r[i + h, i] = -1.0
+        r[i, i + h] = 1.0
+    return r
+
+
+# ---- device weight containers -------------------------------------------------------------------------
+@dataclass
+class GDNWeights:
+    in_proj: Any  # [H, Cd + Vd + 2 Hv_d]: [q_d | k_d | v_d | z_d | b_d | a_d]
+    conv_taps: list  # K tensors [1, 1, 1, Cd]; tap j multiplies input t - (K-1) + j
+    qk_l2_weight: Any  # [Dk] filled with Dk^-0.5: rms_norm(x, eps/Dk) * Dk^-0.5 == x / sqrt(sum x^2 + eps)
+    neg_exp_a: Any  # [1, 1, 1, Hv_d] -exp(A_log) (fp32)
+    dt_bias: Any  # [1, 1, 1, Hv_d] (fp32)
+    norm: Any  # gated RMSNorm weight [Dv] (plain, not zero-centred)
+    out_proj: Any  # [Vd, H] row-parallel
+
+
+@dataclass
+class AttentionWeights:
+    qkv: Any  # [H, (2 Hq_d + 2 Hkv_d) D]: [q_d | gate_d | k_d | v_d]
+    q_norm: Any  # [D] as (1 + w)
+    k_norm: Any
+    o_proj: Any  # [Hq_d D, H] row-parallel
+
+
+@dataclass
+class MLPWeights:
+    gate_up: Any  # [H, 2 I_d]
+    down: Any  # [I_d, H]
+
+
+@dataclass
+class LayerWeights:
+    layer_type: str
+    input_norm: Any
+    post_norm: Any
+    mixer: GDNWeights | AttentionWeights
+    mlp: MLPWeights
+
+
+@dataclass
+class ModelWeights:
+    embedding: Any  # [V, H] replicated, ROW_MAJOR (row gather)
+    layers: list[LayerWeights]
+    final_norm: Any
+    lm_head: Any  # [H, V_d] vocab-parallel
+    rope_cos: Any  # [max_len, D] (row gather by position)
+    rope_sin: Any
+    rope_rot: Any  # [D, D]
+    mtp: dict = field(default_factory=dict)  # reserved for issue 7 (MTP head weights)
+
+
+class WeightLoader:
+    """Converts one checkpoint onto one mesh. ``cache_dir`` (optional) holds ttnn weight caches."""
+
+    def __init__(self, reader: CheckpointReader, args: TTModelArgs, ttnn, mesh, cache_dir: str | Path | None = None,
+                 progress: bool = True):
+        self.reader, self.args, self.ttnn, self.mesh = reader, args, ttnn, mesh
+        self.cache_dir = None if cache_dir is None else Path(cache_dir) / args.cache_key()
+        self.progress = progress
+        n = args.num_devices
+        self.shard_cols = ttnn.ShardTensorToMesh(mesh, dim=-1)
+        self.shard_rows = ttnn.ShardTensorToMesh(mesh, dim=-2)
+        self.replicate = ttnn.ReplicateTensorToMesh(mesh)
+        self.n = n
+
+    # ---- one tensor -----------------------------------------------------------------------------------
+    def _put(self, name: str, host: torch.Tensor, dtype, *, layout=None, mapper=None):
+        ttnn = self.ttnn
+        layout = ttnn.TILE_LAYOUT if layout is None else layout
+        cache = None if self.cache_dir is None else str(self.cache_dir / name)
+        return ttnn.as_tensor(host, dtype=dtype, layout=layout, device=self.mesh,
+                              memory_config=weight_memory_config(ttnn), mesh_mapper=mapper or self.replicate,
+                              cache_file_name=cache)
+
+    def _get(self, name: str) -> torch.Tensor:
+        return self.reader.get(name)
+
+    def norm_weight(self, name: str, host: torch.Tensor, zero_centred: bool):
+        """RMSNorm weight, replicated. Zero-centred norms store (1 + w). Layout: ROW_MAJOR [1, 1, dim/32, 32]
+        (the tt_transformers convention) when dim is a tile multiple, else TILE [1, 1, 1, dim]."""
+        ttnn = self.ttnn
+        w = host.float() + 1.0 if zero_centred else host.float()
+        dim = w.numel()
+        dt = self.args.dtype(TensorGroup.NORM, ttnn)
+        if dim % 32 == 0:
+            return self._put(name, w.reshape(1, 1, dim // 32, 32), dt, layout=ttnn.ROW_MAJOR_LAYOUT)
+        return self._put(name, w.reshape(1, 1, 1, dim), dt)
+
+    def matrix(self, name: str, rows_out_in: torch.Tensor, group: TensorGroup, parallel: str):
+        """[out, in] rows -> ttnn [in, out]; column-parallel shards out, row-parallel shards in."""
+        w = rows_out_in.t().contiguous()
+        mapper = self.shard_cols if parallel == "column" else self.shard_rows
+        return self._put(name, w, self.args.dtype(group, self.ttnn), mapper=mapper)
+
+    # ---- blocks ---------------------------------------------------------------------------------------
+    def gdn(self, p: str) -> GDNWeights:
+        ttnn, a, c = self.ttnn, self.args, self.args.cfg
+        hk, dk, hv, dv, n = c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim, self.n
+        rows = gdn_in_proj_rows(self._get(f"{p}in_proj_qkv.weight"), self._get(f"{p}in_proj_z.weight"),
+                                self._get(f"{p}in_proj_b.weight"), self._get(f"{p}in_proj_a.weight"), hk, dk, hv, dv, n)
+        in_proj = self.matrix(f"{p}in_proj_fused", rows, TensorGroup.GDN_IN, "column")
+        taps = gdn_conv_channels(self._get(f"{p}conv1d.weight"), hk, dk, hv, dv, n)  # [K, C] device-major
+        small = a.dtype(TensorGroup.NORM, ttnn)
+        conv_taps = [self._put(f"{p}conv_tap{j}", taps[j].reshape(1, 1, 1, -1), small, mapper=self.shard_cols)
+                     for j in range(taps.shape[0])]
+        l2w = self._put(f"{p}qk_l2_weight", torch.full((1, 1, 1, dk), dk ** -0.5), small)
+        state_dt = a.dtype(TensorGroup.GDN_STATE, ttnn)
+        neg_exp_a = self._put(f"{p}neg_exp_A", -self._get(f"{p}A_log").float().exp().reshape(1, 1, 1, hv), state_dt,
+                              mapper=self.shard_cols)
+        dt_bias = self._put(f"{p}dt_bias", self._get(f"{p}dt_bias").float().reshape(1, 1, 1, hv), state_dt,
+                            mapper=self.shard_cols)
+        norm = self.norm_weight(f"{p}norm", self._get(f"{p}norm.weight"), zero_centred=False)
+        out = self.matrix(f"{p}out_proj", self._get(f"{p}out_proj.weight"), TensorGroup.GDN_OUT, "row")
+        return GDNWeights(in_proj, conv_taps, l2w, neg_exp_a, dt_bias, norm, out)
+
+    def attention(self, p: str) -> AttentionWeights:
+        c = self.args.cfg
+        rows = attention_qkv_rows(self._get(f"{p}q_proj.weight"), self._get(f"{p}k_proj.weight"),
+                                  self._get(f"{p}v_proj.weight"), c.num_attention_heads, c.head_dim, self.n)
+        qkv = self.matrix(f"{p}qkv_fused", rows, TensorGroup.ATTN_QKV, "column")
+        qn = self.norm_weight(f"{p}q_norm", self._get(f"{p}q_norm.weight"), zero_centred=True)
+        kn = self.norm_weight(f"{p}k_norm", self._get(f"{p}k_norm.weight"), zero_centred=True)
+        o = self.matrix(f"{p}o_proj", self._get(f"{p}o_proj.weight"), TensorGroup.ATTN_O, "row")
+        return AttentionWeights(qkv, qn, kn, o)
+
+    def mlp(self, p: str) -> MLPWeights:
+        rows = mlp_gate_up_rows(self._get(f"{p}gate_proj.weight"), self._get(f"{p}up_proj.weight"), self.n)
+        gu = self.matrix(f"{p}gate_up_fused", rows, TensorGroup.MLP_GATE_UP, "column")
+        down = self.matrix(f"{p}down_proj", self._get(f"{p}down_proj.weight"), TensorGroup.MLP_DOWN, "row")
+        return MLPWeights(gu, down)
+
+    def layer(self, i: int) -> LayerWeights:
+        t = self.args.cfg.layer_types[i]
+        p = f"layers.{i}."
+        mixer = self.attention(f"{p}self_attn.") if t == FULL else self.gdn(f"{p}linear_attn.")
+        return LayerWeights(t, self.norm_weight(f"{p}input_layernorm", self._get(f"{p}input_layernorm.weight"), True),
+                            self.norm_weight(f"{p}post_attention_layernorm",
+                                             self._get(f"{p}post_attention_layernorm.weight"), True),
+                            mixer, self.mlp(f"{p}mlp."))
+
+    def load(self, layers: list[int] | None = None) -> ModelWeights:
+        """All weights (or only ``layers``, e.g. for a per-layer test or the cost probe)."""
+        ttnn, a, c = self.ttnn, self.args, self.args.cfg
+        layer_ids = list(range(c.num_hidden_layers)) if layers is None else list(layers)
+        bar = tqdm(total=len(layer_ids) + 3, desc=f"weights -> {self.mesh.__class__.__name__} tp{self.n}",
+                   disable=not self.progress, leave=False)
+        emb_host = self._get("embed_tokens.weight")
+        # ttnn.embedding gathers rows of a ROW_MAJOR table (so bf16/fp32 only: block floats need TILE)
+        embedding = self._put("embed_tokens", emb_host, a.dtype(TensorGroup.EMBEDDING, ttnn), layout=ttnn.ROW_MAJOR_LAYOUT)
+        bar.update()
+        out = []
+        for i in layer_ids:
+            out.append(self.layer(i))
+            bar.update()
+        final_norm = self.norm_weight("norm", self._get("norm.weight"), zero_centred=True)
+        head_rows = emb_host if c.tie_word_embeddings else self._get("lm_head.weight")
+        lm_head = self.matrix("lm_head", head_rows, TensorGroup.LM_HEAD, "column")
+        bar.update()
+        cos, sin = rope_tables(a.max_seq_len, c.head_dim, c.rotary_dim, c.rope_theta)
+        rope_dt = a.dtype(TensorGroup.ROPE, ttnn)
+        rope_cos = self._put(f"rope_cos_{a.max_seq_len}", cos, rope_dt, layout=ttnn.ROW_MAJOR_LAYOUT)
+        rope_sin = self._put(f"rope_sin_{a.max_seq_len}", sin, rope_dt, layout=ttnn.ROW_MAJOR_LAYOUT)
+        rope_rot = self._put("rope_rot", rotate_half_matrix(c.head_dim, c.rotary_dim), a.dtype(TensorGroup.NORM, ttnn))
+        bar.update()
+        bar.close()
+        return ModelWeights(embedding, out, final_norm, lm_head, rope_cos, rope_sin, rope_rot)
