@@ -275,6 +275,15 @@ def test_stochastic_all_accepted_bonus_and_forced_rejection(ctx):
                                            _dev(acc, acc.host_drafts(drafts2))))
     assert all(r.num_accepted == 0 and r.tokens[0] != 0 and r.tokens[1:] == [-1, -1] for r in got2)
     assert len({r.tokens[0] for r in got2}) > 3  # spread over the remaining 7 tokens
+    # host-provided draft probs (vocab_sharded acceptor: draft probs stay full-V replicated)
+    acc2 = _acc(ctx, k, v, params, batch=n, logits_layout="vocab_sharded")
+    q = torch.zeros(n, k, v)
+    q[:, 0, 1] = 1.0
+    q[:, 1, 2] = 1.0
+    got3 = acc2.read_results(acc2.stochastic(_dev(acc2, acc2.host_logits(logits.expand(n, k + 1, v))),
+                                             _dev(acc2, acc2.host_drafts(drafts)),
+                                             _dev(acc2, acc2.host_draft_probs(q))))
+    assert all(r.tokens == [1, 2, 5] and r.num_accepted == 2 for r in got3)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -217,10 +217,11 @@ class DeviceAcceptor:
                                mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
 
     def host_draft_probs(self, probs: torch.Tensor):
-        """torch [B, K, V] fp32 -> host tensor (replicated; vocab-sharded when logits are)."""
+        """torch [B, K, V] fp32 -> host tensor, full vocab replicated on every device (what stochastic() takes)."""
         ttnn = self.ttnn
         x = self._check_host_shape(probs, (self.batch, self.k, self.vocab), "draft_probs")
-        return ttnn.from_torch(x.float(), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, mesh_mapper=self._logits_mapper())
+        return ttnn.from_torch(x.float(), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
 
     def to_device(self, host_tensor):
         return self.ttnn.to_device(host_tensor, self.mesh)
