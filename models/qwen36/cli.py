@@ -12,6 +12,8 @@ COMMANDS = {
     "logits": "logits",
     "generate": "generate",
     "demo": "demo",
+    "probe": "probe",
+    "records": "records",
 }
 
 

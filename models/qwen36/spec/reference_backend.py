@@ -133,6 +133,12 @@ class ReferenceBackend:
         """A deep copy of everything live (probes compare against it)."""
         return self.live.clone()
 
+    def load_live(self, live: ReferenceLive) -> None:
+        """Replace the live state (outside a step) with a deep copy of ``live``; the sampler keeps running."""
+        if self._txn is not None:
+            raise RuntimeError("load_live() inside an open step")
+        self.live = live.clone()
+
     # ---- the contract ---------------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, prompt: Sequence[int], params: SamplingParams = SamplingParams()) -> int:

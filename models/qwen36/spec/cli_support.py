@@ -1,0 +1,74 @@
+"""``qwen36 generate --spec-k K``: speculative generation with acceptance statistics."""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from .engine import GenerationResult, SpecBackend, speculative_generate
+from .sampling import SamplingParams
+
+REFERENCE_DEVICES = ("reference", "reference-cuda")
+
+
+def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -> SpecBackend:
+    """The speculative backend for --device; TT devices are refused clearly until their backend exists."""
+    if device not in REFERENCE_DEVICES:
+        raise SystemExit(f"error: speculative decoding on --device {device}: the TT speculative path is not "
+                         "available yet (issue 7); use --device reference or reference-cuda, or --spec-k 0")
+    import torch
+
+    from ..reference.model import Qwen36Model
+    from .reference_backend import ReferenceBackend
+
+    if device == "reference-cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device reference-cuda but torch sees no CUDA device; use --device reference")
+    model = Qwen36Model.from_checkpoint(ckpt, dtype=dtype, device="cuda" if device == "reference-cuda" else "cpu",
+                                        require_mtp=True)
+    return ReferenceBackend(model, mechanism, max_len=max_len)
+
+
+def format_stats(result: GenerationResult) -> str:
+    s = result.stats
+    hist = " ".join(f"{a}:{c}" for a, c in enumerate(s.histogram()))
+    pos = " ".join(f"{p:.2f}" for p in s.per_position())
+    return (f"steps {s.steps}, mean accepted/step {s.mean_accepted:.3f} of {s.k}, mean emitted/step {s.mean_emitted:.3f}\n"
+            f"per-position acceptance (d1..d{s.k}): {pos}\n"
+            f"accepted-count histogram (a:steps): {hist}")
+
+
+def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int], tok) -> int:
+    from loguru import logger
+
+    from ..checkpoint import CheckpointError
+    from ..commands.common import torch_dtype
+
+    try:
+        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    max_len = len(ids) + args.max_new_tokens + args.spec_k + 2
+    try:
+        backend = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len)
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}") from None
+    vocab = backend.model.config.vocab_size
+    if any(i >= vocab for i in ids):
+        raise SystemExit(f"error: prompt ids outside the vocabulary (size {vocab})")
+    t0 = time.perf_counter()
+    result = speculative_generate(backend, ids, args.max_new_tokens, args.spec_k, params,
+                                  eos_ids=backend.model.config.eos_token_id)
+    dt = time.perf_counter() - t0
+    mode = "greedy" if params.greedy else f"sampling T={params.temperature} top_k={params.top_k} top_p={params.top_p} seed={params.seed}"
+    logger.info(f"[{backend.label}] speculative K={args.spec_k} commit={args.commit} {mode}: {len(result.tokens)} tokens "
+                f"in {dt:.2f} s ({len(result.tokens) / dt:.1f} tok/s, measured on this backend)")
+    print("ids:", ",".join(map(str, result.tokens)))
+    if tok is not None:
+        print("prompt:", args.prompt)
+        print("text:", tok.decode(result.tokens))
+    print(f"backend: {backend.label}  commit: {args.commit}  K: {args.spec_k}")
+    print(format_stats(result))
+    c = backend.counters
+    print(f"counters: state copies {c.state_copies}, state bytes moved {c.state_bytes_moved}, "
+          f"GDN recurrence steps {c.recurrence_steps}, target forwards {c.target_forwards}, MTP forwards {c.mtp_forwards}")
+    return 0
