@@ -474,3 +474,13 @@ def test_accounting_of_cache_and_attention_ops(ctx1):
         ttnn.experimental.paged_update_cache(kt, new, update_idxs_tensor=pos, page_table=ptt)
     assert c.bytes_written["BFLOAT16"] == 2 * 2048  # one token row of one KV head: the 2 tiles holding it
     assert c.bytes_read["BFLOAT16"] == new.bytes_per_device() + 2 * 2048
+
+
+def test_uniform_in_place_seeded_replicated(ctx):
+    ttnn, mesh = ctx.ttnn, ctx.mesh_device
+    t = ttnn.from_torch(torch.zeros(1, 1, 32, 64), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=mesh)
+    out = ttnn.uniform(t, 2.0, 3.0, 1234)
+    assert out is t
+    ref = torch.rand(1, 1, 32, 64, generator=torch.Generator().manual_seed(1234)) * 1.0 + 2.0
+    for d in _per_device(ttnn, t):
+        assert torch.allclose(d, ref, atol=1e-6)
