@@ -484,3 +484,19 @@ def test_uniform_in_place_seeded_replicated(ctx):
     ref = torch.rand(1, 1, 32, 64, generator=torch.Generator().manual_seed(1234)) * 1.0 + 2.0
     for d in _per_device(ttnn, t):
         assert torch.allclose(d, ref, atol=1e-6)
+
+
+def test_all_gather_async_persistent_output_buffer(ctx):
+    ttnn, mesh, n = ctx.ttnn, ctx.mesh_device, ctx.num_devices
+    parts = [torch.randn(1, 1, 32, 32) for _ in range(n)]
+    x = _dev_tensor(ttnn, mesh, parts, ttnn.bfloat16)
+    buf = ttnn.from_torch(torch.zeros(1, 1, 32, 32 * n), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh)
+    cores = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(0, 0))})
+    sems = [ttnn.create_global_semaphore(mesh, cores, 0) for _ in range(2)]
+    out = ttnn.experimental.all_gather_async(x, persistent_output_buffer=buf, dim=3,
+                                             multi_device_global_semaphore=sems, cluster_axis=1)
+    assert out is buf
+    for d in _per_device(ttnn, buf):
+        assert torch.equal(d, torch.cat(parts, dim=3).bfloat16())
+    with pytest.raises(TypeError, match="all_gather_async.*'bogus'"):
+        ttnn.experimental.all_gather_async(x, dim=3, multi_device_global_semaphore=sems, bogus=1)
