@@ -39,13 +39,15 @@ class TTGenerator:
     @classmethod
     def from_checkpoint(cls, ckpt: str | Path, device: str, *, precision: str | PrecisionSetting = "performance",
                         max_seq_len: int = 2048, use_trace: bool = True, cache_dir: str | Path | None = None,
-                        require_mtp: bool = False, progress: bool = True) -> "TTGenerator":
+                        require_mtp: bool = False, progress: bool = True, **args_kw) -> "TTGenerator":
+        """Open ``device`` (a tt_ops.device name), load and convert the checkpoint. ``args_kw`` go to
+        TTModelArgs (block_size, prefill_chunk)."""
         from tt_ops.device import open_mesh
 
         ctx = open_mesh(device, trace_region_size=DEFAULT_TRACE_REGION if use_trace else 0)
         reader = load_checkpoint(ckpt, require_mtp=require_mtp)
         prec = precision if isinstance(precision, PrecisionSetting) else PrecisionSetting.named(precision)
-        args = TTModelArgs.from_config(reader.config, ctx.num_devices, prec, max_seq_len=max_seq_len)
+        args = TTModelArgs.from_config(reader.config, ctx.num_devices, prec, max_seq_len=max_seq_len, **args_kw)
         weights = WeightLoader(reader, args, ctx.ttnn, ctx.mesh_device, cache_dir, progress=progress).load()
         model = TTQwen36Model(args, weights, ctx.ttnn, ctx.mesh_device)
         gen = cls(model, allocate_state(args, ctx.ttnn, ctx.mesh_device), use_trace=use_trace, label=ctx.label)

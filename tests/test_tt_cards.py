@@ -1,0 +1,60 @@
+"""The TT model's paths on real P150a cards (same code as the emulated tests). Skipped here: no cards."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tt_ops.device import count_tenstorrent_cards
+
+pytestmark = pytest.mark.cards
+
+
+@pytest.fixture(scope="module")
+def cards():
+    n = count_tenstorrent_cards()
+    if n < 2:
+        pytest.skip(f"needs 2 Tenstorrent P150a cards for --device p150x2 ({n} present on this machine)")
+    return n
+
+
+@pytest.fixture(scope="module")
+def ckpt(cards, tmp_path_factory):
+    from models.qwen36.tt.testing import make_bf16_checkpoint
+
+    return make_bf16_checkpoint(tmp_path_factory.mktemp("tt-cards-ci"), "ci", seed=0)
+
+
+@pytest.mark.parametrize("preset", ["accuracy", "performance"])
+@pytest.mark.parametrize("layer_id", [0, 3], ids=["gdn", "attention"])
+def test_layers_on_cards(cards, ckpt, preset, layer_id):
+    from tt_ops.device import open_mesh
+
+    from models.qwen36.tt.model_config import PrecisionSetting
+    from models.qwen36.tt.pcc import PCC_GATES, comp_pcc
+    from models.qwen36.tt.testing import LayerHarness
+
+    gate = PCC_GATES["layer_bf16" if preset == "accuracy" else "layer_bf8"]
+    with open_mesh("p150x2") as ctx:
+        h = LayerHarness(ckpt, ctx, PrecisionSetting.named(preset), layer_id)
+        exp, got = h.mixer(torch.randn(1, 40, 64, generator=torch.Generator().manual_seed(1)), "prefill")
+        ok, msg = comp_pcc(exp, got, gate)
+        assert ok, msg
+        exp, got = h.mixer(torch.randn(1, 1, 64, generator=torch.Generator().manual_seed(2)), "decode")
+        ok, msg = comp_pcc(exp, got, gate)
+        assert ok, msg
+
+
+def test_traced_greedy_on_cards_matches_reference(cards, ckpt):
+    from models.qwen36.reference.model import Qwen36Model, greedy_generate
+    from models.qwen36.tt.generator import TTGenerator
+
+    ref = Qwen36Model.from_checkpoint(ckpt, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 512, (int(torch.randint(8, 48, (1,), generator=g)),), generator=g)
+    gen = TTGenerator.from_checkpoint(ckpt, "p150x2", precision="accuracy", max_seq_len=256, progress=False,
+                                      block_size=32, prefill_chunk=64)
+    try:
+        assert gen.label == "p150a x2 (hardware)"
+        assert gen.greedy(ids.tolist(), 32) == greedy_generate(ref, ids, 32)
+    finally:
+        gen.close()

@@ -1,0 +1,78 @@
+"""TT layers vs the pure-torch reference on the emulated 1x2 mesh, same inputs (issue 5 per-layer gates).
+
+Gates (models/qwen36/tt/pcc.py): PCC >= 0.9999 with bf16 weights (accuracy preset), >= 0.99 with bf8
+weights (performance preset); GDN recurrent state after prefill + decode steps PCC >= 0.999.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.qwen36.tt.model_config import PrecisionSetting
+from models.qwen36.tt.pcc import PCC_GATES, comp_pcc
+from models.qwen36.tt.testing import LayerHarness, make_bf16_checkpoint
+
+PRESET_GATE = {"accuracy": "layer_bf16", "performance": "layer_bf8"}
+PROMPT = 40  # two 32-row GDN chunks, one partial: exercises chunk padding
+DECODE_STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    from tt_ops.device import open_mesh
+
+    with open_mesh("emulated-p150x2") as ctx:
+        yield ctx
+
+
+@pytest.fixture(scope="module")
+def bf16_ckpt(tmp_path_factory):
+    return make_bf16_checkpoint(tmp_path_factory.mktemp("tt-ci-bf16"), "ci", seed=0)
+
+
+def _inputs(rows: int, seed: int) -> torch.Tensor:
+    return torch.randn(1, rows, 64, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("preset", ["accuracy", "performance"])
+@pytest.mark.parametrize("layer_id", [0, 3], ids=["gdn", "attention"])
+def test_mixer_prefill_then_decode(mesh, bf16_ckpt, preset, layer_id):
+    h = LayerHarness(bf16_ckpt, mesh, PrecisionSetting.named(preset), layer_id)
+    gate = PCC_GATES[PRESET_GATE[preset]]
+    exp, got = h.mixer(_inputs(PROMPT, 1), "prefill")
+    ok, msg = comp_pcc(exp, got, gate)
+    assert ok, f"layer {layer_id} prefill ({preset}): {msg}"
+    for step in range(DECODE_STEPS):
+        exp, got = h.mixer(_inputs(1, 10 + step), "decode")
+        ok, msg = comp_pcc(exp, got, gate)
+        assert ok, f"layer {layer_id} decode step {step} ({preset}): {msg}"
+    if not h.is_attention:
+        for name, (ref, tt) in h.gdn_states().items():
+            ok, msg = comp_pcc(ref, tt, PCC_GATES["gdn_state"])
+            assert ok, f"GDN {name} state after prefill + {DECODE_STEPS} decode steps ({preset}): {msg}"
+
+
+@pytest.mark.parametrize("preset", ["accuracy", "performance"])
+def test_mlp(mesh, bf16_ckpt, preset):
+    h = LayerHarness(bf16_ckpt, mesh, PrecisionSetting.named(preset), 1)
+    exp, got = h.mlp(_inputs(PROMPT, 2))
+    ok, msg = comp_pcc(exp, got, PCC_GATES[PRESET_GATE[preset]])
+    assert ok, f"MLP ({preset}): {msg}"
+
+
+def test_mlp_bf4_gate_up_fails_the_bf8_gate_on_ci(mesh, bf16_ckpt):
+    """Why the performance preset keeps MLP gate/up in bf8: bfloat4_b misses the 0.99 gate here (measured 0.984)."""
+    h = LayerHarness(bf16_ckpt, mesh, PrecisionSetting.named("performance-bf4"), 1)
+    exp, got = h.mlp(_inputs(PROMPT, 2))
+    ok, msg = comp_pcc(exp, got, PCC_GATES["layer_bf8"])
+    assert not ok, f"bf4 gate/up now passes the bf8 gate ({msg}): reconsider the performance preset default"
+
+
+@pytest.mark.parametrize("layer_id", [2, 3], ids=["gdn", "attention"])
+def test_decoder_layer_accuracy(mesh, bf16_ckpt, layer_id):
+    """Whole pre-norm block (norms + mixer + residual + MLP), prefill then one decode row, bf16 weights."""
+    h = LayerHarness(bf16_ckpt, mesh, PrecisionSetting.accuracy(), layer_id)
+    for mode, rows, seed in (("prefill", PROMPT, 3), ("decode", 1, 4)):
+        exp, got = h.decoder_layer(_inputs(rows, seed), mode)
+        ok, msg = comp_pcc(exp, got, PCC_GATES["layer_bf16"])
+        assert ok, f"decoder layer {layer_id} {mode}: {msg}"

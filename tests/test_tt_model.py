@@ -1,0 +1,246 @@
+"""Full TT model on the emulated mesh vs the reference: prefill logits, greedy tokens, per-step decode logits,
+traced == untraced decode, TP widths 1/2/4, split errors, weight cache, CLI (issue 5 "done means")."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.qwen36.reference.model import Qwen36Model, greedy_generate
+from models.qwen36.tiny import PRESETS
+from models.qwen36.tt.generator import TTGenerator
+from models.qwen36.tt.model_config import PrecisionSetting, TPSplitError, TTModelArgs
+from models.qwen36.tt.pcc import PCC_GATES, comp_pcc
+from models.qwen36.tt.testing import make_bf16_checkpoint, tp4_config
+
+DECODE_STEPS = 32
+# Random-weight tiny models have near-ties (reference top-2 gaps down to ~1e-3) that no bf16 arithmetic can
+# order; exact-token gates run on prompts whose reference top-2 gap stays >= MIN_MARGIN at every step
+# (asserted, not assumed). TT's max abs logit error on the CI checkpoint is ~0.1 (accuracy preset), but the
+# error of a top-2 *difference* is far smaller; 0.02 is the measured safe floor.
+MIN_MARGIN = 0.02
+GREEDY_PROMPT_SEED = 0  # prompt length 12; reference min top-2 gap over 32 greedy steps 0.032
+
+
+def prompt(seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(8, 48, (1,), generator=g))
+    return torch.randint(0, 512, (n,), generator=g)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_bf16_checkpoint(tmp_path_factory.mktemp("tt-model-ci"), "ci", seed=0)
+
+
+@pytest.fixture(scope="module")
+def ref(ckpt):
+    return Qwen36Model.from_checkpoint(ckpt, dtype=torch.float32)
+
+
+def make_gen(ckpt, precision="accuracy", device="emulated-p150x2", **kw):
+    return TTGenerator.from_checkpoint(ckpt, device, precision=precision, max_seq_len=256, progress=False,
+                                       block_size=32, prefill_chunk=64, **kw)
+
+
+@pytest.fixture(scope="module")
+def gen_acc(ckpt):
+    g = make_gen(ckpt, "accuracy")
+    yield g
+    g.close()
+
+
+@pytest.fixture(scope="module")
+def gen_perf(ckpt):
+    g = make_gen(ckpt, "performance")
+    yield g
+    g.close()
+
+
+def ref_greedy_with_margins(ref, ids, n):
+    toks = greedy_generate(ref, ids, n)
+    full = torch.cat([ids, torch.tensor(toks)])
+    lg = ref(full[None], ref.new_state(1, full.numel() + 1)).logits[0, ids.numel() - 1: ids.numel() - 1 + n]
+    top2 = lg.topk(2, -1).values
+    return toks, lg, (top2[:, 0] - top2[:, 1])
+
+
+@pytest.mark.parametrize("preset", ["accuracy", "performance"])
+def test_prefill_logits_pcc_chunked(request, ref, preset):
+    """100-token prompt, prefill chunks of 64 (two chunks, the second partial and page-aligned)."""
+    gen = request.getfixturevalue("gen_acc" if preset == "accuracy" else "gen_perf")
+    ids = torch.randint(0, 512, (100,), generator=torch.Generator().manual_seed(7))
+    got = gen.teacher_forced_logits(ids)
+    exp = ref(ids[None], ref.new_state(1, 128)).logits[0]
+    ok, msg = comp_pcc(exp, got, PCC_GATES["model_prefill"])
+    assert ok, f"prefill logits ({preset}): {msg}"
+
+
+def test_greedy_32_tokens_exact_bf16(gen_acc, ref):
+    ids = prompt(GREEDY_PROMPT_SEED)
+    exp, _, margins = ref_greedy_with_margins(ref, ids, DECODE_STEPS)
+    assert margins.min() >= MIN_MARGIN, f"precondition: reference top-2 gap {margins.min():.4f} < {MIN_MARGIN}"
+    got = gen_acc.greedy(ids.tolist(), DECODE_STEPS)
+    assert got == exp, f"TT greedy diverges at step {next(i for i, (a, b) in enumerate(zip(got, exp)) if a != b)}"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_argmax_agrees_wherever_the_reference_decides(gen_acc, ref, seed):
+    """No prompt picking: over the reference's own 32-token greedy continuation, TT (teacher-forced) picks the
+    reference's token at every row whose top-2 gap exceeds 0.25 (> 2x TT's max abs logit error)."""
+    ids = prompt(seed)
+    toks, lg, margins = ref_greedy_with_margins(ref, ids, DECODE_STEPS)
+    got = gen_acc.teacher_forced_logits(torch.cat([ids, torch.tensor(toks)]))[ids.numel() - 1: ids.numel() - 1 + DECODE_STEPS]
+    decided = margins > 0.25
+    assert decided.sum() >= DECODE_STEPS // 4, "too few clear reference decisions to test"
+    bad = (got.argmax(-1) != lg.argmax(-1)) & decided
+    assert not bad.any(), f"rows {bad.nonzero().flatten().tolist()} disagree despite a clear reference decision"
+
+
+def test_decode_logits_pcc_every_step_bf8(gen_perf, ref):
+    """Traced decode (performance preset) fed the reference's greedy tokens: logits PCC >= 0.98 at each step."""
+    ids = prompt(GREEDY_PROMPT_SEED)
+    toks, lg, _ = ref_greedy_with_margins(ref, ids, DECODE_STEPS)
+    gen_perf.prefill(ids)
+    worst = 1.0
+    for i in range(DECODE_STEPS - 1):
+        logits, _ = gen_perf.decode_step(toks[i])
+        ok, msg = comp_pcc(lg[i + 1], logits, PCC_GATES["model_decode_bf8"])
+        assert ok, f"decode step {i}: {msg}"
+    assert gen_perf.trace_id is not None, "decode ran untraced"
+
+
+def test_traced_decode_equals_untraced_bitwise(ckpt):
+    """Same inputs through the eager step and through trace replays: identical logits bit for bit. Every
+    replay gets a new token/position through the persistent input buffers, so a stale buffer shows up as a
+    mismatch; after a new prompt (trace released, re-captured) results are again correct and bitwise equal."""
+    feeds = [prompt(4).tolist(), [5, 9, 33, 7, 100, 200, 3, 77]]  # (prompt, teacher-forced decode tokens)
+    feeds2 = [prompt(5).tolist(), [8, 8, 1, 400, 2]]
+
+    def run(use_trace):
+        g = make_gen(ckpt, "accuracy", use_trace=use_trace)
+        outs = []
+        for p, toks in (feeds, feeds2):
+            g.prefill(p)
+            outs.append([g.decode_step(t)[0] for t in toks])
+            if use_trace:
+                assert g.trace_id is not None
+        g.close()
+        return outs
+
+    eager, traced = run(False), run(True)
+    for seq_e, seq_t in zip(eager, traced):
+        for i, (a, b) in enumerate(zip(seq_e, seq_t)):
+            assert torch.equal(a, b), f"step {i}: traced != untraced (max abs {(a - b).abs().max():.3e})"
+        for a, b in zip(seq_t, seq_t[1:]):
+            assert not torch.equal(a, b), "two replays with different inputs gave identical logits (stale inputs?)"
+
+
+@pytest.fixture(scope="module")
+def tp4_ckpt(tmp_path_factory):
+    return make_bf16_checkpoint(tmp_path_factory.mktemp("tt-tp4"), tp4_config(), seed=1)
+
+
+def test_widths_1_2_4_same_tokens(tp4_ckpt):
+    ref = Qwen36Model.from_checkpoint(tp4_ckpt, dtype=torch.float32)
+    ids = None
+    for seed in range(20):  # first prompt whose reference decisions are all clear (asserted below)
+        cand = prompt(seed)
+        exp, _, margins = ref_greedy_with_margins(ref, cand, 16)
+        if margins.min() >= MIN_MARGIN:
+            ids = cand
+            break
+    assert ids is not None, "no prompt with a clear reference decision at every step"
+    results = {}
+    for dev in ("emulated-p150", "emulated-p150x2", "emulated-p150x4"):
+        g = make_gen(tp4_ckpt, "accuracy", device=dev)
+        results[dev] = g.greedy(ids.tolist(), 16)
+        g.close()
+    assert len({tuple(v) for v in results.values()}) == 1, f"widths disagree: {results}"
+    assert results["emulated-p150x2"] == exp
+
+
+def test_split_error_names_the_field():
+    with pytest.raises(TPSplitError, match="num_key_value_heads' = 2 cannot be split over 4 devices"):
+        TTModelArgs.from_config(PRESETS["ci"], 4, PrecisionSetting.accuracy())
+    from dataclasses import replace
+
+    attn_ok = replace(PRESETS["ci"], num_attention_heads=8, num_key_value_heads=4)
+    with pytest.raises(TPSplitError, match="'linear_num_key_heads' = 2 cannot be split over 4 devices"):
+        TTModelArgs.from_config(attn_ok, 4, PrecisionSetting.accuracy())
+
+
+def test_precision_presets_validate():
+    p = PrecisionSetting.performance()
+    assert p.dtypes[next(g for g in p.dtypes if g.value == "mlp_gate_up")] == "bfloat8_b"
+    with pytest.raises(ValueError, match="gdn_state' must be float32"):
+        PrecisionSetting.accuracy().with_group(next(g for g in p.dtypes if g.value == "gdn_state"), "bfloat16")
+    with pytest.raises(ValueError, match="bfloat4_b is only allowed"):
+        PrecisionSetting.accuracy().with_group(next(g for g in p.dtypes if g.value == "lm_head"), "bfloat4_b")
+
+
+def test_weight_cache_second_load_skips_conversion(ckpt, tmp_path):
+    from tt_ops.device import open_mesh
+    from tt_ops.emulator import ops_core
+
+    from models.qwen36.checkpoint import load_checkpoint
+    from models.qwen36.tt.weights import WeightLoader
+
+    reader = load_checkpoint(ckpt)
+    with open_mesh("emulated-p150x2") as ctx:
+        args = TTModelArgs.from_config(reader.config, 2, PrecisionSetting.performance(), max_seq_len=64)
+        before = dict(ops_core.STATS)
+        w1 = WeightLoader(reader, args, ctx.ttnn, ctx.mesh_device, tmp_path, progress=False).load(layers=[0])
+        mid = dict(ops_core.STATS)
+        w2 = WeightLoader(reader, args, ctx.ttnn, ctx.mesh_device, tmp_path, progress=False).load(layers=[0])
+        after = dict(ops_core.STATS)
+        n = mid["as_tensor_conversions"] - before["as_tensor_conversions"]
+        assert n > 0 and after["as_tensor_conversions"] == mid["as_tensor_conversions"], "second load converted again"
+        assert after["as_tensor_cache_loads"] - mid["as_tensor_cache_loads"] == n
+        comp = ctx.ttnn.ConcatMeshToTensor(ctx.mesh_device, dim=-1)
+        a = ctx.ttnn.to_torch(w1.layers[0].mixer.in_proj, mesh_composer=comp)
+        b = ctx.ttnn.to_torch(w2.layers[0].mixer.in_proj, mesh_composer=comp)
+        assert torch.equal(a, b)
+
+
+def test_gdn_and_attention_row_layouts():
+    """Host rearrangement: device d gets [q_d | k_d | v_d | z_d | b_d | a_d] and [q_d | gate_d | k_d | v_d]."""
+    from models.qwen36.tt.weights import attention_qkv_rows, gdn_in_proj_rows
+
+    hk, dk, hv, dv, n, h = 4, 2, 12, 3, 2, 5
+    qkv = torch.arange((2 * hk * dk + hv * dv) * h, dtype=torch.float32).reshape(-1, h)
+    z = 1000 + torch.arange(hv * dv * h, dtype=torch.float32).reshape(-1, h)
+    b, a = -torch.ones(hv, h), -2 * torch.ones(hv, h)
+    rows = gdn_in_proj_rows(qkv, z, b, a, hk, dk, hv, dv, n).chunk(n)
+    q, k, v = qkv.split([hk * dk, hk * dk, hv * dv])
+    for d in range(n):
+        want = torch.cat([q.chunk(n)[d], k.chunk(n)[d], v.chunk(n)[d], z.chunk(n)[d], b.chunk(n)[d], a.chunk(n)[d]])
+        assert torch.equal(rows[d], want)
+    hq, hkv, hd = 4, 2, 3
+    qp = torch.arange(2 * hq * hd * h, dtype=torch.float32).reshape(-1, h)
+    kp, vp = -torch.ones(hkv * hd, h), -2 * torch.ones(hkv * hd, h)
+    rows = attention_qkv_rows(qp, kp, vp, hq, hd, n).chunk(n)
+    per_head = qp.reshape(hq, 2, hd, h)
+    for d in range(n):
+        heads = per_head[d * hq // n:(d + 1) * hq // n]
+        want = torch.cat([heads[:, 0].reshape(-1, h), heads[:, 1].reshape(-1, h), kp.chunk(n)[d], vp.chunk(n)[d]])
+        assert torch.equal(rows[d], want)
+
+
+def test_cli_generate_and_logits_on_emulated_mesh(ckpt, ref, gen_perf, tmp_path, capsys):
+    """``qwen36 generate|logits --device emulated-p150x2`` run the TT model (performance preset): same tokens as
+    the generator API, logits within the prefill gate of the reference."""
+    from safetensors.torch import load_file
+
+    from models.qwen36.cli import main
+
+    ids = prompt(GREEDY_PROMPT_SEED).tolist()
+    assert main(["generate", "-c", str(ckpt), "--ids", ",".join(map(str, ids)), "--max-new-tokens", "6",
+                 "--device", "emulated-p150x2"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("ids:"))
+    assert [int(x) for x in line[4:].split(",")] == gen_perf.greedy(ids, 6)
+    out = tmp_path / "l.safetensors"
+    assert main(["logits", "-c", str(ckpt), "--ids", ",".join(map(str, ids)), "--out", str(out),
+                 "--device", "emulated-p150x2"]) == 0
+    ok, msg = comp_pcc(ref(torch.tensor([ids]), ref.new_state(1, 64)).logits[0], load_file(out)["logits"],
+                       PCC_GATES["model_prefill"])
+    assert ok, msg
