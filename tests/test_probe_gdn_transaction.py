@@ -1,0 +1,84 @@
+"""Probe gdn-transaction at CI size, in process: every cell passes; deliberately broken commit / abort
+mechanisms make it fail (the probe tests the engine, these tests test the probe)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from models.qwen36.reference.model import Qwen36Model
+from models.qwen36.spec.reference_backend import ReferenceBackend
+from models.qwen36.tiny import make_tiny
+from probes import gdn_transaction as probe
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return Qwen36Model.from_checkpoint(make_tiny(tmp_path_factory.mktemp("probe") / "ci", "ci", seed=0))
+
+
+def test_probe_passes_every_cell_at_ci_size():
+    args = argparse.Namespace(device="reference", full=False, checkpoint=None, ks="1,2,3,7", seed=0)
+    report = probe.run(args)
+    assert report.backend == "reference (torch CPU)"
+    assert len(report.cells) == 3 * (2 + 3 + 4 + 8)
+    failed = [(c["cell"], c["failed"]) for c in report.cells if not c["pass"]]
+    assert not failed, failed
+    assert report.verdict == "pass" and report.gate_complete
+    assert report.counters["shadow_commit"]["state_copies"] == 0
+    assert report.counters["snapshot"]["state_copies"] > 0 and report.counters["recompute"]["state_copies"] > 0
+    # the exact cells really were exact
+    for c in report.cells:
+        assert all(c["abort"].values())
+        if c["a"] == 0 and c["mechanism"] != "shadow_commit":
+            assert c["gdn_recurrent"]["bit_equal"] and c["target_kv"]["bit_equal"], c["cell"]
+
+
+class OffByOneSlot(ReferenceBackend):
+    def _select_slots(self, slots, a):
+        super()._select_slots(slots, a - 1)
+
+
+class SnapshotWithoutRestore(ReferenceBackend):
+    def _restore(self, saved):
+        pass  # re-advances on top of the already advanced state
+
+
+class RecomputeOneRowShort(ReferenceBackend):
+    def _advance(self, rows):
+        super()._advance(rows[:, :-1] if rows.shape[1] > 1 else rows)
+        self.live.state.pos = self.live.state.pos + (1 if rows.shape[1] > 1 else 0)
+
+
+class AbortForgetsShadow(ReferenceBackend):
+    def abort(self):
+        self._txn.verified = False  # skip restoring the pre-verify GDN tensors
+        super().abort()
+
+
+@pytest.mark.parametrize("factory,mechanism,must_fail,broken_at", [
+    (OffByOneSlot, "shadow_commit", "gdn_recurrent", (0, 1, 2)),
+    (SnapshotWithoutRestore, "snapshot", "gdn_recurrent", (0, 1)),  # only partial acceptance restores
+    (RecomputeOneRowShort, "recompute", "gdn_recurrent", (1, 2)),  # a = 0 re-runs one row: nothing to drop
+    (AbortForgetsShadow, "shadow_commit", "abort:gdn_recurrent", (0, 1, 2)),
+])
+def test_broken_mechanisms_fail_the_probe(model, factory, mechanism, must_fail, broken_at):
+    cells, _ = probe.run_matrix(model, ks=(2,), mechanisms=(mechanism,), factory=factory)
+    cells = [c for c in cells if c["a"] in broken_at]
+    assert cells and all(not c["pass"] for c in cells), [(c["cell"], c["failed"]) for c in cells]
+    assert all(must_fail in c["failed"] for c in cells), [(c["cell"], c["failed"]) for c in cells]
+
+
+def test_probe_refuses_tt_devices_clearly():
+    args = argparse.Namespace(device="emulated-p150x2", full=False, checkpoint=None, ks="1", seed=0)
+    with pytest.raises(SystemExit, match="TT speculative backend is not available yet"):
+        probe.run(args)
