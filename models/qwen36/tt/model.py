@@ -14,8 +14,9 @@ Prefill (not traced) takes host token ids and runs chunk by chunk (``prefill_for
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -67,6 +68,9 @@ class TTQwen36Model:
         self.args, self.w, self.ttnn, self.mesh = args, weights, ttnn, mesh
         self.layers = [TTDecoderLayer(args, lw, weights.rope_rot, ttnn, mesh) for lw in weights.layers]
         self.replicate = ttnn.ReplicateTensorToMesh(mesh)
+        # region(name) -> context manager around each part of a step ("embed", "layer3", "head"); a no-op
+        # unless a probe installs the emulator's counter scopes (probes/decode_cost.py)
+        self.region: Callable[[str], Any] = lambda name: contextlib.nullcontext()
 
     # ---- device pieces (traceable) ---------------------------------------------------------------
     def embed(self, tokens):
@@ -89,8 +93,9 @@ class TTQwen36Model:
         return out[0], out[1]
 
     def layers_forward(self, x, state: TTModelState, ctx: AttentionContext):
-        for layer, st in zip(self.layers, state.layers):
-            x = layer.forward(x, st, ctx)
+        for i, (layer, st) in enumerate(zip(self.layers, state.layers)):
+            with self.region(f"layer{i}"):
+                x = layer.forward(x, st, ctx)
         return x
 
     def head(self, x, last_row_only: bool):
@@ -112,12 +117,14 @@ class TTQwen36Model:
     def decode_forward(self, inputs: DecodeInputs, state: TTModelState) -> DecodeOutputs:
         """One decode step over ``inputs.rows`` rows, device only (safe to capture in a trace)."""
         ttnn = self.ttnn
-        x = self.embed(inputs.tokens)
-        cos, sin = self.rope_rows(inputs.rope_idx)
+        with self.region("embed"):
+            x = self.embed(inputs.tokens)
+            cos, sin = self.rope_rows(inputs.rope_idx)
         ctx = AttentionContext("decode", cos, sin, state.page_table, pos=inputs.pos)
         x = self.layers_forward(x, state, ctx)
-        logits, hidden = self.head(x, last_row_only=False)
-        tokens = ttnn.argmax(logits, dim=-1)
+        with self.region("head"):
+            logits, hidden = self.head(x, last_row_only=False)
+            tokens = ttnn.argmax(logits, dim=-1)
         return DecodeOutputs(logits, tokens, hidden)
 
     # ---- host boundary -------------------------------------------------------------------------------

@@ -1,0 +1,242 @@
+"""Probe decode-cost: device work of one traced decode step at real Qwen3.6-27B shapes, from the emulator's
+counters, turned into *modelled* P150a x2 time by tt_ops/cost_model.py. Never a measurement.
+
+Method (``--preset 27b``):
+  * the real 27B config (64 layers = 48 GDN + 16 attention, hidden 5120, MLP 17408, 24/4 x 256 attention
+    heads, 16/48 x 128 GDN heads) with random bf16 weights, converted by the real TT loader at the chosen
+    precision and TP width; only the first GDN layer and the first attention layer are built;
+  * the vocabulary is cut to ``--vocab-sample`` for the run; the LM-head region (weights, logits, all_gather,
+    argmax) is extrapolated linearly in vocab to 248320 (its final-norm bytes, < 0.1 % of the region, are
+    scaled along);
+  * one decode step runs with a counter scope around the embedding, each layer and the head (the same ops the
+    decode trace records; checked against a captured trace's counts);
+  * per token = embed + 48 x GDN layer + 16 x attention layer + head.
+Byte corrections (the emulator counts every input tensor in full): embedding / RoPE-table gathers read one row
+per token, not the table; paged_update_cache writes one row, it does not stream the cache. The paged SDPA
+decode is counted reading the whole cache of ``--context`` tokens: an upper bound at that context length.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import zlib
+
+import torch
+
+from probes.records import ProbeReport
+
+NAME = "decode-cost"
+HELP = "modelled P150a decode cost (programs, weight bytes, collectives, ms/step, tok/s) at real 27B shapes"
+REAL_VOCAB = 248320
+
+
+def qwen36_27b_config():
+    from models.qwen36.config import FULL, LINEAR, Qwen36Config
+
+    return Qwen36Config(
+        vocab_size=REAL_VOCAB, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+        layer_types=tuple(FULL if i % 4 == 3 else LINEAR for i in range(64)),
+        num_attention_heads=24, num_key_value_heads=4, head_dim=256, partial_rotary_factor=0.25,
+        rope_theta=10_000_000.0, linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=262144,
+        mtp_num_hidden_layers=1)
+
+
+class RandomCheckpoint:
+    """Reader-shaped source of random bf16 weights (``.config``, ``.get(name)``), generated per tensor on demand
+    with the scales of models/qwen36/tiny.py (activations O(1)); nothing is written to disk."""
+
+    def __init__(self, cfg, seed: int = 0):
+        from models.qwen36.checkpoint import target_shapes
+
+        self.config, self.seed = cfg, seed
+        self.shapes = target_shapes(cfg)
+
+    def get(self, name: str, dtype=None) -> torch.Tensor:
+        shape = self.shapes[name]
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
+        if name.endswith("A_log"):
+            t = torch.empty(shape).uniform_(0.05, 1.0, generator=gen).log()
+        elif name.endswith("dt_bias"):
+            t = -1.0 + 0.1 * torch.randn(shape, generator=gen)
+        elif len(shape) == 1:
+            t = (1.0 if "linear_attn.norm" in name else 0.0) + 0.1 * torch.randn(shape, generator=gen)
+        else:
+            t = torch.randn(shape, generator=gen) * shape[-1] ** -0.5
+        return t.to(torch.bfloat16 if dtype is None else dtype)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="27b", choices=["27b", "ci"], help="27b: real shapes; ci: the tiny CI config")
+    p.add_argument("--precision", default="performance", help="accuracy | performance | performance-bf4")
+    p.add_argument("--context", type=int, default=4096, help="KV cache length (tokens) the SDPA decode reads")
+    p.add_argument("--vocab-sample", type=int, default=4096,
+                   help="vocabulary actually built (LM head extrapolated to the real vocab)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _tensor_bytes(obj) -> int:
+    """Per-device bytes of every device tensor inside a weights dataclass / list."""
+    if obj is None:
+        return 0
+    if hasattr(obj, "bytes_per_device"):
+        return int(obj.bytes_per_device())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(o) for o in obj)
+    if dataclasses.is_dataclass(obj):
+        return sum(_tensor_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "layer_type")
+    return 0
+
+
+def _scaled(counts, name: str, ratio: float):
+    from tt_ops.emulator.counters import Counts
+
+    c = Counts(name)
+    c.programs, c.collectives = counts.programs, counts.collectives
+    c.collective_bytes = int(counts.collective_bytes * ratio)
+    for k, v in counts.bytes_read.items():
+        c.bytes_read[k] = int(v * ratio)
+    for k, v in counts.per_op.items():
+        c.per_op[k] = v
+    return c
+
+
+def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, real_vocab: int | None = None,
+            n_gdn: int | None = None, n_attn: int | None = None) -> dict:
+    """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step by region and
+    extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default: cfg's)."""
+    from tt_ops.cost_model import LABEL, P150aCostModel
+    from tt_ops.device import open_mesh
+
+    from models.qwen36.config import FULL
+    from models.qwen36.tt.model import TTQwen36Model
+    from models.qwen36.tt.model_config import PrecisionSetting, TensorGroup, TTModelArgs
+    from models.qwen36.tt.state import allocate_decode_inputs, allocate_state
+    from models.qwen36.tt.weights import WeightLoader
+
+    ctx = open_mesh(device, trace_region_size=64 << 20)
+    if not ctx.is_emulated:
+        ctx.close()
+        raise SystemExit("decode-cost reads the emulator's counters; run it with --device emulated-p150x2 "
+                         "(on cards, profile the real trace with tracy instead)")
+    try:
+        ttnn, mesh, n = ctx.ttnn, ctx.mesh_device, ctx.num_devices
+        gdn_id, attn_id = cfg.layer_types.index("linear_attention"), cfg.layer_types.index(FULL)
+        args = TTModelArgs.from_config(cfg, n, PrecisionSetting.named(precision), max_seq_len=context)
+        weights = WeightLoader(RandomCheckpoint(cfg, seed), args, ttnn, mesh, progress=False).load(
+            layers=[gdn_id, attn_id])
+        model = TTQwen36Model(args, weights, ttnn, mesh)
+        state = allocate_state(args, ttnn, mesh, [gdn_id, attn_id])
+        inputs = allocate_decode_inputs(ttnn, mesh)
+        regions: dict = {}
+
+        @contextlib.contextmanager
+        def region(name):
+            with ctx.counters.scope(name) as c:
+                yield
+            regions[name] = c
+
+        model.region = region
+        pos = context // 2
+        model.copy_host_to_device(model.prepare_decode_inputs_host([1], pos), inputs)
+        model.decode_forward(inputs, state)  # eager step: the counted one
+        model.region = lambda name: contextlib.nullcontext()
+        # the trace records the same programs: capture and compare
+        tid = ttnn.begin_trace_capture(mesh, cq_id=0)
+        model.decode_forward(inputs, state)
+        ttnn.end_trace_capture(mesh, tid, cq_id=0)
+        with ctx.counters.scope("replay") as rep:
+            ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)
+        ttnn.release_trace(mesh, tid)
+        step_programs = sum(c.programs for c in regions.values())
+
+        # ---- corrections (see module docstring) -----------------------------------------------------
+        def dn(group):
+            return args.dtype(group, ttnn).name
+
+        emb_table = weights.embedding.bytes_per_device()
+        rope_tables = weights.rope_cos.bytes_per_device() + weights.rope_sin.bytes_per_device()
+        h, d = cfg.hidden_size, cfg.head_dim
+        embed = regions["embed"].copy("embed")
+        embed.bytes_read[dn(TensorGroup.EMBEDDING)] -= emb_table - h * 2
+        embed.bytes_read[dn(TensorGroup.ROPE)] -= rope_tables - 2 * d * 4
+        attn = regions["layer1"].copy("attention layer")
+        kv_cache = state.layers[1].k.bytes_per_device()
+        attn.bytes_read[dn(TensorGroup.KV_CACHE)] -= 2 * (kv_cache - 32 * d * 2)  # update: one tile row, not the cache
+        gdn = regions["layer0"].copy("GDN layer")
+        ratio = (real_vocab or cfg.vocab_size) / cfg.vocab_size
+        head = _scaled(regions["head"], "head (vocab-extrapolated)", ratio)
+
+        from tt_ops.emulator.counters import Counts
+
+        n_gdn = len(cfg.gdn_layer_ids) if n_gdn is None else n_gdn
+        n_attn = len(cfg.attention_layer_ids) if n_attn is None else n_attn
+        token = Counts(f"decode token ({n_gdn} GDN + {n_attn} attention layers, extrapolated)")
+        for part, times in ((embed, 1), (gdn, n_gdn), (attn, n_attn), (head, 1)):
+            token.add(part, times)
+
+        lw_gdn, lw_attn = _tensor_bytes(weights.layers[0]), _tensor_bytes(weights.layers[1])
+        lm_head = weights.lm_head.bytes_per_device() * ratio
+        weight_bytes = n_gdn * lw_gdn + n_attn * lw_attn + lm_head + _tensor_bytes(weights.final_norm) + h * 2
+        cm = P150aCostModel()
+        br = cm.breakdown(token)
+        return {
+            "label": LABEL,
+            "backend": ctx.label,
+            "precision": precision,
+            "tp": n,
+            "layers": {"gdn": n_gdn, "attention": n_attn},
+            "vocab": {"built": cfg.vocab_size, "extrapolated_to": int(cfg.vocab_size * ratio)},
+            "context_tokens": context,
+            "programs": {"gdn_layer": gdn.programs, "attention_layer": attn.programs, "embed": embed.programs,
+                         "head": head.programs, "per_token": token.programs},
+            "programs_traced_step_check": {"regions_sum": step_programs, "trace_replay": rep.programs},
+            "per_op": {"gdn_layer": dict(gdn.per_op), "attention_layer": dict(attn.per_op), "head": dict(head.per_op)},
+            "collectives": {"gdn_layer": gdn.collectives, "attention_layer": attn.collectives,
+                            "head": head.collectives, "per_token": token.collectives,
+                            "bytes_per_device_per_token": token.collective_bytes},
+            "weight_bytes_per_device": {"gdn_layer": lw_gdn, "attention_layer": lw_attn, "lm_head": int(lm_head),
+                                        "per_token": int(weight_bytes)},
+            "bytes_read_per_device_per_token": token.bytes_read_total,
+            "kv_bytes_per_device_per_token_at_context": n_attn * 2 * kv_cache,
+            "modelled_ms_per_step": br["total_ms"],
+            "modelled_tok_s": 1e3 / br["total_ms"],
+            "breakdown_ms": {k: br[k] for k in ("dram_ms", "dispatch_ms", "collective_fixed_ms", "collective_bw_ms")},
+            "weight_stream_floor_ms": weight_bytes / (cm.dram_bw_gbps * 1e9) * 1e3,
+            "cost_model_constants": br["constants"],
+        }
+    finally:
+        ctx.close()
+
+
+def run(args: argparse.Namespace) -> ProbeReport:
+    from models.qwen36.tiny import PRESETS
+
+    if args.preset == "27b":
+        base = qwen36_27b_config()
+    else:
+        base = PRESETS["ci"]
+    device = args.device if args.device != "reference" else "emulated-p150x2"
+    cfg = dataclasses.replace(base, vocab_size=min(args.vocab_sample, base.vocab_size), eos_token_id=())
+    fig = measure(device, cfg, args.precision, args.context, args.seed, real_vocab=base.vocab_size,
+                  n_gdn=len(base.gdn_layer_ids), n_attn=len(base.attention_layer_ids))
+    check = fig["programs_traced_step_check"]
+    cells = [
+        {"cell": "trace records the counted step", "pass": check["regions_sum"] == check["trace_replay"], **check},
+        {"cell": "figures", "pass": fig["modelled_ms_per_step"] > 0},
+    ]
+    print(f"[{fig['label']}] decode-cost {args.preset} {args.precision} tp{fig['tp']} on {fig['backend']}:")
+    print(f"  programs: GDN layer {fig['programs']['gdn_layer']}, attention layer {fig['programs']['attention_layer']}, "
+          f"per token {fig['programs']['per_token']}")
+    print(f"  weight bytes/device/token {fig['weight_bytes_per_device']['per_token'] / 1e9:.3f} GB, "
+          f"collectives/token {fig['collectives']['per_token']} "
+          f"({fig['collectives']['bytes_per_device_per_token'] / 1e6:.2f} MB/device)")
+    print(f"  [{fig['label']}] {fig['modelled_ms_per_step']:.2f} ms/step, {fig['modelled_tok_s']:.1f} tok/s on P150a x{fig['tp']} "
+          f"(weight-stream floor {fig['weight_stream_floor_ms']:.2f} ms)")
+    return ProbeReport(probe=NAME, backend=fig["backend"],
+                       config={"preset": args.preset, "precision": args.precision, "context": args.context,
+                               "vocab_sample": cfg.vocab_size, "real_vocab": base.vocab_size,
+                               "seed": args.seed},
+                       cells=cells, counters={"programs": fig["programs"], "collectives": fig["collectives"]},
+                       gate_complete=True, performance={"label": fig["label"], **{k: v for k, v in fig.items() if k != "label"}})
