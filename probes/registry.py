@@ -13,6 +13,7 @@ from types import ModuleType
 
 PROBES: dict[str, str] = {
     "gdn-transaction": "probes.gdn_transaction",
+    "decode-cost": "probes.decode_cost",
 }
 
 
