@@ -76,3 +76,16 @@ def test_decoder_layer_accuracy(mesh, bf16_ckpt, layer_id):
         exp, got = h.decoder_layer(_inputs(rows, seed), mode)
         ok, msg = comp_pcc(exp, got, PCC_GATES["layer_bf16"])
         assert ok, f"decoder layer {layer_id} {mode}: {msg}"
+
+
+def test_gdn_multi_row_decode_matches_reference(mesh, bf16_ckpt):
+    """The K+1-row verify shape of the GDN layer (issue 7 builds on it): 4 rows through the recurrent kernel
+    and the shift-register conv in one forward, vs the reference's recurrent mode."""
+    h = LayerHarness(bf16_ckpt, mesh, PrecisionSetting.accuracy(), 0)
+    h.mixer(_inputs(PROMPT, 1), "prefill")
+    exp, got = h.mixer(_inputs(4, 5), "decode")
+    ok, msg = comp_pcc(exp, got, PCC_GATES["layer_bf16"])
+    assert ok, f"4-row decode: {msg}"
+    for name, (ref, tt) in h.gdn_states().items():
+        ok, msg = comp_pcc(ref, tt, PCC_GATES["gdn_state"])
+        assert ok, f"GDN {name} after a 4-row step: {msg}"

@@ -88,7 +88,7 @@ class LayerHarness:
     def mixer(self, x: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Token mixer (GDN or attention) on normed input x [1, T, H] -> (reference, TT) outputs [1, T, H]."""
         rows = x.shape[1]
-        ctx = self._ctx(mode, rows)
+        ctx = self._ctx(mode, rows) if self.is_attention else None
         st = self.state.layers[0]
         out = self.layer.mixer.forward(self.to_device(x), st, ctx if self.is_attention else mode)
         if self.is_attention:
