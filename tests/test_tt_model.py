@@ -226,11 +226,14 @@ def test_gdn_and_attention_row_layouts():
         assert torch.equal(rows[d], want)
 
 
-def test_cli_generate_and_logits_on_emulated_mesh(ckpt, ref, gen_perf, tmp_path, capsys):
+def test_cli_generate_and_logits_on_emulated_mesh(ckpt, ref, gen_perf, tmp_path, capsys, monkeypatch):
     """``qwen36 generate|logits --device emulated-p150x2`` run the TT model (performance preset): same tokens as
-    the generator API, logits within the prefill gate of the reference."""
+    the generator API, logits within the prefill gate of the reference; the second command loads the weight
+    cache the first one wrote (default cache dir under $HOME, redirected here)."""
     from safetensors.torch import load_file
+    from tt_ops.emulator import ops_core
 
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     from models.qwen36.cli import main
 
     ids = prompt(GREEDY_PROMPT_SEED).tolist()
@@ -239,8 +242,11 @@ def test_cli_generate_and_logits_on_emulated_mesh(ckpt, ref, gen_perf, tmp_path,
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("ids:"))
     assert [int(x) for x in line[4:].split(",")] == gen_perf.greedy(ids, 6)
     out = tmp_path / "l.safetensors"
+    loads = ops_core.STATS["as_tensor_cache_loads"]
+    conversions = ops_core.STATS["as_tensor_conversions"]
     assert main(["logits", "-c", str(ckpt), "--ids", ",".join(map(str, ids)), "--out", str(out),
                  "--device", "emulated-p150x2"]) == 0
+    assert ops_core.STATS["as_tensor_conversions"] == conversions and ops_core.STATS["as_tensor_cache_loads"] > loads
     ok, msg = comp_pcc(ref(torch.tensor([ids]), ref.new_state(1, 64)).logits[0], load_file(out)["logits"],
                        PCC_GATES["model_prefill"])
     assert ok, msg

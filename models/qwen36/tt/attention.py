@@ -18,7 +18,7 @@ from typing import Any
 
 from .gdn import all_reduce
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
-                           compute_config_norm, sdpa_decode_program_config)
+                           compute_config_norm, kv_update_input_memory_config, sdpa_decode_program_config)
 from .state import KVLayerState
 from .weights import AttentionWeights
 
@@ -74,8 +74,10 @@ class TTGatedAttention:
             raise NotImplementedError(
                 "multi-row decode attention (K+1-row verify) needs paged SDPA with spec_multi_pos_tiles; "
                 "it is built on this layer in issue 7")
-        ttnn.experimental.paged_update_cache(kv.k, k, update_idxs_tensor=ctx.pos, page_table=ctx.page_table)
-        ttnn.experimental.paged_update_cache(kv.v, v, update_idxs_tensor=ctx.pos, page_table=ctx.page_table)
+        shard = kv_update_input_memory_config(ttnn, q.shape[1], self.d)
+        for cache, t in ((kv.k, k), (kv.v, v)):
+            ttnn.experimental.paged_update_cache(cache, ttnn.to_memory_config(t, shard), update_idxs_tensor=ctx.pos,
+                                                 page_table=ctx.page_table)
         o = ttnn.transformer.paged_scaled_dot_product_attention_decode(
             q, kv.k, kv.v, ctx.page_table, cur_pos_tensor=ctx.pos, scale=self.scale,
             program_config=sdpa_decode_program_config(ttnn), compute_kernel_config=compute_config_norm(ttnn),

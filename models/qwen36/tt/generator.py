@@ -27,6 +27,19 @@ from .weights import WeightLoader
 DEFAULT_TRACE_REGION = 64 * 1024 * 1024  # bytes reserved for the decode trace (27B decode trace: a few MB)
 
 
+def default_cache_dir(ckpt: str | Path) -> Path:
+    """~/.cache/qwen36/tt/<name>-<hash of the checkpoint's path, file sizes and mtimes>: a changed checkpoint gets a
+    fresh cache; TP width and dtype are part of each cache file name."""
+    import hashlib
+
+    ckpt = Path(ckpt).resolve()
+    h = hashlib.sha256(str(ckpt).encode())
+    for f in sorted(ckpt.glob("*.safetensors")) + sorted(ckpt.glob("*.json")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return Path.home() / ".cache" / "qwen36" / "tt" / f"{ckpt.name}-{h.hexdigest()[:12]}"
+
+
 class TTGenerator:
     def __init__(self, model: TTQwen36Model, state: TTModelState, *, use_trace: bool = True, label: str = ""):
         self.model, self.state, self.use_trace, self.label = model, state, use_trace, label
@@ -129,9 +142,15 @@ class TTGenerator:
 
 
 def load_tt_target(ckpt, device: str, dtype=None, require_mtp: bool = False, precision: str = "performance",
-                   **kw) -> TTGenerator:
+                   cache_dir: str | Path | None | bool = True, **kw) -> TTGenerator:
     """Entry point of ``qwen36 logits|generate --device emulated-p150x2|p150x2``. ``dtype`` is the reference
-    model's torch dtype; the TT model's numerics are set by the precision preset instead."""
+    model's torch dtype; the TT model's numerics are set by the precision preset instead. Weight caches go to
+    ``default_cache_dir(ckpt)`` (``cache_dir=True``), a given directory, or nowhere (``None``/``False``)."""
+    if cache_dir is True:
+        cache_dir = default_cache_dir(ckpt)
+    elif cache_dir is False:
+        cache_dir = None
     if dtype is not None:
         logger.info(f"TT target: --dtype {dtype} applies to the reference model; using precision preset '{precision}'")
-    return TTGenerator.from_checkpoint(ckpt, device, precision=precision, require_mtp=require_mtp, **kw)
+    return TTGenerator.from_checkpoint(ckpt, device, precision=precision, require_mtp=require_mtp, cache_dir=cache_dir,
+                                       **kw)

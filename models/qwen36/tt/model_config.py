@@ -223,6 +223,14 @@ def state_memory_config(ttnn):
     return ttnn.DRAM_MEMORY_CONFIG
 
 
+def kv_update_input_memory_config(ttnn, batch: int, head_dim: int):
+    """L1 height-sharded, one [32, head_dim] shard (KV heads padded to a tile) per user core: the layout
+    ``paged_update_cache`` requires for its decode input ("input_tensor is height sharded on B cores")."""
+    return ttnn.create_sharded_memory_config(
+        shape=(32, head_dim), core_grid=ttnn.CoreGrid(y=1, x=batch), strategy=ttnn.ShardStrategy.HEIGHT,
+        orientation=ttnn.ShardOrientation.ROW_MAJOR, use_height_and_width_as_shard_shape=True)
+
+
 # ---- program configs ----------------------------------------------------------------------------------
 def matmul_program_config(ttnn, rows: int, k: int, n: int):
     """``None``: let ttnn pick its default multicast matmul for [rows, k] x [k, n]. No card sweep exists yet

@@ -152,12 +152,16 @@ class WeightLoader:
         self.shard_rows = ttnn.ShardTensorToMesh(mesh, dim=-2)
         self.replicate = ttnn.ReplicateTensorToMesh(mesh)
         self.n = n
+        self.bar = None
 
     # ---- one tensor -----------------------------------------------------------------------------------
     def _put(self, name: str, host: torch.Tensor, dtype, *, layout=None, mapper=None):
         ttnn = self.ttnn
         layout = ttnn.TILE_LAYOUT if layout is None else layout
         cache = None if self.cache_dir is None else str(self.cache_dir / name)
+        if self.bar is not None:
+            self.bar.set_postfix_str(name, refresh=False)
+            self.bar.update()
         return ttnn.as_tensor(host, dtype=dtype, layout=layout, device=self.mesh,
                               memory_config=weight_memory_config(ttnn), mesh_mapper=mapper or self.replicate,
                               cache_file_name=cache)
@@ -232,25 +236,20 @@ class WeightLoader:
         """All weights (or only ``layers``, e.g. for a per-layer test or the cost probe)."""
         ttnn, a, c = self.ttnn, self.args, self.args.cfg
         layer_ids = list(range(c.num_hidden_layers)) if layers is None else list(layers)
-        bar = tqdm(total=len(layer_ids) + 3, desc=f"weights -> {self.mesh.__class__.__name__} tp{self.n}",
-                   disable=not self.progress, leave=False)
+        self.bar = tqdm(desc=f"weights -> tp{self.n} {a.precision.name}", unit="tensor", disable=not self.progress,
+                        leave=False)
         emb_host = self._get("embed_tokens.weight")
         # ttnn.embedding gathers rows of a ROW_MAJOR table (so bf16/fp32 only: block floats need TILE)
         embedding = self._put("embed_tokens", emb_host, a.dtype(TensorGroup.EMBEDDING, ttnn), layout=ttnn.ROW_MAJOR_LAYOUT)
-        bar.update()
-        out = []
-        for i in layer_ids:
-            out.append(self.layer(i))
-            bar.update()
+        out = [self.layer(i) for i in layer_ids]
         final_norm = self.norm_weight("norm", self._get("norm.weight"), zero_centred=True)
         head_rows = emb_host if c.tie_word_embeddings else self._get("lm_head.weight")
         lm_head = self.matrix("lm_head", head_rows, TensorGroup.LM_HEAD, "column")
-        bar.update()
         cos, sin = rope_tables(a.max_seq_len, c.head_dim, c.rotary_dim, c.rope_theta)
         rope_dt = a.dtype(TensorGroup.ROPE, ttnn)
         rope_cos = self._put(f"rope_cos_{a.max_seq_len}", cos, rope_dt, layout=ttnn.ROW_MAJOR_LAYOUT)
         rope_sin = self._put(f"rope_sin_{a.max_seq_len}", sin, rope_dt, layout=ttnn.ROW_MAJOR_LAYOUT)
         rope_rot = self._put("rope_rot", rotate_half_matrix(c.head_dim, c.rotary_dim), a.dtype(TensorGroup.NORM, ttnn))
-        bar.update()
-        bar.close()
+        self.bar.close()
+        self.bar = None
         return ModelWeights(embedding, out, final_norm, lm_head, rope_cos, rope_sin, rope_rot)
