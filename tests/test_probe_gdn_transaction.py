@@ -9,7 +9,6 @@ import torch
 
 from models.qwen36.reference.model import Qwen36Model
 from models.qwen36.spec.reference_backend import ReferenceBackend
-from models.qwen36.tiny import make_tiny
 from probes import gdn_transaction as probe
 
 
@@ -22,8 +21,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return Qwen36Model.from_checkpoint(make_tiny(tmp_path_factory.mktemp("probe") / "ci", "ci", seed=0))
+def model(ckpt_factory):
+    return Qwen36Model.from_checkpoint(ckpt_factory("ci"), require_mtp=True)
 
 
 def test_probe_passes_every_cell_at_ci_size():

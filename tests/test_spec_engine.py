@@ -10,7 +10,6 @@ from models.qwen36.reference.model import Qwen36Model, greedy_generate
 from models.qwen36.spec.engine import MECHANISMS, Acceptance, SpecBackend, speculative_generate, speculative_step
 from models.qwen36.spec.reference_backend import ReferenceBackend, ReferenceDraft, expected_step_counters
 from models.qwen36.spec.sampling import SamplingParams, probs_from_logits
-from models.qwen36.tiny import make_tiny
 
 from test_spec_acceptance import P_VALUE_MIN, chi_square_p
 
@@ -25,8 +24,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_tiny(tmp_path_factory.mktemp("spec") / "ci", "ci", seed=0)
+def ckpt(ckpt_factory):
+    return ckpt_factory("ci")
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +213,20 @@ def test_abort_then_step_matches_uninterrupted(model):
             toks += speculative_step(be, 3).tokens
         assert toks[:12] == ref, mechanism
         assert be.counters.aborts == be.counters.steps
+
+
+def test_stochastic_abort_rewinds_the_sampler(model):
+    """An aborted step leaves no trace, sampler included: with aborts interleaved, the same tokens come out."""
+    p = prompts(model.config.vocab_size)[0]
+    params = SamplingParams(temperature=1.0, top_k=16, seed=2)
+    want = speculative_generate(ReferenceBackend(model, "shadow_commit", 64), p, 10, 2, params).tokens
+    be = ReferenceBackend(model, "shadow_commit", 64)
+    toks = [be.prefill(p, params)]
+    while len(toks) < 10:
+        be.verify(be.draft(2))
+        be.abort()
+        toks += speculative_step(be, 2).tokens
+    assert toks[:10] == want
 
 
 def test_generate_cli_speculative_matches_greedy(ckpt, capsys):

@@ -90,7 +90,8 @@ class SpecBackend(Protocol):
         """Publish the state after row num_accepted; discard later rows; the last token becomes pending."""
 
     def abort(self) -> None:
-        """Discard the drafted/verified step: live state as before draft()."""
+        """Discard the step (any time before commit): live state and sampler exactly as before draft().
+        A backend that fuses accept + commit on device may refuse abort after accept, saying so."""
 
 
 def speculative_step(backend: SpecBackend, k: int) -> Acceptance:

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from ..config import FULL
 from ..reference.gdn import GDNPerToken
 from ..reference.model import Qwen36Model
 from ..reference.state import GDNState, ModelState, MTPState
@@ -92,6 +93,7 @@ class _Transaction:
     refs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # shadow: pre-verify tensors
     saved: list[GDNState] = field(default_factory=list)  # snapshot: copies of live GDN state
     verify: "ReferenceVerify | None" = None  # the step's verify handle (commit reads rows, hiddens, slots)
+    rng_state: torch.Tensor | None = None  # sampler state before the step (abort rewinds it)
 
 
 class ReferenceBackend:
@@ -111,7 +113,7 @@ class ReferenceBackend:
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
         self._txn: _Transaction | None = None
-        self._gdn_ids = [i for i, s in enumerate(model.new_state(1, 1).layers) if isinstance(s, GDNState)]
+        self._gdn_ids = [i for i, t in enumerate(model.config.layer_types) if t != FULL]
 
     @property
     def device(self) -> torch.device:
@@ -165,7 +167,7 @@ class ReferenceBackend:
         if self.live.state.pos + k + 1 > self.max_len:
             raise ValueError(f"KV cache full: position {self.live.state.pos} + {k + 1} rows > max_len {self.max_len}")
         live, p = self.live, self.params
-        self._txn = _Transaction(live.state.pos, live.mtp.pos, k)
+        self._txn = _Transaction(live.state.pos, live.mtp.pos, k, rng_state=self.generator.get_state())
         sample_drafts = not p.greedy and p.draft == "sample"
         pick = (lambda lg: sample(probs_from_logits(lg, p), self.generator)) if sample_drafts else None
         r = live.reseed
@@ -249,6 +251,7 @@ class ReferenceBackend:
         elif txn.verified and self.mechanism == "snapshot":
             self._restore(txn.saved)
         live.state.pos, live.mtp.pos = txn.pos, txn.mtp_pos  # MTP rows >= mtp.pos get rewritten by the reseed
+        self.generator.set_state(txn.rng_state)  # the sampler too: an aborted step leaves no trace
         self.counters.aborts += 1
         self._txn = None
 
