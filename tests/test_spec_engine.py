@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from models.qwen36.reference.model import Qwen36Model, greedy_generate
-from models.qwen36.spec.engine import MECHANISMS, Acceptance, SpecBackend, speculative_generate, speculative_step
+from models.qwen36.spec.engine import (MECHANISMS, Acceptance, MechanismCounters, SpecBackend, speculative_generate,
+                                       speculative_step)
 from models.qwen36.spec.reference_backend import ReferenceBackend, ReferenceDraft, expected_step_counters
 from models.qwen36.spec.sampling import SamplingParams, probs_from_logits
 
@@ -61,11 +62,59 @@ class ScriptedDrafter(ReferenceBackend):
         self.committed.append(acceptance)
 
 
+class CannedBackend:
+    """A model-free SpecBackend: each step emits the next canned Acceptance (tests the loop alone)."""
+
+    label, mechanism = "canned (no model)", "shadow_commit"
+
+    def __init__(self, first: int, steps: list[Acceptance]):
+        self.first, self.steps, self.counters, self.calls = first, list(steps), MechanismCounters(), []
+
+    def prefill(self, prompt, params):
+        return self.first
+
+    def draft(self, k):
+        self.calls.append("draft")
+        return k
+
+    def verify(self, draft):
+        self.calls.append("verify")
+        return None
+
+    def accept(self, draft, verify):
+        self.calls.append("accept")
+        return self.steps.pop(0)
+
+    def commit(self, acceptance):
+        self.calls.append("commit")
+
+    def abort(self):
+        raise AssertionError("not used")
+
+
+def test_loop_without_a_model_cuts_at_eos_and_length():
+    steps = [Acceptance(2, [11, 12, 13]), Acceptance(0, [14]), Acceptance(3, [15, 99, 16, 17])]
+    be = CannedBackend(10, steps)
+    assert isinstance(be, SpecBackend)
+    out = speculative_generate(be, [1, 2], 100, 3, eos_ids=(99,))
+    assert out.tokens == [10, 11, 12, 13, 14, 15, 99]  # EOS inside the third block ends the output there
+    assert be.calls == ["draft", "verify", "accept", "commit"] * 3
+    assert out.stats.histogram() == [1, 0, 1, 1] and out.stats.per_position() == [2 / 3, 2 / 3, 1 / 3]
+    assert out.stats.mean_accepted == pytest.approx(5 / 3) and out.stats.mean_emitted == pytest.approx(8 / 3)
+    out = speculative_generate(CannedBackend(10, [Acceptance(2, [11, 12, 13])]), [1], 3, 2)
+    assert out.tokens == [10, 11, 12]  # max_new_tokens cuts inside a block
+    assert speculative_generate(CannedBackend(99, []), [1], 5, 2, eos_ids=(99,)).tokens == [99]
+    with pytest.raises(ValueError, match="num_accepted"):
+        Acceptance(1, [5])
+
+
 def test_reference_backend_satisfies_the_protocol(model):
     assert isinstance(ReferenceBackend(model), SpecBackend)
     assert ReferenceBackend(model).label == "reference (torch CPU)"
     with pytest.raises(ValueError, match="commit mechanism"):
         ReferenceBackend(model, "copy_everything")
+    with pytest.raises(RuntimeError, match="before prefill"):
+        ReferenceBackend(model).draft(2)
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)

@@ -160,6 +160,8 @@ class ReferenceBackend:
 
     @torch.no_grad()
     def draft(self, k: int) -> ReferenceDraft:
+        if self.live is None:
+            raise RuntimeError("draft() before prefill()")
         if self._txn is not None:
             raise RuntimeError("draft() inside an open step: commit() or abort() first")
         if k < 1:
