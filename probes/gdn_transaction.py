@@ -9,7 +9,8 @@ For K in {1, 2, 3, 7}, a in [0, K], mechanism in (snapshot, shadow_commit, recom
   4. accept leg (after the abort): draft -> verify -> accept -> commit; emitted tokens, GDN recurrent, conv,
      target KV rows [0, n+a+1) and, after the next draft's reseed, MTP KV rows [0, n+a+1) are compared with
      the autoregressive oracle (single-row replay from the pre-step state);
-  5. continuation: 16 more single-row greedy decode steps from the committed state match the oracle's.
+  5. continuation: with every KV row past the accepted prefix (target and MTP) overwritten by NaN, the next
+     draft's MTP reseed and 16 more single-row greedy decode steps from the committed state match the oracle's.
 Step counters are checked against the mechanism's expected formula.
 
 Tolerances. Where the oracle and the backend run the same kernels on the same rows (the abort leg;
@@ -89,6 +90,13 @@ def kv_rows(caches, n: int) -> list[torch.Tensor]:
     return [t[:, :, :n] for c in caches for t in (c.k, c.v)]
 
 
+def poison_past(live: ReferenceLive, end: int) -> None:
+    """Fill target and MTP KV rows >= end (rejected / provisional rows) with NaN."""
+    for c in live.state.kv_caches() + [live.mtp.kv]:
+        c.k[:, :, end:] = float("nan")
+        c.v[:, :, end:] = float("nan")
+
+
 def live_equal(live: ReferenceLive, pre: ReferenceLive) -> dict[str, bool]:
     """Exact equality of everything a rejected step must not change (KV rows >= pos are scratch by design)."""
     g, h = live.state.gdn_states(), pre.state.gdn_states()
@@ -163,6 +171,8 @@ def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, pro
     if not pos_ok:
         failed.append("pos")
 
+    # rows past the accepted prefix must never affect later results: poison them (NaN would spread)
+    poison_past(live, end)
     # MTP: the next draft reseeds rows n..n+a from the verify's hiddens; compare, then drop that draft
     be.draft(k)
     results["mtp_kv"] = compare(kv_rows([live.mtp.kv], end), kv_rows([orc.live.mtp.kv], end), "mtp_kv", False)
