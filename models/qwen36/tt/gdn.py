@@ -68,8 +68,10 @@ class TTGatedDeltaNet:
         """beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), both fp32 [1, T, Hv]."""
         ttnn = self.ttnn
         f32 = self.args.dtype(TensorGroup.GDN_STATE, ttnn)
-        beta = ttnn.sigmoid_accurate(ttnn.typecast(b, f32))  # ttnn.sigmoid is bf16-only; beta stays fp32
-        g = ttnn.multiply(ttnn.softplus(ttnn.add(ttnn.typecast(a_in, f32), self.w.dt_bias)), self.w.neg_exp_a)
+        if b.dtype != f32:  # static: the GDN_ACTIVATION group is fp32 in every shipped preset
+            b, a_in = ttnn.typecast(b, f32), ttnn.typecast(a_in, f32)
+        beta = ttnn.sigmoid_accurate(b)  # ttnn.sigmoid is bf16-only; beta stays fp32
+        g = ttnn.multiply(ttnn.softplus(ttnn.add(a_in, self.w.dt_bias)), self.w.neg_exp_a)
         return ttnn.reshape(g, [1, rows, self.hv]), ttnn.reshape(beta, [1, rows, self.hv])
 
     def qkv_heads(self, conv_out, rows: int):
