@@ -89,3 +89,17 @@ def test_gdn_multi_row_decode_matches_reference(mesh, bf16_ckpt):
     for name, (ref, tt) in h.gdn_states().items():
         ok, msg = comp_pcc(ref, tt, PCC_GATES["gdn_state"])
         assert ok, f"GDN {name} after a 4-row step: {msg}"
+
+
+def test_gdn_bf16_activations_miss_the_bf16_gate(mesh, bf16_ckpt):
+    """Why GDN_ACTIVATION is fp32 in every preset: with bf16 GDN activations the per-head gated norm amplifies the
+    rounding and layer 0 misses the 0.9999 gate within 3 decode steps (measured 0.99982; fp32: 0.99999)."""
+    from models.qwen36.tt.model_config import TensorGroup
+    from models.qwen36.tt.pcc import pcc
+
+    prec = PrecisionSetting.accuracy().with_group(TensorGroup.GDN_ACTIVATION, "bfloat16")
+    h = LayerHarness(bf16_ckpt, mesh, prec, 0)
+    worst = pcc(*h.mixer(_inputs(PROMPT, 1), "prefill"))
+    for step in range(DECODE_STEPS):
+        worst = min(worst, pcc(*h.mixer(_inputs(1, 10 + step), "decode")))
+    assert worst < PCC_GATES["layer_bf16"], f"bf16 GDN activations now pass ({worst:.6f}): reconsider the fp32 choice"
