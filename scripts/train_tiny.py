@@ -362,6 +362,14 @@ def save_checkpoint(model, cfg: Qwen36Config, data_dir: Path, out_dir: Path) -> 
 
 
 def train(args) -> dict:
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    try:
+        return _train(args)
+    finally:
+        torch.use_deterministic_algorithms(prev_det)
+
+
+def _train(args) -> dict:
     data_dir = Path(args.data)
     manifest, train_np, val_np = load_data(data_dir)
     vocab_tok = manifest["tokenizer"]["vocab_size"]
@@ -371,6 +379,8 @@ def train(args) -> dict:
         raise SystemExit(f"error: tokenizer vocab {vocab_tok} exceeds preset vocab_size {cfg.vocab_size}")
     cfg = replace(cfg, eos_token_id=(eos,), pad_token_id=eos)
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -496,6 +506,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-windows", type=int, default=256)
     p.add_argument("--keep", default="best", choices=["best", "last"], help="save the best-val or the last weights")
     p.add_argument("--max-minutes", type=float, default=0.0, help="stop early after this wall time (0 = off)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
 
 
 def main(argv: list[str] | None = None) -> int:
