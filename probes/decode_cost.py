@@ -11,9 +11,10 @@ Method (``--preset 27b``):
   * one decode step runs with a counter scope around the embedding, each layer and the head (the same ops the
     decode trace records; checked against a captured trace's counts);
   * per token = embed + 48 x GDN layer + 16 x attention layer + head.
-Byte corrections (the emulator counts every input tensor in full): embedding / RoPE-table gathers read one row
-per token, not the table; paged_update_cache writes one row, it does not stream the cache. The paged SDPA
-decode is counted reading the whole cache of ``--context`` tokens: an upper bound at that context length.
+The step is counted at position ``--context - 1``: the emulator's paged SDPA decode accounting reads the KV
+blocks up to that position (and ``paged_update_cache`` the row tiles it touches), so KV bytes are those of a
+``--context``-token sequence. One byte correction: the emulator counts a gather's whole table as read, but an
+embedding / RoPE-table lookup reads one row per token.
 """
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ class RandomCheckpoint:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="27b", choices=["27b", "ci"], help="27b: real shapes; ci: the tiny CI config")
     p.add_argument("--precision", default="performance", help="accuracy | performance | performance-bf4")
-    p.add_argument("--context", type=int, default=4096, help="KV cache length (tokens) the SDPA decode reads")
+    p.add_argument("--context", type=int, default=4096,
+                   help="sequence length at the counted step (the decode attends to this many KV positions)")
     p.add_argument("--vocab-sample", type=int, default=4096,
                    help="vocabulary actually built (LM head extrapolated to the real vocab)")
     p.add_argument("--seed", type=int, default=0)
@@ -123,7 +125,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
     try:
         ttnn, mesh, n = ctx.ttnn, ctx.mesh_device, ctx.num_devices
         gdn_id, attn_id = cfg.layer_types.index("linear_attention"), cfg.layer_types.index(FULL)
-        args = TTModelArgs.from_config(cfg, n, PrecisionSetting.named(precision), max_seq_len=context)
+        args = TTModelArgs.from_config(cfg, n, PrecisionSetting.named(precision), max_seq_len=context + 64)
         weights = WeightLoader(RandomCheckpoint(cfg, seed), args, ttnn, mesh, progress=False).load(
             layers=[gdn_id, attn_id])
         model = TTQwen36Model(args, weights, ttnn, mesh)
@@ -138,7 +140,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             regions[name] = c
 
         model.region = region
-        pos = context // 2
+        pos = context - 1  # the step attends to `context` KV positions
         model.copy_host_to_device(model.prepare_decode_inputs_host([1], pos), inputs)
         model.decode_forward(inputs, state)  # eager step: the counted one
         model.region = lambda name: contextlib.nullcontext()
@@ -162,8 +164,8 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         embed.bytes_read[dn(TensorGroup.EMBEDDING)] -= emb_table - h * 2
         embed.bytes_read[dn(TensorGroup.ROPE)] -= rope_tables - 2 * d * 4
         attn = regions["layer1"].copy("attention layer")
-        kv_cache = state.layers[1].k.bytes_per_device()
-        attn.bytes_read[dn(TensorGroup.KV_CACHE)] -= 2 * (kv_cache - 32 * d * 2)  # update: one tile row, not the cache
+        per_block = state.layers[1].k.bytes_per_device() // args.num_blocks
+        kv_read = 2 * (-(-context // args.block_size)) * per_block  # K and V blocks up to the position
         gdn = regions["layer0"].copy("GDN layer")
         ratio = (real_vocab or cfg.vocab_size) / cfg.vocab_size
         head = _scaled(regions["head"], "head (vocab-extrapolated)", ratio)
@@ -199,7 +201,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             "weight_bytes_per_device": {"gdn_layer": lw_gdn, "attention_layer": lw_attn, "lm_head": int(lm_head),
                                         "per_token": int(weight_bytes)},
             "bytes_read_per_device_per_token": token.bytes_read_total,
-            "kv_bytes_per_device_per_token_at_context": n_attn * 2 * kv_cache,
+            "kv_bytes_per_device_per_token_at_context": n_attn * kv_read,
             "modelled_ms_per_step": br["total_ms"],
             "modelled_tok_s": 1e3 / br["total_ms"],
             "breakdown_ms": {k: br[k] for k in ("dram_ms", "dispatch_ms", "collective_fixed_ms", "collective_bw_ms")},
