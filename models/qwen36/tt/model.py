@@ -78,7 +78,7 @@ class TTQwen36Model:
         ttnn, a = self.ttnn, self.args
         rows = tokens.shape[-1]
         x = ttnn.embedding(tokens, self.w.embedding, layout=ttnn.TILE_LAYOUT, memory_config=activation_memory_config(ttnn))
-        x = ttnn.reshape(ttnn.to_layout(x, ttnn.TILE_LAYOUT), [1, 1, rows, a.cfg.hidden_size])
+        x = ttnn.reshape(x, [1, 1, rows, a.cfg.hidden_size])
         res = a.dtype(TensorGroup.RESIDUAL, ttnn)
         return x if x.dtype == res else ttnn.typecast(x, res)
 
@@ -89,7 +89,7 @@ class TTQwen36Model:
         out = []
         for table in (self.w.rope_cos, self.w.rope_sin):
             t = ttnn.embedding(rope_idx, table, layout=ttnn.TILE_LAYOUT)
-            out.append(ttnn.reshape(ttnn.to_layout(t, ttnn.TILE_LAYOUT), [1, rows, 1, d]))
+            out.append(ttnn.reshape(t, [1, rows, 1, d]))
         return out[0], out[1]
 
     def layers_forward(self, x, state: TTModelState, ctx: AttentionContext):
