@@ -162,7 +162,22 @@ def engine_acceptance(model, prompts: list[list[int]], k: int, max_new_tokens: i
     return summ, outs, time.perf_counter() - t0
 
 
-def evaluate(ckpt: Path, ks: list[int], max_new_tokens: int, n_prompts: int | None, cross_check_k: int = 3) -> dict:
+@torch.no_grad()
+def full_split_ce(model, data_dir: Path, window: int = 512) -> dict:
+    """CE over the whole held-out split in non-overlapping windows (each predicts its window-1 next tokens)."""
+    val = np.fromfile(Path(data_dir) / "val.u16", dtype=np.uint16).astype(np.int64)
+    train = np.fromfile(Path(data_dir) / "train.u16", dtype=np.uint16).astype(np.int64)
+    n = len(val) // window
+    windows = [val[i * window:(i + 1) * window].tolist() for i in range(n)]
+    ce = heldout_ce(model, windows)
+    targets = torch.tensor([w[1:] for w in windows])
+    counts = np.bincount(train, minlength=model.config.vocab_size).tolist()
+    return {"window": window, "n_windows": n, "n_tokens": int(targets.numel()), "ce": ce,
+            "unigram_ce": unigram_ce_of(counts, targets)}
+
+
+def evaluate(ckpt: Path, ks: list[int], max_new_tokens: int, n_prompts: int | None, cross_check_k: int = 3,
+             data_dir: Path | None = None) -> dict:
     from models.qwen36.reference.model import Qwen36Model, greedy_generate
 
     torch.manual_seed(0)
@@ -176,6 +191,9 @@ def evaluate(ckpt: Path, ks: list[int], max_new_tokens: int, n_prompts: int | No
            "heldout_ce": ce, "unigram_ce": uni, "n_loss_tokens": int(targets.numel()),
            "n_prompts": len(prompts), "prompt_len": ho["prompt_len"], "max_new_tokens": max_new_tokens,
            "acceptance": {}}
+    if data_dir is not None:
+        res["full_heldout_split"] = full_split_ce(model, data_dir)
+        print(json.dumps(res["full_heldout_split"]), flush=True)
     for k in ks:
         summ, outs, secs = engine_acceptance(model, prompts, k, max_new_tokens)
         summ["seconds"] = round(secs, 2)
@@ -206,6 +224,7 @@ def main(argv=None) -> int:
     e.add_argument("--max-new-tokens", type=int, default=64)
     e.add_argument("--n-prompts", type=int, default=None)
     e.add_argument("--out", type=Path, default=None)
+    e.add_argument("--data", type=Path, default=None, help="prepared data dir: also score the whole held-out split")
     e.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for batch-1 decode of tiny models)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -213,7 +232,8 @@ def main(argv=None) -> int:
         d = make_heldout(args.data, args.checkpoint / HELDOUT_FILE)
         print(f"{len(d['prompts'])} prompts, {len(d['loss_windows'])} loss windows -> {args.checkpoint / HELDOUT_FILE}")
     else:
-        res = evaluate(args.checkpoint, [int(x) for x in args.ks.split(",")], args.max_new_tokens, args.n_prompts)
+        res = evaluate(args.checkpoint, [int(x) for x in args.ks.split(",")], args.max_new_tokens, args.n_prompts,
+                       data_dir=args.data)
         print(json.dumps({k: v for k, v in res.items() if k != "acceptance"}, indent=1))
         if args.out:
             from models.qwen36.io_utils import atomic_write_json

@@ -11,12 +11,11 @@ import argparse
 
 from .common import DEFAULT_CHECKPOINT, positive_int
 
-DEFAULT_PROMPT = '''import os
+DEFAULT_PROMPT = '''class Counter:
+    """Count hashable items."""
 
-
-def read_lines(path):
-    """Return the lines of the file at *path*."""
-'''
+    def __init__(self, iterable=None):
+        self.counts = {}'''
 
 
 def add_parser(sub, name: str) -> None:
@@ -117,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     plain_tps = len(plain) / t_plain
     print(f"speculative: {len(result.tokens)} tokens in {t_spec:.2f} s = {spec_tps:.1f} tok/s "
           f"({result.stats.steps} verify steps)")
-    print(f"plain      : {len(plain)} tokens in {t_plain:.2f} s = {plain_tps:.1f} tok/s (one target forward per token)")
+    print(f"plain      : {len(plain)} tokens in {t_plain:.2f} s = {plain_tps:.1f} tok/s (greedy, one target forward per token)")
     print(f"speed-up   : {spec_tps / plain_tps:.2f}x  (measured in this run on {backend.label})")
     if params.greedy:
         d = _first_difference(result.tokens, plain)

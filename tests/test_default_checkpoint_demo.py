@@ -1,0 +1,36 @@
+"""`qwen36 demo` on the embedded default: speculative vs plain decoding in one run, labelled with the backend."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.qwen36.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    old = torch.get_num_threads()
+    yield
+    torch.set_num_threads(old)
+
+
+def test_demo_greedy_prints_text_acceptance_and_speed(capsys):
+    assert main(["demo", "--max-new-tokens", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "backend    : reference (torch CPU)" in out
+    assert "generated (speculative):" in out and "class Counter:" in out
+    assert "mean emitted/step" in out and "per-position acceptance (d1..d3)" in out
+    assert "tok/s" in out and "speed-up" in out
+    assert "greedy check: speculative output == plain greedy output" in out
+
+
+def test_demo_stochastic_with_snapshot_commit(capsys):
+    assert main(["demo", "--max-new-tokens", "16", "--temperature", "0.8", "--seed", "3", "--commit", "snapshot",
+                 "--spec-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "stochastic (T=0.8" in out and "commit=snapshot" in out and "d1..d2" in out
+
+
+def test_demo_refuses_unknown_device():
+    with pytest.raises(SystemExit):
+        main(["demo", "--device", "no-such-device"])
