@@ -253,3 +253,34 @@ class WeightLoader:
         self.bar.close()
         self.bar = None
         return ModelWeights(embedding, out, final_norm, lm_head, rope_cos, rope_sin, rope_rot)
+
+
+# ---- MTP head (issue 7; appended) -----------------------------------------------------------------------
+@dataclass
+class MTPWeights:
+    """``mtp.*`` on the mesh. The decoder layer ``mtp.layers.0`` is converted exactly like a target attention
+    layer (same fused column-parallel qkv, row-parallel o_proj, fused MLP); embedding and LM head are the
+    target's (shared)."""
+
+    fc: Any  # [2H, H/N] column-parallel over the input [norm_e(embed(x_{t+1})) | norm_h(h_t)]
+    norm_embedding: Any  # pre_fc_norm_embedding (1 + w)
+    norm_hidden: Any  # pre_fc_norm_hidden (1 + w)
+    final_norm: Any  # mtp.norm (1 + w)
+    layer: LayerWeights  # full-attention decoder layer
+
+
+def load_mtp_weights(loader: WeightLoader) -> MTPWeights:
+    """Convert the 15 ``mtp.*`` tensors with ``loader`` (same cache directory / precision as the target).
+    ``mtp.fc`` is column-parallel (see models/qwen36/tt/mtp.py for why) and uses the ATTN_QKV precision."""
+    if not loader.reader.has_mtp:
+        raise ValueError(f"{loader.reader.path}: checkpoint has no 'mtp.*' tensors (MTP head needed for drafting)")
+    p = "mtp."
+    lp = f"{p}layers.0."
+    layer = LayerWeights(FULL, loader.norm_weight(f"{lp}input_layernorm", loader._get(f"{lp}input_layernorm.weight"), True),
+                         loader.norm_weight(f"{lp}post_attention_layernorm",
+                                            loader._get(f"{lp}post_attention_layernorm.weight"), True),
+                         loader.attention(f"{lp}self_attn."), loader.mlp(f"{lp}mlp."))
+    fc = loader.matrix(f"{p}fc", loader._get(f"{p}fc.weight"), TensorGroup.ATTN_QKV, "column")
+    return MTPWeights(fc, loader.norm_weight(f"{p}pre_fc_norm_embedding", loader._get(f"{p}pre_fc_norm_embedding.weight"), True),
+                      loader.norm_weight(f"{p}pre_fc_norm_hidden", loader._get(f"{p}pre_fc_norm_hidden.weight"), True),
+                      loader.norm_weight(f"{p}norm", loader._get(f"{p}norm.weight"), True), layer)
