@@ -34,6 +34,7 @@ class AttentionContext:
     pos: Any = None  # decode: [B] int32 cache position of the row
     chunk_start: int = 0  # prefill: absolute position of row 0 (a multiple of block_size)
     chunk_page_table: Any = None  # prefill: [B, pages of this chunk] int32
+    spec: Any = None  # K+1-row verify plan (models/qwen36/tt/verify.py): per-row positions + GDN commit hooks
 
 
 class TTGatedAttention:
@@ -71,9 +72,10 @@ class TTGatedAttention:
         """One row per user: q/k/v [1, B, heads, D] -> o [1, 1, B, Hq_d D]."""
         ttnn = self.ttnn
         if q.shape[1] != 1:
-            raise NotImplementedError(
-                "multi-row decode attention (K+1-row verify) needs paged SDPA with spec_multi_pos_tiles; "
-                "it is built on this layer in issue 7")
+            if ctx.spec is None:
+                raise NotImplementedError("multi-row decode attention is the K+1-row verify: pass a verify plan "
+                                          "(models/qwen36/tt/verify.py) in AttentionContext.spec")
+            return self.attend_verify(q, k, v, kv, ctx)
         shard = kv_update_input_memory_config(ttnn, q.shape[1], self.d)
         for cache, t in ((kv.k, k), (kv.v, v)):
             ttnn.experimental.paged_update_cache(cache, ttnn.to_memory_config(t, shard), update_idxs_tensor=ctx.pos,
@@ -83,6 +85,31 @@ class TTGatedAttention:
             program_config=sdpa_decode_program_config(ttnn), compute_kernel_config=compute_config_norm(ttnn),
             memory_config=activation_memory_config(ttnn))
         return ttnn.reshape(o, [1, 1, 1, self.hq * self.d])
+
+    def attend_verify(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
+        """T = K+1 rows of one user at positions n..n+K against ONE paged KV scan.
+
+        KV rows are written with one paged_update_cache per row (positions ``ctx.spec.row_pos[j]``; one row per
+        call so that no two writers share a cache tile). Attention: paged SDPA decode in multi-position mode
+        (``spec_multi_pos_tiles=T``): candidate j's Hq_d query heads sit in row-tile j of q [1, 1, T*32, D] and
+        attend to KV positions <= n+j (``ctx.spec.bounds``, T ascending bounds). The kernel shares the KV scan
+        of one KV head per device, so this needs Hkv/N == 1 (checked in the verify plan)."""
+        ttnn = self.ttnn
+        rows = q.shape[1]
+        shard = kv_update_input_memory_config(ttnn, 1, self.d)
+        for cache, t in ((kv.k, k), (kv.v, v)):
+            for j in range(rows):
+                row = ttnn.slice(t, [0, j, 0, 0], [1, j + 1, self.hkv, self.d])
+                ttnn.experimental.paged_update_cache(cache, ttnn.to_memory_config(row, shard),
+                                                     update_idxs_tensor=ctx.spec.row_pos[j], page_table=ctx.page_table)
+        qp = ttnn.pad(q, [(0, 0), (0, 0), (0, 32 - self.hq), (0, 0)], 0.0) if self.hq < 32 else q
+        qp = ttnn.reshape(qp, [1, 1, rows * 32, self.d])
+        o = ttnn.transformer.paged_scaled_dot_product_attention_decode(
+            qp, kv.k, kv.v, ctx.page_table, cur_pos_tensor=ctx.spec.bounds, scale=self.scale,
+            spec_multi_pos_tiles=rows, program_config=sdpa_decode_program_config(ttnn),
+            compute_kernel_config=compute_config_norm(ttnn), memory_config=activation_memory_config(ttnn))
+        o = ttnn.slice(ttnn.reshape(o, [1, rows, 32, self.d]), [0, 0, 0, 0], [1, rows, self.hq, self.d])
+        return ttnn.reshape(o, [1, 1, rows, self.hq * self.d])
 
     def attend_prefill(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
         """T rows at chunk_start..: fill the chunk's pages, then causal chunked SDPA over the paged cache."""

@@ -38,10 +38,12 @@ class TTGatedDeltaNet:
         self.eps = c.rms_norm_eps
 
     # ---- pieces ------------------------------------------------------------------------------------
-    def causal_conv(self, mixed, conv_state, rows: int):
+    def causal_conv(self, mixed, conv_state, rows: int, write_state=True, return_window: bool = False):
         """Depthwise causal conv (kernel K) as a shift register: window = [state (K-1 rows) | mixed (T rows)];
-        out_t = sum_j tap_j * window[t + j]; the last K-1 window rows become the new state (in place).
-        mixed: [1, 1, T, Cd] -> silu(out) [1, 1, T, Cd]."""
+        out_t = sum_j tap_j * window[t + j]; the last K-1 window rows become the new state, copied in place into
+        ``conv_state`` (``write_state=True``), into another buffer (``write_state=<buffer>``) or nowhere (``None``:
+        a speculative verify keeps the window and its commit selects the rows of the accepted row).
+        mixed: [1, 1, T, Cd] -> silu(out) [1, 1, T, Cd] (and the window [1, 1, K-1+T, Cd] if asked)."""
         ttnn, k = self.ttnn, self.kernel
         mc = activation_memory_config(ttnn)
         window = ttnn.concat([conv_state, mixed], dim=2, memory_config=mc)  # [1, 1, K-1+T, Cd]
@@ -50,9 +52,11 @@ class TTGatedDeltaNet:
             tap_in = ttnn.slice(window, [0, 0, j, 0], [1, 1, j + rows, self.cd])
             acc = (ttnn.multiply(tap_in, self.w.conv_taps[j], memory_config=mc) if acc is None
                    else ttnn.addcmul(acc, tap_in, self.w.conv_taps[j], memory_config=mc))
-        new_state = ttnn.slice(window, [0, 0, rows, 0], [1, 1, rows + k - 1, self.cd])
-        ttnn.copy(new_state, conv_state)
-        return ttnn.silu(acc, memory_config=mc)
+        if write_state is not None:
+            new_state = ttnn.slice(window, [0, 0, rows, 0], [1, 1, rows + k - 1, self.cd])
+            ttnn.copy(new_state, conv_state if write_state is True else write_state)
+        out = ttnn.silu(acc, memory_config=mc)
+        return (out, window) if return_window else out
 
     def project(self, x):
         """x [1, 1, T, H] -> (mixed [1,1,T,Cd], z [1,1,T,Vd], b [1,1,T,Hv], a [1,1,T,Hv])."""
@@ -86,21 +90,32 @@ class TTGatedDeltaNet:
         v = ttnn.reshape(ttnn.slice(conv_out, [0, 0, 0, 2 * self.kd], [1, 1, rows, self.cd]), [1, rows, self.hv, self.dv])
         return q, k, v
 
-    def recurrence(self, q, k, v, g, beta, state: GDNLayerState, mode: str):
-        """o [1, T, Hv, Dv] fp32; the state after the last row is copied into ``state.recurrent`` in place."""
+    def recurrence(self, q, k, v, g, beta, state: GDNLayerState, mode: str, *, initial=None, final=None,
+                   ring_idx=None):
+        """o [1, T, Hv, Dv] fp32; the state after the last row is copied into ``final`` (default
+        ``state.recurrent``) in place, starting from ``initial`` (default ``state.recurrent``).
+        Ring mode (``ring_idx`` given, decode only): ``initial`` is the [T*Hv, Dk, Dv] fp32 ring, head h starts
+        from block ring_idx[h] and the state after row t is written in place to block t*Hv + h (no copy)."""
         ttnn = self.ttnn
         cfg = compute_config_fp32_state(ttnn)
+        initial = state.recurrent if initial is None else initial
+        final = state.recurrent if final is None else final
+        if ring_idx is not None:
+            o, _ = ttnn.transformer.fused_recurrent_gated_delta_rule(
+                q, k, v, g, beta, initial_state=initial, initial_state_block_idx=ring_idx,
+                output_per_token_state=True, compute_kernel_config=cfg)
+            return o
         if mode == "decode":
             o, s = ttnn.transformer.fused_recurrent_gated_delta_rule(
-                q, k, v, g, beta, initial_state=state.recurrent, output_final_state=True, compute_kernel_config=cfg)
+                q, k, v, g, beta, initial_state=initial, output_final_state=True, compute_kernel_config=cfg)
         elif mode == "prefill":
             o, s = ttnn.transformer.chunk_gated_delta_rule(
-                q, k, v, g, beta, initial_state=state.recurrent, output_final_state=True,
+                q, k, v, g, beta, initial_state=initial, output_final_state=True,
                 chunk_size=gdn_chunk_size(), compute_kernel_config=cfg)
             o = ttnn.to_layout(o, ttnn.TILE_LAYOUT)  # token-major output is ROW_MAJOR on cards
         else:
             raise ValueError(f"GDN mode must be 'prefill' or 'decode', got {mode!r}")
-        ttnn.copy(s, state.recurrent)
+        ttnn.copy(s, final)
         ttnn.deallocate(s)
         return o
 
@@ -117,14 +132,20 @@ class TTGatedDeltaNet:
         return all_reduce(ttnn, part, a.num_devices)
 
     # ---- forward -----------------------------------------------------------------------------------
-    def forward(self, x, state: GDNLayerState, mode: str):
-        """x [1, 1, T, H] (T rows at consecutive positions) -> [1, 1, T, H]; advances ``state`` in place."""
+    def forward(self, x, state: GDNLayerState, mode: str, spec=None):
+        """x [1, 1, T, H] (T rows at consecutive positions) -> [1, 1, T, H]; advances ``state`` in place.
+        ``spec`` (a speculative verify plan, models/qwen36/tt/verify.py) decides where the conv window and the
+        recurrent state go for a K+1-row verify (ring / snapshot / scratch) and records what the commit needs."""
         rows = x.shape[2]
         mixed, z, b, a_in = self.project(x)
-        conv_out = self.causal_conv(mixed, state.conv, rows)
+        conv_write = True if spec is None else spec.conv_write(state)
+        conv_out, window = self.causal_conv(mixed, state.conv, rows, write_state=conv_write, return_window=True)
         q, k, v = self.qkv_heads(conv_out, rows)
         g, beta = self.gates(b, a_in, rows)
-        o = self.recurrence(q, k, v, g, beta, state, mode)
+        if spec is None:
+            o = self.recurrence(q, k, v, g, beta, state, mode)
+        else:
+            o = spec.gdn_recurrence(self, state, q, k, v, g, beta, window)
         return self.output(o, z, rows)
 
 

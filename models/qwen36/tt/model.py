@@ -57,7 +57,7 @@ class TTDecoderLayer:
         if self.layer_type == FULL:
             h = self.mixer.forward(h, state, ctx)
         else:
-            h = self.mixer.forward(h, state, ctx.mode)
+            h = self.mixer.forward(h, state, ctx.mode, spec=ctx.spec)
         x = ttnn.add(x, h, dtype=res)
         h = ttnn.rms_norm(x, epsilon=self.eps, weight=self.w.post_norm, compute_kernel_config=ncfg)
         return ttnn.add(x, self.mlp.forward(h), dtype=res)

@@ -1,0 +1,200 @@
+"""TTSpecBackend: the speculative engine's SpecBackend on the TT target (issue 7).
+
+One step = two device programs sequences, each captured once and replayed:
+
+    trace A (verify):  mechanism pre-copies -> ONE K+1-row target forward -> on-device acceptance
+    host:              read the acceptor's result (emitted tokens + count): the only device->host transfer
+    trace B (commit):  conv window select, ring index / masked re-advance, n' = n+a+1, pending' = token a
+                       [+ the device MTP's reseed + K-draft chain writing the next drafts, when attached]
+
+The first step after a prefill runs both halves eagerly (compiles every program); the second captures them and
+every later step replays. Traces are released before a new prompt (prefill allocates). Nothing is written from
+the host inside a capture; between replays the host writes only draft tokens when a *host drafter* is used
+(tests / no device MTP), never state.
+
+Drafting: ``drafter`` is either an object with ``device_draft(spec, vout)`` (device MTP, runs inside trace B and
+writes ``spec.drafts``) or a host callable ``(history: list[int], k) -> list[int]`` (written into
+``spec.drafts`` with copy_host_to_device_tensor before the verify replay).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..spec.engine import Acceptance, MechanismCounters
+from ..spec.sampling import SamplingParams, pick_token
+from .accept import DeviceAcceptor
+from .commit import abort_after_verify, commit
+from .generator import TTGenerator
+from .verify import MECHANISMS, SpecDeviceState, VerifyOutputs
+
+
+class TTSpecBackend:
+    def __init__(self, gen: TTGenerator, mechanism: str = "shadow_commit", drafter: Any = None,
+                 use_trace: bool = True, rng: str = "device"):
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"unknown commit mechanism {mechanism!r}; choose from {MECHANISMS}")
+        if drafter is None:
+            raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/mtp.py) or a host "
+                             "callable (history, k) -> k draft ids")
+        self.gen, self.model, self.state = gen, gen.model, gen.state
+        self.ttnn, self.mesh = gen.ttnn, gen.mesh
+        self.mechanism, self.drafter, self.use_trace, self.rng = mechanism, drafter, use_trace, rng
+        self.device_drafter = hasattr(drafter, "device_draft")
+        self.label = f"tt ({gen.label or 'mesh'})" + ("" if self.device_drafter else " + host drafter")
+        self.counters = MechanismCounters()
+        self.params = SamplingParams()
+        self.spec: SpecDeviceState | None = None
+        self.acceptor: DeviceAcceptor | None = None
+        self.history: list[int] = []
+        self.n = 0  # host mirror of the device position (bookkeeping / max_len checks only)
+        self._k = None
+        self._phase = "idle"  # idle -> drafted -> verified -> accepted
+        self._vout: VerifyOutputs | None = None
+        self._result = None
+        self._traces: dict[str, int] = {}
+        self._eager_steps = 0
+        self._host_gen: torch.Generator | None = None
+
+    # ---- setup -----------------------------------------------------------------------------------------
+    def release(self) -> None:
+        for tid in self._traces.values():
+            self.ttnn.release_trace(self.mesh, tid)
+        self._traces.clear()
+        self._eager_steps = 0
+
+    def _setup(self, k: int) -> None:
+        """Allocate the step's buffers for draft depth k (outside any trace)."""
+        self.release()
+        v = self.model.args.cfg.vocab_size
+        acc = DeviceAcceptor(self.ttnn, self.mesh, k=k, vocab=v, sampling_params=self.params,
+                             rng=self.rng, ring_heads=self.model.args.gdn_hv_d).allocate()
+        spec = SpecDeviceState(self.model, self.state, k, self.mechanism)
+        spec.attach_acceptor(acc)
+        if self.device_drafter:
+            self.drafter.allocate(spec)
+        self.acceptor, self.spec, self._k = acc, spec, k
+        spec.start(self.n, self.history[-1])
+        if self.device_drafter:
+            self.drafter.start(spec, self.history)
+
+    # ---- the contract --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, prompt: Sequence[int], params: SamplingParams = SamplingParams()) -> int:
+        if len(prompt) == 0:
+            raise ValueError("empty prompt")
+        self.release()
+        self.params = params
+        self._host_gen = params.generator(torch.device("cpu"))
+        logits = self.gen.prefill(list(prompt))  # releases the plain-decode trace, resets state
+        first = int(pick_token(logits.reshape(1, -1), params, self._host_gen))
+        self.n = len(prompt)
+        self.history = list(prompt) + [first]
+        self.spec, self.acceptor, self._k = None, None, None
+        self._phase = "idle"
+        return first
+
+    def draft(self, k: int):
+        if not self.history:
+            raise RuntimeError("draft() before prefill()")
+        if self._phase != "idle":
+            raise RuntimeError("draft() inside an open step: commit() or abort() first")
+        if self.n + k + 1 > self.model.args.max_seq_len:
+            raise ValueError(f"KV cache full: position {self.n} + {k + 1} rows > max_seq_len {self.model.args.max_seq_len}")
+        if k != self._k:
+            self._setup(k)
+        if not self.device_drafter:
+            self.spec.write_drafts([int(t) for t in self.drafter(list(self.history), k)])
+        self._phase = "drafted"
+        self.counters.mtp_forwards += k
+        return self.spec.drafts
+
+    def _run(self, name: str, fn: Callable[[], Any]):
+        """Eager on the first step after setup, captured on the second, replayed afterwards."""
+        if not self.use_trace or self._eager_steps < 1:
+            return fn()
+        if name not in self._traces:
+            tid = self.ttnn.begin_trace_capture(self.mesh, cq_id=0)
+            out = fn()
+            self.ttnn.end_trace_capture(self.mesh, tid, cq_id=0)
+            self._traces[name] = tid
+            setattr(self, f"_trace_out_{name}", out)
+        self.ttnn.execute_trace(self.mesh, self._traces[name], cq_id=0, blocking=False)
+        return getattr(self, f"_trace_out_{name}")
+
+    def _verify_and_accept(self):
+        vout = self.spec.verify()
+        if self.params.greedy:
+            res = self.acceptor.greedy(vout.out.logits, self.spec.drafts)
+        else:
+            probs = self.drafter.draft_probs(self.acceptor) if self.device_drafter else None
+            res = self.acceptor.stochastic(vout.out.logits, self.spec.drafts, probs)
+        return vout, res
+
+    def verify(self, draft) -> VerifyOutputs:
+        if self._phase != "drafted":
+            raise RuntimeError("verify() needs exactly one draft() before it")
+        self._vout, self._result = self._run("verify", self._verify_and_accept)
+        self._phase = "verified"
+        c, n_gdn, t = self.counters, len(self.state.gdn_states()), self._k + 1
+        c.target_forwards += 1
+        c.recurrence_steps += t * n_gdn
+        b = self.spec.gdn_state_bytes()
+        if self.mechanism == "shadow_commit":
+            c.slot_bytes_written += t * b
+        else:
+            c.state_copies += n_gdn
+            c.state_bytes_moved += b if self.mechanism == "snapshot" else b - self._conv_bytes()
+        return self._vout
+
+    def _conv_bytes(self) -> int:
+        a = self.model.args
+        return (self.spec.kc - 1) * a.gdn_conv_dim_d * 4 * len(self.state.gdn_states())
+
+    def accept(self, draft, verify) -> Acceptance:
+        if self._phase != "verified":
+            raise RuntimeError("accept() needs verify() first")
+        toks, a = self.acceptor.read_result(self._result)  # the one readback: tokens + count
+        self._phase = "accepted"
+        return Acceptance(a, toks[: a + 1])
+
+    def _commit_device(self):
+        commit(self.spec, self._vout, self._result)
+        if self.device_drafter:
+            self.drafter.device_draft(self.spec, self._vout)
+        return None
+
+    def commit(self, acceptance: Acceptance) -> None:
+        if self._phase != "accepted":
+            raise RuntimeError("commit() needs accept() first")
+        self._run("commit", self._commit_device)
+        a, c, n_gdn = acceptance.num_accepted, self.counters, len(self.state.gdn_states())
+        if self.mechanism == "snapshot":
+            c.state_copies += n_gdn  # restore (fixed shape: always, rows > a masked to identity)
+            c.state_bytes_moved += self.spec.gdn_state_bytes()
+        if self.mechanism != "shadow_commit":
+            c.recurrence_steps += (self._k + 1) * n_gdn  # masked re-advance runs all K+1 rows
+        c.steps += 1
+        self.n += a + 1
+        self.history += acceptance.tokens
+        self._eager_steps += 1
+        self._phase = "idle"
+
+    def abort(self) -> None:
+        if self._phase == "idle":
+            raise RuntimeError("abort() outside a step")
+        if self._phase in ("verified", "accepted"):
+            abort_after_verify(self.spec)  # shadow_commit refuses here (see commit.abort_after_verify)
+            if not self.params.greedy:
+                # the acceptor advanced its RNG row counter on device; step back one row
+                self.ttnn.copy(self.ttnn.subtract(self.acceptor.rng_counter, 1.0), self.acceptor.rng_counter)
+        self.counters.aborts += 1
+        self._phase = "idle"
+
+    # ---- helpers for probes / tests ------------------------------------------------------------------
+    def device_position(self) -> int:
+        return int(self.spec.read_scalar(self.spec.n))
+
+    def close(self) -> None:
+        self.release()

@@ -1,0 +1,262 @@
+"""Packed K+1-row verify on the TT target (issue 7): one target forward over the rows [pending, d_1..d_K] at
+positions n..n+K, device only (traceable), with the GDN/conv state routed per commit mechanism.
+
+Device-resident step state (:class:`SpecDeviceState`, allocated once before any capture):
+
+    n        [1,1,1,1] fp32   position of row 0 (the pending token); the commit advances it: n' = n + a + 1
+    pending  [1,1,1,1] fp32   the pending token id (exact in fp32 below 2**24); the commit sets it to token a
+    drafts   [1,1,1,K] uint32 ROW_MAJOR: d_1..d_K (written by the MTP on device, or by a host drafter)
+    per GDN layer: ``ring`` [T*Hv_d, Dk, Dv] fp32 (shadow_commit), ``snap_rec``/``snap_conv`` (snapshot),
+    ``scratch_rec`` (recompute); T = K+1.
+
+From n the verify derives on device: rope rows (uint32 [1, T]), the T ascending SDPA bounds n..n+K (int32 [T])
+and one [1] int32 KV write position per row. Attention: one ``paged_update_cache`` per row (K+1 writes per
+cache), then ONE paged SDPA decode in multi-position mode (``spec_multi_pos_tiles=T``: every candidate shares
+one KV scan). GDN: ``fused_recurrent_gated_delta_rule`` over the T rows; shadow_commit in ring mode (per-token
+states in place, head h starting from ring block ``initial_state_block_idx[h]`` = the slot the previous commit
+selected), snapshot on the live state (after copying it), recompute on a scratch copy. The conv window of every
+GDN layer is kept for the commit (``models/qwen36/tt/commit.py``), which selects the accepted row's window.
+
+Limits (refused clearly by :func:`check_verify_shape`): the kernel's multi-position mode shares one KV scan
+per device, so Hkv/N must be 1 (the emulator enforces the same); the per-core L1 of the multi-position kernel
+bounds T (about 11 candidates at head_dim 256 on Blackhole, DESIGN 4.1): T <= max_spec_tiles(head_dim).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..config import FULL
+from .attention import AttentionContext
+from .model import DecodeOutputs, TTQwen36Model
+from .model_config import TensorGroup, state_memory_config
+from .state import GDNLayerState, TTModelState
+
+MECHANISMS = ("snapshot", "shadow_commit", "recompute")
+SPEC_TILES_AT_HD256 = 11  # DESIGN 4.1: multi-position paged SDPA fits about 11 candidates at head_dim 256
+
+
+def max_spec_tiles(head_dim: int) -> int:
+    """Candidates the multi-position SDPA kernel fits per core: ~11 at head_dim 256, scaled by K/V row size
+    (the per-candidate Q/out tiles and the K/V chunk grow with head_dim); never more than 32."""
+    return max(1, min(32, SPEC_TILES_AT_HD256 * 256 // max(1, head_dim)))
+
+
+class VerifyShapeError(ValueError):
+    pass
+
+
+def check_verify_shape(args, k: int) -> None:
+    c = args.cfg
+    if not isinstance(k, int) or k < 1:
+        raise VerifyShapeError(f"draft depth K must be an int >= 1, got {k!r}")
+    t = k + 1
+    if FULL in c.layer_types and args.hkv_d != 1:
+        raise VerifyShapeError(
+            f"K+1-row verify: paged SDPA multi-position mode shares one KV scan per device and needs 1 KV head per "
+            f"device; this model has {args.hkv_d} (num_key_value_heads={c.num_key_value_heads} over "
+            f"{args.num_devices} devices)")
+    if FULL in c.layer_types and args.hq_d > 32:
+        raise VerifyShapeError(f"K+1-row verify: {args.hq_d} query heads per KV head exceed one 32-row tile")
+    if t > max_spec_tiles(c.head_dim):
+        raise VerifyShapeError(
+            f"K={k}: K+1={t} candidates exceed the multi-position SDPA kernel's limit of {max_spec_tiles(c.head_dim)} "
+            f"at head_dim {c.head_dim} (per-core L1; DESIGN 4.1); use K <= {max_spec_tiles(c.head_dim) - 1}")
+
+
+@dataclass
+class SpecLayerBuffers:
+    ring: Any = None  # shadow_commit: [T*Hv_d, Dk, Dv] fp32
+    snap_rec: Any = None  # snapshot
+    snap_conv: Any = None
+    scratch_rec: Any = None  # recompute
+
+
+@dataclass
+class GDNRecord:
+    """What a verify leaves for the commit of one GDN layer (device tensors of this step)."""
+
+    gdn: Any
+    state: GDNLayerState
+    q: Any
+    k: Any
+    v: Any
+    g: Any
+    beta: Any
+    window: Any  # [1, 1, Kc-1+T, Cd]: conv state before the verify, then the T rows' conv inputs
+
+
+@dataclass
+class VerifyPlan:
+    """``AttentionContext.spec`` of one verify: per-row positions and the mechanism's GDN routing."""
+
+    spec: "SpecDeviceState"
+    row_pos: list  # T x [1] int32 RM: KV write position of row j
+    bounds: Any  # [T] int32 RM: SDPA bound of candidate j (= n + j)
+    records: list = field(default_factory=list)
+
+    def conv_write(self, state: GDNLayerState):
+        """snapshot: the verify advances the live conv state; shadow_commit/recompute leave it (window kept)."""
+        return True if self.spec.mechanism == "snapshot" else None
+
+    def gdn_recurrence(self, gdn, state: GDNLayerState, q, k, v, g, beta, window):
+        self.records.append(GDNRecord(gdn, state, q, k, v, g, beta, window))
+        bufs = self.spec.layer_bufs[id(state)]
+        m = self.spec.mechanism
+        if m == "shadow_commit":
+            return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.ring, ring_idx=self.spec.block_idx)
+        if m == "snapshot":
+            return gdn.recurrence(q, k, v, g, beta, state, "decode")  # live advances through all T rows
+        return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.scratch_rec, final=bufs.scratch_rec)
+
+
+@dataclass
+class VerifyOutputs:
+    out: DecodeOutputs  # logits [1,1,T,V] fp32, tokens [1,1,T] argmax, hidden [1,1,T,H]
+    plan: VerifyPlan
+    tokens: Any  # [1, T] uint32 RM: the verified rows
+
+
+class SpecDeviceState:
+    """Persistent device buffers of the speculative step for one model state and one K (see module doc)."""
+
+    def __init__(self, model: TTQwen36Model, state: TTModelState, k: int, mechanism: str):
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"unknown commit mechanism {mechanism!r}; choose from {MECHANISMS}")
+        check_verify_shape(model.args, k)
+        self.model, self.state, self.k, self.t, self.mechanism = model, state, k, k + 1, mechanism
+        self.ttnn, self.mesh = model.ttnn, model.mesh
+        a = model.args
+        c = a.cfg
+        self.hv, self.dk, self.dv = a.gdn_hv_d, c.linear_key_head_dim, c.linear_value_head_dim
+        self.kc = c.linear_conv_kernel_dim
+        self.rep = self.ttnn.ReplicateTensorToMesh(self.mesh)
+        self.block_idx = None  # the acceptor's persistent ring index (set by attach_acceptor)
+        self.layer_bufs: dict[int, SpecLayerBuffers] = {}
+        self.allocate()
+
+    # ---- allocation (before any capture) ----------------------------------------------------------------
+    def _dev(self, x: torch.Tensor, dtype=None, layout=None):
+        ttnn = self.ttnn
+        return ttnn.from_torch(x, dtype=dtype or ttnn.float32, layout=layout or ttnn.TILE_LAYOUT, device=self.mesh,
+                               mesh_mapper=self.rep, memory_config=state_memory_config(ttnn))
+
+    def host(self, x: torch.Tensor, like):
+        """Host tensor laid out like the persistent buffer ``like`` (for copy_host_to_device_tensor)."""
+        return self.ttnn.from_torch(x, dtype=like.dtype, layout=like.layout, mesh_mapper=self.rep)
+
+    def allocate(self) -> None:
+        ttnn, t, kc = self.ttnn, self.t, self.kc
+        f32 = ttnn.float32
+        self.n = self._dev(torch.zeros(1, 1, 1, 1))
+        self.pending = self._dev(torch.zeros(1, 1, 1, 1))
+        self.drafts = self._dev(torch.zeros(1, 1, 1, self.k, dtype=torch.int32), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT)
+        self.c_ar = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
+        self.c_one = self._dev(torch.ones(1, 1, 1, 1))
+        self.c_zero = self._dev(torch.zeros(1, 1, 1, 1))
+        # conv commit: new state row i = window row a + 1 + i  ->  sel[i, c] = (c - i - 1 == a)
+        cols = torch.arange(kc - 1 + t, dtype=torch.float32).reshape(1, -1)
+        rows_ = torch.arange(kc - 1, dtype=torch.float32).reshape(-1, 1)
+        self.c_conv_sel = self._dev((cols - rows_ - 1).reshape(1, 1, kc - 1, kc - 1 + t))
+        self.c_rows = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, t, 1))  # re-advance row mask base
+        self.c_tok_cols = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
+        for s in self.state.gdn_states():
+            b = SpecLayerBuffers()
+            if self.mechanism == "shadow_commit":
+                b.ring = self._dev(torch.zeros(t * self.hv, self.dk, self.dv), f32)
+            elif self.mechanism == "snapshot":
+                b.snap_rec = self._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype)
+                b.snap_conv = self._dev(torch.zeros(list(s.conv.shape)), s.conv.dtype)
+            else:
+                b.scratch_rec = self._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype)
+            self.layer_bufs[id(s)] = b
+
+    def attach_acceptor(self, acceptor) -> None:
+        """The acceptor owns the accepted count and the ring index (``ring_block_idx``)."""
+        self.acceptor = acceptor
+        self.block_idx = acceptor.block_idx if self.mechanism == "shadow_commit" else None
+
+    # ---- byte sizes (counters) ------------------------------------------------------------------------
+    def gdn_state_bytes(self) -> int:
+        """Bytes of all GDN recurrent + conv state on one device (fp32)."""
+        c = self.model.args.cfg
+        per = self.hv * self.dk * self.dv * 4 + (self.kc - 1) * self.model.args.gdn_conv_dim_d * 4
+        return per * len(self.state.gdn_states())
+
+    # ---- host-side (outside capture) -------------------------------------------------------------------
+    def start(self, n: int, pending: int) -> None:
+        """After a prefill of n tokens: n, pending; shadow_commit puts the live recurrent state in ring slot 0
+        and points every head at it (count 0). Eager, outside any capture (allocates temporaries)."""
+        ttnn = self.ttnn
+        ttnn.copy_host_to_device_tensor(self.host(torch.tensor([[[[float(n)]]]]), self.n), self.n)
+        ttnn.copy_host_to_device_tensor(self.host(torch.tensor([[[[float(pending)]]]]), self.pending), self.pending)
+        if self.mechanism == "shadow_commit":
+            for s in self.state.gdn_states():
+                ring = self.layer_bufs[id(s)].ring
+                slot0 = ttnn.reshape(s.recurrent, [self.hv, self.dk, self.dv])
+                rest = ttnn.slice(ring, [self.hv, 0, 0], [self.t * self.hv, self.dk, self.dv])
+                ttnn.copy(ttnn.concat([slot0, rest], dim=0), ring)
+            ttnn.copy(self.c_zero, self.acceptor.count)
+            self.acceptor.ring_block_idx()
+
+    def write_drafts(self, drafts: list[int]) -> None:
+        """Host drafter: write d_1..d_K into the persistent drafts buffer (between replays)."""
+        x = torch.tensor(drafts, dtype=torch.int32).reshape(1, 1, 1, self.k)
+        self.ttnn.copy_host_to_device_tensor(self.host(x, self.drafts), self.drafts)
+
+    def publish_live(self, a: int) -> None:
+        """Probe helper (eager): copy ring slot ``a`` into each layer's plain recurrent buffer so single-row decode
+        (which does not read the ring) continues from the committed state. Not part of the step."""
+        if self.mechanism != "shadow_commit":
+            return
+        ttnn = self.ttnn
+        for s in self.state.gdn_states():
+            ring = self.layer_bufs[id(s)].ring
+            sl = ttnn.slice(ring, [a * self.hv, 0, 0], [(a + 1) * self.hv, self.dk, self.dv])
+            ttnn.copy(ttnn.reshape(sl, list(s.recurrent.shape)), s.recurrent)
+
+    def read_scalar(self, buf) -> float:
+        return float(self.ttnn.to_torch(self.ttnn.get_device_tensors(buf)[0]).reshape(-1)[0])
+
+    # ---- device work (traceable) -------------------------------------------------------------------------
+    def pre_verify(self) -> None:
+        """Mechanism copies before the verify: snapshot saves live (recurrent + conv), recompute fills scratch."""
+        ttnn = self.ttnn
+        for s in self.state.gdn_states():
+            b = self.layer_bufs[id(s)]
+            if self.mechanism == "snapshot":
+                ttnn.copy(s.recurrent, b.snap_rec)
+                ttnn.copy(s.conv, b.snap_conv)
+            elif self.mechanism == "recompute":
+                ttnn.copy(s.recurrent, b.scratch_rec)
+
+    def verify_rows(self):
+        """-> (tokens [1,T] uint32 RM, rope_idx [1,T] uint32 RM, bounds [T] int32 RM, row_pos T x [1] int32 RM)."""
+        ttnn, t = self.ttnn, self.t
+        rm = ttnn.ROW_MAJOR_LAYOUT
+        pos = ttnn.add(self.n, self.c_ar)  # [1,1,1,T] fp32: n..n+K
+        rope_idx = ttnn.to_layout(ttnn.reshape(ttnn.typecast(pos, ttnn.uint32), [1, t]), rm)
+        bounds = ttnn.to_layout(ttnn.reshape(ttnn.typecast(pos, ttnn.int32), [t]), rm)
+        row_pos = [ttnn.slice(bounds, [j], [j + 1]) for j in range(t)]
+        d = ttnn.typecast(ttnn.to_layout(self.drafts, ttnn.TILE_LAYOUT), ttnn.float32)
+        toks = ttnn.concat([self.pending, d], dim=3)  # [1,1,1,T]
+        tokens = ttnn.to_layout(ttnn.reshape(ttnn.typecast(toks, ttnn.uint32), [1, t]), rm)
+        return tokens, rope_idx, bounds, row_pos
+
+    def verify(self) -> VerifyOutputs:
+        """Pre-verify copies + ONE target forward over the T rows (device only)."""
+        m = self.model
+        self.pre_verify()
+        tokens, rope_idx, bounds, row_pos = self.verify_rows()
+        plan = VerifyPlan(self, row_pos, bounds)
+        with m.region("embed"):
+            x = m.embed(tokens)
+            cos, sin = m.rope_rows(rope_idx)
+        ctx = AttentionContext("decode", cos, sin, self.state.page_table, spec=plan)
+        x = m.layers_forward(x, self.state, ctx)
+        with m.region("head"):
+            logits, hidden = m.head(x, last_row_only=False)
+            am = self.ttnn.argmax(logits, dim=-1)
+        return VerifyOutputs(DecodeOutputs(logits, am, hidden), plan, tokens)
