@@ -152,9 +152,11 @@ class TTQwen36Model:
         return logits.reshape(-1, logits.shape[-1]), self.to_host(out.tokens).reshape(-1).to(torch.int64)
 
     # ---- prefill ---------------------------------------------------------------------------------------
-    def prefill_forward(self, ids: torch.Tensor, state: TTModelState, all_rows: bool = False) -> torch.Tensor:
+    def prefill_forward(self, ids: torch.Tensor, state: TTModelState, all_rows: bool = False,
+                        hidden_out: list | None = None) -> torch.Tensor:
         """Run prompt ``ids`` [T] from position ``state.pos`` in chunks of ``args.prefill_chunk``; advances the
-        state. Returns fp32 logits [T, V] (all_rows) or [1, V] (last row)."""
+        state. Returns fp32 logits [T, V] (all_rows) or [1, V] (last row). ``hidden_out`` (a list) receives each
+        chunk's post-final-norm hidden [1, 1, rows, H] on device (the MTP prefill's h_t)."""
         ttnn, a = self.ttnn, self.args
         ids = ids.reshape(-1).to(torch.int32)
         start0 = state.pos
@@ -176,6 +178,9 @@ class TTQwen36Model:
             ctx = AttentionContext("prefill", cos, sin, state.page_table, chunk_start=start, chunk_page_table=chunk_pt)
             x = self.layers_forward(self.embed(tokens), state, ctx)
             last = not all_rows and off + a.prefill_chunk >= ids.numel()
+            if hidden_out is not None:
+                hidden_out.append(ttnn.rms_norm(x, epsilon=a.cfg.rms_norm_eps, weight=self.w.final_norm,
+                                                compute_kernel_config=compute_config_norm(ttnn)))
             if all_rows or last:
                 logits, _ = self.head(x, last_row_only=not all_rows)
                 outs.append(self.to_host(logits).float().reshape(-1, a.cfg.vocab_size))

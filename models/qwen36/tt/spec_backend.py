@@ -77,7 +77,7 @@ class TTSpecBackend:
         self.acceptor, self.spec, self._k = acc, spec, k
         spec.start(self.n, self.history[-1])
         if self.device_drafter:
-            self.drafter.start(spec, self.history)
+            self.drafter.start(spec, self.history, self._prompt_hidden)
 
     # ---- the contract --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -87,8 +87,13 @@ class TTSpecBackend:
         self.release()
         self.params = params
         self._host_gen = params.generator(torch.device("cpu"))
-        logits = self.gen.prefill(list(prompt))  # releases the plain-decode trace, resets state
+        self.gen.reset()  # releases the plain-decode trace, zeroes state
+        hs: list = [] if self.device_drafter else None
+        logits = self.model.prefill_forward(torch.tensor(list(prompt)), self.state, hidden_out=hs)[-1]
         first = int(pick_token(logits.reshape(1, -1), params, self._host_gen))
+        self._prompt_hidden = None
+        if hs:
+            self._prompt_hidden = hs[0] if len(hs) == 1 else self.ttnn.concat(hs, dim=2)
         self.n = len(prompt)
         self.history = list(prompt) + [first]
         self.spec, self.acceptor, self._k = None, None, None
@@ -160,9 +165,9 @@ class TTSpecBackend:
         return Acceptance(a, toks[: a + 1])
 
     def _commit_device(self):
-        commit(self.spec, self._vout, self._result)
-        if self.device_drafter:
+        if self.device_drafter:  # reads n before the commit advances it
             self.drafter.device_draft(self.spec, self._vout)
+        commit(self.spec, self._vout, self._result)
         return None
 
     def commit(self, acceptance: Acceptance) -> None:
@@ -198,3 +203,42 @@ class TTSpecBackend:
 
     def close(self) -> None:
         self.release()
+
+
+class TTMTPDrafter:
+    """Device drafter: the TT MTP head (models/qwen36/tt/mtp.py). Reseed over the K+1 verify rows (tokens = the
+    acceptor's result, hidden = the verify's post-norm rows), select row a, chain K-1 drafts: all inside the
+    commit trace, writing the drafts buffer the next verify reads. Drafts are argmax (one-hot draft
+    distribution for stochastic acceptance: exact rejection sampling with a deterministic draft)."""
+
+    def __init__(self, reader, cache_dir=None):
+        self.reader, self.cache_dir = reader, cache_dir
+        self.head = None
+        self._k = None
+
+    def allocate(self, spec: SpecDeviceState) -> None:
+        from .mtp import load_tt_mtp
+
+        if self.head is None or self._k != spec.k:
+            if self.head is not None:
+                self.head.release_trace()
+            self.head = load_tt_mtp(spec.model, self.reader, spec.k, cache_dir=self.cache_dir)
+            self._k = spec.k
+        spec.drafts = self.head.draft_tokens  # the verify reads the MTP's persistent draft buffer
+        rep = spec.ttnn.ReplicateTensorToMesh(spec.mesh)
+        self.pos = spec.ttnn.from_torch(torch.zeros(1, dtype=torch.int32), dtype=spec.ttnn.int32,
+                                        layout=spec.ttnn.ROW_MAJOR_LAYOUT, device=spec.mesh, mesh_mapper=rep)
+
+    def start(self, spec: SpecDeviceState, history: list[int], prompt_hidden) -> None:
+        """After the prompt: MTP prefill over rows t = 0..P-1 (x_{t+1}, h_t), then the first chain."""
+        nxt = torch.tensor(history[1:])
+        self.head.prefill_draft(nxt, prompt_hidden)
+
+    def device_draft(self, spec: SpecDeviceState, vout) -> None:
+        ttnn = spec.ttnn
+        pos = ttnn.to_layout(ttnn.reshape(ttnn.typecast(spec.n, ttnn.int32), [1]), ttnn.ROW_MAJOR_LAYOUT)
+        ttnn.copy(pos, self.pos)
+        self.head.draft(spec.acceptor.result, vout.out.hidden, self.pos, spec.acceptor.count)
+
+    def draft_probs(self, acceptor):
+        return None
