@@ -12,10 +12,9 @@ REFERENCE_DEVICES = ("reference", "reference-cuda")
 
 
 def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -> SpecBackend:
-    """The speculative backend for --device; TT devices are refused clearly until their backend exists."""
+    """The speculative backend for --device: the torch reference, or the TT target + device MTP (issue 7)."""
     if device not in REFERENCE_DEVICES:
-        raise SystemExit(f"error: speculative decoding on --device {device}: the TT speculative path is not "
-                         "available yet (issue 7); use --device reference or reference-cuda, or --spec-k 0")
+        return load_tt_backend(ckpt, device, mechanism, max_len)
     import torch
 
     from ..reference.model import Qwen36Model
@@ -26,6 +25,24 @@ def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -
     model = Qwen36Model.from_checkpoint(ckpt, dtype=dtype, device="cuda" if device == "reference-cuda" else "cpu",
                                         require_mtp=True)
     return ReferenceBackend(model, mechanism, max_len=max_len)
+
+
+def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, precision: str = "accuracy") -> SpecBackend:
+    """TTSpecBackend on ``device`` (emulated-p150x2, p150x2, ...): traced verify+accept / commit+MTP draft."""
+    from ..checkpoint import load_checkpoint
+    from ..tt.generator import load_tt_target
+    from ..tt.spec_backend import TTMTPDrafter, TTSpecBackend
+
+    block = 32
+    gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,
+                         max_seq_len=max(2 * block, -(-max_len // block) * block), block_size=block)
+    return TTSpecBackend(gen, mechanism, drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)))
+
+
+def backend_config(backend):
+    """The model config of a reference or TT backend."""
+    cfg = getattr(backend, "config", None)
+    return cfg if cfg is not None else backend.model.config
 
 
 def format_stats(result: GenerationResult) -> str:
@@ -52,12 +69,12 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int
         backend = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
-    vocab = backend.model.config.vocab_size
+    vocab = backend_config(backend).vocab_size
     if any(i >= vocab for i in ids):
         raise SystemExit(f"error: prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
     result = speculative_generate(backend, ids, args.max_new_tokens, args.spec_k, params,
-                                  eos_ids=backend.model.config.eos_token_id)
+                                  eos_ids=backend_config(backend).eos_token_id)
     dt = time.perf_counter() - t0
     mode = "greedy" if params.greedy else f"sampling T={params.temperature} top_k={params.top_k} top_p={params.top_p} seed={params.seed}"
     logger.info(f"[{backend.label}] speculative K={args.spec_k} commit={args.commit} {mode}: {len(result.tokens)} tokens "

@@ -57,6 +57,10 @@ class TTSpecBackend:
         self._eager_steps = 0
         self._host_gen: torch.Generator | None = None
 
+    @property
+    def config(self):
+        return self.model.args.cfg
+
     # ---- setup -----------------------------------------------------------------------------------------
     def release(self) -> None:
         for tid in self._traces.values():
