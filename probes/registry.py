@@ -14,6 +14,8 @@ from types import ModuleType
 PROBES: dict[str, str] = {
     "gdn-transaction": "probes.gdn_transaction",
     "decode-cost": "probes.decode_cost",
+    "verify-tp": "probes.verify_tp",
+    "lossless": "probes.lossless",
 }
 
 
