@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml scripts/find_python.sh
 
 demo: $(STAMP)
 	$(VENV)/bin/qwen36 demo
+	$(VENV)/bin/qwen36 demo --device emulated-p150x2 --max-new-tokens 48
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

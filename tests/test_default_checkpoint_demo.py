@@ -34,3 +34,13 @@ def test_demo_stochastic_with_snapshot_commit(capsys):
 def test_demo_refuses_unknown_device():
     with pytest.raises(SystemExit):
         main(["demo", "--device", "no-such-device"])
+
+
+def test_demo_on_the_emulated_mesh_uses_one_mesh_and_says_so(capsys):
+    """Regression: the demo read backend.model.config (absent on the TT backend) and opened a second mesh with a
+    different precision preset for the plain baseline. Now plain decoding runs on the spec backend's own model."""
+    assert main(["demo", "--device", "emulated-p150x2", "--max-new-tokens", "12", "--spec-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "emulated-p150x2 (ttnn goldens on CPU)" in out
+    assert "greedy check: speculative output == plain greedy output" in out
+    assert "not a card figure" in out

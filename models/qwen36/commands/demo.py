@@ -47,6 +47,17 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def plain_target(backend):
+    """Plain greedy decoding on the speculative backend's own model: on cards there is only one mesh to open, and
+    the comparison must use the same weights and precision."""
+    gen = getattr(backend, "gen", None)  # TTSpecBackend wraps a TTGenerator
+    if gen is not None:
+        return gen
+    from .backends import ReferenceTarget
+
+    return ReferenceTarget(backend.model, backend.label)
+
+
 def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
@@ -54,11 +65,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..checkpoint import CheckpointError
-    from ..spec.cli_support import format_stats, load_backend
+    from ..spec.cli_support import backend_config, format_stats, load_backend
     from ..spec.engine import speculative_generate
     from ..spec.sampling import SamplingParams
     from ..tokenizer import load_tokenizer
-    from .backends import check_device, load_target
+    from .backends import check_device
     from .common import torch_dtype
 
     check_device(args.device)
@@ -79,21 +90,24 @@ def run(args: argparse.Namespace) -> int:
     max_len = len(ids) + args.max_new_tokens + args.spec_k + 2
     try:
         backend = load_backend(ckpt, args.device, dtype, args.commit, max_len)  # speculative path (MTP required)
-        target = load_target(ckpt, args.device, dtype)  # plain decoding, same backend kind
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
-    cfg = backend.model.config
+    target = plain_target(backend)  # plain decoding on the same model, device and precision
+    cfg = backend_config(backend)
     eos = cfg.eos_token_id
     if any(i >= cfg.vocab_size for i in ids):
         raise SystemExit(f"error: prompt ids outside the vocabulary (size {cfg.vocab_size})")
 
+    release = getattr(backend, "release", lambda: None)  # TT: free the spec traces before plain decode allocates
     # warm-up (first-call allocations) so that the timed runs compare like with like
     speculative_generate(backend, ids[:8], 4, args.spec_k, params, eos_ids=eos)
+    release()
     target.greedy(ids[:8], 4, eos)
 
     t0 = time.perf_counter()
     result = speculative_generate(backend, ids, args.max_new_tokens, args.spec_k, params, eos_ids=eos)
     t_spec = time.perf_counter() - t0
+    release()
     t0 = time.perf_counter()
     plain = target.greedy(ids, args.max_new_tokens, eos)
     t_plain = time.perf_counter() - t0
@@ -118,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
           f"({result.stats.steps} verify steps)")
     print(f"plain      : {len(plain)} tokens in {t_plain:.2f} s = {plain_tps:.1f} tok/s (greedy, one target forward per token)")
     print(f"speed-up   : {spec_tps / plain_tps:.2f}x  (measured in this run on {backend.label})")
+    if "emulated" in backend.label:
+        print("note       : emulated mesh = ttnn golden functions on the host CPU; these tok/s are emulator wall-clock, "
+              "not a card figure (see `qwen36 probe decode-cost` / `gate-0b` for modelled P150a numbers)")
     if params.greedy:
         d = _first_difference(result.tokens, plain)
         print("greedy check: speculative output == plain greedy output" if d is None else
