@@ -87,29 +87,43 @@ class TTGatedAttention:
         return ttnn.reshape(o, [1, 1, 1, self.hq * self.d])
 
     def attend_verify(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
-        """T = K+1 rows of one user at positions n..n+K against ONE paged KV scan.
+        """T = K+1 rows of one user at positions n..n+K; every local KV head's cache is scanned once.
 
         KV rows are written with one paged_update_cache per row (positions ``ctx.spec.row_pos[j]``; one row per
-        call so that no two writers share a cache tile). Attention: paged SDPA decode in multi-position mode
-        (``spec_multi_pos_tiles=T``): candidate j's Hq_d query heads sit in row-tile j of q [1, 1, T*32, D] and
-        attend to KV positions <= n+j (``ctx.spec.bounds``, T ascending bounds). The kernel shares the KV scan
-        of one KV head per device, so this needs Hkv/N == 1 (checked in the verify plan)."""
+        call so that no two writers share a cache tile). Attention: ONE paged SDPA decode in multi-position mode
+        (``spec_multi_pos_tiles=T``) whose G = Hkv_d groups are the local KV heads:
+
+        * the kernel takes one KV head per cache, so the caches are viewed per head: ``[P, G, bs, D]`` ->
+          ``[P*G, 1, bs, D]`` (the same tile order in DRAM: block p of head h is view block ``p*G + h``; a
+          metadata view on cards), and group h reads it through the page table ``pt*G + h``
+          (``ctx.spec.head_page_table`` [G, blocks]); each group scans exactly its head's KV blocks once;
+        * group h holds that head's g = Hq_d/G query heads (GQA: q heads h*g..h*g+g-1 share KV head h), candidate
+          j in row-tile j of q [1, G, T*32, D]; bounds ``ctx.spec.bounds`` [G*T] = n..n+K per group.
+        At G = 1 the view and the table are the plain ones."""
         ttnn = self.ttnn
-        rows = q.shape[1]
+        rows, g, heads = q.shape[1], self.hq // self.hkv, self.hkv
         shard = kv_update_input_memory_config(ttnn, 1, self.d)
         for cache, t in ((kv.k, k), (kv.v, v)):
             for j in range(rows):
                 row = ttnn.slice(t, [0, j, 0, 0], [1, j + 1, self.hkv, self.d])
                 ttnn.experimental.paged_update_cache(cache, ttnn.to_memory_config(row, shard),
                                                      update_idxs_tensor=ctx.spec.row_pos[j], page_table=ctx.page_table)
-        qp = ttnn.pad(q, [(0, 0), (0, 0), (0, 32 - self.hq), (0, 0)], 0.0) if self.hq < 32 else q
-        qp = ttnn.reshape(qp, [1, 1, rows * 32, self.d])
+        qg = ttnn.permute(ttnn.reshape(q, [rows, heads, g, self.d]), (1, 0, 2, 3))  # [G, T, g, D]
+        if g < 32:
+            qg = ttnn.pad(qg, [(0, 0), (0, 0), (0, 32 - g), (0, 0)], 0.0)
+        qg = ttnn.reshape(qg, [1, heads, rows * 32, self.d])
         o = ttnn.transformer.paged_scaled_dot_product_attention_decode(
-            qp, kv.k, kv.v, ctx.page_table, cur_pos_tensor=ctx.spec.bounds, scale=self.scale,
-            spec_multi_pos_tiles=rows, program_config=sdpa_decode_program_config(ttnn),
+            qg, self.head_view(kv.k), self.head_view(kv.v), ctx.spec.head_page_table, cur_pos_tensor=ctx.spec.bounds,
+            scale=self.scale, spec_multi_pos_tiles=rows, program_config=sdpa_decode_program_config(ttnn),
             compute_kernel_config=compute_config_norm(ttnn), memory_config=activation_memory_config(ttnn))
-        o = ttnn.slice(ttnn.reshape(o, [1, rows, 32, self.d]), [0, 0, 0, 0], [1, rows, self.hq, self.d])
+        o = ttnn.slice(ttnn.reshape(o, [heads, rows, 32, self.d]), [0, 0, 0, 0], [heads, rows, g, self.d])
+        o = ttnn.permute(o, (1, 0, 2, 3))  # [T, G, g, D]
         return ttnn.reshape(o, [1, 1, rows, self.hq * self.d])
+
+    def head_view(self, cache):
+        """Paged cache [P, G, bs, D] viewed as [P*G, 1, bs, D] (one KV head per block; the same buffer)."""
+        p, heads, bs, d = cache.shape
+        return cache if heads == 1 else self.ttnn.reshape(cache, [p * heads, 1, bs, d])
 
     def attend_prefill(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
         """T rows at chunk_start..: fill the chunk's pages, then causal chunked SDPA over the paged cache."""

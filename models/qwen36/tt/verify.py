@@ -9,17 +9,20 @@ Device-resident step state (:class:`SpecDeviceState`, allocated once before any 
     per GDN layer: ``ring`` [T*Hv_d, Dk, Dv] fp32 (shadow_commit), ``snap_rec``/``snap_conv`` (snapshot),
     ``scratch_rec`` (recompute); T = K+1.
 
-From n the verify derives on device: rope rows (uint32 [1, T]), the T ascending SDPA bounds n..n+K (int32 [T])
-and one [1] int32 KV write position per row. Attention: one ``paged_update_cache`` per row (K+1 writes per
-cache), then ONE paged SDPA decode in multi-position mode (``spec_multi_pos_tiles=T``: every candidate shares
-one KV scan). GDN: ``fused_recurrent_gated_delta_rule`` over the T rows; shadow_commit in ring mode (per-token
+From n the verify derives on device: rope rows (uint32 [1, T]), the SDPA bounds n..n+K once per local KV head
+(int32 [G*T], G = Hkv/N) and one [1] int32 KV write position per row; from the page table, the per-KV-head
+table ``pt*G + h`` ([G, blocks] int32). Attention: one ``paged_update_cache`` per row (K+1 writes per cache),
+then ONE paged SDPA decode in multi-position mode (``spec_multi_pos_tiles=T``) with one group per local KV head
+over a per-head view of the cache: every candidate shares one scan of each KV head (``tt/attention.py``
+``attend_verify``). GDN: ``fused_recurrent_gated_delta_rule`` over the T rows; shadow_commit in ring mode (per-token
 states in place, head h starting from ring block ``initial_state_block_idx[h]`` = the slot the previous commit
 selected), snapshot on the live state (after copying it), recompute on a scratch copy. The conv window of every
 GDN layer is kept for the commit (``models/qwen36/tt/commit.py``), which selects the accepted row's window.
 
-Limits (refused clearly by :func:`check_verify_shape`): the kernel's multi-position mode shares one KV scan
-per device, so Hkv/N must be 1 (the emulator enforces the same); the per-core L1 of the multi-position kernel
-bounds T (about 11 candidates at head_dim 256 on Blackhole, DESIGN 4.1): T <= max_spec_tiles(head_dim).
+Limits (refused clearly by :func:`check_verify_shape`): the kernel's multi-position mode takes one KV head per
+cache (the emulator enforces the same), which the per-head view satisfies for any Hkv/N; the query heads of one KV
+head must fit one 32-row tile; the per-core L1 of the multi-position kernel bounds T (about 11 candidates at
+head_dim 256 on Blackhole, DESIGN 4.1): T <= max_spec_tiles(head_dim).
 """
 from __future__ import annotations
 
@@ -53,13 +56,10 @@ def check_verify_shape(args, k: int) -> None:
     if not isinstance(k, int) or k < 1:
         raise VerifyShapeError(f"draft depth K must be an int >= 1, got {k!r}")
     t = k + 1
-    if FULL in c.layer_types and args.hkv_d != 1:
+    if FULL in c.layer_types and args.hq_d // args.hkv_d > 32:
         raise VerifyShapeError(
-            f"K+1-row verify: paged SDPA multi-position mode shares one KV scan per device and needs 1 KV head per "
-            f"device; this model has {args.hkv_d} (num_key_value_heads={c.num_key_value_heads} over "
-            f"{args.num_devices} devices)")
-    if FULL in c.layer_types and args.hq_d > 32:
-        raise VerifyShapeError(f"K+1-row verify: {args.hq_d} query heads per KV head exceed one 32-row tile")
+            f"K+1-row verify: {args.hq_d // args.hkv_d} query heads per KV head (num_attention_heads="
+            f"{c.num_attention_heads}, num_key_value_heads={c.num_key_value_heads}) exceed one 32-row tile")
     if t > max_spec_tiles(c.head_dim):
         raise VerifyShapeError(
             f"K={k}: K+1={t} candidates exceed the multi-position SDPA kernel's limit of {max_spec_tiles(c.head_dim)} "
@@ -94,7 +94,8 @@ class VerifyPlan:
 
     spec: "SpecDeviceState"
     row_pos: list  # T x [1] int32 RM: KV write position of row j
-    bounds: Any  # [T] int32 RM: SDPA bound of candidate j (= n + j)
+    bounds: Any  # [G*T] int32 RM: SDPA bound of candidate j (= n + j), once per local KV head
+    head_page_table: Any  # [G, blocks] int32 RM: page table of the per-KV-head cache view (pt*G + h)
     records: list = field(default_factory=list)
 
     def conv_write(self, state: GDNLayerState):
@@ -162,6 +163,7 @@ class SpecDeviceState:
         self.c_conv_sel = self._dev((cols - rows_ - 1).reshape(1, 1, kc - 1, kc - 1 + t))
         self.c_rows = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, t, 1))  # re-advance row mask base
         self.c_tok_cols = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
+        self.c_heads = self._dev(torch.arange(self.model.args.hkv_d, dtype=torch.float32).reshape(-1, 1))
         for s in self.state.gdn_states():
             b = SpecLayerBuffers()
             if self.mechanism == "shadow_commit":
@@ -233,24 +235,30 @@ class SpecDeviceState:
                 ttnn.copy(s.recurrent, b.scratch_rec)
 
     def verify_rows(self):
-        """-> (tokens [1,T] uint32 RM, rope_idx [1,T] uint32 RM, bounds [T] int32 RM, row_pos T x [1] int32 RM)."""
-        ttnn, t = self.ttnn, self.t
+        """-> (tokens [1,T] uint32 RM, rope_idx [1,T] uint32 RM, bounds [G*T] int32 RM, row_pos T x [1] int32 RM,
+        head_page_table [G, blocks] int32 RM); G = local KV heads (see ``attend_verify``)."""
+        ttnn, t, heads = self.ttnn, self.t, self.model.args.hkv_d
         rm = ttnn.ROW_MAJOR_LAYOUT
         pos = ttnn.add(self.n, self.c_ar)  # [1,1,1,T] fp32: n..n+K
         rope_idx = ttnn.to_layout(ttnn.reshape(ttnn.typecast(pos, ttnn.uint32), [1, t]), rm)
-        bounds = ttnn.to_layout(ttnn.reshape(ttnn.typecast(pos, ttnn.int32), [t]), rm)
+        bounds = ttnn.to_layout(ttnn.reshape(ttnn.typecast(ttnn.concat([pos] * heads, dim=3), ttnn.int32),
+                                             [heads * t]), rm)
         row_pos = [ttnn.slice(bounds, [j], [j + 1]) for j in range(t)]
+        # block indices < 2**24: exact in fp32
+        pt = ttnn.typecast(ttnn.to_layout(self.state.page_table, ttnn.TILE_LAYOUT), ttnn.float32)  # [1, blocks]
+        head_pt = ttnn.add(ttnn.multiply(pt, float(heads)), self.c_heads)  # [G, blocks]: pt*G + h
+        head_pt = ttnn.to_layout(ttnn.typecast(head_pt, ttnn.int32), rm)
         d = ttnn.typecast(ttnn.to_layout(self.drafts, ttnn.TILE_LAYOUT), ttnn.float32)
         toks = ttnn.concat([self.pending, d], dim=3)  # [1,1,1,T]
         tokens = ttnn.to_layout(ttnn.reshape(ttnn.typecast(toks, ttnn.uint32), [1, t]), rm)
-        return tokens, rope_idx, bounds, row_pos
+        return tokens, rope_idx, bounds, row_pos, head_pt
 
     def verify(self) -> VerifyOutputs:
         """Pre-verify copies + ONE target forward over the T rows (device only)."""
         m = self.model
         self.pre_verify()
-        tokens, rope_idx, bounds, row_pos = self.verify_rows()
-        plan = VerifyPlan(self, row_pos, bounds)
+        tokens, rope_idx, bounds, row_pos, head_pt = self.verify_rows()
+        plan = VerifyPlan(self, row_pos, bounds, head_pt)
         with m.region("embed"):
             x = m.embed(tokens)
             cos, sin = m.rope_rows(rope_idx)

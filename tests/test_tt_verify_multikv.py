@@ -1,0 +1,65 @@
+"""Packed K+1 verify with 2 KV heads per device (the real 27B TP=2 shape: 4 KV heads over 2 devices) on the
+emulated 1x2 mesh, at CI size: the CI config with doubled heads (8 q / 4 KV heads -> 4 q / 2 KV per device).
+
+The multi-position SDPA takes one KV head per cache; the verify runs one group per local KV head over a per-head
+view of the paged cache (tt/attention.py ``attend_verify``). Tolerances are those of tests/test_tt_spec.py."""
+from __future__ import annotations
+
+import pytest
+
+from models.qwen36.spec.engine import speculative_generate
+from models.qwen36.tt.generator import TTGenerator
+from models.qwen36.tt.spec_backend import TTSpecBackend
+from models.qwen36.tt.testing import make_bf16_checkpoint, tp4_config
+from models.qwen36.tt.verify import VerifyShapeError, check_verify_shape
+from tests.test_tt_spec import oracle_drafter
+
+PROMPT = list(range(5, 17))
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def gen(tmp_path_factory):
+    ck = make_bf16_checkpoint(tmp_path_factory.mktemp("multikv") / "ci2kv", tp4_config())
+    g = TTGenerator.from_checkpoint(ck, "emulated-p150x2", precision="accuracy", max_seq_len=256, progress=False,
+                                    block_size=32, prefill_chunk=64)
+    assert g.model.args.hkv_d == 2 and g.model.args.hq_d == 4
+    yield g
+    g.close()
+
+
+@pytest.fixture(scope="module")
+def plain(gen):
+    out = gen.greedy(PROMPT, MAX_NEW)
+    gen.release_trace()
+    return out
+
+
+def test_shape_check_accepts_two_kv_heads_and_refuses_big_k(gen):
+    check_verify_shape(gen.model.args, 3)
+    with pytest.raises(VerifyShapeError, match="exceed the multi-position SDPA kernel's limit"):
+        check_verify_shape(gen.model.args, 64)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("k", [1, 3])
+def test_verify_equals_sequential_decode(gen, k, paged):
+    """Same tolerance as tests/test_tt_spec.py::test_verify_vs_decode_shared_rows (max abs <= 1e-6,
+    PCC >= 0.99999, argmax equal; GDN per-token states PCC >= 0.99999, max abs <= 1e-5)."""
+    from probes.verify_tp import run_case, shuffle_pages
+
+    if paged:
+        shuffle_pages(gen, 3)
+    c = run_case(gen, k, PROMPT, [7, 99, 250, 3, 41, 8, 77, 12][: k + 1])
+    assert c["logits_max_abs"] <= 1e-6 and c["logits_pcc_min"] >= 0.99999 and c["argmax_equal"], c
+    assert c["gdn_state_pcc_min"] >= 0.99999 and c["gdn_state_max_abs"] <= 1e-5, c
+
+
+@pytest.mark.parametrize("mech", ["shadow_commit", "snapshot"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_spec_greedy_lossless_two_kv_heads(gen, plain, mech, k):
+    be = TTSpecBackend(gen, mech, drafter=oracle_drafter(plain), use_trace=True)
+    r = speculative_generate(be, PROMPT, MAX_NEW, k)
+    be.close()
+    assert r.tokens == plain
+    assert sum(1 for c in r.stats.histogram() if c) >= 2, f"acceptance lengths not mixed: {r.stats.histogram()}"
