@@ -104,42 +104,115 @@ def _scaled(counts, name: str, ratio: float):
     return c
 
 
-def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, real_vocab: int | None = None,
-            n_gdn: int | None = None, n_attn: int | None = None) -> dict:
-    """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step by region and
-    extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default: cfg's)."""
-    from tt_ops.cost_model import LABEL, P150aCostModel
+@dataclasses.dataclass
+class CostBench:
+    """The first GDN + first attention layer of a config built on the emulated mesh (random weights at the
+    config's shapes), with a region recorder: ``model.region`` = :meth:`region` records each named part of a
+    forward into ``regions``. Shared by decode-cost and gate-0b."""
+
+    ctx: object
+    cfg: object
+    args: object
+    weights: object
+    model: object
+    state: object
+    context: int
+    regions: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def ttnn(self):
+        return self.ctx.ttnn
+
+    @property
+    def mesh(self):
+        return self.ctx.mesh_device
+
+    @contextlib.contextmanager
+    def region(self, name):
+        with self.ctx.counters.scope(name) as c:
+            yield c
+        self.regions[name] = c
+
+    def dtype_name(self, group) -> str:
+        return self.args.dtype(group, self.ttnn).name
+
+    def corrected_embed(self, counts, rows: int):
+        """An embedding/RoPE region of ``rows`` tokens: the emulator counts each gather's whole table as read;
+        on cards a lookup reads one row per token (module docstring)."""
+        from models.qwen36.tt.model_config import TensorGroup
+
+        w, h, d = self.weights, self.cfg.hidden_size, self.cfg.head_dim
+        out = counts.copy(counts.name)
+        out.bytes_read[self.dtype_name(TensorGroup.EMBEDDING)] -= w.embedding.bytes_per_device() - rows * h * 2
+        rope = w.rope_cos.bytes_per_device() + w.rope_sin.bytes_per_device()
+        out.bytes_read[self.dtype_name(TensorGroup.ROPE)] -= rope - rows * 2 * d * 4
+        return out
+
+    def kv_read_bytes(self) -> int:
+        """K and V bytes of one attention layer (per device) up to the counted context."""
+        per_block = self.state.layers[1].k.bytes_per_device() // self.args.num_blocks
+        return 2 * (-(-self.context // self.args.block_size)) * per_block
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME) -> CostBench:
+    """Open the (emulated) mesh and build the first GDN + first attention layer of ``cfg`` with state for a
+    ``context``-token sequence (plus 64 positions of head room)."""
     from tt_ops.device import open_mesh
 
     from models.qwen36.config import FULL
     from models.qwen36.tt.model import TTQwen36Model
-    from models.qwen36.tt.model_config import PrecisionSetting, TensorGroup, TTModelArgs
-    from models.qwen36.tt.state import allocate_decode_inputs, allocate_state
+    from models.qwen36.tt.model_config import PrecisionSetting, TTModelArgs
+    from models.qwen36.tt.state import allocate_state
     from models.qwen36.tt.weights import WeightLoader
 
     ctx = open_mesh(device, trace_region_size=64 << 20)
     if not ctx.is_emulated:
         ctx.close()
-        raise SystemExit("decode-cost reads the emulator's counters; run it with --device emulated-p150x2 "
+        raise SystemExit(f"{probe} reads the emulator's counters; run it with --device emulated-p150x2 "
                          "(on cards, profile the real trace with tracy instead)")
     try:
-        ttnn, mesh, n = ctx.ttnn, ctx.mesh_device, ctx.num_devices
         gdn_id, attn_id = cfg.layer_types.index("linear_attention"), cfg.layer_types.index(FULL)
-        args = TTModelArgs.from_config(cfg, n, PrecisionSetting.named(precision), max_seq_len=context + 64)
-        weights = WeightLoader(RandomCheckpoint(cfg, seed), args, ttnn, mesh, progress=False).load(
+        args = TTModelArgs.from_config(cfg, ctx.num_devices, PrecisionSetting.named(precision),
+                                       max_seq_len=context + 64)
+        weights = WeightLoader(RandomCheckpoint(cfg, seed), args, ctx.ttnn, ctx.mesh_device, progress=False).load(
             layers=[gdn_id, attn_id])
-        model = TTQwen36Model(args, weights, ttnn, mesh)
-        state = allocate_state(args, ttnn, mesh, [gdn_id, attn_id])
+        model = TTQwen36Model(args, weights, ctx.ttnn, ctx.mesh_device)
+        state = allocate_state(args, ctx.ttnn, ctx.mesh_device, [gdn_id, attn_id])
+    except BaseException:
+        ctx.close()
+        raise
+    bench = CostBench(ctx, cfg, args, weights, model, state, context)
+    model.region = bench.region
+    return bench
+
+
+def token_counts(name: str, parts) -> "Counts":
+    """Sum of (Counts, times) pairs (negative times subtract) under ``name``."""
+    from tt_ops.emulator.counters import Counts
+
+    total = Counts(name)
+    for part, times in parts:
+        total.add(part, times)
+    return total
+
+
+def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, real_vocab: int | None = None,
+            n_gdn: int | None = None, n_attn: int | None = None) -> dict:
+    """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step by region and
+    extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default: cfg's)."""
+    from tt_ops.cost_model import LABEL, P150aCostModel
+
+    from models.qwen36.tt.state import allocate_decode_inputs
+
+    bench = build_bench(device, cfg, precision, context, seed)
+    try:
+        ttnn, mesh, n, model, state, weights, args = (bench.ttnn, bench.mesh, bench.ctx.num_devices, bench.model,
+                                                      bench.state, bench.weights, bench.args)
+        ctx, regions = bench.ctx, bench.regions
         inputs = allocate_decode_inputs(ttnn, mesh)
-        regions: dict = {}
-
-        @contextlib.contextmanager
-        def region(name):
-            with ctx.counters.scope(name) as c:
-                yield
-            regions[name] = c
-
-        model.region = region
         pos = context - 1  # the step attends to `context` KV positions
         model.copy_host_to_device(model.prepare_decode_inputs_host([1], pos), inputs)
         model.decode_forward(inputs, state)  # eager step: the counted one
@@ -154,29 +227,18 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         step_programs = sum(c.programs for c in regions.values())
 
         # ---- corrections (see module docstring) -----------------------------------------------------
-        def dn(group):
-            return args.dtype(group, ttnn).name
-
-        emb_table = weights.embedding.bytes_per_device()
-        rope_tables = weights.rope_cos.bytes_per_device() + weights.rope_sin.bytes_per_device()
-        h, d = cfg.hidden_size, cfg.head_dim
-        embed = regions["embed"].copy("embed")
-        embed.bytes_read[dn(TensorGroup.EMBEDDING)] -= emb_table - h * 2
-        embed.bytes_read[dn(TensorGroup.ROPE)] -= rope_tables - 2 * d * 4
+        h = cfg.hidden_size
+        embed = bench.corrected_embed(regions["embed"], 1)
         attn = regions["layer1"].copy("attention layer")
-        per_block = state.layers[1].k.bytes_per_device() // args.num_blocks
-        kv_read = 2 * (-(-context // args.block_size)) * per_block  # K and V blocks up to the position
+        kv_read = bench.kv_read_bytes()
         gdn = regions["layer0"].copy("GDN layer")
         ratio = (real_vocab or cfg.vocab_size) / cfg.vocab_size
         head = _scaled(regions["head"], "head (vocab-extrapolated)", ratio)
 
-        from tt_ops.emulator.counters import Counts
-
         n_gdn = len(cfg.gdn_layer_ids) if n_gdn is None else n_gdn
         n_attn = len(cfg.attention_layer_ids) if n_attn is None else n_attn
-        token = Counts(f"decode token ({n_gdn} GDN + {n_attn} attention layers, extrapolated)")
-        for part, times in ((embed, 1), (gdn, n_gdn), (attn, n_attn), (head, 1)):
-            token.add(part, times)
+        token = token_counts(f"decode token ({n_gdn} GDN + {n_attn} attention layers, extrapolated)",
+                             ((embed, 1), (gdn, n_gdn), (attn, n_attn), (head, 1)))
 
         lw_gdn, lw_attn = _tensor_bytes(weights.layers[0]), _tensor_bytes(weights.layers[1])
         lm_head = weights.lm_head.bytes_per_device() * ratio
@@ -209,7 +271,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             "cost_model_constants": br["constants"],
         }
     finally:
-        ctx.close()
+        bench.close()
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
