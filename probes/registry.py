@@ -16,6 +16,7 @@ PROBES: dict[str, str] = {
     "decode-cost": "probes.decode_cost",
     "verify-tp": "probes.verify_tp",
     "lossless": "probes.lossless",
+    "gdn-transaction-tp": "probes.gdn_transaction_tp",
 }
 
 
