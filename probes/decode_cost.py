@@ -49,10 +49,13 @@ class RandomCheckpoint:
     with the scales of models/qwen36/tiny.py (activations O(1)); nothing is written to disk."""
 
     def __init__(self, cfg, seed: int = 0):
-        from models.qwen36.checkpoint import target_shapes
+        from models.qwen36.checkpoint import mtp_shapes, target_shapes
 
         self.config, self.seed = cfg, seed
         self.shapes = target_shapes(cfg)
+        self.has_mtp = cfg.mtp_num_hidden_layers > 0
+        if self.has_mtp:
+            self.shapes.update(mtp_shapes(cfg))
 
     def get(self, name: str, dtype=None) -> torch.Tensor:
         shape = self.shapes[name]
@@ -157,9 +160,10 @@ class CostBench:
         self.ctx.close()
 
 
-def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME) -> CostBench:
-    """Open the (emulated) mesh and build the first GDN + first attention layer of ``cfg`` with state for a
-    ``context``-token sequence (plus 64 positions of head room)."""
+def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME,
+                emulated_only: bool = True) -> CostBench:
+    """Open the mesh (emulated unless ``emulated_only`` is False) and build the first GDN + first attention layer
+    of ``cfg`` with state for a ``context``-token sequence (plus 64 positions of head room)."""
     from tt_ops.device import open_mesh
 
     from models.qwen36.config import FULL
@@ -169,7 +173,7 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
     from models.qwen36.tt.weights import WeightLoader
 
     ctx = open_mesh(device, trace_region_size=64 << 20)
-    if not ctx.is_emulated:
+    if emulated_only and not ctx.is_emulated:
         ctx.close()
         raise SystemExit(f"{probe} reads the emulator's counters; run it with --device emulated-p150x2 "
                          "(on cards, profile the real trace with tracy instead)")

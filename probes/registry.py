@@ -16,6 +16,7 @@ PROBES: dict[str, str] = {
     "decode-cost": "probes.decode_cost",
     "verify-tp": "probes.verify_tp",
     "lossless": "probes.lossless",
+    "gate-0b": "probes.gate_0b",
     "gdn-transaction-tp": "probes.gdn_transaction_tp",
 }
 

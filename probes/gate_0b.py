@@ -1,0 +1,345 @@
+"""Probe gate-0b (issue 7): cost of each phase of the TT speculative step at real Qwen3.6-27B shapes.
+
+    verify_cost_ratio(K) = cost(K+1-row packed verify) / cost(1-row decode), K in --ks (default 1,2,3,7)
+    draft: MTP reseed over the K+1 verify rows, then the chain; cost per drafted token = (draft - reseed) / K
+    accept: greedy acceptance on device over the K+1 verify logits
+    commit: per mechanism (pre-verify copies + conv select + ring index / masked re-advance + n, pending)
+
+On the emulated mesh every figure is **modelled**: emulator counters (programs, bytes read per device by dtype,
+collectives) turned into P150a milliseconds by tt_ops/cost_model.py. The same command on cards times each phase
+with ``ttnn.synchronize_device`` before and after (after one untimed warm-up call that compiles it): **measured**.
+The label comes from what ran.
+
+Method: decode-cost's bench (probes/decode_cost.py: random bf16 weights at the real shapes, the first GDN and the
+first attention layer built, the step at position ``--context - 1``). Per phase the counted regions are
+extrapolated to every layer: embed + 48 x GDN layer + 16 x attention layer + head; the LM-head-sized parts (head,
+MTP logits, acceptance, draft picks / logits copies) are scaled in bytes from the built vocab to 248320 (their
+programs are not); the commit's per-GDN-layer part (measured as commit - commit without layer records) and the
+mechanism's pre-verify copies are multiplied by the GDN layer count. Emulator byte corrections: an embedding /
+RoPE lookup reads one row per token, not the table; the verify's per-KV-head cache view (a reshape, metadata on
+cards) is counted by the emulator as a program reading the whole cache: removed. The MTP head (one full layer +
+fc, shared LM head) is built once and not extrapolated.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import time
+from collections import defaultdict
+
+import torch
+
+from probes.decode_cost import RandomCheckpoint, build_bench, qwen36_27b_config
+from probes.records import ProbeReport
+
+NAME = "gate-0b"
+HELP = "verify_cost_ratio (K+1-row verify / 1-row decode), draft/reseed/commit/accept cost at 27B shapes"
+MECHANISMS = ("shadow_commit", "snapshot", "recompute")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="27b", choices=["27b", "ci"], help="27b: real shapes; ci: the tiny CI config")
+    p.add_argument("--precision", default="performance", help="accuracy | performance | performance-bf4")
+    p.add_argument("--context", type=int, default=4096, help="sequence length at the counted step")
+    p.add_argument("--ks", default="1,2,3,7", help="draft depths K")
+    p.add_argument("--commit-k", type=int, default=3, help="K at which every commit mechanism is costed")
+    p.add_argument("--vocab-sample", type=int, default=None,
+                   help="vocabulary built (emulator default 4096, extrapolated to the real vocab; cards: the real one)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+class Cost(dict):
+    """A linear cost vector: programs, collectives, collective_bytes, ``read:<DTYPE>`` bytes per device (emulator)
+    and wall_ms (cards). Phases are linear combinations of regions, so extrapolation is vector arithmetic."""
+
+    def plus(self, other: "Cost", times: float = 1.0) -> "Cost":
+        out = Cost(self)
+        for k, v in other.items():
+            out[k] = out.get(k, 0) + v * times
+        return out
+
+    def vocab_scaled(self, ratio: float) -> "Cost":
+        """Bytes (read and sent) scale with the vocabulary; program and collective counts do not."""
+        return Cost({k: v * ratio if k.startswith("read:") or k == "collective_bytes" else v for k, v in self.items()})
+
+    def counts(self, name: str):
+        from tt_ops.emulator.counters import Counts
+
+        c = Counts(name)
+        c.programs, c.collectives = round(self.get("programs", 0)), round(self.get("collectives", 0))
+        c.collective_bytes = round(self.get("collective_bytes", 0))
+        for k, v in self.items():
+            if k.startswith("read:"):
+                c.bytes_read[k[5:]] = round(v)
+        return c
+
+
+def total(parts) -> Cost:
+    out = Cost()
+    for c, times in parts:
+        out = out.plus(c, times)
+    return out
+
+
+class Meter:
+    """Named regions of device work: counter scopes on the emulator, synchronized wall-clock on cards. Also
+    records the rows of every embedding / RoPE gather (the emulator byte correction)."""
+
+    def __init__(self, bench):
+        self.bench, self.ctx, self.ttnn, self.mesh = bench, bench.ctx, bench.ttnn, bench.mesh
+        self.emulated = bool(bench.ctx.is_emulated)
+        self.log: list = []
+        self.gathers: list = []
+
+    @contextlib.contextmanager
+    def region(self, name: str):
+        if self.emulated:
+            with self.ctx.counters.scope(name) as c:
+                yield
+            cost = Cost(programs=c.programs, collectives=c.collectives, collective_bytes=c.collective_bytes)
+            cost.update({f"read:{k}": v for k, v in c.bytes_read.items()})
+        else:
+            self.ttnn.synchronize_device(self.mesh)
+            t0 = time.perf_counter()
+            yield
+            self.ttnn.synchronize_device(self.mesh)
+            cost = Cost(wall_ms=(time.perf_counter() - t0) * 1e3)
+        self.log.append((name, cost))
+
+    def take(self) -> tuple[dict, Cost]:
+        """-> (summed cost per region name, gather correction of the calls since the last take)."""
+        regs: dict = defaultdict(Cost)
+        for name, c in self.log:
+            regs[name] = regs[name].plus(c)
+        corr = Cost()
+        if self.emulated:
+            from models.qwen36.tt.model_config import TensorGroup
+
+            b, w = self.bench, self.bench.weights
+            h, d = b.cfg.hidden_size, b.cfg.head_dim
+            for kind, rows in self.gathers:
+                if kind == "embed":
+                    key, table, row = b.dtype_name(TensorGroup.EMBEDDING), w.embedding.bytes_per_device(), h * 2
+                else:
+                    key = b.dtype_name(TensorGroup.ROPE)
+                    table, row = w.rope_cos.bytes_per_device() + w.rope_sin.bytes_per_device(), 2 * d * 4
+                corr = corr.plus(Cost({f"read:{key}": -(table - rows * row)}))
+        self.log, self.gathers = [], []
+        return regs, corr
+
+    def run(self, name: str, fn):
+        """Cards: one untimed call first (compiles the programs), then the timed one."""
+        if not self.emulated:
+            fn()
+            self.take()
+        with self.region(name):
+            return fn()
+
+    def instrument(self, obj, method: str, region_name=None, gather: str | None = None):
+        """Wrap ``obj.method`` (instance attribute): a region named ``region_name(args)`` and/or a gather record."""
+        fn = getattr(obj, method)
+
+        def wrapped(*a, **kw):
+            if gather:
+                self.gathers.append((gather, int(a[0].shape[-1])))
+            if region_name is None:
+                return fn(*a, **kw)
+            with self.region(region_name(*a)):
+                return fn(*a, **kw)
+
+        setattr(obj, method, wrapped)
+
+
+def _phase_figures(cost: Cost, cm, emulated: bool) -> dict:
+    if not emulated:
+        return {"ms": cost.get("wall_ms", 0.0)}
+    c = cost.counts("phase")
+    return {"ms": cm.predict_ms(c), "programs": c.programs, "collectives": c.collectives,
+            "collective_bytes_per_device": c.collective_bytes, "bytes_read_per_device": dict(sorted(c.bytes_read.items()))}
+
+
+def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, seed: int, real_vocab: int) -> dict:
+    from tt_ops.cost_model import LABEL, P150aCostModel
+
+    from models.qwen36.tt.accept import DeviceAcceptor
+    from models.qwen36.tt.commit import commit
+    from models.qwen36.tt.model_config import TensorGroup
+    from models.qwen36.tt.mtp import TTMTPHead
+    from models.qwen36.tt.state import allocate_decode_inputs
+    from models.qwen36.tt.verify import SpecDeviceState
+    from models.qwen36.tt.weights import WeightLoader, load_mtp_weights
+
+    bench = build_bench(device, cfg, precision, context, seed, probe=NAME, emulated_only=False)
+    try:
+        ttnn, mesh, model, state, a = bench.ttnn, bench.mesh, bench.model, bench.state, bench.args
+        meter = Meter(bench)
+        emulated = meter.emulated
+        model.region = meter.region
+        meter.instrument(model, "embed", gather="embed")
+        meter.instrument(model, "rope_rows", region_name=lambda idx: f"rope{int(idx.shape[-1])}", gather="rope")
+        ratio = real_vocab / cfg.vocab_size
+        if not emulated and ratio != 1:
+            raise SystemExit("gate-0b on cards measures wall-clock: build the real vocabulary (omit --vocab-sample)")
+        n_gdn, n_attn = len(cfg.gdn_layer_ids), len(cfg.attention_layer_ids)
+        pos = context - 1
+
+        def layers(regs, view_corr: Cost = Cost()) -> Cost:
+            return total(((regs["embed"], 1), (regs["layer0"], n_gdn), (regs["layer1"], n_attn), (view_corr, n_attn),
+                          (regs["head"].vocab_scaled(ratio), 1)))
+
+        # ---- 1-row decode ---------------------------------------------------------------------------------
+        inputs = allocate_decode_inputs(ttnn, mesh)
+        model.copy_host_to_device(model.prepare_decode_inputs_host([1], pos), inputs)
+        meter.run("decode", lambda: model.decode_forward(inputs, state))
+        regs, corr = meter.take()
+        decode = layers(regs).plus(corr)
+
+        # the verify's per-KV-head cache view: free on cards, one whole-cache read per K and V on the emulator
+        kv = state.layers[1]
+        view_corr = Cost()
+        if emulated and a.hkv_d > 1:
+            view_corr = Cost({"programs": -2, f"read:{a.dtype(TensorGroup.KV_CACHE, ttnn).name}":
+                              -(kv.k.bytes_per_device() + kv.v.bytes_per_device())})
+
+        def spec_state(k, mech):
+            acc = DeviceAcceptor(ttnn, mesh, k=k, vocab=cfg.vocab_size, ring_heads=a.gdn_hv_d).allocate()
+            spec = SpecDeviceState(model, state, k, mech)
+            spec.attach_acceptor(acc)
+            spec.start(pos, 1)
+            spec.write_drafts([(7 * j + 3) % cfg.vocab_size for j in range(k)])
+            meter.instrument(spec, "pre_verify", region_name=lambda: "pre_verify")
+            meter.take()
+            return spec, acc
+
+        def verify_phase(spec, acc):
+            vout = meter.run("verify", spec.verify)
+            regs, corr = meter.take()
+            inner = total(((regs["verify"], 1), (regs["embed"], -1), (regs["layer0"], -1), (regs["layer1"], -1),
+                           (regs["head"], -1), (regs["pre_verify"], -1)))  # rows / bounds / page-table setup
+            cost = layers(regs, view_corr).plus(inner).plus(corr)
+            res = meter.run("accept", lambda: acc.greedy(vout.out.logits, spec.drafts))
+            accept = meter.take()[0]["accept"].vocab_scaled(ratio)
+            return vout, res, cost, accept, regs["pre_verify"]
+
+        def commit_phase(spec, vout, res, pre):
+            no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
+            meter.run("commit", lambda: commit(spec, vout, res))
+            meter.run("commit_fixed", lambda: commit(spec, no_layers, res))
+            regs, _ = meter.take()
+            per_layer = regs["commit"].plus(regs["commit_fixed"], -1)
+            return total(((regs["commit_fixed"], 1), (per_layer, n_gdn), (pre, n_gdn)))
+
+        cm = P150aCostModel()
+        fig = lambda c: _phase_figures(c, cm, emulated)  # noqa: E731
+        verify, accept, commit_shadow, draft = {}, {}, {}, {}
+        reader = RandomCheckpoint(cfg, seed)
+        mtp_w = load_mtp_weights(WeightLoader(reader, a, ttnn, mesh, progress=False))
+        for k in ks:
+            spec, acc = spec_state(k, "shadow_commit")
+            vout, res, v_cost, acc_cost, pre = verify_phase(spec, acc)
+            verify[k], accept[k] = v_cost, acc_cost
+            commit_shadow[k] = commit_phase(spec, vout, res, pre)
+            draft[k] = draft_phase(meter, model, mtp_w, TTMTPHead, k, pos, ratio)
+        commits = {}
+        for mech in MECHANISMS:
+            spec, acc = spec_state(commit_k, mech)
+            vout, res, _, _, pre = verify_phase(spec, acc)
+            commits[mech] = commit_phase(spec, vout, res, pre)
+
+        d_ms = fig(decode)["ms"]
+        out = {
+            "label": LABEL if emulated else "measured",
+            "backend": bench.ctx.label,
+            "precision": precision,
+            "tp": bench.ctx.num_devices,
+            "kv_heads_per_device": a.hkv_d,
+            "layers": {"gdn": n_gdn, "attention": n_attn},
+            "vocab": {"built": cfg.vocab_size, "extrapolated_to": real_vocab},
+            "context_tokens": context,
+            "decode": fig(decode),
+            "verify": {str(k): {"rows": k + 1, **fig(v)} for k, v in verify.items()},
+            "verify_cost_ratio": {str(k): fig(v)["ms"] / d_ms for k, v in verify.items()},
+            "verify_ms_per_extra_candidate": {str(k): (fig(v)["ms"] - d_ms) / k for k, v in verify.items()},
+            "accept": {str(k): fig(v) for k, v in accept.items()},
+            "draft": {str(k): {"total": fig(v["total"]), "reseed": fig(v["reseed"]),
+                               "per_drafted_token_ms": (fig(v["total"])["ms"] - fig(v["reseed"])["ms"]) / k}
+                      for k, v in draft.items()},
+            "commit_shadow_commit_by_k": {str(k): fig(v) for k, v in commit_shadow.items()},
+            "commit_k": commit_k,
+            "commit": {m: fig(v) for m, v in commits.items()},
+        }
+        out["step_ms_shadow_commit"] = {
+            str(k): out["verify"][str(k)]["ms"] + out["accept"][str(k)]["ms"] + out["draft"][str(k)]["total"]["ms"]
+            + out["commit_shadow_commit_by_k"][str(k)]["ms"] for k in ks}
+        if emulated:
+            out["cost_model_constants"] = dataclasses.asdict(cm)
+        return out
+    finally:
+        bench.close()
+
+
+def draft_phase(meter: Meter, model, mtp_w, head_cls, k: int, pos: int, ratio: float) -> dict:
+    """MTP reseed over K+1 rows + select + chain (``TTMTPHead.draft``); regions per body / logits call."""
+    head = head_cls(model, mtp_w, k).allocate()
+    r, h = k + 1, model.args.cfg.hidden_size
+    inputs = head.allocate_draft_inputs()
+    hidden = torch.randn(r, h, generator=torch.Generator().manual_seed(k))
+    head.copy_host_to_device(head.host_draft_inputs([1] * r, hidden, pos, k // 2), inputs)
+    meter.instrument(head, "body", region_name=lambda tokens, *_: f"body{int(tokens.shape[-1])}")
+    meter.instrument(head, "logits", region_name=lambda *_: "logits")
+    meter.take()
+    meter.run("draft", lambda: head.draft(inputs.tokens, inputs.hidden, inputs.pos, inputs.select))
+    gathered = list(meter.gathers)
+    regs, corr = meter.take()
+    zero = Cost()
+    body_r, body_1, logits = regs[f"body{r}"], regs.get("body1", zero), regs["logits"]
+    rope = total(((c, 1) for n, c in regs.items() if n.startswith("rope")))
+    rest = total(((regs["draft"], 1), (body_r, -1), (body_1, -1), (logits, -1), (rope, -1)))  # picks, copies, select
+    draft_total = total(((body_r, 1), (body_1, 1), (rope, 1), (logits.vocab_scaled(ratio), 1),
+                         (rest.vocab_scaled(ratio), 1), (corr, 1)))
+    meter.gathers = [g for g in gathered if g[1] == r]  # the reseed's own R-row gathers
+    reseed = total(((body_r, 1), (regs[f"rope{r}"], 1), (meter.take()[1], 1)))
+    head.release_trace()
+    return {"total": draft_total, "reseed": reseed}
+
+
+def run(args: argparse.Namespace) -> ProbeReport:
+    from models.qwen36.tiny import PRESETS
+
+    base = qwen36_27b_config() if args.preset == "27b" else PRESETS["ci"]
+    device = args.device if args.device != "reference" else "emulated-p150x2"
+    ks = sorted({int(x) for x in str(args.ks).split(",") if x.strip()})
+    vocab = args.vocab_sample
+    if vocab is None:
+        vocab = 4096 if device.startswith("emulated") else base.vocab_size
+    cfg = dataclasses.replace(base, vocab_size=min(vocab, base.vocab_size), eos_token_id=())
+    fig = measure(device, cfg, args.precision, args.context, ks, args.commit_k, args.seed, base.vocab_size)
+    ratios = [fig["verify_cost_ratio"][str(k)] for k in ks]
+    cells = [
+        {"cell": "verify_cost_ratio >= 1 and increasing with K", "ratios": ratios,
+         "pass": all(r >= 1 for r in ratios) and all(x < y for x, y in zip(ratios, ratios[1:]))},
+        {"cell": "every phase costed", "pass": all(v["ms"] > 0 for v in
+                                                   [fig["decode"], *fig["verify"].values(), *fig["accept"].values(),
+                                                    *fig["commit"].values()]
+                                                   + [d["reseed"] for d in fig["draft"].values()])
+         and all(d["per_drafted_token_ms"] > 0 for d in fig["draft"].values())},
+    ]
+    lab = fig["label"]
+    print(f"[{lab}] gate-0b {args.preset} {args.precision} tp{fig['tp']} ({fig['kv_heads_per_device']} KV heads/device) "
+          f"on {fig['backend']}, context {args.context}:")
+    print(f"  decode 1 row: {fig['decode']['ms']:.2f} ms")
+    for k in ks:
+        s = str(k)
+        print(f"  K={k}: verify {fig['verify'][s]['ms']:.2f} ms (ratio {fig['verify_cost_ratio'][s]:.3f}, "
+              f"+{fig['verify_ms_per_extra_candidate'][s]:.3f} ms/candidate), accept {fig['accept'][s]['ms']:.3f}, "
+              f"draft {fig['draft'][s]['total']['ms']:.2f} (reseed {fig['draft'][s]['reseed']['ms']:.2f}, "
+              f"{fig['draft'][s]['per_drafted_token_ms']:.2f}/token), commit(shadow) "
+              f"{fig['commit_shadow_commit_by_k'][s]['ms']:.3f}, step {fig['step_ms_shadow_commit'][s]:.2f} ms")
+    print(f"  commit at K={fig['commit_k']}: " + ", ".join(f"{m} {v['ms']:.3f} ms" for m, v in fig["commit"].items()))
+    return ProbeReport(probe=NAME, backend=fig["backend"],
+                       config={"preset": args.preset, "precision": args.precision, "context": args.context,
+                               "ks": ks, "commit_k": args.commit_k, "vocab_built": cfg.vocab_size,
+                               "real_vocab": base.vocab_size, "seed": args.seed},
+                       cells=cells, counters={"decode": {k: v for k, v in fig["decode"].items() if k != "bytes_read_per_device"}},
+                       gate_complete=True, performance=fig)
