@@ -1,0 +1,50 @@
+"""gate-0b probe at CI size through the probe command: record structure, labels (modelled on the emulator),
+verify_cost_ratio >= 1 and increasing with K, every phase costed, commit mechanisms ordered by their copies."""
+from __future__ import annotations
+
+from probes.records import read_records
+
+
+def test_gate0b_probe_ci(tmp_path):
+    from models.qwen36.cli import main
+
+    rec = tmp_path / "g0b.jsonl"
+    rc = main(["probe", "gate-0b", "--device", "emulated-p150x2", "--preset", "ci", "--ks", "1,2,3,7",
+               "--records", str(rec)])
+    assert rc == 0
+    (r,) = read_records(rec)
+    perf = r["performance"]
+    assert r["probe"] == "gate-0b" and r["verdict"] == "pass" and r["gate_complete"]
+    assert r["backend"].startswith("emulated-p150x2") and perf["label"] == "modelled"
+    assert perf["vocab"]["extrapolated_to"] == r["config"]["real_vocab"]
+    ks = ["1", "2", "3", "7"]
+    ratios = [perf["verify_cost_ratio"][k] for k in ks]
+    assert all(x >= 1 for x in ratios) and ratios == sorted(ratios) and len(set(ratios)) == 4, ratios
+    for k in ks:
+        v = perf["verify"][k]
+        assert v["rows"] == int(k) + 1 and v["programs"] > perf["decode"]["programs"]
+        assert abs(v["ms"] / perf["decode"]["ms"] - perf["verify_cost_ratio"][k]) < 1e-9
+        d = perf["draft"][k]
+        assert 0 < d["reseed"]["ms"] < d["total"]["ms"] and d["per_drafted_token_ms"] > 0
+        assert perf["accept"][k]["ms"] > 0 and perf["commit_shadow_commit_by_k"][k]["ms"] > 0
+    # the reseed runs K+1 rows: it grows with K
+    assert perf["draft"]["7"]["reseed"]["ms"] > perf["draft"]["1"]["reseed"]["ms"]
+    c = perf["commit"]
+    assert set(c) == {"shadow_commit", "snapshot", "recompute"}
+    # shadow_commit copies no state; snapshot copies live twice per GDN layer, recompute once
+    assert c["shadow_commit"]["ms"] < c["recompute"]["ms"] <= c["snapshot"]["ms"]
+    assert "cost_model_constants" in perf
+
+
+def test_gate0b_two_kv_heads_per_device():
+    """The 27B TP=2 attention shape (2 KV heads per device) at CI size: the verify is costed (per-head cache
+    view), ratio > 1, figures modelled."""
+    import dataclasses
+
+    from models.qwen36.tt.testing import tp4_config
+    from probes import gate_0b
+
+    cfg = dataclasses.replace(tp4_config(), eos_token_id=())
+    fig = gate_0b.measure("emulated-p150x2", cfg, "performance", 256, [1, 3], 1, 0, cfg.vocab_size)
+    assert fig["kv_heads_per_device"] == 2 and fig["label"] == "modelled"
+    assert 1 < fig["verify_cost_ratio"]["1"] < fig["verify_cost_ratio"]["3"]
