@@ -37,7 +37,6 @@ import math
 import resource
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -76,8 +75,8 @@ TOLERANCES = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--full", action="store_true",
-                   help="real 27B per-device GDN shapes at TP=2 (16 key / 48 value heads: 8/24 per device, "
-                        "128x128 fp32 state), small hidden, 1 attention layer with 1 KV head per device")
+                   help="real 27B per-device shapes at TP=2: GDN 8 key / 24 value heads per device, 128x128 fp32 "
+                        "state; attention 2 KV heads per device, head_dim 256; 3 GDN + 1 attention layer, hidden 256")
     p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint with mtp.* (default: generated bf16)")
     p.add_argument("--ks", default=",".join(map(str, KS)), help="draft depths, comma-separated (gate: 1,2,3,7)")
     p.add_argument("--mechanisms", default=",".join(MECHS))
@@ -88,11 +87,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def full_config():
-    """27B per-device GDN shapes at TP=2 on a few layers: 48 value / 16 key heads (24/8 per device), Dk=Dv=128,
-    hidden 256, 3 GDN + 1 attention layer; 2 KV heads (1 per device: the multi-position verify needs 1)."""
+    """The 27b-ratios preset: real 27B per-device GDN shapes at TP=2 (16 key / 48 value heads = 8 / 24 per device,
+    Dk = Dv = 128, fp32 state) and the 27B attention layout (24 query / 4 KV heads = 12 / 2 per device,
+    head_dim 256), on 4 layers (3 GDN + 1 attention), hidden 256, vocab 1024."""
     from models.qwen36.tiny import PRESETS
 
-    return replace(PRESETS["27b-ratios"], num_key_value_heads=2, num_attention_heads=8, intermediate_size=256)
+    return PRESETS["27b-ratios"]
 
 
 # ---- device <-> host (read-only views and probe-side restores, outside any trace) --------------------------

@@ -1,0 +1,125 @@
+"""Probe gdn-transaction-tp at CI size on the emulated 1x2 mesh: the full gate grid passes every cell (same cells as
+`qwen36 probe gdn-transaction-tp --device emulated-p150x2`); deliberately broken
+commits / aborts make the probe fail at the comparison they break (these tests test the probe)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from models.qwen36.tt.spec_backend import TTSpecBackend
+from models.qwen36.tt.testing import make_bf16_checkpoint
+from probes import gdn_transaction_tp as probe
+from probes.registry import load_probe
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The emulator's ops are tiny: 1 torch thread is fastest, and 2 threads on a loaded 2-core CI box spin (13x
+    slower measured)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tp_probe(tmp_path_factory):
+    ck = make_bf16_checkpoint(tmp_path_factory.mktemp("gdn-tp") / "ci", "ci")
+    p = probe.open_probe(ck, "emulated-p150x2", "accuracy", seed=0)
+    yield p
+    p.gen.close()
+
+
+def test_full_grid_passes_every_cell(tp_probe):
+    """The whole gate grid at CI size: K in {1,2,3,7} x every a x 3 mechanisms (51 cells) + the refusal cell."""
+    cells, totals = probe.run_matrix(tp_probe)
+    failed = [(c["cell"], c["failed"]) for c in cells if not c["pass"]]
+    assert not failed, failed
+    assert len(cells) == 3 * (2 + 3 + 4 + 8) + 1
+    assert tp_probe.label == "tt (emulated-p150x2 (ttnn goldens on CPU))"  # from the MeshContext, never typed
+    for c in cells:
+        if "abort" not in c:
+            assert c["result"] == "refused by design" and "ring" in c["reason"]
+            continue
+        assert all(c["abort"].values()) and c["accepted"] == c["a"], c["cell"]
+        assert c["traces_replayed"] == 2, c["cell"]  # verify+accept and commit(+MTP) traces ran the cell's steps
+        # measured on the emulator: conv, KV, MTP KV and the continuation are bit-equal to the decode replay;
+        # the recurrent state differs from K+1 single-row recurrences in the last fp32 bits only
+        for name in ("conv", "target_kv", "mtp_kv", "continuation_logits"):
+            assert c[name]["bit_equal"], (c["cell"], name, c[name])
+        assert c["gdn_recurrent"]["max_abs"] <= 1e-6, c["cell"]
+    assert totals["shadow_commit"]["state_copies"] == 0 and totals["shadow_commit"]["slot_bytes_written"] > 0
+    n_gdn = tp_probe.n_gdn
+    assert totals["snapshot"]["state_copies"] == 17 * 2 * n_gdn and totals["recompute"]["state_copies"] == 17 * n_gdn
+
+
+# ---- deliberately broken backends ------------------------------------------------------------------------------
+def _write_const(spec, buf, x: torch.Tensor) -> None:
+    spec.ttnn.copy_host_to_device_tensor(spec.host(x, buf), buf)
+
+
+class WrongConvWindow(TTSpecBackend):
+    """Commit selects the conv window one row too late (rows a+2.. instead of a+1..)."""
+
+    def _setup(self, k):
+        super()._setup(k)
+        s = self.spec
+        cols = torch.arange(s.kc - 1 + s.t, dtype=torch.float32).reshape(1, -1)
+        rows = torch.arange(s.kc - 1, dtype=torch.float32).reshape(-1, 1)
+        _write_const(s, s.c_conv_sel, (cols - rows - 2).reshape(1, 1, s.kc - 1, s.kc - 1 + s.t))
+
+
+class RingSlotOffByOne(TTSpecBackend):
+    """shadow_commit points the next verify at ring slot a+1 instead of a."""
+
+    def _setup(self, k):
+        super()._setup(k)
+        acc = self.acceptor
+        hv = self.model.args.gdn_hv_d
+        _write_const(self.spec, acc.c_ring_heads, torch.arange(hv, dtype=torch.float32).reshape(1, 1, 1, hv) + hv)
+        acc.ring_block_idx()
+
+
+class ReadvanceMaskShort(TTSpecBackend):
+    """snapshot/recompute re-advance masks one row too many (rows <= a-1 kept)."""
+
+    def _setup(self, k):
+        super()._setup(k)
+        s = self.spec
+        _write_const(s, s.c_rows, torch.arange(s.t, dtype=torch.float32).reshape(1, s.t, 1) + 1)
+
+
+class AbortWithoutRestore(TTSpecBackend):
+    """Abort after verify skips the snapshot restore."""
+
+    def abort(self):
+        if self._phase in ("verified", "accepted"):
+            self._phase = "drafted"
+        super().abort()
+
+
+@pytest.mark.parametrize("factory,mechanism,accepts,must_fail", [
+    (WrongConvWindow, "shadow_commit", (0, 2), "conv"),
+    (RingSlotOffByOne, "shadow_commit", (0, 1), "gdn_recurrent"),
+    (ReadvanceMaskShort, "recompute", (0, 2), "gdn_recurrent"),
+    (AbortWithoutRestore, "snapshot", (1,), "abort:gdn_recurrent"),
+])
+def test_broken_commit_fails_the_probe(tp_probe, factory, mechanism, accepts, must_fail):
+    tp_probe.factory = factory
+    try:
+        cells, _ = probe.run_matrix(tp_probe, ks=(2,), mechs=(mechanism,), accepts=set(accepts))
+    finally:
+        tp_probe.factory = TTSpecBackend
+    cells = [c for c in cells if "abort" in c]
+    assert len(cells) == len(accepts)
+    assert all(not c["pass"] and must_fail in c["failed"] for c in cells), [(c["cell"], c["failed"]) for c in cells]
+
+
+def test_registered_and_refuses_reference_devices():
+    assert load_probe("gdn-transaction-tp") is probe
+    args = argparse.Namespace(device="reference", full=False, checkpoint=None, ks="1", mechanisms="snapshot",
+                              accepts=None, precision="accuracy", seed=0)
+    with pytest.raises(SystemExit, match="runs the TT path"):
+        probe.run(args)
