@@ -109,6 +109,125 @@ def argmax_pick(ttnn):
     return lambda logits: ttnn.argmax(logits, dim=3, keepdim=True)
 
 
+DRAFT_UNIFORMS_PER_ROW = 32  # one tile row of uniforms per chain: draft i uses column i (K <= 32)
+
+
+class SampledDraftPick:
+    """Sampling ``pick`` for :class:`TTMTPHead`: each chain draft is drawn from ``probs_fn(logits)`` (pass
+    ``DeviceAcceptor.probs_from_logits``: the target's temperature/top-k/top-p transform, so rejection sampling
+    is exact) by inverse CDF with one uniform, and the K draft distributions are written to the persistent
+    :attr:`draft_probs` ``[1, 1, K, V]`` fp32 (what ``DeviceAcceptor.stochastic`` takes as ``draft_probs``).
+
+    Randomness as in ``DeviceAcceptor``: a persistent fp32 table ``[rng_rows, 32]`` of uniforms and a device
+    row counter; one row per chain (:meth:`begin_chain` gathers it with ``ttnn.embedding`` and advances the
+    counter in place; draft i uses column i). No RNG op runs inside a trace. The table is filled outside any
+    capture (:meth:`refill`): ``rng="device"`` seeded ``ttnn.uniform`` in place, ``rng="host"`` a seeded torch
+    generator + ``copy_host_to_device_tensor``; the seeds are derived from ``seed`` differently from the
+    acceptor's, so draft and acceptance draws are independent streams. The host must call
+    :meth:`before_chain` (outside capture) once before every chain *execution* (eager run or trace replay):
+    it refills the table when all rows are used (host mirror of the device counter, no readback).
+    """
+
+    def __init__(self, ttnn, mesh_device, k: int, vocab: int, probs_fn: Callable[[Any], Any], seed: int = 0, *,
+                 rng: str = "device", rng_rows: int = 1024):
+        if not isinstance(k, int) or not 1 <= k <= DRAFT_UNIFORMS_PER_ROW:
+            raise ValueError(f"k must be an int in [1, {DRAFT_UNIFORMS_PER_ROW}] (one uniform per draft per "
+                             f"{DRAFT_UNIFORMS_PER_ROW}-wide RNG row), got {k!r}")
+        if rng not in ("device", "host"):
+            raise ValueError(f"rng must be 'device' or 'host', got {rng!r}")
+        if not isinstance(rng_rows, int) or rng_rows < 1:
+            raise ValueError(f"rng_rows must be an int >= 1, got {rng_rows!r}")
+        if vocab >= 1 << 24:
+            raise ValueError(f"vocab={vocab} >= 2**24: sampled ids are counted in fp32 and would not be exact")
+        self.ttnn, self.mesh, self.k, self.vocab = ttnn, mesh_device, k, vocab
+        self.probs_fn, self.seed, self.rng, self.rng_rows = probs_fn, int(seed), rng, rng_rows
+        self.allocated = False
+        self.refills = 0
+        self.rows_used = 0  # host mirror of the device counter
+        self._host_gen: torch.Generator | None = None
+        self._row = None
+        self._probs: list = []
+
+    def _dev(self, x: torch.Tensor):
+        ttnn = self.ttnn
+        return ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=self.mesh,
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+
+    def allocate(self) -> "SampledDraftPick":
+        """Table, counter, constants and the persistent draft_probs buffer (before any capture); fills the table."""
+        if self.allocated:
+            return self
+        self.table = self._dev(torch.zeros(self.rng_rows, DRAFT_UNIFORMS_PER_ROW))
+        self.counter = self._dev(torch.zeros(1, 1, 1, 1))
+        self.c_zero = self._dev(torch.zeros(1, 1, 1, 1))
+        self.draft_probs = self._dev(torch.zeros(1, 1, self.k, self.vocab))
+        ttnn = self.ttnn  # exact fp32 counting (token ids up to V) on cards: fp32 dest, HiFi4
+        self._ckc = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,
+                                                     fp32_dest_acc_en=True, packer_l1_acc=False)
+        self.allocated = True
+        self.refill()
+        return self
+
+    def refill(self) -> None:
+        """(Re)fill the uniform table, reset the counter. Outside any capture; allocates nothing on device."""
+        if not self.allocated:
+            raise RuntimeError("SampledDraftPick.allocate() first")
+        ttnn = self.ttnn
+        if self.rng == "device":
+            # nonzero, deterministic per (seed, refill); a different affine map than the acceptor's seeds
+            s = (self.seed * 2_246_822_519 + self.refills * 3_266_489_917 + 0x5EED) % 0x7FFFFFFF or 1
+            ttnn.uniform(self.table, 0.0, 1.0, s)
+        else:
+            if self._host_gen is None:
+                self._host_gen = torch.Generator().manual_seed((self.seed * 0x9E3779B1 + 0x5EED) % (1 << 62))
+            vals = torch.rand(self.rng_rows, DRAFT_UNIFORMS_PER_ROW, generator=self._host_gen)
+            host = ttnn.from_torch(vals, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
+                                   mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+            ttnn.copy_host_to_device_tensor(host, self.table)
+        ttnn.copy(self.c_zero, self.counter)
+        self.rows_used = 0
+        self.refills += 1
+
+    def before_chain(self) -> None:
+        """Host bookkeeping before each chain execution (outside capture): refill when the table is used up."""
+        if self.rows_used >= self.rng_rows:
+            self.refill()
+        self.rows_used += 1
+
+    # ---- device (traceable) ------------------------------------------------------------------------------
+    def begin_chain(self) -> None:
+        ttnn = self.ttnn
+        idx = ttnn.to_layout(ttnn.reshape(ttnn.typecast(self.counter, ttnn.uint32), [1, 1]), ttnn.ROW_MAJOR_LAYOUT)
+        self._row = ttnn.reshape(ttnn.embedding(idx, self.table, layout=ttnn.TILE_LAYOUT),
+                                 [1, 1, 1, DRAFT_UNIFORMS_PER_ROW])
+        ttnn.copy(ttnn.add(self.counter, 1.0), self.counter)
+        self._probs = []
+
+    def __call__(self, logits):
+        """fp32 logits [1, 1, 1, V] -> sampled token [1, 1, 1, 1] uint32; records the distribution."""
+        if self._row is None:
+            raise RuntimeError("SampledDraftPick: begin_chain() must run before the chain's first pick")
+        ttnn, i = self.ttnn, len(self._probs)
+        if i >= self.k:
+            raise RuntimeError(f"SampledDraftPick: more than k={self.k} picks in one chain")
+        p = self.probs_fn(logits)  # [1, 1, 1, V] fp32, sums to 1 over the kept tokens
+        u = ttnn.slice(self._row, [0, 0, 0, i], [1, 1, 1, i + 1])
+        # inverse CDF: token = #{j : cdf_j <= u * total and cdf_j < total} (zero-weight tokens unreachable)
+        cdf = ttnn.cumsum(p, dim=3)
+        total = ttnn.max(cdf, dim=3, keepdim=True)
+        below = ttnn.multiply(ttnn.le(cdf, ttnn.multiply(u, total)), ttnn.lt(cdf, total))
+        tok = ttnn.sum(below, dim=3, keepdim=True, compute_kernel_config=self._ckc)
+        self._probs.append(p)
+        return ttnn.typecast(tok, ttnn.uint32)
+
+    def end_chain(self) -> None:
+        ttnn = self.ttnn
+        if len(self._probs) != self.k:
+            raise RuntimeError(f"SampledDraftPick: chain made {len(self._probs)} picks, expected k={self.k}")
+        ttnn.copy(self._probs[0] if self.k == 1 else ttnn.concat(self._probs, dim=2), self.draft_probs)
+        self._row, self._probs = None, []
+
+
 class TTMTPHead:
     """MTP draft head of depth ``k`` sharing the target's embedding, RoPE tables and LM head.
 
@@ -290,6 +409,9 @@ class TTMTPHead:
         ttnn, rm = self.ttnn, self.ttnn.ROW_MAJOR_LAYOUT
         lg, h = self.logits(h_first), h_first
         toks, lgs = [], []
+        begin, end = getattr(self.pick, "begin_chain", None), getattr(self.pick, "end_chain", None)
+        if begin is not None:
+            begin()  # stateful picks (SampledDraftPick): gather this chain's uniforms
         for i in range(self.k):
             t = self.pick(lg)
             t = t if t.layout == rm else ttnn.to_layout(t, rm)
@@ -300,6 +422,8 @@ class TTMTPHead:
                 h, lg = self.step(ttnn.reshape(t, [1, 1]), h, pos_i)
         ttnn.copy(toks[0] if self.k == 1 else ttnn.concat(toks, dim=3), self.draft_tokens)
         ttnn.copy(lgs[0] if self.k == 1 else ttnn.concat(lgs, dim=2), self.draft_logits)
+        if end is not None:
+            end()  # SampledDraftPick: the K draft distributions -> its persistent draft_probs
         return self.draft_tokens, self.draft_logits
 
     def draft(self, tokens_dev, hidden_dev, pos_dev, select_dev):

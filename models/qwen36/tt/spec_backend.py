@@ -177,6 +177,8 @@ class TTSpecBackend:
     def commit(self, acceptance: Acceptance) -> None:
         if self._phase != "accepted":
             raise RuntimeError("commit() needs accept() first")
+        if self.device_drafter:
+            self.drafter.before_device_draft()  # outside capture: sampled-draft RNG table refill when used up
         self._run("commit", self._commit_device)
         a, c, n_gdn = acceptance.num_accepted, self.counters, len(self.state.gdn_states())
         if self.mechanism == "snapshot":
@@ -212,13 +214,19 @@ class TTSpecBackend:
 class TTMTPDrafter:
     """Device drafter: the TT MTP head (models/qwen36/tt/mtp.py). Reseed over the K+1 verify rows (tokens = the
     acceptor's result, hidden = the verify's post-norm rows), select row a, chain K-1 drafts: all inside the
-    commit trace, writing the drafts buffer the next verify reads. Drafts are argmax (one-hot draft
-    distribution for stochastic acceptance: exact rejection sampling with a deterministic draft)."""
+    commit trace, writing the drafts buffer the next verify reads.
+
+    Draft choice follows the run's SamplingParams: greedy (temperature 0) or ``draft="greedy"`` -> argmax drafts
+    (one-hot draft distribution for stochastic acceptance); temperature > 0 with ``draft="sample"`` (the
+    default) -> :class:`SampledDraftPick`: each draft drawn on device from the acceptor's own transform of the
+    MTP logits, uniforms from a seeded table (seed = the run's seed, an independent stream from the acceptor's),
+    and the draft distributions handed to ``DeviceAcceptor.stochastic``."""
 
     def __init__(self, reader, cache_dir=None):
         self.reader, self.cache_dir = reader, cache_dir
         self.head = None
         self._k = None
+        self.sampler = None  # SampledDraftPick when drafts are sampled
 
     def allocate(self, spec: SpecDeviceState) -> None:
         from .mtp import load_tt_mtp
@@ -229,6 +237,18 @@ class TTMTPDrafter:
             self.head = load_tt_mtp(spec.model, self.reader, spec.k, cache_dir=self.cache_dir)
             self._k = spec.k
         spec.drafts = self.head.draft_tokens  # the verify reads the MTP's persistent draft buffer
+        acc = spec.acceptor
+        if acc is not None and not acc.params.greedy and acc.params.draft == "sample":
+            from .mtp import SampledDraftPick
+
+            self.sampler = SampledDraftPick(spec.ttnn, spec.mesh, spec.k, acc.vocab, acc.probs_from_logits,
+                                            seed=acc.seed, rng=acc.rng).allocate()
+            self.head.pick = self.sampler
+        else:
+            from .mtp import argmax_pick
+
+            self.sampler = None
+            self.head.pick = argmax_pick(spec.ttnn)
         rep = spec.ttnn.ReplicateTensorToMesh(spec.mesh)
         self.pos = spec.ttnn.from_torch(torch.zeros(1, dtype=torch.int32), dtype=spec.ttnn.int32,
                                         layout=spec.ttnn.ROW_MAJOR_LAYOUT, device=spec.mesh, mesh_mapper=rep)
@@ -236,7 +256,13 @@ class TTMTPDrafter:
     def start(self, spec: SpecDeviceState, history: list[int], prompt_hidden) -> None:
         """After the prompt: MTP prefill over rows t = 0..P-1 (x_{t+1}, h_t), then the first chain."""
         nxt = torch.tensor(history[1:])
+        self.before_device_draft()
         self.head.prefill_draft(nxt, prompt_hidden)
+
+    def before_device_draft(self) -> None:
+        """Host side, outside any capture, before every chain execution (eager or replayed)."""
+        if self.sampler is not None:
+            self.sampler.before_chain()
 
     def device_draft(self, spec: SpecDeviceState, vout) -> None:
         ttnn = spec.ttnn
@@ -245,4 +271,5 @@ class TTMTPDrafter:
         self.head.draft(spec.acceptor.result, vout.out.hidden, self.pos, spec.acceptor.count)
 
     def draft_probs(self, acceptor):
-        return None
+        """[1, 1, K, V] fp32 draft distributions (persistent) for sampled drafts; None = one-hot (argmax drafts)."""
+        return self.sampler.draft_probs if self.sampler is not None else None
