@@ -18,7 +18,8 @@ K in {1,2,3,7} x a in [0, K]. One cell:
      then the MTP reseed run eagerly from the *decode* hiddens of those rows and the emitted tokens (rows > a:
      placeholders, as in the real path); MTP KV rows [0, n+a+1) compared;
   6. continuation: 16 single-row greedy decode steps from the committed state (target KV rows >= n+a+1 poisoned
-     with a large finite value (POISON) first: rejected rows must never be read) vs 16 from the oracle state: tokens equal, logits close.
+     with a large finite value (POISON) first: rejected rows must never be read) vs 16 from the oracle state
+     (teacher-forced with its tokens): logits within tolerance, argmax equal except at near ties.
 Counters are checked against TT's own formula (:func:`tt_expected_step_counters`): the device shapes are fixed,
 so the cost does not depend on a (snapshot always restores; snapshot/recompute re-advance all K+1 rows masked).
 
@@ -27,8 +28,9 @@ from; undoing it would need the copy the mechanism exists to avoid): its cells t
 record the after-verify leg as "refused by design"; one extra cell checks the refusal is raised.
 
 Tolerances: the oracle runs the same TT kernels on the same weights; the differences are multi-row vs single-row
-arithmetic. On the emulator verify logits equal decode logits bit for bit and ring states match sequential
-states to ~1e-7 (verify-tp), so the bounds in TOLERANCES are tight (see there); abort is bitwise.
+arithmetic only (see TOLERANCES for the measured figures and their source); abort is bitwise. Continuation rows
+are teacher-forced with the oracle's tokens; an argmax that differs must be a near tie (top-2 margin within twice
+the row's logit difference), else the cell fails.
 """
 from __future__ import annotations
 
@@ -59,18 +61,21 @@ MAX_SEQ_LEN = 128
 POISON = 64.0
 
 # name -> (max abs, min PCC) of committed state vs the single-row decode replay (same TT kernels, same weights).
-# Measured worst cases (emulated-p150x2, all 51 cells, ci preset): recurrent max abs 2.4e-7, everything else
-# bit-equal; see docs/tt_spec.md "gdn-transaction-tp". The
-# recurrent state comes from the K+1-row fused recurrence (ring slot / masked re-advance) vs K+1 single-row
-# recurrences: fp32, last-bit differences (~1e-7 in verify-tp). Conv / KV / MTP KV / continuation measured
-# bit-equal on the emulator; the bounds leave room for card kernels (bf16 KV: one bf16 ulp at |x|~4 is 0.03,
-# so KV is bounded by PCC mainly). A wrong slot / window / mask gives max abs > 0.1 and PCC < 0.99.
+# Measured worst cases on emulated-p150x2 (all 51 cells; docs/tt_spec.md "gdn-transaction-tp"):
+#   ci preset: recurrent max abs 2.4e-7, conv / target KV / MTP KV / continuation bit-equal (asserted in CI);
+#   --full (27b-ratios): recurrent 9.0e-3 (PCC 0.999993), conv 1.5e-2, KV and MTP KV 3.1e-2 (= 1 bf16 ulp at
+#   |x| in [4, 8)), teacher-forced continuation logits 2.7e-2 (PCC 0.99998). Source of the --full differences:
+#   the emulator's CPU goldens: torch fp32 matmul over M >= 4 rows (GEMM) rounds differently from M = 1 (GEMV)
+#   (measured 3.8e-5 at a 256-long reduction; M = 2, 3 are identical), so a K >= 3 verify (T >= 4 rows) and the
+#   1-row decode disagree in the last bits, amplified through 4 layers (verify-tp at these shapes: logits 2.4e-3 at
+#   K = 7, 0 at K <= 2). Bounds sit ~4x above the --full figures and >= 25x below what a broken commit gives
+#   (wrong conv window: conv 5.4; ring slot a+1 / re-advance one row short: recurrent >= 1.5, PCC <= 0.8).
 TOLERANCES = {
-    "gdn_recurrent": (1e-5, 0.99999),
-    "conv": (1e-5, 0.99999),
-    "target_kv": (2e-2, 0.9999),
-    "mtp_kv": (2e-2, 0.9999),
-    "continuation_logits": (1e-3, 0.99999),
+    "gdn_recurrent": (5e-2, 0.9999),
+    "conv": (5e-2, 0.9999),
+    "target_kv": (6.25e-2, 0.9999),  # 2 bf16 ulps at |x| in [4, 8)
+    "mtp_kv": (6.25e-2, 0.9999),
+    "continuation_logits": (1e-1, 0.9999),
 }
 
 
@@ -316,12 +321,14 @@ class Probe:
         ov, cv = self.views(orc, end, end), self.views(post, end, end)
         results = {name: compare(cv[name], ov[name], name) for name in ov}
 
-        # continuation: oracle state first (it is live now), then the committed state with rejected rows poisoned
-        lg_or, _ = self.greedy_decode(orc_tokens[-1], end)
+        # continuation: oracle state first (it is live now), then the committed state with rejected rows poisoned,
+        # teacher-forced with the oracle's tokens (so one near-tie flip cannot turn 15 later rows into noise)
+        lg_or, toks_or = self.greedy_decode(orc_tokens[-1], end)
         self.restore_target(post, poison_from=end)
-        lg_be, _ = self.greedy_decode(acc.tokens[-1], end)
+        lg_be, _ = self.greedy_decode(acc.tokens[-1], end, forced=toks_or)
         results["continuation_logits"] = compare([lg_be], [lg_or], "continuation_logits")
-        cont_tokens_ok = torch.equal(lg_be.argmax(-1), lg_or.argmax(-1))
+        flips = argmax_flips(lg_be, lg_or)
+        cont_tokens_ok = all(f["near_tie"] for f in flips)
         if not cont_tokens_ok:
             failed.append("continuation_tokens")
         failed += [name for name, r in results.items() if not r["pass"]]
@@ -329,15 +336,16 @@ class Probe:
         return {"cell": f"K={k} a={a} {mech}", "k": k, "a": a, "mechanism": mech, "accepted": acc.num_accepted,
                 "abort_mode": abort_mode, "abort": abort, "tokens_ok": tokens_ok, "pos_ok": pos_ok,
                 "drive_lossless": drive_ok, "traces_replayed": traces, **results,
-                "continuation_tokens_equal": cont_tokens_ok, "counters": counters, "counters_expected": expected,
+                "continuation_argmax_flips": flips, "continuation_tokens_ok": cont_tokens_ok, "counters": counters, "counters_expected": expected,
                 "failed": failed, "pass": not failed}
 
-    def greedy_decode(self, first: int, pos: int):
+    def greedy_decode(self, first: int, pos: int, forced: list[int] | None = None):
+        """CONTINUATION_STEPS single-row decodes from ``first`` at ``pos``: greedy, or feeding ``forced`` tokens."""
         tok, logits = first, []
         for i in range(CONTINUATION_STEPS):
             lg, _ = self.decode_rows([tok], pos + i)
             logits.append(lg[0])
-            tok = int(lg[0].argmax())
+            tok = int(lg[0].argmax()) if forced is None else forced[i]
         lg = torch.stack(logits)
         return lg, lg.argmax(-1).tolist()
 
@@ -397,6 +405,18 @@ def compare(xs: list[torch.Tensor], ys: list[torch.Tensor], name: str) -> dict:
     tol_abs, tol_pcc = TOLERANCES[name]
     ok = bit or (not math.isnan(max_abs) and not math.isnan(p) and max_abs <= tol_abs and p >= tol_pcc)
     return {"bit_equal": bit, "max_abs": max_abs, "pcc": p, "pass": ok}
+
+
+def argmax_flips(lg: torch.Tensor, ref: torch.Tensor) -> list[dict]:
+    """Rows whose argmax differs from the oracle's; a flip is a near tie when the oracle's top-1 - top-2 margin is
+    within twice that row's max abs logit difference (the states agree to tolerance, the tie broke differently)."""
+    out = []
+    for i in range(ref.shape[0]):
+        if int(lg[i].argmax()) != int(ref[i].argmax()):
+            top = ref[i].float().topk(2).values
+            margin, diff = float(top[0] - top[1]), float((lg[i].float() - ref[i].float()).abs().max())
+            out.append({"step": i, "margin": margin, "max_abs": diff, "near_tie": margin <= 2 * diff})
+    return out
 
 
 def run_matrix(probe: Probe, ks=KS, mechs=MECHS, accepts=None) -> tuple[list[dict], dict]:
