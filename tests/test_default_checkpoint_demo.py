@@ -44,3 +44,8 @@ def test_demo_on_the_emulated_mesh_uses_one_mesh_and_says_so(capsys):
     assert "emulated-p150x2 (ttnn goldens on CPU)" in out
     assert "greedy check: speculative output == plain greedy output" in out
     assert "not a card figure" in out
+
+
+def test_demo_refuses_zero_draft_depth():
+    with pytest.raises(SystemExit, match="--spec-k must be >= 1"):
+        main(["demo", "--spec-k", "0"])

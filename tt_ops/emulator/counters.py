@@ -57,6 +57,18 @@ class Counts:
             self.per_op[k] += v * times
         self.trace_replays += other.trace_replays * times
 
+    def add_op(self, op_name: str, read: dict, written: dict, collective_bytes: int | None = None) -> None:
+        """Count one device program (and one collective when ``collective_bytes`` is given)."""
+        self.programs += 1
+        self.per_op[op_name] += 1
+        for k, v in read.items():
+            self.bytes_read[k] += v
+        for k, v in written.items():
+            self.bytes_written[k] += v
+        if collective_bytes is not None:
+            self.collectives += 1
+            self.collective_bytes += collective_bytes
+
     def copy(self, name: str | None = None) -> "Counts":
         c = Counts(name=name or self.name)
         c.add(self)
@@ -117,15 +129,7 @@ class Counters:
         """Record one op call. ``live=False`` records only into capture sinks (the op was recorded, not run)."""
         targets = list(self._targets()) if live else list(self._sinks)
         for c in targets:
-            c.programs += 1
-            c.per_op[op_name] += 1
-            for k, v in read.items():
-                c.bytes_read[k] += v
-            for k, v in written.items():
-                c.bytes_written[k] += v
-            if collective_bytes is not None:
-                c.collectives += 1
-                c.collective_bytes += collective_bytes
+            c.add_op(op_name, read, written, collective_bytes)
 
     def record_replay(self, trace_counts: Counts) -> None:
         for c in self._targets(include_sinks=False):

@@ -152,7 +152,7 @@ class TraceState:
                 _write_back(step.outputs, fresh, step.op_name)
                 if step.account is not None:
                     read, written, cb = step.account(step.outputs)
-                    _add(counts, step.op_name, read, written, cb)
+                    counts.add_op(step.op_name, read, written, cb)
         finally:
             self.replaying = False
         self.mesh.counters.record_replay(counts)
@@ -172,18 +172,6 @@ class TraceState:
             return False
         tr = self.traces[owner]
         return not tr.released
-
-
-def _add(c: Counts, op_name, read, written, cb) -> None:
-    c.programs += 1
-    c.per_op[op_name] += 1
-    for k, v in read.items():
-        c.bytes_read[k] += v
-    for k, v in written.items():
-        c.bytes_written[k] += v
-    if cb is not None:
-        c.collectives += 1
-        c.collective_bytes += cb
 
 
 def _iter_tensors(obj):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from .common import DEFAULT_CHECKPOINT, positive_int
+from .generate import add_spec_args
 
 DEFAULT_PROMPT = '''class Counter:
     """Count hashable items."""
@@ -29,14 +30,7 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch CPU threads for the reference backend (1 is fastest for batch-1 decode of this small model)")
-    g = p.add_argument_group("speculative decoding (MTP)")
-    g.add_argument("--spec-k", type=positive_int, default=3, help="draft depth K")
-    g.add_argument("--commit", default="shadow_commit", choices=["snapshot", "shadow_commit", "recompute"],
-                   help="GDN/conv state commit mechanism")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 = stochastic (rejection sampling)")
-    g.add_argument("--top-k", type=int, default=0, help="0 = off (stochastic only)")
-    g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off (stochastic only)")
-    g.add_argument("--seed", type=int, default=0, help="sampler seed (stochastic only)")
+    add_spec_args(p, default_k=3)
     p.set_defaults(run=run)
 
 
@@ -73,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from .common import torch_dtype
 
     check_device(args.device)
+    if args.spec_k < 1:
+        raise SystemExit(f"error: the demo is speculative: --spec-k must be >= 1, got {args.spec_k}")
     ckpt = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
     if not (ckpt / "config.json").exists():
         raise SystemExit(f"error: no checkpoint at {ckpt} (config.json missing); the embedded default ships with the "

@@ -20,9 +20,11 @@ def add_parser(sub, name: str) -> None:
     p.set_defaults(run=run)
 
 
-def add_spec_args(p: argparse.ArgumentParser) -> None:
+def add_spec_args(p: argparse.ArgumentParser, default_k: int = 0) -> None:
+    """The speculative-decoding options shared by `generate` (default plain decoding) and `demo` (default K=3)."""
     g = p.add_argument_group("speculative decoding (MTP)")
-    g.add_argument("--spec-k", type=int, default=0, help="draft depth K (0 = plain decoding)")
+    g.add_argument("--spec-k", type=int, default=default_k,
+                   help="draft depth K" + (" (0 = plain decoding)" if default_k == 0 else ""))
     g.add_argument("--commit", default="shadow_commit", choices=["snapshot", "shadow_commit", "recompute"],
                    help="GDN/conv state commit mechanism")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; >0 = stochastic rejection sampling")
