@@ -21,7 +21,9 @@ DEFAULT_PROMPT = [5, 100, 7, 300, 12, 44, 901, 17, 3, 250]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", type=Path, default=Path("models/qwen36/default_checkpoint"))
+    from models.qwen36.commands.common import DEFAULT_CHECKPOINT  # the shipped checkpoint, wherever we run from
+
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     p.add_argument("--ks", default=",".join(map(str, KS)))
     p.add_argument("--mechanisms", default=",".join(MECHS))
     p.add_argument("--max-new-tokens", type=int, default=24)
