@@ -49,3 +49,12 @@ def test_demo_on_the_emulated_mesh_uses_one_mesh_and_says_so(capsys):
 def test_demo_refuses_zero_draft_depth():
     with pytest.raises(SystemExit, match="--spec-k must be >= 1"):
         main(["demo", "--spec-k", "0"])
+
+
+def test_demo_stochastic_with_argmax_drafts_flag(capsys):
+    """--draft greedy reaches SamplingParams (stochastic acceptance against one-hot draft distributions)."""
+    assert main(["demo", "--max-new-tokens", "12", "--temperature", "0.8", "--seed", "1", "--draft", "greedy",
+                 "--spec-k", "2"]) == 0
+    assert "drafts=greedy" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["demo", "--draft", "sometimes"])

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: no checkpoint at {ckpt} (config.json missing); the embedded default ships with the "
                          "repository in models/qwen36/default_checkpoint, or pass --checkpoint DIR")
     try:
-        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     torch.set_num_threads(args.threads)
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     t_plain = time.perf_counter() - t0
 
     mode = "greedy" if params.greedy else (f"stochastic (T={params.temperature}, top_k={params.top_k}, "
-                                           f"top_p={params.top_p}, seed={params.seed})")
+                                           f"top_p={params.top_p}, seed={params.seed}, drafts={params.draft})")
     bar = "-" * 78
     print(f"checkpoint : {ckpt}")
     print(f"backend    : {backend.label} (speculative); {target.label} (plain)")

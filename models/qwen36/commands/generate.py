@@ -31,6 +31,9 @@ def add_spec_args(p: argparse.ArgumentParser, default_k: int = 0) -> None:
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--draft", default="sample", choices=["sample", "greedy"],
+                   help="stochastic mode only: MTP drafts sampled from the transformed draft distribution (default) "
+                        "or argmax drafts (acceptance then uses a one-hot draft distribution)")
 
 
 def encode_prompt(args, ckpt):

@@ -61,7 +61,7 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int
     from ..commands.common import torch_dtype
 
     try:
-        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     max_len = len(ids) + args.max_new_tokens + args.spec_k + 2
@@ -76,7 +76,7 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int
     result = speculative_generate(backend, ids, args.max_new_tokens, args.spec_k, params,
                                   eos_ids=backend_config(backend).eos_token_id)
     dt = time.perf_counter() - t0
-    mode = "greedy" if params.greedy else f"sampling T={params.temperature} top_k={params.top_k} top_p={params.top_p} seed={params.seed}"
+    mode = "greedy" if params.greedy else f"sampling T={params.temperature} top_k={params.top_k} top_p={params.top_p} seed={params.seed} drafts={params.draft}"
     logger.info(f"[{backend.label}] speculative K={args.spec_k} commit={args.commit} {mode}: {len(result.tokens)} tokens "
                 f"in {dt:.2f} s ({len(result.tokens) / dt:.1f} tok/s, measured on this backend)")
     print("ids:", ",".join(map(str, result.tokens)))
