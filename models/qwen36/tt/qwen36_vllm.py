@@ -88,20 +88,8 @@ class _VllmSpecBackend(TTSpecBackend):
     """TTSpecBackend whose prefill also hands back the prompt's last-row logits (the contract returns logits)."""
 
     def prefill(self, prompt, params: SamplingParams = SamplingParams()):
-        captured: list[torch.Tensor] = []
-        model_prefill = self.model.prefill_forward
-
-        def prefill_forward(ids, state, **kw):
-            out = model_prefill(ids, state, **kw)
-            captured.append(out)
-            return out
-
-        self.model.prefill_forward = prefill_forward  # instance attribute, removed right after
-        try:
-            first = super().prefill(prompt, params)
-        finally:
-            del self.model.prefill_forward
-        return first, captured[-1][-1]
+        first = super().prefill(prompt, params)
+        return first, self.prefill_logits
 
 
 class Qwen36ForCausalLM:

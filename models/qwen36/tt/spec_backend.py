@@ -94,6 +94,7 @@ class TTSpecBackend:
         self.gen.reset()  # releases the plain-decode trace, zeroes state
         hs: list = [] if self.device_drafter else None
         logits = self.model.prefill_forward(torch.tensor(list(prompt)), self.state, hidden_out=hs)[-1]
+        self.prefill_logits = logits  # host fp32 [V]: the last prompt row (the vllm-tt contract returns it)
         first = int(pick_token(logits.reshape(1, -1), params, self._host_gen))
         self._prompt_hidden = None
         if hs:
