@@ -4,7 +4,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# One intra-op thread for the whole suite: the shapes are tiny (batch-1 decode, emulator goldens that are many small
+# torch ops), where one thread is as fast as two on an idle 2-core machine and 10-30x faster on a busy one
+# (measured). Tests and commands that change it (the demo's --threads, training) are undone after each test.
+TEST_TORCH_THREADS = 1
+torch.set_num_threads(TEST_TORCH_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    yield
+    torch.set_num_threads(TEST_TORCH_THREADS)
 
 
 @pytest.fixture(scope="session")

@@ -30,15 +30,6 @@ def model():
     return Qwen36Model.from_checkpoint(CKPT, require_mtp=True)
 
 
-@pytest.fixture
-def one_thread():
-    """Batch-1 decode of this small model is fastest (and least disturbed by a busy machine) on one thread."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def test_loads_through_the_normal_loader_with_mtp():
     reader = load_checkpoint(CKPT, require_mtp=True)  # validates every tensor's presence and shape
     cfg = reader.config
@@ -76,7 +67,7 @@ def test_tokenizer_loads_with_autotokenizer_and_matches_config():
 
 
 @torch.no_grad()
-def test_heldout_loss_well_below_unigram(model, one_thread):
+def test_heldout_loss_well_below_unigram(model):
     ho = load_heldout(CKPT)
     windows = ho["loss_windows"][:4]
     ce = heldout_ce(model, windows)
@@ -85,7 +76,7 @@ def test_heldout_loss_well_below_unigram(model, one_thread):
     assert ce < uni - 2.0, f"held-out CE {ce:.3f} not clearly below unigram {uni:.3f}"
 
 
-def test_greedy_k3_emits_at_least_two_tokens_per_step_on_heldout_code(model, one_thread):
+def test_greedy_k3_emits_at_least_two_tokens_per_step_on_heldout_code(model):
     ho = load_heldout(CKPT)
     prompts = [p["ids"] for p in ho["prompts"][:6]]
     summ, outs, _ = engine_acceptance(model, prompts, k=3, max_new_tokens=40)

@@ -2,16 +2,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from models.qwen36.cli import main
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    old = torch.get_num_threads()
-    yield
-    torch.set_num_threads(old)
 
 
 def test_demo_greedy_prints_text_acceptance_and_speed(capsys):

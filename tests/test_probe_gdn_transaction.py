@@ -12,14 +12,6 @@ from models.qwen36.spec.reference_backend import ReferenceBackend
 from probes import gdn_transaction as probe
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model(ckpt_factory):
     return Qwen36Model.from_checkpoint(ckpt_factory("ci"), require_mtp=True)

@@ -14,16 +14,6 @@ from probes import gdn_transaction_tp as probe
 from probes.registry import load_probe
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The emulator's ops are tiny: 1 torch thread is fastest, and 2 threads on a loaded 2-core CI box spin (13x
-    slower measured)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def tp_probe(tmp_path_factory):
     ck = make_bf16_checkpoint(tmp_path_factory.mktemp("gdn-tp") / "ci", "ci")

@@ -15,15 +15,6 @@ from models.qwen36.spec.sampling import SamplingParams, probs_from_logits
 from test_spec_acceptance import P_VALUE_MIN, chi_square_p
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny shapes: one intra-op thread is faster and immune to CPU contention; restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def ckpt(ckpt_factory):
     return ckpt_factory("ci")

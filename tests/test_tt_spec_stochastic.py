@@ -55,16 +55,6 @@ def chi2_p(observed, expected) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The emulator's goldens are many tiny torch ops: on a shared 2-core box, 2 intra-op threads oversubscribe
-    the CPU (measured here: 10-30x slower under load). One thread for this module, restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def gen():
     g = TTGenerator.from_checkpoint(CKPT, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
