@@ -218,8 +218,8 @@ def load_model(args):
 
     check_device(args.device)
     if args.device not in REFERENCE_DEVICES:
-        raise SystemExit(f"error: probe {NAME} on --device {args.device}: the TT speculative backend is not "
-                         "available yet (issue 7); run with --device reference or reference-cuda")
+        raise SystemExit(f"error: probe {NAME} runs the reference engine (--device reference|reference-cuda); "
+                         f"for the TT path on {args.device} use `qwen36 probe gdn-transaction-tp --device {args.device}`")
     if args.device == "reference-cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device reference-cuda but torch sees no CUDA device")
     dev = "cuda" if args.device == "reference-cuda" else "cpu"

@@ -202,5 +202,5 @@ def greedy_generate(model: Qwen36Model, prompt: torch.Tensor, max_new_tokens: in
         generated.append(tok)
         if tok in eos_ids or len(generated) >= max_new_tokens:
             return generated
-        out = model(torch.tensor([[tok]]), state)
+        out = model(torch.tensor([[tok]], device=prompt.device), state)
         tok = int(out.logits[0, -1].argmax())
