@@ -70,6 +70,7 @@ def test_broken_mechanisms_fail_the_probe(model, factory, mechanism, must_fail, 
 
 
 def test_probe_refuses_tt_devices_clearly():
+    """The reference probe refuses a TT device and names the TT probe to run instead."""
     args = argparse.Namespace(device="emulated-p150x2", full=False, checkpoint=None, ks="1", seed=0)
-    with pytest.raises(SystemExit, match="TT speculative backend is not available yet"):
+    with pytest.raises(SystemExit, match="runs the reference engine.*gdn-transaction-tp --device emulated-p150x2"):
         probe.run(args)
