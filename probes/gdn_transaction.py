@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from models.qwen36.numerics import pcc
 from models.qwen36.spec.engine import MECHANISMS, speculative_step
 from models.qwen36.spec.oracle import greedy_continuation, replay, serial_decode
 from models.qwen36.spec.reference_backend import ReferenceBackend, ReferenceDraft, ReferenceLive, expected_step_counters
@@ -67,15 +68,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ---- comparisons ----------------------------------------------------------------------------------
-def pcc(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    if torch.equal(a, b):
-        return 1.0
-    a, b = a - a.mean(), b - b.mean()
-    den = a.norm() * b.norm()
-    return float((a @ b) / den) if den > 0 else 0.0
-
-
 def compare(xs: list[torch.Tensor], ys: list[torch.Tensor], name: str, bitwise: bool) -> dict:
     """Per-layer tensors -> {bit_equal, max_abs, pcc (min over layers), pass} against TOLERANCES[name]."""
     bit = all(torch.equal(x, y) for x, y in zip(xs, ys))

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from models.qwen36.numerics import pcc
 from probes.records import ProbeReport
 
 NAME = "gdn-transaction-tp"
@@ -384,17 +385,6 @@ def tt_expected_step_counters(mech: str, k: int, a: int, n_gdn: int, gdn_bytes: 
         "slot_bytes_written": t * gdn_bytes if mech == "shadow_commit" else 0,
         "recurrence_steps": t * n_gdn * (1 if mech == "shadow_commit" else 2),
     }
-
-
-def pcc(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    if torch.equal(a, b):
-        return 1.0
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return float("nan")
-    a, b = a - a.mean(), b - b.mean()
-    den = a.norm() * b.norm()
-    return float((a @ b) / den) if den > 0 else 0.0
 
 
 def compare(xs: list[torch.Tensor], ys: list[torch.Tensor], name: str) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from models.qwen36.numerics import pcc
 from probes.records import ProbeReport
 
 NAME = "verify-tp"
@@ -32,12 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ks", default=",".join(map(str, KS)))
     p.add_argument("--precision", default="accuracy")
     p.add_argument("--seed", type=int, default=0)
-
-
-def _pcc(a, b) -> float:
-    from probes.gdn_transaction import pcc
-
-    return pcc(a, b)
 
 
 def shuffle_pages(gen, seed: int) -> None:
@@ -79,7 +74,7 @@ def run_case(gen, k: int, prompt: list[int], rows: list[int]) -> dict:
     for s in gen.state.gdn_states():
         ring_states.append(gdn_host(gen, be.spec.layer_bufs[id(s)].ring))
     be.release()
-    row_pcc = [_pcc(packed[j], seq_logits[j]) for j in range(k + 1)]
+    row_pcc = [pcc(packed[j], seq_logits[j]) for j in range(k + 1)]
     max_abs = float((packed - seq_logits).abs().max())
     argmax_eq = bool(torch.equal(packed.argmax(-1), seq_logits.argmax(-1)))
     hv = gen.model.args.gdn_hv_d
@@ -89,7 +84,7 @@ def run_case(gen, k: int, prompt: list[int], rows: list[int]) -> dict:
             for t in range(k + 1):
                 a = rd[t * hv:(t + 1) * hv]
                 b = seq_states[t][li][d].reshape(a.shape)
-                st_pcc = min(st_pcc, _pcc(a, b))
+                st_pcc = min(st_pcc, pcc(a, b))
                 st_abs = max(st_abs, float((a - b).abs().max()))
     ok = min(row_pcc) >= LOGITS_PCC and argmax_eq and st_pcc >= STATE_PCC
     return {"k": k, "logits_pcc_min": min(row_pcc), "logits_pcc_rows": row_pcc, "logits_max_abs": max_abs,

@@ -485,22 +485,14 @@ def clone(input, *, dtype=None, memory_config=None, compute_kernel_config=None):
 # Mesh mappers / composers
 # ------------------------------------------------------------------------------------------------
 @host_fn("ttnn.ShardTensorToMesh")
+@host_fn("ttnn.shard_tensor_to_mesh_mapper", validate=False)  # functional alias, same mapper
 def _shard(mesh, mesh_device, dim):
     return mesh_mod.ShardTensorToMesh(mesh_device, dim)
 
 
-@host_fn("ttnn.shard_tensor_to_mesh_mapper", validate=False)
-def _shard2(mesh, mesh_device, dim):
-    return mesh_mod.ShardTensorToMesh(mesh_device, dim)
-
-
 @host_fn("ttnn.ReplicateTensorToMesh")
+@host_fn("ttnn.replicate_tensor_to_mesh_mapper", validate=False)  # functional alias
 def _replicate(mesh, mesh_device):
-    return mesh_mod.ReplicateTensorToMesh(mesh_device)
-
-
-@host_fn("ttnn.replicate_tensor_to_mesh_mapper", validate=False)
-def _replicate2(mesh, mesh_device):
     return mesh_mod.ReplicateTensorToMesh(mesh_device)
 
 
@@ -515,12 +507,8 @@ def _create_mapper(mesh, mesh_device, config):
 
 
 @host_fn("ttnn.ConcatMeshToTensor")
+@host_fn("ttnn.concat_mesh_to_tensor_composer", validate=False)  # functional alias
 def _concat(mesh, mesh_device, dim):
-    return mesh_mod.ConcatMeshToTensor(mesh_device, dim)
-
-
-@host_fn("ttnn.concat_mesh_to_tensor_composer", validate=False)
-def _concat2(mesh, mesh_device, dim):
     return mesh_mod.ConcatMeshToTensor(mesh_device, dim)
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from ..numerics import pcc  # the one PCC implementation (re-exported here for the TT tests)
+
 # Gate name -> minimum PCC. Issue 5 "done means"; every TT test reads its threshold from here.
 PCC_GATES: dict[str, float] = {
     "layer_bf16": 0.9999,  # one decoder block / mixer / MLP, bf16 weights (accuracy preset), vs fp32 reference
@@ -15,21 +17,6 @@ PCC_GATES: dict[str, float] = {
     "model_prefill": 0.98,  # full-model prefill logits on the CI checkpoint
     "model_decode_bf8": 0.98,  # full-model logits at every decode step, performance preset
 }
-
-
-def pcc(expected: torch.Tensor, actual: torch.Tensor) -> float:
-    """Pearson correlation of the flattened tensors in fp64 (1.0 when both are identical constants)."""
-    a = expected.detach().double().flatten()
-    b = actual.detach().double().flatten()
-    if a.shape != b.shape:
-        raise ValueError(f"shape mismatch: expected {list(expected.shape)} vs actual {list(actual.shape)}")
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return float("nan")
-    if torch.equal(a, b):
-        return 1.0
-    a, b = a - a.mean(), b - b.mean()
-    den = a.norm() * b.norm()
-    return float((a @ b) / den) if den > 0 else 0.0
 
 
 def comp_pcc(expected: torch.Tensor, actual: torch.Tensor, threshold: float) -> tuple[bool, str]:
