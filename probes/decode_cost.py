@@ -25,7 +25,7 @@ import zlib
 
 import torch
 
-from probes.records import ProbeReport
+from qwen36.probes.records import ProbeReport
 
 NAME = "decode-cost"
 HELP = "modelled P150a decode cost (programs, weight bytes, collectives, ms/step, tok/s) at real 27B shapes"
@@ -33,7 +33,7 @@ REAL_VOCAB = 248320
 
 
 def qwen36_27b_config():
-    from models.qwen36.config import FULL, LINEAR, Qwen36Config
+    from qwen36.config import FULL, LINEAR, Qwen36Config
 
     return Qwen36Config(
         vocab_size=REAL_VOCAB, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
@@ -49,7 +49,7 @@ class RandomCheckpoint:
     with the scales of models/qwen36/tiny.py (activations O(1)); nothing is written to disk."""
 
     def __init__(self, cfg, seed: int = 0):
-        from models.qwen36.checkpoint import mtp_shapes, target_shapes
+        from qwen36.checkpoint import mtp_shapes, target_shapes
 
         self.config, self.seed = cfg, seed
         self.shapes = target_shapes(cfg)
@@ -95,7 +95,7 @@ def _tensor_bytes(obj) -> int:
 
 
 def _scaled(counts, name: str, ratio: float):
-    from tt_ops.emulator.counters import Counts
+    from qwen36.tt_ops.emulator.counters import Counts
 
     c = Counts(name)
     c.programs, c.collectives = counts.programs, counts.collectives
@@ -142,7 +142,7 @@ class CostBench:
     def corrected_embed(self, counts, rows: int):
         """An embedding/RoPE region of ``rows`` tokens: the emulator counts each gather's whole table as read;
         on cards a lookup reads one row per token (module docstring)."""
-        from models.qwen36.tt.model_config import TensorGroup
+        from qwen36.tt.model_config import TensorGroup
 
         w, h, d = self.weights, self.cfg.hidden_size, self.cfg.head_dim
         out = counts.copy(counts.name)
@@ -164,13 +164,13 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
                 emulated_only: bool = True) -> CostBench:
     """Open the mesh (emulated unless ``emulated_only`` is False) and build the first GDN + first attention layer
     of ``cfg`` with state for a ``context``-token sequence (plus 64 positions of head room)."""
-    from tt_ops.device import open_mesh
+    from qwen36.tt_ops.device import open_mesh
 
-    from models.qwen36.config import FULL
-    from models.qwen36.tt.model import TTQwen36Model
-    from models.qwen36.tt.model_config import PrecisionSetting, TTModelArgs
-    from models.qwen36.tt.state import allocate_state
-    from models.qwen36.tt.weights import WeightLoader
+    from qwen36.config import FULL
+    from qwen36.tt.model import TTQwen36Model
+    from qwen36.tt.model_config import PrecisionSetting, TTModelArgs
+    from qwen36.tt.state import allocate_state
+    from qwen36.tt.weights import WeightLoader
 
     ctx = open_mesh(device, trace_region_size=64 << 20)
     if emulated_only and not ctx.is_emulated:
@@ -195,7 +195,7 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
 
 def token_counts(name: str, parts) -> "Counts":
     """Sum of (Counts, times) pairs (negative times subtract) under ``name``."""
-    from tt_ops.emulator.counters import Counts
+    from qwen36.tt_ops.emulator.counters import Counts
 
     total = Counts(name)
     for part, times in parts:
@@ -207,9 +207,9 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             n_gdn: int | None = None, n_attn: int | None = None) -> dict:
     """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step by region and
     extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default: cfg's)."""
-    from tt_ops.cost_model import LABEL, P150aCostModel
+    from qwen36.tt_ops.cost_model import LABEL, P150aCostModel
 
-    from models.qwen36.tt.state import allocate_decode_inputs
+    from qwen36.tt.state import allocate_decode_inputs
 
     bench = build_bench(device, cfg, precision, context, seed)
     try:
@@ -279,7 +279,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from models.qwen36.tiny import PRESETS
+    from qwen36.tiny import PRESETS
 
     if args.preset == "27b":
         base = qwen36_27b_config()

@@ -30,8 +30,8 @@ from collections import defaultdict
 
 import torch
 
-from probes.decode_cost import RandomCheckpoint, build_bench, qwen36_27b_config
-from probes.records import ProbeReport
+from qwen36.probes.decode_cost import RandomCheckpoint, build_bench, qwen36_27b_config
+from qwen36.probes.records import ProbeReport
 
 NAME = "gate-0b"
 HELP = "verify_cost_ratio (K+1-row verify / 1-row decode), draft/reseed/commit/accept cost at 27B shapes"
@@ -64,7 +64,7 @@ class Cost(dict):
         return Cost({k: v * ratio if k.startswith("read:") or k == "collective_bytes" else v for k, v in self.items()})
 
     def counts(self, name: str):
-        from tt_ops.emulator.counters import Counts
+        from qwen36.tt_ops.emulator.counters import Counts
 
         c = Counts(name)
         c.programs, c.collectives = round(self.get("programs", 0)), round(self.get("collectives", 0))
@@ -114,7 +114,7 @@ class Meter:
             regs[name] = regs[name].plus(c)
         corr = Cost()
         if self.emulated:
-            from models.qwen36.tt.model_config import TensorGroup
+            from qwen36.tt.model_config import TensorGroup
 
             b, w = self.bench, self.bench.weights
             h, d = b.cfg.hidden_size, b.cfg.head_dim
@@ -160,15 +160,15 @@ def _phase_figures(cost: Cost, cm, emulated: bool) -> dict:
 
 
 def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, seed: int, real_vocab: int) -> dict:
-    from tt_ops.cost_model import LABEL, P150aCostModel
+    from qwen36.tt_ops.cost_model import LABEL, P150aCostModel
 
-    from models.qwen36.tt.accept import DeviceAcceptor
-    from models.qwen36.tt.commit import commit
-    from models.qwen36.tt.model_config import TensorGroup
-    from models.qwen36.tt.mtp import TTMTPHead
-    from models.qwen36.tt.state import allocate_decode_inputs
-    from models.qwen36.tt.verify import SpecDeviceState
-    from models.qwen36.tt.weights import WeightLoader, load_mtp_weights
+    from qwen36.tt.accept import DeviceAcceptor
+    from qwen36.tt.commit import commit
+    from qwen36.tt.model_config import TensorGroup
+    from qwen36.tt.mtp import TTMTPHead
+    from qwen36.tt.state import allocate_decode_inputs
+    from qwen36.tt.verify import SpecDeviceState
+    from qwen36.tt.weights import WeightLoader, load_mtp_weights
 
     bench = build_bench(device, cfg, precision, context, seed, probe=NAME, emulated_only=False)
     try:
@@ -305,7 +305,7 @@ def draft_phase(meter: Meter, model, mtp_w, head_cls, k: int, pos: int, ratio: f
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from models.qwen36.tiny import PRESETS
+    from qwen36.tiny import PRESETS
 
     base = qwen36_27b_config() if args.preset == "27b" else PRESETS["ci"]
     device = args.device if args.device != "reference" else "emulated-p150x2"

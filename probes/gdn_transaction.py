@@ -30,12 +30,12 @@ from typing import Callable
 
 import torch
 
-from models.qwen36.numerics import pcc
-from models.qwen36.spec.engine import MECHANISMS, speculative_step
-from models.qwen36.spec.oracle import greedy_continuation, replay, serial_decode
-from models.qwen36.spec.reference_backend import ReferenceBackend, ReferenceDraft, ReferenceLive, expected_step_counters
-from models.qwen36.spec.sampling import SamplingParams
-from probes.records import ProbeReport
+from qwen36.numerics import pcc
+from qwen36.speculative.engine import MECHANISMS, speculative_step
+from qwen36.speculative.oracle import greedy_continuation, replay, serial_decode
+from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft, ReferenceLive, expected_step_counters
+from qwen36.speculative.sampling import SamplingParams
+from qwen36.probes.records import ProbeReport
 
 NAME = "gdn-transaction"
 HELP = "speculative transaction: 3 GDN commit mechanisms x K x acceptance length vs the autoregressive oracle"
@@ -204,9 +204,9 @@ def run_matrix(model, *, ks=KS, mechanisms=MECHANISMS, factory: BackendFactory =
 
 # ---- entry point ------------------------------------------------------------------------------------
 def load_model(args):
-    from models.qwen36.commands.backends import REFERENCE_DEVICES, check_device
-    from models.qwen36.reference.model import Qwen36Model
-    from models.qwen36.tiny import make_tiny
+    from qwen36.commands.backends import REFERENCE_DEVICES, check_device
+    from qwen36.reference.model import Qwen36Model
+    from qwen36.tiny import make_tiny
 
     check_device(args.device)
     if args.device not in REFERENCE_DEVICES:

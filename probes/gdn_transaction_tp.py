@@ -43,8 +43,8 @@ from pathlib import Path
 
 import torch
 
-from models.qwen36.numerics import pcc
-from probes.records import ProbeReport
+from qwen36.numerics import pcc
+from qwen36.probes.records import ProbeReport
 
 NAME = "gdn-transaction-tp"
 HELP = ("speculative transaction through the TT path at TP=N: 3 mechanisms x K x acceptance length vs TT "
@@ -97,7 +97,7 @@ def full_config():
     """The 27b-ratios preset: real 27B per-device GDN shapes at TP=2 (16 key / 48 value heads = 8 / 24 per device,
     Dk = Dv = 128, fp32 state) and the 27B attention layout (24 query / 4 KV heads = 12 / 2 per device,
     head_dim 256), on 4 layers (3 GDN + 1 attention), hidden 256, vocab 1024."""
-    from models.qwen36.tiny import PRESETS
+    from qwen36.tiny import PRESETS
 
     return PRESETS["27b-ratios"]
 
@@ -115,7 +115,7 @@ def write_per_device(ttnn, mesh, t, parts: list[torch.Tensor]) -> None:
 
 
 def kv_states(state) -> list:
-    from models.qwen36.tt.state import KVLayerState
+    from qwen36.tt.state import KVLayerState
 
     return [s for s in state.layers if isinstance(s, KVLayerState)]
 
@@ -142,7 +142,7 @@ class Probe:
     """Holds the generator, the device MTP drafter and the cell logic."""
 
     def __init__(self, gen, reader, plain: list[int], prompt: list[int], backend_factory=None):
-        from models.qwen36.tt.spec_backend import TTMTPDrafter, TTSpecBackend
+        from qwen36.tt.spec_backend import TTMTPDrafter, TTSpecBackend
 
         self.gen, self.ttnn, self.mesh, self.model = gen, gen.ttnn, gen.mesh, gen.model
         self.plain, self.prompt = plain, prompt
@@ -253,7 +253,7 @@ class Probe:
         failed: list[str] = []
         be.prefill(self.prompt)
         for _ in range(DRIVE_STEPS):
-            from models.qwen36.spec.engine import speculative_step
+            from qwen36.speculative.engine import speculative_step
 
             speculative_step(be, k)
         drive_ok = be.history[len(self.prompt):] == self.plain[:len(be.history) - len(self.prompt)]
@@ -352,7 +352,7 @@ class Probe:
 
     def refusal_cell(self) -> dict:
         """shadow_commit: abort after verify must be refused (ring slots overwritten in place)."""
-        from models.qwen36.tt.spec_backend import TTSpecBackend
+        from qwen36.tt.spec_backend import TTSpecBackend
 
         be = TTSpecBackend(self.gen, "shadow_commit", drafter=self.drafter, use_trace=False)
         self.label = be.label
@@ -426,8 +426,8 @@ def run_matrix(probe: Probe, ks=KS, mechs=MECHS, accepts=None) -> tuple[list[dic
 
 
 def open_probe(ckpt: Path, device: str, precision: str, seed: int, backend_factory=None):
-    from models.qwen36.checkpoint import load_checkpoint
-    from models.qwen36.tt.generator import TTGenerator
+    from qwen36.checkpoint import load_checkpoint
+    from qwen36.tt.generator import TTGenerator
 
     gen = TTGenerator.from_checkpoint(ckpt, device, precision=precision, max_seq_len=MAX_SEQ_LEN, use_trace=True,
                                       progress=False, block_size=32, prefill_chunk=64, require_mtp=True)
@@ -440,7 +440,7 @@ def open_probe(ckpt: Path, device: str, precision: str, seed: int, backend_facto
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from models.qwen36.tt.testing import make_bf16_checkpoint
+    from qwen36.tt.testing import make_bf16_checkpoint
 
     ks = tuple(int(x) for x in args.ks.split(","))
     mechs = tuple(args.mechanisms.split(","))

@@ -11,7 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
-from probes.records import ProbeReport
+from qwen36.probes.records import ProbeReport
 
 NAME = "lossless"
 HELP = "TT speculative greedy == TT plain greedy == reference greedy (K x mechanisms, shipped checkpoint)"
@@ -21,7 +21,7 @@ DEFAULT_PROMPT = [5, 100, 7, 300, 12, 44, 901, 17, 3, 250]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from models.qwen36.commands.common import DEFAULT_CHECKPOINT  # the shipped checkpoint, wherever we run from
+    from qwen36.commands.common import DEFAULT_CHECKPOINT  # the shipped checkpoint, wherever we run from
 
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     p.add_argument("--ks", default=",".join(map(str, KS)))
@@ -31,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_matrix(gen, reader, ref_tokens, prompt, ks, mechs, max_new) -> list[dict]:
-    from models.qwen36.spec.engine import speculative_generate
-    from models.qwen36.tt.spec_backend import TTMTPDrafter, TTSpecBackend
+    from qwen36.speculative.engine import speculative_generate
+    from qwen36.tt.spec_backend import TTMTPDrafter, TTSpecBackend
 
     gen.use_trace = True
     plain = gen.greedy(prompt, max_new)
@@ -54,9 +54,9 @@ def run_matrix(gen, reader, ref_tokens, prompt, ks, mechs, max_new) -> list[dict
 def run(args: argparse.Namespace) -> ProbeReport:
     import torch
 
-    from models.qwen36.checkpoint import load_checkpoint
-    from models.qwen36.reference.model import Qwen36Model
-    from models.qwen36.tt.generator import TTGenerator
+    from qwen36.checkpoint import load_checkpoint
+    from qwen36.reference.model import Qwen36Model
+    from qwen36.tt.generator import TTGenerator
 
     t0 = time.perf_counter()
     ks = tuple(int(x) for x in args.ks.split(","))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.qwen36.io_utils import atomic_append_line
+from qwen36.io_utils import atomic_append_line
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUNS_DIR = REPO_ROOT / "bench" / "runs"

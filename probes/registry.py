@@ -12,12 +12,12 @@ import importlib
 from types import ModuleType
 
 PROBES: dict[str, str] = {
-    "gdn-transaction": "probes.gdn_transaction",
-    "decode-cost": "probes.decode_cost",
-    "verify-tp": "probes.verify_tp",
-    "lossless": "probes.lossless",
-    "gate-0b": "probes.gate_0b",
-    "gdn-transaction-tp": "probes.gdn_transaction_tp",
+    "gdn-transaction": "qwen36.probes.gdn_transaction",
+    "decode-cost": "qwen36.probes.decode_cost",
+    "verify-tp": "qwen36.probes.verify_tp",
+    "lossless": "qwen36.probes.lossless",
+    "gate-0b": "qwen36.probes.gate_0b",
+    "gdn-transaction-tp": "qwen36.probes.gdn_transaction_tp",
 }
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from models.qwen36.numerics import pcc
-from probes.records import ProbeReport
+from qwen36.numerics import pcc
+from qwen36.probes.records import ProbeReport
 
 NAME = "verify-tp"
 HELP = "packed K+1 verify vs K+1 sequential single-row decodes on the TT target (logits PCC, GDN per-token states)"
@@ -52,7 +52,7 @@ def gdn_host(gen, t):
 
 def run_case(gen, k: int, prompt: list[int], rows: list[int]) -> dict:
     """One K: sequential decode vs packed verify from the same prefill."""
-    from models.qwen36.tt.spec_backend import TTSpecBackend
+    from qwen36.tt.spec_backend import TTSpecBackend
 
     ttnn = gen.ttnn
     gen.use_trace = False
@@ -109,8 +109,8 @@ def run_matrix(gen, ks=KS, seed: int = 0) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from models.qwen36.tt.generator import TTGenerator
-    from models.qwen36.tt.testing import make_bf16_checkpoint
+    from qwen36.tt.generator import TTGenerator
+    from qwen36.tt.testing import make_bf16_checkpoint
 
     t0 = time.perf_counter()
     ks = tuple(int(x) for x in args.ks.split(","))

@@ -27,8 +27,8 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, default=None, help="write the checkpoint here and keep it")
     args = ap.parse_args()
 
-    from models.qwen36.reference.model import Qwen36Model
-    from models.qwen36.tiny import make_tiny
+    from qwen36.reference.model import Qwen36Model
+    from qwen36.tiny import make_tiny
 
     out = args.keep or Path(tempfile.mkdtemp(prefix="qwen36-27b-layers-"))
     t0 = time.perf_counter()

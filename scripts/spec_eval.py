@@ -20,10 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -41,7 +37,7 @@ def make_heldout(data_dir: Path, out: Path, n_loss_windows: int = 16, min_doc: i
     after a third of the file. Loss windows: LOSS_WINDOW-token windows spread evenly over the held-out stream."""
     from tokenizers import Tokenizer
 
-    from models.qwen36.io_utils import atomic_write_json
+    from qwen36.io_utils import atomic_write_json
 
     man = json.loads((data_dir / "manifest.json").read_text())
     val = np.fromfile(data_dir / "val.u16", dtype=np.uint16).astype(np.int64)
@@ -147,8 +143,8 @@ def summarize(k: int, accepted: list[int]) -> dict:
 
 def engine_acceptance(model, prompts: list[list[int]], k: int, max_new_tokens: int, mechanism: str = "shadow_commit"):
     """Greedy acceptance through the project's speculative engine. Returns (summary, tokens per prompt, seconds)."""
-    from models.qwen36.spec.engine import speculative_generate
-    from models.qwen36.spec.reference_backend import ReferenceBackend
+    from qwen36.speculative.engine import speculative_generate
+    from qwen36.speculative.reference_backend import ReferenceBackend
 
     per_prompt, outs = [], []
     t0 = time.perf_counter()
@@ -178,7 +174,7 @@ def full_split_ce(model, data_dir: Path, window: int = 512) -> dict:
 
 def evaluate(ckpt: Path, ks: list[int], max_new_tokens: int, n_prompts: int | None, cross_check_k: int = 3,
              data_dir: Path | None = None) -> dict:
-    from models.qwen36.reference.model import Qwen36Model, greedy_generate
+    from qwen36.reference.model import Qwen36Model, greedy_generate
 
     torch.manual_seed(0)
     model = Qwen36Model.from_checkpoint(ckpt, require_mtp=True)
@@ -236,7 +232,7 @@ def main(argv=None) -> int:
                        data_dir=args.data)
         print(json.dumps({k: v for k, v in res.items() if k != "acceptance"}, indent=1))
         if args.out:
-            from models.qwen36.io_utils import atomic_write_json
+            from qwen36.io_utils import atomic_write_json
 
             atomic_write_json(args.out, res)
     return 0

@@ -38,16 +38,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from models.qwen36.config import FULL, LINEAR, Qwen36Config  # noqa: E402
-from models.qwen36.io_utils import atomic_write, atomic_write_json, atomic_write_text  # noqa: E402
+from qwen36.config import FULL, LINEAR, Qwen36Config  # noqa: E402
+from qwen36.io_utils import atomic_write, atomic_write_json, atomic_write_text  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------------
 # model presets
@@ -118,7 +114,7 @@ def read_corpus(root: Path, rels: list[str]) -> tuple[list[str], str]:
 
 
 def prepare(data_dir: Path, vocab_size: int = 4096, max_files: int | None = None, root: Path | None = None) -> dict:
-    from models.qwen36.tokenizer import EOS_TOKEN, save_hf_tokenizer, train_bpe
+    from qwen36.tokenizer import EOS_TOKEN, save_hf_tokenizer, train_bpe
 
     root = root or stdlib_root()
     rels = list_corpus(root, max_files)
@@ -238,7 +234,7 @@ def mtp_chain_forward(model, hidden: torch.Tensor, next_tokens: torch.Tensor, de
     takes (own post-norm output of row p-1 at depth d-1, embed(x_{p+1})) -- the forced draft token -- and
     attends to depth-1 entries at positions <= a and to the chain's own entries at a+1..p.
     """
-    from models.qwen36.reference.layers import apply_partial_rope, rope_cos_sin
+    from qwen36.reference.layers import apply_partial_rope, rope_cos_sin
 
     mtp = model.mtp
     layer = mtp.layers[0]
@@ -352,7 +348,7 @@ def export_weights(model) -> dict[str, torch.Tensor]:
 def save_checkpoint(model, cfg: Qwen36Config, data_dir: Path, out_dir: Path) -> Path:
     import shutil
 
-    from models.qwen36.tiny import write_checkpoint
+    from qwen36.tiny import write_checkpoint
 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_checkpoint(out_dir, cfg, export_weights(model), tokenizer=False)
@@ -387,7 +383,7 @@ def _train(args) -> dict:
         torch.backends.cudnn.allow_tf32 = True
     else:
         torch.use_deterministic_algorithms(True)
-    from models.qwen36.reference.model import Qwen36Model
+    from qwen36.reference.model import Qwen36Model
 
     model = Qwen36Model(cfg, with_mtp=True)
     init_weights(model, cfg, args.seed)

@@ -20,7 +20,7 @@ def _restore_torch_threads():
 @pytest.fixture(scope="session")
 def ckpt_factory(tmp_path_factory):
     """make(preset, seed=0, wrapped=False, with_mtp=True) -> checkpoint dir (cached per arguments)."""
-    from models.qwen36.tiny import PRESETS, random_weights, write_checkpoint
+    from qwen36.tiny import PRESETS, random_weights, write_checkpoint
     from dataclasses import replace
 
     cache: dict = {}

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("ttnn")
 
-from tt_ops.api_fidelity import project_files, scan_paths, scan_source  # noqa: E402
+from qwen36.tt_ops.api_fidelity import project_files, scan_paths, scan_source  # noqa: E402
 
 
 def test_project_tt_code_uses_only_real_ttnn_api():
@@ -75,7 +75,7 @@ get_device_tensors deallocate synchronize_device to_device from_device Topology 
 def test_contract_names_exist_and_are_reachable():
     import ttnn as real
 
-    from tt_ops.device import open_mesh
+    from qwen36.tt_ops.device import open_mesh
 
     with open_mesh("emulated-p150") as ctx:
         for name in CONTRACT:

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.qwen36.checkpoint import CheckpointError, load_checkpoint, mtp_shapes
-from models.qwen36.config import FULL, LINEAR, ConfigError, Qwen36Config
-from models.qwen36.reference.model import Qwen36Model
+from qwen36.checkpoint import CheckpointError, load_checkpoint, mtp_shapes
+from qwen36.config import FULL, LINEAR, ConfigError, Qwen36Config
+from qwen36.reference.model import Qwen36Model
 
 
 def copy_ckpt(src, dst):
@@ -187,7 +187,7 @@ def test_tokenizer_loads_with_autotokenizer(ci_ckpt):
 
 
 def test_make_tiny_is_deterministic(tmp_path):
-    from models.qwen36.tiny import make_tiny
+    from qwen36.tiny import make_tiny
 
     a, b = make_tiny(tmp_path / "a", "ci", seed=5), make_tiny(tmp_path / "b", "ci", seed=5)
     c = make_tiny(tmp_path / "c", "ci", seed=6)

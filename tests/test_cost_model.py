@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 import torch
 
-from tt_ops.cost_model import (
+from qwen36.tt_ops.cost_model import (
     LABEL,
     P150A_DRAM_BW_EFFECTIVE_GBPS,
     P150aCostModel,
 )
-from tt_ops.emulator.counters import Counts
+from qwen36.tt_ops.emulator.counters import Counts
 
 
 def test_formula_and_label():
@@ -39,7 +39,7 @@ def test_formula_and_label():
 
 def test_counts_from_emulator_feed_the_model():
     pytest.importorskip("ttnn")
-    from tt_ops.device import open_mesh
+    from qwen36.tt_ops.device import open_mesh
 
     with open_mesh("emulated-p150x2") as ctx:
         ttnn, mesh = ctx.ttnn, ctx.mesh_device

@@ -4,20 +4,20 @@ step on held-out code), and stays within the size budget."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from models.qwen36.checkpoint import load_checkpoint
-from models.qwen36.commands.common import DEFAULT_CHECKPOINT
-from models.qwen36.config import FULL, LINEAR
+from qwen36.checkpoint import load_checkpoint
+from qwen36.commands.common import DEFAULT_CHECKPOINT
+from qwen36.config import FULL, LINEAR
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from scripts.spec_eval import (engine_acceptance, heldout_ce, load_heldout, minimal_greedy_spec,  # noqa: E402
-                               unigram_ce_of)
+from script_loader import load_script
+
+_spec_eval = load_script("spec_eval")
+engine_acceptance, heldout_ce, load_heldout = _spec_eval.engine_acceptance, _spec_eval.heldout_ce, _spec_eval.load_heldout
+minimal_greedy_spec, unigram_ce_of = _spec_eval.minimal_greedy_spec, _spec_eval.unigram_ce_of
 
 CKPT = DEFAULT_CHECKPOINT
 MAX_BYTES = 30 * 1024 * 1024
@@ -25,7 +25,7 @@ MAX_BYTES = 30 * 1024 * 1024
 
 @pytest.fixture(scope="module")
 def model():
-    from models.qwen36.reference.model import Qwen36Model
+    from qwen36.reference.model import Qwen36Model
 
     return Qwen36Model.from_checkpoint(CKPT, require_mtp=True)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.qwen36.cli import main
+from qwen36.cli import main
 
 
 def test_demo_greedy_prints_text_acceptance_and_speed(capsys):

@@ -6,8 +6,8 @@ import pathlib
 
 import pytest
 
-from tt_ops import device as dev
-from tt_ops.device import DeviceSelectionError, open_mesh, resolve_device_name
+from qwen36.tt_ops import device as dev
+from qwen36.tt_ops.device import DeviceSelectionError, open_mesh, resolve_device_name
 
 
 @pytest.fixture

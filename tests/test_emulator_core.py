@@ -7,9 +7,9 @@ import torch
 
 ttnn_real = pytest.importorskip("ttnn")
 
-from tt_ops.device import open_mesh  # noqa: E402
-from tt_ops.emulator import EmulatorError, EmuTensor  # noqa: E402
-from tt_ops.emulator import ops_core  # noqa: E402
+from qwen36.tt_ops.device import open_mesh  # noqa: E402
+from qwen36.tt_ops.emulator import EmulatorError, EmuTensor  # noqa: E402
+from qwen36.tt_ops.emulator import ops_core  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=[1, 2, 4], ids=["1x1", "1x2", "1x4"])
@@ -139,7 +139,7 @@ def test_block_float_requires_tile(ctx2):
 
 
 def test_tile_bytes_match_ttnn():
-    from tt_ops.emulator.tensor import TILE_BYTES
+    from qwen36.tt_ops.emulator.tensor import TILE_BYTES
 
     for name, b in TILE_BYTES.items():
         assert ttnn_real.tile_size(getattr(ttnn_real, name.lower())) == b
@@ -372,8 +372,8 @@ def test_override_parameter_names_match_real_signatures():
     """Keyword calls with the real parameter names must reach every override (regression: typecast/reshape)."""
     import inspect
 
-    from tt_ops.emulator import registry
-    from tt_ops.emulator.signatures import signature_of
+    from qwen36.tt_ops.emulator import registry
+    from qwen36.tt_ops.emulator.signatures import signature_of
 
     registry.load_all()
     problems = []

@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("ttnn")
 
-from tt_ops.device import open_mesh  # noqa: E402
-from tt_ops.emulator import EmulatorError  # noqa: E402
+from qwen36.tt_ops.device import open_mesh  # noqa: E402
+from qwen36.tt_ops.emulator import EmulatorError  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["1x2", "1x4"])

@@ -7,8 +7,8 @@ import torch
 
 pytest.importorskip("ttnn")
 
-from tt_ops.device import open_mesh  # noqa: E402
-from tt_ops.emulator import EmulatorError, TraceRuleError  # noqa: E402
+from qwen36.tt_ops.device import open_mesh  # noqa: E402
+from qwen36.tt_ops.emulator import EmulatorError, TraceRuleError  # noqa: E402
 
 HID, FF = 64, 128
 

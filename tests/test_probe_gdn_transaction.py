@@ -7,9 +7,9 @@ import argparse
 import pytest
 import torch
 
-from models.qwen36.reference.model import Qwen36Model
-from models.qwen36.spec.reference_backend import ReferenceBackend
-from probes import gdn_transaction as probe
+from qwen36.reference.model import Qwen36Model
+from qwen36.speculative.reference_backend import ReferenceBackend
+from qwen36.probes import gdn_transaction as probe
 
 
 @pytest.fixture(scope="module")

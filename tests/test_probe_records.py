@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from probes.records import ProbeReport, append_record, default_records_path, read_records, summarize, to_record
-from probes.registry import PROBES, load_probe, probe_names
+from qwen36.probes.records import ProbeReport, append_record, default_records_path, read_records, summarize, to_record
+from qwen36.probes.registry import PROBES, load_probe, probe_names
 
 
 def fake_report(ok=True) -> ProbeReport:
@@ -54,7 +54,7 @@ def test_registry():
 
 
 def test_probe_and_records_commands(tmp_path, capsys):
-    from models.qwen36.cli import main
+    from qwen36.cli import main
 
     path = tmp_path / "r.jsonl"
     assert main(["probe", "gdn-transaction", "--device", "reference", "--ks", "1", "--records", str(path)]) == 0

@@ -2,11 +2,11 @@
 verify_cost_ratio >= 1 and increasing with K, every phase costed, commit mechanisms ordered by their copies."""
 from __future__ import annotations
 
-from probes.records import read_records
+from qwen36.probes.records import read_records
 
 
 def test_gate0b_probe_ci(tmp_path):
-    from models.qwen36.cli import main
+    from qwen36.cli import main
 
     rec = tmp_path / "g0b.jsonl"
     rc = main(["probe", "gate-0b", "--device", "emulated-p150x2", "--preset", "ci", "--ks", "1,2,3,7",
@@ -41,8 +41,8 @@ def test_gate0b_two_kv_heads_per_device():
     view), ratio > 1, figures modelled."""
     import dataclasses
 
-    from models.qwen36.tt.testing import tp4_config
-    from probes import gate_0b
+    from qwen36.tt.testing import tp4_config
+    from qwen36.probes import gate_0b
 
     cfg = dataclasses.replace(tp4_config(), eos_token_id=())
     fig = gate_0b.measure("emulated-p150x2", cfg, "performance", 256, [1, 3], 1, 0, cfg.vocab_size)

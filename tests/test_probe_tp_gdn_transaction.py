@@ -8,10 +8,10 @@ import argparse
 import pytest
 import torch
 
-from models.qwen36.tt.spec_backend import TTSpecBackend
-from models.qwen36.tt.testing import make_bf16_checkpoint
-from probes import gdn_transaction_tp as probe
-from probes.registry import load_probe
+from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.tt.testing import make_bf16_checkpoint
+from qwen36.probes import gdn_transaction_tp as probe
+from qwen36.probes.registry import load_probe
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,11 @@ checkpoint: TT speculative greedy == TT plain greedy == reference greedy, token 
 directory other than the repository root (regression: the default checkpoint path was relative to the CWD)."""
 from __future__ import annotations
 
-from probes.records import read_records
+from qwen36.probes.records import read_records
 
 
 def test_lossless_probe_full_grid(tmp_path, monkeypatch):
-    from models.qwen36.cli import main
+    from qwen36.cli import main
 
     monkeypatch.chdir(tmp_path)
     rec = tmp_path / "lossless.jsonl"

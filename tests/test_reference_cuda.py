@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.qwen36.reference.model import Qwen36Model, greedy_generate
+from qwen36.reference.model import Qwen36Model, greedy_generate
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none visible to torch)")
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from models.qwen36.reference.gdn import chunk_gated_delta_rule, prepare_qk, recurrent_gated_delta_rule
-from models.qwen36.reference.model import Qwen36Model
-from models.qwen36.tiny import PRESETS
+from qwen36.reference.gdn import chunk_gated_delta_rule, prepare_qk, recurrent_gated_delta_rule
+from qwen36.reference.model import Qwen36Model
+from qwen36.tiny import PRESETS
 
 # fp32 chunked (UT transform, triangular solve) vs token loop: different summation order; measured ~1e-6.
 ATOL_FP32 = 2e-5

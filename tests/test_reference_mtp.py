@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.qwen36.checkpoint import load_checkpoint
-from models.qwen36.reference.model import Qwen36Model
+from qwen36.checkpoint import load_checkpoint
+from qwen36.reference.model import Qwen36Model
 
 
 def rms_zc(x, w, eps):

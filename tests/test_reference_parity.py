@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.qwen36.reference.model import Qwen36Model
+from qwen36.reference.model import Qwen36Model
 
 ATOL = 1e-4
 PROMPT_LEN = 45

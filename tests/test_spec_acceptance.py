@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.qwen36.spec.acceptance import ONE_HOT_DRAFT, PLACEHOLDER_TOKEN_ID as P, greedy_accept, rejection_sample
-from models.qwen36.spec.sampling import SamplingParams, probs_from_logits
+from qwen36.speculative.acceptance import ONE_HOT_DRAFT, PLACEHOLDER_TOKEN_ID as P, greedy_accept, rejection_sample
+from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 
 P_VALUE_MIN = 1e-3  # fixed seeds make these deterministic; 1e-3 leaves room for an unlucky-but-valid seed
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.qwen36.reference.model import Qwen36Model, greedy_generate
-from models.qwen36.spec.engine import (MECHANISMS, Acceptance, MechanismCounters, SpecBackend, speculative_generate,
+from qwen36.reference.model import Qwen36Model, greedy_generate
+from qwen36.speculative.engine import (MECHANISMS, Acceptance, MechanismCounters, SpecBackend, speculative_generate,
                                        speculative_step)
-from models.qwen36.spec.reference_backend import ReferenceBackend, ReferenceDraft, expected_step_counters
-from models.qwen36.spec.sampling import SamplingParams, probs_from_logits
+from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft, expected_step_counters
+from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 
 from test_spec_acceptance import P_VALUE_MIN, chi_square_p
 
@@ -270,7 +270,7 @@ def test_stochastic_abort_rewinds_the_sampler(model):
 
 
 def test_generate_cli_speculative_matches_greedy(ckpt, capsys):
-    from models.qwen36.cli import main
+    from qwen36.cli import main
 
     main(["generate", "-c", str(ckpt), "--ids", "5,6,7,8", "--max-new-tokens", "12"])
     plain = capsys.readouterr().out.splitlines()[0]

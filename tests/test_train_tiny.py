@@ -3,18 +3,17 @@ smoke run at tiny size (loss goes down, bit-identical given the seed, output loa
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from scripts import train_tiny as tt  # noqa: E402
+from script_loader import load_script
 
-from models.qwen36.checkpoint import load_checkpoint  # noqa: E402
-from models.qwen36.reference.model import Qwen36Model  # noqa: E402
+tt = load_script("train_tiny")
+
+from qwen36.checkpoint import load_checkpoint  # noqa: E402
+from qwen36.reference.model import Qwen36Model  # noqa: E402
 
 
 def test_corpus_listing_is_sorted_and_excludes_tests_and_generated_files():

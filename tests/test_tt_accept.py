@@ -18,10 +18,10 @@ import torch
 
 pytest.importorskip("ttnn")
 
-from models.qwen36.spec.acceptance import PLACEHOLDER_TOKEN_ID, greedy_accept, rejection_sample  # noqa: E402
-from models.qwen36.spec.sampling import SamplingParams, probs_from_logits  # noqa: E402
-from models.qwen36.tt.accept import DeviceAcceptor  # noqa: E402
-from tt_ops.device import open_mesh  # noqa: E402
+from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID, greedy_accept, rejection_sample  # noqa: E402
+from qwen36.speculative.sampling import SamplingParams, probs_from_logits  # noqa: E402
+from qwen36.tt.accept import DeviceAcceptor  # noqa: E402
+from qwen36.tt_ops.device import open_mesh  # noqa: E402
 
 P_MIN = 1e-3  # chi-square acceptance threshold (fixed seeds: the tests are deterministic)
 PROB_ATOL = 1e-6  # device probs_from_logits vs torch, fp32

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tt_ops.device import count_tenstorrent_cards
+from qwen36.tt_ops.device import count_tenstorrent_cards
 
 pytestmark = pytest.mark.cards
 
@@ -19,7 +19,7 @@ def cards():
 
 @pytest.fixture(scope="module")
 def ckpt(cards, tmp_path_factory):
-    from models.qwen36.tt.testing import make_bf16_checkpoint
+    from qwen36.tt.testing import make_bf16_checkpoint
 
     return make_bf16_checkpoint(tmp_path_factory.mktemp("tt-cards-ci"), "ci", seed=0)
 
@@ -27,11 +27,11 @@ def ckpt(cards, tmp_path_factory):
 @pytest.mark.parametrize("preset", ["accuracy", "performance"])
 @pytest.mark.parametrize("layer_id", [0, 3], ids=["gdn", "attention"])
 def test_layers_on_cards(cards, ckpt, preset, layer_id):
-    from tt_ops.device import open_mesh
+    from qwen36.tt_ops.device import open_mesh
 
-    from models.qwen36.tt.model_config import PrecisionSetting
-    from models.qwen36.tt.pcc import PCC_GATES, comp_pcc
-    from models.qwen36.tt.testing import LayerHarness
+    from qwen36.tt.model_config import PrecisionSetting
+    from qwen36.tt.pcc import PCC_GATES, comp_pcc
+    from qwen36.tt.testing import LayerHarness
 
     gate = PCC_GATES["layer_bf16" if preset == "accuracy" else "layer_bf8"]
     with open_mesh("p150x2") as ctx:
@@ -45,8 +45,8 @@ def test_layers_on_cards(cards, ckpt, preset, layer_id):
 
 
 def test_traced_greedy_on_cards_matches_reference(cards, ckpt):
-    from models.qwen36.reference.model import Qwen36Model, greedy_generate
-    from models.qwen36.tt.generator import TTGenerator
+    from qwen36.reference.model import Qwen36Model, greedy_generate
+    from qwen36.tt.generator import TTGenerator
 
     ref = Qwen36Model.from_checkpoint(ckpt, dtype=torch.float32)
     g = torch.Generator().manual_seed(0)

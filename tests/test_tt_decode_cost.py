@@ -2,11 +2,11 @@
 counted step equals what the decode trace records."""
 from __future__ import annotations
 
-from probes.records import read_records
+from qwen36.probes.records import read_records
 
 
 def test_decode_cost_probe_ci(tmp_path):
-    from models.qwen36.cli import main
+    from qwen36.cli import main
 
     rec = tmp_path / "dc.jsonl"
     rc = main(["probe", "decode-cost", "--device", "emulated-p150x2", "--preset", "ci", "--records", str(rec)])

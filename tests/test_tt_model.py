@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.qwen36.reference.model import Qwen36Model, greedy_generate
-from models.qwen36.tiny import PRESETS
-from models.qwen36.tt.generator import TTGenerator
-from models.qwen36.tt.model_config import PrecisionSetting, TPSplitError, TTModelArgs
-from models.qwen36.tt.pcc import PCC_GATES, comp_pcc
-from models.qwen36.tt.testing import make_bf16_checkpoint, tp4_config
+from qwen36.reference.model import Qwen36Model, greedy_generate
+from qwen36.tiny import PRESETS
+from qwen36.tt.generator import TTGenerator
+from qwen36.tt.model_config import PrecisionSetting, TPSplitError, TTModelArgs
+from qwen36.tt.pcc import PCC_GATES, comp_pcc
+from qwen36.tt.testing import make_bf16_checkpoint, tp4_config
 
 DECODE_STEPS = 32
 # Random-weight tiny models have near-ties (reference top-2 gaps down to ~1e-3) that no bf16 arithmetic can
@@ -179,11 +179,11 @@ def test_precision_presets_validate():
 
 
 def test_weight_cache_second_load_skips_conversion(ckpt, tmp_path):
-    from tt_ops.device import open_mesh
-    from tt_ops.emulator import ops_core
+    from qwen36.tt_ops.device import open_mesh
+    from qwen36.tt_ops.emulator import ops_core
 
-    from models.qwen36.checkpoint import load_checkpoint
-    from models.qwen36.tt.weights import WeightLoader
+    from qwen36.checkpoint import load_checkpoint
+    from qwen36.tt.weights import WeightLoader
 
     reader = load_checkpoint(ckpt)
     with open_mesh("emulated-p150x2") as ctx:
@@ -204,7 +204,7 @@ def test_weight_cache_second_load_skips_conversion(ckpt, tmp_path):
 
 def test_gdn_and_attention_row_layouts():
     """Host rearrangement: device d gets [q_d | k_d | v_d | z_d | b_d | a_d] and [q_d | gate_d | k_d | v_d]."""
-    from models.qwen36.tt.weights import attention_qkv_rows, gdn_in_proj_rows
+    from qwen36.tt.weights import attention_qkv_rows, gdn_in_proj_rows
 
     hk, dk, hv, dv, n, h = 4, 2, 12, 3, 2, 5
     qkv = torch.arange((2 * hk * dk + hv * dv) * h, dtype=torch.float32).reshape(-1, h)
@@ -231,10 +231,10 @@ def test_cli_generate_and_logits_on_emulated_mesh(ckpt, ref, gen_perf, tmp_path,
     the generator API, logits within the prefill gate of the reference; the second command loads the weight
     cache the first one wrote (default cache dir under $HOME, redirected here)."""
     from safetensors.torch import load_file
-    from tt_ops.emulator import ops_core
+    from qwen36.tt_ops.emulator import ops_core
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    from models.qwen36.cli import main
+    from qwen36.cli import main
 
     ids = prompt(GREEDY_PROMPT_SEED).tolist()
     assert main(["generate", "-c", str(ckpt), "--ids", ",".join(map(str, ids)), "--max-new-tokens", "6",

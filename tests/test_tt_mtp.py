@@ -14,16 +14,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.qwen36.checkpoint import load_checkpoint
-from models.qwen36.reference.model import Qwen36Model
-from models.qwen36.tt.accept import DeviceAcceptor
-from models.qwen36.tt.model import TTQwen36Model
-from models.qwen36.tt.model_config import PrecisionSetting, TTModelArgs
-from models.qwen36.tt.mtp import TTMTPHead, load_tt_mtp
-from models.qwen36.tt.pcc import PCC_GATES, comp_pcc
-from models.qwen36.tt.testing import make_bf16_checkpoint
-from models.qwen36.tt.weights import WeightLoader, load_mtp_weights
-from models.qwen36.spec.sampling import SamplingParams
+from qwen36.checkpoint import load_checkpoint
+from qwen36.reference.model import Qwen36Model
+from qwen36.tt.accept import DeviceAcceptor
+from qwen36.tt.model import TTQwen36Model
+from qwen36.tt.model_config import PrecisionSetting, TTModelArgs
+from qwen36.tt.mtp import TTMTPHead, load_tt_mtp
+from qwen36.tt.pcc import PCC_GATES, comp_pcc
+from qwen36.tt.testing import make_bf16_checkpoint
+from qwen36.tt.weights import WeightLoader, load_mtp_weights
+from qwen36.speculative.sampling import SamplingParams
 
 K = 3
 PROMPT = 80  # MTP prefill in two chunks (64 + 16), the second partial
@@ -44,7 +44,7 @@ def ref(ckpt):
 
 @pytest.fixture(scope="module")
 def mesh():
-    from tt_ops.device import open_mesh
+    from qwen36.tt_ops.device import open_mesh
 
     with open_mesh("emulated-p150x2", trace_region_size=16 * 1024 * 1024) as ctx:
         yield ctx

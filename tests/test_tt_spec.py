@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.qwen36.spec.engine import speculative_generate
-from models.qwen36.tt.generator import TTGenerator
-from models.qwen36.tt.spec_backend import TTSpecBackend
-from models.qwen36.tt.testing import make_bf16_checkpoint
-from models.qwen36.tt.verify import VerifyShapeError, check_verify_shape
+from qwen36.speculative.engine import speculative_generate
+from qwen36.tt.generator import TTGenerator
+from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.tt.testing import make_bf16_checkpoint
+from qwen36.tt.verify import VerifyShapeError, check_verify_shape
 
 PROMPT = list(range(5, 17))
 MAX_NEW = 24
@@ -100,7 +100,7 @@ def test_traced_step_equals_untraced_bitwise(gen, plain, mech):
 def test_verify_vs_decode_shared_rows(gen):
     """Decode (1 row) and verify (K+1 rows) on the same rows: logits bit-equal on the emulator (tolerance
     stated: max abs <= 1e-6, PCC >= 0.99999), GDN per-token states PCC >= 0.99999."""
-    from probes.verify_tp import run_case
+    from qwen36.probes.verify_tp import run_case
 
     c = run_case(gen, 3, PROMPT, [7, 99, 250, 3])
     assert c["logits_max_abs"] <= 1e-6 and c["logits_pcc_min"] >= 0.99999 and c["argmax_equal"]
@@ -140,7 +140,7 @@ def test_refuses_shapes_the_kernel_cannot_run(gen):
 
 
 def test_probe_verify_tp_ci(gen):
-    from probes.verify_tp import run_matrix
+    from qwen36.probes.verify_tp import run_matrix
 
     cells = run_matrix(gen, ks=(1, 3))
     assert all(c["pass"] for c in cells), cells

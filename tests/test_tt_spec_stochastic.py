@@ -26,11 +26,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.qwen36.spec.sampling import SamplingParams, probs_from_logits
-from models.qwen36.tt.accept import DeviceAcceptor
-from models.qwen36.tt.generator import TTGenerator
-from models.qwen36.tt.mtp import SampledDraftPick
-from models.qwen36.tt.spec_backend import TTMTPDrafter, TTSpecBackend
+from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+from qwen36.tt.accept import DeviceAcceptor
+from qwen36.tt.generator import TTGenerator
+from qwen36.tt.mtp import SampledDraftPick
+from qwen36.tt.spec_backend import TTMTPDrafter, TTSpecBackend
 
 P_MIN = 1e-3
 P_NEG = 1e-6
@@ -65,7 +65,7 @@ def gen():
 
 @pytest.fixture(scope="module")
 def drafter():
-    from models.qwen36.checkpoint import load_checkpoint
+    from qwen36.checkpoint import load_checkpoint
 
     return TTMTPDrafter(load_checkpoint(CKPT, require_mtp=True))
 
@@ -232,7 +232,7 @@ def test_end_to_end_tt_spec_chi_square(gen, drafter, draft, seed):
 
 
 def test_seeded_runs_are_deterministic(gen, drafter):
-    from models.qwen36.spec.engine import speculative_generate
+    from qwen36.speculative.engine import speculative_generate
 
     def run(seed, draft="sample"):
         be = TTSpecBackend(gen, "shadow_commit", drafter=drafter)
@@ -246,7 +246,7 @@ def test_seeded_runs_are_deterministic(gen, drafter):
 
 
 def test_cli_generate_stochastic_prints_stats_and_is_deterministic(capsys):
-    from models.qwen36.cli import main
+    from qwen36.cli import main
 
     argv = ["generate", "--device", "emulated-p150x2", "--spec-k", "3", "--temperature", "0.8", "--top-k", "20",
             "--seed", "1", "-c", CKPT, "--prompt", "def ", "--max-new-tokens", "16"]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from models.qwen36.spec.engine import speculative_generate
-from models.qwen36.tt.generator import TTGenerator
-from models.qwen36.tt.spec_backend import TTSpecBackend
-from models.qwen36.tt.testing import make_bf16_checkpoint, tp4_config
-from models.qwen36.tt.verify import VerifyShapeError, check_verify_shape
+from qwen36.speculative.engine import speculative_generate
+from qwen36.tt.generator import TTGenerator
+from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.tt.testing import make_bf16_checkpoint, tp4_config
+from qwen36.tt.verify import VerifyShapeError, check_verify_shape
 from tests.test_tt_spec import oracle_drafter
 
 PROMPT = list(range(5, 17))
@@ -46,7 +46,7 @@ def test_shape_check_accepts_two_kv_heads_and_refuses_big_k(gen):
 def test_verify_equals_sequential_decode(gen, k, paged):
     """Same tolerance as tests/test_tt_spec.py::test_verify_vs_decode_shared_rows (max abs <= 1e-6,
     PCC >= 0.99999, argmax equal; GDN per-token states PCC >= 0.99999, max abs <= 1e-5)."""
-    from probes.verify_tp import run_case, shuffle_pages
+    from qwen36.probes.verify_tp import run_case, shuffle_pages
 
     if paged:
         shuffle_pages(gen, 3)

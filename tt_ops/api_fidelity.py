@@ -84,7 +84,7 @@ class _Resolver:
 
 
 def _check_call(call: ast.Call, parts: list[str], obj, path: str) -> list[Finding]:
-    from tt_ops.emulator.signatures import signature_of
+    from qwen36.tt_ops.emulator.signatures import signature_of
 
     if inspect.isclass(obj) or inspect.ismodule(obj):
         return []

@@ -1,6 +1,6 @@
 """The one device entry point: open real P150a cards or the emulated mesh, chosen explicitly.
 
-    from tt_ops.device import open_mesh
+    from qwen36.tt_ops.device import open_mesh
     with open_mesh("emulated-p150x2", trace_region_size=50_000_000) as ctx:
         ttnn = ctx.ttnn          # the real ttnn module on cards, the emulating namespace here
         mesh = ctx.mesh_device

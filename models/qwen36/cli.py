@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-# name -> module under models.qwen36.commands (imported lazily: `qwen36 --help` must not import torch/ttnn)
+# name -> module under qwen36.commands (imported lazily: `qwen36 --help` must not import torch/ttnn)
 COMMANDS = {
     "make-tiny": "make_tiny",
     "logits": "logits",
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qwen36", description="Qwen3.6 + MTP speculative decoding: reference, emulated mesh and P150a cards")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS.items():
-        importlib.import_module(f"models.qwen36.commands.{module}").add_parser(sub, name)
+        importlib.import_module(f"qwen36.commands.{module}").add_parser(sub, name)
     return parser
 
 

@@ -59,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..checkpoint import CheckpointError
-    from ..spec.cli_support import backend_config, format_stats, load_backend
-    from ..spec.engine import speculative_generate
-    from ..spec.sampling import SamplingParams
+    from ..speculative.cli_support import backend_config, format_stats, load_backend
+    from ..speculative.engine import speculative_generate
+    from ..speculative.sampling import SamplingParams
     from ..tokenizer import load_tokenizer
     from .backends import check_device
     from .common import torch_dtype

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def add_parser(sub, name: str) -> None:
-    from probes.registry import probe_names  # import-light: names only
+    from qwen36.probes.registry import probe_names  # import-light: names only
 
     p = sub.add_parser(name, help="run a registered probe (probes/registry.py) and append one run record",
                        description="Probes: " + ", ".join(probe_names()) + ". Use `qwen36 probe NAME --help` for its options.")
@@ -27,8 +27,8 @@ def probe_parser(name: str, module) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from loguru import logger
 
-    from probes.records import append_record, to_record
-    from probes.registry import load_probe
+    from qwen36.probes.records import append_record, to_record
+    from qwen36.probes.registry import load_probe
 
     module = load_probe(args.probe)
     pargs = probe_parser(args.probe, module).parse_args(args.probe_args)

@@ -12,7 +12,7 @@ def add_parser(sub, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from probes.records import read_records, summarize
+    from qwen36.probes.records import read_records, summarize
 
     records = []
     for f in args.files:

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from models.qwen36.spec.acceptance import PLACEHOLDER_TOKEN_ID
-from models.qwen36.spec.sampling import SamplingParams
+from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID
+from qwen36.speculative.sampling import SamplingParams
 
 RESULT_EXTRA_COLS = 2  # accepted count, RNG row
 MAX_EXACT_FP32_INT = 1 << 24  # token ids / counts are carried in fp32: exact below 2**24

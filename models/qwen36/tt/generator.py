@@ -55,7 +55,7 @@ class TTGenerator:
                         require_mtp: bool = False, progress: bool = True, **args_kw) -> "TTGenerator":
         """Open ``device`` (a tt_ops.device name), load and convert the checkpoint. ``args_kw`` go to
         TTModelArgs (block_size, prefill_chunk)."""
-        from tt_ops.device import open_mesh
+        from qwen36.tt_ops.device import open_mesh
 
         ctx = open_mesh(device, trace_region_size=DEFAULT_TRACE_REGION if use_trace else 0)
         reader = load_checkpoint(ckpt, require_mtp=require_mtp)

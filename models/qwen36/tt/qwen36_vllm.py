@@ -50,7 +50,7 @@ from loguru import logger
 
 from ..checkpoint import load_checkpoint
 from ..config import FULL, Qwen36Config
-from ..spec.sampling import SamplingParams
+from ..speculative.sampling import SamplingParams
 from .generator import TTGenerator
 from .model import TTQwen36Model
 from .model_config import PrecisionSetting, TTModelArgs

@@ -22,8 +22,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..spec.engine import Acceptance, MechanismCounters
-from ..spec.sampling import SamplingParams, pick_token
+from ..speculative.engine import Acceptance, MechanismCounters
+from ..speculative.sampling import SamplingParams, pick_token
 from .accept import DeviceAcceptor
 from .commit import abort_after_verify, commit
 from .generator import TTGenerator
