@@ -95,6 +95,17 @@ def test_wheel_installs_one_import_root_with_every_package(wheel):
         assert data in files, f"package data {data} missing from the wheel"
 
 
+def test_console_script_points_into_the_package(wheel, installed, foreign, tmp_path):
+    with zipfile.ZipFile(wheel) as z:
+        (ep_file,) = [f for f in z.namelist() if f.endswith(".dist-info/entry_points.txt")]
+        entry_points = z.read(ep_file).decode()
+    line = next(ln for ln in entry_points.splitlines() if ln.startswith("qwen36 "))
+    module, func = line.split("=", 1)[1].strip().split(":")
+    proc = run_isolated(f"import sys; from {module} import {func} as m; sys.exit(m(['--help']))", installed, foreign,
+                        tmp_path)
+    assert proc.returncode == 0 and "usage: qwen36" in proc.stdout, (line, proc.stderr[-2000:])
+
+
 def test_foreign_packages_really_raise(installed, foreign, tmp_path):
     """The guard itself: importing a foreign name fails, so the next test can fail."""
     proc = run_isolated("import models", installed, foreign, tmp_path)
