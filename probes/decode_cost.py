@@ -210,6 +210,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
     from qwen36.tt_ops.cost_model import LABEL, P150aCostModel
 
     from qwen36.tt.state import allocate_decode_inputs
+    from qwen36.tt.trace import TracedStep
 
     bench = build_bench(device, cfg, precision, context, seed)
     try:
@@ -222,12 +223,11 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         model.decode_forward(inputs, state)  # eager step: the counted one
         model.region = lambda name: contextlib.nullcontext()
         # the trace records the same programs: capture and compare
-        tid = ttnn.begin_trace_capture(mesh, cq_id=0)
-        model.decode_forward(inputs, state)
-        ttnn.end_trace_capture(mesh, tid, cq_id=0)
+        trace = TracedStep(ttnn, mesh, lambda: model.decode_forward(inputs, state), name="decode")
+        trace.capture()
         with ctx.counters.scope("replay") as rep:
-            ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)
-        ttnn.release_trace(mesh, tid)
+            trace.replay(blocking=True)
+        trace.release()
         step_programs = sum(c.programs for c in regions.values())
 
         # ---- corrections (see module docstring) -----------------------------------------------------

@@ -300,7 +300,6 @@ def draft_phase(meter: Meter, model, mtp_w, head_cls, k: int, pos: int, ratio: f
                          (rest.vocab_scaled(ratio), 1), (corr, 1)))
     meter.gathers = [g for g in gathered if g[1] == r]  # the reseed's own R-row gathers
     reseed = total(((body_r, 1), (regs[f"rope{r}"], 1), (meter.take()[1], 1)))
-    head.release_trace()
     return {"total": draft_total, "reseed": reseed}
 
 

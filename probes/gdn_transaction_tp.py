@@ -142,7 +142,8 @@ class Probe:
     """Holds the generator, the device MTP drafter and the cell logic."""
 
     def __init__(self, gen, reader, plain: list[int], prompt: list[int], backend_factory=None):
-        from qwen36.tt.spec_backend import TTMTPDrafter, TTSpecBackend
+        from qwen36.tt.mtp_drafter import TTMTPDrafter
+        from qwen36.tt.spec_backend import TTSpecBackend
 
         self.gen, self.ttnn, self.mesh, self.model = gen, gen.ttnn, gen.mesh, gen.model
         self.plain, self.prompt = plain, prompt

@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_matrix(gen, reader, ref_tokens, prompt, ks, mechs, max_new) -> list[dict]:
     from qwen36.speculative.engine import speculative_generate
-    from qwen36.tt.spec_backend import TTMTPDrafter, TTSpecBackend
+    from qwen36.tt.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec_backend import TTSpecBackend
 
     gen.use_trace = True
     plain = gen.greedy(prompt, max_new)

@@ -20,7 +20,9 @@ pytest.importorskip("ttnn")
 
 from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID, greedy_accept, rejection_sample  # noqa: E402
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits  # noqa: E402
+from qwen36.testing.tt_hooks import acceptor_host_draft_probs, acceptor_host_drafts, acceptor_host_logits  # noqa: E402
 from qwen36.tt.accept import DeviceAcceptor  # noqa: E402
+from qwen36.tt.trace import TracedStep  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 
 P_MIN = 1e-3  # chi-square acceptance threshold (fixed seeds: the tests are deterministic)
@@ -39,7 +41,7 @@ def _acc(ctx, k, v, params=None, **kw):
 
 
 def _dev(acc, host):
-    return acc.to_device(host)
+    return acc.ttnn.to_device(host, acc.mesh)
 
 
 def _shard0(ctx, t):
@@ -74,7 +76,7 @@ def test_greedy_matches_reference_every_acceptance_length(ctx, k):
     assert ref_a.tolist() == list(range(k + 1))
     acc = _acc(ctx, k, v, batch=b)
     ttnn = ctx.ttnn
-    res = acc.greedy(_dev(acc, acc.host_logits(logits, dtype=ttnn.bfloat16)), _dev(acc, acc.host_drafts(drafts)))
+    res = acc.greedy(_dev(acc, acceptor_host_logits(acc, logits, dtype=ttnn.bfloat16)), _dev(acc, acceptor_host_drafts(acc, drafts)))
     got = acc.read_results(res)
     assert [r.tokens for r in got] == ref_tokens.tolist()
     assert [r.num_accepted for r in got] == ref_a.tolist()
@@ -96,7 +98,7 @@ def test_greedy_argmax_ties_resolve_to_lowest_index_like_torch(ctx):
     for drafts, want_a in ((lo, 3), (hi, 0), (torch.tensor([2, 3, 13]), 2)):
         ref_t, ref_a = greedy_accept(drafts[None], logits[None])
         assert int(ref_a) == want_a
-        res = acc.greedy(_dev(acc, acc.host_logits(logits[None])), _dev(acc, acc.host_drafts(drafts[None])))
+        res = acc.greedy(_dev(acc, acceptor_host_logits(acc, logits[None])), _dev(acc, acceptor_host_drafts(acc, drafts[None])))
         tokens, a = acc.read_result(res)
         assert (tokens, a) == (ref_t[0].tolist(), want_a)
 
@@ -109,9 +111,9 @@ def test_greedy_vocab_sharded_logits_equal_replicated(ctx):
     drafts = torch.stack([c[1] for c in cases])
     ref_t, ref_a = greedy_accept(drafts, logits)
     acc = _acc(ctx, k, v, batch=b, logits_layout="vocab_sharded")
-    host = acc.host_logits(logits)
+    host = acceptor_host_logits(acc, logits)
     assert len(ctx.ttnn.get_device_tensors(_dev(acc, host))) == 2
-    res = acc.greedy(_dev(acc, host), _dev(acc, acc.host_drafts(drafts)))
+    res = acc.greedy(_dev(acc, host), _dev(acc, acceptor_host_drafts(acc, drafts)))
     got = acc.read_results(res)
     assert [r.tokens for r in got] == ref_t.tolist() and [r.num_accepted for r in got] == ref_a.tolist()
 
@@ -133,7 +135,7 @@ def test_probs_from_logits_matches_torch(ctx, params, layout):
     g = torch.Generator().manual_seed(11)
     logits = torch.randn(b, k + 1, v, generator=g) * 3
     acc = _acc(ctx, k, v, params, batch=b, logits_layout=layout)
-    probs = acc.probs_from_logits(_dev(acc, acc.host_logits(logits)))
+    probs = acc.probs_from_logits(_dev(acc, acceptor_host_logits(acc, logits)))
     ref = probs_from_logits(logits, params)
     for got in (ctx.ttnn.to_torch(s) for s in ctx.ttnn.get_device_tensors(probs)):  # full V on every device
         assert got.shape == (1, b, k + 1, v)
@@ -147,7 +149,7 @@ def test_probs_from_logits_top_k_keeps_ties_like_torch(ctx):
     logits = torch.tensor([[0, 1, 2, 3, 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 5.0]] * 2)[None]  # ties at the k-th value
     params = SamplingParams(temperature=1.0, top_k=3)
     acc = _acc(ctx, k, v, params)
-    got = _shard0(ctx, acc.probs_from_logits(_dev(acc, acc.host_logits(logits))))[0]
+    got = _shard0(ctx, acc.probs_from_logits(_dev(acc, acceptor_host_logits(acc, logits))))[0]
     ref = probs_from_logits(logits, params)
     assert (got > 0).sum(-1).tolist() == [[4, 4]] == (ref > 0).sum(-1).tolist()
     assert (got - ref).abs().max().item() <= PROB_ATOL
@@ -221,17 +223,17 @@ def test_stochastic_distribution_chi_square(ctx, k, mode):
     n, v = STOCH_N, STOCH_V
     acc = _acc(ctx, k, v, STOCH_PARAMS, batch=n, rng_rows=2)
     ttnn = ctx.ttnn
-    logits_dev = _dev(acc, acc.host_logits(target_logits.expand(n, k + 1, v)))
+    logits_dev = _dev(acc, acceptor_host_logits(acc, target_logits.expand(n, k + 1, v)))
     if mode == "one_hot":
         drafts = q.argmax(-1).expand(n, k)  # argmax drafting: the same fixed drafts for every user
         draft_probs_dev = None
         exp_count, exp_first, exp_second = _expected(pt, None, drafts[0], k)
     else:
         drafts = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=g) for i in range(k)], dim=1)
-        dl = _dev(acc, acc.host_logits(torch.cat([draft_logits, draft_logits[:1]]).expand(n, k + 1, v)))
+        dl = _dev(acc, acceptor_host_logits(acc, torch.cat([draft_logits, draft_logits[:1]]).expand(n, k + 1, v)))
         draft_probs_dev = ttnn.slice(acc.probs_from_logits(dl), [0, 0, 0, 0], [1, n, k, v])  # device transform
         exp_count, exp_first, exp_second = _expected(pt, q, None, k)
-    res = acc.stochastic(logits_dev, _dev(acc, acc.host_drafts(drafts)), draft_probs_dev)
+    res = acc.stochastic(logits_dev, _dev(acc, acceptor_host_drafts(acc, drafts)), draft_probs_dev)
     got = acc.read_results(res)
     tokens = torch.tensor([r.tokens for r in got])
     a = torch.tensor([r.num_accepted for r in got])
@@ -265,14 +267,14 @@ def test_stochastic_all_accepted_bonus_and_forced_rejection(ctx):
     logits[2, 5] = big  # bonus row: token 5
     acc = _acc(ctx, k, v, params, batch=n)
     drafts = torch.tensor([1, 2]).expand(n, k)
-    got = acc.read_results(acc.stochastic(_dev(acc, acc.host_logits(logits.expand(n, k + 1, v))),
-                                          _dev(acc, acc.host_drafts(drafts))))
+    got = acc.read_results(acc.stochastic(_dev(acc, acceptor_host_logits(acc, logits.expand(n, k + 1, v))),
+                                          _dev(acc, acceptor_host_drafts(acc, drafts))))
     assert all(r.tokens == [1, 2, 5] and r.num_accepted == 2 for r in got)
     logits2 = torch.zeros(k + 1, v)
     logits2[0, 0] = -big  # p_t(d_1 = 0) ~ 0: rejected; residual = p_t(row 0) without token 0
     drafts2 = torch.tensor([0, 3]).expand(n, k)
-    got2 = acc.read_results(acc.stochastic(_dev(acc, acc.host_logits(logits2.expand(n, k + 1, v))),
-                                           _dev(acc, acc.host_drafts(drafts2))))
+    got2 = acc.read_results(acc.stochastic(_dev(acc, acceptor_host_logits(acc, logits2.expand(n, k + 1, v))),
+                                           _dev(acc, acceptor_host_drafts(acc, drafts2))))
     assert all(r.num_accepted == 0 and r.tokens[0] != 0 and r.tokens[1:] == [-1, -1] for r in got2)
     assert len({r.tokens[0] for r in got2}) > 3  # spread over the remaining 7 tokens
     # host-provided draft probs (vocab_sharded acceptor: draft probs stay full-V replicated)
@@ -280,9 +282,9 @@ def test_stochastic_all_accepted_bonus_and_forced_rejection(ctx):
     q = torch.zeros(n, k, v)
     q[:, 0, 1] = 1.0
     q[:, 1, 2] = 1.0
-    got3 = acc2.read_results(acc2.stochastic(_dev(acc2, acc2.host_logits(logits.expand(n, k + 1, v))),
-                                             _dev(acc2, acc2.host_drafts(drafts)),
-                                             _dev(acc2, acc2.host_draft_probs(q))))
+    got3 = acc2.read_results(acc2.stochastic(_dev(acc2, acceptor_host_logits(acc2, logits.expand(n, k + 1, v))),
+                                             _dev(acc2, acceptor_host_drafts(acc2, drafts)),
+                                             _dev(acc2, acceptor_host_draft_probs(acc2, q))))
     assert all(r.tokens == [1, 2, 5] and r.num_accepted == 2 for r in got3)
 
 
@@ -303,29 +305,27 @@ def test_greedy_traced_replay_equals_eager_and_reference(ctx):
     k, v = 3, 48
     inputs = _step_inputs(k, v, steps=8, seed=31)
     acc = _acc(ctx, k, v, ring_heads=4)
-    logits_buf = _dev(acc, acc.host_logits(inputs[0][0]))
-    drafts_buf = _dev(acc, acc.host_drafts(inputs[0][1]))
+    logits_buf = _dev(acc, acceptor_host_logits(acc, inputs[0][0]))
+    drafts_buf = _dev(acc, acceptor_host_drafts(acc, inputs[0][1]))
     eager = []
     for logits, drafts in inputs:  # eager (also compiles every program before capture)
-        ttnn.copy_host_to_device_tensor(acc.host_logits(logits), logits_buf)
-        ttnn.copy_host_to_device_tensor(acc.host_drafts(drafts), drafts_buf)
+        ttnn.copy_host_to_device_tensor(acceptor_host_logits(acc, logits), logits_buf)
+        ttnn.copy_host_to_device_tensor(acceptor_host_drafts(acc, drafts), drafts_buf)
         acc.greedy(logits_buf, drafts_buf)
         acc.ring_block_idx()
         eager.append((acc.read_result(), _shard0(ctx, acc.block_idx).flatten().tolist()))
-    tid = ttnn.begin_trace_capture(mesh, cq_id=0)
-    res = acc.greedy(logits_buf, drafts_buf)
-    blk = acc.ring_block_idx()
-    ttnn.end_trace_capture(mesh, tid, cq_id=0)
+    trace = TracedStep(ttnn, mesh, lambda: (acc.greedy(logits_buf, drafts_buf), acc.ring_block_idx()))
+    res, blk = trace.capture()
     assert res is acc.result and blk is acc.block_idx
     for (logits, drafts), (want, want_blk) in zip(inputs, eager):
-        ttnn.copy_host_to_device_tensor(acc.host_logits(logits), logits_buf)
-        ttnn.copy_host_to_device_tensor(acc.host_drafts(drafts), drafts_buf)
-        ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)
+        ttnn.copy_host_to_device_tensor(acceptor_host_logits(acc, logits), logits_buf)
+        ttnn.copy_host_to_device_tensor(acceptor_host_drafts(acc, drafts), drafts_buf)
+        trace.replay(blocking=True)
         got = acc.read_result(res)
         ref_t, ref_a = greedy_accept(drafts, logits)
         assert got == want == (ref_t[0].tolist(), int(ref_a))
         assert _shard0(ctx, blk).flatten().tolist() == want_blk == [int(ref_a) * 4 + h for h in range(4)]
-    ttnn.release_trace(mesh, tid)
+    trace.release()
 
 
 @pytest.mark.parametrize("rng", ["device", "host"])
@@ -337,22 +337,21 @@ def test_stochastic_traced_replay_equals_eager_same_rng_state(ctx, rng, monkeypa
     inputs = [(torch.randn(b, k + 1, v, generator=g) * 2, torch.randint(0, v, (b, k), generator=g),
                torch.randn(b, k + 1, v, generator=g)) for _ in range(steps)]
     acc = _acc(ctx, k, v, params, batch=b, rng=rng, rng_rows=3)  # refills inside the run (every 3 steps)
-    bufs = [_dev(acc, acc.host_logits(inputs[0][0])), _dev(acc, acc.host_drafts(inputs[0][1])),
-            _dev(acc, acc.host_logits(inputs[0][2]))]
+    bufs = [_dev(acc, acceptor_host_logits(acc, inputs[0][0])), _dev(acc, acceptor_host_drafts(acc, inputs[0][1])),
+            _dev(acc, acceptor_host_logits(acc, inputs[0][2]))]
 
     def write(step):
         logits, drafts, dlogits = inputs[step]
-        ttnn.copy_host_to_device_tensor(acc.host_logits(logits), bufs[0])
-        ttnn.copy_host_to_device_tensor(acc.host_drafts(drafts), bufs[1])
-        ttnn.copy_host_to_device_tensor(acc.host_logits(dlogits), bufs[2])
+        ttnn.copy_host_to_device_tensor(acceptor_host_logits(acc, logits), bufs[0])
+        ttnn.copy_host_to_device_tensor(acceptor_host_drafts(acc, drafts), bufs[1])
+        ttnn.copy_host_to_device_tensor(acceptor_host_logits(acc, dlogits), bufs[2])
 
     def step_ops():
         pd = ttnn.slice(acc.probs_from_logits(bufs[2]), [0, 0, 0, 0], [1, b, k, v])  # drafter probs, same transform
         return acc.stochastic(bufs[0], bufs[1], pd)
 
     def reset_rng():
-        acc._refills, acc._host_gen = 0, None
-        acc.refill_rng()
+        acc.uniforms.restart()
 
     eager = []
     for s in range(steps):
@@ -361,20 +360,19 @@ def test_stochastic_traced_replay_equals_eager_same_rng_state(ctx, rng, monkeypa
         eager.append(acc.read_results())
     assert [r.rng_row for r in eager[-1]] == [(steps - 1) % 3] * b
     reset_rng()
-    tid = ttnn.begin_trace_capture(mesh, cq_id=0)
-    res = step_ops()
-    ttnn.end_trace_capture(mesh, tid, cq_id=0)
+    trace = TracedStep(ttnn, mesh, step_ops)
+    res = trace.capture()
     reads = []
     real_fn = ttnn.to_torch.fn
     monkeypatch.setattr(ttnn.to_torch, "fn", lambda m, t, *a, **kw: (reads.append(t.logical_shape_list),
                                                                     real_fn(m, t, *a, **kw))[1])
     for s in range(steps):
         write(s)
-        ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)
+        trace.replay(blocking=True)
         assert acc.read_results(res) == eager[s], f"step {s}"
     assert reads and all(shape == [1, b, 1, k + 3] for shape in reads), "only the result tensor is read back"
     assert len({tuple(tuple(r.tokens) for r in e) for e in eager}) > 1  # replays saw new inputs / new uniforms
-    ttnn.release_trace(mesh, tid)
+    trace.release()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -409,13 +407,13 @@ def test_bad_inputs_fail_with_named_problem(ctx):
         acc.greedy(None, None)
     acc.allocate()
     with pytest.raises(ValueError, match="drafts shape"):
-        acc.host_drafts(torch.zeros(1, 3, dtype=torch.long))
+        acceptor_host_drafts(acc, torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="draft token ids must be in"):
-        acc.host_drafts(torch.tensor([[0, 16]]))
+        acceptor_host_drafts(acc, torch.tensor([[0, 16]]))
     wrong = _dev(acc, ttnn.from_torch(torch.zeros(1, 1, 4, 16), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
                                       mesh_mapper=ttnn.ReplicateTensorToMesh(ctx.mesh_device)))
-    drafts = _dev(acc, acc.host_drafts(torch.tensor([[1, 2]])))
+    drafts = _dev(acc, acceptor_host_drafts(acc, torch.tensor([[1, 2]])))
     with pytest.raises(ValueError, match=r"greedy logits: device shape \[1, 1, 4, 16\] != \[1, 1, 3, 16\]"):
         acc.greedy(wrong, drafts)
     with pytest.raises(ValueError, match="temperature > 0"):
-        acc.probs_from_logits(_dev(acc, acc.host_logits(torch.zeros(1, 3, 16))))
+        acc.probs_from_logits(_dev(acc, acceptor_host_logits(acc, torch.zeros(1, 3, 16))))

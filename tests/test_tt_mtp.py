@@ -16,12 +16,14 @@ import torch
 
 from qwen36.checkpoint import load_checkpoint
 from qwen36.reference.model import Qwen36Model
+from qwen36.testing.tt_hooks import acceptor_host_logits, mtp_kv_from_host, mtp_kv_to_host
 from qwen36.tt.accept import DeviceAcceptor
 from qwen36.tt.model import TTQwen36Model
 from qwen36.tt.model_config import PrecisionSetting, TTModelArgs
 from qwen36.tt.mtp import TTMTPHead, load_tt_mtp
 from qwen36.tt.pcc import PCC_GATES, comp_pcc
 from qwen36.tt.testing import make_bf16_checkpoint
+from qwen36.tt.trace import TracedStep
 from qwen36.tt.weights import WeightLoader, load_mtp_weights
 from qwen36.speculative.sampling import SamplingParams
 
@@ -90,7 +92,7 @@ def tt_s0(mtp_acc, seq):
     """TT MTP KV after the same prompt rows (host snapshot, restored before each reseed test)."""
     ids, hidden = seq
     mtp_acc.prefill(ids[1:PROMPT + 1], hidden[:PROMPT])
-    return mtp_acc.kv_to_host()
+    return mtp_kv_to_host(mtp_acc)
 
 
 def margins(logits: torch.Tensor) -> torch.Tensor:
@@ -155,7 +157,7 @@ def test_spec_step_draft_matches_reference(mtp_acc, ref, seq, ref_mtp0, tt_s0, a
     cache (reference mtp_forward over every verified position, the DESIGN 4.1 definition)."""
     ids, hidden = seq
     n = PROMPT
-    mtp_acc.kv_from_host(*tt_s0)
+    mtp_kv_from_host(mtp_acc, *tt_s0)
     toks, logits = run_draft(mtp_acc, mtp_acc.allocate_draft_inputs(), seq, n, a)
     exp = ref_spec_draft(ref, ref_mtp0.clone(), seq, n, a)
     m = margins(exp.logits[0])
@@ -169,7 +171,7 @@ def test_spec_step_draft_matches_reference(mtp_acc, ref, seq, ref_mtp0, tt_s0, a
     oracle = ref.new_mtp_state(1, 256)
     with torch.no_grad():
         ref.mtp_forward(ids[None, 1:n + a + 2], hidden[None, :n + a + 1], 0, oracle)
-    k_tt, v_tt = mtp_acc.kv_to_host()
+    k_tt, v_tt = mtp_kv_to_host(mtp_acc)
     for name, tt, rf in (("K", k_tt, oracle.kv.k[0]), ("V", v_tt, oracle.kv.v[0])):
         for lo, what in ((0, "0..n+a"), (n, "n..n+a (this reseed)")):
             ok, msg = comp_pcc(rf[:, lo:n + a + 1], tt[:, lo:n + a + 1], PCC_GATES["layer_bf16"])
@@ -187,7 +189,7 @@ def test_reseed_rows_past_a_are_inert(mtp_acc, seq, tt_s0, a):
     inputs = mtp_acc.allocate_draft_inputs()
     results = []
     for poison in (False, True):
-        mtp_acc.kv_from_host(*tt_s0)
+        mtp_kv_from_host(mtp_acc, *tt_s0)
         emitted, rows = spec_inputs(seq, n, a)
         if poison:
             g = torch.Generator().manual_seed(11)
@@ -195,7 +197,7 @@ def test_reseed_rows_past_a_are_inert(mtp_acc, seq, tt_s0, a):
             rows = rows.clone()
             rows[a + 1:] = 100.0 * rows[a + 1:] + 30.0 * torch.randn(rows[a + 1:].shape, generator=g)
         first = run_draft(mtp_acc, inputs, seq, n, a, hidden_override=rows, tokens_override=emitted)
-        kv_after_first = mtp_acc.kv_to_host()
+        kv_after_first = mtp_kv_to_host(mtp_acc)
         n2 = n + a + 1  # next step: a2 = 1 accepted
         second = run_draft(mtp_acc, inputs, seq, n2, 1)
         results.append((first, kv_after_first, second))
@@ -215,28 +217,30 @@ def test_traced_draft_equals_eager_bit_exact(ckpt, mesh, seq):
     ids, hidden = seq
     mtp = build(ckpt, mesh, "accuracy")
     mtp.prefill(ids[1:PROMPT + 1], hidden[:PROMPT])
-    s0 = mtp.kv_to_host()
+    s0 = mtp_kv_to_host(mtp)
     inputs = mtp.allocate_draft_inputs()
     cases = [(PROMPT, 2), (PROMPT + 1, 0), (PROMPT - 5, 3)]
     eager = []
     for n, a in cases:
-        mtp.kv_from_host(*s0)
-        eager.append((run_draft(mtp, inputs, seq, n, a), mtp.kv_to_host()))
-    mtp.kv_from_host(*s0)
+        mtp_kv_from_host(mtp, *s0)
+        eager.append((run_draft(mtp, inputs, seq, n, a), mtp_kv_to_host(mtp)))
+    mtp_kv_from_host(mtp, *s0)
     ttnn = mesh.ttnn
-    mtp.capture_draft(inputs)
+    trace = TracedStep(ttnn, mesh.mesh_device, name="mtp draft",
+                       fn=lambda: mtp.draft(inputs.tokens, inputs.hidden, inputs.pos, inputs.select))
+    trace.capture()
     try:
-        assert all(torch.equal(x, y) for x, y in zip(mtp.kv_to_host(), s0)), "capture wrote the MTP KV cache"
+        assert all(torch.equal(x, y) for x, y in zip(mtp_kv_to_host(mtp), s0)), "capture wrote the MTP KV cache"
         for (n, a), (exp, exp_kv) in zip(cases, eager):
-            mtp.kv_from_host(*s0)
+            mtp_kv_from_host(mtp, *s0)
             emitted, rows = spec_inputs(seq, n, a)
             mtp.copy_host_to_device(mtp.host_draft_inputs(emitted, rows, n, a), inputs)
-            mtp.execute_draft()
+            trace.replay(blocking=True)
             got = mtp.read_drafts()
             assert got[0] == exp[0] and torch.equal(got[1], exp[1]), f"replay n={n} a={a} != eager"
-            assert all(torch.equal(x, y) for x, y in zip(mtp.kv_to_host(), exp_kv)), f"replay KV n={n} a={a}"
+            assert all(torch.equal(x, y) for x, y in zip(mtp_kv_to_host(mtp), exp_kv)), f"replay KV n={n} a={a}"
     finally:
-        mtp.release_trace()
+        trace.release()
     assert not ttnn.is_trace_capture_active(mesh.mesh_device)
 
 
@@ -255,7 +259,7 @@ def test_pick_hook_and_acceptor_contract(ckpt, mesh, ref, seq):
     v = ref.config.vocab_size
     acc = DeviceAcceptor(ttnn, mesh.mesh_device, k=K, vocab=v, sampling_params=SamplingParams(temperature=1.0),
                          rng="host").allocate()
-    target_logits = acc.to_device(acc.host_logits(torch.randn(1, K + 1, v)))
+    target_logits = ttnn.to_device(acceptor_host_logits(acc, torch.randn(1, K + 1, v)), acc.mesh)
     acc.greedy(target_logits, mtp.draft_tokens)
     greedy_tokens, a = acc.read_result()
     assert 0 <= a <= K and greedy_tokens[:a] == toks[:a]

@@ -3,7 +3,7 @@ emulated 1x2 P150a mesh.
 
 Two levels, because an end-to-end TT step costs ~0.1 s on a 2-core CPU (too slow for many thousands of samples):
 
-* device level (many samples, traced replays): the sampled-draft pick (``tt/mtp.py::SampledDraftPick``) draws
+* device level (many samples, traced replays): the sampled-draft pick (``tt/sampler.py::SampledDraftPick``) draws
   K=2 drafts on device from fixed draft logits with the acceptor's transform, and ``DeviceAcceptor.stochastic``
   accepts them against fixed target logits using the pick's draft probabilities. Chi-square of the joint
   draft distribution vs q1 x q2, of the first emitted token vs target row 0, of the second emitted token
@@ -29,8 +29,10 @@ import torch
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 from qwen36.tt.accept import DeviceAcceptor
 from qwen36.tt.generator import TTGenerator
-from qwen36.tt.mtp import SampledDraftPick
-from qwen36.tt.spec_backend import TTMTPDrafter, TTSpecBackend
+from qwen36.tt.mtp_drafter import TTMTPDrafter
+from qwen36.tt.sampler import SampledDraftPick
+from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.tt.trace import TracedStep
 
 P_MIN = 1e-3
 P_NEG = 1e-6
@@ -132,14 +134,13 @@ def test_device_sampled_drafts_and_acceptance_chi_square(gen):
     qd = ttnn.to_torch(ttnn.get_device_tensors(pick.draft_probs)[0]).reshape(K, V)
     q = probs_from_logits(DRAFT, params)
     assert float((qd - q).abs().max()) <= 1e-6 and torch.equal(qd > 0, q > 0)
-    tid = ttnn.begin_trace_capture(mesh, cq_id=0)
-    step()
-    ttnn.end_trace_capture(mesh, tid, cq_id=0)
+    trace = TracedStep(ttnn, mesh, step)
+    trace.capture()
     for _ in range(n - 1):
         pick.before_chain()  # refills the draft table (rng_rows=500 < n: exercised) outside the trace
-        ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)
+        trace.replay(blocking=True)
         samples.append(read())
-    ttnn.release_trace(mesh, tid)
+    trace.release()
     assert pick.refills >= 3
 
     p = probs_from_logits(TARGET, params)

@@ -83,7 +83,7 @@ def test_verify_one_wrong_draft_then_mtp_steps(env):
         emitted += d[0, :a].tolist() + [int(ids[0, a])]
         accepted, pos = a + 1, pos + a + 1
     assert emitted[:N_NEW + 1] == ref[:N_NEW + 1]
-    assert len(m.spec._traces) == 2  # verify and commit traces captured and replayed
+    assert len(m.spec_backend._traces) == 2  # verify and commit traces captured and replayed
 
 
 def test_propose_equals_tt_mtp_head(env):

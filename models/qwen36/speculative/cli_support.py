@@ -31,7 +31,8 @@ def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, preci
     """TTSpecBackend on ``device`` (emulated-p150x2, p150x2, ...): traced verify+accept / commit+MTP draft."""
     from ..checkpoint import load_checkpoint
     from ..tt.generator import load_tt_target
-    from ..tt.spec_backend import TTMTPDrafter, TTSpecBackend
+    from ..tt.mtp_drafter import TTMTPDrafter
+    from ..tt.spec_backend import TTSpecBackend
 
     block = 32
     gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,

@@ -39,11 +39,13 @@ import torch
 from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID
 from qwen36.speculative.sampling import SamplingParams
 
+from .model_config import compute_config_exact_count
+from .sampler import UniformTable, inverse_cdf_draw
+
 RESULT_EXTRA_COLS = 2  # accepted count, RNG row
 MAX_EXACT_FP32_INT = 1 << 24  # token ids / counts are carried in fp32: exact below 2**24
 UNIFORMS_PER_ROW = 32  # one tile row of uniforms per user per step: K accept draws + 1 categorical draw
 LOGITS_LAYOUTS = ("replicated", "vocab_sharded")
-RNG_SOURCES = ("device", "host")
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,6 @@ class DeviceAcceptor:
             raise ValueError(f"batch must be an int >= 1, got {batch!r}")
         if logits_layout not in LOGITS_LAYOUTS:
             raise ValueError(f"logits_layout must be one of {LOGITS_LAYOUTS}, got {logits_layout!r}")
-        if rng not in RNG_SOURCES:
-            raise ValueError(f"rng must be one of {RNG_SOURCES}, got {rng!r}")
-        if not isinstance(rng_rows, int) or rng_rows < 1:
-            raise ValueError(f"rng_rows must be an int >= 1, got {rng_rows!r}")
         self.ttnn = ttnn
         self.mesh = mesh_device
         self.k = k
@@ -109,9 +107,14 @@ class DeviceAcceptor:
         self.ring_heads = ring_heads
         self.num_devices = self._num_devices()
         self.allocated = False
-        self._refills = 0
-        self._host_gen: torch.Generator | None = None
-        self._ckc = None
+        seed_ = self.seed
+
+        def device_seed(refill: int) -> int:  # distinct, nonzero, deterministic per refill (0 = unseeded)
+            return (seed_ * 1_000_003 + refill * 7919 + 1) % 0x7FFFFFFF or 1
+
+        # the table validates rng and rng_rows
+        self.uniforms = UniformTable(ttnn, mesh_device, rng_rows, batch * UNIFORMS_PER_ROW, source=rng,
+                                     device_seed=device_seed, host_seed=seed_)
 
     # ------------------------------------------------------------------------------------------------
     # setup (before capture)
@@ -131,19 +134,13 @@ class DeviceAcceptor:
         return ttnn.from_torch(x, dtype=dtype, layout=layout or ttnn.TILE_LAYOUT, device=self.mesh,
                                mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
 
-    def _host_replicated(self, x: torch.Tensor, dtype, layout=None):
-        ttnn = self.ttnn
-        return ttnn.from_torch(x, dtype=dtype, layout=layout or ttnn.TILE_LAYOUT,
-                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
-
     def allocate(self) -> "DeviceAcceptor":
         """Create every constant, scratch and persistent buffer (call once, before any trace capture)."""
         if self.allocated:
             return self
         ttnn, b, r, k, v = self.ttnn, self.batch, self.rows, self.k, self.vocab
         f32 = ttnn.float32
-        self._ckc = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,
-                                                     fp32_dest_acc_en=True, packer_l1_acc=False)
+        self._ckc = compute_config_exact_count(ttnn)
         ar = torch.arange
         self.c_row_idx = self._replicated(ar(r, dtype=torch.float32).reshape(1, 1, r, 1).expand(1, b, r, 1).clone(), f32)
         self.c_draft_row_idx = self._replicated(ar(k, dtype=torch.float32).reshape(1, 1, k, 1).expand(1, b, k, 1).clone(), f32)
@@ -151,88 +148,28 @@ class DeviceAcceptor:
         self.c_vocab_idx = self._replicated(ar(v, dtype=torch.float32).reshape(1, 1, 1, v), f32)
         self.c_zero_col = self._replicated(torch.zeros(1, b, 1, 1), f32)
         self.c_minus_one_col = self._replicated(torch.full((1, b, 1, 1), -1.0), f32)
-        self.c_zero_counter = self._replicated(torch.zeros(1, 1, 1, 1), f32)
         # persistent outputs
         self.result = self._replicated(torch.zeros(1, b, 1, r + RESULT_EXTRA_COLS, dtype=torch.int32), ttnn.int32)
         self.count = self._replicated(torch.zeros(1, b, 1, 1), f32)
-        # RNG: table of uniforms + device-side row counter (fp32, exact below 2**24 rows)
-        self.rng_table = self._replicated(torch.zeros(self.rng_rows, b * UNIFORMS_PER_ROW), f32)
-        self.rng_counter = self._replicated(torch.zeros(1, 1, 1, 1), f32)
         if self.ring_heads is not None:
             hv = int(self.ring_heads)
             heads = ar(b * hv, dtype=torch.float32).reshape(1, b, 1, hv)  # h = b*HV + hv
             self.c_ring_heads = self._replicated(heads, f32)
             self.block_idx = self._replicated(torch.zeros(1, b * hv, dtype=torch.int64), ttnn.uint32,
                                               ttnn.ROW_MAJOR_LAYOUT)
+        # RNG: table of uniforms + device-side row counter (fp32, exact below 2**24 rows); first fill
+        self.uniforms.allocate()
         self.allocated = True
-        self.refill_rng()
         return self
 
     def refill_rng(self) -> None:
         """(Re)fill the uniform table and reset the device counter. Outside any capture; allocates nothing."""
         self._require_allocated()
-        ttnn = self.ttnn
-        if self.rng == "device":
-            # distinct, nonzero, deterministic seed per refill (0 means "unseeded" for ttnn.uniform)
-            s = (self.seed * 1_000_003 + self._refills * 7919 + 1) % 0x7FFFFFFF or 1
-            ttnn.uniform(self.rng_table, 0.0, 1.0, s)
-        else:
-            if self._host_gen is None:
-                self._host_gen = torch.Generator().manual_seed(self.seed)
-            vals = torch.rand(self.rng_rows, self.batch * UNIFORMS_PER_ROW, generator=self._host_gen)
-            ttnn.copy_host_to_device_tensor(self._host_replicated(vals, ttnn.float32), self.rng_table)
-        ttnn.copy(self.c_zero_counter, self.rng_counter)
-        self._refills += 1
+        self.uniforms.refill()
 
     def _require_allocated(self):
         if not self.allocated:
             raise RuntimeError("DeviceAcceptor.allocate() must be called (before any trace capture) first")
-
-    # ------------------------------------------------------------------------------------------------
-    # input helpers (persistent buffers for traced use)
-    # ------------------------------------------------------------------------------------------------
-    def _logits_mapper(self):
-        ttnn = self.ttnn
-        if self.logits_layout == "vocab_sharded":
-            return ttnn.ShardTensorToMesh(self.mesh, dim=3)
-        return ttnn.ReplicateTensorToMesh(self.mesh)
-
-    def host_logits(self, logits: torch.Tensor, dtype=None):
-        """torch [B, R, V] or [1, B, R, V] -> host tensor laid out for this acceptor (for copy_host_to_device_tensor)."""
-        ttnn = self.ttnn
-        x = self._check_host_shape(logits, (self.batch, self.rows, self.vocab), "logits")
-        return ttnn.from_torch(x, dtype=dtype or ttnn.float32, layout=ttnn.TILE_LAYOUT, mesh_mapper=self._logits_mapper())
-
-    def host_drafts(self, drafts: torch.Tensor):
-        """torch [B, K] (or [1, B, 1, K]) int -> host uint32 ROW_MAJOR tensor."""
-        ttnn = self.ttnn
-        d = torch.as_tensor(drafts).to(torch.int64)
-        if d.dim() == 2:
-            d = d.reshape(1, d.shape[0], 1, d.shape[1])
-        if list(d.shape) != [1, self.batch, 1, self.k]:
-            raise ValueError(f"drafts shape {list(drafts.shape)} != [B={self.batch}, K={self.k}]")
-        if d.numel() and (int(d.min()) < 0 or int(d.max()) >= self.vocab):
-            raise ValueError(f"draft token ids must be in [0, {self.vocab}); got min {int(d.min())} max {int(d.max())}")
-        return ttnn.from_torch(d, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT,
-                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
-
-    def host_draft_probs(self, probs: torch.Tensor):
-        """torch [B, K, V] fp32 -> host tensor, full vocab replicated on every device (what stochastic() takes)."""
-        ttnn = self.ttnn
-        x = self._check_host_shape(probs, (self.batch, self.k, self.vocab), "draft_probs")
-        return ttnn.from_torch(x.float(), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
-                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
-
-    def to_device(self, host_tensor):
-        return self.ttnn.to_device(host_tensor, self.mesh)
-
-    @staticmethod
-    def _check_host_shape(x: torch.Tensor, want: tuple, what: str) -> torch.Tensor:
-        if x.dim() == 3:
-            x = x.unsqueeze(0)
-        if list(x.shape) != [1, *want]:
-            raise ValueError(f"{what} shape {list(x.shape)} != [1, B, rows, V] = [1, {', '.join(map(str, want))}]")
-        return x
 
     # ------------------------------------------------------------------------------------------------
     # device compositions
@@ -336,14 +273,10 @@ class DeviceAcceptor:
     def _uniforms(self):
         """-> (u_accept [1,B,K,1], u_final [1,B,1,1], rng_row [1,B,1,1]); advances the device counter in place."""
         ttnn, b, k = self.ttnn, self.batch, self.k
-        idx = ttnn.to_layout(ttnn.reshape(ttnn.typecast(self.rng_counter, ttnn.uint32), [1, 1]), ttnn.ROW_MAJOR_LAYOUT)
-        row = ttnn.embedding(idx, self.rng_table, layout=ttnn.TILE_LAYOUT)  # [1, 1, B*32]
-        row = ttnn.reshape(row, [1, b, 1, UNIFORMS_PER_ROW])
-        u_acc = ttnn.reshape(ttnn.slice(row, [0, 0, 0, 0], [1, b, 1, k]), [1, b, k, 1])
-        u_fin = ttnn.slice(row, [0, 0, 0, k], [1, b, 1, k + 1])
-        rng_col = ttnn.add(self.c_zero_col, self.rng_counter)  # [1, B, 1, 1] row index used (for the host)
-        ttnn.copy(ttnn.add(self.rng_counter, 1.0), self.rng_counter)
-        return u_acc, u_fin, rng_col
+        row_B1132, rng_col_B111 = self.uniforms.next_row([1, b, 1, UNIFORMS_PER_ROW], index_base=self.c_zero_col)
+        u_acc = ttnn.reshape(ttnn.slice(row_B1132, [0, 0, 0, 0], [1, b, 1, k]), [1, b, k, 1])
+        u_fin = ttnn.slice(row_B1132, [0, 0, 0, k], [1, b, 1, k + 1])
+        return u_acc, u_fin, rng_col_B111
 
     def stochastic(self, logits_dev, drafts_dev, draft_probs_dev=None):
         """Stochastic acceptance (exact speculative sampling) -> persistent result.
@@ -385,12 +318,7 @@ class DeviceAcceptor:
         mass = ttnn.sum(residual, dim=3, keepdim=True, compute_kernel_config=self._ckc)
         has_mass = ttnn.gt(mass, 0.0)
         dist = ttnn.add(ttnn.multiply(residual, has_mass), ttnn.multiply(pt_a, ttnn.rsub(has_mass, 1.0)))
-        # inverse CDF: token = #{i : cdf_i <= u * total and cdf_i < total}
-        cdf = ttnn.cumsum(dist, dim=3)
-        total = ttnn.max(cdf, dim=3, keepdim=True)
-        thr = ttnn.multiply(u_fin, total)
-        below = ttnn.multiply(ttnn.le(cdf, thr), ttnn.lt(cdf, total))
-        final = ttnn.sum(below, dim=3, keepdim=True, compute_kernel_config=self._ckc)
+        final = inverse_cdf_draw(ttnn, dist, u_fin)
         return self._finish(drafts_row, a, final, rng_col)
 
     def ring_block_idx(self):

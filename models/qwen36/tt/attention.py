@@ -34,7 +34,7 @@ class AttentionContext:
     pos: Any = None  # decode: [B] int32 cache position of the row
     chunk_start: int = 0  # prefill: absolute position of row 0 (a multiple of block_size)
     chunk_page_table: Any = None  # prefill: [B, pages of this chunk] int32
-    spec: Any = None  # K+1-row verify plan (models/qwen36/tt/verify.py): per-row positions + GDN commit hooks
+    verify_plan: Any = None  # K+1-row verify (models/qwen36/tt/verify.py VerifyPlan): per-row positions + GDN routing
 
 
 class TTGatedAttention:
@@ -72,9 +72,9 @@ class TTGatedAttention:
         """One row per user: q/k/v [1, B, heads, D] -> o [1, 1, B, Hq_d D]."""
         ttnn = self.ttnn
         if q.shape[1] != 1:
-            if ctx.spec is None:
+            if ctx.verify_plan is None:
                 raise NotImplementedError("multi-row decode attention is the K+1-row verify: pass a verify plan "
-                                          "(models/qwen36/tt/verify.py) in AttentionContext.spec")
+                                          "(models/qwen36/tt/verify.py) in AttentionContext.verify_plan")
             return self.attend_verify(q, k, v, kv, ctx)
         shard = kv_update_input_memory_config(ttnn, q.shape[1], self.d)
         for cache, t in ((kv.k, k), (kv.v, v)):
@@ -89,16 +89,16 @@ class TTGatedAttention:
     def attend_verify(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
         """T = K+1 rows of one user at positions n..n+K; every local KV head's cache is scanned once.
 
-        KV rows are written with one paged_update_cache per row (positions ``ctx.spec.row_pos[j]``; one row per
+        KV rows are written with one paged_update_cache per row (positions ``ctx.verify_plan.row_pos[j]``; one row per
         call so that no two writers share a cache tile). Attention: ONE paged SDPA decode in multi-position mode
         (``spec_multi_pos_tiles=T``) whose G = Hkv_d groups are the local KV heads:
 
         * the kernel takes one KV head per cache, so the caches are viewed per head: ``[P, G, bs, D]`` ->
           ``[P*G, 1, bs, D]`` (the same tile order in DRAM: block p of head h is view block ``p*G + h``; a
           metadata view on cards), and group h reads it through the page table ``pt*G + h``
-          (``ctx.spec.head_page_table`` [G, blocks]); each group scans exactly its head's KV blocks once;
+          (``ctx.verify_plan.head_page_table`` [G, blocks]); each group scans exactly its head's KV blocks once;
         * group h holds that head's g = Hq_d/G query heads (GQA: q heads h*g..h*g+g-1 share KV head h), candidate
-          j in row-tile j of q [1, G, T*32, D]; bounds ``ctx.spec.bounds`` [G*T] = n..n+K per group.
+          j in row-tile j of q [1, G, T*32, D]; bounds ``ctx.verify_plan.bounds`` [G*T] = n..n+K per group.
         At G = 1 the view and the table are the plain ones."""
         ttnn = self.ttnn
         rows, g, heads = q.shape[1], self.hq // self.hkv, self.hkv
@@ -107,13 +107,13 @@ class TTGatedAttention:
             for j in range(rows):
                 row = ttnn.slice(t, [0, j, 0, 0], [1, j + 1, self.hkv, self.d])
                 ttnn.experimental.paged_update_cache(cache, ttnn.to_memory_config(row, shard),
-                                                     update_idxs_tensor=ctx.spec.row_pos[j], page_table=ctx.page_table)
+                                                     update_idxs_tensor=ctx.verify_plan.row_pos[j], page_table=ctx.page_table)
         qg = ttnn.permute(ttnn.reshape(q, [rows, heads, g, self.d]), (1, 0, 2, 3))  # [G, T, g, D]
         if g < 32:
             qg = ttnn.pad(qg, [(0, 0), (0, 0), (0, 32 - g), (0, 0)], 0.0)
         qg = ttnn.reshape(qg, [1, heads, rows * 32, self.d])
         o = ttnn.transformer.paged_scaled_dot_product_attention_decode(
-            qg, self.head_view(kv.k), self.head_view(kv.v), ctx.spec.head_page_table, cur_pos_tensor=ctx.spec.bounds,
+            qg, self.head_view(kv.k), self.head_view(kv.v), ctx.verify_plan.head_page_table, cur_pos_tensor=ctx.verify_plan.bounds,
             scale=self.scale, spec_multi_pos_tiles=rows, program_config=sdpa_decode_program_config(ttnn),
             compute_kernel_config=compute_config_norm(ttnn), memory_config=activation_memory_config(ttnn))
         o = ttnn.slice(ttnn.reshape(o, [heads, rows, 32, self.d]), [0, 0, 0, 0], [heads, rows, g, self.d])

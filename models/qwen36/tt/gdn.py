@@ -132,20 +132,20 @@ class TTGatedDeltaNet:
         return all_reduce(ttnn, part, a.num_devices)
 
     # ---- forward -----------------------------------------------------------------------------------
-    def forward(self, x, state: GDNLayerState, mode: str, spec=None):
+    def forward(self, x, state: GDNLayerState, mode: str, verify_plan=None):
         """x [1, 1, T, H] (T rows at consecutive positions) -> [1, 1, T, H]; advances ``state`` in place.
-        ``spec`` (a speculative verify plan, models/qwen36/tt/verify.py) decides where the conv window and the
+        ``verify_plan`` (a K+1-row speculative verify, models/qwen36/tt/verify.py VerifyPlan) decides where the conv window and the
         recurrent state go for a K+1-row verify (ring / snapshot / scratch) and records what the commit needs."""
         rows = x.shape[2]
         mixed, z, b, a_in = self.project(x)
-        conv_write = True if spec is None else spec.conv_write(state)
+        conv_write = True if verify_plan is None else verify_plan.conv_write(state)
         conv_out, window = self.causal_conv(mixed, state.conv, rows, write_state=conv_write, return_window=True)
         q, k, v = self.qkv_heads(conv_out, rows)
         g, beta = self.gates(b, a_in, rows)
-        if spec is None:
+        if verify_plan is None:
             o = self.recurrence(q, k, v, g, beta, state, mode)
         else:
-            o = spec.gdn_recurrence(self, state, q, k, v, g, beta, window)
+            o = verify_plan.gdn_recurrence(self, state, q, k, v, g, beta, window)
         return self.output(o, z, rows)
 
 

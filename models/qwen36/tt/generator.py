@@ -22,6 +22,7 @@ from ..checkpoint import load_checkpoint
 from .model import DecodeOutputs, TTQwen36Model
 from .model_config import PrecisionSetting, TTModelArgs
 from .state import TTModelState, allocate_decode_inputs, allocate_state, reset_state
+from .trace import TracedStep
 from .weights import WeightLoader
 
 DEFAULT_TRACE_REGION = 64 * 1024 * 1024  # bytes reserved for the decode trace (27B decode trace: a few MB)
@@ -45,8 +46,8 @@ class TTGenerator:
         self.model, self.state, self.use_trace, self.label = model, state, use_trace, label
         self.ttnn, self.mesh = model.ttnn, model.mesh
         self.inputs = allocate_decode_inputs(self.ttnn, self.mesh, rows=1)
-        self.trace_id = None
-        self.trace_out: DecodeOutputs | None = None
+        # one decode row over the persistent inputs and state: eager once after a prefill, then captured/replayed
+        self.decode_trace = TracedStep(self.ttnn, self.mesh, self._decode_device, name="decode")
         self.ctx = None  # MeshContext when this generator opened the mesh
 
     @classmethod
@@ -74,22 +75,16 @@ class TTGenerator:
 
     # ---- state / trace management ---------------------------------------------------------------------
     def release_trace(self) -> None:
-        if self.trace_id is not None:
-            self.ttnn.release_trace(self.mesh, self.trace_id)
-            self.trace_id, self.trace_out = None, None
+        self.decode_trace.release()
 
     def reset(self) -> None:
         """Forget the sequence: release the trace, zero GDN/conv state, position 0."""
         self.release_trace()
         reset_state(self.state, self.ttnn)
 
-    def capture_decode_trace(self) -> None:
-        """Record decode_forward over the persistent buffers (after an eager step compiled its programs)."""
-        ttnn = self.ttnn
-        tid = ttnn.begin_trace_capture(self.mesh, cq_id=0)
-        self.trace_out = self.model.decode_forward(self.inputs, self.state)
-        ttnn.end_trace_capture(self.mesh, tid, cq_id=0)
-        self.trace_id = tid
+    def _decode_device(self) -> DecodeOutputs:
+        """The traced decode step: device only, reads the persistent DecodeInputs buffers and the state."""
+        return self.model.decode_forward(self.inputs, self.state)
 
     # ---- steps -------------------------------------------------------------------------------------------
     def prefill(self, ids: list[int] | torch.Tensor, all_rows: bool = False) -> torch.Tensor:
@@ -107,16 +102,14 @@ class TTGenerator:
         if self.state.pos >= m.args.max_seq_len:
             raise ValueError(f"position {self.state.pos} reached max_seq_len {m.args.max_seq_len}")
         m.copy_host_to_device(m.prepare_decode_inputs_host([int(token)], self.state.pos), self.inputs)
-        if not self.use_trace:
-            out = m.decode_forward(self.inputs, self.state)
-            logits, ids = m.process_output_decode(out)
-        elif self.trace_id is None:
-            out = m.decode_forward(self.inputs, self.state)  # eager: compiles every program, real step
-            logits, ids = m.process_output_decode(out)
-            self.capture_decode_trace()
+        trace = self.decode_trace
+        if self.use_trace and trace.captured:
+            out = trace.replay()
         else:
-            self.ttnn.execute_trace(self.mesh, self.trace_id, cq_id=0, blocking=False)
-            logits, ids = m.process_output_decode(self.trace_out)
+            out = self._decode_device()  # eager: compiles every program, real step
+        logits, ids = m.process_output_decode(out)
+        if self.use_trace and not trace.captured:
+            trace.capture()  # recorded, not executed: the next step replays it
         self.state.pos += 1
         return logits[-1], int(ids[-1])
 

@@ -57,7 +57,7 @@ class TTDecoderLayer:
         if self.layer_type == FULL:
             h = self.mixer.forward(h, state, ctx)
         else:
-            h = self.mixer.forward(h, state, ctx.mode, spec=ctx.spec)
+            h = self.mixer.forward(h, state, ctx.mode, verify_plan=ctx.verify_plan)
         x = ttnn.add(x, h, dtype=res)
         h = ttnn.rms_norm(x, epsilon=self.eps, weight=self.w.post_norm, compute_kernel_config=ncfg)
         return ttnn.add(x, self.mlp.forward(h), dtype=res)
@@ -152,6 +152,22 @@ class TTQwen36Model:
         return logits.reshape(-1, logits.shape[-1]), self.to_host(out.tokens).reshape(-1).to(torch.int64)
 
     # ---- prefill ---------------------------------------------------------------------------------------
+    def prefill_chunk_context(self, start: int, rows: int, page_table, page_table_host: torch.Tensor
+                              ) -> AttentionContext:
+        """Attention inputs of the prefill rows at positions start..start+rows-1 (not traced: built from host
+        values): cos/sin gathered at those positions, the cache's page table, and the chunk's own pages
+        (``paged_fill_cache`` writes whole pages, so ``start`` is a multiple of block_size). Used by the target
+        prefill and the MTP prefill, which keep separate caches and page tables."""
+        ttnn, a = self.ttnn, self.args
+        rm, mc = ttnn.ROW_MAJOR_LAYOUT, activation_memory_config(ttnn)
+        rope_idx_1T = ttnn.from_torch(torch.arange(start, start + rows, dtype=torch.int32)[None], dtype=ttnn.uint32,
+                                      layout=rm, device=self.mesh, memory_config=mc)
+        pages = page_table_host[:, start // a.block_size: -(-(start + rows) // a.block_size)].contiguous()
+        chunk_page_table = ttnn.from_torch(pages, dtype=ttnn.int32, layout=rm, device=self.mesh, memory_config=mc)
+        cos_1T1D, sin_1T1D = self.rope_rows(rope_idx_1T)
+        return AttentionContext("prefill", cos_1T1D, sin_1T1D, page_table, chunk_start=start,
+                                chunk_page_table=chunk_page_table)
+
     def prefill_forward(self, ids: torch.Tensor, state: TTModelState, all_rows: bool = False,
                         hidden_out: list | None = None) -> torch.Tensor:
         """Run prompt ``ids`` [T] from position ``state.pos`` in chunks of ``args.prefill_chunk``; advances the
@@ -169,14 +185,9 @@ class TTQwen36Model:
         for off in range(0, ids.numel(), a.prefill_chunk):
             chunk = ids[off: off + a.prefill_chunk]
             rows, start = chunk.numel(), start0 + off
-            tokens = ttnn.from_torch(chunk[None], dtype=ttnn.uint32, layout=rm, device=self.mesh, memory_config=mc)
-            rope_idx = ttnn.from_torch(torch.arange(start, start + rows, dtype=torch.int32)[None], dtype=ttnn.uint32,
-                                       layout=rm, device=self.mesh, memory_config=mc)
-            pages = state.page_table_host[:, start // a.block_size: -(-(start + rows) // a.block_size)].contiguous()
-            chunk_pt = ttnn.from_torch(pages, dtype=ttnn.int32, layout=rm, device=self.mesh, memory_config=mc)
-            cos, sin = self.rope_rows(rope_idx)
-            ctx = AttentionContext("prefill", cos, sin, state.page_table, chunk_start=start, chunk_page_table=chunk_pt)
-            x = self.layers_forward(self.embed(tokens), state, ctx)
+            tokens_1T = ttnn.from_torch(chunk[None], dtype=ttnn.uint32, layout=rm, device=self.mesh, memory_config=mc)
+            ctx = self.prefill_chunk_context(start, rows, state.page_table, state.page_table_host)
+            x = self.layers_forward(self.embed(tokens_1T), state, ctx)
             last = not all_rows and off + a.prefill_chunk >= ids.numel()
             if hidden_out is not None:
                 hidden_out.append(ttnn.rms_norm(x, epsilon=a.cfg.rms_norm_eps, weight=self.w.final_norm,

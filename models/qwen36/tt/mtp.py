@@ -52,6 +52,7 @@ from .attention import AttentionContext, TTGatedAttention
 from .model import TTDecoderLayer, TTQwen36Model
 from .model_config import (TensorGroup, activation_memory_config, compute_config_matmul, compute_config_norm,
                            kv_update_input_memory_config, sdpa_decode_program_config, state_memory_config)
+from .sampler import argmax_pick
 from .state import KVLayerState, new_layer_state
 from .weights import MTPWeights
 
@@ -104,130 +105,6 @@ class DraftInputs:
     select: Any  # [1, 1, 1, 1] fp32 TILE
 
 
-def argmax_pick(ttnn):
-    """Default pick: fp32 logits [1, 1, 1, V] -> argmax token [1, 1, 1, 1] uint32 (lowest index on ties)."""
-    return lambda logits: ttnn.argmax(logits, dim=3, keepdim=True)
-
-
-DRAFT_UNIFORMS_PER_ROW = 32  # one tile row of uniforms per chain: draft i uses column i (K <= 32)
-
-
-class SampledDraftPick:
-    """Sampling ``pick`` for :class:`TTMTPHead`: each chain draft is drawn from ``probs_fn(logits)`` (pass
-    ``DeviceAcceptor.probs_from_logits``: the target's temperature/top-k/top-p transform, so rejection sampling
-    is exact) by inverse CDF with one uniform, and the K draft distributions are written to the persistent
-    :attr:`draft_probs` ``[1, 1, K, V]`` fp32 (what ``DeviceAcceptor.stochastic`` takes as ``draft_probs``).
-
-    Randomness as in ``DeviceAcceptor``: a persistent fp32 table ``[rng_rows, 32]`` of uniforms and a device
-    row counter; one row per chain (:meth:`begin_chain` gathers it with ``ttnn.embedding`` and advances the
-    counter in place; draft i uses column i). No RNG op runs inside a trace. The table is filled outside any
-    capture (:meth:`refill`): ``rng="device"`` seeded ``ttnn.uniform`` in place, ``rng="host"`` a seeded torch
-    generator + ``copy_host_to_device_tensor``; the seeds are derived from ``seed`` differently from the
-    acceptor's, so draft and acceptance draws are independent streams. The host must call
-    :meth:`before_chain` (outside capture) once before every chain *execution* (eager run or trace replay):
-    it refills the table when all rows are used (host mirror of the device counter, no readback).
-    """
-
-    def __init__(self, ttnn, mesh_device, k: int, vocab: int, probs_fn: Callable[[Any], Any], seed: int = 0, *,
-                 rng: str = "device", rng_rows: int = 1024):
-        if not isinstance(k, int) or not 1 <= k <= DRAFT_UNIFORMS_PER_ROW:
-            raise ValueError(f"k must be an int in [1, {DRAFT_UNIFORMS_PER_ROW}] (one uniform per draft per "
-                             f"{DRAFT_UNIFORMS_PER_ROW}-wide RNG row), got {k!r}")
-        if rng not in ("device", "host"):
-            raise ValueError(f"rng must be 'device' or 'host', got {rng!r}")
-        if not isinstance(rng_rows, int) or rng_rows < 1:
-            raise ValueError(f"rng_rows must be an int >= 1, got {rng_rows!r}")
-        if vocab >= 1 << 24:
-            raise ValueError(f"vocab={vocab} >= 2**24: sampled ids are counted in fp32 and would not be exact")
-        self.ttnn, self.mesh, self.k, self.vocab = ttnn, mesh_device, k, vocab
-        self.probs_fn, self.seed, self.rng, self.rng_rows = probs_fn, int(seed), rng, rng_rows
-        self.allocated = False
-        self.refills = 0
-        self.rows_used = 0  # host mirror of the device counter
-        self._host_gen: torch.Generator | None = None
-        self._row = None
-        self._probs: list = []
-
-    def _dev(self, x: torch.Tensor):
-        ttnn = self.ttnn
-        return ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=self.mesh,
-                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
-
-    def allocate(self) -> "SampledDraftPick":
-        """Table, counter, constants and the persistent draft_probs buffer (before any capture); fills the table."""
-        if self.allocated:
-            return self
-        self.table = self._dev(torch.zeros(self.rng_rows, DRAFT_UNIFORMS_PER_ROW))
-        self.counter = self._dev(torch.zeros(1, 1, 1, 1))
-        self.c_zero = self._dev(torch.zeros(1, 1, 1, 1))
-        self.draft_probs = self._dev(torch.zeros(1, 1, self.k, self.vocab))
-        ttnn = self.ttnn  # exact fp32 counting (token ids up to V) on cards: fp32 dest, HiFi4
-        self._ckc = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,
-                                                     fp32_dest_acc_en=True, packer_l1_acc=False)
-        self.allocated = True
-        self.refill()
-        return self
-
-    def refill(self) -> None:
-        """(Re)fill the uniform table, reset the counter. Outside any capture; allocates nothing on device."""
-        if not self.allocated:
-            raise RuntimeError("SampledDraftPick.allocate() first")
-        ttnn = self.ttnn
-        if self.rng == "device":
-            # nonzero, deterministic per (seed, refill); a different affine map than the acceptor's seeds
-            s = (self.seed * 2_246_822_519 + self.refills * 3_266_489_917 + 0x5EED) % 0x7FFFFFFF or 1
-            ttnn.uniform(self.table, 0.0, 1.0, s)
-        else:
-            if self._host_gen is None:
-                self._host_gen = torch.Generator().manual_seed((self.seed * 0x9E3779B1 + 0x5EED) % (1 << 62))
-            vals = torch.rand(self.rng_rows, DRAFT_UNIFORMS_PER_ROW, generator=self._host_gen)
-            host = ttnn.from_torch(vals, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
-                                   mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
-            ttnn.copy_host_to_device_tensor(host, self.table)
-        ttnn.copy(self.c_zero, self.counter)
-        self.rows_used = 0
-        self.refills += 1
-
-    def before_chain(self) -> None:
-        """Host bookkeeping before each chain execution (outside capture): refill when the table is used up."""
-        if self.rows_used >= self.rng_rows:
-            self.refill()
-        self.rows_used += 1
-
-    # ---- device (traceable) ------------------------------------------------------------------------------
-    def begin_chain(self) -> None:
-        ttnn = self.ttnn
-        idx = ttnn.to_layout(ttnn.reshape(ttnn.typecast(self.counter, ttnn.uint32), [1, 1]), ttnn.ROW_MAJOR_LAYOUT)
-        self._row = ttnn.reshape(ttnn.embedding(idx, self.table, layout=ttnn.TILE_LAYOUT),
-                                 [1, 1, 1, DRAFT_UNIFORMS_PER_ROW])
-        ttnn.copy(ttnn.add(self.counter, 1.0), self.counter)
-        self._probs = []
-
-    def __call__(self, logits):
-        """fp32 logits [1, 1, 1, V] -> sampled token [1, 1, 1, 1] uint32; records the distribution."""
-        if self._row is None:
-            raise RuntimeError("SampledDraftPick: begin_chain() must run before the chain's first pick")
-        ttnn, i = self.ttnn, len(self._probs)
-        if i >= self.k:
-            raise RuntimeError(f"SampledDraftPick: more than k={self.k} picks in one chain")
-        p = self.probs_fn(logits)  # [1, 1, 1, V] fp32, sums to 1 over the kept tokens
-        u = ttnn.slice(self._row, [0, 0, 0, i], [1, 1, 1, i + 1])
-        # inverse CDF: token = #{j : cdf_j <= u * total and cdf_j < total} (zero-weight tokens unreachable)
-        cdf = ttnn.cumsum(p, dim=3)
-        total = ttnn.max(cdf, dim=3, keepdim=True)
-        below = ttnn.multiply(ttnn.le(cdf, ttnn.multiply(u, total)), ttnn.lt(cdf, total))
-        tok = ttnn.sum(below, dim=3, keepdim=True, compute_kernel_config=self._ckc)
-        self._probs.append(p)
-        return ttnn.typecast(tok, ttnn.uint32)
-
-    def end_chain(self) -> None:
-        ttnn = self.ttnn
-        if len(self._probs) != self.k:
-            raise RuntimeError(f"SampledDraftPick: chain made {len(self._probs)} picks, expected k={self.k}")
-        ttnn.copy(self._probs[0] if self.k == 1 else ttnn.concat(self._probs, dim=2), self.draft_probs)
-        self._row, self._probs = None, []
-
-
 class TTMTPHead:
     """MTP draft head of depth ``k`` sharing the target's embedding, RoPE tables and LM head.
 
@@ -249,7 +126,6 @@ class TTMTPHead:
         self.eps = a.cfg.rms_norm_eps
         self.replicate = self.ttnn.ReplicateTensorToMesh(self.mesh)
         self.allocated = False
-        self.trace_id = None
 
     # ---- allocation (before any capture) -------------------------------------------------------------
     def _dev(self, x: torch.Tensor, dtype, layout):
@@ -319,28 +195,6 @@ class TTMTPHead:
         toks = self.target.to_host(self.draft_tokens).reshape(-1).to(torch.int64).tolist()
         logits = self.target.to_host(self.draft_logits).float().reshape(self.k, -1)
         return toks, logits
-
-    def kv_to_host(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """MTP K, V as [Hkv, max_len, D] (all devices' heads, position-major; identity page table)."""
-        ttnn = self.ttnn
-        out = []
-        for cache in (self.kv.k, self.kv.v):
-            c = ttnn.to_torch(cache, mesh_composer=ttnn.ConcatMeshToTensor(self.mesh, dim=1)).float()
-            nb, hkv, bs, d = c.shape
-            c = c[self.page_table_host[0].long()]  # logical block order
-            out.append(c.permute(1, 0, 2, 3).reshape(hkv, nb * bs, d))
-        return out[0], out[1]
-
-    def kv_from_host(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Overwrite the MTP KV buffers in place from [Hkv, max_len, D] (tests/probes: restore a snapshot)."""
-        ttnn = self.ttnn
-        for cache, x in ((self.kv.k, k), (self.kv.v, v)):
-            hkv, s, d = x.shape
-            bs = self.args.block_size
-            paged = x.reshape(hkv, s // bs, bs, d).permute(1, 0, 2, 3).contiguous()
-            host = ttnn.from_torch(paged, dtype=cache.dtype, layout=ttnn.TILE_LAYOUT,
-                                   mesh_mapper=ttnn.ShardTensorToMesh(self.mesh, dim=1))
-            ttnn.copy_host_to_device_tensor(host, cache)
 
     # ---- device pieces (traceable) ---------------------------------------------------------------------
     def body(self, tokens, hidden, ctx: AttentionContext):
@@ -449,27 +303,6 @@ class TTMTPHead:
         base_f = ttnn.add(ttnn.add(pos_f, select_dev), 1.0)  # n + a + 1
         return self.chain(h_sel, base_f)
 
-    # ---- traces ------------------------------------------------------------------------------------------
-    def capture_draft(self, inputs: DraftInputs) -> int:
-        """Record :meth:`draft` over ``inputs`` (run it eagerly once first: compiles every program)."""
-        self._require()
-        ttnn = self.ttnn
-        tid = ttnn.begin_trace_capture(self.mesh, cq_id=0)
-        self.draft(inputs.tokens, inputs.hidden, inputs.pos, inputs.select)
-        ttnn.end_trace_capture(self.mesh, tid, cq_id=0)
-        self.trace_id = tid
-        return tid
-
-    def execute_draft(self, blocking: bool = True) -> None:
-        if self.trace_id is None:
-            raise RuntimeError("no draft trace captured (capture_draft first)")
-        self.ttnn.execute_trace(self.mesh, self.trace_id, cq_id=0, blocking=blocking)
-
-    def release_trace(self) -> None:
-        if self.trace_id is not None:
-            self.ttnn.release_trace(self.mesh, self.trace_id)
-            self.trace_id = None
-
     # ---- prompt (not traced) -----------------------------------------------------------------------------
     def prefill(self, next_tokens: torch.Tensor, hidden, all_logits: bool = False) -> torch.Tensor | None:
         """MTP rows t = 0..P-1 from x_{t+1} = ``next_tokens`` [P] and h_t = ``hidden`` (torch [P, H] or device
@@ -498,12 +331,7 @@ class TTMTPHead:
                                       dtype=act, layout=ttnn.TILE_LAYOUT, device=self.mesh, memory_config=mc)
             else:
                 hid = ttnn.slice(hidden, [0, 0, start, 0], [1, 1, start + rows, hsz])
-            ridx = ttnn.from_torch(torch.arange(start, start + rows, dtype=torch.int32)[None], dtype=ttnn.uint32,
-                                   layout=rm, device=self.mesh, memory_config=mc)
-            pages = self.page_table_host[:, start // a.block_size: -(-(start + rows) // a.block_size)].contiguous()
-            chunk_pt = ttnn.from_torch(pages, dtype=ttnn.int32, layout=rm, device=self.mesh, memory_config=mc)
-            cos, sin = self.target.rope_rows(ridx)
-            ctx = AttentionContext("prefill", cos, sin, self.page_table, chunk_start=start, chunk_page_table=chunk_pt)
+            ctx = self.target.prefill_chunk_context(start, rows, self.page_table, self.page_table_host)
             h = self.body(toks, hid, ctx)
             if all_logits:
                 outs.append(self.target.to_host(self.logits(h)).float().reshape(rows, -1))

@@ -54,7 +54,8 @@ from ..speculative.sampling import SamplingParams
 from .generator import TTGenerator
 from .model import TTQwen36Model
 from .model_config import PrecisionSetting, TTModelArgs
-from .spec_backend import TTMTPDrafter, TTSpecBackend
+from .mtp_drafter import TTMTPDrafter
+from .spec_backend import TTSpecBackend
 from .state import KVLayerState, allocate_state
 from .weights import WeightLoader
 
@@ -108,8 +109,8 @@ class Qwen36ForCausalLM:
         self.gen, self.model, self.state = gen, gen.model, gen.state
         self.reader = reader
         self.has_mtp = reader.config.has_mtp
-        self.spec = (_VllmSpecBackend(gen, mechanism, drafter=TTMTPDrafter(reader, cache_dir), use_trace=gen.use_trace)
-                     if self.has_mtp else None)
+        self.spec_backend = (_VllmSpecBackend(gen, mechanism, drafter=TTMTPDrafter(reader, cache_dir),
+                                              use_trace=gen.use_trace) if self.has_mtp else None)
         self._kv_cache = None
         self._mode = None  # None (no sequence) | "new" (after prefill) | "plain" | "spec"
         self._accepted_count = None  # tokens emitted by the last spec call (1 right after prefill)
@@ -200,9 +201,9 @@ class Qwen36ForCausalLM:
         lens = torch.as_tensor(prompt_lens).reshape(-1)
         _check_batch(lens.numel(), "prompt_lens")
         prompt = tokens[0, : int(lens[0])].tolist()
-        if self.spec is not None:
-            self.spec.use_trace = self.gen.use_trace
-            _, logits = self.spec.prefill(prompt, SamplingParams())  # greedy; also keeps the MTP's h_t
+        if self.spec_backend is not None:
+            self.spec_backend.use_trace = self.gen.use_trace
+            _, logits = self.spec_backend.prefill(prompt, SamplingParams())  # greedy; also keeps the MTP's h_t
         else:
             logits = self.gen.prefill(prompt)
         self._mode, self._accepted_count = "new", 1
@@ -237,7 +238,7 @@ class Qwen36ForCausalLM:
         if self._mode not in ("new", mode):
             raise RuntimeError(f"{mode} step in a sequence that runs {self._mode} steps: plain decode and spec "
                                f"steps cannot be mixed within one sequence (prefill a new one)")
-        if mode == "spec" and self.spec is None:
+        if mode == "spec" and self.spec_backend is None:
             raise NotImplementedError("speculative decoding needs the checkpoint's MTP head (mtp_num_hidden_layers"
                                       " = 0 here)")
         self._mode = mode
@@ -269,18 +270,18 @@ class Qwen36ForCausalLM:
         _check_batch(ct.shape[0], "committed_tokens")
         pending = int(ct[0, self._accepted_count - 1])
         pos = int(torch.as_tensor(committed_positions).reshape(-1)[0])
-        if pending != self.spec.history[-1] or pos != self.spec.n:
+        if pending != self.spec_backend.history[-1] or pos != self.spec_backend.n:
             raise ValueError(f"committed token/position ({pending}, {pos}) != the model's pending token/position "
-                             f"({self.spec.history[-1]}, {self.spec.n})")
+                             f"({self.spec_backend.history[-1]}, {self.spec_backend.n})")
         self._draft(k)
-        drafts, _ = self.spec.drafter.head.read_drafts()
+        drafts, _ = self.spec_backend.drafter.head.read_drafts()
         return torch.tensor([drafts], dtype=torch.int64), torch.tensor([k], dtype=torch.int64)
 
     def _draft(self, k: int) -> None:
-        if self.spec._phase != "drafted":
-            self.spec.draft(k)  # first call at this K: allocates, MTP prefill + first chain
-        elif k != self.spec._k:
-            raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec._k})")
+        if self.spec_backend._phase != "drafted":
+            self.spec_backend.draft(k)  # first call at this K: allocates, MTP prefill + first chain
+        elif k != self.spec_backend._k:
+            raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec_backend._k})")
 
     def _verify(self, tokens: torch.Tensor, start: int, num_valid_drafts, accepted_counts, enable_trace: bool):
         k = tokens.shape[1] - 1
@@ -296,25 +297,25 @@ class Qwen36ForCausalLM:
             raise NotImplementedError(f"num_valid_drafts[0]={int(nv[0])} < K={k}: the device acceptor has no per-row "
                                       f"draft mask; every row must carry K valid drafts")
         row = [int(t) for t in tokens[0].tolist()]
-        if row[0] != self.spec.history[-1] or start != self.spec.n:
+        if row[0] != self.spec_backend.history[-1] or start != self.spec_backend.n:
             raise ValueError(f"verify row 0 (token {row[0]} at {start}) must be the pending token "
-                             f"{self.spec.history[-1]} at position {self.spec.n}")
-        self.spec.use_trace = bool(enable_trace)
+                             f"{self.spec_backend.history[-1]} at position {self.spec_backend.n}")
+        self.spec_backend.use_trace = bool(enable_trace)
         self._draft(k)
-        self.spec.spec.write_drafts(row[1:])  # the drafts vLLM asks us to verify (MTP's or any proposer's)
-        vout = self.spec.verify(None)
+        self.spec_backend.spec.write_drafts(row[1:])  # the drafts vLLM asks us to verify (MTP's or any proposer's)
+        vout = self.spec_backend.verify(None)
         ids = self.model.to_host(vout.out.tokens).reshape(-1).to(torch.int64)[: k + 1]
-        acc = self.spec.accept(None, vout)
+        acc = self.spec_backend.accept(None, vout)
         host_a = 0
         while host_a < k and row[1 + host_a] == int(ids[host_a]):
             host_a += 1
         if host_a != acc.num_accepted:
             raise RuntimeError(f"device acceptor accepted {acc.num_accepted} drafts but the argmax ids imply {host_a}")
-        self.spec.commit(acc)
+        self.spec_backend.commit(acc)
         self._accepted_count = acc.num_accepted + 1
         return ids.reshape(1, k + 1)
 
     def close(self) -> None:
-        if self.spec is not None:
-            self.spec.close()
+        if self.spec_backend is not None:
+            self.spec_backend.close()
         self.gen.release_trace()

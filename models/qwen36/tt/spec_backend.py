@@ -12,9 +12,10 @@ every later step replays. Traces are released before a new prompt (prefill alloc
 the host inside a capture; between replays the host writes only draft tokens when a *host drafter* is used
 (tests / no device MTP), never state.
 
-Drafting: ``drafter`` is either an object with ``device_draft(spec, vout)`` (device MTP, runs inside trace B and
-writes ``spec.drafts``) or a host callable ``(history: list[int], k) -> list[int]`` (written into
-``spec.drafts`` with copy_host_to_device_tensor before the verify replay).
+Drafting: ``drafter`` is either an object with ``device_draft(step_state, vout)`` (the device MTP,
+``tt/mtp_drafter.py``; runs inside trace B and writes ``step_state.drafts``) or a host callable
+``(history: list[int], k) -> list[int]`` (written into the drafts buffer with copy_host_to_device_tensor before the
+verify replay). Capture and replay go through ``tt/trace.py``.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ..speculative.sampling import SamplingParams, pick_token
 from .accept import DeviceAcceptor
 from .commit import abort_after_verify, commit
 from .generator import TTGenerator
+from .trace import StepTraces
 from .verify import MECHANISMS, SpecDeviceState, VerifyOutputs
 
 
@@ -36,7 +38,7 @@ class TTSpecBackend:
         if mechanism not in MECHANISMS:
             raise ValueError(f"unknown commit mechanism {mechanism!r}; choose from {MECHANISMS}")
         if drafter is None:
-            raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/mtp.py) or a host "
+            raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/mtp_drafter.py) or a host "
                              "callable (history, k) -> k draft ids")
         self.gen, self.model, self.state = gen, gen.model, gen.state
         self.ttnn, self.mesh = gen.ttnn, gen.mesh
@@ -53,8 +55,7 @@ class TTSpecBackend:
         self._phase = "idle"  # idle -> drafted -> verified -> accepted
         self._vout: VerifyOutputs | None = None
         self._result = None
-        self._traces: dict[str, int] = {}
-        self._eager_steps = 0
+        self._traces = StepTraces(self.ttnn, self.mesh, warmup_steps=1)  # "verify" and "commit"
         self._host_gen: torch.Generator | None = None
 
     @property
@@ -63,10 +64,7 @@ class TTSpecBackend:
 
     # ---- setup -----------------------------------------------------------------------------------------
     def release(self) -> None:
-        for tid in self._traces.values():
-            self.ttnn.release_trace(self.mesh, tid)
-        self._traces.clear()
-        self._eager_steps = 0
+        self._traces.release()
 
     def _setup(self, k: int) -> None:
         """Allocate the step's buffers for draft depth k (outside any trace)."""
@@ -122,16 +120,7 @@ class TTSpecBackend:
 
     def _run(self, name: str, fn: Callable[[], Any]):
         """Eager on the first step after setup, captured on the second, replayed afterwards."""
-        if not self.use_trace or self._eager_steps < 1:
-            return fn()
-        if name not in self._traces:
-            tid = self.ttnn.begin_trace_capture(self.mesh, cq_id=0)
-            out = fn()
-            self.ttnn.end_trace_capture(self.mesh, tid, cq_id=0)
-            self._traces[name] = tid
-            setattr(self, f"_trace_out_{name}", out)
-        self.ttnn.execute_trace(self.mesh, self._traces[name], cq_id=0, blocking=False)
-        return getattr(self, f"_trace_out_{name}")
+        return self._traces.run(name, fn, traced=self.use_trace)
 
     def _verify_and_accept(self):
         vout = self.spec.verify()
@@ -190,7 +179,7 @@ class TTSpecBackend:
         c.steps += 1
         self.n += a + 1
         self.history += acceptance.tokens
-        self._eager_steps += 1
+        self._traces.step_done()
         self._phase = "idle"
 
     def abort(self) -> None:
@@ -200,7 +189,7 @@ class TTSpecBackend:
             abort_after_verify(self.spec)  # shadow_commit refuses here (see commit.abort_after_verify)
             if not self.params.greedy:
                 # the acceptor advanced its RNG row counter on device; step back one row
-                self.ttnn.copy(self.ttnn.subtract(self.acceptor.rng_counter, 1.0), self.acceptor.rng_counter)
+                self.acceptor.uniforms.step_back()
         self.counters.aborts += 1
         self._phase = "idle"
 
@@ -210,67 +199,3 @@ class TTSpecBackend:
 
     def close(self) -> None:
         self.release()
-
-
-class TTMTPDrafter:
-    """Device drafter: the TT MTP head (models/qwen36/tt/mtp.py). Reseed over the K+1 verify rows (tokens = the
-    acceptor's result, hidden = the verify's post-norm rows), select row a, chain K-1 drafts: all inside the
-    commit trace, writing the drafts buffer the next verify reads.
-
-    Draft choice follows the run's SamplingParams: greedy (temperature 0) or ``draft="greedy"`` -> argmax drafts
-    (one-hot draft distribution for stochastic acceptance); temperature > 0 with ``draft="sample"`` (the
-    default) -> :class:`SampledDraftPick`: each draft drawn on device from the acceptor's own transform of the
-    MTP logits, uniforms from a seeded table (seed = the run's seed, an independent stream from the acceptor's),
-    and the draft distributions handed to ``DeviceAcceptor.stochastic``."""
-
-    def __init__(self, reader, cache_dir=None):
-        self.reader, self.cache_dir = reader, cache_dir
-        self.head = None
-        self._k = None
-        self.sampler = None  # SampledDraftPick when drafts are sampled
-
-    def allocate(self, spec: SpecDeviceState) -> None:
-        from .mtp import load_tt_mtp
-
-        if self.head is None or self._k != spec.k:
-            if self.head is not None:
-                self.head.release_trace()
-            self.head = load_tt_mtp(spec.model, self.reader, spec.k, cache_dir=self.cache_dir)
-            self._k = spec.k
-        spec.drafts = self.head.draft_tokens  # the verify reads the MTP's persistent draft buffer
-        acc = spec.acceptor
-        if acc is not None and not acc.params.greedy and acc.params.draft == "sample":
-            from .mtp import SampledDraftPick
-
-            self.sampler = SampledDraftPick(spec.ttnn, spec.mesh, spec.k, acc.vocab, acc.probs_from_logits,
-                                            seed=acc.seed, rng=acc.rng).allocate()
-            self.head.pick = self.sampler
-        else:
-            from .mtp import argmax_pick
-
-            self.sampler = None
-            self.head.pick = argmax_pick(spec.ttnn)
-        rep = spec.ttnn.ReplicateTensorToMesh(spec.mesh)
-        self.pos = spec.ttnn.from_torch(torch.zeros(1, dtype=torch.int32), dtype=spec.ttnn.int32,
-                                        layout=spec.ttnn.ROW_MAJOR_LAYOUT, device=spec.mesh, mesh_mapper=rep)
-
-    def start(self, spec: SpecDeviceState, history: list[int], prompt_hidden) -> None:
-        """After the prompt: MTP prefill over rows t = 0..P-1 (x_{t+1}, h_t), then the first chain."""
-        nxt = torch.tensor(history[1:])
-        self.before_device_draft()
-        self.head.prefill_draft(nxt, prompt_hidden)
-
-    def before_device_draft(self) -> None:
-        """Host side, outside any capture, before every chain execution (eager or replayed)."""
-        if self.sampler is not None:
-            self.sampler.before_chain()
-
-    def device_draft(self, spec: SpecDeviceState, vout) -> None:
-        ttnn = spec.ttnn
-        pos = ttnn.to_layout(ttnn.reshape(ttnn.typecast(spec.n, ttnn.int32), [1]), ttnn.ROW_MAJOR_LAYOUT)
-        ttnn.copy(pos, self.pos)
-        self.head.draft(spec.acceptor.result, vout.out.hidden, self.pos, spec.acceptor.count)
-
-    def draft_probs(self, acceptor):
-        """[1, 1, K, V] fp32 draft distributions (persistent) for sampled drafts; None = one-hot (argmax drafts)."""
-        return self.sampler.draft_probs if self.sampler is not None else None

@@ -90,9 +90,9 @@ class GDNRecord:
 
 @dataclass
 class VerifyPlan:
-    """``AttentionContext.spec`` of one verify: per-row positions and the mechanism's GDN routing."""
+    """``AttentionContext.verify_plan`` of one verify: per-row positions and the mechanism's GDN routing."""
 
-    spec: "SpecDeviceState"
+    step_state: "SpecDeviceState"
     row_pos: list  # T x [1] int32 RM: KV write position of row j
     bounds: Any  # [G*T] int32 RM: SDPA bound of candidate j (= n + j), once per local KV head
     head_page_table: Any  # [G, blocks] int32 RM: page table of the per-KV-head cache view (pt*G + h)
@@ -100,14 +100,14 @@ class VerifyPlan:
 
     def conv_write(self, state: GDNLayerState):
         """snapshot: the verify advances the live conv state; shadow_commit/recompute leave it (window kept)."""
-        return True if self.spec.mechanism == "snapshot" else None
+        return True if self.step_state.mechanism == "snapshot" else None
 
     def gdn_recurrence(self, gdn, state: GDNLayerState, q, k, v, g, beta, window):
         self.records.append(GDNRecord(gdn, state, q, k, v, g, beta, window))
-        bufs = self.spec.layer_bufs[id(state)]
-        m = self.spec.mechanism
+        bufs = self.step_state.layer_bufs[id(state)]
+        m = self.step_state.mechanism
         if m == "shadow_commit":
-            return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.ring, ring_idx=self.spec.block_idx)
+            return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.ring, ring_idx=self.step_state.block_idx)
         if m == "snapshot":
             return gdn.recurrence(q, k, v, g, beta, state, "decode")  # live advances through all T rows
         return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.scratch_rec, final=bufs.scratch_rec)
@@ -262,7 +262,7 @@ class SpecDeviceState:
         with m.region("embed"):
             x = m.embed(tokens)
             cos, sin = m.rope_rows(rope_idx)
-        ctx = AttentionContext("decode", cos, sin, self.state.page_table, spec=plan)
+        ctx = AttentionContext("decode", cos, sin, self.state.page_table, verify_plan=plan)
         x = m.layers_forward(x, self.state, ctx)
         with m.region("head"):
             logits, hidden = m.head(x, last_row_only=False)

@@ -1,0 +1,198 @@
+"""Device sampling building blocks shared by the acceptor (tt/accept.py) and the MTP drafter's sampled picks.
+
+* :class:`UniformTable`: a persistent fp32 table of uniforms plus a device-resident row counter. A traced step
+  gathers the row at the counter (``ttnn.embedding``) and advances the counter in place; no RNG op runs inside a
+  trace (a captured ``ttnn.uniform`` would replay its captured seed every step). The table is (re)filled outside
+  any capture: seeded ``ttnn.uniform`` in place (``source="device"``) or a seeded torch generator written with
+  ``copy_host_to_device_tensor`` (``source="host"``: bit-identical on cards and the emulator).
+* :func:`inverse_cdf_draw`: one categorical draw per row from unnormalised weights and one uniform.
+* :func:`argmax_pick` and :class:`SampledDraftPick`: the ``pick`` hooks of the MTP draft chain (tt/mtp.py).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .model_config import compute_config_exact_count
+
+RNG_SOURCES = ("device", "host")
+
+
+class UniformTable:
+    """``[rows, width]`` fp32 uniforms on device (replicated) and a ``[1, 1, 1, 1]`` fp32 row counter.
+
+    ``device_seed(refill_index) -> int`` gives the ``ttnn.uniform`` seed of each refill (nonzero: 0 means
+    unseeded); ``host_seed`` seeds the torch generator of ``source="host"`` once. Owners pick seeds so that
+    their streams are independent (the acceptor's and the draft pick's differ)."""
+
+    def __init__(self, ttnn, mesh_device, rows: int, width: int, *, source: str,
+                 device_seed: Callable[[int], int], host_seed: int):
+        if source not in RNG_SOURCES:
+            raise ValueError(f"rng must be one of {RNG_SOURCES}, got {source!r}")
+        if not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rng_rows must be an int >= 1, got {rows!r}")
+        self.ttnn, self.mesh, self.rows, self.width = ttnn, mesh_device, rows, width
+        self.source, self.device_seed, self.host_seed = source, device_seed, host_seed
+        self.refills = 0
+        self._host_gen: torch.Generator | None = None
+        self.table = self.counter = None
+
+    def _replicated(self, x: torch.Tensor):
+        ttnn = self.ttnn
+        return ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=self.mesh,
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+
+    def allocate(self) -> "UniformTable":
+        """Table, counter and the zero the counter resets to (before any capture); then the first fill."""
+        if self.table is None:
+            self.table = self._replicated(torch.zeros(self.rows, self.width))
+            self.counter = self._replicated(torch.zeros(1, 1, 1, 1))
+            self._zero = self._replicated(torch.zeros(1, 1, 1, 1))
+            self.refill()
+        return self
+
+    def refill(self) -> None:
+        """(Re)fill the table and reset the counter to row 0. Outside any capture; allocates nothing on device."""
+        if self.table is None:
+            raise RuntimeError("UniformTable.allocate() first")
+        ttnn = self.ttnn
+        if self.source == "device":
+            ttnn.uniform(self.table, 0.0, 1.0, self.device_seed(self.refills))
+        else:
+            if self._host_gen is None:
+                self._host_gen = torch.Generator().manual_seed(self.host_seed)
+            vals = torch.rand(self.rows, self.width, generator=self._host_gen)
+            host = ttnn.from_torch(vals, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
+                                   mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+            ttnn.copy_host_to_device_tensor(host, self.table)
+        ttnn.copy(self._zero, self.counter)
+        self.refills += 1
+
+    def restart(self) -> None:
+        """Back to the stream's first fill (same seeds again): replays a run's draws from the start."""
+        self.refills, self._host_gen = 0, None
+        self.refill()
+
+    # ---- device (traceable) -------------------------------------------------------------------------------
+    def next_row(self, shape: list[int], index_base=None):
+        """The row at the counter reshaped to ``shape``; advances the counter in place. With ``index_base`` (a
+        device tensor) also returns ``index_base + counter`` (the row index used, read before the advance)."""
+        ttnn = self.ttnn
+        idx = ttnn.to_layout(ttnn.reshape(ttnn.typecast(self.counter, ttnn.uint32), [1, 1]), ttnn.ROW_MAJOR_LAYOUT)
+        row = ttnn.reshape(ttnn.embedding(idx, self.table, layout=ttnn.TILE_LAYOUT), shape)
+        index = None if index_base is None else ttnn.add(index_base, self.counter)
+        ttnn.copy(ttnn.add(self.counter, 1.0), self.counter)
+        return row, index
+
+    def step_back(self) -> None:
+        """Undo one :meth:`next_row` (an aborted step gives its row back)."""
+        ttnn = self.ttnn
+        ttnn.copy(ttnn.subtract(self.counter, 1.0), self.counter)
+
+
+def inverse_cdf_draw(ttnn, weights, u):
+    """weights ``[..., V]`` (>= 0, any total), u ``[..., 1]`` in [0, 1) -> fp32 index ``[..., 1]``:
+    #{j : cdf_j <= u * total and cdf_j < total}. Zero-weight tokens are unreachable (the second test stops the
+    count at the last token with mass, whatever rounding the cumulative sum does)."""
+    cdf = ttnn.cumsum(weights, dim=3)
+    total = ttnn.max(cdf, dim=3, keepdim=True)
+    below = ttnn.multiply(ttnn.le(cdf, ttnn.multiply(u, total)), ttnn.lt(cdf, total))
+    return ttnn.sum(below, dim=3, keepdim=True, compute_kernel_config=compute_config_exact_count(ttnn))
+
+
+def argmax_pick(ttnn):
+    """Default pick: fp32 logits [1, 1, 1, V] -> argmax token [1, 1, 1, 1] uint32 (lowest index on ties)."""
+    return lambda logits_111V: ttnn.argmax(logits_111V, dim=3, keepdim=True)
+
+
+DRAFT_UNIFORMS_PER_ROW = 32  # one tile row of uniforms per chain: draft i uses column i (K <= 32)
+
+
+class SampledDraftPick:
+    """Sampling ``pick`` for the MTP draft chain: each draft is drawn from ``probs_fn(logits)`` (pass
+    ``DeviceAcceptor.probs_from_logits``: the target's temperature/top-k/top-p transform, so rejection sampling
+    is exact) by :func:`inverse_cdf_draw` with one uniform, and the K draft distributions are written to the
+    persistent :attr:`draft_probs` ``[1, 1, K, V]`` fp32 (what ``DeviceAcceptor.stochastic`` takes as
+    ``draft_probs``).
+
+    Uniforms: a :class:`UniformTable` ``[rng_rows, 32]``, one row per chain (:meth:`begin_chain`), draft i uses
+    column i. Its seeds are derived from ``seed`` differently from the acceptor's, so draft and acceptance draws
+    are independent streams. The host must call :meth:`before_chain` (outside capture) once before every chain
+    *execution* (eager run or trace replay): it refills the table when all rows are used (host mirror of the
+    device counter, no readback).
+    """
+
+    def __init__(self, ttnn, mesh_device, k: int, vocab: int, probs_fn: Callable[[Any], Any], seed: int = 0, *,
+                 rng: str = "device", rng_rows: int = 1024):
+        if not isinstance(k, int) or not 1 <= k <= DRAFT_UNIFORMS_PER_ROW:
+            raise ValueError(f"k must be an int in [1, {DRAFT_UNIFORMS_PER_ROW}] (one uniform per draft per "
+                             f"{DRAFT_UNIFORMS_PER_ROW}-wide RNG row), got {k!r}")
+        if vocab >= 1 << 24:
+            raise ValueError(f"vocab={vocab} >= 2**24: sampled ids are counted in fp32 and would not be exact")
+        self.ttnn, self.mesh, self.k, self.vocab = ttnn, mesh_device, k, vocab
+        self.probs_fn, self.seed, self.rng, self.rng_rows = probs_fn, int(seed), rng, rng_rows
+        s = self.seed
+        # nonzero, deterministic per (seed, refill); a different affine map than the acceptor's seeds
+        self.uniforms = UniformTable(
+            ttnn, mesh_device, rng_rows, DRAFT_UNIFORMS_PER_ROW, source=rng,
+            device_seed=lambda refill: (s * 2_246_822_519 + refill * 3_266_489_917 + 0x5EED) % 0x7FFFFFFF or 1,
+            host_seed=(s * 0x9E3779B1 + 0x5EED) % (1 << 62))
+        self.allocated = False
+        self.rows_used = 0  # host mirror of the device counter
+        self._row = None
+        self._probs: list = []
+
+    @property
+    def refills(self) -> int:
+        return self.uniforms.refills
+
+    def allocate(self) -> "SampledDraftPick":
+        """Uniform table, counter and the persistent draft_probs buffer (before any capture); fills the table."""
+        if self.allocated:
+            return self
+        ttnn = self.ttnn
+        self.draft_probs = ttnn.from_torch(torch.zeros(1, 1, self.k, self.vocab), dtype=ttnn.float32,
+                                           layout=ttnn.TILE_LAYOUT, device=self.mesh,
+                                           mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+        self.uniforms.allocate()
+        self.allocated = True
+        return self
+
+    def refill(self) -> None:
+        """(Re)fill the uniform table, reset the counter. Outside any capture; allocates nothing on device."""
+        if not self.allocated:
+            raise RuntimeError("SampledDraftPick.allocate() first")
+        self.uniforms.refill()
+        self.rows_used = 0
+
+    def before_chain(self) -> None:
+        """Host bookkeeping before each chain execution (outside capture): refill when the table is used up."""
+        if self.rows_used >= self.rng_rows:
+            self.refill()
+        self.rows_used += 1
+
+    # ---- device (traceable) ------------------------------------------------------------------------------
+    def begin_chain(self) -> None:
+        self._row, _ = self.uniforms.next_row([1, 1, 1, DRAFT_UNIFORMS_PER_ROW])
+        self._probs = []
+
+    def __call__(self, logits_111V):
+        """fp32 logits [1, 1, 1, V] -> sampled token [1, 1, 1, 1] uint32; records the distribution."""
+        if self._row is None:
+            raise RuntimeError("SampledDraftPick: begin_chain() must run before the chain's first pick")
+        ttnn, i = self.ttnn, len(self._probs)
+        if i >= self.k:
+            raise RuntimeError(f"SampledDraftPick: more than k={self.k} picks in one chain")
+        probs_111V = self.probs_fn(logits_111V)  # fp32, sums to 1 over the kept tokens
+        u_1111 = ttnn.slice(self._row, [0, 0, 0, i], [1, 1, 1, i + 1])
+        tok_1111 = inverse_cdf_draw(ttnn, probs_111V, u_1111)
+        self._probs.append(probs_111V)
+        return ttnn.typecast(tok_1111, ttnn.uint32)
+
+    def end_chain(self) -> None:
+        ttnn = self.ttnn
+        if len(self._probs) != self.k:
+            raise RuntimeError(f"SampledDraftPick: chain made {len(self._probs)} picks, expected k={self.k}")
+        ttnn.copy(self._probs[0] if self.k == 1 else ttnn.concat(self._probs, dim=2), self.draft_probs)
+        self._row, self._probs = None, []
