@@ -8,6 +8,8 @@
   each is a named function that says why.
 * RNG draws on device (``ttnn.uniform``): only ``tt/sampler.py`` (the uniform table both the acceptor and the
   sampled draft pick use).
+* the chunked-prefill attention context: only ``TTQwen36Model.prefill_chunk_context`` (tt/model.py), which the
+  target prefill, the MTP prefill and the layer harness call.
 Configs and RNG draws are checked in the sources (tests exercise those ops directly); traces everywhere.
 """
 from __future__ import annotations
@@ -21,7 +23,7 @@ CONFIG_CALLS = {"WormholeComputeKernelConfig", "BlackholeComputeKernelConfig", "
                 "GrayskullComputeKernelConfig"}
 RNG_CALLS = {"uniform", "rand", "bernoulli"}
 OWNERS = {"trace": "models/qwen36/tt/trace.py", "config": "models/qwen36/tt/model_config.py",
-          "rng": "models/qwen36/tt/sampler.py"}
+          "rng": "models/qwen36/tt/sampler.py", "prefill_ctx": "models/qwen36/tt/model.py"}
 
 
 def _is_ttnn(node: ast.AST) -> bool:
@@ -45,6 +47,9 @@ def violations(source: str, rel: str) -> list[str]:
             out.append(f"{rel}:{node.lineno}: compute config {name}")
         if name in RNG_CALLS and via_ttnn and rel != OWNERS["rng"]:
             out.append(f"{rel}:{node.lineno}: device rng {name}")
+        prefill = node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "prefill"
+        if name == "AttentionContext" and prefill and rel != OWNERS["prefill_ctx"]:
+            out.append(f"{rel}:{node.lineno}: prefill attention context")
     return out
 
 
@@ -74,14 +79,15 @@ def test_scan_sees_a_second_copy():
         "    cfg = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4)\n"
         "    ttnn.uniform(self.table, 0.0, 1.0, 7)\n"
         "    self.gen.release_trace()\n"  # a method of ours, not the ttnn call: allowed
+        "    ctx = AttentionContext('prefill', cos, sin, pt, chunk_start=0, chunk_page_table=cpt)\n"
     )
     got = violations(bad, "models/qwen36/tt/accept.py")
     assert [v.split(": ", 1)[1] for v in got] == [
         "trace begin_trace_capture", "trace end_trace_capture", "trace execute_trace",
-        "compute config WormholeComputeKernelConfig", "device rng uniform"], got
+        "compute config WormholeComputeKernelConfig", "device rng uniform", "prefill attention context"], got
     assert violations(bad, OWNERS["trace"]) == [
         "models/qwen36/tt/trace.py:5: compute config WormholeComputeKernelConfig",
-        "models/qwen36/tt/trace.py:6: device rng uniform"]
+        "models/qwen36/tt/trace.py:6: device rng uniform", "models/qwen36/tt/trace.py:8: prefill attention context"]
     scanned = {rel for rel, _ in _scanned_files()}
     assert {"models/qwen36/tt/generator.py", "models/qwen36/tt/spec_backend.py", "models/qwen36/tt/mtp.py",
             "probes/decode_cost.py", "tests/test_tt_mtp.py"} <= scanned

@@ -4,8 +4,8 @@ Everything between "target verify logits + draft tokens are on device" and "host
 is a composition of ttnn ops: no host reads or writes, no tensor creation (constants, scratch, RNG table
 and the persistent result buffers are made in :meth:`DeviceAcceptor.allocate`, before any capture), so a
 caller can record :meth:`DeviceAcceptor.greedy` / :meth:`DeviceAcceptor.stochastic` inside its traced spec
-step. Semantics are those of the reference engine (``models/qwen36/spec/acceptance.py`` and
-``spec/sampling.py``); see docs/tt_accept.md for the derivation, approximations and card caveats.
+step. Semantics are those of the reference engine (``models/qwen36/speculative/acceptance.py`` and
+``speculative/sampling.py``); see docs/tt_accept.md for the derivation, approximations and card caveats.
 
 Shapes (B = batch/users, K = draft depth, R = K + 1 verify rows, V = vocab; all 4-D, TILE unless noted):
 
@@ -239,7 +239,7 @@ class DeviceAcceptor:
         return self._finish(drafts_row, a, final, self.c_minus_one_col)
 
     def probs_from_logits(self, logits_dev):
-        """Device twin of ``spec.sampling.probs_from_logits``: [1,B,rows,V] -> fp32 probabilities (full V).
+        """Device twin of ``speculative.sampling.probs_from_logits``: [1,B,rows,V] -> fp32 probabilities (full V).
 
         temperature (x * 1/T), then top-k (keep x >= k-th largest, ties kept), then top-p (drop a token when
         the mass of the tokens sorted before it is >= top_p), then softmax. One descending sort serves both.

@@ -99,26 +99,26 @@ class TTGatedAttention:
           (``ctx.verify_plan.head_page_table`` [G, blocks]); each group scans exactly its head's KV blocks once;
         * group h holds that head's g = Hq_d/G query heads (GQA: q heads h*g..h*g+g-1 share KV head h), candidate
           j in row-tile j of q [1, G, T*32, D]; bounds ``ctx.verify_plan.bounds`` [G*T] = n..n+K per group.
+        Name suffixes: T rows, G local KV heads, g query heads per KV head (padded to 32), R = T*32, D head dim.
         At G = 1 the view and the table are the plain ones."""
-        ttnn = self.ttnn
+        ttnn, plan = self.ttnn, ctx.verify_plan
         rows, g, heads = q.shape[1], self.hq // self.hkv, self.hkv
         shard = kv_update_input_memory_config(ttnn, 1, self.d)
         for cache, t in ((kv.k, k), (kv.v, v)):
             for j in range(rows):
                 row = ttnn.slice(t, [0, j, 0, 0], [1, j + 1, self.hkv, self.d])
                 ttnn.experimental.paged_update_cache(cache, ttnn.to_memory_config(row, shard),
-                                                     update_idxs_tensor=ctx.verify_plan.row_pos[j], page_table=ctx.page_table)
-        qg = ttnn.permute(ttnn.reshape(q, [rows, heads, g, self.d]), (1, 0, 2, 3))  # [G, T, g, D]
-        if g < 32:
-            qg = ttnn.pad(qg, [(0, 0), (0, 0), (0, 32 - g), (0, 0)], 0.0)
-        qg = ttnn.reshape(qg, [1, heads, rows * 32, self.d])
-        o = ttnn.transformer.paged_scaled_dot_product_attention_decode(
-            qg, self.head_view(kv.k), self.head_view(kv.v), ctx.verify_plan.head_page_table, cur_pos_tensor=ctx.verify_plan.bounds,
+                                                     update_idxs_tensor=plan.row_pos[j], page_table=ctx.page_table)
+        q_GTgD = ttnn.permute(ttnn.reshape(q, [rows, heads, g, self.d]), (1, 0, 2, 3))
+        q_GT32D = q_GTgD if g >= 32 else ttnn.pad(q_GTgD, [(0, 0), (0, 0), (0, 32 - g), (0, 0)], 0.0)
+        q_1GRD = ttnn.reshape(q_GT32D, [1, heads, rows * 32, self.d])
+        o_1GRD = ttnn.transformer.paged_scaled_dot_product_attention_decode(
+            q_1GRD, self.head_view(kv.k), self.head_view(kv.v), plan.head_page_table, cur_pos_tensor=plan.bounds,
             scale=self.scale, spec_multi_pos_tiles=rows, program_config=sdpa_decode_program_config(ttnn),
             compute_kernel_config=compute_config_norm(ttnn), memory_config=activation_memory_config(ttnn))
-        o = ttnn.slice(ttnn.reshape(o, [heads, rows, 32, self.d]), [0, 0, 0, 0], [heads, rows, g, self.d])
-        o = ttnn.permute(o, (1, 0, 2, 3))  # [T, G, g, D]
-        return ttnn.reshape(o, [1, 1, rows, self.hq * self.d])
+        o_GTgD = ttnn.slice(ttnn.reshape(o_1GRD, [heads, rows, 32, self.d]), [0, 0, 0, 0], [heads, rows, g, self.d])
+        o_TGgD = ttnn.permute(o_GTgD, (1, 0, 2, 3))
+        return ttnn.reshape(o_TGgD, [1, 1, rows, self.hq * self.d])
 
     def head_view(self, cache):
         """Paged cache [P, G, bs, D] viewed as [P*G, 1, bs, D] (one KV head per block; the same buffer)."""

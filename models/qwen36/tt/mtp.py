@@ -283,25 +283,25 @@ class TTMTPHead:
     def draft(self, tokens_dev, hidden_dev, pos_dev, select_dev):
         """Reseed over the R = K+1 verify rows at n..n+K, select row a, chain K-1 steps (see module docstring).
         Device only, allocates no persistent buffer: safe to capture. Returns the persistent
-        (draft_tokens [1,1,1,K] uint32, draft_logits [1,1,K,V] fp32)."""
+        (draft_tokens [1,1,1,K] uint32, draft_logits [1,1,K,V] fp32). Name suffixes: R rows, H hidden size."""
         self._require()
         ttnn, r, hsz = self.ttnn, self.rows, self.args.cfg.hidden_size
         if [int(s) for s in hidden_dev.shape] != [1, 1, r, hsz]:
             raise ValueError(f"hidden: device shape {list(hidden_dev.shape)} != [1, 1, K+1={r}, H={hsz}]")
-        toks = self._reseed_tokens(tokens_dev)
-        pos_f = self._pos_f32(pos_dev)
-        cur, ridx = self._positions(ttnn.add(pos_f, self.c_row_offsets), r)
-        row_pos = [ttnn.slice(cur, [i], [i + 1]) for i in range(r)]
-        cos, sin = self.target.rope_rows(ridx)
-        ctx = MTPAttentionContext("decode", cos, sin, self.page_table, pos=cur, rows_page_table=self.rows_page_table,
-                                  row_pos=row_pos)
-        h_all = self.body(toks, hidden_dev, ctx)  # [1, 1, R, H]
+        tokens_1R = self._reseed_tokens(tokens_dev)
+        n_1111 = self._pos_f32(pos_dev)
+        cur_pos_R, rope_idx_1R = self._positions(ttnn.add(n_1111, self.c_row_offsets), r)
+        row_pos = [ttnn.slice(cur_pos_R, [i], [i + 1]) for i in range(r)]
+        cos_1R1D, sin_1R1D = self.target.rope_rows(rope_idx_1R)
+        ctx = MTPAttentionContext("decode", cos_1R1D, sin_1R1D, self.page_table, pos=cur_pos_R,
+                                  rows_page_table=self.rows_page_table, row_pos=row_pos)
+        h_11RH = self.body(tokens_1R, hidden_dev, ctx)
         # exact row gather of row a (robust to any garbage, incl. non-finite, in the other rows)
-        idx = ttnn.reshape(ttnn.to_layout(ttnn.typecast(select_dev, ttnn.uint32), ttnn.ROW_MAJOR_LAYOUT), [1, 1])
-        table = ttnn.to_layout(ttnn.reshape(h_all, [r, hsz]), ttnn.ROW_MAJOR_LAYOUT)
-        h_sel = ttnn.reshape(ttnn.embedding(idx, table, layout=ttnn.TILE_LAYOUT), [1, 1, 1, hsz])
-        base_f = ttnn.add(ttnn.add(pos_f, select_dev), 1.0)  # n + a + 1
-        return self.chain(h_sel, base_f)
+        a_idx_11 = ttnn.reshape(ttnn.to_layout(ttnn.typecast(select_dev, ttnn.uint32), ttnn.ROW_MAJOR_LAYOUT), [1, 1])
+        h_table_RH = ttnn.to_layout(ttnn.reshape(h_11RH, [r, hsz]), ttnn.ROW_MAJOR_LAYOUT)
+        h_sel_111H = ttnn.reshape(ttnn.embedding(a_idx_11, h_table_RH, layout=ttnn.TILE_LAYOUT), [1, 1, 1, hsz])
+        base_1111 = ttnn.add(ttnn.add(n_1111, select_dev), 1.0)  # n + a + 1
+        return self.chain(h_sel_111H, base_1111)
 
     # ---- prompt (not traced) -----------------------------------------------------------------------------
     def prefill(self, next_tokens: torch.Tensor, hidden, all_logits: bool = False) -> torch.Tensor | None:

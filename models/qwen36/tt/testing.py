@@ -71,18 +71,11 @@ class LayerHarness:
         return self.model.to_host(t).float().reshape(1, rows, self.cfg.hidden_size)
 
     def _ctx(self, mode: str, rows: int) -> AttentionContext:
-        ttnn, a = self.ttnn, self.args
         if mode == "decode":
             self.model.copy_host_to_device(self.model.prepare_decode_inputs_host([0] * rows, self.pos), self.inputs)
             cos, sin = self.model.rope_rows(self.inputs.rope_idx)
             return AttentionContext("decode", cos, sin, self.state.page_table, pos=self.inputs.pos)
-        rm = ttnn.ROW_MAJOR_LAYOUT
-        idx = ttnn.from_torch(torch.arange(self.pos, self.pos + rows, dtype=torch.int32)[None], dtype=ttnn.uint32,
-                              layout=rm, device=self.mesh)
-        cos, sin = self.model.rope_rows(idx)
-        pages = self.state.page_table_host[:, self.pos // a.block_size: -(-(self.pos + rows) // a.block_size)]
-        pt = ttnn.from_torch(pages.contiguous(), dtype=ttnn.int32, layout=rm, device=self.mesh)
-        return AttentionContext("prefill", cos, sin, self.state.page_table, chunk_start=self.pos, chunk_page_table=pt)
+        return self.model.prefill_chunk_context(self.pos, rows, self.state.page_table, self.state.page_table_host)
 
     @torch.no_grad()
     def mixer(self, x: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:

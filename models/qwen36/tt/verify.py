@@ -236,35 +236,36 @@ class SpecDeviceState:
 
     def verify_rows(self):
         """-> (tokens [1,T] uint32 RM, rope_idx [1,T] uint32 RM, bounds [G*T] int32 RM, row_pos T x [1] int32 RM,
-        head_page_table [G, blocks] int32 RM); G = local KV heads (see ``attend_verify``)."""
+        head_page_table [G, blocks] int32 RM); G = local KV heads (see ``attend_verify``). Name suffixes give the
+        shape: T rows, G local KV heads, P pages per sequence."""
         ttnn, t, heads = self.ttnn, self.t, self.model.args.hkv_d
         rm = ttnn.ROW_MAJOR_LAYOUT
-        pos = ttnn.add(self.n, self.c_ar)  # [1,1,1,T] fp32: n..n+K
-        rope_idx = ttnn.to_layout(ttnn.reshape(ttnn.typecast(pos, ttnn.uint32), [1, t]), rm)
-        bounds = ttnn.to_layout(ttnn.reshape(ttnn.typecast(ttnn.concat([pos] * heads, dim=3), ttnn.int32),
-                                             [heads * t]), rm)
-        row_pos = [ttnn.slice(bounds, [j], [j + 1]) for j in range(t)]
+        pos_111T = ttnn.add(self.n, self.c_ar)  # fp32: n..n+K
+        rope_idx_1T = ttnn.to_layout(ttnn.reshape(ttnn.typecast(pos_111T, ttnn.uint32), [1, t]), rm)
+        bounds_GT = ttnn.to_layout(ttnn.reshape(ttnn.typecast(ttnn.concat([pos_111T] * heads, dim=3), ttnn.int32),
+                                                [heads * t]), rm)
+        row_pos = [ttnn.slice(bounds_GT, [j], [j + 1]) for j in range(t)]
         # block indices < 2**24: exact in fp32
-        pt = ttnn.typecast(ttnn.to_layout(self.state.page_table, ttnn.TILE_LAYOUT), ttnn.float32)  # [1, blocks]
-        head_pt = ttnn.add(ttnn.multiply(pt, float(heads)), self.c_heads)  # [G, blocks]: pt*G + h
-        head_pt = ttnn.to_layout(ttnn.typecast(head_pt, ttnn.int32), rm)
-        d = ttnn.typecast(ttnn.to_layout(self.drafts, ttnn.TILE_LAYOUT), ttnn.float32)
-        toks = ttnn.concat([self.pending, d], dim=3)  # [1,1,1,T]
-        tokens = ttnn.to_layout(ttnn.reshape(ttnn.typecast(toks, ttnn.uint32), [1, t]), rm)
-        return tokens, rope_idx, bounds, row_pos, head_pt
+        pt_1P = ttnn.typecast(ttnn.to_layout(self.state.page_table, ttnn.TILE_LAYOUT), ttnn.float32)
+        head_pt_GP = ttnn.add(ttnn.multiply(pt_1P, float(heads)), self.c_heads)  # pt*G + h
+        head_pt_GP = ttnn.to_layout(ttnn.typecast(head_pt_GP, ttnn.int32), rm)
+        drafts_111K = ttnn.typecast(ttnn.to_layout(self.drafts, ttnn.TILE_LAYOUT), ttnn.float32)
+        toks_111T = ttnn.concat([self.pending, drafts_111K], dim=3)
+        tokens_1T = ttnn.to_layout(ttnn.reshape(ttnn.typecast(toks_111T, ttnn.uint32), [1, t]), rm)
+        return tokens_1T, rope_idx_1T, bounds_GT, row_pos, head_pt_GP
 
     def verify(self) -> VerifyOutputs:
         """Pre-verify copies + ONE target forward over the T rows (device only)."""
         m = self.model
         self.pre_verify()
-        tokens, rope_idx, bounds, row_pos, head_pt = self.verify_rows()
-        plan = VerifyPlan(self, row_pos, bounds, head_pt)
+        tokens_1T, rope_idx_1T, bounds_GT, row_pos, head_pt_GP = self.verify_rows()
+        verify_plan = VerifyPlan(self, row_pos, bounds_GT, head_pt_GP)
         with m.region("embed"):
-            x = m.embed(tokens)
-            cos, sin = m.rope_rows(rope_idx)
-        ctx = AttentionContext("decode", cos, sin, self.state.page_table, verify_plan=plan)
-        x = m.layers_forward(x, self.state, ctx)
+            x_11TH = m.embed(tokens_1T)
+            cos_1T1D, sin_1T1D = m.rope_rows(rope_idx_1T)
+        ctx = AttentionContext("decode", cos_1T1D, sin_1T1D, self.state.page_table, verify_plan=verify_plan)
+        x_11TH = m.layers_forward(x_11TH, self.state, ctx)
         with m.region("head"):
-            logits, hidden = m.head(x, last_row_only=False)
-            am = self.ttnn.argmax(logits, dim=-1)
-        return VerifyOutputs(DecodeOutputs(logits, am, hidden), plan, tokens)
+            logits_11TV, hidden_11TH = m.head(x_11TH, last_row_only=False)
+            argmax_11T = self.ttnn.argmax(logits_11TV, dim=-1)
+        return VerifyOutputs(DecodeOutputs(logits_11TV, argmax_11T, hidden_11TH), verify_plan, tokens_1T)
