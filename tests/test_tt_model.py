@@ -106,7 +106,7 @@ def test_decode_logits_pcc_every_step_bf8(gen_perf, ref):
         logits, _ = gen_perf.decode_step(toks[i])
         ok, msg = comp_pcc(lg[i + 1], logits, PCC_GATES["model_decode_bf8"])
         assert ok, f"decode step {i}: {msg}"
-    assert gen_perf.trace_id is not None, "decode ran untraced"
+    assert gen_perf.decode_trace.captured, "decode ran untraced"
 
 
 def test_traced_decode_equals_untraced_bitwise(ckpt):
@@ -123,7 +123,7 @@ def test_traced_decode_equals_untraced_bitwise(ckpt):
             g.prefill(p)
             outs.append([g.decode_step(t)[0] for t in toks])
             if use_trace:
-                assert g.trace_id is not None
+                assert g.decode_trace.captured
         g.close()
         return outs
 

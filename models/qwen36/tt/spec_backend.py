@@ -38,8 +38,8 @@ class TTSpecBackend:
         if mechanism not in MECHANISMS:
             raise ValueError(f"unknown commit mechanism {mechanism!r}; choose from {MECHANISMS}")
         if drafter is None:
-            raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/mtp_drafter.py) or a host "
-                             "callable (history, k) -> k draft ids")
+            raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/mtp_drafter.py) or a "
+                             "host callable (history, k) -> k draft ids")
         self.gen, self.model, self.state = gen, gen.model, gen.state
         self.ttnn, self.mesh = gen.ttnn, gen.mesh
         self.mechanism, self.drafter, self.use_trace, self.rng = mechanism, drafter, use_trace, rng
