@@ -75,9 +75,9 @@ def foreign(tmp_path_factory) -> Path:
 def run_isolated(code: str, installed: Path, foreign: Path, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `code` with the unpacked wheel (not the editable install) and the foreign packages first on sys.path.
     `-S` keeps site's .pth processing (and so the editable finder) out; the dependencies come from this
-    interpreter's site-packages, added explicitly after ours."""
-    deps = sysconfig.get_paths()["purelib"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(foreign), str(installed), deps]))
+    interpreter's site-packages directories, added explicitly after ours."""
+    deps = [p for p in sys.path if p.endswith("site-packages")] or [sysconfig.get_paths()["purelib"]]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(foreign), str(installed), *deps]))
     return subprocess.run([sys.executable, "-S", "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
