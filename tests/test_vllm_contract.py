@@ -1,120 +1,340 @@
-"""vllm-tt plugin contract (models/qwen36/tt/qwen36_vllm.py) on the emulated 1x2 mesh, CI checkpoint (bf16).
-Exactness: all comparisons are token ids (exact equality), no tolerance."""
+"""The vllm-tt plugin's call sequence, replayed against models/qwen36/tt/qwen36_vllm.py on the emulated 1x2 mesh
+(CI checkpoint, bf16), without vLLM or the plugin installed.
+
+``PluginReplay`` issues the calls the plugin's runner makes (tenstorrent/vllm-tt-plugin e3fc849: worker.py
+get_max_tokens_all_users / num_blocks, model_runner.py _allocate_kv_caches / warmup_model / submit_prefill,
+async_decode.py submit_decode + finalize_decode; the speculative contract of spec_decode.py and
+docs/SPEC_DECODE_CONTRACT.md at 02f45e5 / 00d6258), with their argument names, kinds, shapes and dtypes: int32
+token / position / block-table tensors, vLLM's block pool with block 0 reserved as the null block, tables padded
+with 0, padding rows (token 0, position -1), mrope's ``(logits, rope_deltas)`` unpacking and
+``rope_deltas_all_users``, ``read_from_device=False`` + ``process_decode_output_host``, and for speculation the
+[B, 1+K] verify block with placeholder columns, the host greedy accept walk over ``argmax_ids`` and
+``propose_draft_tokens`` after every verify. Any exception the adapter raises for those calls fails the test.
+
+Exactness: token ids equal ``TTGenerator.greedy`` (the engine of ``qwen36 generate --device emulated-p150x2``)
+on the same weights and mesh, with no tolerance.
+"""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from qwen36.checkpoint import load_checkpoint
 from qwen36.tt.generator import DEFAULT_TRACE_REGION
-from qwen36.tt.mtp import load_tt_mtp
-from qwen36.tt.qwen36_vllm import Qwen36ForCausalLM
+from qwen36.tt.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
 from qwen36.tt.testing import make_bf16_checkpoint
+from qwen36.tt import vllm_types as vt
 from qwen36.tt_ops.device import open_mesh
 
-PROMPT = list(range(5, 17))
+PROMPT = list(range(5, 45))  # 40 tokens: crosses a 32-token block
 P = len(PROMPT)
 K = 3
-N_NEW = 10
+N_NEW = 24
+MAX_LEN = 256
+BLOCK = 32
+
+
+class BlockPool:
+    """vLLM's block pool as the runner sees it: block 0 is the null block, free blocks are handed out from a queue;
+    ``freed`` are put at the front (as after another request finished), so tables are never the identity."""
+
+    def __init__(self, num_blocks: int, freed: tuple[int, ...] = ()):
+        rest = [b for b in range(1, num_blocks) if b not in freed]
+        self.free = list(freed) + rest
+
+    def take(self) -> int:
+        return self.free.pop(0)
+
+
+class PluginReplay:
+    """One engine launch: the calls, in the plugin's order, for one request at a time (max_num_seqs = 1)."""
+
+    def __init__(self, ckpt, mesh_device, *, spec_k: int | None, freed=(7, 3, 5)):
+        hf = json.loads((ckpt / "config.json").read_text())
+        self.vllm_config = SimpleNamespace(
+            cache_config=SimpleNamespace(block_size=BLOCK),
+            model_config=SimpleNamespace(hf_config=hf, max_model_len=MAX_LEN),
+            speculative_config=SimpleNamespace(num_speculative_tokens=spec_k) if spec_k else None)
+        # worker.get_num_available_blocks_tt: the model's token budget plus one block per user
+        tokens = Qwen36ForCausalLM.get_max_tokens_all_users(model_name=str(ckpt), num_devices=2, tt_data_parallel=1,
+                                                            max_model_len=MAX_LEN, max_num_seqs=1)
+        self.num_blocks = (tokens + BLOCK * 1) // BLOCK
+        if spec_k:
+            plan = Qwen36ForCausalLM.spec_plan(self.vllm_config, 1, spec_k)
+            assert isinstance(plan, vt.SpecPlan) and plan.effective_k == spec_k, plan
+            assert vt.ACCEPT_MODE_ARGMAX_IDS in plan.accept_modes and plan.drafter_state != "paged"
+        # loader.TTModelLoader.load_model
+        self.m = Qwen36ForCausalLM.initialize_vllm_model(hf, mesh_device, 1, max_seq_len=MAX_LEN, tt_data_parallel=1,
+                                                         optimizations="accuracy", vllm_config=self.vllm_config,
+                                                         checkpoint=ckpt, prefill_chunk=64)
+        self.k = spec_k
+        self.max_blocks = min(-(-MAX_LEN // BLOCK), self.num_blocks)  # runner.max_num_blocks_per_req
+        # model_runner._allocate_kv_caches: per-layer (shape, dtype, tensor index), kv heads folded by TP
+        cfg = self.m.model.args.cfg
+        n_attn = sum(1 for t in cfg.layer_types if t == "full_attention")
+        heads = cfg.num_key_value_heads // min(2, cfg.num_key_value_heads)
+        specs = [((self.num_blocks, heads, BLOCK, cfg.head_dim), torch.bfloat16, i) for i in range(n_attn)]
+        self.kv = self.m.allocate_kv_cache_per_layer(specs)
+        self.pool = BlockPool(self.num_blocks, freed)
+        # model_runner.warmup_model: compile pass, then trace pass
+        pre = dict(kv_cache=self.kv, can_sample_on_device=False)
+        dec = dict(kv_cache=self.kv, max_batch_size=1, num_blocks=self.max_blocks, can_sample_on_device=False)
+        self.m.warmup_model_prefill(enable_trace=False, **pre)
+        self.m.warmup_model_decode(enable_trace=False, **dec)
+        self.m.already_warmed_up_prefill = False
+        self.m.warmup_model_prefill(enable_trace=True, **pre)
+        self.m.warmup_model_decode(enable_trace=True, **dec)
+        self.blocks: list[int] = []
+
+    # ---- helpers the runner has --------------------------------------------------------------------------
+    def table(self, upto: int, rows: int = 1) -> torch.Tensor:
+        """Block table [rows, max_blocks] int32 covering positions < upto (new blocks from the pool), 0-padded."""
+        while len(self.blocks) * BLOCK < upto:
+            self.blocks.append(self.pool.take())
+        t = torch.zeros(rows, self.max_blocks, dtype=torch.int32)
+        t[0, : len(self.blocks)] = torch.tensor(self.blocks, dtype=torch.int32)
+        return t
+
+    def prefill(self, prompt: list[int]) -> int:
+        out = self.m.prefill_forward(tokens=torch.tensor([prompt], dtype=torch.int32),
+                                     page_table=self.table(len(prompt)), kv_cache=self.kv, enable_trace=False,
+                                     prompt_lens=torch.tensor([len(prompt)], dtype=torch.int32),
+                                     start_pos=torch.tensor([0], dtype=torch.int32), empty_slots=[0])
+        logits, rope_deltas = out  # request_specific_rope: the CI config carries mrope_section
+        assert rope_deltas[0].item() == 0
+        assert logits.shape == (1, 1, self.m.model.args.cfg.vocab_size) and logits.dtype == torch.float32
+        self.first_decode = True
+        return int(logits[0, -1].argmax())
+
+    def _rope(self):
+        d = {"rope_deltas_all_users": [0] if self.first_decode else None}
+        self.first_decode = False
+        return d
+
+    def decode(self, tok: int, pos: int, pad_rows: int = 0) -> int:
+        b = 1 + pad_rows
+        tokens = torch.zeros(b, 1, dtype=torch.int32)
+        tokens[0, 0] = tok
+        start = torch.full((b,), -1, dtype=torch.int32)
+        start[0] = pos
+        out = self.m.decode_forward(tokens=tokens, page_table=self.table(pos + 1, b), kv_cache=self.kv,
+                                    start_pos=start, **self._rope(), enable_trace=True, read_from_device=False)
+        assert not isinstance(out, torch.Tensor)  # a device-side handle: finalize_decode asks the model to read it
+        logits = self.m.process_decode_output_host(out, is_tokens=False)
+        assert logits.shape == (b, 1, self.m.model.args.cfg.vocab_size)
+        return int(logits[0, -1].argmax())
+
+    def verify(self, tok: int, pos: int, drafts: list[int], accepted: int, pad_rows: int = 0) -> list[int]:
+        """One verify step + the host greedy accept walk; returns the committed block (accepted drafts + 1)."""
+        k, nv, b = self.k, len(drafts), 1 + pad_rows
+        tokens = torch.zeros(b, 1 + k, dtype=torch.int32)
+        positions = torch.full((b, 1 + k), -1, dtype=torch.int32)
+        tokens[0] = torch.tensor([tok] + drafts + [vt.PLACEHOLDER_TOKEN_ID] * (k - nv), dtype=torch.int32)
+        positions[0, : nv + 1] = torch.arange(pos, pos + nv + 1, dtype=torch.int32)
+        nvd = torch.zeros(b, dtype=torch.int32)
+        nvd[0] = nv
+        acc = torch.ones(b, dtype=torch.int32)
+        acc[0] = accepted
+        # the scheduler reserves the block's 1+K tokens plus K+1 lookahead for a model-owned drafter
+        out = self.m.decode_forward(tokens=tokens, start_pos=positions, page_table=self.table(pos + 2 * k + 2, b),
+                                    kv_cache=self.kv, **self._rope(), enable_trace=True, read_from_device=True,
+                                    num_valid_drafts=nvd, accepted_counts=acc, spec_mode="argmax_ids")
+        assert isinstance(out, vt.VerifyOutput) and out.spec_mode == "argmax_ids"
+        ids = out.argmax_ids
+        assert ids.shape == (b, 1 + k) and ids.dtype == torch.int32
+        a = 0  # spec_accept.accept_greedy_drafts: column j is the choice draft j must match, bonus at column a
+        while a < nv and int(ids[0, a]) == drafts[a]:
+            a += 1
+        return ids[0, : a + 1].tolist()
+
+    def propose(self, block: list[int], pos_last: int, pad_rows: int = 0) -> list[int]:
+        k, b, ac = self.k, 1 + pad_rows, len(block)
+        ct = torch.full((b, 1 + k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+        cp = torch.full((b, 1 + k), -1, dtype=torch.int32)
+        ct[0, :ac] = torch.tensor(block, dtype=torch.int32)
+        cp[0, :ac] = torch.arange(pos_last - ac + 1, pos_last + 1, dtype=torch.int32)
+        acc = torch.ones(b, dtype=torch.int32)
+        acc[0] = ac
+        d = self.m.propose_draft_tokens(k, ct, cp, acc, hidden=None)
+        assert isinstance(d, vt.DraftOutput)
+        assert d.draft_token_ids.shape == (b, k) and d.draft_token_ids.dtype == torch.int32
+        assert d.num_valid.dtype == torch.int32 and d.num_valid.tolist() == [k] + [0] * pad_rows
+        ids = d.draft_token_ids[0]
+        assert 0 <= int(ids.min()) and int(ids.max()) < self.m.model.args.cfg.vocab_size
+        return ids.tolist()
+
+    def release_persistent_capture(self) -> None:
+        self.m.release_persistent_capture()
+
+    def finish(self) -> None:
+        self.m.release_request(0)  # model_runner._release_model_request(current slot)
+        self.pool.free = self.blocks + self.pool.free
+        self.blocks = []
+
+    def null_block_untouched(self) -> bool:
+        m = self.m.model
+        return all(float(m.to_host(t)[0].abs().max()) == 0.0 for kv in self.kv for t in kv)
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     ck = make_bf16_checkpoint(tmp_path_factory.mktemp("vllm") / "ci", "ci")
     ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
-    hf = json.loads((ck / "config.json").read_text())
-    m = Qwen36ForCausalLM.initialize_vllm_model(hf, ctx.mesh_device, max_batch_size=1, max_seq_len=256,
-                                                optimizations="accuracy", checkpoint=ck, block_size=32,
-                                                prefill_chunk=64)
-    kv = m.allocate_kv_cache()
-    ref = m.gen.greedy(PROMPT, N_NEW + 2 * (K + 1))  # TTGenerator.greedy on the same weights / mesh
-    m.gen.release_trace()
-    yield m, kv, ref, ck
-    m.close()
+    ctx.models = []  # models sharing this mesh: their traces are released before another model loads weights
+    yield ck, ctx
     ctx.close()
 
 
-def _prefill(m, kv):
-    return m.prefill_forward(torch.tensor([PROMPT]), m.state.page_table_host.clone(), kv, torch.tensor([P]))
+def _load(ctx, make):
+    for other in ctx.models:
+        other.release_persistent_capture()
+    m = make()
+    ctx.models.append(m)
+    return m
 
 
-def test_prefill_and_decode_equal_greedy(env):
-    m, kv, ref, _ = env
-    logits = _prefill(m, kv)
-    assert logits.shape == (1, 1, m.model.args.cfg.vocab_size)
-    out = [int(logits[0, -1].argmax())]
-    while len(out) < N_NEW:  # eager step, capture, replays
-        lg = m.decode_forward(torch.tensor([[out[-1]]]), None, kv, torch.tensor([P + len(out) - 1]),
-                              enable_trace=True, read_from_device=True)
-        assert lg.shape == (1, 1, m.model.args.cfg.vocab_size)
-        out.append(int(lg[0, -1].argmax()))
-    assert out == ref[:N_NEW]
-    with pytest.raises(RuntimeError, match="cannot be mixed"):
-        m.propose_draft_tokens(K, torch.tensor([[out[-1]]]), torch.tensor([P + N_NEW - 1]), torch.tensor([1]))
+@pytest.fixture(scope="module")
+def reference(env):
+    """TTGenerator.greedy (what ``qwen36 generate --device emulated-p150x2`` runs) on its own identity table."""
+    ck, ctx = env
+    hf = json.loads((ck / "config.json").read_text())
+    m = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
+        hf, ctx.mesh_device, 1, MAX_LEN, optimizations="accuracy", checkpoint=ck, block_size=BLOCK, prefill_chunk=64))
+    ref = m.gen.greedy(PROMPT, N_NEW + 2 * (K + 1))
+    # layer-0 K cache, blocks 0 and 1 of its identity table (positions 0..63)
+    m.kv_blocks = m.model.to_host(m.allocate_kv_cache()[0][0])[:2].clone()
+    m.close()
+    return ref, m.kv_blocks
 
 
-def test_verify_one_wrong_draft_then_mtp_steps(env):
-    m, kv, ref, _ = env
-    first = int(_prefill(m, kv)[0, -1].argmax())
-    assert first == ref[0]
-    drafts = list(ref[1:K + 1])
-    drafts[1] = (drafts[1] + 1) % m.model.args.cfg.vocab_size  # d_2 wrong -> a = 1
-    ids = m.decode_forward(torch.tensor([[first] + drafts]), None, kv, torch.tensor([P]),
-                           num_valid_drafts=torch.tensor([K]), accepted_counts=torch.tensor([1]), spec_mode=True)
-    assert ids.shape == (1, K + 1)
-    assert ids[0, :2].tolist() == ref[1:3]  # accepted d_1, bonus at column a = 1
-    emitted, accepted, pos = [first, ref[1], int(ids[0, 1])], 2, P + 2
-    # wrong accepted_counts (slot other than the one committed) fails fast
-    with pytest.raises(ValueError, match="accepted_counts"):
-        m.propose_draft_tokens(K, torch.tensor([emitted[-2:]]), torch.tensor([pos]), torch.tensor([1]))
-    n_a = set()
-    while len(emitted) < N_NEW + 1:  # MTP drafts -> verify (eager, capture, replays)
-        d, nv = m.propose_draft_tokens(K, torch.tensor([emitted[-accepted:]]), torch.tensor([pos]),
-                                       torch.tensor([accepted]))
-        assert d.shape == (1, K) and nv.tolist() == [K]
-        ids = m.decode_forward(torch.cat([torch.tensor([[emitted[-1]]]), d], 1), None, kv, torch.tensor([pos]),
-                               num_valid_drafts=nv, accepted_counts=torch.tensor([accepted]), spec_mode=True)
-        a = 0
-        while a < K and int(d[0, a]) == int(ids[0, a]):
-            a += 1
-        n_a.add(a)
-        emitted += d[0, :a].tolist() + [int(ids[0, a])]
-        accepted, pos = a + 1, pos + a + 1
-    assert emitted[:N_NEW + 1] == ref[:N_NEW + 1]
-    assert len(m.spec_backend._traces) == 2  # verify and commit traces captured and replayed
+@pytest.fixture(scope="module")
+def plain(env):
+    ck, ctx = env
+    r = _load(ctx, lambda: PluginReplay(ck, ctx.mesh_device, spec_k=None))
+    yield r
+    r.m.close()
 
 
-def test_propose_equals_tt_mtp_head(env):
-    m, kv, ref, ck = env
-    first = int(_prefill(m, kv)[0, -1].argmax())
-    d, nv = m.propose_draft_tokens(K, torch.tensor([[first]]), torch.tensor([P]), torch.tensor([1]))
-    assert d.shape == (1, K) and nv.tolist() == [K]
-    # independent: the TT MTP head itself over the same prompt hidden states
-    m.gen.reset()
-    hs: list = []
-    m.model.prefill_forward(torch.tensor(PROMPT), m.state, hidden_out=hs)
-    head = load_tt_mtp(m.model, load_checkpoint(ck, require_mtp=True), K)
-    want, _ = head.prefill_draft(torch.tensor(PROMPT[1:] + [first]), hs[0])
-    assert d[0].tolist() == want
+@pytest.fixture(scope="module")
+def spec(env):
+    ck, ctx = env
+    r = _load(ctx, lambda: PluginReplay(ck, ctx.mesh_device, spec_k=K))
+    yield r
+    r.m.close()
 
 
-def test_unsupported_fail_fast(env):
-    m, kv, ref, ck = env
-    with pytest.raises(NotImplementedError, match="batch 2 > 1"):
+def test_plain_sequence_equals_greedy(reference, plain):
+    r, (reference, ref_kv) = plain, reference
+    assert r.m.model_capabilities["supports_async_decode"] is False
+    out = [r.prefill(PROMPT)]
+    assert r.blocks[:2] == [7, 3]  # vLLM's table, not the identity
+    while len(out) < N_NEW:
+        out.append(r.decode(out[-1], P + len(out) - 1, pad_rows=1 if len(out) == 5 else 0))
+    assert out == reference[:N_NEW]
+    assert r.null_block_untouched()
+    # the KV rows sit in the blocks vLLM assigned: block 7 holds positions 0..31, block 3 positions 32..62
+    kv = r.m.model.to_host(r.kv[0][0])
+    assert torch.equal(kv[7], ref_kv[0])
+    assert torch.equal(kv[3][:, : P + N_NEW - 1 - BLOCK], ref_kv[1][:, : P + N_NEW - 1 - BLOCK])
+    r.finish()
+    # a second request reuses freed blocks in another order; start_pos continues, no re-prefill
+    r.pool.free = [5, 1, 3, 7] + [b for b in r.pool.free if b not in (5, 1, 3, 7)]
+    out2 = [r.prefill(PROMPT)]
+    while len(out2) < 8:
+        out2.append(r.decode(out2[-1], P + len(out2) - 1))
+    assert out2 == reference[:8]
+    assert r.blocks[:2] == [5, 1]
+    assert r.m.state.pos == P + 7
+    r.finish()
+
+
+def test_plain_decode_read_paths(plain):
+    r = plain
+    tok = r.prefill(PROMPT)
+    h = r.m.decode_forward(torch.tensor([[tok]], dtype=torch.int32), r.table(P + 1), r.kv,
+                           torch.tensor([P], dtype=torch.int32), read_from_device=False)
+    assert isinstance(h, DecodeHandle)
+    host, events = r.m.read_decode_output(h, async_read=True)  # the async readback form: (output, events)
+    assert events == [] and torch.equal(r.m.process_decode_output_host(host), h.logits)
+    r.finish()
+
+
+def test_spec_sequence_equals_greedy(reference, spec):
+    r, (reference, _) = spec, reference
+    caps = r.m.model_capabilities
+    assert caps["supports_spec_decode"] and caps["spec_requirements"] == ["device_propose"]
+    assert caps["spec_hidden_handoff"] == ["on_device"] and caps["output_tokens_per_step"] == 1
+    emitted = [r.prefill(PROMPT)]
+    pos = P  # position of the pending token (the last committed one)
+    # first decode step of a speculating launch: a verify with no drafts (commits one token)
+    block = r.verify(emitted[-1], pos, [], 1)
+    assert len(block) == 1
+    emitted += block
+    pos += 1
+    seen_a, step = set(), 0
+    while len(emitted) < N_NEW:
+        drafts = r.propose(block, pos)
+        if step == 1:
+            drafts = drafts[:2]  # a drafter offering fewer than K: placeholder tail, acceptance capped at 2
+        if step == 2:
+            v = r.m.model.args.cfg.vocab_size
+            drafts = [reference[len(emitted)], (reference[len(emitted) + 1] + 1) % v, reference[len(emitted) + 2]]
+        block = r.verify(emitted[-1], pos, drafts, len(block), pad_rows=1 if step == 3 else 0)
+        seen_a.add(len(block) - 1)
+        if step == 2:
+            assert len(block) == 2  # d_1 right, d_2 wrong: one accepted + correction
+        emitted += block
+        pos += len(block)
+        step += 1
+    assert emitted[:N_NEW] == reference[:N_NEW]
+    assert len(seen_a) >= 2, seen_a
+    assert len(r.m.spec_backend._traces) == 2  # verify and commit traces captured and replayed
+    assert r.null_block_untouched()
+    r.finish()
+
+
+def test_spec_plan_and_rejects(spec):
+    vc = spec.vllm_config
+    plan = Qwen36ForCausalLM.spec_plan(vc, 1, 4)
+    assert isinstance(plan, vt.SpecPlan) and plan.block_width == 5 and plan.extra_bytes_per_seq > 0
+    assert plan.supports_narrow_decode is False and plan.accept_modes == ("argmax_ids",)
+    rej = Qwen36ForCausalLM.spec_plan(vc, 2, 3)
+    assert isinstance(rej, vt.SpecReject) and "max-num-seqs 1" in rej.reason
+    rej = Qwen36ForCausalLM.spec_plan(vc, 1, 99)
+    assert isinstance(rej, vt.SpecReject) and rej.supported_k == tuple(range(1, 32))
+    no_mtp = SimpleNamespace(model_config=SimpleNamespace(
+        hf_config={**vc.model_config.hf_config, "mtp_num_hidden_layers": 0}, max_model_len=MAX_LEN))
+    assert isinstance(Qwen36ForCausalLM.spec_plan(no_mtp, 1, 3), vt.SpecReject)
+    assert isinstance(Qwen36ForCausalLM.spec_plan(SimpleNamespace(), 1, 3), vt.SpecReject)  # never raises
+
+
+def test_lifecycle_hooks_and_refusals(spec):
+    r, m = spec, spec.m
+    m.note_state_slots_moved({0: 0})
+    with pytest.raises(NotImplementedError, match="max-num-seqs 1"):
+        m.note_state_slots_moved({0: 1})
+    first = r.prefill(PROMPT)
+    # a second live request in the block (position >= 0 on row 1) fails fast naming the limit
+    with pytest.raises(NotImplementedError, match="max-num-seqs 1"):
+        m.decode_forward(tokens=torch.tensor([[first] + [-1] * K, [9] + [-1] * K], dtype=torch.int32),
+                         start_pos=torch.tensor([[P] + [-1] * K, [3] + [-1] * K], dtype=torch.int32),
+                         num_valid_drafts=torch.tensor([0, 0], dtype=torch.int32),
+                         accepted_counts=torch.tensor([1, 1], dtype=torch.int32), spec_mode="argmax_ids")
+    with pytest.raises(NotImplementedError, match="max-num-seqs 1"):
+        m.prefill_forward(torch.tensor([PROMPT, PROMPT]), None, r.kv, torch.tensor([P, P]))
+    with pytest.raises(NotImplementedError, match="slot_remap"):
+        m.decode_forward(tokens=torch.tensor([[first]]), start_pos=torch.tensor([P]), slot_remap=torch.tensor([1]))
+    with pytest.raises(NotImplementedError, match="max-num-seqs 1"):
         Qwen36ForCausalLM.initialize_vllm_model({}, None, max_batch_size=2, max_seq_len=256)
-    with pytest.raises(NotImplementedError, match="batch 2 > 1"):
-        m.prefill_forward(torch.tensor([PROMPT, PROMPT]), None, kv, torch.tensor([P, P]))
-    _prefill(m, kv)
-    with pytest.raises(NotImplementedError, match="batch 2 > 1"):
-        m.decode_forward(torch.tensor([[ref[0]], [ref[0]]]), None, kv, torch.tensor([P, P]))
-    with pytest.raises(NotImplementedError, match="num_valid_drafts"):
-        m.decode_forward(torch.tensor([[ref[0]] + ref[1:K + 1]]), None, kv, torch.tensor([P]),
-                         num_valid_drafts=torch.tensor([K - 1]), accepted_counts=torch.tensor([1]), spec_mode=True)
-    with pytest.raises(NotImplementedError, match="read_from_device"):
-        m.decode_forward(torch.tensor([[ref[0]]]), None, kv, torch.tensor([P]), read_from_device=False)
-    with pytest.raises(NotImplementedError, match="page_table"):
-        m.decode_forward(torch.tensor([[ref[0]]]), torch.full((1, 8), 5), kv, torch.tensor([P]))
-    with pytest.raises(ValueError, match="optimizations"):
-        Qwen36ForCausalLM.initialize_vllm_model({}, None, max_batch_size=1, max_seq_len=256, optimizations="fast")
+    with pytest.raises(ValueError, match="block_size"):
+        m.allocate_kv_cache((8, 1, 64, m.model.args.cfg.head_dim), torch.bfloat16, 1)
+    # accepted_counts naming a slot the device did not commit is refused, not silently rolled back
+    block = r.verify(first, P, [], 1)
+    with pytest.raises(ValueError, match="accepted_counts"):
+        r.propose(block + [block[0]], P + 2)
+    r.finish()
+    assert m._mode is None
+    with pytest.raises(RuntimeError, match="prefill_forward first"):
+        m.decode_forward(tokens=torch.tensor([[first]]), start_pos=torch.tensor([P]))

@@ -1,65 +1,76 @@
-"""Qwen3.6 model class for the vllm-tt plugin (tenstorrent/vllm-tt-plugin), written against its contract (DESIGN
-section 5) as a THIN adapter over :class:`TTGenerator` (prefill, plain decode) and :class:`TTSpecBackend` with the
-device MTP drafter (verify + acceptance + commit + next drafts). vLLM is not imported here (not a dependency).
+"""Qwen3.6 model class for the vllm-tt plugin (tenstorrent/vllm-tt-plugin): a thin adapter over
+:class:`TTGenerator` (prefill, plain decode) and :class:`TTSpecBackend` with the device MTP drafter (verify +
+on-device greedy acceptance + commit + next drafts). vLLM is not imported here (not a dependency); the plugin's
+contract value types come from :mod:`qwen36.tt.vllm_types`.
 
-    model = Qwen36ForCausalLM.initialize_vllm_model(hf_config, mesh_device, max_batch_size=1, max_seq_len=2048)
-    kv = model.allocate_kv_cache()
-    logits = model.prefill_forward(tokens, page_table, kv, prompt_lens)            # [1, 1, V] last-token logits
-    logits = model.decode_forward(tok[:, None], page_table, kv, start_pos)         # plain decode, [1, 1, V]
-    drafts, nv = model.propose_draft_tokens(K, committed, positions, accepted)     # [1, K], [1]
-    ids = model.decode_forward(torch.cat([pending, drafts], 1), page_table, kv, start_pos,
-                               num_valid_drafts=nv, accepted_counts=accepted, spec_mode=True)  # argmax [1, 1+K]
+Written against the plugin's runner as it calls a model (model_runner.py, async_decode.py, worker.py, loader.py,
+platform.py at tenstorrent/vllm-tt-plugin e3fc849; spec_decode.py and docs/SPEC_DECODE_CONTRACT.md at 02f45e5 /
+00d6258), in the order the engine calls it:
 
-Mapping of the contract onto our fused speculative step (see also docs/tt_spec.md "vllm-tt plugin contract"):
+    Qwen36ForCausalLM.get_max_tokens_all_users(...)          # worker: sizes vLLM's KV block pool
+    Qwen36ForCausalLM.spec_plan(vllm_config, max_num_seqs, k)  # platform, when speculative_config is set
+    model = Qwen36ForCausalLM.initialize_vllm_model(hf_config, mesh_device, max_batch_size, max_seq_len=...,
+                                                    tt_data_parallel=1, optimizations=None, vllm_config=...)
+    kv = model.allocate_kv_cache_per_layer([(shape, dtype, idx), ...])   # vLLM's num_blocks, block_size
+    model.warmup_model_prefill(enable_trace=False, kv_cache=kv, can_sample_on_device=False)
+    model.warmup_model_decode(enable_trace=False, kv_cache=kv, max_batch_size=1, num_blocks=..., ...)
+    model.warmup_model_prefill(enable_trace=True, ...); model.warmup_model_decode(enable_trace=True, ...)
+    logits, rope_deltas = model.prefill_forward(tokens, page_table, kv, prompt_lens, start_pos=...)  # mrope form
+    out = model.decode_forward(tokens=[B,1], page_table=..., kv_cache=kv, start_pos=[B],
+                               rope_deltas_all_users=..., enable_trace=True, read_from_device=False)
+    logits = model.process_decode_output_host(out, is_tokens=False)                           # [B, 1, V]
+    # speculative launch (method custom_class, no narrow decode: every decode step is a verify)
+    v = model.decode_forward(tokens=[B,1+K], start_pos=[B,1+K], num_valid_drafts=[B], accepted_counts=[B],
+                             spec_mode="argmax_ids", ...)                      # VerifyOutput(argmax_ids [B,1+K])
+    d = model.propose_draft_tokens(K, committed [B,1+K], positions [B,1+K], accepted_counts [B], hidden=None)
+    model.release_request(slot)                               # finished / preempted request
 
-* Our step is verify -> on-device greedy acceptance -> commit (state slot select, n' = n+a+1, pending' = bonus)
-  -> MTP reseed + K-draft chain, all inside one verify call (traces A and B of TTSpecBackend). The contract's
-  verify instead returns argmax ids and lets the *next* call tell the model which state slot to keep
-  (``accepted_counts``; slot = accepted_counts-1). We commit eagerly with the device acceptor's count ``a`` and
-  then VALIDATE: (1) the returned argmax ids imply the same ``a`` as the device acceptor (leading drafts equal to
-  the previous row's argmax), else RuntimeError; (2) the next call's ``accepted_counts`` equals ``a+1`` (tokens
-  emitted by the previous verify: a accepted drafts + the bonus; 1 right after the prefill = slot 0, the
-  prefill's live state), else ValueError. Greedy acceptance is the only thing vLLM can derive from argmax ids,
-  so for greedy both agree; a scheduler that keeps fewer tokens than a+1 (e.g. a stop string mid-run) is refused,
-  not silently rolled back.
-* ``propose_draft_tokens`` returns the drafts our device MTP already wrote into the persistent draft buffer (after
-  the prefill: MTP prefill + chain; after a verify: the chain inside the commit trace). It moves no state. ``hidden``
-  must be None: the MTP reads the verify's post-norm hidden on device.
-* The verify writes the draft columns of ``tokens`` into the draft buffer before replaying, so drafts from any
-  proposer are verified; column 0 must be the pending token (the last committed token) at ``start_pos`` = n.
-* ``num_valid_drafts`` must equal K for every row (the device acceptor has no per-row draft mask: padded drafts
-  could be accepted); fewer raises NotImplementedError.
-* KV cache and page table: the model owns its paged caches and an identity page table (user 0 owns blocks
-  0..blocks_per_seq-1). ``allocate_kv_cache`` returns those buffers; forwards accept ``kv_cache`` only if it is that
-  object (or None) and ``page_table`` only if it is None or equals the identity table on the blocks in use.
-* Batch: 1 user (max_batch_size=1, tt_data_parallel=1); more raises NotImplementedError. Greedy only on the
-  vllm path (the public spec contract is greedy); ``read_from_device=False`` raises NotImplementedError.
-* ``prefill_forward`` runs ``TTSpecBackend.prefill`` when the checkpoint has an MTP head (so the MTP gets the
-  prompt's hidden states for its first drafts) and captures the last-row logits it computes; without MTP it runs
-  ``TTGenerator.prefill``. Plain decode is ``TTGenerator.decode_step`` (eager step, capture, replay).
-* Per sequence, the first call after ``prefill_forward`` picks the mode: plain ``decode_forward`` or spec
-  (``propose_draft_tokens`` / verify). Mixing the two within one sequence raises (their state bookkeeping
-  differs: plain decode advances the host position, the spec step advances the device-resident n).
+Paged KV: the model keeps its own cache layout ([num_blocks, Hkv/N, block_size, head_dim] per full-attention
+layer) but allocates it with the number of blocks vLLM asks for and reads/writes through vLLM's block table:
+each call copies the live row of ``page_table`` into the model's persistent page-table buffer (outside any
+trace), so the traces keep pointing at one buffer whose contents follow vLLM. Block 0 is vLLM's null block: it
+appears in the table past the blocks a request owns and is never written for positions the request owns.
+
+Speculative step (our fused step, deferred-slot contract): vLLM sends ``tokens[0] = [pending, d_1..d_n,
+placeholder..]`` with ``num_valid_drafts = n <= K``. We write the n drafts (placeholder columns as token 0: their
+outputs are never read, the host walk stops at column n) and, for the device acceptor, a copy of the drafts
+whose placeholder columns hold an id no argmax can equal (the vocabulary size), so the on-device greedy
+acceptance is capped at n exactly as the host walk of ``argmax_ids`` is. The commit then happens on device with
+that count a (slot a of the verify), and the next call's ``accepted_counts`` must say a+1 (slot = accepted_counts
+- 1); since vLLM's greedy walk over the returned argmax ids derives the same a, the two agree by construction,
+and anything else (a scheduler keeping fewer tokens) is refused, never silently rolled back.
+
+Batch: the TT model serves one sequence (one GDN state slot, slot 0). Rows past the first are accepted only as
+the padding rows the runner sends (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert
+outputs; a real second user fails fast naming ``--max-num-seqs 1`` (``initialize_vllm_model`` already refuses
+``max_batch_size > 1``).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
+
 import torch
 from loguru import logger
 
 from ..checkpoint import load_checkpoint
-from ..config import FULL, Qwen36Config
+from ..config import FULL, LINEAR, Qwen36Config
 from ..speculative.sampling import SamplingParams
+from . import vllm_types as vt
+from .accept import UNIFORMS_PER_ROW
 from .generator import TTGenerator
 from .model import TTQwen36Model
 from .model_config import PrecisionSetting, TTModelArgs
 from .mtp_drafter import TTMTPDrafter
 from .spec_backend import TTSpecBackend
-from .state import KVLayerState, allocate_state
+from .state import KVLayerState, allocate_state, new_layer_state
 from .weights import WeightLoader
 
 MAX_BATCH = 1
+MAX_K = UNIFORMS_PER_ROW - 1  # the device acceptor draws K accept uniforms + 1 per row (one tile row)
+ONE_USER = ("the Qwen3.6 TT port serves one sequence at a time (one GDN state slot): start vLLM with "
+            "--max-num-seqs 1")
 
 
 def _hf_dict(hf_config) -> dict:
@@ -70,10 +81,15 @@ def _hf_dict(hf_config) -> dict:
     raise TypeError(f"hf_config must be a dict or have to_dict(), got {type(hf_config).__name__}")
 
 
-def _check_batch(n: int, what: str) -> None:
-    if n > MAX_BATCH:
-        raise NotImplementedError(f"{what}: batch {n} > {MAX_BATCH}; the Qwen3.6 TT port supports batch 1 only "
-                                  f"(one user's GDN state / page table; max_batch_size must be 1)")
+def _uses_mrope(raw: dict) -> bool:
+    """What vLLM's ``model_config.uses_mrope`` sees: an ``mrope_section`` in the (text) rope parameters. The runner
+    then unpacks ``(logits, rope_deltas)`` from prefill and passes ``rope_deltas_all_users`` to decode."""
+    for d in (raw, raw.get("text_config") or {}):
+        for key in ("rope_parameters", "rope_scaling"):
+            rope = d.get(key)
+            if isinstance(rope, dict) and rope.get("mrope_section") is not None:
+                return True
+    return False
 
 
 def _ttnn_of(mesh_device):
@@ -85,52 +101,148 @@ def _ttnn_of(mesh_device):
     return ttnn
 
 
+def _rows(x, what: str) -> torch.Tensor:
+    t = torch.as_tensor(x)
+    if t.dim() == 0:
+        raise ValueError(f"{what} must have a batch dimension, got a scalar")
+    return t
+
+
 class _VllmSpecBackend(TTSpecBackend):
-    """TTSpecBackend whose prefill also hands back the prompt's last-row logits (the contract returns logits)."""
+    """TTSpecBackend whose prefill also hands back the prompt's last-row logits (the contract returns logits) and
+    whose greedy acceptor reads a separate draft buffer (``accept_drafts``) in which the placeholder columns of a
+    short row hold an id no argmax equals, so acceptance stops at ``num_valid_drafts`` like vLLM's host walk."""
+
+    accept_drafts = None
 
     def prefill(self, prompt, params: SamplingParams = SamplingParams()):
         first = super().prefill(prompt, params)
         return first, self.prefill_logits
 
+    def _setup(self, k: int) -> None:
+        super()._setup(k)
+        self.accept_drafts = self.spec._dev(torch.zeros(1, 1, 1, k, dtype=torch.int32), self.ttnn.uint32,
+                                            self.ttnn.ROW_MAJOR_LAYOUT)
+
+    def write_accept_drafts(self, ids: list[int]) -> None:
+        x = torch.tensor(ids, dtype=torch.int32).reshape(1, 1, 1, self._k)
+        self.ttnn.copy_host_to_device_tensor(self.spec.host(x, self.accept_drafts), self.accept_drafts)
+
+    def _verify_and_accept(self):
+        if not self.params.greedy:
+            raise NotImplementedError("the vllm path verifies greedily (accept mode argmax_ids)")
+        vout = self.spec.verify()
+        return vout, self.acceptor.greedy(vout.out.logits, self.accept_drafts)
+
+
+class DecodeHandle:
+    """What ``decode_forward(read_from_device=False)`` returns: the step's logits [B, 1, V] fp32.
+
+    The generator reads the logits to host inside its step (one readback per step either way), so this split
+    defers nothing yet; it exists so the plugin's synchronous path (which always asks for ``read_from_device=
+    False`` and then calls :meth:`Qwen36ForCausalLM.process_decode_output_host`) runs. ``supports_async_decode``
+    stays False: no readback overlaps the next step."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+
 
 class Qwen36ForCausalLM:
-    """The vllm-tt plugin's model class for Qwen3.6 (+ MTP speculative decoding), batch 1, TP over the mesh."""
+    """The vllm-tt plugin's model class for Qwen3.6 (+ MTP speculative decoding), one sequence, TP over the mesh."""
 
+    # Keys as the plugin reads them (platform.py / spec_admission.py); absent keys default to False / [] there.
     model_capabilities = {
         "supports_prefix_caching": False,
         "supports_async_decode": False,
         "supports_multimodal": False,
         "max_batch_size": MAX_BATCH,
-        "spec_decode": {"method": "mtp", "acceptance": "greedy", "returns": "argmax_ids",
-                        "requires_num_valid_drafts_equal_k": True},
+        "supports_spec_decode": True,  # spec_plan still rejects a checkpoint without an MTP head
+        "spec_requirements": ["device_propose"],
+        "spec_hidden_handoff": ["on_device"],
+        "supports_async_spec_decode": False,
+        "output_tokens_per_step": 1,
     }
 
-    def __init__(self, gen: TTGenerator, reader, mechanism: str = "shadow_commit", cache_dir=None):
+    def __init__(self, gen: TTGenerator, reader, mechanism: str = "shadow_commit", cache_dir=None, *,
+                 uses_mrope: bool = False, spec_k: int | None = None):
         self.gen, self.model, self.state = gen, gen.model, gen.state
         self.reader = reader
         self.has_mtp = reader.config.has_mtp
-        self.spec_backend = (_VllmSpecBackend(gen, mechanism, drafter=TTMTPDrafter(reader, cache_dir),
-                                              use_trace=gen.use_trace) if self.has_mtp else None)
+        self.spec_backend = (_VllmSpecBackend(gen, mechanism, drafter=TTMTPDrafter(reader, cache_dir), use_trace=gen.use_trace)
+                     if self.has_mtp else None)
+        self.uses_mrope = uses_mrope
+        self.spec_k = spec_k  # K of the launch's speculative_config (warmup compiles that step), None = plain
         self._kv_cache = None
         self._mode = None  # None (no sequence) | "new" (after prefill) | "plain" | "spec"
-        self._accepted_count = None  # tokens emitted by the last spec call (1 right after prefill)
+        self._accepted_count = None  # tokens committed by the last spec call (1 right after prefill)
+        self.already_warmed_up_prefill = False
+        logger.info(f"vllm-tt contract types from {vt.SOURCE}")
+
+    # ---- configuration-time classmethods -------------------------------------------------------------------
+    @classmethod
+    def get_max_tokens_all_users(cls, model_name=None, num_devices=None, tt_data_parallel: int = 1,
+                                 max_model_len: int = 0, max_num_seqs: int = 1, **_) -> int:
+        """KV tokens vLLM may hand out: one sequence of ``max_model_len`` (the worker adds a block per user and
+        sizes ``num_blocks`` from this; vLLM's null block 0 comes out of the same pool)."""
+        return int(max_model_len) * max(1, min(int(max_num_seqs), MAX_BATCH))
+
+    @classmethod
+    def spec_plan(cls, vllm_config, max_num_seqs: int, requested_k: int):
+        """``SpecPlan`` for (max_num_seqs, requested_k), or ``SpecReject`` with the K that would work. Never
+        raises (the plugin's rule): every refusal is a SpecReject with the reason."""
+        supported = tuple(range(1, MAX_K + 1))
+        try:
+            hf = _hf_dict(vllm_config.model_config.hf_config)
+            cfg = Qwen36Config.from_dict(hf)
+            max_len = int(getattr(vllm_config.model_config, "max_model_len", cfg.max_position_embeddings))
+        except Exception as e:  # noqa: BLE001 - the contract forbids raising here
+            return vt.SpecReject(f"cannot read the model config from vllm_config: {e}")
+        if not cfg.has_mtp:
+            return vt.SpecReject("the checkpoint has no MTP head (mtp_num_hidden_layers = 0): nothing drafts")
+        if int(max_num_seqs) != MAX_BATCH:
+            return vt.SpecReject(f"max_num_seqs={max_num_seqs}: {ONE_USER}")
+        k = int(requested_k)
+        if not 1 <= k <= MAX_K:
+            return vt.SpecReject(f"num_speculative_tokens={k}: the device acceptor serves 1..{MAX_K}", supported)
+        return vt.SpecPlan(effective_k=k, lanes_per_request=1, extra_bytes_per_seq=cls._spec_bytes(cfg, k, max_len),
+                           extra_bytes_per_token=0, accept_modes=(vt.ACCEPT_MODE_ARGMAX_IDS,),
+                           drafter_state="internal", supports_narrow_decode=False)
+
+    @staticmethod
+    def _spec_bytes(cfg: Qwen36Config, k: int, max_len: int) -> int:
+        """Declared device bytes of one speculating sequence over the whole mesh (the plugin records, does not yet
+        budget, this): the K+1 fp32 GDN recurrent-state candidate slots of the shadow commit, plus the MTP head's
+        own bf16 KV cache for ``max_len`` tokens. An estimate from the config, not a measurement."""
+        n_gdn = sum(1 for t in cfg.layer_types if t == LINEAR)
+        gdn = (k + 1) * n_gdn * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+        mtp_kv = cfg.mtp_num_hidden_layers * 2 * max_len * cfg.num_key_value_heads * cfg.head_dim * 2
+        return int(gdn + mtp_kv)
 
     # ---- construction ----------------------------------------------------------------------------------------
     @classmethod
     def initialize_vllm_model(cls, hf_config, mesh_device, max_batch_size: int, max_seq_len: int,
-                              tt_data_parallel: int = 1, optimizations: str | None = None, *,
+                              tt_data_parallel: int = 1, optimizations: str | None = None, vllm_config=None, *,
                               checkpoint: str | Path | None = None, cache_dir: str | Path | None = None,
                               block_size: int | None = None, prefill_chunk: int | None = None,
-                              mechanism: str = "shadow_commit") -> "Qwen36ForCausalLM":
+                              mechanism: str = "shadow_commit", spec_k: int | None = None) -> "Qwen36ForCausalLM":
         """Build the model on an already opened ``mesh_device``. Weights come from ``checkpoint``, else
         hf_config's ``_name_or_path``, else ``HF_MODEL``; the checkpoint's config must equal ``hf_config``'s.
-        ``optimizations``: None / "performance" / "accuracy" (our precision presets)."""
-        _check_batch(int(max_batch_size), "initialize_vllm_model(max_batch_size)")
+        ``optimizations``: None / "performance" / "accuracy" (our precision presets). ``vllm_config`` (passed by
+        newer plugin loaders) supplies vLLM's KV ``block_size`` and the speculative K, unless given explicitly."""
+        if int(max_batch_size) > MAX_BATCH:
+            raise NotImplementedError(f"max_batch_size={max_batch_size}: {ONE_USER}")
         if int(tt_data_parallel) != 1:
             raise NotImplementedError(f"tt_data_parallel={tt_data_parallel}: only 1 is supported (one TP=N model)")
         prec_name = "performance" if optimizations is None else optimizations
         if prec_name not in ("performance", "accuracy"):
             raise ValueError(f"optimizations={optimizations!r}: choose None, 'performance' or 'accuracy'")
+        if vllm_config is not None:
+            cache = getattr(vllm_config, "cache_config", None)
+            if block_size is None and getattr(cache, "block_size", None):
+                block_size = int(cache.block_size)
+            sc = getattr(vllm_config, "speculative_config", None)
+            if spec_k is None and sc is not None and getattr(sc, "num_speculative_tokens", None):
+                spec_k = int(sc.num_speculative_tokens)
         raw = _hf_dict(hf_config)
         cfg = Qwen36Config.from_dict(raw)
         path = checkpoint or raw.get("_name_or_path") or os.environ.get("HF_MODEL")
@@ -140,6 +252,8 @@ class Qwen36ForCausalLM:
         reader = load_checkpoint(path)
         if reader.config != cfg:
             raise ValueError(f"hf_config does not match the checkpoint's config.json at {path}")
+        if spec_k is not None and not cfg.has_mtp:
+            raise ValueError(f"speculative K={spec_k} requested but the checkpoint has no MTP head")
         ttnn = _ttnn_of(mesh_device)
         n = mesh_device.get_num_devices()
         kw = {k: v for k, v in (("block_size", block_size), ("prefill_chunk", prefill_chunk)) if v is not None}
@@ -148,91 +262,217 @@ class Qwen36ForCausalLM:
         model = TTQwen36Model(args, weights, ttnn, mesh_device)
         gen = TTGenerator(model, allocate_state(args, ttnn, mesh_device), use_trace=True,
                           label=getattr(mesh_device, "label", "") or f"mesh x{n}")
-        logger.info(f"vllm-tt Qwen3.6: tp={n}, precision={prec_name}, max_seq_len={max_seq_len}, mtp={cfg.has_mtp}")
-        return cls(gen, reader, mechanism, cache_dir)
+        logger.info(f"vllm-tt Qwen3.6: tp={n}, precision={prec_name}, max_seq_len={max_seq_len}, "
+                    f"block_size={args.block_size}, mtp={cfg.has_mtp}, spec_k={spec_k}")
+        return cls(gen, reader, mechanism, cache_dir, uses_mrope=_uses_mrope(raw), spec_k=spec_k)
+
+    # ---- KV cache ------------------------------------------------------------------------------------------
+    def _attn_layers(self) -> list[int]:
+        return [i for i, s in enumerate(self.state.layers) if isinstance(s, KVLayerState)]
+
+    def allocate_kv_cache_per_layer(self, per_layer_specs) -> list:
+        """One ``(shape, dtype, tensor_index)`` per full-attention layer, in layer order, as the runner builds them:
+        shape = (num_blocks, kv_heads per device, block_size, head_dim). The caches are (re)allocated with vLLM's
+        ``num_blocks`` (before any trace is captured); the element dtype stays the precision preset's."""
+        specs = list(per_layer_specs)
+        ids = self._attn_layers()
+        if len(specs) != len(ids):
+            raise ValueError(f"{len(specs)} KV cache specs for {len(ids)} full-attention layers")
+        shapes = {tuple(int(x) for x in s[0]) for s in specs}
+        if len(shapes) != 1:
+            raise ValueError(f"per-layer KV shapes differ ({sorted(shapes)}); every Qwen3.6 attention layer has one")
+        return self._allocate(shapes.pop(), specs[0][1])
 
     def allocate_kv_cache(self, kv_cache_shape=None, dtype=None, num_layers: int | None = None) -> list:
-        """The model's own paged caches, one [k, v] pair per full-attention layer (they are persistent buffers
-        the traces point at, so they are not re-allocated; ``dtype`` is set by the precision preset)."""
-        n_attn = sum(1 for t in self.model.args.cfg.layer_types if t == FULL)
+        """Legacy uniform form: ``(num_blocks, kv_heads per device, block_size, head_dim)`` for ``num_layers``
+        attention layers. Without a shape, the model's own caches (one sequence of max_seq_len) are returned."""
+        n_attn = len(self._attn_layers())
         if num_layers is not None and int(num_layers) not in (n_attn, self.model.args.cfg.num_hidden_layers):
             raise ValueError(f"num_layers={num_layers}: model has {self.model.args.cfg.num_hidden_layers} layers, "
                              f"{n_attn} with a KV cache")
-        if kv_cache_shape is not None:
-            a = self.model.args
-            blocks = int(kv_cache_shape[0])
-            if blocks < a.blocks_per_seq:
-                raise ValueError(f"kv_cache_shape {tuple(kv_cache_shape)}: {blocks} blocks < {a.blocks_per_seq} "
-                                 f"needed for max_seq_len {a.max_seq_len} at block_size {a.block_size}")
-        if self._kv_cache is None:
-            self._kv_cache = [[s.k, s.v] for s in self.state.layers if isinstance(s, KVLayerState)]
+        if kv_cache_shape is None:
+            if self._kv_cache is None:
+                self._kv_cache = [[s.k, s.v] for s in self.state.layers if isinstance(s, KVLayerState)]
+            return self._kv_cache
+        return self._allocate(tuple(int(x) for x in kv_cache_shape), dtype)
+
+    def _allocate(self, shape: tuple, dtype) -> list:
+        a, c = self.model.args, self.model.args.cfg
+        want = (a.hkv_d, a.block_size, c.head_dim)
+        if len(shape) != 4 or shape[1:] != want:
+            raise ValueError(f"kv_cache_shape {shape}: expected (num_blocks, {want[0]} kv heads per device, block_size "
+                             f"{want[1]}, head_dim {want[2]}); vLLM's --block-size must equal the model's block_size")
+        num_blocks = shape[0]
+        if num_blocks < 2:
+            raise ValueError(f"kv_cache_shape {shape}: need at least the null block and one block")
+        self._release_traces()  # caches are persistent buffers the traces point at: replace them before capture
+        for i in self._attn_layers():
+            self.state.layers[i] = self._kv_state(num_blocks)
+        self.num_blocks = num_blocks
+        if dtype is not None:
+            logger.info(f"KV cache: {num_blocks} blocks of {a.block_size} tokens; vLLM's dtype {dtype} noted, the "
+                        f"element dtype follows the precision preset")
+        self._kv_cache = [[s.k, s.v] for s in self.state.layers if isinstance(s, KVLayerState)]
         return self._kv_cache
 
-    # ---- argument checks ---------------------------------------------------------------------------------
-    def _check_common(self, tokens: torch.Tensor, page_table, kv_cache, read_from_device: bool = True,
-                      sampling_params=None) -> torch.Tensor:
-        tokens = torch.as_tensor(tokens)
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must be [B, T], got shape {tuple(tokens.shape)}")
-        _check_batch(tokens.shape[0], "tokens")
-        if not read_from_device:
-            raise NotImplementedError("read_from_device=False: this model returns host tensors only")
-        if sampling_params is not None:
-            raise NotImplementedError("on-device sampling (sampling_params) is not offered on the vllm path: "
-                                      "greedy / host sampling from the returned logits only")
-        if kv_cache is not None and kv_cache is not self._kv_cache:
-            raise ValueError("kv_cache must be the list returned by this model's allocate_kv_cache()")
-        if page_table is not None:
-            pt = torch.as_tensor(page_table)
-            _check_batch(pt.shape[0], "page_table")
-            mine = self.state.page_table_host
-            w = min(pt.shape[1], mine.shape[1])
-            if not torch.equal(pt[:1, :w].to(mine.dtype), mine[:1, :w]):
-                raise NotImplementedError("page_table differs from the model's identity page table (user 0 owns "
-                                          "blocks 0..blocks_per_seq-1); vLLM-assigned block ids are not supported")
-        return tokens
+    def _kv_state(self, num_blocks: int) -> KVLayerState:
+        """A full-attention layer's paged cache with ``num_blocks`` blocks (same layout / dtype as state.py's)."""
+        a = self.model.args
 
-    # ---- prefill / plain decode ------------------------------------------------------------------------------
+        class _Blocks:  # new_layer_state sizes the cache from args.num_blocks; ask for vLLM's count instead
+            def __getattr__(self, name):
+                return num_blocks if name == "num_blocks" else getattr(a, name)
+
+        return new_layer_state(_Blocks(), self.gen.ttnn, self.gen.mesh, FULL)
+
+    def _release_traces(self) -> None:
+        self.gen.release_trace()
+        if self.spec_backend is not None:
+            self.spec_backend.release()
+
+    # ---- per-call argument handling ------------------------------------------------------------------------
+    def _check_common(self, kv_cache, sampling_params, kwargs: dict) -> None:
+        if sampling_params is not None:
+            raise NotImplementedError("on-device sampling (sampling_params) is not offered: run the plugin without "
+                                      "sample-on-device; vLLM samples on host from the returned logits")
+        if kv_cache is not None and self._kv_cache is not None and kv_cache is not self._kv_cache:
+            raise ValueError("kv_cache must be the list returned by this model's allocate_kv_cache[_per_layer]()")
+        if kwargs.get("page_tables_per_layer") is not None or kwargs.get("page_tables_per_group") is not None:
+            pts = kwargs.get("page_tables_per_layer") or kwargs.get("page_tables_per_group")
+            if any(not torch.equal(torch.as_tensor(p), torch.as_tensor(pts[0])) for p in pts):
+                raise NotImplementedError("per-layer block tables differ; every Qwen3.6 attention layer shares one")
+        remap = kwargs.get("slot_remap")
+        if remap is not None:
+            r = torch.as_tensor(remap).reshape(-1)
+            if r.numel() and int(r[0]) != 0:
+                raise NotImplementedError(f"slot_remap {r.tolist()}: row 0 must read slot 0 ({ONE_USER})")
+        deltas = kwargs.get("rope_deltas_all_users")
+        if deltas is not None and any(float(x) != 0 for x in torch.as_tensor(deltas, dtype=torch.float64).reshape(-1)):
+            raise NotImplementedError(f"rope_deltas_all_users={list(deltas)}: text-only model, mrope deltas are 0")
+
+    def _live_rows(self, positions: torch.Tensor, what: str) -> None:
+        """Row 0 is the sequence; every other row must be a padding row (position -1 in the first column)."""
+        first = positions.reshape(positions.shape[0], -1)[:, 0]
+        live = [i for i in range(1, first.numel()) if int(first[i]) >= 0]
+        if live:
+            raise NotImplementedError(f"{what}: rows {live} carry a second live request; {ONE_USER}")
+
+    def _bind_page_table(self, page_table) -> None:
+        """Copy the sequence's row of vLLM's block table into the model's persistent page-table buffer (host ->
+        device, outside any trace) when it changed. Entries past the model's blocks_per_seq must be the null
+        block 0; every id must index the allocated cache."""
+        if page_table is None:
+            return
+        pt = torch.as_tensor(page_table)
+        if pt.dim() != 2:
+            raise ValueError(f"page_table must be [B, max_blocks], got shape {tuple(pt.shape)}")
+        row = pt[0].to(torch.int32)
+        bps = self.model.args.blocks_per_seq
+        if row.numel() > bps and bool((row[bps:] != 0).any()):
+            raise ValueError(f"page_table row 0 names blocks past blocks_per_seq={bps} (max_seq_len "
+                             f"{self.model.args.max_seq_len}): {row[bps:].tolist()}")
+        limit = getattr(self, "num_blocks", self.model.args.num_blocks)
+        if int(row.min()) < 0 or int(row.max()) >= limit:
+            raise ValueError(f"page_table row 0 has block ids outside [0, {limit}): {row.tolist()}")
+        new = torch.zeros(bps, dtype=torch.int32)
+        w = min(bps, row.numel())
+        new[:w] = row[:w]
+        host = self.state.page_table_host
+        if torch.equal(host[0], new):
+            return
+        host[0] = new
+        ttnn, dev = self.gen.ttnn, self.state.page_table
+        h = ttnn.from_torch(host.clone(), dtype=dev.dtype, layout=dev.layout,
+                            mesh_mapper=ttnn.ReplicateTensorToMesh(dev.device()))
+        ttnn.copy_host_to_device_tensor(h, dev)
+
+    # ---- prefill -------------------------------------------------------------------------------------------
     @torch.no_grad()
     def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, enable_trace: bool = False,
-                        sampling_params=None, **kwargs) -> torch.Tensor:
-        """Prefill user 0's prompt ``tokens[0, :prompt_lens[0]]``; returns fp32 last-token logits [1, 1, V]."""
-        tokens = self._check_common(tokens, page_table, kv_cache, True, sampling_params)
+                        sampling_params=None, start_pos=None, empty_slots=None, **kwargs):
+        """Prefill the sequence ``tokens[0, :prompt_lens[0]]`` into the blocks of ``page_table[0]``; returns fp32
+        last-token logits [B, 1, V], or ``(logits, rope_deltas [B])`` when the config uses mrope (text only: every
+        delta is 0). Prefill runs eagerly (``enable_trace`` is accepted and has no effect)."""
+        self._check_common(kv_cache, sampling_params, kwargs)
+        tokens = _rows(tokens, "tokens")
         lens = torch.as_tensor(prompt_lens).reshape(-1)
-        _check_batch(lens.numel(), "prompt_lens")
+        if tokens.dim() != 2 or lens.numel() != tokens.shape[0]:
+            raise ValueError(f"tokens [B, T] and prompt_lens [B] disagree: {tuple(tokens.shape)}, {tuple(lens.shape)}")
+        if tokens.shape[0] > MAX_BATCH:
+            raise NotImplementedError(f"prefill of {tokens.shape[0]} requests in one call: {ONE_USER}")
+        if start_pos is not None and int(torch.as_tensor(start_pos).reshape(-1)[0]) != 0:
+            raise NotImplementedError(f"prefill start_pos={torch.as_tensor(start_pos).tolist()}: a prefill continues "
+                                      f"no cached prefix here (run vLLM without prefix caching / chunked prefill)")
+        if empty_slots is not None and list(empty_slots) != [0]:
+            raise NotImplementedError(f"empty_slots={list(empty_slots)}: the only state slot is 0; {ONE_USER}")
+        self._bind_page_table(page_table)
         prompt = tokens[0, : int(lens[0])].tolist()
+        logits = self._prefill(prompt)
+        out = logits.reshape(1, 1, -1)
+        if self.uses_mrope:
+            return out, torch.zeros(1, dtype=torch.int64)
+        return out
+
+    def _prefill(self, prompt: list[int]) -> torch.Tensor:
         if self.spec_backend is not None:
             self.spec_backend.use_trace = self.gen.use_trace
             _, logits = self.spec_backend.prefill(prompt, SamplingParams())  # greedy; also keeps the MTP's h_t
         else:
             logits = self.gen.prefill(prompt)
         self._mode, self._accepted_count = "new", 1
-        return logits.reshape(1, 1, -1)
+        return logits
 
+    # ---- decode / verify -----------------------------------------------------------------------------------
     @torch.no_grad()
-    def decode_forward(self, tokens, page_table, kv_cache, start_pos, *, enable_trace: bool = True,
+    def decode_forward(self, tokens, page_table=None, kv_cache=None, start_pos=None, *, enable_trace: bool = True,
                        read_from_device: bool = True, sampling_params=None, num_valid_drafts=None,
-                       accepted_counts=None, spec_mode: bool = False, **kwargs):
-        """Plain decode (tokens [1, 1]) -> fp32 logits [1, 1, V]; ``spec_mode=True`` (tokens [1, 1+K]) -> the
-        verify: argmax ids [1, 1+K] (column K = bonus when all K drafts are accepted)."""
-        tokens = self._check_common(tokens, page_table, kv_cache, read_from_device, sampling_params)
-        start = int(torch.as_tensor(start_pos).reshape(-1)[0])
-        _check_batch(torch.as_tensor(start_pos).numel(), "start_pos")
+                       accepted_counts=None, spec_mode=None, **kwargs):
+        """Plain decode (tokens [B, 1], start_pos [B]) -> fp32 logits [B, 1, V] (or a :class:`DecodeHandle` with
+        ``read_from_device=False``). With ``spec_mode="argmax_ids"`` (tokens / start_pos [B, 1+K]) -> the verify:
+        ``VerifyOutput(argmax_ids [B, 1+K] int32)``; column j < n is the choice draft j must match, column n the
+        correction/bonus (n = num_valid_drafts of the row)."""
+        self._check_common(kv_cache, sampling_params, kwargs)
+        tokens = _rows(tokens, "tokens")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be [B, T], got shape {tuple(tokens.shape)}")
+        if start_pos is None:
+            raise ValueError("decode_forward needs start_pos")
+        pos = torch.as_tensor(start_pos)
+        if pos.shape[0] != tokens.shape[0]:
+            raise ValueError(f"start_pos rows {pos.shape[0]} != tokens rows {tokens.shape[0]}")
+        self._live_rows(pos, "decode_forward")
         if self._mode is None:
-            raise RuntimeError("decode_forward before prefill_forward")
-        if spec_mode:
-            return self._verify(tokens, start, num_valid_drafts, accepted_counts, enable_trace)
+            raise RuntimeError("decode_forward with no live sequence (prefill_forward first)")
+        self._bind_page_table(page_table)
+        if spec_mode is not None:
+            out = self._verify(tokens, pos, num_valid_drafts, accepted_counts, spec_mode, enable_trace)
+            return out
         if num_valid_drafts is not None or accepted_counts is not None:
-            raise ValueError("num_valid_drafts / accepted_counts given without spec_mode=True")
+            raise ValueError("num_valid_drafts / accepted_counts arrive together with spec_mode, never without")
         if tokens.shape[1] != 1:
-            raise ValueError(f"plain decode takes tokens [B, 1], got {tuple(tokens.shape)}; pass spec_mode=True "
-                             f"for a verify")
+            raise ValueError(f"plain decode takes tokens [B, 1], got {tuple(tokens.shape)}")
         self._enter("plain")
+        start = int(pos.reshape(-1)[0])
         if start != self.state.pos:
-            raise ValueError(f"start_pos {start} != the model's position {self.state.pos}")
+            raise ValueError(f"start_pos {start} != the sequence's next position {self.state.pos} (decode continues "
+                             f"the prefilled sequence; a resumed request is prefilled again)")
         self.gen.use_trace = bool(enable_trace)
         logits, _ = self.gen.decode_step(int(tokens[0, 0]))
-        return logits.reshape(1, 1, -1)
+        out = torch.zeros(tokens.shape[0], 1, logits.shape[-1], dtype=torch.float32)
+        out[0, 0] = logits
+        return out if read_from_device else DecodeHandle(out)
+
+    def read_decode_output(self, tt_out, async_read: bool = False):
+        """Host copy of a decode output; with ``async_read`` the plugin's ``(output, events)`` pair (no events:
+        the logits are already on host, see :class:`DecodeHandle`)."""
+        host = tt_out.logits if isinstance(tt_out, DecodeHandle) else tt_out
+        return (host, []) if async_read else host
+
+    def process_decode_output_host(self, tt_out, is_tokens: bool = False):
+        """[B, 1, V] fp32 logits from what decode_forward / read_decode_output returned."""
+        if is_tokens:
+            raise NotImplementedError("is_tokens=True means device sampling, which this model does not offer")
+        return tt_out.logits if isinstance(tt_out, DecodeHandle) else tt_out
 
     def _enter(self, mode: str) -> None:
         if self._mode not in ("new", mode):
@@ -243,39 +483,60 @@ class Qwen36ForCausalLM:
                                       " = 0 here)")
         self._mode = mode
 
-    # ---- spec decode -----------------------------------------------------------------------------------------
-    def _check_accepted(self, accepted_counts) -> None:
+    def _check_accepted(self, accepted_counts, rows: int) -> None:
         if accepted_counts is None:
-            raise ValueError("spec step needs accepted_counts[B] (tokens emitted by the previous step; 1 after "
-                             "the prefill)")
+            raise ValueError("spec step needs accepted_counts[B] (tokens the previous step committed; 1 after the "
+                             "prefill)")
         ac = torch.as_tensor(accepted_counts).reshape(-1)
-        _check_batch(ac.numel(), "accepted_counts")
+        if ac.numel() != rows:
+            raise ValueError(f"accepted_counts has {ac.numel()} rows, the block {rows}")
         if int(ac[0]) != self._accepted_count:
-            raise ValueError(f"accepted_counts[0]={int(ac[0])} but the previous step committed "
-                             f"{self._accepted_count} tokens (state slot {self._accepted_count - 1}); our step commits "
-                             f"eagerly with the device acceptor's count, a different slot is not supported")
+            raise ValueError(f"accepted_counts[0]={int(ac[0])} selects state slot {int(ac[0]) - 1}, but the device "
+                             f"committed slot {self._accepted_count - 1} ({self._accepted_count} tokens): our step "
+                             f"commits on device with the greedy count, a different slot is not supported")
 
-    @torch.no_grad()
-    def propose_draft_tokens(self, num_drafts: int, committed_tokens, committed_positions, accepted_counts,
-                             hidden=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft ids [1, K] and num_valid [1] from the device MTP. ``committed_tokens`` [1, M]: the tokens the
-        previous step emitted (M >= accepted_counts; the last of the first accepted_counts is the pending token),
-        ``committed_positions`` [1]: the pending token's position."""
-        if hidden is not None:
-            raise NotImplementedError("hidden must be None: the MTP reads the verify's hidden state on device")
+    def _verify(self, tokens, pos, num_valid_drafts, accepted_counts, spec_mode, enable_trace: bool):
+        if spec_mode != vt.ACCEPT_MODE_ARGMAX_IDS:
+            raise NotImplementedError(f"spec_mode={spec_mode!r}: this model serves {vt.ACCEPT_MODE_ARGMAX_IDS!r}")
+        b, k = tokens.shape[0], tokens.shape[1] - 1
+        if k < 1 or tuple(pos.shape) != tuple(tokens.shape):
+            raise ValueError(f"verify needs tokens and start_pos [B, 1+K] with K >= 1, got {tuple(tokens.shape)} and "
+                             f"{tuple(pos.shape)}")
         self._enter("spec")
-        self._check_accepted(accepted_counts)
-        k = int(num_drafts)
-        ct = torch.as_tensor(committed_tokens).reshape(len(torch.as_tensor(accepted_counts).reshape(-1)), -1)
-        _check_batch(ct.shape[0], "committed_tokens")
-        pending = int(ct[0, self._accepted_count - 1])
-        pos = int(torch.as_tensor(committed_positions).reshape(-1)[0])
-        if pending != self.spec_backend.history[-1] or pos != self.spec_backend.n:
-            raise ValueError(f"committed token/position ({pending}, {pos}) != the model's pending token/position "
-                             f"({self.spec_backend.history[-1]}, {self.spec_backend.n})")
+        self._check_accepted(accepted_counts, b)
+        if num_valid_drafts is None:
+            raise ValueError("spec_mode needs num_valid_drafts[B]")
+        nv_all = torch.as_tensor(num_valid_drafts).reshape(-1)
+        nv = int(nv_all[0])
+        if nv_all.numel() != b or not 0 <= nv <= k:
+            raise ValueError(f"num_valid_drafts {nv_all.tolist()} must be [B={b}] in [0, K={k}]")
+        row = [int(t) for t in tokens[0].tolist()]
+        prow = [int(p) for p in pos[0].tolist()]
+        n = self.spec_backend.n
+        if row[0] != self.spec_backend.history[-1] or prow[0] != n:
+            raise ValueError(f"verify row 0 (token {row[0]} at {prow[0]}) must be the pending token "
+                             f"{self.spec_backend.history[-1]} at position {n}")
+        if prow[: nv + 1] != list(range(n, n + nv + 1)):
+            raise ValueError(f"verify positions {prow[: nv + 1]} != {list(range(n, n + nv + 1))}")
+        self.spec_backend.use_trace = bool(enable_trace)
         self._draft(k)
-        drafts, _ = self.spec_backend.drafter.head.read_drafts()
-        return torch.tensor([drafts], dtype=torch.int64), torch.tensor([k], dtype=torch.int64)
+        drafts = row[1: nv + 1]
+        vocab = self.model.args.cfg.vocab_size
+        self.spec_backend.spec.write_drafts(drafts + [0] * (k - nv))  # placeholder columns: any valid id, never read
+        self.spec_backend.write_accept_drafts(drafts + [vocab] * (k - nv))  # never equal to an argmax: acceptance <= n
+        vout = self.spec_backend.verify(None)
+        ids = self.model.to_host(vout.out.tokens).reshape(-1).to(torch.int64)[: k + 1]
+        acc = self.spec_backend.accept(None, vout)
+        host_a = 0
+        while host_a < nv and drafts[host_a] == int(ids[host_a]):
+            host_a += 1
+        if host_a != acc.num_accepted:
+            raise RuntimeError(f"device acceptor accepted {acc.num_accepted} drafts but the argmax ids imply {host_a}")
+        self.spec_backend.commit(acc)
+        self._accepted_count = acc.num_accepted + 1
+        out = torch.zeros(b, k + 1, dtype=torch.int32)  # padding rows: never read by the runner
+        out[0] = ids.to(torch.int32)
+        return vt.VerifyOutput(spec_mode=vt.ACCEPT_MODE_ARGMAX_IDS, argmax_ids=out, hidden=None)
 
     def _draft(self, k: int) -> None:
         if self.spec_backend._phase != "drafted":
@@ -283,37 +544,118 @@ class Qwen36ForCausalLM:
         elif k != self.spec_backend._k:
             raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec_backend._k})")
 
-    def _verify(self, tokens: torch.Tensor, start: int, num_valid_drafts, accepted_counts, enable_trace: bool):
-        k = tokens.shape[1] - 1
-        if k < 1:
-            raise ValueError(f"verify needs tokens [B, 1+K] with K >= 1, got {tuple(tokens.shape)}")
+    @torch.no_grad()
+    def propose_draft_tokens(self, num_drafts: int, committed_tokens, committed_positions, accepted_counts,
+                             hidden=None):
+        """``DraftOutput(draft_token_ids [B, K] int32, num_valid [B] int32)`` from the device MTP: the drafts its
+        chain already wrote after the last commit (moves no state). ``committed_tokens`` [B, 1+K]: this step's
+        committed block; entry ``accepted_counts - 1`` of row 0 is the pending token. Padding rows get
+        placeholder ids and ``num_valid`` 0. ``hidden`` is None: the MTP reads the verify hidden on device."""
+        if hidden is not None:
+            raise NotImplementedError("hidden must be None: the MTP reads the verify's hidden state on device "
+                                      "(spec_hidden_handoff on_device)")
+        ct = _rows(committed_tokens, "committed_tokens")
+        b = ct.shape[0]
         self._enter("spec")
-        self._check_accepted(accepted_counts)
-        if num_valid_drafts is None:
-            raise ValueError("spec_mode=True needs num_valid_drafts[B]")
-        nv = torch.as_tensor(num_valid_drafts).reshape(-1)
-        _check_batch(nv.numel(), "num_valid_drafts")
-        if int(nv[0]) != k:
-            raise NotImplementedError(f"num_valid_drafts[0]={int(nv[0])} < K={k}: the device acceptor has no per-row "
-                                      f"draft mask; every row must carry K valid drafts")
-        row = [int(t) for t in tokens[0].tolist()]
-        if row[0] != self.spec_backend.history[-1] or start != self.spec_backend.n:
-            raise ValueError(f"verify row 0 (token {row[0]} at {start}) must be the pending token "
-                             f"{self.spec_backend.history[-1]} at position {self.spec_backend.n}")
-        self.spec_backend.use_trace = bool(enable_trace)
+        self._check_accepted(accepted_counts, b)
+        k = int(num_drafts)
+        pending = int(ct.reshape(b, -1)[0, self._accepted_count - 1])
+        if pending != self.spec_backend.history[-1]:
+            raise ValueError(f"committed token {pending} (entry {self._accepted_count - 1}) != the model's pending "
+                             f"token {self.spec_backend.history[-1]}")
         self._draft(k)
-        self.spec_backend.spec.write_drafts(row[1:])  # the drafts vLLM asks us to verify (MTP's or any proposer's)
-        vout = self.spec_backend.verify(None)
-        ids = self.model.to_host(vout.out.tokens).reshape(-1).to(torch.int64)[: k + 1]
-        acc = self.spec_backend.accept(None, vout)
-        host_a = 0
-        while host_a < k and row[1 + host_a] == int(ids[host_a]):
-            host_a += 1
-        if host_a != acc.num_accepted:
-            raise RuntimeError(f"device acceptor accepted {acc.num_accepted} drafts but the argmax ids imply {host_a}")
-        self.spec_backend.commit(acc)
-        self._accepted_count = acc.num_accepted + 1
-        return ids.reshape(1, k + 1)
+        drafts, _ = self.spec_backend.drafter.head.read_drafts()
+        ids = torch.full((b, k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+        ids[0] = torch.tensor(drafts, dtype=torch.int32)
+        nv = torch.zeros(b, dtype=torch.int32)
+        nv[0] = k
+        return vt.DraftOutput(draft_token_ids=ids, num_valid=nv)
+
+    # ---- request lifecycle ---------------------------------------------------------------------------------
+    def release_request(self, slot: int) -> None:
+        """A finished / preempted request: forget the sequence (its GDN state is zeroed by the next prefill)."""
+        if int(slot) != 0:
+            raise ValueError(f"release_request(slot={slot}): the only state slot is 0")
+        if self.spec_backend is not None and self.spec_backend._phase == "drafted":
+            self.spec_backend.abort()  # the outstanding proposal belongs to the released request
+        self._mode, self._accepted_count = None, None
+
+    def note_state_slots_moved(self, old_to_new: dict) -> None:
+        moved = {int(a): int(b) for a, b in dict(old_to_new).items() if int(a) != int(b)}
+        if moved:
+            raise NotImplementedError(f"state slots moved {moved}: the only state slot is 0 ({ONE_USER})")
+
+    # ---- warmup --------------------------------------------------------------------------------------------
+    def _warm_prompt_lens(self) -> list[int]:
+        """Prompt lengths that exercise every prefill program shape: one partial chunk and a full chunk + a
+        partial one (prefill runs in ``prefill_chunk`` pieces)."""
+        a = self.model.args
+        room = a.max_seq_len - (self.spec_k or 0) - 2
+        return sorted({min(1, room), min(a.prefill_chunk + 1, room)})
+
+    def _warm_page_table(self) -> torch.Tensor:
+        """Scratch blocks for warmup (no request exists yet), never vLLM's null block 0."""
+        limit = getattr(self, "num_blocks", self.model.args.num_blocks)
+        return (1 + torch.arange(self.model.args.blocks_per_seq, dtype=torch.int32) % (limit - 1))[None]
+
+    @torch.no_grad()
+    def warmup_model_prefill(self, kv_cache=None, enable_trace: bool = False, can_sample_on_device: bool = False,
+                             **_) -> None:
+        """Compile the prefill programs for every chunk shape (dummy prompts, no request exists yet: any block
+        is scratch). Prefill is not traced, so the ``enable_trace=True`` pass has nothing to capture."""
+        if enable_trace or self.already_warmed_up_prefill:
+            return
+        self._bind_page_table(self._warm_page_table())
+        for n in self._warm_prompt_lens():
+            self._prefill([i % self.model.args.cfg.vocab_size for i in range(1, n + 1)])
+        self.already_warmed_up_prefill = True
+        self.release_request(0)
+
+    @torch.no_grad()
+    def warmup_model_decode(self, kv_cache=None, enable_trace: bool = False, max_batch_size: int = 1,
+                            num_blocks: int | None = None, can_sample_on_device: bool = False, **_) -> None:
+        """Compile (``enable_trace=False``: one eager step) and then capture (``True``: eager step + capture +
+        one replay) the decode step of this launch: plain decode, or the K-draft verify + commit + MTP chain when
+        the launch speculates. A prefill re-captures (it allocates), so the request's own capture on its second
+        step reuses the programs compiled here and allocates no new program-cache entries."""
+        if int(max_batch_size) > MAX_BATCH:
+            raise NotImplementedError(f"warmup max_batch_size={max_batch_size}: {ONE_USER}")
+        self._bind_page_table(self._warm_page_table())
+        steps = 3 if enable_trace else 1
+        self.gen.use_trace = bool(enable_trace)
+        prompt = [1, 2]
+        first = int(self._prefill(prompt).argmax())
+        if self.spec_k:
+            k = self.spec_k
+            self.spec_backend.use_trace = bool(enable_trace)
+            pos, tok, ac, block = len(prompt), first, 1, [first]
+            for i in range(steps):  # as the runner: the first verify after a prefill carries no drafts
+                nv, drafts = 0, [vt.PLACEHOLDER_TOKEN_ID] * k
+                if i:
+                    pad = [vt.PLACEHOLDER_TOKEN_ID] * (k + 1 - len(block))
+                    d = self.propose_draft_tokens(k, torch.tensor([block + pad]),
+                                                  torch.tensor([list(range(pos - ac + 1, pos + 1)) + [-1] * len(pad)]),
+                                                  torch.tensor([ac]))
+                    nv, drafts = k, d.draft_token_ids[0].tolist()
+                v = self.decode_forward(torch.tensor([[tok] + drafts]), None, None,
+                                        torch.tensor([[pos + j if j <= nv else -1 for j in range(k + 1)]]),
+                                        enable_trace=enable_trace, num_valid_drafts=torch.tensor([nv]),
+                                        accepted_counts=torch.tensor([ac]), spec_mode=vt.ACCEPT_MODE_ARGMAX_IDS)
+                a = self._accepted_count - 1
+                block = v.argmax_ids[0, : a + 1].tolist()
+                tok, pos, ac = block[-1], pos + a + 1, a + 1
+        else:
+            tok = first
+            for i in range(steps):
+                logits = self.decode_forward(torch.tensor([[tok]]), None, None, torch.tensor([len(prompt) + i]),
+                                             enable_trace=enable_trace)
+                tok = int(logits[0, -1].argmax())
+        self.release_request(0)
+
+    # ---- shutdown ------------------------------------------------------------------------------------------
+    def release_persistent_capture(self) -> None:
+        """Called once by the runner before the mesh closes: release every trace."""
+        self._release_traces()
 
     def close(self) -> None:
         if self.spec_backend is not None:

@@ -1,0 +1,105 @@
+"""The value types of the vllm-tt plugin's speculative contract (``SpecPlan``, ``SpecReject``, ``VerifyOutput``,
+``DraftOutput``, ``PLACEHOLDER_TOKEN_ID``).
+
+When the plugin is importable its own classes are used: the runner checks what the model returns with
+``isinstance`` against them, so an adapter must hand back exactly those. Without the plugin (CI, a host without
+vLLM) the adapter still has to build and return these values, so this module defines stand-ins with the same
+field names, defaults and the same validation the plugin's ``spec_decode`` module applies (written here from
+reading it, tenstorrent/vllm-tt-plugin ``src/vllm_tt_plugin/spec_decode.py``). ``SOURCE`` says which ones are in
+use; the adapter logs it at load time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+try:  # the plugin's own types: what its runner's isinstance checks expect
+    from vllm_tt_plugin.spec_decode import (  # type: ignore[import-not-found]
+        PLACEHOLDER_TOKEN_ID,
+        DraftOutput,
+        SpecPlan,
+        SpecReject,
+        VerifyOutput,
+    )
+
+    SOURCE = "vllm_tt_plugin.spec_decode"
+except ImportError:
+    SOURCE = "qwen36.tt.vllm_types (plugin not installed)"
+
+    #: tail marker of a padded draft column / short committed block (never a real token id)
+    PLACEHOLDER_TOKEN_ID = -1
+    _ACCEPT_MODES = ("logits", "argmax_ids", "fused_sample")
+    _MODE_FIELDS = {"logits": ("logits",), "argmax_ids": ("argmax_ids",),
+                    "fused_sample": ("accepted_token_ids", "accepted_counts")}
+    _DRAFTER_STATES = ("internal", "paged", "shared_with_target")
+
+    @dataclass(frozen=True)
+    class SpecPlan:  # type: ignore[no-redef]
+        """What the model serves at one (max_num_seqs, requested_k) point."""
+
+        effective_k: int
+        lanes_per_request: int
+        extra_bytes_per_seq: int
+        extra_bytes_per_token: int
+        accept_modes: tuple[str, ...]
+        drafter_state: str
+        drafter_target_cache_requires: tuple[str, ...] = ()
+        supports_narrow_decode: bool = False
+
+        def __post_init__(self) -> None:
+            if self.effective_k < 1 or self.lanes_per_request < 1:
+                raise ValueError(f"SpecPlan: effective_k {self.effective_k} and lanes_per_request "
+                                 f"{self.lanes_per_request} must be >= 1")
+            if min(self.extra_bytes_per_seq, self.extra_bytes_per_token) < 0:
+                raise ValueError("SpecPlan: byte fields must not be negative")
+            modes = tuple(self.accept_modes)
+            if not modes or any(m not in _ACCEPT_MODES for m in modes):
+                raise ValueError(f"SpecPlan.accept_modes {modes} must be non-empty, from {_ACCEPT_MODES}")
+            object.__setattr__(self, "accept_modes", modes)
+            if self.drafter_state not in _DRAFTER_STATES:
+                raise ValueError(f"SpecPlan.drafter_state {self.drafter_state!r} not in {_DRAFTER_STATES}")
+            object.__setattr__(self, "drafter_target_cache_requires", tuple(self.drafter_target_cache_requires))
+
+        @property
+        def block_width(self) -> int:
+            return 1 + self.effective_k
+
+    @dataclass(frozen=True)
+    class SpecReject:  # type: ignore[no-redef]
+        reason: str
+        supported_k: tuple[int, ...] = ()
+
+        def __post_init__(self) -> None:
+            if not self.reason.strip():
+                raise ValueError("SpecReject.reason must explain the refusal")
+            object.__setattr__(self, "supported_k", tuple(self.supported_k))
+            if any(k < 1 for k in self.supported_k):
+                raise ValueError(f"SpecReject.supported_k must hold K >= 1, got {self.supported_k}")
+
+    @dataclass(frozen=True)
+    class DraftOutput:  # type: ignore[no-redef]
+        draft_token_ids: Any  # [B, K] int32
+        num_valid: Any = None  # [B] int32 or None (= every row offers K)
+        draft_scores: Any = None
+
+    @dataclass(frozen=True)
+    class VerifyOutput:  # type: ignore[no-redef]
+        spec_mode: str
+        argmax_ids: Any = None  # [B, 1+K]
+        logits: Any = None
+        accepted_token_ids: Any = None
+        accepted_counts: Any = None
+        hidden: Any = None
+
+        def __post_init__(self) -> None:
+            need = _MODE_FIELDS.get(self.spec_mode)
+            if need is None:
+                raise ValueError(f"VerifyOutput.spec_mode {self.spec_mode!r} is not one of {_ACCEPT_MODES}")
+            missing = [f for f in need if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"VerifyOutput({self.spec_mode!r}) needs {missing}")
+
+ACCEPT_MODE_ARGMAX_IDS = "argmax_ids"
+
+__all__ = ["ACCEPT_MODE_ARGMAX_IDS", "PLACEHOLDER_TOKEN_ID", "DraftOutput", "SOURCE", "SpecPlan", "SpecReject",
+           "VerifyOutput"]
