@@ -338,3 +338,26 @@ def test_lifecycle_hooks_and_refusals(spec):
     assert m._mode is None
     with pytest.raises(RuntimeError, match="prefill_forward first"):
         m.decode_forward(tokens=torch.tensor([[first]]), start_pos=torch.tensor([P]))
+
+
+def test_model_bundles_resolve_like_the_plugin_registry():
+    """vllm_models/ is what EXTRA_MODELS_DIR points at: each folder's vllm_metadata.json carries ``arch`` and
+    ``main_class`` ("module:Class"), the plugin registers ``"TT" + arch`` -> main_class. Every architecture name
+    this project's checkpoints declare has a bundle, and main_class imports to the adapter."""
+    import importlib
+    from pathlib import Path
+
+    from qwen36.tiny import PRESETS
+
+    root = Path(__file__).resolve().parents[1] / "vllm_models"
+    archs = {}
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        meta = json.loads((folder / "vllm_metadata.json").read_text())
+        assert meta.get("arch") and meta.get("main_class"), folder
+        module, cls = meta["main_class"].split(":")
+        assert getattr(importlib.import_module(module), cls) is Qwen36ForCausalLM
+        archs[meta["arch"]] = folder.name
+    declared = {PRESETS["ci"].to_hf_dict()["architectures"][0], "Qwen3_5ForConditionalGeneration"}
+    declared.add(json.loads((Path(__file__).resolve().parents[1] / "models/qwen36/default_checkpoint/config.json")
+                            .read_text())["architectures"][0])
+    assert declared <= set(archs), (declared, archs)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Serve a Qwen3.6 checkpoint with vLLM + the vllm-tt plugin on two Blackhole P150a cards (TP=2), OpenAI API on
+# port 8000. docs/serving.md explains every option.
+#
+#   scripts/serve_p150x2.sh /path/to/checkpoint [K]     # K > 0: MTP speculative decoding with K drafts
+set -euo pipefail
+CKPT=${1:?usage: serve_p150x2.sh CHECKPOINT_DIR [K]}
+K=${2:-0}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[ -f "$CKPT/config.json" ] || { echo "serve_p150x2: $CKPT has no config.json (pass a local checkpoint directory)" >&2; exit 1; }
+spec=()
+if [ "$K" -gt 0 ]; then
+  spec=(--speculative-config "{\"method\": \"custom_class\", \"model\": \"vllm_tt_plugin.model_owned_drafter\", \"num_speculative_tokens\": $K}")
+fi
+export MESH_DEVICE=P150x2
+export EXTRA_MODELS_DIR="$REPO/vllm_models"
+export VLLM_RPC_TIMEOUT=${VLLM_RPC_TIMEOUT:-100000}
+exec vllm serve "$CKPT" \
+  --served-model-name qwen36 \
+  --max-num-seqs 1 \
+  --max-model-len "${MAX_MODEL_LEN:-32768}" \
+  --max-num-batched-tokens "${MAX_MODEL_LEN:-32768}" \
+  --block-size 64 \
+  --no-enable-prefix-caching \
+  --no-enable-chunked-prefill \
+  --no-async-scheduling \
+  --additional-config '{"tt": {"trace_mode": "all", "optimizations": "performance", "trace_region_size": 67108864, "fabric_config": "FABRIC_1D"}}' \
+  "${spec[@]}" \
+  --port "${PORT:-8000}"

@@ -1,0 +1,62 @@
+"""Dev-only: ``vllm.LLM`` end to end through the real vllm-tt plugin on the emulated 1x2 mesh, greedy tokens equal
+to ``TTGenerator.greedy`` (the engine of ``qwen36 generate --device emulated-p150x2``). Skipped unless vLLM (empty
+target) and the plugin are installed next to this project (docs/serving.md, scripts/install_vllm_tt.sh); CI
+installs neither and runs tests/test_vllm_contract.py instead.
+
+The plugin's worker opens a hardware mesh with ``ttnn.open_mesh_device``; here its ``open_mesh_device`` /
+``close_mesh_device`` are replaced by this project's emulated mesh (in-process engine,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and the model class is found through the repository's bundle directory
+(``EXTRA_MODELS_DIR=vllm_models``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (dev-only check; see docs/serving.md)")
+plugin_worker = pytest.importorskip("vllm_tt_plugin.worker",
+                                    reason="the vllm-tt plugin is not installed (dev-only check; see docs/serving.md)")
+
+from qwen36.tt.generator import DEFAULT_TRACE_REGION, load_tt_target  # noqa: E402
+from qwen36.tt.testing import make_bf16_checkpoint  # noqa: E402
+from qwen36.tt_ops.device import open_mesh  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = list(range(5, 45))
+N_NEW = 16
+
+
+@pytest.mark.parametrize("spec_k", [None, 3])
+def test_vllm_llm_greedy_equals_generate(tmp_path, monkeypatch, spec_k):
+    if spec_k:
+        pytest.importorskip("vllm_tt_plugin.spec_decode", reason="this plugin version has no speculative contract")
+    ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
+    # vLLM reads _name_or_path = the model directory; the adapter loads weights from it
+    assert json.loads((ck / "config.json").read_text())["architectures"]
+    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+                             block_size=32, prefill_chunk=64)
+    ref = ref_gen.greedy(PROMPT, N_NEW)
+    ref_gen.close()
+
+    ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
+    monkeypatch.setattr(plugin_worker, "open_mesh_device", lambda *a, **k: ctx.mesh_device)
+    monkeypatch.setattr(plugin_worker, "close_mesh_device", lambda *a, **k: None)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(REPO / "vllm_models"))
+    monkeypatch.setenv("MESH_DEVICE", "P150x2")
+    kw = {}
+    if spec_k:
+        kw["speculative_config"] = {"method": "custom_class", "model": "vllm_tt_plugin.model_owned_drafter",
+                                    "num_speculative_tokens": spec_k}
+    llm = vllm.LLM(model=str(ck), max_num_seqs=1, max_model_len=256, block_size=32, skip_tokenizer_init=True,
+                   enable_prefix_caching=False, enable_chunked_prefill=False, max_num_batched_tokens=256,
+                   async_scheduling=False, additional_config={"tt": {"trace_mode": "all",
+                                                                     "optimizations": "accuracy"}}, **kw)
+    try:
+        out = llm.generate([{"prompt_token_ids": PROMPT}],
+                           vllm.SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True))
+        assert list(out[0].outputs[0].token_ids) == ref
+    finally:
+        del llm
+        ctx.close()
