@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 from loguru import logger
@@ -307,6 +306,9 @@ class Qwen36ForCausalLM:
             raise ValueError(f"kv_cache_shape {shape}: need at least the null block and one block")
         self._release_traces()  # caches are persistent buffers the traces point at: replace them before capture
         for i in self._attn_layers():
+            old = self.state.layers[i]
+            self.gen.ttnn.deallocate(old.k)  # the model's own one-sequence cache: vLLM's pool replaces it
+            self.gen.ttnn.deallocate(old.v)
             self.state.layers[i] = self._kv_state(num_blocks)
         self.num_blocks = num_blocks
         if dtype is not None:
