@@ -264,8 +264,8 @@ def test_plain_decode_read_paths(plain):
 def test_spec_sequence_equals_greedy(reference, spec):
     r, (reference, _) = spec, reference
     caps = r.m.model_capabilities
-    assert caps["supports_spec_decode"] and caps["spec_requirements"] == ["device_propose"]
-    assert caps["spec_hidden_handoff"] == ["on_device"] and caps["output_tokens_per_step"] == 1
+    assert caps["supports_spec_decode"] and caps["spec_requirements"] == ("device_propose",)
+    assert caps["spec_hidden_handoff"] == ("on_device",) and caps["output_tokens_per_step"] == 1
     emitted = [r.prefill(PROMPT)]
     pos = P  # position of the pending token (the last committed one)
     # first decode step of a speculating launch: a verify with no drafts (commits one token)

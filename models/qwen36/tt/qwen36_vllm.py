@@ -149,17 +149,20 @@ class DecodeHandle:
 class Qwen36ForCausalLM:
     """The vllm-tt plugin's model class for Qwen3.6 (+ MTP speculative decoding), one sequence, TP over the mesh."""
 
-    # Keys as the plugin reads them (platform.py / spec_admission.py); absent keys default to False / [] there.
+    # Keys as the plugin reads them (platform.py / spec_admission.py / async_decode.py; docs/MODEL_CAPABILITIES.md
+    # there); absent keys default to False / () / 1 on the plugin side. "max_batch_size" is ours (the plugin does not
+    # read it): one sequence, enforced at load.
     model_capabilities = {
+        "supports_chunked_prefill": False,  # a prompt is prefilled in one call (start_pos > 0 is refused)
         "supports_prefix_caching": False,
-        "supports_async_decode": False,
-        "supports_multimodal": False,
-        "max_batch_size": MAX_BATCH,
-        "supports_spec_decode": True,  # spec_plan still rejects a checkpoint without an MTP head
-        "spec_requirements": ["device_propose"],
-        "spec_hidden_handoff": ["on_device"],
-        "supports_async_spec_decode": False,
+        "supports_sample_on_device": False,  # vLLM samples on host from the returned logits
+        "supports_async_decode": False,  # the logits are read inside the step (DecodeHandle)
         "output_tokens_per_step": 1,
+        "supports_spec_decode": True,  # spec_plan still rejects a checkpoint without an MTP head
+        "spec_requirements": ("device_propose",),  # custom_class: the model's MTP drafts on device
+        "spec_hidden_handoff": ("on_device",),  # the MTP reads the verify hidden on device; no handle crosses
+        "supports_async_spec_decode": False,
+        "max_batch_size": MAX_BATCH,
     }
 
     def __init__(self, gen: TTGenerator, reader, mechanism: str = "shadow_commit", cache_dir=None, *,
