@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from .depth import DepthController, FixedDepth
 from .sampling import SamplingParams
 
 MECHANISMS = ("snapshot", "shadow_commit", "recompute")  # GDN/conv state commit mechanisms (DESIGN 4)
@@ -107,11 +108,13 @@ def speculative_step(backend: SpecBackend, k: int) -> Acceptance:
 class AcceptanceStats:
     """Acceptance counters of a run. ``accepted[i]`` = drafts accepted at step i (before EOS/length cuts)."""
 
-    k: int
+    k: int  # the largest depth a step may use (the fixed K, or the controller's k_max)
     accepted: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)  # K used at step i
 
-    def record(self, acceptance: Acceptance) -> None:
+    def record(self, acceptance: Acceptance, k: int | None = None) -> None:
         self.accepted.append(acceptance.num_accepted)
+        self.depths.append(self.k if k is None else k)
 
     @property
     def steps(self) -> int:
@@ -126,8 +129,17 @@ class AcceptanceStats:
         return self.mean_accepted + 1.0 if self.steps else 0.0
 
     def per_position(self) -> list[float]:
-        """P(draft i accepted), i = 1..K: fraction of steps with at least i accepted."""
-        return [sum(a >= i for a in self.accepted) / max(1, self.steps) for i in range(1, self.k + 1)]
+        """P(draft i accepted), i = 1..K: fraction of the steps that drafted position i (K >= i) with at least i
+        accepted. With a fixed K every step drafts every position."""
+        out = []
+        for i in range(1, self.k + 1):
+            drafted = [a for a, k in zip(self.accepted, self.depths) if k >= i]
+            out.append(sum(a >= i for a in drafted) / max(1, len(drafted)))
+        return out
+
+    @property
+    def mean_depth(self) -> float:
+        return sum(self.depths) / max(1, self.steps)
 
     def histogram(self) -> list[int]:
         c = Counter(self.accepted)
@@ -136,7 +148,8 @@ class AcceptanceStats:
     def as_dict(self) -> dict[str, Any]:
         return {"k": self.k, "steps": self.steps, "mean_accepted": self.mean_accepted,
                 "mean_emitted": self.mean_emitted, "per_position": self.per_position(),
-                "histogram": self.histogram()}
+                "histogram": self.histogram(), "mean_depth": self.mean_depth,
+                "depth_histogram": [self.depths.count(k) for k in range(1, self.k + 1)]}
 
 
 @dataclass
@@ -153,16 +166,21 @@ def _cut(tokens: list[int], max_new_tokens: int, eos_ids: Sequence[int]) -> tupl
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 
-def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_tokens: int, k: int,
-                         params: SamplingParams = SamplingParams(), eos_ids: Sequence[int] = ()) -> GenerationResult:
-    """Prefill, then speculative steps until EOS or max_new_tokens. EOS inside an accepted block ends it there."""
-    if k < 1:
-        raise ValueError(f"draft depth k must be >= 1, got {k}")
-    stats = AcceptanceStats(k)
+def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_tokens: int,
+                         k: "int | FixedDepth | DepthController", params: SamplingParams = SamplingParams(),
+                         eos_ids: Sequence[int] = ()) -> GenerationResult:
+    """Prefill, then speculative steps until EOS or max_new_tokens. EOS inside an accepted block ends it there.
+
+    ``k``: a fixed draft depth, or a depth policy (``depth.DepthController``) asked for K before every step and
+    told the outcome after it."""
+    depth = FixedDepth(k) if isinstance(k, int) else k
+    stats = AcceptanceStats(depth.k_max)
     tokens = [backend.prefill(prompt, params)]
     tokens, done = _cut(tokens, max_new_tokens, eos_ids)
     while not done:
-        acceptance = speculative_step(backend, k)
-        stats.record(acceptance)
+        step_k = depth.choose()
+        acceptance = speculative_step(backend, step_k)
+        depth.observe(step_k, acceptance.num_accepted)
+        stats.record(acceptance, step_k)
         tokens, done = _cut(tokens + acceptance.tokens, max_new_tokens, eos_ids)
     return GenerationResult(tokens, stats)

@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Fit the draft-depth controller from data and evaluate it on held-out prompts.
+
+    python scripts/fit_depth_policy.py --gate0b-record REC.jsonl [--prompts P.json] [--max-new-tokens 64]
+        [--out models/qwen36/speculative/depth_policy.json] [--report docs/depth_eval.json]
+
+1. Acceptance traces (reference model, default checkpoint, greedy). For every prompt and every position n of its
+   greedy continuation, L_n = how many of 7 MTP drafts made from the prefix up to n the target accepts. Made with
+   the real engine pieces (ReferenceBackend draft/verify/accept at K=7) but committing one token per step, so every
+   position is visited. Under greedy decoding a step of depth K at position n accepts exactly min(K, L_n) drafts
+   (the MTP chain's first K drafts do not depend on K), so any depth policy can be replayed on the traces; the
+   script checks that claim against real engine runs (below).
+2. Step-cost tables, in units of one plain decode step: "reference" measured here (wall-clock medians of plain
+   decode steps and of speculative steps per K on this CPU), "p150x2-27b" from a gate-0b record (modelled on the
+   emulated mesh, or measured on cards, as the record says).
+3. Fit on the "fit" prompts: the prior is the pooled conditional acceptance per position; decay and prior_weight
+   by grid search maximising the mean over classes of (auto tokens per unit cost) / (best fixed K's), so that no
+   class is sacrificed for another.
+4. Evaluate on the "eval" prompts, per class and mixed: best fixed K (1..7), its tokens per unit cost, auto's, the
+   ratio. Then run the real engine with --spec-k auto and each fixed K on the eval prompts: the output must equal
+   plain greedy, and the measured accepted counts must equal the replay's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from qwen36.commands.common import DEFAULT_CHECKPOINT
+from qwen36.io_utils import atomic_write_json
+from qwen36.reference.model import Qwen36Model
+from qwen36.speculative.depth import (POLICY_FILE, POLICY_VERSION, DepthController, DepthParams, DepthPolicy,
+                                      FixedDepth, StepCosts)
+from qwen36.speculative.engine import Acceptance, speculative_generate
+from qwen36.speculative.reference_backend import ReferenceBackend
+
+PROMPTS = Path(__file__).resolve().parents[1] / "models" / "qwen36" / "speculative" / "depth_prompts.json"
+K_MAX = 7
+DECAYS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
+PRIOR_WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+@torch.no_grad()
+def plain_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Plain greedy continuation and the wall-clock seconds of each one-token decode step."""
+    state = model.new_state(1, len(prompt) + n + 2)
+    out = model(torch.tensor([prompt]), state)
+    tokens, times = [int(out.logits[0, -1].argmax())], []
+    while len(tokens) < n:
+        t0 = time.perf_counter()
+        out = model(torch.tensor([[tokens[-1]]]), state)
+        tokens.append(int(out.logits[0, -1].argmax()))
+        times.append(time.perf_counter() - t0)
+    return tokens, times
+
+
+@torch.no_grad()
+def acceptance_trace(model, prompt: list[int], n: int) -> tuple[list[int], list[int]]:
+    """(L_n for each emitted position, the emitted tokens): drafts of depth K_MAX at every position, one token
+    committed per step."""
+    be = ReferenceBackend(model, "shadow_commit", max_len=len(prompt) + n + K_MAX + 2)
+    tokens, trace = [be.prefill(prompt)], []
+    while len(tokens) < n:
+        d = be.draft(K_MAX)
+        v = be.verify(d)
+        acc = be.accept(d, v)
+        trace.append(acc.num_accepted)
+        be.commit(Acceptance(0, acc.tokens[:1]))
+        tokens.append(acc.tokens[0])
+    return trace, tokens
+
+
+def replay(trace: list[int], n_new: int, policy) -> tuple[int, list[tuple[int, int]]]:
+    """Steps (k, accepted) a depth policy takes to emit n_new tokens on a trace (the first token is prefill's)."""
+    pos, emitted, steps = 0, 1, []
+    while emitted < n_new:
+        k = policy.choose()
+        a = min(k, trace[pos])
+        policy.observe(k, a)
+        steps.append((k, a))
+        emitted += a + 1
+        pos += a + 1
+    return emitted, steps
+
+
+def tokens_per_cost(trace: list[int], n_new: int, policy, costs: StepCosts) -> float:
+    emitted, steps = replay(trace, n_new, policy)
+    return emitted / (1.0 + sum(costs.costs[k] for k, _ in steps))  # prefill's token costs one decode step
+
+
+def class_scores(traces: dict, items: list[dict], n_new: int, make_policy, costs: StepCosts) -> dict[str, float]:
+    """Mean tokens per unit cost per class (and "mixed" over all prompts)."""
+    by: dict[str, list[float]] = {}
+    for it in items:
+        v = tokens_per_cost(traces[it["key"]], n_new, make_policy(), costs)
+        by.setdefault(it["class"], []).append(v)
+        by.setdefault("mixed", []).append(v)
+    return {c: statistics.fmean(v) for c, v in by.items()}
+
+
+def pooled_prior(traces: list[list[int]]) -> tuple[float, ...]:
+    """Conditional acceptance per position from K_MAX-deep traces: P(L >= i | L >= i-1)."""
+    out = []
+    for i in range(1, K_MAX + 1):
+        reached = sum(1 for t in traces for x in t if x >= i - 1)
+        acc = sum(1 for t in traces for x in t if x >= i)
+        out.append(acc / max(1, reached))
+    return tuple(out)
+
+
+def reference_costs(model, prompts: list[list[int]], n_new: int) -> StepCosts:
+    """Measured on this machine: median plain decode step vs median speculative step per K."""
+    plain = []
+    for p in prompts:
+        plain += plain_greedy(model, p, n_new)[1]
+    t1 = statistics.median(plain)
+    costs = {}
+    for k in range(1, K_MAX + 1):
+        times = []
+        for p in prompts:
+            be = ReferenceBackend(model, "shadow_commit", max_len=len(p) + n_new + K_MAX + 2)
+            be.prefill(p)
+            for _ in range(6):
+                t0 = time.perf_counter()
+                d = be.draft(k)
+                v = be.verify(d)
+                be.commit(be.accept(d, v))
+                times.append(time.perf_counter() - t0)
+        costs[k] = statistics.median(times) / t1
+    return StepCosts("reference (torch CPU)", "measured", costs,
+                     note=f"wall-clock medians on {torch.get_num_threads()} torch thread(s), plain decode step "
+                          f"{t1 * 1e3:.2f} ms, default checkpoint")
+
+
+def p150_costs(record: Path) -> StepCosts:
+    rec = json.loads(Path(record).read_text().strip().splitlines()[-1])
+    perf = rec.get("performance") or {}
+    fig = perf.get("figures", perf)
+    steps, decode = fig["step_ms_shadow_commit"], fig["decode"]["ms"]
+    ks = sorted(int(k) for k in steps)
+    if ks != list(range(1, K_MAX + 1)):
+        raise SystemExit(f"error: {record}: gate-0b record has K = {ks}; run it with --ks 1,2,3,4,5,6,7")
+    label = fig.get("label", rec.get("performance", {}).get("label", "?"))
+    return StepCosts(f"{rec['backend']}, 27B", "modelled" if "modelled" in str(label) else "measured",
+                     {k: steps[str(k)] / decode for k in ks},
+                     note=f"gate-0b record {Path(record).name}: step = verify + accept + draft + shadow commit, "
+                          f"plain decode {decode:.2f} ms")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gate0b-record", type=Path, required=True, help="gate-0b record with --ks 1,2,3,4,5,6,7")
+    ap.add_argument("--traces-only", action="store_true", help="compute and cache the traces (--traces), then stop")
+    ap.add_argument("--prompts", type=Path, default=PROMPTS)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=POLICY_FILE)
+    ap.add_argument("--report", type=Path, default=None, help="write the evaluation table as JSON here")
+    ap.add_argument("--traces", type=Path, default=None,
+                    help="cache of the acceptance traces: read if it exists (same prompts and length), else written")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    n_new = args.max_new_tokens
+    model = Qwen36Model.from_checkpoint(DEFAULT_CHECKPOINT, dtype=torch.float32, require_mtp=True)
+    items = json.loads(args.prompts.read_text())["prompts"]
+    for i, it in enumerate(items):
+        it["key"] = i
+
+    t0 = time.perf_counter()
+    traces, plain = {}, {}
+    fingerprint = {"prompts": [it["ids"] for it in items], "max_new_tokens": n_new}
+    if args.traces and args.traces.exists():
+        cached = json.loads(args.traces.read_text())
+        if cached["fingerprint"] != fingerprint:
+            raise SystemExit(f"error: {args.traces} holds traces of other prompts or another length; delete it")
+        traces = {int(k): v for k, v in cached["traces"].items()}
+        plain = {int(k): v for k, v in cached["plain"].items()}
+    else:
+        for it in items:
+            traces[it["key"]], emitted = acceptance_trace(model, it["ids"], n_new)
+            plain[it["key"]] = plain_greedy(model, it["ids"], n_new)[0]
+            if emitted != plain[it["key"]]:
+                raise SystemExit(f"error: prompt {it['key']}: one-token-per-step speculative output != plain greedy")
+        if args.traces:
+            atomic_write_json(args.traces, {"fingerprint": fingerprint, "traces": traces, "plain": plain})
+    print(f"traces: {len(items)} prompts x {n_new} tokens in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+    if args.traces_only:
+        return 0
+    fit = [it for it in items if it["split"] == "fit"]
+    held = [it for it in items if it["split"] == "eval"]
+    prior = pooled_prior([traces[it["key"]] for it in fit])
+    tables = {"reference": reference_costs(model, [it["ids"] for it in fit[::5]], n_new),
+              "p150x2-27b": p150_costs(args.gate0b_record)}
+
+    fitted, report = {}, {"classes": {}, "tables": {}}
+    for key, costs in tables.items():
+        best = None
+        fixed_fit = {k: class_scores(traces, fit, n_new, lambda k=k: FixedDepth(k), costs) for k in range(1, K_MAX + 1)}
+        for decay in DECAYS:
+            for w in PRIOR_WEIGHTS:
+                params = DepthParams(decay, prior, w)
+                auto = class_scores(traces, fit, n_new, lambda: DepthController(params, costs), costs)
+                score = statistics.fmean(auto[c] / max(fixed_fit[k][c] for k in fixed_fit) for c in auto if c != "mixed")
+                if best is None or score > best[0]:
+                    best = (score, params)
+        fitted[key] = best[1]
+        print(f"[{key}] fitted decay={best[1].decay} prior_weight={best[1].prior_weight} "
+              f"(fit-split mean ratio {best[0]:.4f})", file=sys.stderr)
+    # one parameter set for every backend: the one whose worst table's fit score is best
+    params = max(fitted.values(), key=lambda p: min(
+        statistics.fmean(class_scores(traces, fit, n_new, lambda: DepthController(p, c), c)[cl]
+                         / max(class_scores(traces, fit, n_new, lambda k=k: FixedDepth(k), c)[cl] for k in range(1, K_MAX + 1))
+                         for cl in {it["class"] for it in fit})
+        for c in tables.values()))
+
+    for key, costs in tables.items():
+        fixed = {k: class_scores(traces, held, n_new, lambda k=k: FixedDepth(k), costs) for k in range(1, K_MAX + 1)}
+        auto = class_scores(traces, held, n_new, lambda: DepthController(params, costs), costs)
+        rows = {}
+        for c in auto:
+            kbest = max(fixed, key=lambda k: fixed[k][c])
+            rows[c] = {"best_fixed_k": kbest, "best_fixed": fixed[kbest][c], "auto": auto[c],
+                       "ratio": auto[c] / fixed[kbest][c]}
+        report["classes"][key] = rows
+        report["tables"][key] = {"source": costs.source, "costs": costs.costs, "note": costs.note}
+
+    # real engine runs on the held-out prompts: lossless, and replay == engine
+    checked = 0
+    for it in held:
+        for depth in [DepthController(params, tables["reference"])] + [FixedDepth(k) for k in (1, 3, 7)]:
+            be = ReferenceBackend(model, "shadow_commit", max_len=len(it["ids"]) + n_new + K_MAX + 2)
+            res = speculative_generate(be, it["ids"], n_new, depth)
+            if res.tokens != plain[it["key"]]:
+                raise SystemExit(f"error: prompt {it['key']} {depth.describe()}: speculative output != plain greedy")
+            replay_policy = (DepthController(params, tables["reference"]) if isinstance(depth, DepthController)
+                             else FixedDepth(depth.k))
+            _, steps = replay(traces[it["key"]], n_new, replay_policy)
+            real = list(zip(res.stats.depths, res.stats.accepted))
+            if real != steps[: len(real)]:
+                raise SystemExit(f"error: prompt {it['key']} {depth.describe()}: engine steps {real} != replay {steps}")
+            checked += 1
+    report["engine_checks"] = {"runs": checked, "lossless": True, "replay_equals_engine": True}
+
+    policy = DepthPolicy(POLICY_VERSION, params, tables, provenance={
+        "fitted_by": "scripts/fit_depth_policy.py", "checkpoint": "default checkpoint (models/qwen36/default_checkpoint)",
+        "prompts": f"{args.prompts.name}: {len(fit)} fit / {len(held)} eval prompts, {n_new} new tokens each",
+        "grid": {"decay": DECAYS, "prior_weight": PRIOR_WEIGHTS}, "prior": "pooled conditional acceptance (fit split)",
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    atomic_write_json(args.out, policy.to_json())
+    if args.report:
+        atomic_write_json(args.report, report)
+    for key, rows in report["classes"].items():
+        print(f"\n{key} ({tables[key].source} step costs)")
+        print("| class | best fixed K | its tokens/cost | auto tokens/cost | auto / best |")
+        print("|---|---|---|---|---|")
+        for c, r in sorted(rows.items()):
+            print(f"| {c} | {r['best_fixed_k']} | {r['best_fixed']:.3f} | {r['auto']:.3f} | {r['ratio']:.3f} |")
+    print(f"\nwrote {args.out}; {checked} engine runs lossless and equal to the replay")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
