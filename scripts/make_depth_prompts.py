@@ -13,7 +13,7 @@ path-hash split), in five classes that accept drafts very differently:
 Within each class, prompts alternate between the "fit" and "eval" splits, so the policy is evaluated on prompts it
 was not fitted on. The file is committed: the set must not change with the Python that runs the fit.
 
-    python scripts/make_depth_prompts.py [--per-class 12] [--out models/qwen36/speculative/depth_prompts.json]
+    python scripts/make_depth_prompts.py [--per-class 24] [--out models/qwen36/speculative/depth_prompts.json]
 """
 from __future__ import annotations
 
@@ -60,6 +60,13 @@ def _repetitive_ends(lines: list[str]) -> list[int]:
     return ends
 
 
+def spaced(items: list[int], n: int) -> list[int]:
+    """Up to n items spread evenly over the list (not the first n: prompts from all over a file)."""
+    if len(items) <= n:
+        return items
+    return [items[round(j * (len(items) - 1) / (n - 1))] for j in range(n)] if n > 1 else items[:1]
+
+
 def build(per_class: int) -> dict:
     tok = load_tokenizer(DEFAULT_CHECKPOINT)
     enc = lambda s: tok.encode(s)  # noqa: E731
@@ -78,19 +85,20 @@ def build(per_class: int) -> dict:
         offs = [0]
         for ln in lines:
             offs.append(offs[-1] + len(ln))
-        for i in _repetitive_ends(lines)[:2]:
+        for i in spaced(_repetitive_ends(lines), 4):
             add("code-repetitive", rel, text[: offs[i + 1]], PROMPT_TOKENS)
         defs = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("def ") and ln.rstrip().endswith(":")]
-        for i in defs[1:2]:
+        for i in spaced(defs[1:], 3):
             add("code-fresh", rel, text[: offs[i + 1]], PROMPT_TOKENS)
             add("short", rel, lines[i].lstrip(), SHORT_TOKENS)
         docs = [i for i, ln in enumerate(lines) if re.match(r'\s*"""[A-Z][a-z]+ \w+', ln) and not ln.rstrip().endswith('"""')]
-        for i in docs[:3]:
+        for i in spaced(docs, 6):
             words = lines[i].split()
             head = " ".join(words[:3])
             add("prose", rel, text[: offs[i]] + lines[i][: lines[i].index(words[0])] + head, PROMPT_TOKENS)
         if len(lines) > 120:
-            add("long", rel, text[: offs[len(lines) // 2]], LONG_TOKENS)
+            for frac in (2, 3):
+                add("long", rel, text[: offs[len(lines) * (frac - 1) // frac]], LONG_TOKENS)
     prompts = []
     for cls, items in found.items():
         if len(items) < per_class:
@@ -105,7 +113,7 @@ def build(per_class: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--per-class", type=int, default=12)
+    ap.add_argument("--per-class", type=int, default=24)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     data = build(args.per_class)

@@ -20,8 +20,8 @@ and K >= i, and one "accepted" if draft i was accepted. With a prior acceptance 
 
 Positions the controller has stopped drafting drift back to their prior as their counts decay, so a text that turns
 repetitive again gets deep drafts again. The parameters (decay, prior, prior_weight) are not hand-tuned: they are
-fitted by ``scripts/fit_depth_policy.py`` on a prompt set and stored, with the cost tables, in the versioned
-``depth_policy.json`` beside this file.
+fitted per backend cost table by ``scripts/fit_depth_policy.py`` on a prompt set and stored with the tables in the
+versioned ``depth_policy.json`` beside this file.
 """
 from __future__ import annotations
 
@@ -143,11 +143,11 @@ class DepthController:
 
 @dataclass
 class DepthPolicy:
-    """The versioned policy file: fitted parameters + per-backend step-cost tables + provenance."""
+    """The versioned policy file: per backend cost table, its step costs and the parameters fitted for it."""
 
     version: int
-    params: DepthParams
-    costs: dict[str, StepCosts]  # cost-table key (see cost_key) -> table
+    costs: dict[str, StepCosts]  # cost-table key (see cost_key) -> step costs
+    params: dict[str, DepthParams]  # cost-table key -> controller parameters fitted with those costs
     provenance: dict = field(default_factory=dict)
 
     @classmethod
@@ -155,26 +155,27 @@ class DepthPolicy:
         data = json.loads(Path(path).read_text())
         if data.get("version") != POLICY_VERSION:
             raise ValueError(f"{path}: depth policy version {data.get('version')!r}, this code reads {POLICY_VERSION}")
-        p = data["params"]
-        params = DepthParams(float(p["decay"]), tuple(float(x) for x in p["prior"]), float(p["prior_weight"]))
-        costs = {key: StepCosts(t["backend"], t["source"], {int(k): float(v) for k, v in t["costs"].items()},
-                                t.get("note", ""))
-                 for key, t in data["costs"].items()}
-        return cls(data["version"], params, costs, data.get("provenance", {}))
+        costs, params = {}, {}
+        for key, t in data["tables"].items():
+            costs[key] = StepCosts(t["backend"], t["source"], {int(k): float(v) for k, v in t["costs"].items()},
+                                   t.get("note", ""))
+            p = t["params"]
+            params[key] = DepthParams(float(p["decay"]), tuple(float(x) for x in p["prior"]), float(p["prior_weight"]))
+        return cls(data["version"], costs, params, data.get("provenance", {}))
 
     def to_json(self) -> dict:
         return {"version": self.version,
-                "params": {"decay": self.params.decay, "prior": list(self.params.prior),
-                           "prior_weight": self.params.prior_weight},
-                "costs": {key: {"backend": t.backend, "source": t.source, "note": t.note,
-                                "costs": {str(k): v for k, v in sorted(t.costs.items())}}
-                          for key, t in self.costs.items()},
+                "tables": {key: {"backend": t.backend, "source": t.source, "note": t.note,
+                                 "costs": {str(k): v for k, v in sorted(t.costs.items())},
+                                 "params": {"decay": self.params[key].decay, "prior": list(self.params[key].prior),
+                                            "prior_weight": self.params[key].prior_weight}}
+                           for key, t in self.costs.items()},
                 "provenance": self.provenance}
 
     def controller(self, cost_key: str, k_max: int | None = None) -> DepthController:
         if cost_key not in self.costs:
             raise ValueError(f"no step-cost table for {cost_key!r} in the depth policy; have {sorted(self.costs)}")
-        return DepthController(self.params, self.costs[cost_key], k_max)
+        return DepthController(self.params[cost_key], self.costs[cost_key], k_max)
 
 
 def cost_key(device: str) -> str:
