@@ -85,7 +85,8 @@ def test_bad_inputs_are_refused():
 
 def test_shipped_policy_loads_and_covers_every_backend():
     policy = DepthPolicy.load()
-    assert len(policy.params.prior) == 7
+    assert set(policy.params) == set(policy.costs) == {"reference", "p150x2-27b"}
+    assert all(len(p.prior) == 7 for p in policy.params.values())
     for device in ("reference", "reference-cuda", "emulated-p150x2", "p150x2"):
         c = policy.controller(cost_key(device))
         assert 1 <= c.choose() <= 7
