@@ -61,42 +61,13 @@ def test_default_records_path_is_bench_runs_under_the_current_directory(tmp_path
 
 
 def test_probe_command_records_dir(tmp_path, monkeypatch, capsys):
-    """`qwen36 probe` writes its record under ./bench/runs by default, under --records-dir when given (which
-    also wins over $QWEN36_RECORDS_DIR)."""
+    """`qwen36 probe --records-dir DIR` writes its record there (the flag wins over $QWEN36_RECORDS_DIR; the
+    default, ./bench/runs, is checked above through the same append_record call)."""
     from qwen36.cli import main
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(RECORDS_DIR_ENV, raising=False)
-    args = ["probe", "gdn-transaction", "--device", "reference", "--ks", "1"]
-    assert main(args) == 0
-    (f,) = (tmp_path / "bench" / "runs").glob("gdn-transaction-*.jsonl")
-    assert f"record: {f}" in capsys.readouterr().out
     monkeypatch.setenv(RECORDS_DIR_ENV, str(tmp_path / "from-env"))
-    assert main(args + ["--records-dir", "mine"]) == 0
-    assert len(list((tmp_path / "mine").glob("gdn-transaction-*.jsonl"))) == 1
-    assert not (tmp_path / "from-env").exists()
-    assert len(list((tmp_path / "bench" / "runs").glob("*.jsonl"))) == 1  # nothing more went to the default
-
-
-def test_registry():
-    assert "gdn-transaction" in probe_names()
-    for name in PROBES:
-        load_probe(name)
-    with pytest.raises(KeyError, match="gdn-transaction"):
-        load_probe("no-such-probe")
-
-
-def test_probe_and_records_commands(tmp_path, capsys):
-    from qwen36.cli import main
-
-    path = tmp_path / "r.jsonl"
-    assert main(["probe", "gdn-transaction", "--device", "reference", "--ks", "1", "--records", str(path)]) == 0
-    (rec,) = read_records(path)
-    assert rec["verdict"] == "pass" and rec["gate_complete"] is False  # K=1 only: not the whole gate
-    assert rec["backend"] == "reference (torch CPU)" and len(rec["cells"]) == 6
-    capsys.readouterr()
-    assert main(["records", str(path)]) == 0
-    out = capsys.readouterr().out
-    assert "gdn-transaction" in out and "pass" in out
-    assert main(["records", str(tmp_path / "missing.jsonl")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert main(["probe", "gdn-transaction", "--device", "reference", "--ks", "1", "--records-dir", "mine"]) == 0
+    (f,) = (tmp_path / "mine").glob("gdn-transaction-*.jsonl")
+    assert f"record: {f.relative_to(tmp_path)}" in capsys.readouterr().out
+    assert not (tmp_path / "from-env").exists() and not (tmp_path / "bench").exists()
