@@ -8,6 +8,7 @@ import argparse
 import pytest
 import torch
 
+from qwen36.errors import UserError
 from qwen36.tt.spec_backend import TTSpecBackend
 from qwen36.tt.testing import make_bf16_checkpoint
 from qwen36.probes import gdn_transaction_tp as probe
@@ -111,5 +112,5 @@ def test_registered_and_refuses_reference_devices():
     assert load_probe("gdn-transaction-tp") is probe
     args = argparse.Namespace(device="reference", full=False, checkpoint=None, ks="1", mechanisms="snapshot",
                               accepts=None, precision="accuracy", seed=0)
-    with pytest.raises(SystemExit, match="runs the TT path"):
+    with pytest.raises(UserError, match="runs the TT path"):
         probe.run(args)
