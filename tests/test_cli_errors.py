@@ -123,6 +123,7 @@ def test_library_errors_are_user_errors_and_keep_their_builtin_types():
         assert issubclass(cls, UserError) and issubclass(cls, builtin), cls
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 def test_installed_command_prints_one_line(tmp_path):
     """Through a real process: only `error: ...` on stderr, exit status 2."""
     env = {**os.environ, "PYTHONPATH": ""}

@@ -76,6 +76,7 @@ def test_heldout_loss_well_below_unigram(model):
     assert ce < uni - 2.0, f"held-out CE {ce:.3f} not clearly below unigram {uni:.3f}"
 
 
+@pytest.mark.slow  # 6 prompts x 40 tokens, engine and greedy loop
 def test_greedy_k3_emits_at_least_two_tokens_per_step_on_heldout_code(model):
     ho = load_heldout(CKPT)
     prompts = [p["ids"] for p in ho["prompts"][:6]]

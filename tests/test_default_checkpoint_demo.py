@@ -28,6 +28,7 @@ def test_demo_refuses_unknown_device(capsys):
     assert "error: unknown --device 'no-such-device'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the demo on the emulated mesh
 def test_demo_on_the_emulated_mesh_uses_one_mesh_and_says_so(capsys):
     """Regression: the demo read backend.model.config (absent on the TT backend) and opened a second mesh with a
     different precision preset for the plain baseline. Now plain decoding runs on the spec backend's own model."""

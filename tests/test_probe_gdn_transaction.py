@@ -18,6 +18,7 @@ def model(ckpt_factory):
     return Qwen36Model.from_checkpoint(ckpt_factory("ci"), require_mtp=True)
 
 
+@pytest.mark.slow  # the whole 51-cell reference probe
 def test_probe_passes_every_cell_at_ci_size():
     args = argparse.Namespace(device="reference", full=False, checkpoint=None, ks="1,2,3,7", seed=0)
     report = probe.run(args)

@@ -23,6 +23,7 @@ def tp_probe(tmp_path_factory):
     p.gen.close()
 
 
+@pytest.mark.slow  # the whole CI grid through the emulated TT path
 def test_full_grid_passes_every_cell(tp_probe):
     """The whole gate grid at CI size: K in {1,2,3,7} x every a x 3 mechanisms (51 cells) + the refusal cell."""
     cells, totals = probe.run_matrix(tp_probe)
@@ -97,6 +98,7 @@ class AbortWithoutRestore(TTSpecBackend):
     (ReadvanceMaskShort, "recompute", (0, 2), "gdn_recurrent"),
     (AbortWithoutRestore, "snapshot", (1,), "abort:gdn_recurrent"),
 ])
+@pytest.mark.slow  # probe runs with deliberately broken commits
 def test_broken_commit_fails_the_probe(tp_probe, factory, mechanism, accepts, must_fail):
     tp_probe.factory = factory
     try:
