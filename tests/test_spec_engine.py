@@ -190,6 +190,7 @@ class DistDrafter(ReferenceBackend):
 
 
 @pytest.mark.parametrize("drafts,mechanism", [("sampled", "shadow_commit"), ("one-hot", "snapshot")])
+@pytest.mark.slow  # 1000 seeded generations per case
 def test_stochastic_exactness_end_to_end(model, drafts, mechanism):
     """Joint law of the next two emitted tokens == the target's own sampling law (temperature 1, top-k 3)."""
     v, k, n = model.config.vocab_size, 2, 1000
