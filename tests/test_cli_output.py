@@ -102,3 +102,22 @@ def test_weight_conversion_bar_has_a_total(ci_ckpt, monkeypatch):
         weights_mod.WeightLoader(reader, args, ctx.ttnn, ctx.mesh_device, progress=True).load(layers=[0, 1])
     (bar,) = bars
     assert bar.total == 4 and bar.n == bar.total and bar.closed  # embedding, 2 layers, head + RoPE tables
+
+
+def test_quiet_level_comes_back_after_verbose(monkeypatch):
+    """Regression: an in-process `qwen36 --verbose` run left TT_LOGGER_LEVEL at info, so a later command in the
+    same process (the test suite) printed tt-metal's cluster lines again when its first block-float conversion
+    opened the cluster."""
+    from qwen36.tt_ops import ttnn_env
+    from qwen36.tt_ops.device import open_mesh
+
+    monkeypatch.setattr(ttnn_env, "_USER_LEVEL", None)
+    monkeypatch.delenv(ttnn_env.LOG_LEVEL_ENV, raising=False)
+    try:
+        ttnn_env.set_verbose(True)
+        assert os.environ[ttnn_env.LOG_LEVEL_ENV] == "info"
+    finally:
+        ttnn_env.set_verbose(False)
+    assert os.environ[ttnn_env.LOG_LEVEL_ENV] == "warn"
+    with open_mesh("emulated-p150"):
+        assert os.environ[ttnn_env.LOG_LEVEL_ENV] == "error"

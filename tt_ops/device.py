@@ -138,7 +138,9 @@ def open_mesh(
 def _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_policy,
                    op_table_policy="layout") -> MeshContext:
     from .emulator.mesh import EmulatedMeshDevice
+    from .ttnn_env import configure_device_logs
 
+    configure_device_logs(emulated=True)  # before the mocked cluster can open (see ttnn_env)
     n = EMULATED_DEVICES[name]
     mesh = EmulatedMeshDevice(
         n,

@@ -25,11 +25,13 @@ _verbose = False
 
 
 def set_verbose(flag: bool) -> None:
-    """Let ttnn's and tt-metal's info/debug output through (``qwen36 --verbose``); call before ttnn is imported."""
+    """Let ttnn's and tt-metal's info/debug output through (``qwen36 --verbose``), or stop doing so. Takes effect
+    for ttnn's import if called before it, and for the C++ logger if called before the first mesh or host-side
+    cluster is opened (the level is read once per process, when that logger is created)."""
     global _verbose
     _verbose = bool(flag)
-    if _verbose and _USER_LEVEL is None:
-        os.environ[LOG_LEVEL_ENV] = "info"
+    if _USER_LEVEL is None:
+        os.environ[LOG_LEVEL_ENV] = device_log_level(emulated=False)
 
 
 def device_log_level(emulated: bool) -> str:
@@ -40,6 +42,7 @@ def device_log_level(emulated: bool) -> str:
 
 
 def configure_device_logs(emulated: bool) -> None:
+    """Set ``TT_LOGGER_LEVEL`` for the backend about to be opened (called by ``import_ttnn`` and ``open_mesh``)."""
     if _USER_LEVEL is None:
         os.environ[LOG_LEVEL_ENV] = device_log_level(emulated)
 
