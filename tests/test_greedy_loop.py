@@ -29,7 +29,7 @@ def engine(model, prompt, n, k, mechanism, eos=()):
     return res.tokens, res.stats.accepted
 
 
-@pytest.mark.parametrize("k", [1, 3, pytest.param(5, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("k", [3, pytest.param(1, marks=pytest.mark.slow), pytest.param(5, marks=pytest.mark.slow)])
 def test_same_tokens_and_acceptances_as_the_engine(model_and_prompt, k):
     model, prompt = model_and_prompt
     tokens, accepted = greedy_speculative_generate(model, prompt, 32, k)

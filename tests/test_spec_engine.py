@@ -271,6 +271,7 @@ def test_stochastic_abort_rewinds_the_sampler(model):
     assert toks[:10] == want
 
 
+@pytest.mark.slow  # a CLI run per mechanism
 def test_generate_cli_speculative_matches_greedy(ckpt, capsys):
     from qwen36.cli import main
 

@@ -234,6 +234,7 @@ def test_end_to_end_tt_spec_chi_square(gen, drafter, draft, seed):
     assert r["n_second"] >= 50 and sum(1 for c in r["hist"] if c) >= 2, r  # acceptance is exercised, mixed
 
 
+@pytest.mark.slow  # repeated seeded TT generations
 def test_seeded_runs_are_deterministic(gen, drafter):
     from qwen36.speculative.engine import speculative_generate
 
@@ -248,6 +249,7 @@ def test_seeded_runs_are_deterministic(gen, drafter):
     assert a != c
 
 
+@pytest.mark.slow  # two CLI runs that load the TT model
 def test_cli_generate_stochastic_prints_stats_and_is_deterministic(capsys):
     from qwen36.cli import main
 
