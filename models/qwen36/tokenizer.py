@@ -87,12 +87,13 @@ class TokenizerMissingError(UserError, FileNotFoundError):
 
 
 def load_tokenizer(checkpoint_dir: str | Path):
-    """The checkpoint's own tokenizer via transformers.AutoTokenizer (fails loudly when absent)."""
-    from transformers import AutoTokenizer
-
+    """The checkpoint's own tokenizer via transformers.AutoTokenizer (fails loudly when absent, before the slow
+    transformers import)."""
     checkpoint_dir = Path(checkpoint_dir)
     if not (checkpoint_dir / "tokenizer.json").exists() and not (checkpoint_dir / "tokenizer_config.json").exists():
         raise TokenizerMissingError(f"{checkpoint_dir}: no tokenizer files (tokenizer.json / tokenizer_config.json); pass --ids instead of --prompt")
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(checkpoint_dir))
 
 
