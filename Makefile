@@ -1,4 +1,4 @@
-# Two commands do everything on a fresh clone: `make demo` and `make test`.
+# Two commands do everything on a fresh clone: `make demo` and `make test` (`make test-fast` skips slow tests).
 # Both create .venv (with a ttnn-capable Python: 3.12 or 3.10) when it is missing.
 SHELL := /bin/bash
 VENV ?= .venv
@@ -25,8 +25,13 @@ demo: $(STAMP)
 	$(VENV)/bin/qwen36 demo
 	$(VENV)/bin/qwen36 demo --device emulated-p150x2 --max-new-tokens 48
 
+# Everything, cards-only tests skipped with a reason: what CI runs (.ci/run).
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The inner loop while editing: every test not marked `slow` (pyproject.toml declares the marker).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -26,6 +26,7 @@ import zlib
 import torch
 
 from qwen36.probes.records import ProbeReport
+from qwen36.errors import UserError
 
 NAME = "decode-cost"
 HELP = "modelled P150a decode cost (programs, weight bytes, collectives, ms/step, tok/s) at real 27B shapes"
@@ -175,8 +176,8 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
     ctx = open_mesh(device, trace_region_size=64 << 20)
     if emulated_only and not ctx.is_emulated:
         ctx.close()
-        raise SystemExit(f"{probe} reads the emulator's counters; run it with --device emulated-p150x2 "
-                         "(on cards, profile the real trace with tracy instead)")
+        raise UserError(f"{probe} reads the emulator's counters; run it with --device emulated-p150x2 "
+                        "(on cards, profile the real trace with tracy instead)")
     try:
         gdn_id, attn_id = cfg.layer_types.index("linear_attention"), cfg.layer_types.index(FULL)
         args = TTModelArgs.from_config(cfg, ctx.num_devices, PrecisionSetting.named(precision),

@@ -30,6 +30,7 @@ from collections import defaultdict
 
 import torch
 
+from qwen36.errors import UserError
 from qwen36.probes.decode_cost import RandomCheckpoint, build_bench, qwen36_27b_config
 from qwen36.probes.records import ProbeReport
 
@@ -180,7 +181,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
         meter.instrument(model, "rope_rows", region_name=lambda idx: f"rope{int(idx.shape[-1])}", gather="rope")
         ratio = real_vocab / cfg.vocab_size
         if not emulated and ratio != 1:
-            raise SystemExit("gate-0b on cards measures wall-clock: build the real vocabulary (omit --vocab-sample)")
+            raise UserError("gate-0b on cards measures wall-clock: build the real vocabulary (omit --vocab-sample)")
         n_gdn, n_attn = len(cfg.gdn_layer_ids), len(cfg.attention_layer_ids)
         pos = context - 1
 

@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 
 from qwen36.numerics import pcc
+from qwen36.errors import UserError
 from qwen36.speculative.engine import MECHANISMS, speculative_step
 from qwen36.speculative.oracle import greedy_continuation, replay, serial_decode
 from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft, ReferenceLive, expected_step_counters
@@ -210,10 +211,10 @@ def load_model(args):
 
     check_device(args.device)
     if args.device not in REFERENCE_DEVICES:
-        raise SystemExit(f"error: probe {NAME} runs the reference engine (--device reference|reference-cuda); "
-                         f"for the TT path on {args.device} use `qwen36 probe gdn-transaction-tp --device {args.device}`")
+        raise UserError(f"probe {NAME} runs the reference engine (--device reference|reference-cuda); "
+                        f"for the TT path on {args.device} use `qwen36 probe gdn-transaction-tp --device {args.device}`")
     if args.device == "reference-cuda" and not torch.cuda.is_available():
-        raise SystemExit("error: --device reference-cuda but torch sees no CUDA device")
+        raise UserError("--device reference-cuda but torch sees no CUDA device")
     dev = "cuda" if args.device == "reference-cuda" else "cpu"
     preset = "27b-ratios" if args.full else "ci"
     if args.checkpoint is not None:
@@ -226,7 +227,7 @@ def load_model(args):
 def run(args: argparse.Namespace) -> ProbeReport:
     ks = tuple(int(x) for x in args.ks.split(","))
     if any(k < 1 for k in ks):
-        raise SystemExit(f"error: --ks must be positive draft depths, got {args.ks!r}")
+        raise UserError(f"--ks must be positive draft depths, got {args.ks!r}")
     t0 = time.perf_counter()
     model, source = load_model(args)
     cells, totals = run_matrix(model, ks=ks, seed=args.seed)

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from qwen36.numerics import pcc
+from qwen36.errors import UserError
 from qwen36.probes.records import ProbeReport
 
 NAME = "gdn-transaction-tp"
@@ -447,10 +448,10 @@ def run(args: argparse.Namespace) -> ProbeReport:
     mechs = tuple(args.mechanisms.split(","))
     accepts = None if args.accepts is None else {int(x) for x in args.accepts.split(",")}
     if any(k < 1 for k in ks) or any(m not in MECHS for m in mechs):
-        raise SystemExit(f"error: --ks must be positive and --mechanisms in {MECHS}; got {args.ks!r} {args.mechanisms!r}")
+        raise UserError(f"--ks must be positive and --mechanisms in {MECHS}; got {args.ks!r} {args.mechanisms!r}")
     if args.device.startswith("reference"):
-        raise SystemExit(f"error: probe {NAME} runs the TT path (--device emulated-p150x2 or p150x2); "
-                         "for the reference backend use `qwen36 probe gdn-transaction`")
+        raise UserError(f"probe {NAME} runs the TT path (--device emulated-p150x2 or p150x2); "
+                        "for the reference backend use `qwen36 probe gdn-transaction`")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qwen36-gdn-tp-") as tmp:
         if args.checkpoint is not None:

@@ -1,14 +1,20 @@
-"""Run records (DESIGN 6): one JSON object per line, appended atomically.
+"""Run records: one JSON object per line, appended atomically, so that a probe's result outlives the terminal it
+ran in and two runs (emulator vs cards, before vs after a change) can be compared field by field.
 
 Fields of every record: probe, time_utc, run_id, git_commit, git_dirty, config, backend (derived from what
 ran, never typed by hand), cells (per-cell results, each with a "pass" bool), counters, verdict
 ("pass" | "fail"), gate_complete (every cell of the gate matrix ran, none skipped), performance
 (null unless the run is a performance run, whose numbers must then be labelled measured/modelled).
+
+Where records go, first match wins: ``--records FILE``; ``--records-dir DIR``; ``$QWEN36_RECORDS_DIR``;
+``bench/runs/`` under the current directory. Never inside the installed package: for a normal install that is
+site-packages, where results would be hard to find and lost on reinstall.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import subprocess
 import uuid
 from dataclasses import dataclass, field
@@ -17,8 +23,9 @@ from typing import Any
 
 from qwen36.io_utils import atomic_append_line
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-RUNS_DIR = REPO_ROOT / "bench" / "runs"
+SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the source checkout (git commit of the code that ran)
+RECORDS_DIR_ENV = "QWEN36_RECORDS_DIR"
+DEFAULT_RUNS_SUBDIR = Path("bench") / "runs"
 PASS, FAIL = "pass", "fail"
 
 
@@ -40,7 +47,7 @@ class ProbeReport:
         return PASS if self.cells and all(c.get("pass") for c in self.cells) else FAIL
 
 
-def git_commit(root: Path = REPO_ROOT) -> tuple[str | None, bool | None]:
+def git_commit(root: Path = SOURCE_ROOT) -> tuple[str | None, bool | None]:
     """(HEAD commit, working tree dirty) or (None, None) outside a git checkout."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
@@ -71,14 +78,26 @@ def to_record(report: ProbeReport, *, now: _dt.datetime | None = None, run_id: s
     }
 
 
-def default_records_path(record: dict[str, Any]) -> Path:
+def records_dir(records_dir: str | Path | None = None) -> Path:
+    """``records_dir`` if given, else ``$QWEN36_RECORDS_DIR``, else ``bench/runs`` under the current directory."""
+    if records_dir is not None:
+        return Path(records_dir)
+    env = os.environ.get(RECORDS_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path.cwd() / DEFAULT_RUNS_SUBDIR
+
+
+def default_records_path(record: dict[str, Any], records_dir_arg: str | Path | None = None) -> Path:
     stamp = record["time_utc"].replace("-", "").replace(":", "")
-    return RUNS_DIR / f"{record['probe']}-{stamp}-{record['run_id']}.jsonl"
+    return records_dir(records_dir_arg) / f"{record['probe']}-{stamp}-{record['run_id']}.jsonl"
 
 
-def append_record(record: dict[str, Any], path: str | Path | None = None) -> Path:
-    """Append one JSON line atomically (a reader never sees half a line)."""
-    path = Path(path) if path is not None else default_records_path(record)
+def append_record(record: dict[str, Any], path: str | Path | None = None, *,
+                  records_dir_arg: str | Path | None = None) -> Path:
+    """Append one JSON line atomically (a reader never sees half a line) to ``path``, or to a new file in
+    :func:`records_dir`."""
+    path = Path(path) if path is not None else default_records_path(record, records_dir_arg)
     return atomic_append_line(path, json.dumps(record, sort_keys=True, default=_jsonable))
 
 

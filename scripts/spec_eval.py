@@ -6,8 +6,9 @@
         unigram counts, so that tests and the model card need no corpus.
     python scripts/spec_eval.py eval --checkpoint CKPT [--ks 1,2,3,4,5 --max-new-tokens 64 --out eval.json]
         held-out CE (reference model, fp32) vs unigram CE on the same tokens; greedy acceptance per K through
-        the speculative engine (models/qwen36/spec) AND an independent minimal loop (``minimal_greedy_spec``,
-        written from DESIGN 4 without the engine's code) that must agree with it step for step.
+        the speculative engine (qwen36/speculative/engine.py) AND the one-function greedy loop
+        (qwen36/speculative/greedy_loop.py, which shares no code with the engine) that must agree with it step
+        for step.
 
 Acceptance figures: ``mean emitted per step`` = accepted drafts + the one correction/bonus token;
 ``per_position[i]`` = fraction of steps whose first i+1 drafts were all accepted.
@@ -93,45 +94,6 @@ def heldout_ce(model, windows: list[list[int]]) -> float:
 # ---------------------------------------------------------------------------------------------------------
 # acceptance
 # ---------------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def minimal_greedy_spec(model, prompt: list[int], max_new_tokens: int, k: int) -> tuple[list[int], list[int]]:
-    """Independent greedy MTP speculative decoding (batch 1, snapshot commit), from DESIGN 4 only.
-
-    Returns (new tokens, accepted-draft count per step). Tokens equal plain greedy decoding up to
-    numerics (the verify's K+1-row forward vs one-row decode)."""
-    dev = model.embed_tokens.weight.device
-    max_len = len(prompt) + max_new_tokens + k + 2
-    state = model.new_state(1, max_len)
-    mtp = model.new_mtp_state(1, max_len)
-    ids = torch.tensor([prompt], device=dev)
-    out = model(ids, state)
-    pending = int(out.logits[0, -1].argmax())
-    reseed_tokens = torch.cat([ids[:, 1:], ids.new_tensor([[pending]])], dim=1)  # x_{t+1}, t = 0..n-1
-    reseed_hidden, reseed_pos = out.hidden, 0
-    tokens, accepted = [pending], []
-    while len(tokens) < max_new_tokens:
-        draft = model.mtp_draft(mtp, reseed_tokens, reseed_hidden, reseed_pos, k).tokens  # [1, k]
-        n = state.pos
-        rows = torch.cat([ids.new_tensor([[pending]]), draft], dim=1)  # positions n..n+k
-        saved = state.clone()
-        v = model(rows, state)
-        target = v.logits[0].argmax(-1)  # target's choice after each row
-        a = 0
-        while a < k and int(draft[0, a]) == int(target[a]):
-            a += 1
-        new = draft[0, :a].tolist() + [int(target[a])]
-        hidden = v.hidden[:, : a + 1]
-        if a < k:  # restore and re-advance the accepted rows
-            state = saved
-            model(rows[:, : a + 1], state)
-        assert state.pos == n + a + 1
-        reseed_tokens, reseed_hidden, reseed_pos = ids.new_tensor([new]), hidden, n
-        pending = new[-1]
-        tokens += new
-        accepted.append(a)
-    return tokens[:max_new_tokens], accepted
-
-
 def summarize(k: int, accepted: list[int]) -> dict:
     steps = len(accepted)
     return {"k": k, "steps": steps, "mean_accepted": sum(accepted) / max(1, steps),
@@ -175,6 +137,7 @@ def full_split_ce(model, data_dir: Path, window: int = 512) -> dict:
 def evaluate(ckpt: Path, ks: list[int], max_new_tokens: int, n_prompts: int | None, cross_check_k: int = 3,
              data_dir: Path | None = None) -> dict:
     from qwen36.reference.model import Qwen36Model, greedy_generate
+    from qwen36.speculative.greedy_loop import greedy_speculative_generate
 
     torch.manual_seed(0)
     model = Qwen36Model.from_checkpoint(ckpt, require_mtp=True)
@@ -196,7 +159,7 @@ def evaluate(ckpt: Path, ks: list[int], max_new_tokens: int, n_prompts: int | No
         res["acceptance"][str(k)] = summ
         print(json.dumps({"k": k, **summ}), flush=True)
         if k == cross_check_k:
-            mine = [minimal_greedy_spec(model, p, max_new_tokens, k) for p in prompts]
+            mine = [greedy_speculative_generate(model, p, max_new_tokens, k) for p in prompts]
             acc_mine = [a for _, acc in mine for a in acc]
             res["cross_check"] = {"k": k, "minimal_loop": summarize(k, acc_mine),
                                   "tokens_equal_engine": all(m[0] == o for m, o in zip(mine, outs)),

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 # source folder -> import name (pyproject.toml [tool.setuptools.package-dir])
 SOURCE_ROOTS = {"models/qwen36": "qwen36", "tt_ops": "qwen36.tt_ops", "probes": "qwen36.probes"}
 FOREIGN = ("models", "tt_ops", "probes", "scripts", "tests")
+pytestmark = pytest.mark.slow  # every test here needs the built wheel, and the last runs the CLI and a probe from it
 
 
 def source_packages() -> set[str]:

@@ -7,6 +7,7 @@ import argparse
 import pytest
 import torch
 
+from qwen36.errors import UserError
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.reference_backend import ReferenceBackend
 from qwen36.probes import gdn_transaction as probe
@@ -17,6 +18,7 @@ def model(ckpt_factory):
     return Qwen36Model.from_checkpoint(ckpt_factory("ci"), require_mtp=True)
 
 
+@pytest.mark.slow  # the whole 51-cell reference probe
 def test_probe_passes_every_cell_at_ci_size():
     args = argparse.Namespace(device="reference", full=False, checkpoint=None, ks="1,2,3,7", seed=0)
     report = probe.run(args)
@@ -72,5 +74,5 @@ def test_broken_mechanisms_fail_the_probe(model, factory, mechanism, must_fail, 
 def test_probe_refuses_tt_devices_clearly():
     """The reference probe refuses a TT device and names the TT probe to run instead."""
     args = argparse.Namespace(device="emulated-p150x2", full=False, checkpoint=None, ks="1", seed=0)
-    with pytest.raises(SystemExit, match="runs the reference engine.*gdn-transaction-tp --device emulated-p150x2"):
+    with pytest.raises(UserError, match="runs the reference engine.*gdn-transaction-tp --device emulated-p150x2"):
         probe.run(args)

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from qwen36.probes.records import ProbeReport, append_record, default_records_path, read_records, summarize, to_record
+from qwen36.probes.records import (RECORDS_DIR_ENV, ProbeReport, append_record, default_records_path, read_records,
+                                  summarize, to_record)
 from qwen36.probes.registry import PROBES, load_probe, probe_names
 
 
@@ -38,32 +40,34 @@ def test_record_fields_and_atomic_append(tmp_path):
     assert "state_copies" in table
 
 
-def test_default_records_path_is_under_bench_runs():
+def test_default_records_path_is_bench_runs_under_the_current_directory(tmp_path, monkeypatch):
+    import qwen36
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(RECORDS_DIR_ENV, raising=False)
     rec = to_record(fake_report(), run_id="abcd1234")
     path = default_records_path(rec)
-    assert path.parent.name == "runs" and path.parent.parent.name == "bench"
+    assert path.parent == tmp_path / "bench" / "runs"
     assert path.name.startswith("gdn-transaction-") and path.name.endswith("-abcd1234.jsonl")
+    # never inside the installed package tree (site-packages for a normal install)
+    package_parent = Path(qwen36.__file__).resolve().parents[1]
+    assert package_parent not in path.resolve().parents
+    # the environment variable, then an explicit directory, take precedence
+    monkeypatch.setenv(RECORDS_DIR_ENV, str(tmp_path / "env-runs"))
+    assert default_records_path(rec).parent == tmp_path / "env-runs"
+    assert default_records_path(rec, tmp_path / "arg-runs").parent == tmp_path / "arg-runs"
+    written = append_record(rec, records_dir_arg=tmp_path / "arg-runs")
+    assert written.parent == tmp_path / "arg-runs" and read_records(written)[0]["run_id"] == "abcd1234"
 
 
-def test_registry():
-    assert "gdn-transaction" in probe_names()
-    for name in PROBES:
-        load_probe(name)
-    with pytest.raises(KeyError, match="gdn-transaction"):
-        load_probe("no-such-probe")
-
-
-def test_probe_and_records_commands(tmp_path, capsys):
+def test_probe_command_records_dir(tmp_path, monkeypatch, capsys):
+    """`qwen36 probe --records-dir DIR` writes its record there (the flag wins over $QWEN36_RECORDS_DIR; the
+    default, ./bench/runs, is checked above through the same append_record call)."""
     from qwen36.cli import main
 
-    path = tmp_path / "r.jsonl"
-    assert main(["probe", "gdn-transaction", "--device", "reference", "--ks", "1", "--records", str(path)]) == 0
-    (rec,) = read_records(path)
-    assert rec["verdict"] == "pass" and rec["gate_complete"] is False  # K=1 only: not the whole gate
-    assert rec["backend"] == "reference (torch CPU)" and len(rec["cells"]) == 6
-    capsys.readouterr()
-    assert main(["records", str(path)]) == 0
-    out = capsys.readouterr().out
-    assert "gdn-transaction" in out and "pass" in out
-    with pytest.raises(SystemExit, match="does not exist"):
-        main(["records", str(tmp_path / "missing.jsonl")])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(RECORDS_DIR_ENV, str(tmp_path / "from-env"))
+    assert main(["probe", "gdn-transaction", "--device", "reference", "--ks", "1", "--records-dir", "mine"]) == 0
+    (f,) = (tmp_path / "mine").glob("gdn-transaction-*.jsonl")
+    assert f"record: {f.relative_to(tmp_path)}" in capsys.readouterr().out
+    assert not (tmp_path / "from-env").exists() and not (tmp_path / "bench").exists()

@@ -2,9 +2,12 @@
 verify_cost_ratio >= 1 and increasing with K, every phase costed, commit mechanisms ordered by their copies."""
 from __future__ import annotations
 
+import pytest
+
 from qwen36.probes.records import read_records
 
 
+@pytest.mark.slow  # the gate-0b probe end to end
 def test_gate0b_probe_ci(tmp_path):
     from qwen36.cli import main
 

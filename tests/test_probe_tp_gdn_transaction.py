@@ -8,6 +8,7 @@ import argparse
 import pytest
 import torch
 
+from qwen36.errors import UserError
 from qwen36.tt.spec_backend import TTSpecBackend
 from qwen36.tt.testing import make_bf16_checkpoint
 from qwen36.probes import gdn_transaction_tp as probe
@@ -22,6 +23,7 @@ def tp_probe(tmp_path_factory):
     p.gen.close()
 
 
+@pytest.mark.slow  # the whole CI grid through the emulated TT path
 def test_full_grid_passes_every_cell(tp_probe):
     """The whole gate grid at CI size: K in {1,2,3,7} x every a x 3 mechanisms (51 cells) + the refusal cell."""
     cells, totals = probe.run_matrix(tp_probe)
@@ -96,6 +98,7 @@ class AbortWithoutRestore(TTSpecBackend):
     (ReadvanceMaskShort, "recompute", (0, 2), "gdn_recurrent"),
     (AbortWithoutRestore, "snapshot", (1,), "abort:gdn_recurrent"),
 ])
+@pytest.mark.slow  # probe runs with deliberately broken commits
 def test_broken_commit_fails_the_probe(tp_probe, factory, mechanism, accepts, must_fail):
     tp_probe.factory = factory
     try:
@@ -111,5 +114,5 @@ def test_registered_and_refuses_reference_devices():
     assert load_probe("gdn-transaction-tp") is probe
     args = argparse.Namespace(device="reference", full=False, checkpoint=None, ks="1", mechanisms="snapshot",
                               accepts=None, precision="accuracy", seed=0)
-    with pytest.raises(SystemExit, match="runs the TT path"):
+    with pytest.raises(UserError, match="runs the TT path"):
         probe.run(args)

@@ -3,9 +3,12 @@ checkpoint: TT speculative greedy == TT plain greedy == reference greedy, token 
 directory other than the repository root (regression: the default checkpoint path was relative to the CWD)."""
 from __future__ import annotations
 
+import pytest
+
 from qwen36.probes.records import read_records
 
 
+@pytest.mark.slow  # K=1..7 x 3 mechanisms on the emulated mesh
 def test_lossless_probe_full_grid(tmp_path, monkeypatch):
     from qwen36.cli import main
 

@@ -35,7 +35,8 @@ def hf_model(ckpt):
     return model
 
 
-@pytest.mark.parametrize("preset,wrapped", [("ci", False), ("ci-tied", True), ("27b-ratios", False)])
+@pytest.mark.parametrize("preset,wrapped", [("ci", False), ("ci-tied", True),
+                                            pytest.param("27b-ratios", False, marks=pytest.mark.slow)])
 @torch.no_grad()
 def test_prefill_and_decode_match_transformers(ckpt_factory, preset, wrapped):
     ckpt = ckpt_factory(preset, seed=1, wrapped=wrapped)

@@ -89,6 +89,7 @@ def test_prepare_is_deterministic(smoke_data, tmp_path):
         assert (smoke_data / f).read_bytes() == (tmp_path / "again" / f).read_bytes(), f
 
 
+@pytest.mark.slow  # two training runs
 def test_smoke_training_decreases_loss_is_deterministic_and_loads(smoke_data, tmp_path):
     old = torch.get_num_threads()
     try:

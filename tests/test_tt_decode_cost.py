@@ -2,9 +2,12 @@
 counted step equals what the decode trace records."""
 from __future__ import annotations
 
+import pytest
+
 from qwen36.probes.records import read_records
 
 
+@pytest.mark.slow  # the decode-cost probe end to end
 def test_decode_cost_probe_ci(tmp_path):
     from qwen36.cli import main
 

@@ -140,6 +140,7 @@ def tp4_ckpt(tmp_path_factory):
     return make_bf16_checkpoint(tmp_path_factory.mktemp("tt-tp4"), tp4_config(), seed=1)
 
 
+@pytest.mark.slow  # three TP widths
 def test_widths_1_2_4_same_tokens(tp4_ckpt):
     ref = Qwen36Model.from_checkpoint(tp4_ckpt, dtype=torch.float32)
     ids = None

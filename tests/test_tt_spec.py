@@ -82,7 +82,7 @@ def _run_recording(gen, plain, mech, k, steps, use_trace):
     return logits, accs, pos, n_traces
 
 
-@pytest.mark.parametrize("mech", ["shadow_commit", "snapshot"])
+@pytest.mark.parametrize("mech", ["shadow_commit", pytest.param("snapshot", marks=pytest.mark.slow)])
 def test_traced_step_equals_untraced_bitwise(gen, plain, mech):
     steps = 22
     lt, at, pt, nt = _run_recording(gen, plain, mech, 2, steps, True)

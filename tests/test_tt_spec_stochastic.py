@@ -98,6 +98,7 @@ def _first_token_dist(p0, q_draw, q_accept):
     return acc + (1 - acc.sum()) * res
 
 
+@pytest.mark.slow  # chi-square over many device samples
 def test_device_sampled_drafts_and_acceptance_chi_square(gen):
     ttnn, mesh = gen.ttnn, gen.mesh
     n = 1200
@@ -223,6 +224,7 @@ def _e2e(gen, drafter, draft: str, steps: int, seed: int):
             "n_second": int(obs2.sum())}
 
 
+@pytest.mark.slow  # chi-square over many seeded TT runs
 @pytest.mark.parametrize("draft,seed", [("sample", 3), ("greedy", 4)])
 def test_end_to_end_tt_spec_chi_square(gen, drafter, draft, seed):
     r = _e2e(gen, drafter, draft, steps=120, seed=seed)
@@ -232,6 +234,7 @@ def test_end_to_end_tt_spec_chi_square(gen, drafter, draft, seed):
     assert r["n_second"] >= 50 and sum(1 for c in r["hist"] if c) >= 2, r  # acceptance is exercised, mixed
 
 
+@pytest.mark.slow  # repeated seeded TT generations
 def test_seeded_runs_are_deterministic(gen, drafter):
     from qwen36.speculative.engine import speculative_generate
 
@@ -246,6 +249,7 @@ def test_seeded_runs_are_deterministic(gen, drafter):
     assert a != c
 
 
+@pytest.mark.slow  # two CLI runs that load the TT model
 def test_cli_generate_stochastic_prints_stats_and_is_deterministic(capsys):
     from qwen36.cli import main
 

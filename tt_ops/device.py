@@ -20,6 +20,8 @@ import os
 import pathlib
 from typing import Any
 
+from qwen36.errors import UserError
+
 HARDWARE_DEVICES = {"p150": 1, "p150x2": 2, "p150x4": 4}
 EMULATED_DEVICES = {"emulated-p150": 1, "emulated-p150x2": 2, "emulated-p150x4": 4}
 MESH_DEVICE_ENV = {"P150": "p150", "P300": "p150x2", "P150X2": "p150x2", "P150X4": "p150x4"}
@@ -28,7 +30,7 @@ DEFAULT_L1_SMALL_SIZE = 0
 TT_DEVICE_DIR = pathlib.Path("/dev/tenstorrent")
 
 
-class DeviceSelectionError(RuntimeError):
+class DeviceSelectionError(UserError, RuntimeError):
     """The requested backend is unknown or unavailable (never silently replaced by another)."""
 
 
@@ -136,7 +138,9 @@ def open_mesh(
 def _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_policy,
                    op_table_policy="layout") -> MeshContext:
     from .emulator.mesh import EmulatedMeshDevice
+    from .ttnn_env import configure_device_logs
 
+    configure_device_logs(emulated=True)  # before the mocked cluster can open (see ttnn_env)
     n = EMULATED_DEVICES[name]
     mesh = EmulatedMeshDevice(
         n,
@@ -174,8 +178,9 @@ def _open_hardware(name, trace_region_size, l1_small_size, num_command_queues,
             "TT_METAL_MOCK_CLUSTER_DESC_PATH is set (an emulator/mock setting) but real cards were requested; "
             "unset it in a process that opens hardware"
         )
-    import ttnn
+    from .ttnn_env import import_ttnn
 
+    ttnn = import_ttnn(emulated=False)
     if n > 1:
         ttnn.set_fabric_config(ttnn.FabricConfig.FABRIC_1D)
     mesh = ttnn.open_mesh_device(

@@ -25,6 +25,7 @@ import torch
 from safetensors import safe_open
 
 from .config import FULL, LINEAR, Qwen36Config
+from .errors import UserError
 
 HF_PREFIXES = ("model.language_model.", "model.")
 IGNORED_PREFIXES = ("model.visual.", "visual.")
@@ -32,7 +33,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that does not match its config; the message names every offending tensor."""
 
 

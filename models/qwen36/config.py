@@ -11,12 +11,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError
+
 LINEAR = "linear_attention"  # Gated DeltaNet layer
 FULL = "full_attention"  # gated softmax attention layer
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config.json that cannot describe a Qwen3.6 model; the message names the field."""
 
 

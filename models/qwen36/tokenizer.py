@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Iterable
 
+from .errors import UserError
 from .io_utils import atomic_write_json, atomic_write_text
 
 EOS_TOKEN = "<|endoftext|>"
@@ -81,13 +82,18 @@ def make_fixed_tokenizer(out_dir: str | Path, vocab_size: int) -> int:
     return save_hf_tokenizer(tok, out_dir)
 
 
-def load_tokenizer(checkpoint_dir: str | Path):
-    """The checkpoint's own tokenizer via transformers.AutoTokenizer (fails loudly when absent)."""
-    from transformers import AutoTokenizer
+class TokenizerMissingError(UserError, FileNotFoundError):
+    """The checkpoint directory has no tokenizer files."""
 
+
+def load_tokenizer(checkpoint_dir: str | Path):
+    """The checkpoint's own tokenizer via transformers.AutoTokenizer (fails loudly when absent, before the slow
+    transformers import)."""
     checkpoint_dir = Path(checkpoint_dir)
     if not (checkpoint_dir / "tokenizer.json").exists() and not (checkpoint_dir / "tokenizer_config.json").exists():
-        raise FileNotFoundError(f"{checkpoint_dir}: no tokenizer files (tokenizer.json / tokenizer_config.json); pass --ids instead of --prompt")
+        raise TokenizerMissingError(f"{checkpoint_dir}: no tokenizer files (tokenizer.json / tokenizer_config.json); pass --ids instead of --prompt")
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(checkpoint_dir))
 
 

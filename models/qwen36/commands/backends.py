@@ -8,13 +8,15 @@ from pathlib import Path
 
 import torch
 
+from ..errors import UserError
+
 REFERENCE_DEVICES = ("reference", "reference-cuda")
 TT_DEVICES = ("emulated-p150", "emulated-p150x2", "emulated-p150x4", "p150", "p150x2", "p150x4")
 
 
 def check_device(name: str) -> str:
     if name not in REFERENCE_DEVICES + TT_DEVICES:
-        raise SystemExit(f"error: unknown --device {name!r}; choose from {', '.join(REFERENCE_DEVICES + TT_DEVICES)}")
+        raise UserError(f"unknown --device {name!r}; choose from {', '.join(REFERENCE_DEVICES + TT_DEVICES)}")
     return name
 
 
@@ -54,7 +56,7 @@ def load_target(ckpt: Path, device: str, dtype: torch.dtype, *, require_mtp: boo
         from ..reference.model import Qwen36Model
 
         if device == "reference-cuda" and not torch.cuda.is_available():
-            raise SystemExit("error: --device reference-cuda but torch sees no CUDA device; use --device reference")
+            raise UserError("--device reference-cuda but torch sees no CUDA device; use --device reference")
         dev = "cuda" if device == "reference-cuda" else "cpu"
         model = Qwen36Model.from_checkpoint(ckpt, dtype=dtype, device=dev, require_mtp=require_mtp)
         return ReferenceTarget(model, reference_label(device))

@@ -21,6 +21,7 @@ import json
 import time
 from pathlib import Path
 
+from ..errors import UserError
 from .common import add_checkpoint_arg, positive_int, resolve_checkpoint
 
 PROBE = "decode-bench"
@@ -152,10 +153,10 @@ def run_decode(args: argparse.Namespace) -> int:
     with httpx.Client(base_url=url, timeout=args.timeout) as client:
         models = server_models(client)
         if not models:
-            raise SystemExit(f"error: {url}/models lists no model")
+            raise UserError(f"{url}/models lists no model")
         entry = next((m for m in models if m.get("id") == args.model), None) if args.model else models[0]
         if entry is None:
-            raise SystemExit(f"error: model {args.model!r} not served at {url} (has {[m.get('id') for m in models]})")
+            raise UserError(f"model {args.model!r} not served at {url} (has {[m.get('id') for m in models]})")
         model, max_len = entry["id"], entry.get("max_model_len")
         cells = []
         for n in args.rungs:
@@ -219,10 +220,10 @@ def run_compare(args: argparse.Namespace) -> int:
     recs = []
     for f in (args.a, args.b):
         if not f.is_file():
-            raise SystemExit(f"error: records file {f} does not exist")
+            raise UserError(f"records file {f} does not exist")
         rs = [r for r in read_records(f) if r.get("probe") == PROBE]
         if not rs:
-            raise SystemExit(f"error: no {PROBE} record in {f}")
+            raise UserError(f"no {PROBE} record in {f}")
         recs.append(rs[-1])
     diffs = compare_records(*recs)
     for name, r in zip("AB", recs):

@@ -5,6 +5,8 @@ import argparse
 import os
 from pathlib import Path
 
+from ..errors import UserError
+
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_checkpoint"
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float64": "float64"}
 
@@ -44,7 +46,7 @@ def resolve_checkpoint(arg: Path | None) -> Path:
     else:
         path, source = DEFAULT_CHECKPOINT, "embedded default"
     if not path.is_dir():
-        raise SystemExit(f"error: checkpoint directory {path} ({source}) does not exist")
+        raise UserError(f"checkpoint directory {path} ({source}) does not exist")
     return path
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import UserError
 from .common import DEFAULT_CHECKPOINT, positive_int
 from .generate import add_spec_args
 
@@ -58,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..checkpoint import CheckpointError
     from ..speculative.cli_support import backend_config, format_stats, load_backend
     from ..speculative.engine import speculative_generate
     from ..speculative.sampling import SamplingParams
@@ -68,31 +68,28 @@ def run(args: argparse.Namespace) -> int:
 
     check_device(args.device)
     if args.spec_k < 1:
-        raise SystemExit(f"error: the demo is speculative: --spec-k must be >= 1, got {args.spec_k}")
+        raise UserError(f"the demo is speculative: --spec-k must be >= 1, got {args.spec_k}")
     ckpt = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
     if not (ckpt / "config.json").exists():
-        raise SystemExit(f"error: no checkpoint at {ckpt} (config.json missing); the embedded default ships with the "
-                         "repository in models/qwen36/default_checkpoint, or pass --checkpoint DIR")
+        raise UserError(f"no checkpoint at {ckpt} (config.json missing); the embedded default ships with the "
+                        "repository in models/qwen36/default_checkpoint, or pass --checkpoint DIR")
     try:
         params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft)
     except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise UserError(str(e)) from None
     torch.set_num_threads(args.threads)
     tok = load_tokenizer(ckpt)
     ids = tok.encode(args.prompt)
     if not ids:
-        raise SystemExit("error: --prompt encodes to zero tokens")
+        raise UserError("--prompt encodes to zero tokens")
     dtype = torch_dtype(args.dtype)
     max_len = len(ids) + args.max_new_tokens + args.spec_k + 2
-    try:
-        backend = load_backend(ckpt, args.device, dtype, args.commit, max_len)  # speculative path (MTP required)
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}") from None
+    backend = load_backend(ckpt, args.device, dtype, args.commit, max_len)  # speculative path (MTP required)
     target = plain_target(backend)  # plain decoding on the same model, device and precision
     cfg = backend_config(backend)
     eos = cfg.eos_token_id
     if any(i >= cfg.vocab_size for i in ids):
-        raise SystemExit(f"error: prompt ids outside the vocabulary (size {cfg.vocab_size})")
+        raise UserError(f"prompt ids outside the vocabulary (size {cfg.vocab_size})")
 
     release = getattr(backend, "release", lambda: None)  # TT: free the spec traces before plain decode allocates
     # warm-up (first-call allocations) so that the timed runs compare like with like

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from ..errors import UserError
 from .common import add_checkpoint_arg, parse_ids, positive_int, resolve_checkpoint, torch_dtype
 
 
@@ -44,7 +45,7 @@ def encode_prompt(args, ckpt):
     tok = load_tokenizer(ckpt)
     ids = tok.encode(args.prompt)
     if not ids:
-        raise SystemExit("error: --prompt encodes to zero tokens")
+        raise UserError("--prompt encodes to zero tokens")
     return ids, tok
 
 
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_device(args.device)
     if args.spec_k < 0:
-        raise SystemExit(f"error: --spec-k must be >= 0, got {args.spec_k}")
+        raise UserError(f"--spec-k must be >= 0, got {args.spec_k}")
     ckpt = resolve_checkpoint(args.checkpoint)
     ids, tok = encode_prompt(args, ckpt)
     if args.spec_k > 0:
@@ -63,11 +64,11 @@ def run(args: argparse.Namespace) -> int:
 
         return run_speculative_generate(args, ckpt, ids, tok)
     if args.temperature != 0.0:
-        raise SystemExit("error: plain decoding here is greedy; stochastic sampling needs --spec-k >= 1")
+        raise UserError("plain decoding here is greedy; stochastic sampling needs --spec-k >= 1")
     target = load_target(ckpt, args.device, torch_dtype(args.dtype))
     vocab = target.config.vocab_size
     if any(i >= vocab for i in ids):
-        raise SystemExit(f"error: prompt ids outside the vocabulary (size {vocab})")
+        raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
     out = target.greedy(ids, args.max_new_tokens, target.config.eos_token_id)
     dt = time.perf_counter() - t0

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import UserError
 from .common import add_checkpoint_arg, parse_ids, resolve_checkpoint, torch_dtype
 
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     vocab = target.config.vocab_size
     bad = [i for i in args.ids if i >= vocab]
     if bad:
-        raise SystemExit(f"error: --ids {bad} outside the vocabulary (size {vocab})")
+        raise UserError(f"--ids {bad} outside the vocabulary (size {vocab})")
     logits = target.teacher_forced_logits(torch.tensor(args.ids)).float().contiguous()
     atomic_write(args.out, lambda tmp: save_file({"logits": logits}, tmp, metadata={"backend": target.label}))
     logger.info(f"[{target.label}] logits {list(logits.shape)} -> {args.out}")

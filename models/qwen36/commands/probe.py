@@ -18,8 +18,12 @@ def add_parser(sub, name: str) -> None:
 def probe_parser(name: str, module) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"qwen36 probe {name}", description=module.HELP)
     p.add_argument("--device", default="reference", help="reference | reference-cuda | emulated-p150x2 | p150x2 | ...")
-    p.add_argument("--records", type=Path, default=None,
-                   help="append the run record to this .jsonl (default bench/runs/<probe>-<UTC>-<id>.jsonl)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--records", type=Path, default=None,
+                       help="append the run record to this .jsonl file")
+    where.add_argument("--records-dir", type=Path, default=None,
+                       help="write the run record to DIR/<probe>-<UTC>-<id>.jsonl (default: $QWEN36_RECORDS_DIR, "
+                            "else bench/runs under the current directory)")
     module.add_arguments(p)
     return p
 
@@ -34,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     pargs = probe_parser(args.probe, module).parse_args(args.probe_args)
     report = module.run(pargs)
     record = to_record(report)
-    path = append_record(record, pargs.records)
+    path = append_record(record, pargs.records, records_dir_arg=pargs.records_dir)
     failed = [c for c in report.cells if not c.get("pass")]
     logger.info(f"[{report.backend}] probe {args.probe}: {len(report.cells)} cells, {len(failed)} failed, "
                 f"verdict {record['verdict']}, gate_complete {record['gate_complete']}")

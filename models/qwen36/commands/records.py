@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import UserError
+
 
 def add_parser(sub, name: str) -> None:
     p = sub.add_parser(name, help="summarise probe run records (.jsonl) as a table")
@@ -17,12 +19,12 @@ def run(args: argparse.Namespace) -> int:
     records = []
     for f in args.files:
         if not f.is_file():
-            raise SystemExit(f"error: records file {f} does not exist")
+            raise UserError(f"records file {f} does not exist")
         try:
             records += read_records(f)
         except ValueError as e:
-            raise SystemExit(f"error: {e}") from None
+            raise UserError(str(e)) from None
     if not records:
-        raise SystemExit("error: no records in " + ", ".join(map(str, args.files)))
+        raise UserError("no records in " + ", ".join(map(str, args.files)))
     print(summarize(records))
     return 0

@@ -5,6 +5,7 @@ import argparse
 import time
 from pathlib import Path
 
+from ..errors import UserError
 from .engine import GenerationResult, SpecBackend, speculative_generate
 from .sampling import SamplingParams
 
@@ -21,7 +22,7 @@ def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -
     from .reference_backend import ReferenceBackend
 
     if device == "reference-cuda" and not torch.cuda.is_available():
-        raise SystemExit("error: --device reference-cuda but torch sees no CUDA device; use --device reference")
+        raise UserError("--device reference-cuda but torch sees no CUDA device; use --device reference")
     model = Qwen36Model.from_checkpoint(ckpt, dtype=dtype, device="cuda" if device == "reference-cuda" else "cpu",
                                         require_mtp=True)
     return ReferenceBackend(model, mechanism, max_len=max_len)
@@ -64,15 +65,15 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int
     try:
         params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft)
     except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise UserError(str(e)) from None
     max_len = len(ids) + args.max_new_tokens + args.spec_k + 2
     try:
         backend = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len)
     except CheckpointError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise UserError(str(e)) from None
     vocab = backend_config(backend).vocab_size
     if any(i >= vocab for i in ids):
-        raise SystemExit(f"error: prompt ids outside the vocabulary (size {vocab})")
+        raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
     result = speculative_generate(backend, ids, args.max_new_tokens, args.spec_k, params,
                                   eos_ids=backend_config(backend).eos_token_id)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qwen36.errors import UserError
 from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID
 from qwen36.speculative.sampling import SamplingParams
 
@@ -61,6 +62,10 @@ class AcceptResult:
         return self.tokens[: self.num_accepted + 1]
 
 
+class DraftDepthError(UserError, ValueError):
+    """A draft depth K the on-device acceptance cannot hold."""
+
+
 class DeviceAcceptor:
     """Greedy + stochastic acceptance as ttnn op compositions (see module docstring).
 
@@ -81,10 +86,10 @@ class DeviceAcceptor:
                  seed: int | None = None, *, batch: int = 1, logits_layout: str = "replicated",
                  rng: str = "device", rng_rows: int = 1024, ring_heads: int | None = None):
         if not isinstance(k, int) or k < 1:
-            raise ValueError(f"k (draft depth) must be an int >= 1, got {k!r}")
+            raise DraftDepthError(f"k (draft depth) must be an int >= 1, got {k!r}")
         if k + 1 > UNIFORMS_PER_ROW:
-            raise ValueError(f"k={k}: at most {UNIFORMS_PER_ROW - 1} drafts (K accept draws + 1 categorical draw "
-                             f"per {UNIFORMS_PER_ROW}-wide RNG row)")
+            raise DraftDepthError(f"k={k}: at most {UNIFORMS_PER_ROW - 1} drafts (K accept draws + 1 categorical draw "
+                                  f"per {UNIFORMS_PER_ROW}-wide RNG row)")
         if not isinstance(vocab, int) or vocab < 2:
             raise ValueError(f"vocab must be an int >= 2, got {vocab!r}")
         if vocab > MAX_EXACT_FP32_INT:

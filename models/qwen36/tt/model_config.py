@@ -13,9 +13,10 @@ import enum
 from dataclasses import dataclass, field, replace
 
 from ..config import FULL, Qwen36Config
+from ..errors import UserError
 
 
-class TPSplitError(ValueError):
+class TPSplitError(UserError, ValueError):
     """A config that cannot be split over the requested tensor-parallel width; the message names the field."""
 
 

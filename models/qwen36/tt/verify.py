@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ..config import FULL
+from ..errors import UserError
 from .attention import AttentionContext
 from .model import DecodeOutputs, TTQwen36Model
 from .model_config import TensorGroup, state_memory_config
@@ -47,8 +48,8 @@ def max_spec_tiles(head_dim: int) -> int:
     return max(1, min(32, SPEC_TILES_AT_HD256 * 256 // max(1, head_dim)))
 
 
-class VerifyShapeError(ValueError):
-    pass
+class VerifyShapeError(UserError, ValueError):
+    """A draft depth K (or head layout) the K+1-row verify kernels cannot hold."""
 
 
 def check_verify_shape(args, k: int) -> None:

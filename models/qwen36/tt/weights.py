@@ -161,7 +161,6 @@ class WeightLoader:
         cache = None if self.cache_dir is None else str(self.cache_dir / name)
         if self.bar is not None:
             self.bar.set_postfix_str(name, refresh=False)
-            self.bar.update()
         return ttnn.as_tensor(host, dtype=dtype, layout=layout, device=self.mesh,
                               memory_config=weight_memory_config(ttnn), mesh_mapper=mapper or self.replicate,
                               cache_file_name=cache)
@@ -236,12 +235,18 @@ class WeightLoader:
         """All weights (or only ``layers``, e.g. for a per-layer test or the cost probe)."""
         ttnn, a, c = self.ttnn, self.args, self.args.cfg
         layer_ids = list(range(c.num_hidden_layers)) if layers is None else list(layers)
-        self.bar = tqdm(desc=f"weights -> tp{self.n} {a.precision.name}", unit="tensor", disable=not self.progress,
-                        leave=False)
+        # one bar step per part with a known count (embedding, each decoder layer, the head and RoPE tables), so
+        # the bar has a total; the postfix names the tensor being converted
+        self.bar = tqdm(desc=f"weights -> tp{self.n} {a.precision.name}", unit="part", total=len(layer_ids) + 2,
+                        disable=not self.progress, leave=False)
         emb_host = self._get("embed_tokens.weight")
         # ttnn.embedding gathers rows of a ROW_MAJOR table (so bf16/fp32 only: block floats need TILE)
         embedding = self._put("embed_tokens", emb_host, a.dtype(TensorGroup.EMBEDDING, ttnn), layout=ttnn.ROW_MAJOR_LAYOUT)
-        out = [self.layer(i) for i in layer_ids]
+        self.bar.update()
+        out = []
+        for i in layer_ids:
+            out.append(self.layer(i))
+            self.bar.update()
         final_norm = self.norm_weight("norm", self._get("norm.weight"), zero_centred=True)
         head_rows = emb_host if c.tie_word_embeddings else self._get("lm_head.weight")
         lm_head = self.matrix("lm_head", head_rows, TensorGroup.LM_HEAD, "column")
@@ -250,6 +255,7 @@ class WeightLoader:
         rope_cos = self._put(f"rope_cos_{a.max_seq_len}", cos, rope_dt, layout=ttnn.ROW_MAJOR_LAYOUT)
         rope_sin = self._put(f"rope_sin_{a.max_seq_len}", sin, rope_dt, layout=ttnn.ROW_MAJOR_LAYOUT)
         rope_rot = self._put("rope_rot", rotate_half_matrix(c.head_dim, c.rotary_dim), a.dtype(TensorGroup.NORM, ttnn))
+        self.bar.update()
         self.bar.close()
         self.bar = None
         return ModelWeights(embedding, out, final_norm, lm_head, rope_cos, rope_sin, rope_rot)
