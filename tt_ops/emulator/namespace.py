@@ -181,6 +181,7 @@ class Dispatcher:
         if real_op is not None:
             signature_of(op_name, real_op).validate(args, kwargs)
         self.check_inputs(op_name, args, kwargs, real_op)
+        mesh.note_program(op_name, args, kwargs)
         trace = mesh.trace
         capturing = trace.capturing
 

@@ -401,6 +401,11 @@ def to_layout(mesh, tensor, layout, dtype=None, memory_config=None, sub_core_gri
         return _dispatch(tensor.mesh, "ttnn.to_layout", _to_layout_impl, (tensor, layout),
                          {"dtype": dtype, "memory_config": memory_config})
     dtype = dtype if dtype is not None else tensor.dtype
+    if is_block_float(dtype) and layout == ttnn.ROW_MAJOR_LAYOUT and dtype == tensor.dtype:
+        # host bf8/bf4 has no row-major form: 0.81.1 returns the tensor unchanged (still TILE), it does not raise
+        t = EmuTensor(list(tensor.shards), tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=False)
+        t.placements = tensor.placements
+        return t
     check_dtype_layout(dtype, layout, "ttnn.to_layout")
     t = EmuTensor([quantize_via_ttnn(s, dtype) for s in tensor.shards], dtype, layout, mesh=tensor.mesh, on_device=False)
     t.placements = tensor.placements

@@ -187,6 +187,7 @@ class EmuTensor:
         "placements",
         "persistent",
         "trace_owner",
+        "_address",
         "__weakref__",
     )
 
@@ -214,6 +215,7 @@ class EmuTensor:
         self.placements = placements  # description of how the host tensor was mapped (for to_torch hints)
         self.persistent = True  # cleared for tensors allocated inside a trace capture
         self.trace_owner = None  # trace id whose capture allocated this tensor
+        self._address = None  # opaque buffer id handed out by buffer_address()
 
     # ---- data access -------------------------------------------------------------------------
     @property
@@ -345,10 +347,55 @@ class EmuTensor:
     def __neg__(self):
         return self._ns().neg(self)
 
+    def buffer_address(self) -> int:
+        """An opaque id, unique per live device buffer (not a card address): equal only for the same buffer."""
+        if not self.on_device or self._deallocated:
+            raise EmulatorError("buffer_address() of a tensor without a device buffer (host or deallocated)")
+        if self._address is None:
+            global _NEXT_ADDRESS
+            _NEXT_ADDRESS += 1 << 12
+            self._address = _NEXT_ADDRESS
+        return self._address
+
     def __getitem__(self, key):
-        raise EmulatorError(
-            "EmuTensor indexing is not emulated; use ttnn.slice(...) (the op model code should use on cards)"
-        )
+        """Torch-style basic indexing, as ttnn's ``Tensor.__getitem__`` (ttnn.slice, then squeeze of int axes)."""
+        return _getitem(self, key)
+
+
+_NEXT_ADDRESS = 1 << 20
+
+
+def _getitem(t: EmuTensor, key) -> EmuTensor:
+    shape = t.logical_shape_list
+    keys = list(key) if isinstance(key, tuple) else [key]
+    if sum(k is Ellipsis for k in keys) > 1:
+        raise ValueError("Only one ellipsis ('...') is allowed in a slice.")
+    if Ellipsis in keys:
+        i = keys.index(Ellipsis)
+        keys[i:i + 1] = [slice(None)] * (len(shape) - len(keys) + 1)
+    if len(keys) > len(shape):
+        raise IndexError(f"too many indices ({len(keys)}) for a rank-{len(shape)} tensor")
+    keys += [slice(None)] * (len(shape) - len(keys))
+    begins, ends, steps, squeeze = [], [], [], []
+    for d, (k, n) in enumerate(zip(keys, shape)):
+        if isinstance(k, int):
+            k = k + n if k < 0 else k
+            if not 0 <= k < n:
+                raise IndexError(f"index {k} out of range for dim {d} of size {n}")
+            begins.append(k), ends.append(k + 1), steps.append(1)
+            squeeze.append(d)
+        elif isinstance(k, slice):
+            b, e, st = k.indices(n)
+            if st <= 0:
+                raise ValueError("ttnn slicing needs a positive step")
+            begins.append(b), ends.append(e), steps.append(st)
+        else:
+            raise TypeError(f"unsupported index {k!r} (ints, slices and ... only)")
+    ns = t._ns()
+    out = ns.slice(t, begins, ends, steps)
+    if squeeze:
+        out = ns.reshape(out, [s for d, s in enumerate(out.logical_shape_list) if d not in squeeze])
+    return out
 
 
 def make_like(
