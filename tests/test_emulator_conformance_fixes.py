@@ -266,3 +266,34 @@ def test_open_p150x2_sets_descriptor_and_fabric_like_the_vllm_worker(monkeypatch
     assert seen["fabric"] == (ttnn_real.FabricConfig.FABRIC_1D, ttnn_real.FabricReliabilityMode.STRICT_INIT,
                               str(P150X2_ONE_CABLE))
     assert seen["open"] == ((1, 2), str(P150X2_ONE_CABLE))
+
+
+# ---- buffers of one trace clobbered by another's replay ----------------------------------------------------------
+def test_buffer_allocated_while_a_trace_is_live_is_clobbered_by_its_replay(ctx1):
+    ttnn, mesh = ctx1.ttnn, ctx1.mesh_device
+    x = ttnn.from_torch(torch.randn(1, 1, 32, 32), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh)
+    ta = ttnn.begin_trace_capture(mesh, cq_id=0)
+    ttnn.add(x, x)
+    ttnn.end_trace_capture(mesh, ta, cq_id=0)
+    tb = ttnn.begin_trace_capture(mesh, cq_id=0)  # captured while trace A is live: its buffers are unsafe for A
+    out_b = ttnn.multiply(x, x)
+    ttnn.end_trace_capture(mesh, tb, cq_id=0)
+    ttnn.execute_trace(mesh, tb, cq_id=0)
+    want = ttnn.to_torch(out_b)  # fine: nothing replayed since B wrote it
+    ttnn.execute_trace(mesh, ta, cq_id=0)  # A's replay may overwrite B's buffers on cards
+    with pytest.raises(TraceRuleError, match="allocated while trace"):
+        ttnn.to_torch(out_b)
+    with pytest.raises(TraceRuleError, match="allocated while trace"):
+        ttnn.add(out_b, x)
+    ttnn.execute_trace(mesh, tb, cq_id=0)  # B rewrites its output: readable again
+    assert torch.equal(ttnn.to_torch(out_b), want)
+    # declared corruptible: not tracked
+    with ttnn.tools.trace_allocation_tracker.corruptible_allocation_scope(mesh):
+        tc = ttnn.begin_trace_capture(mesh, cq_id=0)
+        out_c = ttnn.subtract(x, x)
+        ttnn.end_trace_capture(mesh, tc, cq_id=0)
+    ttnn.execute_trace(mesh, tc, cq_id=0)
+    ttnn.execute_trace(mesh, ta, cq_id=0)
+    assert torch.count_nonzero(ttnn.to_torch(out_c)) == 0
+    for t in (ta, tb, tc):
+        ttnn.release_trace(mesh, t)

@@ -141,6 +141,7 @@ class EmulatedMeshDevice:
         self.check_open()
         if self.trace.replaying:
             return
+        self.trace.note_allocation(t)
         if self.trace.capturing is not None:
             t.persistent = False
             t.trace_owner = self.trace.capturing.trace_id

@@ -130,6 +130,7 @@ class Dispatcher:
                 )
             if t.mesh is not mesh:
                 raise EmulatorError(f"{op_name}: input tensor lives on another mesh ({t.mesh!r})")
+            mesh.trace.check_read(t, op_name)
             if t.num_shards != mesh.num_devices:
                 raise EmulatorError(
                     f"{op_name}: input tensor has {t.num_shards} shards, mesh has {mesh.num_devices} devices"
