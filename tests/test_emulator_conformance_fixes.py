@@ -297,3 +297,24 @@ def test_buffer_allocated_while_a_trace_is_live_is_clobbered_by_its_replay(ctx1)
     assert torch.count_nonzero(ttnn.to_torch(out_c)) == 0
     for t in (ta, tb, tc):
         ttnn.release_trace(mesh, t)
+
+
+def test_ccl_owner_works_with_a_mesh_that_takes_no_weak_references():
+    """ttnn's nanobind MeshDevice is not weak-referenceable (__weakrefoffset__ == 0): the owner registry must cope."""
+    from qwen36.tt import ccl
+
+    assert ttnn_real.MeshDevice.__weakrefoffset__ == 0
+    made = []
+
+    class Mesh:
+        __slots__ = ()
+
+        def compute_with_storage_grid_size(self):
+            return types.SimpleNamespace(x=2, y=2)
+
+    fake = types.SimpleNamespace(CoreRangeSet=lambda s: s, CoreRange=lambda a, b: (a, b), CoreCoord=lambda x, y: (x, y),
+                                 create_global_semaphore=lambda m, c, v: made.append(m) or object())
+    mesh = Mesh()
+    owner = ccl.ccl_for(fake, mesh)
+    assert ccl.ccl_for(fake, mesh) is owner and owner.mesh is mesh
+    assert len(made) == 2 * (1 + 2 + 3)  # two cycled sets of barrier / all-gather / reduce-scatter semaphores

@@ -27,7 +27,8 @@ Rules enforced (each raises :class:`TraceRuleError` with the reason):
 5. A buffer owned by a live trace (allocated during its capture) cannot be deallocated eagerly, and a
    trace whose input buffer was deallocated cannot be replayed.
 6. No nested capture, no ``execute_trace`` inside a capture, no replay of a released/unknown trace.
-7. Buffers allocated while another trace is live (in particular during the capture of a later trace) may share
+7. (ops_ccl.py) Inside a capture, collectives only in their async form with semaphores created beforehand.
+8. Buffers allocated while another trace is live (in particular during the capture of a later trace) may share
    addresses that trace's replay writes: tt-metal marks allocations unsafe from ``end_trace_capture`` until the
    trace is released, and ttnn's tracker (``ttnn/tools/trace_allocation_tracker.py``,
    ``TT_METAL_TRACE_ALLOC_TRACKING=1``) fails a replay while such buffers are still alive. The emulator models the
@@ -114,7 +115,7 @@ class TraceState:
             raise TraceRuleError(f"{what}: unknown trace id {trace_id!r} on {self.mesh.label_short}")
         return self.traces[key]
 
-    # ---- cross-trace allocation tracking (rule 7) ---------------------------------------------------------
+    # ---- cross-trace allocation tracking (rule 8) ---------------------------------------------------------
     def note_allocation(self, t) -> None:
         if self._corruptible_depth:
             return

@@ -16,7 +16,16 @@ import weakref
 
 from .model_config import activation_memory_config
 
-_OWNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_OWNERS: dict = {}  # id(mesh) -> (reference to the mesh, TTCCL)
+
+
+def _ref(obj):
+    """A weak reference where the object takes one (the emulated mesh), else a strong one: ttnn's nanobind
+    MeshDevice is not weak-referenceable, and a card process opens one mesh, so holding it costs nothing."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 class TTCCL:
@@ -25,8 +34,8 @@ class TTCCL:
     CYCLE = 2  # semaphore sets alternated between consecutive collectives (tt_transformers does the same)
 
     def __init__(self, ttnn, mesh):
-        # weak references: the registry below is keyed weakly by the mesh, so the owner must not keep it alive
-        self._ttnn, self._mesh = weakref.ref(ttnn), weakref.ref(mesh)
+        # weak where possible, so that the registry below does not keep emulated meshes alive
+        self._ttnn, self._mesh = _ref(ttnn), _ref(mesh)
         grid = mesh.compute_with_storage_grid_size()
         cores = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(grid.x - 1, grid.y - 1))})
 
@@ -73,7 +82,11 @@ class TTCCL:
 def ccl_for(ttnn, mesh) -> TTCCL:
     """The mesh's TTCCL, created on first call. Model constructors call it, so that the semaphores exist before
     any trace capture (creating them is a device allocation, which a capture may not contain)."""
-    owner = _OWNERS.get(mesh)
-    if owner is None:
-        owner = _OWNERS[mesh] = TTCCL(ttnn, mesh)
+    entry = _OWNERS.get(id(mesh))
+    if entry is not None and entry[0]() is mesh:
+        return entry[1]
+    for key in [k for k, (ref, _) in _OWNERS.items() if ref() is None]:
+        del _OWNERS[key]  # meshes that are gone
+    owner = TTCCL(ttnn, mesh)
+    _OWNERS[id(mesh)] = (_ref(mesh), owner)
     return owner
