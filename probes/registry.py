@@ -18,6 +18,7 @@ PROBES: dict[str, str] = {
     "lossless": "qwen36.probes.lossless",
     "gate-0b": "qwen36.probes.gate_0b",
     "gdn-transaction-tp": "qwen36.probes.gdn_transaction_tp",
+    "emu-conformance": "qwen36.probes.emu_conformance",
 }
 
 

@@ -9,6 +9,7 @@ pytest.importorskip("ttnn")
 
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 from qwen36.tt_ops.emulator import EmulatorError, TraceRuleError  # noqa: E402
+from qwen36.tt.ccl import TTCCL  # noqa: E402
 
 HID, FF = 64, 128
 
@@ -35,6 +36,7 @@ class TwoLayer:
                                       layout=ttnn.TILE_LAYOUT, device=mesh)
         self.state0 = torch.zeros(1, 1, 32, HID)
         self.state = ttnn.from_torch(self.state0, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=mesh)
+        self.ccl = TTCCL(ttnn, mesh)  # traced collectives need semaphores created before capture (trace rule 7)
 
     def reset_state(self):
         ttnn = self.ttnn
@@ -49,7 +51,7 @@ class TwoLayer:
             a = ttnn.silu(h)
             ttnn.deallocate(h)
             y = ttnn.linear(a, self.w_down[layer])
-            y = ttnn.all_reduce(y)
+            y = self.ccl.all_reduce(y)
             x = ttnn.add(x, y)
             x = ttnn.rms_norm(x, epsilon=1e-6, weight=self.norm_w)
         s_new = ttnn.add(self.state, ttnn.typecast(x, ttnn.float32))
@@ -262,6 +264,7 @@ def test_traced_decode_step_with_cache_ring_and_collectives_matches_eager():
             idx=ttnn.from_torch(torch.zeros(1, dtype=torch.int32), dtype=ttnn.uint32, device=mesh, mesh_mapper=rep),
             gq=f32(torch.zeros(1, T, 1, kd)), gv=f32(torch.zeros(1, T, 1, kd)), gg=f32(torch.zeros(1, T, 1)),
             gb=f32(torch.zeros(1, T, 1)),
+            ccl=TTCCL(ttnn, mesh),
         )
         return s
 
@@ -276,7 +279,7 @@ def test_traced_decode_step_with_cache_ring_and_collectives_matches_eager():
         o, _ = ttnn.transformer.fused_recurrent_gated_delta_rule(
             s["gq"], s["gq"], s["gv"], s["gg"], s["gb"], initial_state=s["ring"], initial_state_block_idx=s["idx"],
             output_per_token_state=True)
-        return ttnn.all_reduce(att), o
+        return s["ccl"].all_reduce(att), o
 
     def inputs(ctx, step_no):
         ttnn, mesh = ctx.ttnn, ctx.mesh_device

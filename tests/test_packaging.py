@@ -92,7 +92,8 @@ def test_wheel_installs_one_import_root_with_every_package(wheel):
     missing = source_packages() - in_wheel
     assert not missing, f"package folders missing from the wheel (add them to pyproject's packages list): {missing}"
     for data in ("qwen36/default_checkpoint/model.safetensors", "qwen36/default_checkpoint/config.json",
-                 "qwen36/tt_ops/mock_clusters/blackhole_2xp150.yaml"):
+                 "qwen36/tt_ops/mock_clusters/blackhole_2xp150.yaml",
+                 "qwen36/tt_ops/mesh_graph/p150x2_one_cable.textproto"):
         assert data in files, f"package data {data} missing from the wheel"
 
 

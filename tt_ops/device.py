@@ -181,8 +181,14 @@ def _open_hardware(name, trace_region_size, l1_small_size, num_command_queues,
     from .ttnn_env import import_ttnn
 
     ttnn = import_ttnn(emulated=False)
+    if n == 2:
+        # one-cable P150a pair: the project's 2-channel descriptor (tt_ops/mesh_graph/p150x2_one_cable.textproto)
+        from .mesh_graph import P150X2_ONE_CABLE
+
+        os.environ.setdefault("TT_MESH_GRAPH_DESC_PATH", str(P150X2_ONE_CABLE))
     if n > 1:
-        ttnn.set_fabric_config(ttnn.FabricConfig.FABRIC_1D)
+        # what vLLM's TT worker sets on a non-Galaxy mesh: FABRIC_1D, reliability STRICT_INIT
+        ttnn.set_fabric_config(ttnn.FabricConfig.FABRIC_1D, ttnn.FabricReliabilityMode.STRICT_INIT)
     mesh = ttnn.open_mesh_device(
         ttnn.MeshShape(1, n),
         trace_region_size=trace_region_size,

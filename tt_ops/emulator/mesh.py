@@ -71,6 +71,7 @@ class EmulatedMeshDevice:
         self.label_short = f"emulated-p150x{num_devices}" if num_devices > 1 else "emulated-p150"
         self._closed = False
         self._program_cache_enabled = True
+        self._program_cache: set = set()
         from .trace import TraceState
 
         self.trace = TraceState(self)
@@ -109,12 +110,20 @@ class EmulatedMeshDevice:
 
     def disable_and_clear_program_cache(self) -> None:
         self._program_cache_enabled = False
+        self._program_cache.clear()
 
     def clear_program_cache(self) -> None:
-        pass
+        self._program_cache.clear()
 
     def num_program_cache_entries(self) -> int:
-        return 0
+        """Distinct device-op keys dispatched while the cache was enabled (see program_cache.py)."""
+        return len(self._program_cache)
+
+    def note_program(self, op_name: str, args: tuple, kwargs: dict) -> None:
+        if self._program_cache_enabled:
+            from .program_cache import program_key
+
+            self._program_cache.add(program_key(op_name, args, kwargs))
 
     def id(self) -> int:
         return 0
@@ -132,6 +141,7 @@ class EmulatedMeshDevice:
         self.check_open()
         if self.trace.replaying:
             return
+        self.trace.note_allocation(t)
         if self.trace.capturing is not None:
             t.persistent = False
             t.trace_owner = self.trace.capturing.trace_id

@@ -130,6 +130,7 @@ class Dispatcher:
                 )
             if t.mesh is not mesh:
                 raise EmulatorError(f"{op_name}: input tensor lives on another mesh ({t.mesh!r})")
+            mesh.trace.check_read(t, op_name)
             if t.num_shards != mesh.num_devices:
                 raise EmulatorError(
                     f"{op_name}: input tensor has {t.num_shards} shards, mesh has {mesh.num_devices} devices"
@@ -181,6 +182,7 @@ class Dispatcher:
         if real_op is not None:
             signature_of(op_name, real_op).validate(args, kwargs)
         self.check_inputs(op_name, args, kwargs, real_op)
+        mesh.note_program(op_name, args, kwargs)
         trace = mesh.trace
         capturing = trace.capturing
 

@@ -5,8 +5,9 @@ flash-decode kernel sources (``ttnn/cpp/.../sdpa_decode/device/kernels``, read f
 
 * ``experimental.paged_update_cache(cache, input, update_idxs_tensor=pos, page_table=pt)``: in place,
   for each user b with ``pos[b] >= 0``: ``cache[pt[b, p // bs], h, p % bs, :] = input[0, b, h, :]`` for the
-  cache's KV heads h (``p = pos[b] % cache_position_modulo`` when given). Without a page table the cache
-  is ``[B, nkv, S, dh]`` and row ``b + batch_offset`` is written. Inputs must be FLOAT32/BFLOAT16; the
+  cache's KV heads h (``p = pos[b] % cache_position_modulo`` when given); a page-table entry < 0 skips the
+  row (vLLM pads page tables with -1). Without a page table the cache is ``[B, nkv, S, dh]`` and row
+  ``b + batch_offset`` is written (row 0 for every user with ``share_cache=True``). Inputs must be FLOAT32/BFLOAT16; the
   written row is rounded to the cache dtype through ttnn's packer (bfp exponents are shared per 16
   datums of one row, so a row packs independently of the rest of its tile).
 * ``experimental.paged_fill_cache(cache, input, page_table, batch_idx=...)``: in place, input
@@ -21,7 +22,9 @@ flash-decode kernel sources (``ttnn/cpp/.../sdpa_decode/device/kernels``, read f
 * ``experimental.rotary_embedding_llama(x, cos, sin, trans_mat)``: ``x * cos + (x @ T) * sin`` where the
   32x32 ``trans_mat`` acts on each 32-wide block of the head dim (cards apply it tile by tile).
   Prefill: x ``[1, nh, S, dh]``, cos/sin ``[1, 1 or nh, S, dh]``. Decode (``is_decode_mode=True``): x
-  ``[1, B, nh, dh]``, cos/sin ``[1, B, 32 or nh or 1, dh]`` (one row per user, broadcast over heads).
+  ``[1, B, nh, dh]``, cos/sin ``[1, B, 32 or nh or 1, dh]`` (one row per user, broadcast over heads); the
+  decode ``trans_mat`` may be one tile or one tile per user (``[1, 1, B*32, 32]``, Tenstorrent's decode
+  tests and tt_transformers repeat the tile per user).
 
 Attention math runs in fp32 and is rounded to q's dtype (cards accumulate flash-decode partials in
 bf16/fp32 per program config; that reduction-order error is not modelled).
@@ -178,8 +181,6 @@ def paged_update_cache(
 ):
     op = "ttnn.experimental.paged_update_cache"
     _check_update_input(op, input_tensor)
-    if share_cache:
-        raise NotEmulatedError(f"{op}(share_cache=True) is not emulated")
     if block_size is not None or num_kv_heads is not None:
         raise NotEmulatedError(f"{op}: block_size/num_kv_heads view overrides are not emulated")
     new_shards = list(cache_tensor.shards)
@@ -217,13 +218,21 @@ def paged_update_cache(
             if bool((p // bs >= pt.shape[1]).any()):
                 raise EmulatorError(f"{op}: position beyond the page table capacity {pt.shape[1] * bs}")
             blocks = pt[b_idx, p // bs]
-            cache[blocks, :, p % bs, :] = rows
+            if bool((blocks >= cache.shape[0]).any()):
+                raise EmulatorError(f"{op}: page table entry beyond the {cache.shape[0]} cache blocks")
+            keep = blocks >= 0  # a -1 page-table entry is skipped, as for paged_fill_cache
+            cache[blocks[keep], :, (p % bs)[keep], :] = rows[keep]
         else:
             if cache_position_modulo is not None:
                 raise EmulatorError(f"{op}: cache_position_modulo needs a page_table")
             if bool((p >= cache.shape[2]).any()):
                 raise EmulatorError(f"{op}: position beyond the cache length {cache.shape[2]}")
-            cache[b_idx + int(batch_offset), :, p, :] = rows
+            # share_cache: the program factory sets the per-user cache stride to 0 (cache_batch_num_tiles = 0),
+            # so every user writes the one shared cache row
+            row = torch.zeros_like(b_idx) if share_cache else b_idx + int(batch_offset)
+            if bool((row >= cache.shape[0]).any()):
+                raise EmulatorError(f"{op}: cache batch {cache.shape[0]} has no row {int(row.max())}")
+            cache[row, :, p, :] = rows
         new_shards[i] = cache
     write_inplace(cache_tensor, new_shards)
     return cache_tensor
@@ -271,7 +280,11 @@ def paged_fill_cache(
         t = torch.arange(seq)
         for r in range(nb):
             blocks = pt[users[r], t // bs]
-            cache[blocks, :, t % bs, :] = x[r].permute(1, 0, 2).to(cache.dtype)
+            if bool((blocks >= cache.shape[0]).any()):
+                raise EmulatorError(f"{op}: page table entry beyond the {cache.shape[0]} cache blocks")
+            # a negative entry (vLLM pads page tables with -1) is skipped by the kernel; never index from the end
+            keep = blocks >= 0
+            cache[blocks[keep], :, (t % bs)[keep], :] = x[r].permute(1, 0, 2)[keep].to(cache.dtype)
         new_shards[i] = cache
     write_inplace(cache_tensor, new_shards)
     return cache_tensor
@@ -454,16 +467,26 @@ def rotary_embedding_llama(input_tensor, cos_cache, sin_cache, trans_mat, *, is_
         cos = cos_cache.shards[i].to(torch.float32)
         sin = sin_cache.shards[i].to(torch.float32)
         tm = trans_mat.shards[i].to(torch.float32)
-        tm = tm.reshape(tm.shape[-2], tm.shape[-1])
         dh = x.shape[-1]
-        if tm.shape == (32, 32):
+        n_tm = tm.numel() // (32 * 32) if tm.shape[-1] == 32 else 0
+        if tm.shape[-1] == 32 and tm.numel() == n_tm * 32 * 32 and n_tm >= 1:
             if dh % 32:
                 raise EmulatorError(f"{op}: head_dim {dh} is not a multiple of the 32-wide transformation tile")
-            rot = torch.matmul(x.reshape(*x.shape[:-1], dh // 32, 32), tm).reshape(x.shape)
-        elif tm.shape == (dh, dh):
-            rot = torch.matmul(x, tm)
+            blocks = tm.reshape(n_tm, 32, 32)
+            xb = x.reshape(*x.shape[:-1], dh // 32, 32)
+            if n_tm == 1:
+                rot = torch.matmul(xb, blocks[0]).reshape(x.shape)
+            elif is_decode_mode and n_tm == x.shape[1]:
+                # decode: one 32x32 tile per user ([1, 1, B*32, 32], height-sharded over the B user cores on cards)
+                rot = torch.einsum("obhkc,bcd->obhkd", xb, blocks).reshape(x.shape)
+            else:
+                raise EmulatorError(f"{op}: trans_mat holds {n_tm} 32x32 tiles; expected 1, or one per user "
+                                    f"({x.shape[1]}) in decode mode")
+        elif list(tm.shape[-2:]) == [dh, dh] and tm.numel() == dh * dh:
+            rot = torch.matmul(x, tm.reshape(dh, dh))
         else:
-            raise EmulatorError(f"{op}: trans_mat must be [.., 32, 32] or [.., {dh}, {dh}], got {list(tm.shape)}")
+            raise EmulatorError(f"{op}: trans_mat must be [.., 32, 32] (decode: [1, 1, B*32, 32]) or "
+                                f"[.., {dh}, {dh}], got {list(tm.shape)}")
         if cos.shape[-1] != dh or sin.shape != cos.shape:
             raise EmulatorError(f"{op}: cos/sin {list(cos.shape)} do not match head_dim {dh}")
         if is_decode_mode:

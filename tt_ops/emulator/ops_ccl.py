@@ -7,6 +7,15 @@ one device (identity). Semantics (ttnn):
 * ``reduce_scatter(x, dim)``: sum over devices, then device i keeps chunk i of ``dim`` (N equal chunks).
 * ``all_reduce(x)``: every device gets the sum.
 
+Trace rule (raises ``TraceRuleError`` during capture): the synchronous ``all_gather`` /
+``reduce_scatter`` / ``all_reduce`` cannot be captured. In ttnn 0.81.1 their program factories allocate
+global semaphores and synchronise the mesh from the host when the program is built
+(``ttnn/cpp/ttnn/operations/ccl/all_gather/device/all_gather_multicast_factory.cpp`` and
+``all_gather_factory.cpp``, ``create_mesh_workload``: ``create_global_semaphore`` then ``Synchronize``).
+Inside a capture only the ``ttnn.experimental`` async forms are accepted, and only with semaphores
+created before the capture (``create_global_semaphore`` inside a capture already raises), the form
+Tenstorrent's traced decode uses (``models/tt_transformers/tt/ccl.py`` ``TT_CCL``).
+
 Reductions sum in fp32 and round once to the output dtype (cards reduce pairwise in the packer format;
 bf16 partial rounding is not modelled - see docs/emulator.md). Link bytes per device (ring algorithm):
 all_gather (N-1) x shard, reduce_scatter (N-1)/N x input, all_reduce 2(N-1)/N x input.
@@ -16,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import EmulatorError
+from .errors import EmulatorError, TraceRuleError
 from .registry import device_op, host_fn
 from .signatures import bind_arguments
 from .tensor import EmuTensor, make_like, quantize_via_ttnn
@@ -77,6 +86,33 @@ def _all_reduce_shards(t: EmuTensor, cluster_axis) -> list[torch.Tensor]:
     return out
 
 
+def _forbid_sync_in_capture(op: str, t: EmuTensor) -> None:
+    tr = t.mesh.trace if t.mesh is not None else None
+    if tr is not None and tr.capturing is not None:
+        raise TraceRuleError(
+            f"{op} inside trace capture (trace {tr.capturing.trace_id}): the synchronous collective allocates its "
+            "global semaphores and synchronises the mesh from the host when its program is built "
+            "(ccl/all_gather/device/all_gather_multicast_factory.cpp), which a trace cannot record. Use the async "
+            "form (ttnn.experimental.all_gather_async / reduce_scatter_minimal_async / all_reduce_async) with "
+            "semaphores created by ttnn.create_global_semaphore before the capture (tt_transformers TT_CCL)."
+        )
+
+
+def _require_semaphores(op: str, t: EmuTensor, **sems) -> None:
+    """Inside a capture every semaphore argument must be a persistent one created before the capture."""
+    tr = t.mesh.trace if t.mesh is not None else None
+    if tr is None or tr.capturing is None:
+        return
+    for name, v in sems.items():
+        items = list(v) if isinstance(v, (list, tuple)) else [v]
+        if not items or any(not isinstance(x, EmuGlobalSemaphore) for x in items):
+            raise TraceRuleError(
+                f"{op} inside trace capture needs persistent semaphores: {name}={v!r}. Without them the op creates "
+                "its own when its program is built, which a trace cannot record; create them with "
+                "ttnn.create_global_semaphore before the capture and pass them in."
+            )
+
+
 def _group_size(t: EmuTensor, cluster_axis) -> int:
     return len(_groups(t, cluster_axis)[0])
 
@@ -122,18 +158,21 @@ def _emit(t: EmuTensor, shards, memory_config, output_tensor=None, dtype=None):
 
 @device_op("ttnn.all_gather", collective_bytes=_ag_bytes)
 def all_gather(input_tensor, dim, *, cluster_axis=None, memory_config=None, output_tensor=None, **_ignored):
+    _forbid_sync_in_capture("ttnn.all_gather", input_tensor)
     shards = _all_gather_shards(input_tensor, dim, cluster_axis, "ttnn.all_gather")
     return _emit(input_tensor, shards, memory_config, output_tensor)
 
 
 @device_op("ttnn.reduce_scatter", collective_bytes=_rs_bytes)
 def reduce_scatter(input_tensor, dim, *, cluster_axis=None, memory_config=None, output_tensor=None, **_ignored):
+    _forbid_sync_in_capture("ttnn.reduce_scatter", input_tensor)
     shards = _reduce_scatter_shards(input_tensor, dim, cluster_axis, "ttnn.reduce_scatter")
     return _emit(input_tensor, shards, memory_config, output_tensor)
 
 
 @device_op("ttnn.all_reduce", collective_bytes=_ar_bytes)
 def all_reduce(input_tensor, *, cluster_axis=None, memory_config=None, **_ignored):
+    _forbid_sync_in_capture("ttnn.all_reduce", input_tensor)
     return _emit(input_tensor, _all_reduce_shards(input_tensor, cluster_axis), memory_config)
 
 
@@ -148,6 +187,8 @@ def _ag_async_bytes(args, kwargs, out):
 def all_gather_async(*args, **kwargs):
     b = bind_arguments("ttnn.experimental.all_gather_async", ttnn.experimental.all_gather_async, args, kwargs)
     t = b["input_tensor"]
+    _require_semaphores("ttnn.experimental.all_gather_async", t,
+                        multi_device_global_semaphore=b.get("multi_device_global_semaphore"))
     shards = _all_gather_shards(t, b["dim"], b.get("cluster_axis"), "ttnn.experimental.all_gather_async")
     return _emit(t, shards, b.get("memory_config"), b.get("persistent_output_buffer"))
 
@@ -166,6 +207,7 @@ def reduce_scatter_minimal_async(*args, **kwargs):
     name = "ttnn.experimental.reduce_scatter_minimal_async"
     b = bind_arguments(name, ttnn.experimental.reduce_scatter_minimal_async, args, kwargs)
     t = b["input_tensor"]
+    _require_semaphores(name, t, multi_device_global_semaphore=b.get("multi_device_global_semaphore"))
     shards = _reduce_scatter_shards(t, b["dim"], b.get("cluster_axis"), name)
     bufs = b.get("persistent_output_buffers")
     # persistent_output_buffers = [intermediate, output] on cards; the output is the last one
@@ -185,6 +227,12 @@ def all_reduce_async(*args, **kwargs):
     name = "ttnn.experimental.all_reduce_async"
     b = bind_arguments(name, ttnn.experimental.all_reduce_async, args, kwargs)
     t = b["input_tensor"]
+    if b.get("multi_device_global_semaphore") is not None:
+        _require_semaphores(name, t, multi_device_global_semaphore=b["multi_device_global_semaphore"])
+    else:
+        _require_semaphores(name, t, barrier_semaphores=b.get("barrier_semaphores"),
+                            rs_global_semaphores=b.get("rs_global_semaphores"),
+                            ag_global_semaphores=b.get("ag_global_semaphores"))
     math_op = b.get("math_op")
     if math_op is not None and str(math_op).split(".")[-1].lower() != "sum":
         raise EmulatorError(f"{name}: only math_op=ReduceType.Sum is emulated, got {math_op}")

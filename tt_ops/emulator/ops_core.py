@@ -145,6 +145,7 @@ def to_torch(mesh, tensor, dtype=None, *, torch_rank=None, mesh_composer=None, d
         raise EmulatorError(f"ttnn.to_torch: expected an emulated tensor, got {type(tensor).__name__}")
     if tensor.on_device:
         mesh.trace.forbid_in_capture("ttnn.to_torch of a device tensor (a device-to-host read)")
+        mesh.trace.check_read(tensor, "ttnn.to_torch")
     shards = tensor.shards
     if mesh_composer is not None:
         if not isinstance(mesh_composer, mesh_mod.EmuMeshComposer):
@@ -312,6 +313,7 @@ def copy_host_to_device_tensor(mesh, host_tensor, device_tensor, cq_id=None):
             f"buffer {dtype_name(device_tensor.dtype)}/{device_tensor.layout.name}"
         )
     device_tensor.set_shards([s.clone() for s in host_tensor.shards])
+    mesh.trace.note_full_write(device_tensor)
 
 
 @host_fn("ttnn.copy_device_to_host_tensor")
@@ -347,6 +349,8 @@ def deallocate(mesh, tensor, force=True):
 
 @host_fn("ttnn.get_device_tensors")
 def get_device_tensors(mesh, tensor):
+    if tensor.on_device:
+        mesh.trace.check_read(tensor, "ttnn.get_device_tensors")
     out = []
     for s in tensor.shards:
         t = EmuTensor([s], tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=tensor.on_device,
@@ -401,6 +405,11 @@ def to_layout(mesh, tensor, layout, dtype=None, memory_config=None, sub_core_gri
         return _dispatch(tensor.mesh, "ttnn.to_layout", _to_layout_impl, (tensor, layout),
                          {"dtype": dtype, "memory_config": memory_config})
     dtype = dtype if dtype is not None else tensor.dtype
+    if is_block_float(dtype) and layout == ttnn.ROW_MAJOR_LAYOUT and dtype == tensor.dtype:
+        # host bf8/bf4 has no row-major form: 0.81.1 returns the tensor unchanged (still TILE), it does not raise
+        t = EmuTensor(list(tensor.shards), tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=False)
+        t.placements = tensor.placements
+        return t
     check_dtype_layout(dtype, layout, "ttnn.to_layout")
     t = EmuTensor([quantize_via_ttnn(s, dtype) for s in tensor.shards], dtype, layout, mesh=tensor.mesh, on_device=False)
     t.placements = tensor.placements

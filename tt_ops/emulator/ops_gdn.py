@@ -132,6 +132,10 @@ def fused_recurrent_gated_delta_rule(
 _chunk_golden = ttnn.transformer.chunk_gated_delta_rule.golden_function
 
 
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
 @device_op("ttnn.transformer.chunk_gated_delta_rule")
 def chunk_gated_delta_rule(
     q,
@@ -155,16 +159,62 @@ def chunk_gated_delta_rule(
     ones=None,
     masks=None,
 ):
-    """Prefill GDN: the golden in fp32; ``o`` takes v's dtype, the final state stays fp32."""
+    """Prefill GDN with the contract of the 0.81.1 docstring; the math is the golden's, in fp32.
+
+    * ``use_qk_l2norm`` must be False ("currently the only accepted value"; cards fail with
+      "use_qk_l2norm not yet supported").
+    * Every tensor in TILE layout (the op "never relayouts"); ``chunk_size`` 32 or 64.
+    * Rank 4 (head-split, q/k pre-normalised) or rank 3 flat token-major q/k/v ``[B, T, heads*dim]``
+      passed raw: K == V, H = q width / V, HV = beta's last dim, chunk_size 32, T a multiple of 32;
+      the kernel L2-normalises q/k over K. Not on the mono program.
+    * Not modelled: the docstring's bf16 cast of q/k/v (the math stays fp32 on the given values; emulating
+      the cast moves the greedy-exactness test's tokens, see docs/emulator.md).
+    * Output: ``o`` FLOAT32 on the fused/phased paths (``program_config`` None, fused or phased), BFLOAT16
+      on mono; token-major ``[B, T, HV, V]`` ROW_MAJOR, or ``[B*HV, T, V]`` TILE with
+      ``output_head_major``. The final state ``[B, HV, K, V]`` is FLOAT32 TILE.
+    """
+    op = "ttnn.transformer.chunk_gated_delta_rule"
+    if use_qk_l2norm:
+        raise EmulatorError(f"{op}: use_qk_l2norm not yet supported (0.81.1 accepts only False; L2-normalise q/k "
+                            "before the op, or pass rank-3 flat q/k/v, which the kernel normalises)")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
+        if t is not None and t.layout != ttnn.TILE_LAYOUT:
+            raise EmulatorError(f"{op}: {name} must be a TILE device tensor (the op casts dtypes but never relayouts)")
+    if int(chunk_size) not in (32, 64):
+        raise EmulatorError(f"{op}: chunk_size must be 32 or 64, got {chunk_size}")
+    mono = type(program_config).__name__ == "ChunkGdnMonoProgramConfig"
+    flat = len(q.logical_shape_list) == 3
+    if flat != (len(v.logical_shape_list) == 3) or flat != (len(k.logical_shape_list) == 3):
+        raise EmulatorError(f"{op}: pass q, k and v all rank 4 or all rank 3 (flat)")
+    if flat:
+        if mono:
+            raise EmulatorError(f"{op}: the mono program does not accept rank-3 flat q/k/v")
+        if int(chunk_size) != 32:
+            raise EmulatorError(f"{op}: the rank-3 flat path needs chunk_size == 32, got {chunk_size}")
     outs, states = [], []
     for i in range(q.num_shards):
         qi, ki, vi, gi, bi = (t.shards[i].to(torch.float32) for t in (q, k, v, g, beta))
+        if flat:
+            b_sz, t_len, qw = qi.shape
+            hv = bi.shape[-1]
+            if vi.shape[-1] % hv:
+                raise EmulatorError(f"{op}: flat v width {vi.shape[-1]} does not split over HV={hv} (beta's last dim)")
+            vd = vi.shape[-1] // hv
+            if qw % vd or ki.shape[-1] != qw:
+                raise EmulatorError(f"{op}: flat q/k width {qw} is not H*K with K == V == {vd}")
+            if t_len % 32:
+                raise EmulatorError(f"{op}: the rank-3 flat path needs T a multiple of 32, got {t_len}")
+            qi = _l2norm(qi.reshape(b_sz, t_len, qw // vd, vd))
+            ki = _l2norm(ki.reshape(b_sz, t_len, qw // vd, vd))
+            vi = vi.reshape(b_sz, t_len, hv, vd)
         h0 = None if initial_state is None else initial_state.shards[i].to(torch.float32)
         o, st = _chunk_golden(qi, ki, vi, gi, bi, scale=scale, initial_state=h0, output_final_state=output_final_state,
-                              chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm, output_head_major=output_head_major)
+                              chunk_size=int(chunk_size), use_qk_l2norm=False, output_head_major=output_head_major)
         outs.append(o)
         states.append(st)
-    o_t = make_like(v, outs, memory_config=memory_config)
+    o_dtype = ttnn.bfloat16 if mono else ttnn.float32
+    o_layout = ttnn.TILE_LAYOUT if output_head_major else ttnn.ROW_MAJOR_LAYOUT
+    o_t = make_like(v, outs, dtype=o_dtype, layout=o_layout, memory_config=memory_config)
     if output_final_state and states[0] is not None:
         return o_t, new_device_tensor(q.mesh, [s.to(torch.float32).contiguous() for s in states], ttnn.float32,
                                       ttnn.TILE_LAYOUT, memory_config=memory_config)

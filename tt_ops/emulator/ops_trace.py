@@ -29,6 +29,13 @@ def execute_trace(mesh, mesh_device, trace_id, *, cq_id=None, blocking=True):
     mesh.trace.execute(trace_id, cq_id or 0, blocking)
 
 
+@host_fn("ttnn.tools.trace_allocation_tracker.corruptible_allocation_scope", validate=False)
+def corruptible_allocation_scope(mesh, mesh_device):
+    """Allocations in this scope are declared corruptible by trace replays and not tracked (ttnn's API)."""
+    _check_mesh(mesh, mesh_device, "corruptible_allocation_scope")
+    return mesh.trace.corruptible_scope()
+
+
 @host_fn("ttnn.release_trace")
 def release_trace(mesh, mesh_device, trace_id):
     _check_mesh(mesh, mesh_device, "release_trace")

@@ -27,7 +27,8 @@ class OverrideSpec:
 
 OVERRIDES: dict[str, OverrideSpec] = {}
 
-_MODULES = ("ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_gdn", "ops_trace", "ops_sampling")
+_MODULES = ("ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_gdn", "ops_trace", "ops_sampling",
+            "ops_gather")
 _loaded = False
 
 

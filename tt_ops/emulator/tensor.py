@@ -187,6 +187,7 @@ class EmuTensor:
         "placements",
         "persistent",
         "trace_owner",
+        "_address",
         "__weakref__",
     )
 
@@ -214,6 +215,7 @@ class EmuTensor:
         self.placements = placements  # description of how the host tensor was mapped (for to_torch hints)
         self.persistent = True  # cleared for tensors allocated inside a trace capture
         self.trace_owner = None  # trace id whose capture allocated this tensor
+        self._address = None  # opaque buffer id handed out by buffer_address()
 
     # ---- data access -------------------------------------------------------------------------
     @property
@@ -345,10 +347,24 @@ class EmuTensor:
     def __neg__(self):
         return self._ns().neg(self)
 
+    def buffer_address(self) -> int:
+        """An opaque id, unique per live device buffer (not a card address): equal only for the same buffer."""
+        if not self.on_device or self._deallocated:
+            raise EmulatorError("buffer_address() of a tensor without a device buffer (host or deallocated)")
+        if self._address is None:
+            global _NEXT_ADDRESS
+            _NEXT_ADDRESS += 1 << 12
+            self._address = _NEXT_ADDRESS
+        return self._address
+
     def __getitem__(self, key):
-        raise EmulatorError(
-            "EmuTensor indexing is not emulated; use ttnn.slice(...) (the op model code should use on cards)"
-        )
+        """Torch-style basic indexing, as ttnn's ``Tensor.__getitem__`` (ttnn.slice, then squeeze of int axes)."""
+        from .tensor_index import getitem
+
+        return getitem(self, key)
+
+
+_NEXT_ADDRESS = 1 << 20
 
 
 def make_like(

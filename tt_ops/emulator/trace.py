@@ -27,11 +27,23 @@ Rules enforced (each raises :class:`TraceRuleError` with the reason):
 5. A buffer owned by a live trace (allocated during its capture) cannot be deallocated eagerly, and a
    trace whose input buffer was deallocated cannot be replayed.
 6. No nested capture, no ``execute_trace`` inside a capture, no replay of a released/unknown trace.
+7. (ops_ccl.py) Inside a capture, collectives only in their async form with semaphores created beforehand.
+8. Buffers allocated while another trace is live (in particular during the capture of a later trace) may share
+   addresses that trace's replay writes: tt-metal marks allocations unsafe from ``end_trace_capture`` until the
+   trace is released, and ttnn's tracker (``ttnn/tools/trace_allocation_tracker.py``,
+   ``TT_METAL_TRACE_ALLOC_TRACKING=1``) fails a replay while such buffers are still alive. The emulator models the
+   consequence: replaying trace A marks every live buffer allocated while A was live as *clobbered by A*; reading
+   a clobbered buffer (as an op input, by a replayed step, or with ``to_torch``) raises, and a full rewrite (a
+   trace replay's output write-back, ``copy_host_to_device_tensor``) clears the mark. Buffers the caller
+   declares corruptible (allocated inside ``ttnn.tools.trace_allocation_tracker.corruptible_allocation_scope``)
+   are not tracked, as in ttnn.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -57,6 +69,8 @@ class Trace:
     steps: list = dataclasses.field(default_factory=list)
     counts: Counts = dataclasses.field(default_factory=lambda: Counts("trace"))
     owned: list = dataclasses.field(default_factory=list)  # tensors allocated during capture
+    # buffers allocated while this trace was live (outside corruptible scopes): its replay may overwrite them
+    unsafe: "weakref.WeakSet" = dataclasses.field(default_factory=weakref.WeakSet)
     complete: bool = False
     released: bool = False
 
@@ -88,6 +102,8 @@ class TraceState:
         self.replaying = False
         self.dry = False
         self._next = 0
+        self.clobbered: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tensor -> trace id
+        self._corruptible_depth = 0
 
     # ---- queries -------------------------------------------------------------------------------
     def live_trace_ids(self) -> list[int]:
@@ -98,6 +114,37 @@ class TraceState:
         if not isinstance(key, int) or key not in self.traces:
             raise TraceRuleError(f"{what}: unknown trace id {trace_id!r} on {self.mesh.label_short}")
         return self.traces[key]
+
+    # ---- cross-trace allocation tracking (rule 8) ---------------------------------------------------------
+    def note_allocation(self, t) -> None:
+        if self._corruptible_depth:
+            return
+        for tr in self.traces.values():
+            if tr.complete and not tr.released and tr is not self.capturing:
+                tr.unsafe.add(t)
+
+    @contextlib.contextmanager
+    def corruptible_scope(self):
+        self._corruptible_depth += 1
+        try:
+            yield
+        finally:
+            self._corruptible_depth -= 1
+
+    def note_full_write(self, t) -> None:
+        self.clobbered.pop(t, None)
+
+    def check_read(self, t, what: str) -> None:
+        tid = self.clobbered.get(t)
+        if tid is not None:
+            raise TraceRuleError(
+                f"{what} reads a buffer ({t.logical_shape_list}, {t.dtype.name}) allocated while trace {tid} was live, "
+                f"after trace {tid} replayed: on cards that replay may have overwritten it (tt-metal marks allocations "
+                "unsafe while a trace is live; ttnn's trace allocation tracker, TT_METAL_TRACE_ALLOC_TRACKING=1, fails "
+                "the replay while such a buffer is alive). Allocate it before the first capture, rewrite it before "
+                "reading, release that trace first, or allocate it inside "
+                "ttnn.tools.trace_allocation_tracker.corruptible_allocation_scope(mesh) if it is meant to be scratch."
+            )
 
     def forbid_in_capture(self, what: str) -> None:
         if self.capturing is not None:
@@ -143,11 +190,16 @@ class TraceState:
             raise TraceRuleError(f"execute_trace: trace {tr.trace_id} was released")
         if not tr.complete:
             raise TraceRuleError(f"execute_trace: trace {tr.trace_id} capture was never ended")
+        for t in list(tr.unsafe):
+            if not getattr(t, "_deallocated", False):
+                self.clobbered[t] = tr.trace_id
         self.replaying = True
         counts = Counts(f"trace {tr.trace_id}")
         try:
             for step in tr.steps:
                 _check_inputs_alive(step, tr)
+                for t in _iter_tensors((step.args, step.kwargs)):
+                    self.check_read(t, f"replay of trace {tr.trace_id} ({step.op_name})")
                 fresh = step.impl(*step.args, **step.kwargs)
                 _write_back(step.outputs, fresh, step.op_name)
                 if step.account is not None:
@@ -212,6 +264,8 @@ def _write_back(recorded, fresh, op_name: str) -> None:
                 f"{recorded.logical_shape_list} (the trace's buffers are fixed at capture)"
             )
         recorded.set_shards(list(fresh._shards))
+        if recorded.mesh is not None:
+            recorded.mesh.trace.note_full_write(recorded)
         return
     if isinstance(recorded, (list, tuple)):
         for r, f in zip(recorded, fresh):

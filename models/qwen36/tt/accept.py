@@ -40,6 +40,7 @@ from qwen36.errors import UserError
 from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID
 from qwen36.speculative.sampling import SamplingParams
 
+from .ccl import ccl_for
 from .model_config import compute_config_exact_count
 from .sampler import UniformTable, inverse_cdf_draw
 
@@ -100,6 +101,7 @@ class DeviceAcceptor:
             raise ValueError(f"logits_layout must be one of {LOGITS_LAYOUTS}, got {logits_layout!r}")
         self.ttnn = ttnn
         self.mesh = mesh_device
+        ccl_for(ttnn, mesh_device)  # the all_gather's persistent semaphores exist before any trace capture
         self.k = k
         self.rows = k + 1
         self.vocab = vocab
@@ -190,7 +192,7 @@ class DeviceAcceptor:
     def _gathered(self, x):
         """Full-vocab view of a (possibly vocab-sharded) [1, B, rows, V] device tensor."""
         if self.logits_layout == "vocab_sharded":
-            return self.ttnn.all_gather(x, dim=3)
+            return ccl_for(self.ttnn, self.mesh).all_gather(x, dim=3)
         return x
 
     def _drafts_f32(self, drafts_dev):

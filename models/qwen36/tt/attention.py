@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .ccl import ccl_for
 from .gdn import all_reduce
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
                            compute_config_norm, kv_update_input_memory_config, sdpa_decode_program_config)
@@ -40,6 +41,7 @@ class AttentionContext:
 class TTGatedAttention:
     def __init__(self, args: TTModelArgs, weights: AttentionWeights, rope_rot, ttnn, mesh):
         self.args, self.w, self.rot, self.ttnn, self.mesh = args, weights, rope_rot, ttnn, mesh
+        ccl_for(ttnn, mesh)  # the collectives' persistent semaphores exist before any trace capture
         c = args.cfg
         self.hq, self.hkv, self.d = args.hq_d, args.hkv_d, c.head_dim
         self.eps = c.rms_norm_eps

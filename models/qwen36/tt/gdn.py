@@ -15,6 +15,7 @@ Shapes per device: x [1, 1, T, H] -> out [1, 1, T, H] (replicated after the redu
 from __future__ import annotations
 
 from ..reference.gdn import L2NORM_EPS
+from .ccl import ccl_for
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_fp32_state,
                            compute_config_matmul, compute_config_norm)
 from .state import GDNLayerState
@@ -29,6 +30,7 @@ def gdn_chunk_size() -> int:
 class TTGatedDeltaNet:
     def __init__(self, args: TTModelArgs, weights: GDNWeights, ttnn, mesh):
         self.args, self.w, self.ttnn, self.mesh = args, weights, ttnn, mesh
+        ccl_for(ttnn, mesh)  # the collectives' persistent semaphores exist before any trace capture
         c = args.cfg
         self.hk, self.hv = args.gdn_hk_d, args.gdn_hv_d
         self.dk, self.dv = c.linear_key_head_dim, c.linear_value_head_dim
@@ -153,4 +155,4 @@ def all_reduce(ttnn, t, num_devices: int):
     """Sum row-parallel partials over the mesh (no collective at width 1)."""
     if num_devices == 1:
         return t
-    return ttnn.all_reduce(t, cluster_axis=1, memory_config=activation_memory_config(ttnn))
+    return ccl_for(ttnn, t.device()).all_reduce(t, memory_config=activation_memory_config(ttnn))

@@ -4,6 +4,7 @@ x [1, 1, T, H] -> [1, 1, T, H] (replicated after the reduce).
 """
 from __future__ import annotations
 
+from .ccl import ccl_for
 from .gdn import all_reduce
 from .model_config import TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul
 from .weights import MLPWeights
@@ -12,6 +13,7 @@ from .weights import MLPWeights
 class TTMLP:
     def __init__(self, args: TTModelArgs, weights: MLPWeights, ttnn, mesh):
         self.args, self.w, self.ttnn, self.mesh = args, weights, ttnn, mesh
+        ccl_for(ttnn, mesh)  # the collectives' persistent semaphores exist before any trace capture
         self.i_d = args.intermediate_d
 
     def forward(self, x):

@@ -22,6 +22,7 @@ import torch
 
 from ..config import FULL
 from .attention import AttentionContext, TTGatedAttention
+from .ccl import ccl_for
 from .gdn import TTGatedDeltaNet
 from .mlp import TTMLP
 from .model_config import TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul, compute_config_norm
@@ -111,7 +112,7 @@ class TTQwen36Model:
                              memory_config=activation_memory_config(ttnn),
                              compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.LM_HEAD)))
         if a.num_devices > 1:
-            logits = ttnn.all_gather(logits, dim=3, cluster_axis=1, memory_config=activation_memory_config(ttnn))
+            logits = ccl_for(ttnn, self.mesh).all_gather(logits, dim=3)
         return logits, hidden
 
     def decode_forward(self, inputs: DecodeInputs, state: TTModelState) -> DecodeOutputs:

@@ -49,6 +49,7 @@ import torch
 
 from ..config import FULL
 from .attention import AttentionContext, TTGatedAttention
+from .ccl import ccl_for
 from .model import TTDecoderLayer, TTQwen36Model
 from .model_config import (TensorGroup, activation_memory_config, compute_config_matmul, compute_config_norm,
                            kv_update_input_memory_config, sdpa_decode_program_config, state_memory_config)
@@ -210,7 +211,7 @@ class TTMTPHead:
         u = ttnn.linear(ttnn.concat([e, h], dim=3), self.w.fc, dtype=act, memory_config=activation_memory_config(ttnn),
                         compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.ATTN_QKV)))
         if a.num_devices > 1:
-            u = ttnn.all_gather(u, dim=3, cluster_axis=1, memory_config=activation_memory_config(ttnn))
+            u = ccl_for(ttnn, self.mesh).all_gather(u, dim=3)
         u = u if u.dtype == res else ttnn.typecast(u, res)
         u = self.layer.forward(u, self.kv, ctx)
         return ttnn.rms_norm(u, epsilon=self.eps, weight=self.w.final_norm, compute_kernel_config=ncfg)
@@ -223,7 +224,7 @@ class TTMTPHead:
         lg = ttnn.linear(h, self.target.w.lm_head, dtype=ttnn.float32, memory_config=activation_memory_config(ttnn),
                          compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.LM_HEAD)))
         if a.num_devices > 1:
-            lg = ttnn.all_gather(lg, dim=3, cluster_axis=1, memory_config=activation_memory_config(ttnn))
+            lg = ccl_for(ttnn, self.mesh).all_gather(lg, dim=3)
         return lg
 
     def _positions(self, pos_f, rows: int):

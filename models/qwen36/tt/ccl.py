@@ -1,0 +1,92 @@
+"""The model's collectives in the form Tenstorrent captures in traces: async CCLs with persistent semaphores.
+
+Why not ``ttnn.all_reduce`` / ``ttnn.all_gather``: in ttnn 0.81.1 their program factories allocate global
+semaphores and synchronise the mesh from the host each time a program is built
+(``ttnn/cpp/ttnn/operations/ccl/all_gather/device/all_gather_multicast_factory.cpp`` and
+``all_gather_factory.cpp``, ``create_mesh_workload``: ``create_global_semaphore`` then ``Synchronize``).
+Neither can be recorded in a trace. Tenstorrent's traced decode paths instead create the semaphores once,
+before capture, and pass them to the ``ttnn.experimental`` async forms, cycling between two sets so that
+back-to-back collectives never share one (``models/tt_transformers/tt/ccl.py``, ``TT_CCL``; the qwen36
+demo's ``models/demos/blackhole/qwen36/tt/tp_common.py`` takes the same ``tt_ccl`` object). ``TTCCL`` is
+that owner for this model: one per mesh, created when the model is built (never inside a capture).
+"""
+from __future__ import annotations
+
+import weakref
+
+from .model_config import activation_memory_config
+
+_OWNERS: dict = {}  # id(mesh) -> (reference to the mesh, TTCCL)
+
+
+def _ref(obj):
+    """A weak reference where the object takes one (the emulated mesh), else a strong one: ttnn's nanobind
+    MeshDevice is not weak-referenceable, and a card process opens one mesh, so holding it costs nothing."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
+class TTCCL:
+    """Persistent global semaphores + the two collectives the model uses, on a (1, N) mesh (cluster axis 1)."""
+
+    CYCLE = 2  # semaphore sets alternated between consecutive collectives (tt_transformers does the same)
+
+    def __init__(self, ttnn, mesh):
+        # weak where possible, so that the registry below does not keep emulated meshes alive
+        self._ttnn, self._mesh = _ref(ttnn), _ref(mesh)
+        grid = mesh.compute_with_storage_grid_size()
+        cores = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(grid.x - 1, grid.y - 1))})
+
+        def sems(n):
+            return [ttnn.create_global_semaphore(mesh, cores, 0) for _ in range(n)]
+
+        self._barrier = [sems(1) for _ in range(self.CYCLE)]
+        self._ag = [sems(2) for _ in range(self.CYCLE)]
+        self._rs = [sems(3) for _ in range(self.CYCLE)]
+        self._i = {"barrier": 0, "ag": 0, "rs": 0}
+
+    @property
+    def ttnn(self):
+        return self._ttnn()
+
+    @property
+    def mesh(self):
+        return self._mesh()
+
+    def _next(self, kind: str, pool):
+        i = self._i[kind]
+        self._i[kind] = (i + 1) % self.CYCLE
+        return pool[i]
+
+    def all_reduce(self, t, memory_config=None):
+        """Sum over the mesh row; every device gets the sum (one async all-reduce)."""
+        ttnn = self.ttnn
+        return ttnn.experimental.all_reduce_async(
+            t, cluster_axis=1, mesh_device=self.mesh, barrier_semaphores=self._next("barrier", self._barrier),
+            rs_global_semaphores=self._next("rs", self._rs), ag_global_semaphores=self._next("ag", self._ag),
+            math_op=ttnn.ReduceType.Sum, topology=ttnn.Topology.Linear,
+            memory_config=memory_config or activation_memory_config(ttnn))
+
+    def all_gather(self, t, dim: int, memory_config=None):
+        """Concatenate the per-device shards along ``dim`` on every device (one async all-gather)."""
+        ttnn = self.ttnn
+        return ttnn.experimental.all_gather_async(
+            t, dim=dim, cluster_axis=1, mesh_device=self.mesh, topology=ttnn.Topology.Linear,
+            multi_device_global_semaphore=self._next("ag", self._ag),
+            barrier_semaphore=self._next("barrier", self._barrier)[0],
+            memory_config=memory_config or activation_memory_config(ttnn))
+
+
+def ccl_for(ttnn, mesh) -> TTCCL:
+    """The mesh's TTCCL, created on first call. Model constructors call it, so that the semaphores exist before
+    any trace capture (creating them is a device allocation, which a capture may not contain)."""
+    entry = _OWNERS.get(id(mesh))
+    if entry is not None and entry[0]() is mesh:
+        return entry[1]
+    for key in [k for k, (ref, _) in _OWNERS.items() if ref() is None]:
+        del _OWNERS[key]  # meshes that are gone
+    owner = TTCCL(ttnn, mesh)
+    _OWNERS[id(mesh)] = (_ref(mesh), owner)
+    return owner
