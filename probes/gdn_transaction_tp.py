@@ -441,7 +441,7 @@ def open_probe(ckpt: Path, device: str, precision: str, seed: int, backend_facto
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from qwen36.tt.testing import make_bf16_checkpoint
+    from qwen36.testing.tt import make_bf16_checkpoint
 
     ks = tuple(int(x) for x in args.ks.split(","))
     mechs = tuple(args.mechanisms.split(","))

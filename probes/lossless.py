@@ -21,7 +21,7 @@ DEFAULT_PROMPT = [5, 100, 7, 300, 12, 44, 901, 17, 3, 250]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from qwen36.commands.common import DEFAULT_CHECKPOINT  # the shipped checkpoint, wherever we run from
+    from qwen36 import DEFAULT_CHECKPOINT  # the shipped checkpoint, wherever we run from
 
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     p.add_argument("--ks", default=",".join(map(str, KS)))

@@ -8,7 +8,8 @@ import torch
 from qwen36.speculative.engine import speculative_generate
 from qwen36.tt.generator import TTGenerator
 from qwen36.tt.spec_backend import TTSpecBackend
-from qwen36.tt.testing import make_bf16_checkpoint
+from qwen36.testing.speculative import oracle_drafter
+from qwen36.testing.tt import make_bf16_checkpoint
 from qwen36.tt.verify import VerifyShapeError, check_verify_shape
 
 PROMPT = list(range(5, 17))
@@ -31,27 +32,10 @@ def plain(gen):
     return out
 
 
-def oracle_drafter(plain):
-    """Drafts from the known greedy sequence with a deliberate miss at every 3rd/5th position: mixed a."""
-    seq = PROMPT + plain
-
-    def draft(hist, k):
-        i = len(hist)
-        out = []
-        for j in range(k):
-            tok = seq[i + j] if i + j < len(seq) else 0
-            if (i + j) % 3 == 0 or (i + j) % 5 == 0:
-                tok = (tok + 1) % 512
-            out.append(tok)
-        return out
-
-    return draft
-
-
 @pytest.mark.parametrize("mech", ["shadow_commit", "snapshot", "recompute"])
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_spec_greedy_lossless_vs_plain(gen, plain, mech, k):
-    be = TTSpecBackend(gen, mech, drafter=oracle_drafter(plain), use_trace=True)
+    be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, plain), use_trace=True)
     r = speculative_generate(be, PROMPT, MAX_NEW, k)
     be.close()
     assert r.tokens == plain
@@ -66,7 +50,7 @@ def test_spec_greedy_lossless_vs_plain(gen, plain, mech, k):
 
 def _run_recording(gen, plain, mech, k, steps, use_trace):
     """Run `steps` spec steps; record per-step verify logits + acceptor result (host reads after each step)."""
-    be = TTSpecBackend(gen, mech, drafter=oracle_drafter(plain), use_trace=use_trace)
+    be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, plain), use_trace=use_trace)
     be.prefill(PROMPT)
     logits, accs = [], []
     for _ in range(steps):
@@ -108,7 +92,7 @@ def test_verify_vs_decode_shared_rows(gen):
 
 
 def test_abort_after_verify_restores(gen, plain):
-    be = TTSpecBackend(gen, "snapshot", drafter=oracle_drafter(plain), use_trace=False)
+    be = TTSpecBackend(gen, "snapshot", drafter=oracle_drafter(PROMPT, plain), use_trace=False)
     be.prefill(PROMPT)
     d = be.draft(3)
     be.verify(d)
@@ -120,7 +104,7 @@ def test_abort_after_verify_restores(gen, plain):
         be.commit(acc)
         r_tokens += acc.tokens
     assert r_tokens[:12] == plain[1:13]
-    sh = TTSpecBackend(gen, "shadow_commit", drafter=oracle_drafter(plain), use_trace=False)
+    sh = TTSpecBackend(gen, "shadow_commit", drafter=oracle_drafter(PROMPT, plain), use_trace=False)
     sh.prefill(PROMPT)
     sh.verify(sh.draft(2))
     with pytest.raises(RuntimeError, match="shadow_commit"):

@@ -11,7 +11,7 @@ from qwen36.checkpoint import load_checkpoint
 from qwen36.tt.generator import DEFAULT_TRACE_REGION
 from qwen36.tt.mtp import load_tt_mtp
 from qwen36.tt.qwen36_vllm import Qwen36ForCausalLM
-from qwen36.tt.testing import make_bf16_checkpoint
+from qwen36.testing.tt import make_bf16_checkpoint
 from qwen36.tt_ops.device import open_mesh
 
 PROMPT = list(range(5, 17))

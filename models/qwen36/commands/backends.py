@@ -8,14 +8,7 @@ from pathlib import Path
 
 import torch
 
-REFERENCE_DEVICES = ("reference", "reference-cuda")
-TT_DEVICES = ("emulated-p150", "emulated-p150x2", "emulated-p150x4", "p150", "p150x2", "p150x4")
-
-
-def check_device(name: str) -> str:
-    if name not in REFERENCE_DEVICES + TT_DEVICES:
-        raise SystemExit(f"error: unknown --device {name!r}; choose from {', '.join(REFERENCE_DEVICES + TT_DEVICES)}")
-    return name
+from ..devices import REFERENCE_DEVICES, TT_DEVICES, check_device  # noqa: F401  (re-exported for the commands)
 
 
 def reference_label(device: str) -> str:

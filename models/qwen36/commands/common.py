@@ -5,7 +5,8 @@ import argparse
 import os
 from pathlib import Path
 
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_checkpoint"
+from .. import DEFAULT_CHECKPOINT  # noqa: F401  (re-exported for the commands)
+
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float64": "float64"}
 
 

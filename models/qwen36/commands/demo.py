@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..checkpoint import CheckpointError
-    from ..speculative.cli_support import backend_config, format_stats, load_backend
+    from .speculative_generate import backend_config, format_stats, load_backend
     from ..speculative.engine import speculative_generate
     from ..speculative.sampling import SamplingParams
     from ..tokenizer import load_tokenizer

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt = resolve_checkpoint(args.checkpoint)
     ids, tok = encode_prompt(args, ckpt)
     if args.spec_k > 0:
-        from ..speculative.cli_support import run_speculative_generate
+        from .speculative_generate import run_speculative_generate
 
         return run_speculative_generate(args, ckpt, ids, tok)
     if args.temperature != 0.0:

@@ -51,6 +51,7 @@ from loguru import logger
 from ..checkpoint import load_checkpoint
 from ..config import FULL, Qwen36Config
 from ..speculative.sampling import SamplingParams
+from ..tt_ops.device import ttnn_for_mesh
 from .generator import TTGenerator
 from .model import TTQwen36Model
 from .model_config import PrecisionSetting, TTModelArgs
@@ -74,15 +75,6 @@ def _check_batch(n: int, what: str) -> None:
     if n > MAX_BATCH:
         raise NotImplementedError(f"{what}: batch {n} > {MAX_BATCH}; the Qwen3.6 TT port supports batch 1 only "
                                   f"(one user's GDN state / page table; max_batch_size must be 1)")
-
-
-def _ttnn_of(mesh_device):
-    t = getattr(mesh_device, "ttnn", None)  # emulated mesh carries its ttnn facade
-    if t is not None:
-        return t
-    import ttnn  # hardware mesh: the real module (what tt_ops.device opened it with)
-
-    return ttnn
 
 
 class _VllmSpecBackend(TTSpecBackend):
@@ -140,7 +132,7 @@ class Qwen36ForCausalLM:
         reader = load_checkpoint(path)
         if reader.config != cfg:
             raise ValueError(f"hf_config does not match the checkpoint's config.json at {path}")
-        ttnn = _ttnn_of(mesh_device)
+        ttnn = ttnn_for_mesh(mesh_device)
         n = mesh_device.get_num_devices()
         kw = {k: v for k, v in (("block_size", block_size), ("prefill_chunk", prefill_chunk)) if v is not None}
         args = TTModelArgs.from_config(cfg, n, PrecisionSetting.named(prec_name), max_seq_len=int(max_seq_len), **kw)

@@ -208,17 +208,6 @@ class SpecDeviceState:
         x = torch.tensor(drafts, dtype=torch.int32).reshape(1, 1, 1, self.k)
         self.ttnn.copy_host_to_device_tensor(self.host(x, self.drafts), self.drafts)
 
-    def publish_live(self, a: int) -> None:
-        """Probe helper (eager): copy ring slot ``a`` into each layer's plain recurrent buffer so single-row decode
-        (which does not read the ring) continues from the committed state. Not part of the step."""
-        if self.mechanism != "shadow_commit":
-            return
-        ttnn = self.ttnn
-        for s in self.state.gdn_states():
-            ring = self.layer_bufs[id(s)].ring
-            sl = ttnn.slice(ring, [a * self.hv, 0, 0], [(a + 1) * self.hv, self.dk, self.dv])
-            ttnn.copy(ttnn.reshape(sl, list(s.recurrent.shape)), s.recurrent)
-
     def read_scalar(self, buf) -> float:
         return float(self.ttnn.to_torch(self.ttnn.get_device_tensors(buf)[0]).reshape(-1)[0])
 

@@ -1,4 +1,4 @@
-"""Test support for the TT model (used by tests/test_tt_*.py and probes): bf16 test checkpoints and a
+"""Test support for the TT model (used by tests/test_tt_*.py and the TP probes): bf16 test checkpoints and a
 one-layer harness that runs the same inputs through a TT layer and the pure-torch reference layer.
 
 Test checkpoints are written in bf16, like real Qwen3.6 checkpoints: the TT loader then quantises from the
@@ -16,11 +16,11 @@ from ..checkpoint import load_checkpoint
 from ..config import FULL, Qwen36Config
 from ..reference.model import Qwen36Model
 from ..tiny import PRESETS, random_weights, write_checkpoint
-from .attention import AttentionContext
-from .model import TTDecoderLayer, TTQwen36Model
-from .model_config import PrecisionSetting, TTModelArgs
-from .state import GDNLayerState, allocate_decode_inputs, allocate_state
-from .weights import WeightLoader
+from ..tt.attention import AttentionContext
+from ..tt.model import TTDecoderLayer, TTQwen36Model
+from ..tt.model_config import PrecisionSetting, TTModelArgs
+from ..tt.state import GDNLayerState, allocate_decode_inputs, allocate_state
+from ..tt.weights import WeightLoader
 
 
 def tp4_config() -> Qwen36Config:
