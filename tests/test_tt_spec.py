@@ -8,8 +8,10 @@ import torch
 from qwen36.speculative.engine import speculative_generate
 from qwen36.tt.generator import TTGenerator
 from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.testing.speculative import oracle_drafter
-from qwen36.testing.tt import make_bf16_checkpoint
+from qwen36.testing.tt import device_position, make_bf16_checkpoint
+from qwen36.tt.mechanisms import GDNStateBytes
 from qwen36.tt.verify import VerifyShapeError, check_verify_shape
 
 PROMPT = list(range(5, 17))
@@ -32,7 +34,7 @@ def plain(gen):
     return out
 
 
-@pytest.mark.parametrize("mech", ["shadow_commit", "snapshot", "recompute"])
+@pytest.mark.parametrize("mech", MECHANISMS)
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_spec_greedy_lossless_vs_plain(gen, plain, mech, k):
     be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, plain), use_trace=True)
@@ -60,7 +62,7 @@ def _run_recording(gen, plain, mech, k, steps, use_trace):
         acc = be.accept(d, v)
         be.commit(acc)
         accs.append((acc.num_accepted, acc.tokens))
-    pos = be.device_position()
+    pos = device_position(be)
     n_traces = len(be._traces)
     be.close()
     return logits, accs, pos, n_traces
@@ -109,6 +111,14 @@ def test_abort_after_verify_restores(gen, plain):
     sh.verify(sh.draft(2))
     with pytest.raises(RuntimeError, match="shadow_commit"):
         sh.abort()
+
+
+def test_state_bytes_formula_matches_the_allocated_state(gen):
+    """The one GDN state-bytes formula (counters, probes) == the bytes the emulated mesh holds per device."""
+    gdn = gen.state.gdn_states()
+    nbytes = GDNStateBytes.of(gen.model.args, len(gdn))
+    assert nbytes.recurrent == sum(s.recurrent.bytes_per_device() for s in gdn) > 0
+    assert nbytes.conv == sum(s.conv.bytes_per_device() for s in gdn) > 0
 
 
 def test_refuses_shapes_the_kernel_cannot_run(gen):

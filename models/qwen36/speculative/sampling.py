@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .mechanisms import DRAFT_MODES
+
 GREEDY_TEMPERATURE = 0.0  # temperature 0 means argmax decoding (no randomness at all)
-DRAFT_MODES = ("sample", "greedy")  # how the MTP picks drafts when stochastic (SamplingParams.draft)
 
 
 @dataclass(frozen=True)

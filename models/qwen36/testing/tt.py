@@ -115,3 +115,14 @@ class LayerHarness:
         perm = gdn_channel_permutation(self.cfg, self.args.num_devices)
         ref_conv = self.ref_state.conv[0][perm].t()[None, None]  # [1, 1, K-1, C] device-major
         return {"recurrent": (self.ref_state.recurrent, rec), "conv": (ref_conv.float(), conv)}
+
+
+def read_scalar(spec, buf) -> float:
+    """Device 0's value of a [1,1,1,1] step-state buffer (``SpecDeviceState.n``, ``.pending``), read back eagerly."""
+    ttnn = spec.ttnn
+    return float(ttnn.to_torch(ttnn.get_device_tensors(buf)[0]).reshape(-1)[0])
+
+
+def device_position(backend) -> int:
+    """The device-resident position n of a TTSpecBackend's step state."""
+    return int(read_scalar(backend.spec, backend.spec.n))

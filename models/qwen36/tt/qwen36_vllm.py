@@ -50,6 +50,7 @@ from loguru import logger
 
 from ..checkpoint import load_checkpoint
 from ..config import FULL, Qwen36Config
+from ..speculative.mechanisms import DEFAULT_MECHANISM
 from ..speculative.sampling import SamplingParams
 from ..tt_ops.device import ttnn_for_mesh
 from .generator import TTGenerator
@@ -97,7 +98,7 @@ class Qwen36ForCausalLM:
                         "requires_num_valid_drafts_equal_k": True},
     }
 
-    def __init__(self, gen: TTGenerator, reader, mechanism: str = "shadow_commit", cache_dir=None):
+    def __init__(self, gen: TTGenerator, reader, mechanism: str = DEFAULT_MECHANISM, cache_dir=None):
         self.gen, self.model, self.state = gen, gen.model, gen.state
         self.reader = reader
         self.has_mtp = reader.config.has_mtp
@@ -113,7 +114,7 @@ class Qwen36ForCausalLM:
                               tt_data_parallel: int = 1, optimizations: str | None = None, *,
                               checkpoint: str | Path | None = None, cache_dir: str | Path | None = None,
                               block_size: int | None = None, prefill_chunk: int | None = None,
-                              mechanism: str = "shadow_commit") -> "Qwen36ForCausalLM":
+                              mechanism: str = DEFAULT_MECHANISM) -> "Qwen36ForCausalLM":
         """Build the model on an already opened ``mesh_device``. Weights come from ``checkpoint``, else
         hf_config's ``_name_or_path``, else ``HF_MODEL``; the checkpoint's config must equal ``hf_config``'s.
         ``optimizations``: None / "performance" / "accuracy" (our precision presets)."""
