@@ -64,21 +64,31 @@ def imports_of(name: str, source: str, is_package: bool = False) -> set[str]:
     return found
 
 
+def rule_breaks(name: str, imp: str) -> list[tuple[str, str]]:
+    """(rule, message) for each rule that module ``name`` importing ``imp`` breaks."""
+    out = []
+    if under(imp, COMMAND_LINE) and not under(name, COMMAND_LINE):
+        out.append(("cli", f"{name} imports the command line ({imp}); only qwen36.cli / qwen36.commands may"))
+    if under(name, ("qwen36.speculative", "qwen36.reference")) and under(imp, TT_SIDE + (TEST_SUPPORT,)):
+        out.append(("engine", f"{name} imports {imp}: the engine and the reference model stay free of ttnn, the TT "
+                              "backend and test support"))
+    if under(name, "qwen36.tt") and under(imp, "ttnn"):
+        out.append(("ttnn", f"{name} imports ttnn directly; the TT backend gets it from qwen36.tt_ops.device"))
+    if under(imp, TEST_SUPPORT) and not under(name, (TEST_SUPPORT, "qwen36.probes")):
+        out.append(("testing", f"{name} imports test support ({imp}); only tests and probes may"))
+    if under(imp, "tests"):
+        out.append(("tests", f"{name} imports {imp}: a foreign `tests` package may come first on sys.path"))
+    return out
+
+
 def layering_violations(modules: dict[str, tuple[str, bool]]) -> list[str]:
-    bad = []
+    bad, seen = [], set()
     for name, (source, is_pkg) in modules.items():
-        for imp in sorted(imports_of(name, source, is_pkg)):
-            if under(imp, COMMAND_LINE) and not under(name, COMMAND_LINE):
-                bad.append(f"{name} imports the command line ({imp}); only qwen36.cli / qwen36.commands may")
-            if under(name, ("qwen36.speculative", "qwen36.reference")) and under(imp, TT_SIDE + (TEST_SUPPORT,)):
-                bad.append(f"{name} imports {imp}: the engine and the reference model stay free of ttnn, the TT "
-                           "backend and test support")
-            if under(name, "qwen36.tt") and under(imp, "ttnn"):
-                bad.append(f"{name} imports ttnn directly; the TT backend gets it from qwen36.tt_ops.device")
-            if (under(imp, TEST_SUPPORT) and not under(name, (TEST_SUPPORT, "qwen36.probes"))):
-                bad.append(f"{name} imports test support ({imp}); only tests and probes may")
-            if under(imp, "tests"):
-                bad.append(f"{name} imports {imp}: a foreign `tests` package may come first on sys.path")
+        for imp in sorted(imports_of(name, source, is_pkg)):  # a parent sorts before its children
+            for rule, msg in rule_breaks(name, imp):
+                if not any((name, rule, p) in seen for p in (imp.rsplit(".", i)[0] for i in range(1, imp.count(".") + 1))):
+                    bad.append(msg)  # `from a.b import C` reported once, as a.b
+                seen.add((name, rule, imp))
     return bad
 
 
