@@ -1,6 +1,7 @@
 """The three commit mechanisms on the TT backend, one class each (names: ``speculative.mechanisms.MECHANISMS``).
 
-A mechanism owns, per GDN layer, its persistent buffers (allocated once, before any capture), the device work
+A mechanism owns, per GDN layer, its persistent buffers (allocated once, before any capture, through
+``SpecDeviceState._dev``: the mechanisms are the step state's own parts), the device work
 before the verify, the verify's recurrence routing, its part of the device commit, the eager abort after a verify,
 and the counters one step adds. Everything here except :meth:`TTMechanism.start` and
 :meth:`~TTMechanism.abort_after_verify` is device-only and traceable. The commit it plugs into is
@@ -131,7 +132,7 @@ class ShadowCommit(TTMechanism):
     ring = True
 
     def buffers(self, spec, s):
-        return SpecLayerBuffers(ring=spec.dev(torch.zeros(spec.t * spec.hv, spec.dk, spec.dv), spec.ttnn.float32))
+        return SpecLayerBuffers(ring=spec._dev(torch.zeros(spec.t * spec.hv, spec.dk, spec.dv), spec.ttnn.float32))
 
     def start(self, spec):
         """Put the live recurrent state in ring slot 0 and point every head at it (count 0)."""
@@ -176,8 +177,8 @@ class Snapshot(TTMechanism):
     conv_write = True
 
     def buffers(self, spec, s):
-        return SpecLayerBuffers(snap_rec=spec.dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype),
-                                snap_conv=spec.dev(torch.zeros(list(s.conv.shape)), s.conv.dtype))
+        return SpecLayerBuffers(snap_rec=spec._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype),
+                                snap_conv=spec._dev(torch.zeros(list(s.conv.shape)), s.conv.dtype))
 
     def pre_verify(self, spec, s, bufs):
         spec.ttnn.copy(s.recurrent, bufs.snap_rec)
@@ -220,7 +221,7 @@ class Recompute(TTMechanism):
     readvance = True
 
     def buffers(self, spec, s):
-        return SpecLayerBuffers(scratch_rec=spec.dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype))
+        return SpecLayerBuffers(scratch_rec=spec._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype))
 
     def pre_verify(self, spec, s, bufs):
         spec.ttnn.copy(s.recurrent, bufs.scratch_rec)

@@ -38,6 +38,7 @@ from .mechanisms import GDNStateBytes, SpecLayerBuffers, TTMechanism, tt_mechani
 from .model import DecodeOutputs, TTQwen36Model
 from .model_config import TensorGroup, state_memory_config
 from .state import GDNLayerState, TTModelState
+
 SPEC_TILES_AT_HD256 = 11  # DESIGN 4.1: multi-position paged SDPA fits about 11 candidates at head_dim 256
 
 
@@ -126,8 +127,7 @@ class SpecDeviceState:
         self.allocate()
 
     # ---- allocation (before any capture) ----------------------------------------------------------------
-    def dev(self, x: torch.Tensor, dtype=None, layout=None):
-        """A persistent replicated device buffer holding ``x`` (fp32 TILE unless told)."""
+    def _dev(self, x: torch.Tensor, dtype=None, layout=None):
         ttnn = self.ttnn
         return ttnn.from_torch(x, dtype=dtype or ttnn.float32, layout=layout or ttnn.TILE_LAYOUT, device=self.mesh,
                                mesh_mapper=self.rep, memory_config=state_memory_config(ttnn))
@@ -138,19 +138,19 @@ class SpecDeviceState:
 
     def allocate(self) -> None:
         ttnn, t, kc = self.ttnn, self.t, self.kc
-        self.n = self.dev(torch.zeros(1, 1, 1, 1))
-        self.pending = self.dev(torch.zeros(1, 1, 1, 1))
-        self.drafts = self.dev(torch.zeros(1, 1, 1, self.k, dtype=torch.int32), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT)
-        self.c_ar = self.dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
-        self.c_one = self.dev(torch.ones(1, 1, 1, 1))
-        self.c_zero = self.dev(torch.zeros(1, 1, 1, 1))
+        self.n = self._dev(torch.zeros(1, 1, 1, 1))
+        self.pending = self._dev(torch.zeros(1, 1, 1, 1))
+        self.drafts = self._dev(torch.zeros(1, 1, 1, self.k, dtype=torch.int32), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT)
+        self.c_ar = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
+        self.c_one = self._dev(torch.ones(1, 1, 1, 1))
+        self.c_zero = self._dev(torch.zeros(1, 1, 1, 1))
         # conv commit: new state row i = window row a + 1 + i  ->  sel[i, c] = (c - i - 1 == a)
         cols = torch.arange(kc - 1 + t, dtype=torch.float32).reshape(1, -1)
         rows_ = torch.arange(kc - 1, dtype=torch.float32).reshape(-1, 1)
-        self.c_conv_sel = self.dev((cols - rows_ - 1).reshape(1, 1, kc - 1, kc - 1 + t))
-        self.c_rows = self.dev(torch.arange(t, dtype=torch.float32).reshape(1, t, 1))  # re-advance row mask base
-        self.c_tok_cols = self.dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
-        self.c_heads = self.dev(torch.arange(self.model.args.hkv_d, dtype=torch.float32).reshape(-1, 1))
+        self.c_conv_sel = self._dev((cols - rows_ - 1).reshape(1, 1, kc - 1, kc - 1 + t))
+        self.c_rows = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, t, 1))  # re-advance row mask base
+        self.c_tok_cols = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
+        self.c_heads = self._dev(torch.arange(self.model.args.hkv_d, dtype=torch.float32).reshape(-1, 1))
         for s in self.state.gdn_states():
             self.layer_bufs[id(s)] = self.mechanism.buffers(self, s)
 
