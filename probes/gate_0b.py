@@ -33,10 +33,10 @@ import torch
 from qwen36.errors import UserError
 from qwen36.probes.decode_cost import RandomCheckpoint, build_bench, qwen36_27b_config
 from qwen36.probes.records import ProbeReport
+from qwen36.speculative.mechanisms import MECHANISMS
 
 NAME = "gate-0b"
 HELP = "verify_cost_ratio (K+1-row verify / 1-row decode), draft/reseed/commit/accept cost at 27B shapes"
-MECHANISMS = ("shadow_commit", "snapshot", "recompute")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -237,7 +237,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
         reader = RandomCheckpoint(cfg, seed)
         mtp_w = load_mtp_weights(WeightLoader(reader, a, ttnn, mesh, progress=False))
         for k in ks:
-            spec, acc = spec_state(k, "shadow_commit")
+            spec, acc = spec_state(k, "shadow_commit")  # the zero-copy default; the record keys below name it
             vout, res, v_cost, acc_cost, pre = verify_phase(spec, acc)
             verify[k], accept[k] = v_cost, acc_cost
             commit_shadow[k] = commit_phase(spec, vout, res, pre)

@@ -1,6 +1,6 @@
 """Probe gdn-transaction: every commit mechanism x draft depth K x acceptance length a against the oracle.
 
-For K in {1, 2, 3, 7}, a in [0, K], mechanism in (snapshot, shadow_commit, recompute), one cell:
+For K in {1, 2, 3, 7}, a in [0, K], every mechanism in ``mechanisms.MECHANISMS``, one cell:
   1. prefill + 2 real speculative steps (the live state is non-trivial: GDN slots, MTP reseeded);
   2. drafts forced from the oracle's own greedy continuation with a wrong token at position a+1, so the
      greedy acceptance length is exactly a;
@@ -32,9 +32,10 @@ import torch
 
 from qwen36.numerics import pcc
 from qwen36.errors import UserError
-from qwen36.speculative.engine import MECHANISMS, speculative_step
+from qwen36.speculative.engine import speculative_step
+from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.oracle import greedy_continuation, replay, serial_decode
-from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft, ReferenceLive, expected_step_counters
+from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft, ReferenceLive
 from qwen36.speculative.sampling import SamplingParams
 from qwen36.probes.records import ProbeReport
 
@@ -122,7 +123,7 @@ def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, pro
     be.prefill(prompt, SamplingParams())
     for _ in range(DRIVE_STEPS):
         speculative_step(be, k)
-    pre = be.snapshot_live()
+    pre = be.live.clone()
     n = pre.state.pos
     cont = greedy_continuation(model, pre, k + 1)
     forced = ReferenceDraft(torch.tensor([forced_drafts(cont, k, a, vocab)], device=be.device), None)
@@ -142,7 +143,7 @@ def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, pro
     acc = be.accept(forced, verify)
     be.commit(acc)
     counters = {key: v - before[key] for key, v in be.counters.as_dict().items()}
-    expected = expected_step_counters(mechanism, k, acc.num_accepted, *be.gdn_layout)
+    expected = be.mechanism.expected_step_counters(k, acc.num_accepted, *be.gdn_layout)
     counters_ok = all(counters[key] == v for key, v in expected.items())
     if not counters_ok:
         failed.append("counters")
@@ -151,7 +152,7 @@ def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, pro
         failed.append("tokens")
 
     orc = replay(model, pre, acc.tokens)
-    bitwise = mechanism in ("snapshot", "recompute") and acc.num_accepted == 0
+    bitwise = be.mechanism.rerun_rows(k, acc.num_accepted) == 1  # a = 0 re-advanced like one decode step
     live = be.live
     end = n + acc.num_accepted + 1
     results = {
@@ -205,7 +206,7 @@ def run_matrix(model, *, ks=KS, mechanisms=MECHANISMS, factory: BackendFactory =
 
 # ---- entry point ------------------------------------------------------------------------------------
 def load_model(args):
-    from qwen36.commands.backends import REFERENCE_DEVICES, check_device
+    from qwen36.devices import REFERENCE_DEVICES, check_device
     from qwen36.reference.model import Qwen36Model
     from qwen36.tiny import make_tiny
 

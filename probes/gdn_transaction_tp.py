@@ -1,7 +1,7 @@
 """Probe gdn-transaction-tp: the speculative transaction driven through the TT path at TP=N (issue 7 item 7).
 
 Same matrix as ``gdn-transaction`` (the reference probe), through ``TTSpecBackend`` (traced verify+accept = trace A,
-traced MTP reseed/draft + commit = trace B) on the mesh: mechanism in (snapshot, shadow_commit, recompute) x
+traced MTP reseed/draft + commit = trace B) on the mesh: every mechanism in ``mechanisms.MECHANISMS`` x
 K in {1,2,3,7} x a in [0, K]. One cell:
 
   1. prefill + 2 real speculative steps with the device MTP drafter (step 1 eager, step 2 captures both traces;
@@ -20,8 +20,9 @@ K in {1,2,3,7} x a in [0, K]. One cell:
   6. continuation: 16 single-row greedy decode steps from the committed state (target KV rows >= n+a+1 poisoned
      with a large finite value (POISON) first: rejected rows must never be read) vs 16 from the oracle state
      (teacher-forced with its tokens): logits within tolerance, argmax equal except at near ties.
-Counters are checked against TT's own formula (:func:`tt_expected_step_counters`): the device shapes are fixed,
-so the cost does not depend on a (snapshot always restores; snapshot/recompute re-advance all K+1 rows masked).
+Counters are checked against TT's own closed form (``TTMechanism.expected_step_counters``, tt/mechanisms.py): the
+device shapes are fixed, so the cost does not depend on a (snapshot always restores; snapshot/recompute re-advance
+all K+1 rows masked).
 
 shadow_commit abort after verify is refused by design (the ring verify overwrites, in place, the slot it started
 from; undoing it would need the copy the mechanism exists to avoid): its cells test abort *before* verify and
@@ -46,12 +47,12 @@ import torch
 from qwen36.numerics import pcc
 from qwen36.errors import UserError
 from qwen36.probes.records import ProbeReport
+from qwen36.speculative.mechanisms import MECHANISMS
 
 NAME = "gdn-transaction-tp"
 HELP = ("speculative transaction through the TT path at TP=N: 3 mechanisms x K x acceptance length vs TT "
         "single-row decode replay (GDN, conv, KV, MTP KV, 16-step continuation)")
 KS = (1, 2, 3, 7)
-MECHS = ("snapshot", "shadow_commit", "recompute")
 DRIVE_STEPS = 2
 CONTINUATION_STEPS = 16
 PROMPT_LEN = 12
@@ -87,7 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "state; attention 2 KV heads per device, head_dim 256; 3 GDN + 1 attention layer, hidden 256")
     p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint with mtp.* (default: generated bf16)")
     p.add_argument("--ks", default=",".join(map(str, KS)), help="draft depths, comma-separated (gate: 1,2,3,7)")
-    p.add_argument("--mechanisms", default=",".join(MECHS))
+    p.add_argument("--mechanisms", default=",".join(MECHANISMS))
     p.add_argument("--accepts", default=None,
                    help="acceptance lengths to run per K (comma-separated; default every a in [0, K])")
     p.add_argument("--precision", default="accuracy")
@@ -150,25 +151,26 @@ class Probe:
         self.plain, self.prompt = plain, prompt
         self.drafter = TTMTPDrafter(reader)
         self.factory = backend_factory or TTSpecBackend
-        a = self.model.args
+        from qwen36.tt.mechanisms import GDNStateBytes
+
         self.n_gdn = len(gen.state.gdn_states())
-        c = a.cfg
-        self.conv_bytes = (c.linear_conv_kernel_dim - 1) * a.gdn_conv_dim_d * 4 * self.n_gdn
-        self.gdn_bytes = a.gdn_hv_d * c.linear_key_head_dim * c.linear_value_head_dim * 4 * self.n_gdn + self.conv_bytes
+        self.state_bytes = GDNStateBytes.of(self.model.args, self.n_gdn)
         self._draft_inputs: dict[int, object] = {}
 
     # ---- snapshots --------------------------------------------------------------------------------------
     def committed_rec(self, be, s) -> list[torch.Tensor]:
-        """The committed recurrent state of GDN layer ``s`` per device. shadow_commit: gathered from the ring at
-        the device ring index (block idx[h] for head h), i.e. what the next verify will start from."""
+        """The committed recurrent state of GDN layer ``s`` per device. Ring mechanisms (shadow_commit): gathered
+        from the ring at the device ring index (block idx[h] for head h), i.e. what the next verify will start from."""
         ttnn = self.ttnn
-        if be.mechanism != "shadow_commit" or be.spec is None:
+        if not be.mechanism.ring or be.spec is None:
             return per_device(ttnn, s.recurrent)
         ring = per_device(ttnn, be.spec.layer_bufs[id(s)].ring)
         idx = per_device(ttnn, be.acceptor.block_idx)
         return [r[i.reshape(-1).long()][None] for r, i in zip(ring, idx)]
 
     def snapshot(self, be) -> dict:
+        from qwen36.testing.tt import device_position, read_scalar
+
         ttnn, st = self.ttnn, self.gen.state
         gdn = st.gdn_states()
         kv = kv_states(st)
@@ -176,8 +178,8 @@ class Probe:
         snap = {"rec": [self.committed_rec(be, s) for s in gdn], "conv": [per_device(ttnn, s.conv) for s in gdn],
                 "kv": [(per_device(ttnn, s.k), per_device(ttnn, s.v)) for s in kv],
                 "mtp_kv": (per_device(ttnn, head.kv.k), per_device(ttnn, head.kv.v)),
-                "n": be.device_position(), "pending": int(be.spec.read_scalar(be.spec.pending)),
-                "block_idx": per_device(ttnn, be.acceptor.block_idx) if be.mechanism == "shadow_commit" else None}
+                "n": device_position(be), "pending": int(read_scalar(be.spec, be.spec.pending)),
+                "block_idx": per_device(ttnn, be.acceptor.block_idx) if be.mechanism.ring else None}
         return snap
 
     def restore_target(self, snap: dict, poison_from: int | None = None) -> None:
@@ -269,7 +271,7 @@ class Probe:
 
         # abort leg
         be.draft(k)
-        if mech == "shadow_commit":
+        if be.mechanism.ring:  # the ring verify overwrites the slot it started from: abort after it is refused
             abort_mode = "before verify (after verify: refused by design, see refusal cell)"
         else:
             be.spec.write_drafts(drafts)
@@ -281,7 +283,7 @@ class Probe:
         abort = {name: all(torch.equal(x, y) for x, y in zip(pv[name], av[name])) for name in pv}
         abort["pos"] = post_abort["n"] == n
         abort["pending"] = post_abort["pending"] == pre["pending"]
-        if mech == "shadow_commit":
+        if be.mechanism.ring:
             abort["ring_idx"] = all(torch.equal(x, y) for x, y in zip(pre["block_idx"], post_abort["block_idx"]))
         failed += [f"abort:{name}" for name, ok in abort.items() if not ok]
 
@@ -293,7 +295,7 @@ class Probe:
         acc = be.accept(None, v)
         be.commit(acc)
         counters = {key: val - before[key] for key, val in be.counters.as_dict().items()}
-        expected = tt_expected_step_counters(mech, k, acc.num_accepted, self.n_gdn, self.gdn_bytes, self.conv_bytes)
+        expected = be.mechanism.expected_step_counters(k, acc.num_accepted, self.n_gdn, self.state_bytes)
         if counters != expected:
             failed.append("counters")
         tokens_ok = acc.num_accepted == a and acc.tokens == cont[:a + 1]
@@ -352,11 +354,11 @@ class Probe:
         lg = torch.stack(logits)
         return lg, lg.argmax(-1).tolist()
 
-    def refusal_cell(self) -> dict:
-        """shadow_commit: abort after verify must be refused (ring slots overwritten in place)."""
+    def refusal_cell(self, mech: str) -> dict:
+        """A ring mechanism (shadow_commit): abort after verify must be refused (ring slots overwritten in place)."""
         from qwen36.tt.spec_backend import TTSpecBackend
 
-        be = TTSpecBackend(self.gen, "shadow_commit", drafter=self.drafter, use_trace=False)
+        be = TTSpecBackend(self.gen, mech, drafter=self.drafter, use_trace=False)
         self.label = be.label
         be.prefill(self.prompt)
         be.verify(be.draft(1))
@@ -365,28 +367,11 @@ class Probe:
             be.abort()
             refused = False
         except RuntimeError as e:
-            refused, msg = "shadow_commit" in str(e), str(e)
+            refused, msg = mech in str(e), str(e)
         be.close()
-        return {"cell": "shadow_commit abort-after-verify", "mechanism": "shadow_commit",
+        return {"cell": f"{mech} abort-after-verify", "mechanism": mech,
                 "result": "refused by design" if refused else "NOT refused", "reason": msg, "failed": [] if refused
                 else ["not_refused"], "pass": refused}
-
-
-def tt_expected_step_counters(mech: str, k: int, a: int, n_gdn: int, gdn_bytes: int, conv_bytes: int) -> dict:
-    """TT counters of one committed step. Device shapes are fixed, so nothing depends on a: the verify runs K+1
-    rows; shadow_commit writes K+1 ring slots and copies nothing; snapshot saves (verify) and restores (commit)
-    recurrent+conv every step (2 copies / layer) and re-advances all K+1 rows masked; recompute copies the
-    recurrent state to scratch (1 copy / layer, conv window kept by the verify) and re-advances K+1 rows masked.
-    ``a`` is accepted for symmetry with the reference formula and deliberately unused."""
-    del a
-    t = k + 1
-    return {
-        "steps": 1, "aborts": 0, "target_forwards": 1, "mtp_forwards": k,
-        "state_copies": {"shadow_commit": 0, "snapshot": 2 * n_gdn, "recompute": n_gdn}[mech],
-        "state_bytes_moved": {"shadow_commit": 0, "snapshot": 2 * gdn_bytes, "recompute": gdn_bytes - conv_bytes}[mech],
-        "slot_bytes_written": t * gdn_bytes if mech == "shadow_commit" else 0,
-        "recurrence_steps": t * n_gdn * (1 if mech == "shadow_commit" else 2),
-    }
 
 
 def compare(xs: list[torch.Tensor], ys: list[torch.Tensor], name: str) -> dict:
@@ -411,7 +396,7 @@ def argmax_flips(lg: torch.Tensor, ref: torch.Tensor) -> list[dict]:
     return out
 
 
-def run_matrix(probe: Probe, ks=KS, mechs=MECHS, accepts=None) -> tuple[list[dict], dict]:
+def run_matrix(probe: Probe, ks=KS, mechs=MECHANISMS, accepts=None) -> tuple[list[dict], dict]:
     cells, totals = [], {m: {} for m in mechs}
     for k in ks:
         for a in range(k + 1):
@@ -422,8 +407,9 @@ def run_matrix(probe: Probe, ks=KS, mechs=MECHS, accepts=None) -> tuple[list[dic
                 cells.append(c)
                 for key, v in c["counters"].items():
                     totals[m][key] = totals[m].get(key, 0) + v
-    if "shadow_commit" in mechs:
-        cells.append(probe.refusal_cell())
+    from qwen36.tt.mechanisms import TT_MECHANISMS
+
+    cells += [probe.refusal_cell(m) for m in mechs if TT_MECHANISMS[m].ring]
     return cells, totals
 
 
@@ -442,13 +428,13 @@ def open_probe(ckpt: Path, device: str, precision: str, seed: int, backend_facto
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from qwen36.tt.testing import make_bf16_checkpoint
+    from qwen36.testing.tt import make_bf16_checkpoint
 
     ks = tuple(int(x) for x in args.ks.split(","))
     mechs = tuple(args.mechanisms.split(","))
     accepts = None if args.accepts is None else {int(x) for x in args.accepts.split(",")}
-    if any(k < 1 for k in ks) or any(m not in MECHS for m in mechs):
-        raise UserError(f"--ks must be positive and --mechanisms in {MECHS}; got {args.ks!r} {args.mechanisms!r}")
+    if any(k < 1 for k in ks) or any(m not in MECHANISMS for m in mechs):
+        raise UserError(f"--ks must be positive and --mechanisms in {MECHANISMS}; got {args.ks!r} {args.mechanisms!r}")
     if args.device.startswith("reference"):
         raise UserError(f"probe {NAME} runs the TT path (--device emulated-p150x2 or p150x2); "
                         "for the reference backend use `qwen36 probe gdn-transaction`")
@@ -470,7 +456,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
     cfg = a.cfg
     worst = {name: max((c[name]["max_abs"] for c in cells if name in c), default=0.0) for name in TOLERANCES}
     worst_pcc = {name: min((c[name]["pcc"] for c in cells if name in c), default=1.0) for name in TOLERANCES}
-    full_grid = accepts is None and set(ks) >= set(KS) and set(mechs) >= set(MECHS)
+    full_grid = accepts is None and set(ks) >= set(KS) and set(mechs) >= set(MECHANISMS)
     return ProbeReport(
         probe=NAME, backend=label,
         config={"checkpoint": source, "full": bool(args.full), "ks": list(ks), "mechanisms": list(mechs),
@@ -486,4 +472,4 @@ def run(args: argparse.Namespace) -> ProbeReport:
         notes={"wall_s_measured": round(time.perf_counter() - t0, 2),
                "peak_rss_mib_measured": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                "worst_max_abs_measured": worst, "worst_pcc_measured": worst_pcc,
-               "counters_formula": "tt_expected_step_counters (fixed device shapes; independent of a)"})
+               "counters_formula": "TTMechanism.expected_step_counters (fixed device shapes; independent of a)"})

@@ -12,20 +12,20 @@ import time
 from pathlib import Path
 
 from qwen36.probes.records import ProbeReport
+from qwen36.speculative.mechanisms import MECHANISMS
 
 NAME = "lossless"
 HELP = "TT speculative greedy == TT plain greedy == reference greedy (K x mechanisms, shipped checkpoint)"
 KS = (1, 2, 3, 4, 5, 6, 7)
-MECHS = ("shadow_commit", "snapshot", "recompute")
 DEFAULT_PROMPT = [5, 100, 7, 300, 12, 44, 901, 17, 3, 250]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from qwen36.commands.common import DEFAULT_CHECKPOINT  # the shipped checkpoint, wherever we run from
+    from qwen36 import DEFAULT_CHECKPOINT  # the shipped checkpoint, wherever we run from
 
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     p.add_argument("--ks", default=",".join(map(str, KS)))
-    p.add_argument("--mechanisms", default=",".join(MECHS))
+    p.add_argument("--mechanisms", default=",".join(MECHANISMS))
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--ids", default=",".join(map(str, DEFAULT_PROMPT)), help="prompt token ids")
 
@@ -82,5 +82,5 @@ def run(args: argparse.Namespace) -> ProbeReport:
     return ProbeReport(probe=NAME, backend=gen.label,
                        config={"checkpoint": str(args.checkpoint), "ks": list(ks), "mechanisms": list(mechs),
                                "prompt": prompt, "max_new_tokens": args.max_new_tokens, "precision": "accuracy"},
-                       cells=cells, gate_complete=set(ks) >= set(KS) and set(mechs) >= set(MECHS),
+                       cells=cells, gate_complete=set(ks) >= set(KS) and set(mechs) >= set(MECHANISMS),
                        notes={"wall_s_measured": round(time.perf_counter() - t0, 2)})

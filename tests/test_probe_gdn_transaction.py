@@ -10,6 +10,7 @@ import torch
 from qwen36.errors import UserError
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.reference_backend import ReferenceBackend
+from qwen36.speculative.reference_mechanisms import ShadowCommit, Snapshot
 from qwen36.probes import gdn_transaction as probe
 
 
@@ -36,19 +37,19 @@ def test_probe_passes_every_cell_at_ci_size():
             assert c["gdn_recurrent"]["bit_equal"] and c["target_kv"]["bit_equal"], c["cell"]
 
 
-class OffByOneSlot(ReferenceBackend):
-    def _select_slots(self, slots, a):
-        super()._select_slots(slots, a - 1)
+class OffByOneSlot(ShadowCommit):
+    def select_slots(self, be, slots, a):
+        super().select_slots(be, slots, a - 1)
 
 
-class SnapshotWithoutRestore(ReferenceBackend):
-    def _restore(self, saved):
+class SnapshotWithoutRestore(Snapshot):
+    def restore(self, be, saved):
         pass  # re-advances on top of the already advanced state
 
 
 class RecomputeOneRowShort(ReferenceBackend):
-    def _advance(self, rows):
-        super()._advance(rows[:, :-1] if rows.shape[1] > 1 else rows)
+    def advance(self, rows):
+        super().advance(rows[:, :-1] if rows.shape[1] > 1 else rows)
         self.live.state.pos = self.live.state.pos + (1 if rows.shape[1] > 1 else 0)
 
 
@@ -58,9 +59,14 @@ class AbortForgetsShadow(ReferenceBackend):
         super().abort()
 
 
+def with_mechanism(broken: type):
+    """A backend factory whose backends run the (deliberately broken) mechanism class ``broken``."""
+    return lambda model, mechanism, max_len: ReferenceBackend(model, broken(), max_len)
+
+
 @pytest.mark.parametrize("factory,mechanism,must_fail,broken_at", [
-    (OffByOneSlot, "shadow_commit", "gdn_recurrent", (0, 1, 2)),
-    (SnapshotWithoutRestore, "snapshot", "gdn_recurrent", (0, 1)),  # only partial acceptance restores
+    (with_mechanism(OffByOneSlot), "shadow_commit", "gdn_recurrent", (0, 1, 2)),
+    (with_mechanism(SnapshotWithoutRestore), "snapshot", "gdn_recurrent", (0, 1)),  # only partial acceptance restores
     (RecomputeOneRowShort, "recompute", "gdn_recurrent", (1, 2)),  # a = 0 re-runs one row: nothing to drop
     (AbortForgetsShadow, "shadow_commit", "abort:gdn_recurrent", (0, 1, 2)),
 ])

@@ -44,7 +44,7 @@ def test_gate0b_two_kv_heads_per_device():
     view), ratio > 1, figures modelled."""
     import dataclasses
 
-    from qwen36.tt.testing import tp4_config
+    from qwen36.testing.tt import tp4_config
     from qwen36.probes import gate_0b
 
     cfg = dataclasses.replace(tp4_config(), eos_token_id=())

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from qwen36.reference.model import Qwen36Model, greedy_generate
-from qwen36.speculative.engine import (MECHANISMS, Acceptance, MechanismCounters, SpecBackend, speculative_generate,
-                                       speculative_step)
-from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft, expected_step_counters
+from qwen36.speculative.engine import Acceptance, MechanismCounters, SpecBackend, speculative_generate, speculative_step
+from qwen36.speculative.mechanisms import MECHANISMS
+from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+from qwen36.testing.speculative import load_live
 
 from test_spec_acceptance import P_VALUE_MIN, chi_square_p
 
@@ -155,7 +156,7 @@ def test_mechanism_counters(model, mechanism):
     c = be.counters
     want = {}
     for a in out.stats.accepted:
-        for key, v in expected_step_counters(mechanism, k, a, n_gdn, nbytes).items():
+        for key, v in be.mechanism.expected_step_counters(k, a, n_gdn, nbytes).items():
             want[key] = want.get(key, 0) + v
     assert c.as_dict() == want
     accepted_rows = sum(a + 1 for a in out.stats.accepted)
@@ -200,7 +201,7 @@ def test_stochastic_exactness_end_to_end(model, drafts, mechanism):
     # the target's own law: p1 after the pending token, p2 after each possible first token
     probe = ReferenceBackend(model, "shadow_commit", 32)
     probe.prefill(p, params)
-    pre = probe.snapshot_live()
+    pre = probe.live.clone()
     st = pre.state.clone()
     p1 = probs_from_logits(model(torch.tensor([[pre.pending]]), st).logits[0, -1], params)
     support = p1.nonzero().flatten().tolist()
@@ -221,7 +222,7 @@ def test_stochastic_exactness_end_to_end(model, drafts, mechanism):
     counts = torch.zeros(v, v, dtype=torch.float64)
     accepted = []
     for _ in range(n):
-        be.load_live(pre)
+        load_live(be, pre)
         emitted = []
         while len(emitted) < 2:
             acc = speculative_step(be, k)

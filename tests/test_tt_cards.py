@@ -19,7 +19,7 @@ def cards():
 
 @pytest.fixture(scope="module")
 def ckpt(cards, tmp_path_factory):
-    from qwen36.tt.testing import make_bf16_checkpoint
+    from qwen36.testing.tt import make_bf16_checkpoint
 
     return make_bf16_checkpoint(tmp_path_factory.mktemp("tt-cards-ci"), "ci", seed=0)
 
@@ -31,7 +31,7 @@ def test_layers_on_cards(cards, ckpt, preset, layer_id):
 
     from qwen36.tt.model_config import PrecisionSetting
     from qwen36.tt.pcc import PCC_GATES, comp_pcc
-    from qwen36.tt.testing import LayerHarness
+    from qwen36.testing.tt import LayerHarness
 
     gate = PCC_GATES["layer_bf16" if preset == "accuracy" else "layer_bf8"]
     with open_mesh("p150x2") as ctx:

@@ -10,7 +10,7 @@ import torch
 
 from qwen36.tt.model_config import PrecisionSetting
 from qwen36.tt.pcc import PCC_GATES, comp_pcc
-from qwen36.tt.testing import LayerHarness, make_bf16_checkpoint
+from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
 
 PRESET_GATE = {"accuracy": "layer_bf16", "performance": "layer_bf8"}
 PROMPT = 40  # two 32-row GDN chunks, one partial: exercises chunk padding

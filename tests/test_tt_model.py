@@ -10,7 +10,7 @@ from qwen36.tiny import PRESETS
 from qwen36.tt.generator import TTGenerator
 from qwen36.tt.model_config import PrecisionSetting, TPSplitError, TTModelArgs
 from qwen36.tt.pcc import PCC_GATES, comp_pcc
-from qwen36.tt.testing import make_bf16_checkpoint, tp4_config
+from qwen36.testing.tt import make_bf16_checkpoint, tp4_config
 
 DECODE_STEPS = 32
 # Random-weight tiny models have near-ties (reference top-2 gaps down to ~1e-3) that no bf16 arithmetic can

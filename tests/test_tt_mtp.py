@@ -22,7 +22,7 @@ from qwen36.tt.model import TTQwen36Model
 from qwen36.tt.model_config import PrecisionSetting, TTModelArgs
 from qwen36.tt.mtp import TTMTPHead, load_tt_mtp
 from qwen36.tt.pcc import PCC_GATES, comp_pcc
-from qwen36.tt.testing import make_bf16_checkpoint
+from qwen36.testing.tt import make_bf16_checkpoint
 from qwen36.tt.trace import TracedStep
 from qwen36.tt.weights import WeightLoader, load_mtp_weights
 from qwen36.speculative.sampling import SamplingParams

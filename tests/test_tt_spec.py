@@ -2,13 +2,18 @@
 traced step == untraced step bit for bit, verify vs decode agreement, probes at CI size, CLI."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from qwen36.speculative.engine import speculative_generate
 from qwen36.tt.generator import TTGenerator
 from qwen36.tt.spec_backend import TTSpecBackend
-from qwen36.tt.testing import make_bf16_checkpoint
+from qwen36.speculative.mechanisms import MECHANISMS
+from qwen36.testing.speculative import oracle_drafter
+from qwen36.testing.tt import device_position, make_bf16_checkpoint
+from qwen36.tt.mechanisms import GDNStateBytes
 from qwen36.tt.verify import VerifyShapeError, check_verify_shape
 
 PROMPT = list(range(5, 17))
@@ -31,27 +36,10 @@ def plain(gen):
     return out
 
 
-def oracle_drafter(plain):
-    """Drafts from the known greedy sequence with a deliberate miss at every 3rd/5th position: mixed a."""
-    seq = PROMPT + plain
-
-    def draft(hist, k):
-        i = len(hist)
-        out = []
-        for j in range(k):
-            tok = seq[i + j] if i + j < len(seq) else 0
-            if (i + j) % 3 == 0 or (i + j) % 5 == 0:
-                tok = (tok + 1) % 512
-            out.append(tok)
-        return out
-
-    return draft
-
-
-@pytest.mark.parametrize("mech", ["shadow_commit", "snapshot", "recompute"])
+@pytest.mark.parametrize("mech", MECHANISMS)
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_spec_greedy_lossless_vs_plain(gen, plain, mech, k):
-    be = TTSpecBackend(gen, mech, drafter=oracle_drafter(plain), use_trace=True)
+    be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, plain), use_trace=True)
     r = speculative_generate(be, PROMPT, MAX_NEW, k)
     be.close()
     assert r.tokens == plain
@@ -66,7 +54,7 @@ def test_spec_greedy_lossless_vs_plain(gen, plain, mech, k):
 
 def _run_recording(gen, plain, mech, k, steps, use_trace):
     """Run `steps` spec steps; record per-step verify logits + acceptor result (host reads after each step)."""
-    be = TTSpecBackend(gen, mech, drafter=oracle_drafter(plain), use_trace=use_trace)
+    be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, plain), use_trace=use_trace)
     be.prefill(PROMPT)
     logits, accs = [], []
     for _ in range(steps):
@@ -76,7 +64,7 @@ def _run_recording(gen, plain, mech, k, steps, use_trace):
         acc = be.accept(d, v)
         be.commit(acc)
         accs.append((acc.num_accepted, acc.tokens))
-    pos = be.device_position()
+    pos = device_position(be)
     n_traces = len(be._traces)
     be.close()
     return logits, accs, pos, n_traces
@@ -108,7 +96,7 @@ def test_verify_vs_decode_shared_rows(gen):
 
 
 def test_abort_after_verify_restores(gen, plain):
-    be = TTSpecBackend(gen, "snapshot", drafter=oracle_drafter(plain), use_trace=False)
+    be = TTSpecBackend(gen, "snapshot", drafter=oracle_drafter(PROMPT, plain), use_trace=False)
     be.prefill(PROMPT)
     d = be.draft(3)
     be.verify(d)
@@ -120,11 +108,21 @@ def test_abort_after_verify_restores(gen, plain):
         be.commit(acc)
         r_tokens += acc.tokens
     assert r_tokens[:12] == plain[1:13]
-    sh = TTSpecBackend(gen, "shadow_commit", drafter=oracle_drafter(plain), use_trace=False)
+    sh = TTSpecBackend(gen, "shadow_commit", drafter=oracle_drafter(PROMPT, plain), use_trace=False)
     sh.prefill(PROMPT)
     sh.verify(sh.draft(2))
     with pytest.raises(RuntimeError, match="shadow_commit"):
         sh.abort()
+
+
+def test_state_bytes_formula_matches_the_allocated_state(gen):
+    """The one GDN state-bytes formula (counters, probes) == the logical fp32 bytes of the allocated per-device state
+    (the emulator's ``bytes_per_device`` also counts tile padding: 16x16 heads at the CI size pad to 32x32)."""
+    ttnn, gdn = gen.ttnn, gen.state.gdn_states()
+    nbytes = GDNStateBytes.of(gen.model.args, len(gdn))
+    assert all(s.recurrent.dtype == s.conv.dtype == ttnn.float32 for s in gdn)
+    assert nbytes.recurrent == sum(math.prod(s.recurrent.shape) * 4 for s in gdn) > 0
+    assert nbytes.conv == sum(math.prod(s.conv.shape) * 4 for s in gdn) > 0
 
 
 def test_refuses_shapes_the_kernel_cannot_run(gen):

@@ -10,9 +10,9 @@ import pytest
 from qwen36.speculative.engine import speculative_generate
 from qwen36.tt.generator import TTGenerator
 from qwen36.tt.spec_backend import TTSpecBackend
-from qwen36.tt.testing import make_bf16_checkpoint, tp4_config
+from qwen36.testing.tt import make_bf16_checkpoint, tp4_config
 from qwen36.tt.verify import VerifyShapeError, check_verify_shape
-from tests.test_tt_spec import oracle_drafter
+from qwen36.testing.speculative import oracle_drafter
 
 PROMPT = list(range(5, 17))
 MAX_NEW = 16
@@ -58,7 +58,7 @@ def test_verify_equals_sequential_decode(gen, k, paged):
 @pytest.mark.parametrize("mech", ["shadow_commit", "snapshot"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_spec_greedy_lossless_two_kv_heads(gen, plain, mech, k):
-    be = TTSpecBackend(gen, mech, drafter=oracle_drafter(plain), use_trace=True)
+    be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, plain), use_trace=True)
     r = speculative_generate(be, PROMPT, MAX_NEW, k)
     be.close()
     assert r.tokens == plain

@@ -24,7 +24,7 @@ import torch
 
 from qwen36.tt.generator import DEFAULT_TRACE_REGION
 from qwen36.tt.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
-from qwen36.tt.testing import make_bf16_checkpoint
+from qwen36.testing.tt import make_bf16_checkpoint
 from qwen36.tt import vllm_types as vt
 from qwen36.tt_ops.device import open_mesh
 

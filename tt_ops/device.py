@@ -207,8 +207,20 @@ def _open_hardware(name, trace_region_size, l1_small_size, num_command_queues,
                        device_name=name, _closer=_close)
 
 
+def ttnn_for_mesh(mesh_device):
+    """The ttnn module that drives ``mesh_device``: an emulated mesh carries its own ttnn facade; a mesh that a
+    caller opened itself (vllm-tt opens the cards and hands the model the device) is driven by the real module."""
+    emulated = getattr(mesh_device, "ttnn", None)
+    if emulated is not None:
+        return emulated
+    import ttnn
+
+    return ttnn
+
+
 __all__ = [
     "open_mesh",
+    "ttnn_for_mesh",
     "MeshContext",
     "DeviceSelectionError",
     "resolve_device_name",

@@ -8,16 +8,8 @@ from pathlib import Path
 
 import torch
 
+from ..devices import REFERENCE_DEVICES, TT_DEVICES, check_device  # noqa: F401  (re-exported for the commands)
 from ..errors import UserError
-
-REFERENCE_DEVICES = ("reference", "reference-cuda")
-TT_DEVICES = ("emulated-p150", "emulated-p150x2", "emulated-p150x4", "p150", "p150x2", "p150x4")
-
-
-def check_device(name: str) -> str:
-    if name not in REFERENCE_DEVICES + TT_DEVICES:
-        raise UserError(f"unknown --device {name!r}; choose from {', '.join(REFERENCE_DEVICES + TT_DEVICES)}")
-    return name
 
 
 def reference_label(device: str) -> str:

@@ -5,9 +5,9 @@ import argparse
 import os
 from pathlib import Path
 
+from .. import DEFAULT_CHECKPOINT  # noqa: F401  (re-exported for the commands)
 from ..errors import UserError
 
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_checkpoint"
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float64": "float64"}
 
 

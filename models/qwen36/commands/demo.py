@@ -59,12 +59,12 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..speculative.cli_support import backend_config, format_stats, load_backend
     from ..speculative.engine import speculative_generate
     from ..speculative.sampling import SamplingParams
     from ..tokenizer import load_tokenizer
     from .backends import check_device
     from .common import torch_dtype
+    from .speculative_generate import backend_config, format_stats, load_backend
 
     check_device(args.device)
     if args.spec_k < 1:

@@ -5,6 +5,7 @@ import argparse
 import time
 
 from ..errors import UserError
+from ..speculative.mechanisms import DEFAULT_MECHANISM, DRAFT_MODES, MECHANISMS
 from .common import add_checkpoint_arg, parse_ids, positive_int, resolve_checkpoint, torch_dtype
 
 
@@ -26,13 +27,12 @@ def add_spec_args(p: argparse.ArgumentParser, default_k: int = 0) -> None:
     g = p.add_argument_group("speculative decoding (MTP)")
     g.add_argument("--spec-k", type=int, default=default_k,
                    help="draft depth K" + (" (0 = plain decoding)" if default_k == 0 else ""))
-    g.add_argument("--commit", default="shadow_commit", choices=["snapshot", "shadow_commit", "recompute"],
-                   help="GDN/conv state commit mechanism")
+    g.add_argument("--commit", default=DEFAULT_MECHANISM, choices=MECHANISMS, help="GDN/conv state commit mechanism")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; >0 = stochastic rejection sampling")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--draft", default="sample", choices=["sample", "greedy"],
+    g.add_argument("--draft", default=DRAFT_MODES[0], choices=DRAFT_MODES,
                    help="stochastic mode only: MTP drafts sampled from the transformed draft distribution (default) "
                         "or argmax drafts (acceptance then uses a one-hot draft distribution)")
 
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt = resolve_checkpoint(args.checkpoint)
     ids, tok = encode_prompt(args, ckpt)
     if args.spec_k > 0:
-        from ..speculative.cli_support import run_speculative_generate
+        from .speculative_generate import run_speculative_generate
 
         return run_speculative_generate(args, ckpt, ids, tok)
     if args.temperature != 0.0:

@@ -17,8 +17,6 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 from .depth import DepthController, FixedDepth
 from .sampling import SamplingParams
 
-MECHANISMS = ("snapshot", "shadow_commit", "recompute")  # GDN/conv state commit mechanisms (DESIGN 4)
-
 
 @dataclass
 class Acceptance:
@@ -30,10 +28,6 @@ class Acceptance:
     def __post_init__(self) -> None:
         if len(self.tokens) != self.num_accepted + 1:
             raise ValueError(f"an acceptance emits num_accepted + 1 tokens, got {self.num_accepted} and {self.tokens}")
-
-    @classmethod
-    def dummy(cls, num_accepted: int = 0) -> "Acceptance":
-        return cls(num_accepted, list(range(num_accepted + 1)))
 
 
 @dataclass
@@ -68,11 +62,12 @@ class SpecBackend(Protocol):
     """The contract a backend implements. Batch 1; K >= 1; handles are backend-private.
 
     label: what actually runs, derived from the live objects (e.g. "reference (torch CPU)").
-    mechanism: one of MECHANISMS, fixed at construction. counters: a MechanismCounters, updated in place.
+    mechanism: the backend's commit mechanism object (named in ``mechanisms.MECHANISMS``; ``.name`` is the name),
+    fixed at construction. counters: a MechanismCounters, updated in place.
     """
 
     label: str
-    mechanism: str
+    mechanism: Any
     counters: MechanismCounters
 
     def prefill(self, prompt: Sequence[int], params: SamplingParams) -> int:

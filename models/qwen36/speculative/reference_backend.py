@@ -3,22 +3,16 @@
 Live state (:class:`ReferenceLive`): target ModelState (KV + GDN recurrent + conv), MTPState, the pending token
 (sampled, not yet consumed by the target) and the reseed rows (verified rows the MTP has not consumed yet).
 
-Mechanisms for GDN recurrent + conv state (KV needs none: rows past the accepted prefix are never attended
-and are overwritten by later writes at the same positions):
+The GDN recurrent + conv state is routed through each step by the commit mechanism, one object per name
+(``reference_mechanisms.py``; the names and why there are three: ``mechanisms.py``). KV needs none: rows past the
+accepted prefix are never attended and are overwritten by later writes at the same positions.
 
-* ``snapshot``:      verify copies live GDN state (1 copy / GDN layer), advances live through K+1 rows; commit
-                     with a < K restores the copy (1 copy / layer) and re-advances the a+1 accepted rows.
-* ``shadow_commit``: verify runs on live and keeps the state after every row (slots); commit points live at
-                     slot a: zero copies. The reference model never mutates state tensors in place (it
-                     reassigns them), so "pointing at a slot" is an assignment, like a ring index on device.
-* ``recompute``:     verify runs on a scratch copy (1 copy / layer); commit re-runs the a+1 accepted rows on live.
-
-The reference backend also exposes finer primitives for probes: :attr:`live`, :meth:`snapshot_live`.
+The probes read :attr:`ReferenceBackend.live` directly (and copy it with ``live.clone()``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
@@ -27,10 +21,10 @@ from ..reference.gdn import GDNPerToken
 from ..reference.model import Qwen36Model
 from ..reference.state import GDNState, ModelState, MTPState
 from .acceptance import ONE_HOT_DRAFT, greedy_accept, rejection_sample
-from .engine import MECHANISMS, Acceptance, MechanismCounters
+from .engine import Acceptance, MechanismCounters
+from .mechanisms import DEFAULT_MECHANISM
+from .reference_mechanisms import VERIFY_GDN_MODE, ReferenceMechanism, reference_mechanism
 from .sampling import SamplingParams, pick_token, probs_from_logits, sample
-
-VERIFY_GDN_MODE = "recurrent"  # the token-by-token recurrence, as in single-row decode
 
 
 def reference_backend_label(model: Qwen36Model) -> str:
@@ -90,22 +84,22 @@ class _Transaction:
     mtp_pos: int
     k: int = 0
     verified: bool = False
-    refs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # shadow: pre-verify tensors
-    saved: list[GDNState] = field(default_factory=list)  # snapshot: copies of live GDN state
+    saved: Any = None  # the mechanism's: snapshot copies, shadow_commit's pre-verify tensors (references)
     verify: "ReferenceVerify | None" = None  # the step's verify handle (commit reads rows, hiddens, slots)
     rng_state: torch.Tensor | None = None  # sampler state before the step (abort rewinds it)
 
 
 class ReferenceBackend:
-    """SpecBackend on the torch reference model. ``mechanism`` in MECHANISMS; ``max_len`` sizes the KV caches."""
+    """SpecBackend on the torch reference model. ``mechanism``: a name in ``mechanisms.MECHANISMS`` (or a built
+    ReferenceMechanism); ``max_len`` sizes the KV caches."""
 
-    def __init__(self, model: Qwen36Model, mechanism: str = "shadow_commit", max_len: int = 2048):
-        if mechanism not in MECHANISMS:
-            raise ValueError(f"unknown commit mechanism {mechanism!r}; choose from {MECHANISMS}")
+    def __init__(self, model: Qwen36Model, mechanism: str | ReferenceMechanism = DEFAULT_MECHANISM,
+                 max_len: int = 2048):
+        mech = reference_mechanism(mechanism)
         if model.mtp is None:
             raise ValueError("speculative decoding needs the MTP head: the checkpoint has no 'mtp.*' tensors")
         self.model = model
-        self.mechanism = mechanism
+        self.mechanism = mech
         self.max_len = max_len
         self.label = reference_backend_label(model)
         self.counters = MechanismCounters()
@@ -113,33 +107,23 @@ class ReferenceBackend:
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
         self._txn: _Transaction | None = None
-        self._gdn_ids = [i for i, t in enumerate(model.config.layer_types) if t != FULL]
+        self.gdn_ids = [i for i, t in enumerate(model.config.layer_types) if t != FULL]
 
     @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
-    def _gdn(self, state: ModelState | None = None) -> list[GDNState]:
-        state = state or self.live.state
-        return [state.layers[i] for i in self._gdn_ids]
+    def gdn(self) -> list[GDNState]:
+        """The live GDN layer states."""
+        return [self.live.state.layers[i] for i in self.gdn_ids]
 
-    def _gdn_bytes(self) -> int:
-        return sum(g.nbytes() for g in self._gdn())
+    def gdn_bytes(self) -> int:
+        return sum(g.nbytes() for g in self.gdn())
 
     @property
     def gdn_layout(self) -> tuple[int, int]:
         """(number of GDN layers, bytes of all GDN recurrent + conv state) of the live state."""
-        return len(self._gdn_ids), self._gdn_bytes()
-
-    def snapshot_live(self) -> ReferenceLive:
-        """A deep copy of everything live (probes compare against it)."""
-        return self.live.clone()
-
-    def load_live(self, live: ReferenceLive) -> None:
-        """Replace the live state (outside a step) with a deep copy of ``live``; the sampler keeps running."""
-        if self._txn is not None:
-            raise RuntimeError("load_live() inside an open step")
-        self.live = live.clone()
+        return len(self.gdn_ids), self.gdn_bytes()
 
     # ---- the contract ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -170,12 +154,11 @@ class ReferenceBackend:
             raise ValueError(f"KV cache full: position {self.live.state.pos} + {k + 1} rows > max_len {self.max_len}")
         live, p = self.live, self.params
         self._txn = _Transaction(live.state.pos, live.mtp.pos, k, rng_state=self.generator.get_state())
-        sample_drafts = not p.greedy and p.draft == "sample"
-        pick = (lambda lg: sample(probs_from_logits(lg, p), self.generator)) if sample_drafts else None
+        pick = (lambda lg: sample(probs_from_logits(lg, p), self.generator)) if p.sampled_drafts else None
         r = live.reseed
         out = self.model.mtp_draft(live.mtp, r.tokens, r.hidden, r.pos0, k, pick=pick)  # reseed + chain
         self.counters.mtp_forwards += k
-        return ReferenceDraft(out.tokens, probs_from_logits(out.logits, p) if sample_drafts else ONE_HOT_DRAFT)
+        return ReferenceDraft(out.tokens, probs_from_logits(out.logits, p) if p.sampled_drafts else ONE_HOT_DRAFT)
 
     @torch.no_grad()
     def verify(self, draft: ReferenceDraft) -> ReferenceVerify:
@@ -183,23 +166,9 @@ class ReferenceBackend:
         if txn is None or txn.verified:
             raise RuntimeError("verify() needs exactly one draft() before it")
         rows = torch.cat([draft.tokens.new_tensor([[live.pending]]), draft.tokens], dim=1)  # [1, K+1]
-        n_gdn, k1 = len(self._gdn_ids), rows.shape[1]
-        if self.mechanism == "shadow_commit":
-            txn.refs = [(g.recurrent, g.conv) for g in self._gdn()]  # references, not copies
-            out = self.model(rows, live.state, gdn_mode=VERIFY_GDN_MODE, per_token_states=True)
-            c.slot_bytes_written += k1 * self._gdn_bytes()
-        elif self.mechanism == "snapshot":
-            c.state_bytes_moved += self._gdn_bytes()
-            txn.saved = [g.clone() for g in self._gdn()]
-            c.state_copies += n_gdn
-            out = self.model(rows, live.state, gdn_mode=VERIFY_GDN_MODE)
-        else:  # recompute: scratch GDN copies, shared KV (rows >= pos are scratch space anyway)
-            c.state_bytes_moved += self._gdn_bytes()
-            scratch = ModelState([s.clone() if isinstance(s, GDNState) else s for s in live.state.layers], live.state.pos)
-            c.state_copies += n_gdn
-            out = self.model(rows, scratch, gdn_mode=VERIFY_GDN_MODE)
+        out = self.mechanism.verify(self, txn, rows)
         c.target_forwards += 1
-        c.recurrence_steps += k1 * n_gdn
+        c.recurrence_steps += rows.shape[1] * len(self.gdn_ids)
         txn.verified = True
         txn.verify = ReferenceVerify(rows, out.logits, out.hidden, out.gdn_per_token)
         return txn.verify
@@ -225,16 +194,7 @@ class ReferenceBackend:
         if not 0 <= a <= txn.k:
             raise ValueError(f"num_accepted {a} outside [0, {txn.k}]")
         accepted_rows = verify.rows[:, : a + 1]
-        if self.mechanism == "shadow_commit":
-            self._select_slots(verify.slots, a)
-            live.state.pos = n + a + 1
-        elif self.mechanism == "snapshot":
-            if a < txn.k:  # partial acceptance: restore and re-advance the accepted rows
-                self._restore(txn.saved)
-                live.state.pos = n
-                self._advance(accepted_rows)
-        else:  # recompute: live was never touched by the verify
-            self._advance(accepted_rows)
+        self.mechanism.commit(self, txn, a, accepted_rows)
         assert live.state.pos == n + a + 1
         toks = accepted_rows.new_tensor([acceptance.tokens])  # x_{t+1} for t = n..n+a
         live.reseed = Reseed(toks, verify.hidden[:, : a + 1], n)
@@ -247,48 +207,16 @@ class ReferenceBackend:
         txn, live = self._txn, self.live
         if txn is None:
             raise RuntimeError("abort() outside a step")
-        if txn.verified and self.mechanism == "shadow_commit":
-            for g, (rec, conv) in zip(self._gdn(), txn.refs):
-                g.recurrent, g.conv = rec, conv
-        elif txn.verified and self.mechanism == "snapshot":
-            self._restore(txn.saved)
+        if txn.verified:
+            self.mechanism.abort(self, txn)
         live.state.pos, live.mtp.pos = txn.pos, txn.mtp_pos  # MTP rows >= mtp.pos get rewritten by the reseed
         self.generator.set_state(txn.rng_state)  # the sampler too: an aborted step leaves no trace
         self.counters.aborts += 1
         self._txn = None
 
-    # ---- mechanism pieces -----------------------------------------------------------------------
-    def _select_slots(self, slots: dict[int, GDNPerToken], a: int) -> None:
-        """shadow_commit: the live state becomes slot a (the state after row a). No copy."""
-        for i in self._gdn_ids:
-            g = self.live.state.layers[i]
-            g.recurrent, g.conv = slots[i].recurrent[:, a], slots[i].conv[:, a]
-
-    def _restore(self, saved: list[GDNState]) -> None:
-        for g, s in zip(self._gdn(), saved):
-            g.copy_(s)  # live tensors were freshly produced by the verify: no one else holds them
-        self.counters.state_copies += len(saved)
-        self.counters.state_bytes_moved += sum(s.nbytes() for s in saved)
-
-    def _advance(self, rows: torch.Tensor) -> None:
+    # ---- shared by the mechanisms -------------------------------------------------------------------
+    def advance(self, rows: torch.Tensor) -> None:
         """Run ``rows`` [1, T] through the target on live state (re-advance / recompute)."""
         self.model(rows, self.live.state, gdn_mode=VERIFY_GDN_MODE)
         self.counters.target_forwards += 1
-        self.counters.recurrence_steps += rows.shape[1] * len(self._gdn_ids)
-
-
-def expected_step_counters(mechanism: str, k: int, a: int, n_gdn: int, gdn_bytes: int) -> dict[str, int]:
-    """Counters of one committed step (draft k, accept a) with n_gdn GDN layers holding gdn_bytes of state."""
-    partial = a < k
-    copies = {"shadow_commit": 0, "snapshot": n_gdn * (1 + partial), "recompute": n_gdn}[mechanism]
-    rerun_rows = {"shadow_commit": 0, "snapshot": (a + 1) * partial, "recompute": a + 1}[mechanism]
-    return {
-        "steps": 1,
-        "aborts": 0,
-        "state_copies": copies,
-        "state_bytes_moved": copies // max(1, n_gdn) * gdn_bytes,
-        "slot_bytes_written": (k + 1) * gdn_bytes if mechanism == "shadow_commit" else 0,
-        "recurrence_steps": (k + 1 + rerun_rows) * n_gdn,
-        "target_forwards": 1 + (rerun_rows > 0),
-        "mtp_forwards": k,
-    }
+        self.counters.recurrence_steps += rows.shape[1] * len(self.gdn_ids)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .mechanisms import DRAFT_MODES
+
 GREEDY_TEMPERATURE = 0.0  # temperature 0 means argmax decoding (no randomness at all)
 
 
@@ -36,17 +38,18 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.draft not in ("sample", "greedy"):
+        if self.draft not in DRAFT_MODES:
             raise ValueError(f"draft must be 'sample' or 'greedy', got {self.draft!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == GREEDY_TEMPERATURE
 
-    @classmethod
-    def dummy(cls) -> "SamplingParams":
-        """Cheap default for tests: greedy."""
-        return cls()
+    @property
+    def sampled_drafts(self) -> bool:
+        """Drafts drawn from the transformed draft distribution (stochastic run, draft="sample"); otherwise argmax
+        drafts, whose draft distribution in stochastic acceptance is one-hot."""
+        return not self.greedy and self.draft == "sample"
 
     def generator(self, device="cpu") -> torch.Generator:
         return torch.Generator(device=device).manual_seed(self.seed)

@@ -1,4 +1,4 @@
-"""In-place commit of a packed K+1 verify on device (issue 7), all three mechanisms, traceable.
+"""In-place commit of a packed K+1 verify on device, every commit mechanism (``tt/mechanisms.py``), traceable.
 
 Input: the verify's per-GDN-layer records (``verify.GDNRecord``) and the acceptor's accepted count ``a``
 (``DeviceAcceptor.count``, fp32 [1,1,1,1] on device). Nothing is read back.
@@ -29,20 +29,17 @@ def commit(spec: SpecDeviceState, vout: VerifyOutputs, result) -> None:
     a = acc.count  # [1,1,1,1] fp32
     sel = ttnn.eq(spec.c_conv_sel, a)  # [1,1,Kc-1,Kc-1+T] 0/1 fp32
     cfg = compute_config_fp32_state(ttnn)
-    mask = None
-    if spec.mechanism in ("snapshot", "recompute"):
-        mask = ttnn.le(spec.c_rows, a)  # [1,T,1]: 1 for rows <= a
+    mech = spec.mechanism
+    mask = ttnn.le(spec.c_rows, a) if mech.readvance else None  # [1,T,1]: 1 for rows <= a
     for r in vout.plan.records:
         conv = ttnn.matmul(sel, r.window, dtype=r.state.conv.dtype, compute_kernel_config=cfg)
         ttnn.copy(conv, r.state.conv)
         if mask is not None:
             g = ttnn.reshape(ttnn.multiply(r.g, mask), list(r.g.shape))
             beta = ttnn.reshape(ttnn.multiply(r.beta, mask), list(r.beta.shape))
-            bufs = spec.layer_bufs[id(r.state)]
-            initial = bufs.snap_rec if spec.mechanism == "snapshot" else r.state.recurrent
+            initial = mech.readvance_initial(r.state, spec.layer_bufs[id(r.state)])
             r.gdn.recurrence(r.q, r.k, r.v, g, beta, r.state, "decode", initial=initial, final=r.state.recurrent)
-    if spec.mechanism == "shadow_commit":
-        acc.ring_block_idx()
+    mech.after_commit(spec)
     # positions and the pending token
     ttnn.copy(ttnn.add(spec.n, ttnn.add(a, spec.c_one)), spec.n)
     toks = ttnn.typecast(ttnn.slice(result, [0, 0, 0, 0], [1, 1, 1, spec.t]), ttnn.float32)
@@ -51,16 +48,7 @@ def commit(spec: SpecDeviceState, vout: VerifyOutputs, result) -> None:
 
 
 def abort_after_verify(spec: SpecDeviceState) -> None:
-    """Undo a verify that will not be committed (eager). snapshot: copy the snapshot back into live;
-    recompute: nothing (live untouched, KV rows >= n are scratch). shadow_commit cannot: the ring verify
-    overwrote the slot it started from (all T slots are written in place), refused by the backend."""
-    ttnn = spec.ttnn
-    if spec.mechanism == "snapshot":
-        for s in spec.state.gdn_states():
-            b = spec.layer_bufs[id(s)]
-            ttnn.copy(b.snap_rec, s.recurrent)
-            ttnn.copy(b.snap_conv, s.conv)
-    elif spec.mechanism == "shadow_commit":
-        raise RuntimeError("shadow_commit: abort after verify is impossible without a copy (the ring verify "
-                           "writes all K+1 slots in place, including the one it started from); abort before "
-                           "verify, or use --commit snapshot/recompute")
+    """Undo a verify that will not be committed (eager): the mechanism's abort. snapshot copies the snapshot back
+    into live; recompute has nothing to undo (live untouched, KV rows >= n are scratch); shadow_commit refuses
+    (the ring verify overwrote, in place, the slot it started from)."""
+    spec.mechanism.abort_after_verify(spec)

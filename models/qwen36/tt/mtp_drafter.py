@@ -33,7 +33,7 @@ class TTMTPDrafter:
             self._k = k
         step_state.drafts = self.head.draft_tokens  # the verify reads the MTP's persistent draft buffer
         acc = step_state.acceptor
-        if acc is not None and not acc.params.greedy and acc.params.draft == "sample":
+        if acc is not None and acc.params.sampled_drafts:
             self.sampler = SampledDraftPick(ttnn, mesh, k, acc.vocab, acc.probs_from_logits, seed=acc.seed,
                                             rng=acc.rng).allocate()
             self.head.pick = self.sampler

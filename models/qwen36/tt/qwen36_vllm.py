@@ -55,7 +55,9 @@ from loguru import logger
 
 from ..checkpoint import load_checkpoint
 from ..config import FULL, LINEAR, Qwen36Config
+from ..speculative.mechanisms import DEFAULT_MECHANISM
 from ..speculative.sampling import SamplingParams
+from ..tt_ops.device import ttnn_for_mesh
 from . import vllm_types as vt
 from .accept import UNIFORMS_PER_ROW
 from .generator import TTGenerator
@@ -89,15 +91,6 @@ def _uses_mrope(raw: dict) -> bool:
             if isinstance(rope, dict) and rope.get("mrope_section") is not None:
                 return True
     return False
-
-
-def _ttnn_of(mesh_device):
-    t = getattr(mesh_device, "ttnn", None)  # emulated mesh carries its ttnn facade
-    if t is not None:
-        return t
-    import ttnn  # hardware mesh: the real module (what tt_ops.device opened it with)
-
-    return ttnn
 
 
 def _rows(x, what: str) -> torch.Tensor:
@@ -165,7 +158,7 @@ class Qwen36ForCausalLM:
         "max_batch_size": MAX_BATCH,
     }
 
-    def __init__(self, gen: TTGenerator, reader, mechanism: str = "shadow_commit", cache_dir=None, *,
+    def __init__(self, gen: TTGenerator, reader, mechanism: str = DEFAULT_MECHANISM, cache_dir=None, *,
                  uses_mrope: bool = False, spec_k: int | None = None):
         self.gen, self.model, self.state = gen, gen.model, gen.state
         self.reader = reader
@@ -226,7 +219,7 @@ class Qwen36ForCausalLM:
                               tt_data_parallel: int = 1, optimizations: str | None = None, vllm_config=None, *,
                               checkpoint: str | Path | None = None, cache_dir: str | Path | None = None,
                               block_size: int | None = None, prefill_chunk: int | None = None,
-                              mechanism: str = "shadow_commit", spec_k: int | None = None) -> "Qwen36ForCausalLM":
+                              mechanism: str = DEFAULT_MECHANISM, spec_k: int | None = None) -> "Qwen36ForCausalLM":
         """Build the model on an already opened ``mesh_device``. Weights come from ``checkpoint``, else
         hf_config's ``_name_or_path``, else ``HF_MODEL``; the checkpoint's config must equal ``hf_config``'s.
         ``optimizations``: None / "performance" / "accuracy" (our precision presets). ``vllm_config`` (passed by
@@ -256,7 +249,7 @@ class Qwen36ForCausalLM:
             raise ValueError(f"hf_config does not match the checkpoint's config.json at {path}")
         if spec_k is not None and not cfg.has_mtp:
             raise ValueError(f"speculative K={spec_k} requested but the checkpoint has no MTP head")
-        ttnn = _ttnn_of(mesh_device)
+        ttnn = ttnn_for_mesh(mesh_device)
         n = mesh_device.get_num_devices()
         kw = {k: v for k, v in (("block_size", block_size), ("prefill_chunk", prefill_chunk)) if v is not None}
         args = TTModelArgs.from_config(cfg, n, PrecisionSetting.named(prec_name), max_seq_len=int(max_seq_len), **kw)

@@ -24,19 +24,20 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..speculative.engine import Acceptance, MechanismCounters
+from ..speculative.mechanisms import DEFAULT_MECHANISM
 from ..speculative.sampling import SamplingParams, pick_token
 from .accept import DeviceAcceptor
 from .commit import abort_after_verify, commit
 from .generator import TTGenerator
+from .mechanisms import TTMechanism, tt_mechanism
 from .trace import StepTraces
-from .verify import MECHANISMS, SpecDeviceState, VerifyOutputs
+from .verify import SpecDeviceState, VerifyOutputs
 
 
 class TTSpecBackend:
-    def __init__(self, gen: TTGenerator, mechanism: str = "shadow_commit", drafter: Any = None,
+    def __init__(self, gen: TTGenerator, mechanism: str | TTMechanism = DEFAULT_MECHANISM, drafter: Any = None,
                  use_trace: bool = True, rng: str = "device"):
-        if mechanism not in MECHANISMS:
-            raise ValueError(f"unknown commit mechanism {mechanism!r}; choose from {MECHANISMS}")
+        mechanism = tt_mechanism(mechanism)
         if drafter is None:
             raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/mtp_drafter.py) or a "
                              "host callable (history, k) -> k draft ids")
@@ -139,17 +140,8 @@ class TTSpecBackend:
         c, n_gdn, t = self.counters, len(self.state.gdn_states()), self._k + 1
         c.target_forwards += 1
         c.recurrence_steps += t * n_gdn
-        b = self.spec.gdn_state_bytes()
-        if self.mechanism == "shadow_commit":
-            c.slot_bytes_written += t * b
-        else:
-            c.state_copies += n_gdn
-            c.state_bytes_moved += b if self.mechanism == "snapshot" else b - self._conv_bytes()
+        self.mechanism.count_verify(c, t, n_gdn, self.spec.state_bytes)
         return self._vout
-
-    def _conv_bytes(self) -> int:
-        a = self.model.args
-        return (self.spec.kc - 1) * a.gdn_conv_dim_d * 4 * len(self.state.gdn_states())
 
     def accept(self, draft, verify) -> Acceptance:
         if self._phase != "verified":
@@ -171,11 +163,7 @@ class TTSpecBackend:
             self.drafter.before_device_draft()  # outside capture: sampled-draft RNG table refill when used up
         self._run("commit", self._commit_device)
         a, c, n_gdn = acceptance.num_accepted, self.counters, len(self.state.gdn_states())
-        if self.mechanism == "snapshot":
-            c.state_copies += n_gdn  # restore (fixed shape: always, rows > a masked to identity)
-            c.state_bytes_moved += self.spec.gdn_state_bytes()
-        if self.mechanism != "shadow_commit":
-            c.recurrence_steps += (self._k + 1) * n_gdn  # masked re-advance runs all K+1 rows
+        self.mechanism.count_commit(c, self._k + 1, n_gdn, self.spec.state_bytes)
         c.steps += 1
         self.n += a + 1
         self.history += acceptance.tokens
@@ -186,16 +174,12 @@ class TTSpecBackend:
         if self._phase == "idle":
             raise RuntimeError("abort() outside a step")
         if self._phase in ("verified", "accepted"):
-            abort_after_verify(self.spec)  # shadow_commit refuses here (see commit.abort_after_verify)
+            abort_after_verify(self.spec)  # shadow_commit refuses here (see mechanisms.ShadowCommit)
             if not self.params.greedy:
                 # the acceptor advanced its RNG row counter on device; step back one row
                 self.acceptor.uniforms.step_back()
         self.counters.aborts += 1
         self._phase = "idle"
-
-    # ---- helpers for probes / tests ------------------------------------------------------------------
-    def device_position(self) -> int:
-        return int(self.spec.read_scalar(self.spec.n))
 
     def close(self) -> None:
         self.release()

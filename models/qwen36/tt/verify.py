@@ -6,17 +6,18 @@ Device-resident step state (:class:`SpecDeviceState`, allocated once before any 
     n        [1,1,1,1] fp32   position of row 0 (the pending token); the commit advances it: n' = n + a + 1
     pending  [1,1,1,1] fp32   the pending token id (exact in fp32 below 2**24); the commit sets it to token a
     drafts   [1,1,1,K] uint32 ROW_MAJOR: d_1..d_K (written by the MTP on device, or by a host drafter)
-    per GDN layer: ``ring`` [T*Hv_d, Dk, Dv] fp32 (shadow_commit), ``snap_rec``/``snap_conv`` (snapshot),
-    ``scratch_rec`` (recompute); T = K+1.
+    per GDN layer: the commit mechanism's buffers (``mechanisms.SpecLayerBuffers``: the shadow_commit ring
+    [T*Hv_d, Dk, Dv] fp32, the snapshot copies, the recompute scratch); T = K+1.
 
 From n the verify derives on device: rope rows (uint32 [1, T]), the SDPA bounds n..n+K once per local KV head
 (int32 [G*T], G = Hkv/N) and one [1] int32 KV write position per row; from the page table, the per-KV-head
 table ``pt*G + h`` ([G, blocks] int32). Attention: one ``paged_update_cache`` per row (K+1 writes per cache),
 then ONE paged SDPA decode in multi-position mode (``spec_multi_pos_tiles=T``) with one group per local KV head
 over a per-head view of the cache: every candidate shares one scan of each KV head (``tt/attention.py``
-``attend_verify``). GDN: ``fused_recurrent_gated_delta_rule`` over the T rows; shadow_commit in ring mode (per-token
-states in place, head h starting from ring block ``initial_state_block_idx[h]`` = the slot the previous commit
-selected), snapshot on the live state (after copying it), recompute on a scratch copy. The conv window of every
+``attend_verify``). GDN: ``fused_recurrent_gated_delta_rule`` over the T rows, routed by the commit mechanism
+(``tt/mechanisms.py``): shadow_commit in ring mode (per-token states in place, head h starting from ring block
+``initial_state_block_idx[h]`` = the slot the previous commit selected), snapshot on the live state (after copying
+it), recompute on a scratch copy. The conv window of every
 GDN layer is kept for the commit (``models/qwen36/tt/commit.py``), which selects the accepted row's window.
 
 Limits (refused clearly by :func:`check_verify_shape`): the kernel's multi-position mode takes one KV head per
@@ -34,11 +35,11 @@ import torch
 from ..config import FULL
 from ..errors import UserError
 from .attention import AttentionContext
+from .mechanisms import GDNStateBytes, SpecLayerBuffers, TTMechanism, tt_mechanism
 from .model import DecodeOutputs, TTQwen36Model
 from .model_config import TensorGroup, state_memory_config
 from .state import GDNLayerState, TTModelState
 
-MECHANISMS = ("snapshot", "shadow_commit", "recompute")
 SPEC_TILES_AT_HD256 = 11  # DESIGN 4.1: multi-position paged SDPA fits about 11 candidates at head_dim 256
 
 
@@ -68,14 +69,6 @@ def check_verify_shape(args, k: int) -> None:
 
 
 @dataclass
-class SpecLayerBuffers:
-    ring: Any = None  # shadow_commit: [T*Hv_d, Dk, Dv] fp32
-    snap_rec: Any = None  # snapshot
-    snap_conv: Any = None
-    scratch_rec: Any = None  # recompute
-
-
-@dataclass
 class GDNRecord:
     """What a verify leaves for the commit of one GDN layer (device tensors of this step)."""
 
@@ -100,18 +93,13 @@ class VerifyPlan:
     records: list = field(default_factory=list)
 
     def conv_write(self, state: GDNLayerState):
-        """snapshot: the verify advances the live conv state; shadow_commit/recompute leave it (window kept)."""
-        return True if self.step_state.mechanism == "snapshot" else None
+        """True when the mechanism's verify advances the live conv state; else None (the window is kept)."""
+        return self.step_state.mechanism.conv_write
 
     def gdn_recurrence(self, gdn, state: GDNLayerState, q, k, v, g, beta, window):
         self.records.append(GDNRecord(gdn, state, q, k, v, g, beta, window))
-        bufs = self.step_state.layer_bufs[id(state)]
-        m = self.step_state.mechanism
-        if m == "shadow_commit":
-            return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.ring, ring_idx=self.step_state.block_idx)
-        if m == "snapshot":
-            return gdn.recurrence(q, k, v, g, beta, state, "decode")  # live advances through all T rows
-        return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.scratch_rec, final=bufs.scratch_rec)
+        st = self.step_state
+        return st.mechanism.recurrence(st, gdn, q, k, v, g, beta, state, st.layer_bufs[id(state)])
 
 
 @dataclass
@@ -124,9 +112,8 @@ class VerifyOutputs:
 class SpecDeviceState:
     """Persistent device buffers of the speculative step for one model state and one K (see module doc)."""
 
-    def __init__(self, model: TTQwen36Model, state: TTModelState, k: int, mechanism: str):
-        if mechanism not in MECHANISMS:
-            raise ValueError(f"unknown commit mechanism {mechanism!r}; choose from {MECHANISMS}")
+    def __init__(self, model: TTQwen36Model, state: TTModelState, k: int, mechanism: str | TTMechanism):
+        mechanism = tt_mechanism(mechanism)
         check_verify_shape(model.args, k)
         self.model, self.state, self.k, self.t, self.mechanism = model, state, k, k + 1, mechanism
         self.ttnn, self.mesh = model.ttnn, model.mesh
@@ -137,6 +124,7 @@ class SpecDeviceState:
         self.rep = self.ttnn.ReplicateTensorToMesh(self.mesh)
         self.block_idx = None  # the acceptor's persistent ring index (set by attach_acceptor)
         self.layer_bufs: dict[int, SpecLayerBuffers] = {}
+        self.state_bytes = GDNStateBytes.of(a, len(state.gdn_states()))  # counters
         self.allocate()
 
     # ---- allocation (before any capture) ----------------------------------------------------------------
@@ -151,7 +139,6 @@ class SpecDeviceState:
 
     def allocate(self) -> None:
         ttnn, t, kc = self.ttnn, self.t, self.kc
-        f32 = ttnn.float32
         self.n = self._dev(torch.zeros(1, 1, 1, 1))
         self.pending = self._dev(torch.zeros(1, 1, 1, 1))
         self.drafts = self._dev(torch.zeros(1, 1, 1, self.k, dtype=torch.int32), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT)
@@ -166,74 +153,32 @@ class SpecDeviceState:
         self.c_tok_cols = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
         self.c_heads = self._dev(torch.arange(self.model.args.hkv_d, dtype=torch.float32).reshape(-1, 1))
         for s in self.state.gdn_states():
-            b = SpecLayerBuffers()
-            if self.mechanism == "shadow_commit":
-                b.ring = self._dev(torch.zeros(t * self.hv, self.dk, self.dv), f32)
-            elif self.mechanism == "snapshot":
-                b.snap_rec = self._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype)
-                b.snap_conv = self._dev(torch.zeros(list(s.conv.shape)), s.conv.dtype)
-            else:
-                b.scratch_rec = self._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype)
-            self.layer_bufs[id(s)] = b
+            self.layer_bufs[id(s)] = self.mechanism.buffers(self, s)
 
     def attach_acceptor(self, acceptor) -> None:
         """The acceptor owns the accepted count and the ring index (``ring_block_idx``)."""
         self.acceptor = acceptor
-        self.block_idx = acceptor.block_idx if self.mechanism == "shadow_commit" else None
-
-    # ---- byte sizes (counters) ------------------------------------------------------------------------
-    def gdn_state_bytes(self) -> int:
-        """Bytes of all GDN recurrent + conv state on one device (fp32)."""
-        c = self.model.args.cfg
-        per = self.hv * self.dk * self.dv * 4 + (self.kc - 1) * self.model.args.gdn_conv_dim_d * 4
-        return per * len(self.state.gdn_states())
+        self.block_idx = self.mechanism.ring_index(acceptor)
 
     # ---- host-side (outside capture) -------------------------------------------------------------------
     def start(self, n: int, pending: int) -> None:
-        """After a prefill of n tokens: n, pending; shadow_commit puts the live recurrent state in ring slot 0
-        and points every head at it (count 0). Eager, outside any capture (allocates temporaries)."""
+        """After a prefill of n tokens: n, pending, then the mechanism's start (shadow_commit: the live recurrent
+        state into ring slot 0, every head pointed at it). Eager, outside any capture (allocates temporaries)."""
         ttnn = self.ttnn
         ttnn.copy_host_to_device_tensor(self.host(torch.tensor([[[[float(n)]]]]), self.n), self.n)
         ttnn.copy_host_to_device_tensor(self.host(torch.tensor([[[[float(pending)]]]]), self.pending), self.pending)
-        if self.mechanism == "shadow_commit":
-            for s in self.state.gdn_states():
-                ring = self.layer_bufs[id(s)].ring
-                slot0 = ttnn.reshape(s.recurrent, [self.hv, self.dk, self.dv])
-                rest = ttnn.slice(ring, [self.hv, 0, 0], [self.t * self.hv, self.dk, self.dv])
-                ttnn.copy(ttnn.concat([slot0, rest], dim=0), ring)
-            ttnn.copy(self.c_zero, self.acceptor.count)
-            self.acceptor.ring_block_idx()
+        self.mechanism.start(self)
 
     def write_drafts(self, drafts: list[int]) -> None:
         """Host drafter: write d_1..d_K into the persistent drafts buffer (between replays)."""
         x = torch.tensor(drafts, dtype=torch.int32).reshape(1, 1, 1, self.k)
         self.ttnn.copy_host_to_device_tensor(self.host(x, self.drafts), self.drafts)
 
-    def publish_live(self, a: int) -> None:
-        """Probe helper (eager): copy ring slot ``a`` into each layer's plain recurrent buffer so single-row decode
-        (which does not read the ring) continues from the committed state. Not part of the step."""
-        if self.mechanism != "shadow_commit":
-            return
-        ttnn = self.ttnn
-        for s in self.state.gdn_states():
-            ring = self.layer_bufs[id(s)].ring
-            sl = ttnn.slice(ring, [a * self.hv, 0, 0], [(a + 1) * self.hv, self.dk, self.dv])
-            ttnn.copy(ttnn.reshape(sl, list(s.recurrent.shape)), s.recurrent)
-
-    def read_scalar(self, buf) -> float:
-        return float(self.ttnn.to_torch(self.ttnn.get_device_tensors(buf)[0]).reshape(-1)[0])
-
     # ---- device work (traceable) -------------------------------------------------------------------------
     def pre_verify(self) -> None:
         """Mechanism copies before the verify: snapshot saves live (recurrent + conv), recompute fills scratch."""
-        ttnn = self.ttnn
         for s in self.state.gdn_states():
-            b = self.layer_bufs[id(s)]
-            if self.mechanism == "snapshot":
-                ttnn.copy(s.recurrent, b.snap_rec)
-                ttnn.copy(s.conv, b.snap_conv)
-            elif self.mechanism == "recompute":
-                ttnn.copy(s.recurrent, b.scratch_rec)
+            self.mechanism.pre_verify(self, s, self.layer_bufs[id(s)])
 
     def verify_rows(self):
         """-> (tokens [1,T] uint32 RM, rope_idx [1,T] uint32 RM, bounds [G*T] int32 RM, row_pos T x [1] int32 RM,

@@ -6,10 +6,9 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from .engine import GenerationResult, SpecBackend, speculative_generate
-from .sampling import SamplingParams
-
-REFERENCE_DEVICES = ("reference", "reference-cuda")
+from ..speculative.engine import GenerationResult, SpecBackend, speculative_generate
+from ..speculative.sampling import SamplingParams
+from .backends import REFERENCE_DEVICES
 
 
 def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -> SpecBackend:
@@ -19,7 +18,7 @@ def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -
     import torch
 
     from ..reference.model import Qwen36Model
-    from .reference_backend import ReferenceBackend
+    from ..speculative.reference_backend import ReferenceBackend
 
     if device == "reference-cuda" and not torch.cuda.is_available():
         raise UserError("--device reference-cuda but torch sees no CUDA device; use --device reference")
@@ -60,7 +59,7 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int
     from loguru import logger
 
     from ..checkpoint import CheckpointError
-    from ..commands.common import torch_dtype
+    from .common import torch_dtype
 
     try:
         params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft)

@@ -1,4 +1,4 @@
-"""Test support for the TT model (used by tests/test_tt_*.py and probes): bf16 test checkpoints and a
+"""Test support for the TT model (used by tests/test_tt_*.py and the TP probes): bf16 test checkpoints and a
 one-layer harness that runs the same inputs through a TT layer and the pure-torch reference layer.
 
 Test checkpoints are written in bf16, like real Qwen3.6 checkpoints: the TT loader then quantises from the
@@ -16,11 +16,11 @@ from ..checkpoint import load_checkpoint
 from ..config import FULL, Qwen36Config
 from ..reference.model import Qwen36Model
 from ..tiny import PRESETS, random_weights, write_checkpoint
-from .attention import AttentionContext
-from .model import TTDecoderLayer, TTQwen36Model
-from .model_config import PrecisionSetting, TTModelArgs
-from .state import GDNLayerState, allocate_decode_inputs, allocate_state
-from .weights import WeightLoader
+from ..tt.attention import AttentionContext
+from ..tt.model import TTDecoderLayer, TTQwen36Model
+from ..tt.model_config import PrecisionSetting, TTModelArgs
+from ..tt.state import GDNLayerState, allocate_decode_inputs, allocate_state
+from ..tt.weights import WeightLoader
 
 
 def tp4_config() -> Qwen36Config:
@@ -115,3 +115,14 @@ class LayerHarness:
         perm = gdn_channel_permutation(self.cfg, self.args.num_devices)
         ref_conv = self.ref_state.conv[0][perm].t()[None, None]  # [1, 1, K-1, C] device-major
         return {"recurrent": (self.ref_state.recurrent, rec), "conv": (ref_conv.float(), conv)}
+
+
+def read_scalar(spec, buf) -> float:
+    """Device 0's value of a [1,1,1,1] step-state buffer (``SpecDeviceState.n``, ``.pending``), read back eagerly."""
+    ttnn = spec.ttnn
+    return float(ttnn.to_torch(ttnn.get_device_tensors(buf)[0]).reshape(-1)[0])
+
+
+def device_position(backend) -> int:
+    """The device-resident position n of a TTSpecBackend's step state."""
+    return int(read_scalar(backend.spec, backend.spec.n))

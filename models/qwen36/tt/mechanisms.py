@@ -1,0 +1,254 @@
+"""The three commit mechanisms on the TT backend, one class each (names: ``speculative.mechanisms.MECHANISMS``).
+
+A mechanism owns, per GDN layer, its persistent buffers (allocated once, before any capture, through
+``SpecDeviceState._dev``: the mechanisms are the step state's own parts), the device work
+before the verify, the verify's recurrence routing, its part of the device commit, the eager abort after a verify,
+and the counters one step adds. Everything here except :meth:`TTMechanism.start` and
+:meth:`~TTMechanism.abort_after_verify` is device-only and traceable. The commit it plugs into is
+``tt/commit.py``; the step state is ``verify.SpecDeviceState``.
+
+Device shapes are fixed per K, so every mechanism costs the same whatever the accepted count a:
+
+    shadow_commit  the verify runs the recurrence in ring mode (per-row states written in place into K+1 ring slots,
+                   head h starting from ring block ``initial_state_block_idx[h]``); the commit only moves the ring
+                   index to slot a. Zero state copies; abort after a verify is impossible (see ShadowCommit).
+    snapshot       copy live recurrent + conv, verify on live; the commit re-advances from the copy all K+1 rows
+                   with rows > a masked to identity (exact, fixed shape). 2 copies / layer / step.
+    recompute      copy recurrent to scratch, verify on scratch (the conv window is kept by the verify); the commit
+                   re-advances live the same masked way. 1 copy / layer / step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from ..speculative.engine import MechanismCounters
+from ..speculative.mechanisms import resolve
+
+if TYPE_CHECKING:
+    from .verify import SpecDeviceState
+
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class GDNStateBytes:
+    """Bytes of the GDN state of all GDN layers on one device (fp32): recurrent [Hv_d, Dk, Dv] and conv window
+    [Kc-1, conv channels per device] per layer."""
+
+    recurrent: int
+    conv: int
+
+    @property
+    def total(self) -> int:
+        return self.recurrent + self.conv
+
+    @classmethod
+    def of(cls, args, n_layers: int) -> "GDNStateBytes":
+        """From TTModelArgs (per-device head counts) and the number of GDN layers built."""
+        c = args.cfg
+        rec = args.gdn_hv_d * c.linear_key_head_dim * c.linear_value_head_dim * FP32_BYTES
+        conv = (c.linear_conv_kernel_dim - 1) * args.gdn_conv_dim_d * FP32_BYTES
+        return cls(rec * n_layers, conv * n_layers)
+
+
+@dataclass
+class SpecLayerBuffers:
+    """One GDN layer's persistent mechanism buffers (only the mechanism's own are set)."""
+
+    ring: Any = None  # shadow_commit: [T*Hv_d, Dk, Dv] fp32
+    snap_rec: Any = None  # snapshot
+    snap_conv: Any = None
+    scratch_rec: Any = None  # recompute
+
+
+class TTMechanism:
+    name: ClassVar[str]
+    ring: ClassVar[bool] = False  # the committed recurrent state is the ring slot the ring index points at
+    readvance: ClassVar[bool] = False  # the commit re-runs the K+1 rows, rows > a masked to identity
+    conv_write: ClassVar[bool | None] = None  # True: the verify advances the live conv state (else: window kept)
+
+    # ---- buffers and host-side setup (outside any capture) -------------------------------------------------------
+    def buffers(self, spec: "SpecDeviceState", s) -> SpecLayerBuffers:
+        """Allocate GDN layer state ``s``'s buffers."""
+        raise NotImplementedError
+
+    def start(self, spec: "SpecDeviceState") -> None:
+        """After a prefill (eager)."""
+
+    def ring_index(self, acceptor):
+        """The device ring index the verify starts each head from (None: no ring)."""
+        return None
+
+    # ---- device work (traceable) -----------------------------------------------------------------------------
+    def pre_verify(self, spec: "SpecDeviceState", s, bufs: SpecLayerBuffers) -> None:
+        """Copies before the verify."""
+
+    def recurrence(self, spec: "SpecDeviceState", gdn, q, k, v, g, beta, state, bufs: SpecLayerBuffers):
+        """The verify's K+1-row recurrence of one GDN layer."""
+        raise NotImplementedError
+
+    def readvance_initial(self, state, bufs: SpecLayerBuffers):
+        """The recurrent state the commit's masked re-advance starts from (``readvance`` mechanisms)."""
+        raise NotImplementedError
+
+    def after_commit(self, spec: "SpecDeviceState") -> None:
+        """Commit work after the per-layer part (every mechanism: conv select, then this)."""
+
+    # ---- abort (eager) -----------------------------------------------------------------------------------------
+    def abort_after_verify(self, spec: "SpecDeviceState") -> None:
+        """Undo a verify that will not be committed: live GDN state exactly as before it."""
+
+    # ---- counters ----------------------------------------------------------------------------------------------
+    def count_verify(self, c: MechanismCounters, t: int, n_gdn: int, nbytes: GDNStateBytes) -> None:
+        """What the pre-verify copies and the verify's state writes add (the forward itself: the backend)."""
+
+    def count_commit(self, c: MechanismCounters, t: int, n_gdn: int, nbytes: GDNStateBytes) -> None:
+        """What the commit's state work adds."""
+
+    def expected_step_counters(self, k: int, a: int, n_gdn: int, nbytes: GDNStateBytes) -> dict[str, int]:
+        """Counters of one committed step, in closed form. ``a`` does not matter (fixed device shapes); it is taken
+        for symmetry with the reference formula."""
+        t = k + 1
+        return {"steps": 1, "aborts": 0, "target_forwards": 1, "mtp_forwards": k,
+                "state_copies": self.copies_per_step(n_gdn), "state_bytes_moved": self.bytes_per_step(nbytes),
+                "slot_bytes_written": t * nbytes.total if self.ring else 0,
+                "recurrence_steps": t * n_gdn * (2 if self.readvance else 1)}
+
+    def copies_per_step(self, n_gdn: int) -> int:
+        raise NotImplementedError
+
+    def bytes_per_step(self, nbytes: GDNStateBytes) -> int:
+        raise NotImplementedError
+
+
+class ShadowCommit(TTMechanism):
+    """Ring verify, commit = ring index to slot a. Abort after a verify is refused: the ring verify overwrites, in
+    place, the slot it started from, and undoing that would need the copy this mechanism exists to avoid."""
+
+    name = "shadow_commit"
+    ring = True
+
+    def buffers(self, spec, s):
+        return SpecLayerBuffers(ring=spec._dev(torch.zeros(spec.t * spec.hv, spec.dk, spec.dv), spec.ttnn.float32))
+
+    def start(self, spec):
+        """Put the live recurrent state in ring slot 0 and point every head at it (count 0)."""
+        ttnn = spec.ttnn
+        for s in spec.state.gdn_states():
+            ring = spec.layer_bufs[id(s)].ring
+            slot0 = ttnn.reshape(s.recurrent, [spec.hv, spec.dk, spec.dv])
+            rest = ttnn.slice(ring, [spec.hv, 0, 0], [spec.t * spec.hv, spec.dk, spec.dv])
+            ttnn.copy(ttnn.concat([slot0, rest], dim=0), ring)
+        ttnn.copy(spec.c_zero, spec.acceptor.count)
+        spec.acceptor.ring_block_idx()
+
+    def ring_index(self, acceptor):
+        return acceptor.block_idx
+
+    def recurrence(self, spec, gdn, q, k, v, g, beta, state, bufs):
+        return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.ring, ring_idx=spec.block_idx)
+
+    def after_commit(self, spec):
+        spec.acceptor.ring_block_idx()  # initial_state_block_idx = a*Hv + h: the next verify starts from slot a
+
+    def abort_after_verify(self, spec):
+        raise RuntimeError("shadow_commit: abort after verify is impossible without a copy (the ring verify "
+                           "writes all K+1 slots in place, including the one it started from); abort before "
+                           "verify, or use --commit snapshot/recompute")
+
+    def count_verify(self, c, t, n_gdn, nbytes):
+        c.slot_bytes_written += t * nbytes.total
+
+    def copies_per_step(self, n_gdn):
+        return 0
+
+    def bytes_per_step(self, nbytes):
+        return 0
+
+
+class Snapshot(TTMechanism):
+    """Save live recurrent + conv, verify on live; commit: masked re-advance from the saved copy into live."""
+
+    name = "snapshot"
+    readvance = True
+    conv_write = True
+
+    def buffers(self, spec, s):
+        return SpecLayerBuffers(snap_rec=spec._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype),
+                                snap_conv=spec._dev(torch.zeros(list(s.conv.shape)), s.conv.dtype))
+
+    def pre_verify(self, spec, s, bufs):
+        spec.ttnn.copy(s.recurrent, bufs.snap_rec)
+        spec.ttnn.copy(s.conv, bufs.snap_conv)
+
+    def recurrence(self, spec, gdn, q, k, v, g, beta, state, bufs):
+        return gdn.recurrence(q, k, v, g, beta, state, "decode")  # live advances through all T rows
+
+    def readvance_initial(self, state, bufs):
+        return bufs.snap_rec
+
+    def abort_after_verify(self, spec):
+        ttnn = spec.ttnn
+        for s in spec.state.gdn_states():
+            b = spec.layer_bufs[id(s)]
+            ttnn.copy(b.snap_rec, s.recurrent)
+            ttnn.copy(b.snap_conv, s.conv)
+
+    def count_verify(self, c, t, n_gdn, nbytes):
+        c.state_copies += n_gdn
+        c.state_bytes_moved += nbytes.total
+
+    def count_commit(self, c, t, n_gdn, nbytes):
+        c.state_copies += n_gdn  # restore (fixed shape: always, rows > a masked to identity)
+        c.state_bytes_moved += nbytes.total
+        c.recurrence_steps += t * n_gdn  # the masked re-advance runs all K+1 rows
+
+    def copies_per_step(self, n_gdn):
+        return 2 * n_gdn
+
+    def bytes_per_step(self, nbytes):
+        return 2 * nbytes.total
+
+
+class Recompute(TTMechanism):
+    """Verify on a scratch copy of the recurrent state; commit: masked re-advance of live (untouched by the verify).
+    Abort after a verify: nothing to undo (live untouched, KV rows >= n are scratch)."""
+
+    name = "recompute"
+    readvance = True
+
+    def buffers(self, spec, s):
+        return SpecLayerBuffers(scratch_rec=spec._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype))
+
+    def pre_verify(self, spec, s, bufs):
+        spec.ttnn.copy(s.recurrent, bufs.scratch_rec)
+
+    def recurrence(self, spec, gdn, q, k, v, g, beta, state, bufs):
+        return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.scratch_rec, final=bufs.scratch_rec)
+
+    def readvance_initial(self, state, bufs):
+        return state.recurrent
+
+    def count_verify(self, c, t, n_gdn, nbytes):
+        c.state_copies += n_gdn
+        c.state_bytes_moved += nbytes.recurrent  # the conv window is kept by the verify, not copied
+
+    def count_commit(self, c, t, n_gdn, nbytes):
+        c.recurrence_steps += t * n_gdn  # the masked re-advance runs all K+1 rows
+
+    def copies_per_step(self, n_gdn):
+        return n_gdn
+
+    def bytes_per_step(self, nbytes):
+        return nbytes.recurrent
+
+
+TT_MECHANISMS: dict[str, type[TTMechanism]] = {m.name: m for m in (Snapshot, ShadowCommit, Recompute)}
+
+
+def tt_mechanism(mechanism: str | TTMechanism) -> TTMechanism:
+    """A name from ``speculative.mechanisms.MECHANISMS`` (or a built TTMechanism) -> the TT backend's object."""
+    return resolve(TT_MECHANISMS, mechanism)
