@@ -19,7 +19,7 @@ plugin_worker = pytest.importorskip("vllm_tt_plugin.worker",
                                     reason="the vllm-tt plugin is not installed (dev-only check; see docs/serving.md)")
 
 from qwen36.tt.generator import DEFAULT_TRACE_REGION, load_tt_target  # noqa: E402
-from qwen36.tt.testing import make_bf16_checkpoint  # noqa: E402
+from qwen36.testing.tt import make_bf16_checkpoint  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
