@@ -103,7 +103,7 @@ def fake_ttnn_device_api(monkeypatch):
     calls = []
     monkeypatch.setattr(ttnn, "open_mesh_device", lambda shape, **kw: calls.append(("open", kw)) or _FakeMesh())
     monkeypatch.setattr(ttnn, "close_mesh_device", lambda mesh: calls.append(("close", mesh)))
-    monkeypatch.setattr(ttnn, "set_fabric_config", lambda cfg: calls.append(("fabric", cfg)))
+    monkeypatch.setattr(ttnn, "set_fabric_config", lambda cfg, *rest: calls.append(("fabric", cfg)))
     monkeypatch.delenv("TT_METAL_MOCK_CLUSTER_DESC_PATH", raising=False)  # the emulator sets it in-process
     return calls
 
