@@ -64,7 +64,8 @@ SIZES = ("full", "ci")
 class Step:
     name: str
     kind: str  # "smoke" | "pytest" | "probe" | "unavailable"
-    detail: str = ""  # pytest -k expression, probe arguments or why unavailable
+    detail: str = ""  # what runs, or why it is unavailable
+    args: list[str] = dataclasses.field(default_factory=list)  # pytest: [-k expression]; probe: its options
 
     def describe(self) -> str:
         return f"{self.name:20s} {self.kind:12s} {self.detail}".rstrip()
@@ -103,7 +104,8 @@ def build_steps(device: str, size: str = "full") -> list[Step]:
             steps.append(Step(name, "unavailable", f"the card tests are written for a 2-device mesh; {device} has "
                                                    f"{n_devices}"))
             continue
-        steps.append(Step(name, "pytest", f"{CARD_TESTS} -m cards -k '{ci_k if size == 'ci' else full_k}'"))
+        k_expr = ci_k if size == "ci" else full_k
+        steps.append(Step(name, "pytest", f"{CARD_TESTS} -m cards -k '{k_expr}'", [k_expr]))
     for name in PROBE_ORDER:
         if name not in PROBES:
             steps.append(Step(name, "unavailable", "not registered in probes/registry.py in this checkout"))
@@ -112,7 +114,8 @@ def build_steps(device: str, size: str = "full") -> list[Step]:
         if kinds is not None and backend not in kinds:
             steps.append(Step(name, "unavailable", f"not run on {backend}: {why}"))
             continue
-        steps.append(Step(name, "probe", " ".join(_probe_args(name, load_probe(name), size))))
+        args = _probe_args(name, load_probe(name), size)
+        steps.append(Step(name, "probe", " ".join(args), args))
     return steps
 
 
@@ -192,7 +195,7 @@ def run_probe(step: Step, device: str) -> ProbeReport:
     from qwen36.probes.registry import load_probe
 
     module = load_probe(step.name)
-    args = probe_parser(step.name, module).parse_args(["--device", device, *step.detail.split()])
+    args = probe_parser(step.name, module).parse_args(["--device", device, *step.args])
     return module.run(args)
 
 
@@ -224,7 +227,7 @@ def run_suite(device: str, size: str = "full", records_dir: Path | None = None, 
             if step.kind == "smoke":
                 report = run_smoke(device)
             elif step.kind == "pytest":
-                report = run_pytest(step, device, backend, records_dir, step.detail.split("-k ", 1)[1].strip("'"))
+                report = run_pytest(step, device, backend, records_dir, step.args[0])
             elif step.kind == "probe":
                 report = run_probe(step, device)
             else:
@@ -234,7 +237,7 @@ def run_suite(device: str, size: str = "full", records_dir: Path | None = None, 
                 raise
             reason = _one_line(f"{type(e).__name__}: {e}")
             (records_dir / f"{i:02d}-{step.name}.traceback.txt").write_text(traceback.format_exc(), encoding="utf-8")
-            report = _failure_report(step, backend, reason, {"device": device, "args": step.detail})
+            report = _failure_report(step, backend, reason, {"device": device, "args": step.args})
         record = to_record(report)
         append_record(record, path)
         seconds = time.perf_counter() - t0

@@ -75,7 +75,7 @@ def test_hardware_suite_leaves_out_emulator_only_probes(monkeypatch, tmp_path):
     monkeypatch.delenv("TT_METAL_SIMULATOR", raising=False)
     steps = {s.name: s for s in card_suite.build_steps("p150x2", "full")}
     assert steps["decode-cost"].kind == "unavailable" and "hardware" in steps["decode-cost"].detail
-    assert steps["gdn-transaction-tp"].detail == "--full"
+    assert steps["gdn-transaction-tp"].args == ["--full"]
     monkeypatch.setenv("TT_METAL_SIMULATOR", str(tmp_path / "libttsim_bh.so"))
     assert dev.select_backend("p150x2") == dev.SIMULATOR
     assert "simulator" in {s.name: s for s in card_suite.build_steps("p150x2")}["decode-cost"].detail
