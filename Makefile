@@ -26,7 +26,7 @@ else
 $(error TESTS must be all or subset, got '$(TESTS)')
 endif
 
-.PHONY: install demo test test-cards clean-venv
+.PHONY: install demo test test-fast test-cards clean-venv
 
 install: $(STAMP)
 

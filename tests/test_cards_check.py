@@ -14,6 +14,7 @@ def _records(d):
     return {p.name: [json.loads(l) for l in p.read_text().splitlines() if l.strip()] for p in sorted(d.glob("*.jsonl"))}
 
 
+@pytest.mark.slow  # the whole sequence: smoke, two pytest runs and every TT probe at CI size
 def test_card_suite_runs_end_to_end_on_the_emulated_mesh(tmp_path, capsys):
     from qwen36.cli import main
     from qwen36.probes.registry import PROBES
