@@ -35,6 +35,7 @@ PROBE_ORDER = ("verify-tp", "gdn-transaction-tp", "lossless", "decode-cost", "ga
 # Registered probes deliberately left out, with the reason.
 NOT_IN_SUITE = {
     "gdn-transaction": "reference-only (pure torch); its TT counterpart gdn-transaction-tp is in the suite",
+    "emu-conformance": "checks the emulator against Tenstorrent's op-test cases; it refuses a non-emulated device",
 }
 # Probes that only make sense on some backends: name -> (backend kinds, why not elsewhere).
 BACKEND_ONLY = {
