@@ -1,19 +1,39 @@
 # Two commands do everything on a fresh clone: `make demo` and `make test` (`make test-fast` skips slow tests).
 # Both create .venv (with a ttnn-capable Python: 3.12 or 3.10) when it is missing.
+# PYTHON=3.10 (or 3.12) picks the interpreter, e.g. `make test PYTHON=3.10 VENV=.venv310`.
+# TESTS=subset runs the cross-Python subset (README, "Tests") instead of the whole suite.
+# `make test-cards` runs the card suite (docs/cards.md) on DEVICE (default p150x2: cards, or ttsim when
+# TT_METAL_SIMULATOR is set).
 SHELL := /bin/bash
 VENV ?= .venv
+PYTHON ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+TESTS ?= all
+DEVICE ?= p150x2
+CARDS_ARGS ?=
+# Imports and runs the TT path once (device, layers, card suite at CI size with every probe), the CLI, the built
+# wheel, and the transformers-dependent tests (parity, tokenizer): what can differ between Python versions.
+SUBSET := tests/test_device.py tests/test_api_fidelity.py tests/test_tt_layers.py tests/test_cards_check.py \
+	tests/test_default_checkpoint_demo.py tests/test_reference_parity.py tests/test_config_checkpoint.py \
+	tests/test_probe_records.py tests/test_tt_cards.py tests/test_packaging.py
+ifeq ($(TESTS),subset)
+TEST_PATHS := $(SUBSET)
+else ifeq ($(TESTS),all)
+TEST_PATHS :=
+else
+$(error TESTS must be all or subset, got '$(TESTS)')
+endif
 
-.PHONY: install demo test test-fast clean-venv
+.PHONY: install demo test test-fast test-cards clean-venv
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/find_python.sh
 	@set -euo pipefail; \
 	if [ ! -x "$(PY)" ]; then \
-	  BASE=$$(bash scripts/find_python.sh); \
+	  BASE=$$(bash scripts/find_python.sh $(PYTHON)); \
 	  echo "[make] creating $(VENV) with $$BASE"; \
 	  "$$BASE" -m venv $(VENV); \
 	fi; \
@@ -27,7 +47,10 @@ demo: $(STAMP)
 
 # Everything, cards-only tests skipped with a reason: what CI runs (.ci/run).
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_ARGS) $(TEST_PATHS)
+
+test-cards: $(STAMP)
+	$(PY) -m qwen36.cli cards-check --device $(DEVICE) $(CARDS_ARGS)
 
 # The inner loop while editing: every test not marked `slow` (pyproject.toml declares the marker).
 test-fast: $(STAMP)

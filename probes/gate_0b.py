@@ -250,7 +250,8 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
 
         d_ms = fig(decode)["ms"]
         out = {
-            "label": LABEL if emulated else "measured",
+            # ttsim timings are simulator wall-clock: measured, but never card performance
+            "label": LABEL if emulated else ("measured on ttsim (simulator)" if bench.ctx.is_simulated else "measured"),
             "backend": bench.ctx.label,
             "precision": precision,
             "tp": bench.ctx.num_devices,

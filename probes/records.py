@@ -4,7 +4,8 @@ ran in and two runs (emulator vs cards, before vs after a change) can be compare
 Fields of every record: probe, time_utc, run_id, git_commit, git_dirty, config, backend (derived from what
 ran, never typed by hand), cells (per-cell results, each with a "pass" bool), counters, verdict
 ("pass" | "fail"), gate_complete (every cell of the gate matrix ran, none skipped), performance
-(null unless the run is a performance run, whose numbers must then be labelled measured/modelled).
+(null unless the run is a performance run, whose numbers must then be labelled measured/modelled), ttnn_version
+(the installed ttnn, null when none is installed as a package; the TT code is written against 0.81.1).
 
 Where records go, first match wins: ``--records FILE``; ``--records-dir DIR``; ``$QWEN36_RECORDS_DIR``;
 ``bench/runs/`` under the current directory. Never inside the installed package: for a normal install that is
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen36.io_utils import atomic_append_line
+from qwen36.tt_ops.device import installed_ttnn_version
 
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the source checkout (git commit of the code that ran)
 RECORDS_DIR_ENV = "QWEN36_RECORDS_DIR"
@@ -75,6 +77,7 @@ def to_record(report: ProbeReport, *, now: _dt.datetime | None = None, run_id: s
         "gate_complete": report.gate_complete,
         "performance": report.performance,
         "notes": report.notes,
+        "ttnn_version": installed_ttnn_version(),
     }
 
 

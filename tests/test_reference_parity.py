@@ -5,6 +5,7 @@ configs, the residual coming from different GDN chunk orderings and matmul shape
 """
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -35,6 +36,17 @@ def hf_model(ckpt):
     return model
 
 
+def cache_kwarg(model) -> str:
+    """Name under which this transformers' forward takes the running cache: ``cache`` in recent releases (the old name
+    still works there, deprecated), ``past_key_values`` before (5.20 on Python 3.10). An unknown keyword lands
+    silently in ``**kwargs``, so guessing wrong runs every decode step without the cache."""
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise AssertionError(f"{type(model).__name__}.forward takes neither cache nor past_key_values: {list(params)}")
+
+
 @pytest.mark.parametrize("preset,wrapped", [("ci", False), ("ci-tied", True),
                                             pytest.param("27b-ratios", False, marks=pytest.mark.slow)])
 @torch.no_grad()
@@ -52,12 +64,14 @@ def test_prefill_and_decode_match_transformers(ckpt_factory, preset, wrapped):
     err = (o.logits - r.logits).abs().max().item()
     assert err <= ATOL, f"{preset}: prefill max abs logit error {err:.3e} > {ATOL}"
     cache = r.past_key_values
+    cache_arg = cache_kwarg(ref)
     worst = 0.0
     tok = o.logits[:, -1].argmax(-1, keepdim=True)
     for step in range(DECODE_STEPS):
         o = ours(tok, state)
-        r = ref(tok, cache=cache, use_cache=True)
-        cache = r.past_key_values
+        r = ref(tok, **{cache_arg: cache}, use_cache=True)
+        assert r.past_key_values is cache, f"{preset}: transformers did not continue the cache passed as {cache_arg}="
+        assert cache.get_seq_length() == PROMPT_LEN + step + 1
         err = (o.logits - r.logits).abs().max().item()
         worst = max(worst, err)
         assert err <= ATOL, f"{preset}: decode step {step} max abs logit error {err:.3e} > {ATOL}"

@@ -18,6 +18,7 @@ COMMANDS = {
     "probe": "probe",
     "records": "records",
     "bench": "bench",
+    "cards-check": "cards_check",
 }
 
 
