@@ -14,6 +14,7 @@ COMMANDS = {
     "demo": "demo",
     "probe": "probe",
     "records": "records",
+    "report": "report",
 }
 
 
