@@ -65,6 +65,10 @@ def _ms(x: float) -> str:
     return f"{x:.3f}"
 
 
+def _opt(x: float | None, digits: int) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -107,8 +111,14 @@ def _category_name(c: str) -> str:
     return f"weights: {c[8:]}" if c.startswith("weights:") else CATEGORY_NAMES.get(c, c)
 
 
-def _rates(perf: dict, k: int) -> list[str]:
-    return sorted(perf["spec_tok_s"][str(k)], key=float, reverse=True)
+def _rates(perf: dict) -> list[str]:
+    """Acceptance scenarios of a gate-0a record: single rates (highest first), then per-position profiles."""
+    keys = {p for v in perf["spec_tok_s"].values() for p in v}
+    return sorted(keys, key=lambda p: ("/" in p, [-float(v) for v in p.split("/")]))
+
+
+def _scenario(p: str) -> str:
+    return f"profile {p} per position" if "/" in p else f"{p} per draft"
 
 
 def _source_line(use: str, path: Path, r: dict) -> list[str]:
@@ -263,9 +273,10 @@ def plot_tok_s(plt, r: dict, out: Path) -> Path:
     label = perf["label"]
     ks = sorted(int(k) for k in perf["spec_tok_s"])
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for p in _rates(perf, ks[0]):
-        ax.plot(ks, [perf["spec_tok_s"][str(k)][p] for k in ks], marker="o",
-                label=f"speculative, assumed acceptance {p} per position")
+    for p in _rates(perf):
+        kp = [k for k in ks if p in perf["spec_tok_s"][str(k)]]
+        ax.plot(kp, [perf["spec_tok_s"][str(k)][p] for k in kp], marker="s" if "/" in p else "o",
+                ls=":" if "/" in p else "-", label=f"speculative, assumed acceptance {_scenario(p)}")
     ax.axhline(perf["decode_tok_s"], ls="--", color="black", label=f"plain decode ({perf['decode_tok_s']:.1f})")
     ax.set_xticks(ks)
     ax.set_xlabel("draft depth K")
@@ -315,14 +326,17 @@ def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
                              [[_step_title(s), _ms(s["ms"])] + [_ms(s["categories"].get(c, 0.0)) for c in cats]
                               for _, s in _ordered_steps(perf)]))
         ks = sorted(int(k) for k in perf["spec_tok_s"])
-        rates = _rates(perf, ks[0]) if ks else []
+        rates = _rates(perf)
         md += ["", f"## Throughput ({label}, batch 1)", "",
                f"plain decode: {_ms(perf['steps']['decode']['ms'])} ms/step, {perf['decode_tok_s']:.1f} tok/s", ""]
         md.append(_table(["K", "step ms", "verify_cost_ratio"]
-                         + [f"tokens/step @ p={p}" for p in rates] + [f"tok/s @ p={p}" for p in rates],
+                         + [f"tokens/step @ {p}" for p in rates] + [f"tok/s @ {p}" for p in rates],
                          [[str(k), _ms(perf["steps"][f"spec_k{k}"]["ms"]), f"{perf['verify_cost_ratio'][str(k)]:.3f}"]
-                          + [f"{perf['tokens_per_step'][str(k)][p]:.3f}" for p in rates]
-                          + [f"{perf['spec_tok_s'][str(k)][p]:.1f}" for p in rates] for k in ks]))
+                          + [_opt(perf["tokens_per_step"][str(k)].get(p), 3) for p in rates]
+                          + [_opt(perf["spec_tok_s"][str(k)].get(p), 1) for p in rates] for k in ks]))
+        md += ["", "Acceptance scenarios are assumptions, not measurements: a single rate p is the chance each draft "
+               "is accepted given the previous ones were; a profile a1/a2/... is the fraction of steps accepting "
+               "drafts 1..i (as the lossless records report it)."]
 
     prog_src = g0a if g0a and program_lists(g0a[1]) else latest(records, "decode-cost")
     if prog_src and program_lists(prog_src[1]):

@@ -12,8 +12,10 @@ Two splits of every step, each summing to the step total:
 Steps: ``decode`` = one 1-row target forward + argmax + the host readback plain decoding does today (the fp32
 logits row and the token id); ``spec K`` (K in ``--ks``, default 1,3,7) = MTP draft (reseed over the K+1 rows +
 chain) + ONE K+1-row verify forward + on-device acceptance + readback of the acceptance result + commit
-(``--commit``). Modelled tok/s of a speculative step is reported for per-position acceptance rates ``--acceptance``
-(emitted tokens per step = sum_{i=0..K} p^i).
+(``--commit``). Modelled tok/s of a speculative step is reported per acceptance scenario (``--acceptance``): a single
+rate p is the chance each draft is accepted given the ones before it were (tokens per step = sum_{i=0..K} p^i); a
+profile ``a1/a2/...`` lists per-position acceptance as the engine reports it (``AcceptanceStats.per_position``: the
+fraction of steps accepting drafts 1..i), giving 1 + a1 + ... + aK tokens per step for K up to its length.
 
 On the emulated mesh every figure is **modelled**: the emulator's counters turned into P150a milliseconds by
 tt_ops/cost_model.py, plus a host-readback model (:class:`HostReadbackModel`, assumed constants). On cards the same
@@ -78,8 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ks", default="1,3,7", help="draft depths K of the speculative steps")
     p.add_argument("--commit", default="shadow_commit", choices=["shadow_commit", "snapshot", "recompute"],
                    help="commit mechanism of the speculative step")
-    p.add_argument("--acceptance", default="0.8,0.6,0.5",
-                   help="per-position acceptance rates for the modelled speculative tok/s")
+    p.add_argument("--acceptance", default="0.8,0.6,0.5,0.8/0.6/0.5",
+                   help="acceptance scenarios for the modelled speculative tok/s: a rate p per draft given the previous "
+                        "ones accepted, or a per-position profile a1/a2/... (fraction of steps accepting drafts 1..i)")
     p.add_argument("--vocab-sample", type=int, default=None,
                    help="vocabulary built (emulator default 4096, extrapolated to the real vocab; cards: the real one)")
     p.add_argument("--seed", type=int, default=0)
@@ -191,7 +194,7 @@ def forward_components(regs: dict, corr: Cost, ratio: float, n_gdn: int, n_attn:
 
 
 def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, seed: int, real_vocab: int,
-            acceptance=(0.8, 0.6, 0.5)) -> dict:
+            acceptance=("0.8", "0.6", "0.5", "0.8/0.6/0.5")) -> dict:
     from qwen36.tt.accept import DeviceAcceptor
     from qwen36.tt.commit import commit
     from qwen36.tt.model_config import TensorGroup
@@ -314,9 +317,10 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
             "steps": steps,
             "verify_cost_ratio": {str(k): _forward_ms(steps[f"spec_k{k}"]) / d_fwd for k in ks},
             "decode_tok_s": 1e3 / steps["decode"]["ms"],
-            "spec_tok_s": {str(k): {f"{p:g}": _emitted(p, k) * 1e3 / steps[f"spec_k{k}"]["ms"] for p in acceptance}
-                           for k in ks},
-            "tokens_per_step": {str(k): {f"{p:g}": _emitted(p, k) for p in acceptance} for k in ks},
+            "spec_tok_s": {str(k): {p: _emitted(p, k) * 1e3 / steps[f"spec_k{k}"]["ms"] for p in acceptance
+                                    if _emitted(p, k) is not None} for k in ks},
+            "tokens_per_step": {str(k): {p: _emitted(p, k) for p in acceptance if _emitted(p, k) is not None}
+                                for k in ks},
         }
         if emulated:
             out["cost_model_constants"] = dataclasses.asdict(fig.cm)
@@ -326,10 +330,21 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
         bench.close()
 
 
-def _emitted(p: float, k: int) -> float:
-    """Expected tokens per speculative step when each draft position is accepted with probability p given the
-    previous ones were: the bonus/correction token plus p + p^2 + ... + p^K."""
-    return sum(p ** i for i in range(k + 1))
+def parse_scenario(text: str) -> str:
+    """Validate one ``--acceptance`` scenario (a rate ``p`` or a profile ``a1/a2/...``); returns its key."""
+    vals = [float(v) for v in text.split("/")]
+    if not all(0 <= v <= 1 for v in vals) or ("/" in text and vals != sorted(vals, reverse=True)):
+        raise SystemExit(f"gate-0a: acceptance scenario {text!r}: rates in [0, 1], a profile non-increasing")
+    return "/".join(f"{v:g}" for v in vals)
+
+
+def _emitted(scenario: str, k: int) -> float | None:
+    """Expected tokens per speculative step: the bonus/correction token plus the expected accepted drafts. A rate p:
+    p + p^2 + ... + p^K. A profile (fraction of steps accepting drafts 1..i): a1 + ... + aK; None past its length."""
+    vals = [float(v) for v in scenario.split("/")]
+    if len(vals) == 1:
+        return sum(vals[0] ** i for i in range(k + 1))
+    return 1 + sum(vals[:k]) if k <= len(vals) else None
 
 
 FORWARD = ("embed", "gdn", "attention", "mlp", "lm_head", "verify_setup")
@@ -364,7 +379,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
     base = qwen36_27b_config() if args.preset == "27b" else PRESETS["ci"]
     device = args.device if args.device != "reference" else "emulated-p150x2"
     ks = sorted({int(x) for x in str(args.ks).split(",") if x.strip()})
-    acceptance = tuple(float(x) for x in str(args.acceptance).split(",") if x.strip())
+    acceptance = tuple(parse_scenario(x.strip()) for x in str(args.acceptance).split(",") if x.strip())
     vocab = args.vocab_sample
     if vocab is None:
         vocab = 4096 if device.startswith("emulated") else base.vocab_size
@@ -398,7 +413,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
             print("    by cost term: " + ", ".join(f"{c} {v:.2f}" for c, v in s["categories"].items())
                   + f"; {s['programs']} programs")
     print(f"  [{lab}] decode {fig['decode_tok_s']:.1f} tok/s; speculative tok/s at acceptance "
-          + "; ".join(f"K={k}: " + ", ".join(f"p={p} {v:.1f}" for p, v in fig["spec_tok_s"][str(k)].items())
+          + "; ".join(f"K={k}: " + ", ".join(f"{p} {v:.1f}" for p, v in fig["spec_tok_s"][str(k)].items())
                       for k in ks))
     return ProbeReport(probe=NAME, backend=fig["backend"],
                        config={"preset": args.preset, "precision": args.precision, "context": args.context,

@@ -62,6 +62,11 @@ def test_gate0a_verify_cost_grows_with_k(record):
     draft = [perf["steps"][f"spec_k{k}"]["components"]["mtp_draft"]["programs"] for k in KS]
     assert draft == sorted(draft) and len(set(draft)) == len(KS)
     assert abs(perf["tokens_per_step"]["3"]["0.5"] - 1.875) < 1e-12
+    # a per-position profile (fraction of steps accepting drafts 1..i) covers K up to its length
+    assert abs(perf["tokens_per_step"]["3"]["0.8/0.6/0.5"] - 2.9) < 1e-12 and "0.8/0.6/0.5" not in perf["spec_tok_s"]["7"]
+    for k in KS:
+        for p, n in perf["tokens_per_step"][k].items():
+            assert abs(perf["spec_tok_s"][k][p] - n * 1e3 / perf["steps"][f"spec_k{k}"]["ms"]) < 1e-9
 
 
 def test_gate0a_program_lists_match_counts(record):

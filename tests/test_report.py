@@ -70,7 +70,10 @@ def test_report_tables_and_plots(runs, tmp_path):
 
     header, rows = _table(md, "Throughput")
     k3 = dict(zip(header, next(r for r in rows if r[0] == "3")))
-    assert k3["tok/s @ p=0.8"] == f"{perf['spec_tok_s']['3']['0.8']:.1f}"
+    assert k3["tok/s @ 0.8"] == f"{perf['spec_tok_s']['3']['0.8']:.1f}"
+    assert k3["tokens/step @ 0.8/0.6/0.5"] == "2.900"
+    k7 = dict(zip(header, next(r for r in rows if r[0] == "7")))
+    assert k7["tok/s @ 0.8/0.6/0.5"] == "-"  # the profile covers 3 positions
     assert k3["verify_cost_ratio"] == f"{perf['verify_cost_ratio']['3']:.3f}"
 
     header, rows = _table(md, "Programs per layer")
