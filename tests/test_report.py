@@ -114,3 +114,30 @@ def test_report_refuses_wrong_records(tmp_path):
         msg = str(e.value)
         assert msg.startswith("error: ") and "\n" not in msg and str(bad) in msg and says in msg, msg
     assert not (tmp_path / "out" / "report.md").exists()
+
+
+def test_report_keeps_a_measured_label(runs, tmp_path):
+    """A gate-0a record shaped as the probe writes it on cards (wall-clock per component, no cost terms, label
+    measured): the report labels its table measured and draws no cost-term plot."""
+    from qwen36.cli import main
+    from qwen36.probes.records import append_record
+
+    (r,) = read_records(runs / "gate-0a.jsonl")
+    perf = r["performance"]
+    perf["label"], r["backend"] = "measured", "p150a x2 (hardware)"
+    for s in perf["steps"].values():
+        for key in ("categories", "programs", "programs_per_layer"):
+            s.pop(key)
+        s["components"] = {name: {"ms": c["ms"]} for name, c in s["components"].items()}
+    for key in ("cost_model_constants", "host_readback_model"):
+        perf.pop(key)
+    path = tmp_path / "cards.jsonl"
+    append_record(r, path)
+    out = tmp_path / "report"
+    assert main(["report", str(path), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "## Step time by component (measured, ms)" in md and "## Throughput (measured, batch 1)" in md
+    assert "cost term" not in md and not (out / "step_time_by_cost_term.png").exists()
+    assert (out / "step_time_by_component.png").exists() and (out / "tok_s_vs_k.png").exists()
+    header, rows = _table(md, "Step time by component")
+    assert dict(zip(header, rows[0]))["programs"] == "-"
