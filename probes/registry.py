@@ -17,6 +17,7 @@ PROBES: dict[str, str] = {
     "verify-tp": "qwen36.probes.verify_tp",
     "lossless": "qwen36.probes.lossless",
     "gate-0b": "qwen36.probes.gate_0b",
+    "gate-0a": "qwen36.probes.gate_0a",
     "gdn-transaction-tp": "qwen36.probes.gdn_transaction_tp",
     "emu-conformance": "qwen36.probes.emu_conformance",
 }

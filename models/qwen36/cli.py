@@ -19,6 +19,7 @@ COMMANDS = {
     "records": "records",
     "bench": "bench",
     "cards-check": "cards_check",
+    "report": "report",
 }
 
 
