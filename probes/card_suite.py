@@ -30,7 +30,7 @@ from typing import Callable
 
 from qwen36.probes.records import SOURCE_ROOT, ProbeReport, append_record, to_record
 
-# Registered probes run after the pytest steps in this order. gate-0a slots in when a checkout registers it.
+# Registered probes run after the pytest steps in this order (a name missing from the registry is reported as not run).
 PROBE_ORDER = ("verify-tp", "gdn-transaction-tp", "lossless", "decode-cost", "gate-0a", "gate-0b")
 # Registered probes deliberately left out, with the reason.
 NOT_IN_SUITE = {
