@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from .errors import EmulatorError, NotEmulatedError
 from .registry import device_op
-from .tensor import EmuTensor, make_like, quantize_via_ttnn
+from .tensor import EmuTensor, make_like, quantize_via_ttnn, write_inplace
 from .ttnn_import import ttnn
 
 _ACTIVATIONS = {
@@ -61,8 +61,6 @@ def _mm(a: EmuTensor, b: EmuTensor, i: int, transpose_a: bool, transpose_b: bool
 
 def _finish(op, a, outs, dtype, memory_config, optional_output_tensor):
     if optional_output_tensor is not None:
-        from .namespace import write_inplace
-
         write_inplace(optional_output_tensor, [quantize_via_ttnn(o, optional_output_tensor.dtype) for o in outs])
         return optional_output_tensor
     return make_like(a, outs, dtype=dtype if dtype is not None else a.dtype, layout=ttnn.TILE_LAYOUT,

@@ -13,10 +13,11 @@ import uuid
 
 import torch
 
-from . import mesh as mesh_mod
+from . import mappers
 from .errors import EmulatorError, NotEmulatedError, TraceRuleError
 from .registry import device_op, host_fn
 from .tensor import (
+    EmuMeshBase,
     EmuTensor,
     check_dtype_layout,
     dtype_name,
@@ -27,6 +28,7 @@ from .tensor import (
     storage_torch_dtype,
     to_torch_dtype,
     ttnn_dtype_from_torch,
+    write_inplace,
 )
 from .ttnn_import import ttnn
 
@@ -39,7 +41,7 @@ CACHE_FORMAT_VERSION = 1
 def _resolve_mesh(ns_mesh, device):
     if device is None:
         return None
-    if isinstance(device, mesh_mod.EmulatedMeshDevice):
+    if isinstance(device, EmuMeshBase):
         if device is not ns_mesh:
             raise EmulatorError("tensor targeted at a different emulated mesh than this namespace's")
         return device
@@ -68,7 +70,7 @@ def _build_shards(mesh, tensor: torch.Tensor, dtype, mesh_mapper, device_mesh) -
                 "mesh_mapper is a real ttnn mapper; on the emulated mesh build it through ctx.ttnn "
                 "(ttnn.ShardTensorToMesh(mesh, dim), ttnn.ReplicateTensorToMesh(mesh), ttnn.create_mesh_mapper(...))"
             )
-        if not isinstance(mesh_mapper, mesh_mod.EmuMeshMapper):
+        if not isinstance(mesh_mapper, mappers.EmuMeshMapper):
             raise EmulatorError(f"unsupported mesh_mapper {mesh_mapper!r}")
         if device_mesh is not None and mesh_mapper.num_devices != device_mesh.num_devices:
             raise EmulatorError(
@@ -147,7 +149,7 @@ def to_torch(mesh, tensor, dtype=None, *, torch_rank=None, mesh_composer=None, d
         mesh.trace.forbid_in_capture("ttnn.to_torch of a device tensor (a device-to-host read)")
     shards = tensor.shards
     if mesh_composer is not None:
-        if not isinstance(mesh_composer, mesh_mod.EmuMeshComposer):
+        if not isinstance(mesh_composer, mappers.EmuMeshComposer):
             raise EmulatorError(
                 "mesh_composer must come from the emulating namespace (ttnn.ConcatMeshToTensor(mesh, dim) ...)"
             )
@@ -424,8 +426,6 @@ def typecast(input_tensor, *args, dtype=None, memory_config=None, output_tensor=
     check_dtype_layout(dtype, tensor.layout, "ttnn.typecast")
     src = [s.to(torch.float32) if s.is_floating_point() else s for s in tensor.shards]
     if output_tensor is not None:
-        from .namespace import write_inplace
-
         write_inplace(output_tensor, [quantize_via_ttnn(s, output_tensor.dtype) for s in src])
         return output_tensor
     return make_like(tensor, src, dtype=dtype, memory_config=memory_config)
@@ -470,8 +470,6 @@ def copy(input_a, input_b):
         raise EmulatorError(f"ttnn.copy: shape {input_a.logical_shape_list} != {input_b.logical_shape_list}")
     if input_a.layout != input_b.layout:
         raise EmulatorError("ttnn.copy: input layouts differ")
-    from .namespace import write_inplace
-
     write_inplace(input_b, [quantize_via_ttnn(s, input_b.dtype) for s in input_a.shards])
     return input_b
 
@@ -487,36 +485,36 @@ def clone(input, *, dtype=None, memory_config=None, compute_kernel_config=None):
 @host_fn("ttnn.ShardTensorToMesh")
 @host_fn("ttnn.shard_tensor_to_mesh_mapper", validate=False)  # functional alias, same mapper
 def _shard(mesh, mesh_device, dim):
-    return mesh_mod.ShardTensorToMesh(mesh_device, dim)
+    return mappers.ShardTensorToMesh(mesh_device, dim)
 
 
 @host_fn("ttnn.ReplicateTensorToMesh")
 @host_fn("ttnn.replicate_tensor_to_mesh_mapper", validate=False)  # functional alias
 def _replicate(mesh, mesh_device):
-    return mesh_mod.ReplicateTensorToMesh(mesh_device)
+    return mappers.ReplicateTensorToMesh(mesh_device)
 
 
 @host_fn("ttnn.ShardTensor2dMesh")
 def _shard2d(mesh, mesh_device, mesh_shape, dims):
-    return mesh_mod.ShardTensor2dMesh(mesh_device, mesh_shape, dims)
+    return mappers.ShardTensor2dMesh(mesh_device, mesh_shape, dims)
 
 
 @host_fn("ttnn.create_mesh_mapper", validate=False)
 def _create_mapper(mesh, mesh_device, config):
-    return mesh_mod.create_mesh_mapper(mesh_device, config)
+    return mappers.create_mesh_mapper(mesh_device, config)
 
 
 @host_fn("ttnn.ConcatMeshToTensor")
 @host_fn("ttnn.concat_mesh_to_tensor_composer", validate=False)  # functional alias
 def _concat(mesh, mesh_device, dim):
-    return mesh_mod.ConcatMeshToTensor(mesh_device, dim)
+    return mappers.ConcatMeshToTensor(mesh_device, dim)
 
 
 @host_fn("ttnn.ConcatMesh2dToTensor")
 def _concat2d(mesh, mesh_device, mesh_shape, dims):
-    return mesh_mod.ConcatMesh2dToTensor(mesh_device, mesh_shape, dims)
+    return mappers.ConcatMesh2dToTensor(mesh_device, mesh_shape, dims)
 
 
 @host_fn("ttnn.create_mesh_composer", validate=False)
 def _create_composer(mesh, mesh_device, config):
-    return mesh_mod.create_mesh_composer(mesh_device, config)
+    return mappers.create_mesh_composer(mesh_device, config)

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
+from . import registry
 from .errors import EmulatorError
 from .ttnn_import import ttnn
 
@@ -172,6 +173,13 @@ def quantize_via_ttnn(shard: torch.Tensor, dtype) -> torch.Tensor:
     return shard.to(target)
 
 
+class EmuMeshBase:
+    """Marker base class of the emulated mesh device (defined here so that every module below the mesh can
+    recognise one without importing ``mesh.py``, which sits at the top of the emulator's import chain)."""
+
+    is_emulated = True
+
+
 class EmuTensor:
     """Stand-in for a (multi-device) ``ttnn.Tensor`` on the emulated mesh."""
 
@@ -300,22 +308,18 @@ class EmuTensor:
             raise EmulatorError("this tensor is not attached to an emulated mesh")
         return self.mesh
 
+    # They call the registered host functions directly (the override table sits below this module, so the
+    # tensor never imports the op modules that are built on top of it).
     def to(self, device_or_layout: Any, memory_config=None, *args, **kwargs):
-        from . import ops_core
-
         if isinstance(device_or_layout, type(ttnn.TILE_LAYOUT)):
-            return ops_core.to_layout(self._home(), self, device_or_layout)
-        return ops_core.to_device(self._home(), self, device_or_layout, memory_config=memory_config)
+            return registry.host_impl("ttnn.to_layout")(self._home(), self, device_or_layout)
+        return registry.host_impl("ttnn.to_device")(self._home(), self, device_or_layout, memory_config=memory_config)
 
     def cpu(self, blocking: bool = True, cq_id=None):
-        from . import ops_core
-
-        return ops_core.from_device(self._home(), self)
+        return registry.host_impl("ttnn.from_device")(self._home(), self)
 
     def to_torch(self, *args, **kwargs):
-        from . import ops_core
-
-        return ops_core.to_torch(self._home(), self, *args, **kwargs)
+        return registry.host_impl("ttnn.to_torch")(self._home(), self, *args, **kwargs)
 
     # Arithmetic operators route through the emulated namespace like ttnn's do.
     def _ns(self):
@@ -371,3 +375,40 @@ def new_device_tensor(mesh, shards, dtype, layout, memory_config=None) -> EmuTen
     t = EmuTensor(list(shards), dtype, layout, mesh=mesh, on_device=True, memory_config=memory_config)
     mesh.on_allocate(t)
     return t
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers shared by the namespace, the trace machinery and the op modules
+# ------------------------------------------------------------------------------------------------
+def iter_tensors(obj):
+    """Every EmuTensor inside ``obj`` (nested lists, tuples and dict values)."""
+    if isinstance(obj, EmuTensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from iter_tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from iter_tensors(o)
+
+
+def map_shards(obj, i: int, convert=None):
+    """Replace every EmuTensor inside ``obj`` by its shard ``i`` (optionally converted)."""
+    if isinstance(obj, EmuTensor):
+        s = obj.shards[i]
+        return convert(s) if convert else s
+    if isinstance(obj, list):
+        return [map_shards(o, i, convert) for o in obj]
+    if isinstance(obj, tuple):
+        return tuple(map_shards(o, i, convert) for o in obj)
+    if isinstance(obj, dict):
+        return {k: map_shards(v, i, convert) for k, v in obj.items()}
+    return obj
+
+
+def write_inplace(t: EmuTensor, new_shards: list[torch.Tensor]) -> None:
+    """In-place update of an existing device buffer (suppressed during a capture's dry evaluation)."""
+    mesh = t.mesh
+    if mesh is not None and mesh.trace.dry:
+        return
+    t.set_shards([s.contiguous() for s in new_shards])

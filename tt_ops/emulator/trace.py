@@ -38,6 +38,7 @@ import torch
 
 from .counters import Counts
 from .errors import TraceRuleError
+from .tensor import EmuTensor, iter_tensors
 
 
 @dataclasses.dataclass
@@ -174,21 +175,8 @@ class TraceState:
         return not tr.released
 
 
-def _iter_tensors(obj):
-    from .tensor import EmuTensor
-
-    if isinstance(obj, EmuTensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _iter_tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _iter_tensors(o)
-
-
 def _check_inputs_alive(step: TraceStep, tr: Trace) -> None:
-    for t in _iter_tensors((step.args, step.kwargs)):
+    for t in iter_tensors((step.args, step.kwargs)):
         if getattr(t, "_freed", False):
             raise TraceRuleError(
                 f"execute_trace: trace {tr.trace_id} reads a buffer ({t.logical_shape_list}, op {step.op_name}) that "
@@ -197,8 +185,6 @@ def _check_inputs_alive(step: TraceStep, tr: Trace) -> None:
 
 
 def _write_back(recorded, fresh, op_name: str) -> None:
-    from .tensor import EmuTensor
-
     if recorded is None:
         return
     if isinstance(recorded, EmuTensor):
