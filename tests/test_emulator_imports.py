@@ -16,7 +16,8 @@ EMU_DIR = pathlib.Path(emulator_pkg.__file__).resolve().parent
 LEVELS = [
     ("errors", "ttnn_import", "counters", "signatures", "registry"),
     ("tensor",),
-    ("mappers", "goldens"),
+    ("numerics", "programs", "mappers"),
+    ("goldens",),
     ("trace", "ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_gdn", "ops_trace", "ops_sampling"),
     ("namespace",),
     ("mesh",),

@@ -103,8 +103,11 @@ class MeshContext:
         self.close()
 
     def describe(self) -> dict:
-        return {"backend": self.label, "device": self.device_name, "mesh_shape": list(self.mesh_shape),
-                "emulated": self.is_emulated}
+        d = {"backend": self.label, "device": self.device_name, "mesh_shape": list(self.mesh_shape),
+             "emulated": self.is_emulated}
+        if self.is_emulated:
+            d["emulator_numerics"] = self.mesh_device.numerics
+        return d
 
 
 def open_mesh(
@@ -116,6 +119,7 @@ def open_mesh(
     alloc_while_trace_live: str = "error",
     op_table_policy: str = "layout",
     dispatch_core_config: Any = None,
+    numerics: str = "strict",
 ) -> MeshContext:
     """Open the chosen backend. See the module docstring.
 
@@ -123,18 +127,21 @@ def open_mesh(
     captured trace is live, ``"warn"`` logs tt-metal's warning instead.
     ``op_table_policy`` (emulator only): how the ops' documented dtype/layout tables are enforced:
     ``"layout"`` (default: unsupported layout raises, unlisted dtype warns once), ``"strict"``, ``"warn"``, ``"off"``.
+    ``numerics`` (emulator only): ``"strict"`` (default) emulates the cards' FPU/SFPU arithmetic and tile-padding
+    garbage (docs/emulator.md, "Numerics and tile padding"); ``"exact"`` computes in fp32 on logical shapes, for
+    A/B runs.
     ``dispatch_core_config`` (hardware only): passed to ``ttnn.open_mesh_device``; ``None`` lets ttnn pick the
     architecture default.
     """
     name = resolve_device_name(device)
     if name in EMULATED_DEVICES:
         return _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_while_trace_live,
-                              op_table_policy)
+                              op_table_policy, numerics)
     return _open_hardware(name, trace_region_size, l1_small_size, num_command_queues, dispatch_core_config)
 
 
 def _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_policy,
-                   op_table_policy="layout") -> MeshContext:
+                   op_table_policy="layout", numerics="strict") -> MeshContext:
     from .emulator.mesh import EmulatedMeshDevice
 
     n = EMULATED_DEVICES[name]
@@ -145,11 +152,12 @@ def _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, a
         num_command_queues=num_command_queues,
         alloc_while_trace_live=alloc_policy,
         op_table_policy=op_table_policy,
+        numerics=numerics,
     )
     label = f"{name} (ttnn goldens on CPU)"
     from loguru import logger
 
-    logger.info(f"opened {label}: emulated 1x{n} Blackhole P150a mesh, no hardware")
+    logger.info(f"opened {label}: emulated 1x{n} Blackhole P150a mesh, no hardware, numerics={numerics}")
     return MeshContext(ttnn=mesh.ttnn, mesh_device=mesh, num_devices=n, is_emulated=True, label=label,
                        device_name=name, _closer=mesh.close)
 

@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from . import numerics
 from .errors import NotEmulatedError
 from .tensor import EmuTensor, dtype_name, iter_tensors, make_like, map_shards, quantize_via_ttnn, write_inplace
 from .ttnn_import import ttnn
@@ -75,9 +76,35 @@ def golden_impl(op_name: str, real_op) -> Callable:
         for i in range(ref.num_shards):
             r = golden(*map_shards(args, i, convert), **map_shards(gkw, i, convert))
             results.append(r)
+        if op_name in FP32_COMPUTE_GOLDENS and numerics.is_strict(ref):
+            results = _dst_rule(results, args, kwargs, ref)
         return _assemble(op_name, results, args, kwargs, ref, out_kw)
 
     return impl
+
+
+def _dst_rule(results, args, kwargs, ref):
+    """Strict numerics: an fp32 result packed out of a 16-bit Dst (``fp32_dest_acc_en`` off, the default when no
+    config is passed) carries bf16 precision only (numerics.dst_output)."""
+    if _out_dtype_name(results[0], args, kwargs, ref) != "FLOAT32":
+        return results
+    cfg = numerics.kernel_config(kwargs.get("compute_kernel_config"))
+    return [numerics.dst_output(r, cfg) if isinstance(r, torch.Tensor) and r.is_floating_point() else r
+            for r in results]
+
+
+def _out_dtype_name(first, args, kwargs, ref) -> str:
+    if not isinstance(first, torch.Tensor):
+        return ""
+    return dtype_name(_out_dtype_for(first, args, kwargs, ref))
+
+
+# What an op leaves in the tile padding of its output when it documents a fill (default: garbage, None).
+OUTPUT_PAD_FILL = {
+    # ttnn.slice: "pad_value: Fill value for implicit tile padding on tiled tensors. Padding is undefined by
+    # default." (0.81.1 docstring)
+    "ttnn.slice": lambda args, kwargs: None if kwargs.get("pad_value") is None else float(kwargs["pad_value"]),
+}
 
 
 # Output layout rules where ttnn does not keep the first input's layout.
@@ -93,10 +120,13 @@ def _assemble(op_name, results, args, kwargs, ref, out_kw=None):
     if isinstance(first, torch.Tensor):
         dtype = _out_dtype_for(first, args, kwargs, ref)
         layout = OUTPUT_LAYOUT[op_name](args, kwargs) if op_name in OUTPUT_LAYOUT else ref.layout
+        pad = OUTPUT_PAD_FILL[op_name](args, kwargs) if op_name in OUTPUT_PAD_FILL else None
         if out_kw is not None:
             write_inplace(out_kw, [quantize_via_ttnn(r, out_kw.dtype) for r in results])
+            if not (out_kw.mesh is not None and out_kw.mesh.trace.dry):
+                out_kw.pad_fill = pad
             return out_kw
-        return make_like(ref, results, dtype=dtype, layout=layout, memory_config=mem)
+        return make_like(ref, results, dtype=dtype, layout=layout, memory_config=mem, pad_fill=pad)
     if isinstance(first, (tuple, list)):
         parts = []
         for j in range(len(first)):

@@ -25,6 +25,7 @@ from .mappers import (  # noqa: F401  (re-exported: the mesh module is where use
     create_mesh_mapper,
 )
 from .namespace import EmulatedTTNN
+from .numerics import NUMERICS_MODES
 from .tensor import EmuMeshBase
 from .trace import TraceState
 from .ttnn_import import ttnn
@@ -64,6 +65,7 @@ class EmulatedMeshDevice(EmuMeshBase):
         num_command_queues: int = 1,
         alloc_while_trace_live: str = "error",
         op_table_policy: str = "layout",
+        numerics: str = "strict",
     ):
         if num_devices not in MOCK_CLUSTER_FILES:
             raise EmulatorError(f"emulated mesh supports 1, 2 or 4 P150a chips, got {num_devices}")
@@ -72,6 +74,11 @@ class EmulatedMeshDevice(EmuMeshBase):
         if op_table_policy not in ("strict", "layout", "warn", "off"):
             raise EmulatorError("op_table_policy must be 'strict', 'layout', 'warn' or 'off'")
         self.op_table_policy = op_table_policy
+        if numerics not in NUMERICS_MODES:
+            raise EmulatorError(f"numerics must be one of {NUMERICS_MODES}, got {numerics!r}")
+        # "strict": FPU/SFPU numerics and tile-padding garbage as cards have them (numerics.py); "exact": fp32
+        # math on logical shapes (for A/B runs that separate card arithmetic from model bugs)
+        self.numerics = numerics
         if num_command_queues not in (1, 2):
             raise EmulatorError(f"num_command_queues must be 1 or 2, got {num_command_queues}")
         self.mock_cluster_desc = ensure_mock_cluster(num_devices)
@@ -130,7 +137,8 @@ class EmulatedMeshDevice(EmuMeshBase):
         return 0
 
     def __repr__(self) -> str:
-        return f"EmulatedMeshDevice({self.label_short}, shape=(1, {self.num_devices}), ttnn goldens on CPU)"
+        return (f"EmulatedMeshDevice({self.label_short}, shape=(1, {self.num_devices}), ttnn goldens on CPU, "
+                f"numerics={self.numerics})")
 
     # ---- allocation / lifecycle ----------------------------------------------------------------
     def check_open(self) -> None:

@@ -31,6 +31,7 @@ import torch
 from . import registry
 from .errors import EmulatorError, NotEmulatedError, TraceRuleError
 from .goldens import golden_impl
+from .programs import programs_for
 from .signatures import dtype_layout_table, signature_of
 from .tensor import EmuMeshBase, EmuTensor, dtype_name, iter_tensors, map_shards, shard_bytes, write_inplace
 from .trace import TraceStep
@@ -163,10 +164,13 @@ class Dispatcher:
 
         def account(out):
             # accounting after the call, so that invalid calls fail with the op's own message first
+            n = programs_for(op_name, args, kwargs, out)
+            if n == 0:  # a view: no program, no data moved
+                return {}, {}, None, 0
             read = read_bytes(args, kwargs) if read_bytes else bytes_by_dtype(iter_tensors((args, kwargs)))
             written = written_bytes(args, kwargs) if written_bytes else bytes_by_dtype(iter_tensors(out))
             cb = collective_bytes(args, kwargs, out) if collective_bytes else None
-            return read, written, cb
+            return read, written, cb, n
 
         if capturing is not None:
             trace.dry = True
@@ -175,13 +179,13 @@ class Dispatcher:
             finally:
                 trace.dry = False
             capturing.steps.append(_make_step(op_name, impl, args, kwargs, out, account))
-            read, written, cb = account(out)
+            read, written, cb, n = account(out)
             with mesh.counters._sink(capturing.counts):
-                mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False)
+                mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False, programs=n)
             return out
         out = impl(*args, **kwargs)
-        read, written, cb = account(out)
-        mesh.counters.record_op(op_name, read, written, collective_bytes=cb)
+        read, written, cb, n = account(out)
+        mesh.counters.record_op(op_name, read, written, collective_bytes=cb, programs=n)
         return out
 
 

@@ -15,6 +15,7 @@ import torch
 
 from . import mappers
 from .errors import EmulatorError, NotEmulatedError, TraceRuleError
+from .programs import reshape_is_view
 from .registry import device_op, host_fn
 from .tensor import (
     EmuMeshBase,
@@ -273,7 +274,8 @@ def to_device(mesh, tensor, device, memory_config=None, *, queue_id=None):
     if len(shards) != target.num_devices:
         raise EmulatorError(f"ttnn.to_device: tensor has {len(shards)} shards, mesh has {target.num_devices} devices")
     t = new_device_tensor(
-        target, [s.clone() for s in shards], tensor.dtype, tensor.layout, memory_config=memory_config or tensor.memory_config()
+        target, [s.clone() for s in shards], tensor.dtype, tensor.layout, memory_config=memory_config or tensor.memory_config(),
+        pad_fill=tensor.pad_fill,
     )
     t.placements = tensor.placements
     return t
@@ -284,7 +286,8 @@ def from_device(mesh, tensor, blocking=True, *, queue_id=None):
     if not tensor.on_device:
         return tensor
     mesh.trace.forbid_in_capture("ttnn.from_device (a device-to-host read)")
-    t = EmuTensor([s.clone() for s in tensor.shards], tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=False)
+    t = EmuTensor([s.clone() for s in tensor.shards], tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=False,
+                  pad_fill=tensor.pad_fill)
     t.placements = tensor.placements
     return t
 
@@ -314,6 +317,7 @@ def copy_host_to_device_tensor(mesh, host_tensor, device_tensor, cq_id=None):
             f"buffer {dtype_name(device_tensor.dtype)}/{device_tensor.layout.name}"
         )
     device_tensor.set_shards([s.clone() for s in host_tensor.shards])
+    device_tensor.pad_fill = host_tensor.pad_fill
 
 
 @host_fn("ttnn.copy_device_to_host_tensor")
@@ -352,7 +356,7 @@ def get_device_tensors(mesh, tensor):
     out = []
     for s in tensor.shards:
         t = EmuTensor([s], tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=tensor.on_device,
-                      memory_config=tensor.memory_config())
+                      memory_config=tensor.memory_config(), pad_fill=tensor.pad_fill)
         out.append(t)
     return out
 
@@ -383,7 +387,7 @@ def allocate_tensor_on_device(mesh, *args, **kwargs):
     # uninitialised device memory: NaN / -1 so reads before a write show up
     fill = float("nan") if sdt.is_floating_point else -1
     shards = [torch.full(shape, fill, dtype=sdt) for _ in range(target.num_devices)]
-    return new_device_tensor(target, shards, dtype, layout, memory_config=bound.get("memory_config"))
+    return new_device_tensor(target, shards, dtype, layout, memory_config=bound.get("memory_config"), pad_fill=None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -394,14 +398,16 @@ def _to_layout_impl(tensor, layout, dtype=None, memory_config=None, sub_core_gri
     check_dtype_layout(dtype, layout, "ttnn.to_layout")
     if layout == tensor.layout and dtype == tensor.dtype and memory_config is None:
         return tensor
-    return make_like(tensor, list(tensor.shards), dtype=dtype, layout=layout, memory_config=memory_config)
+    # tilize fills the padding with pad_value; a TILE -> TILE conversion converts the padding with the data
+    pad = pad_value if tensor.layout != ttnn.TILE_LAYOUT else tensor.pad_fill
+    return make_like(tensor, list(tensor.shards), dtype=dtype, layout=layout, memory_config=memory_config, pad_fill=pad)
 
 
 @host_fn("ttnn.to_layout")
 def to_layout(mesh, tensor, layout, dtype=None, memory_config=None, sub_core_grids=None, pad_value=0.0):
     if tensor.on_device:
         return _dispatch(tensor.mesh, "ttnn.to_layout", _to_layout_impl, (tensor, layout),
-                         {"dtype": dtype, "memory_config": memory_config})
+                         {"dtype": dtype, "memory_config": memory_config, "pad_value": pad_value})
     dtype = dtype if dtype is not None else tensor.dtype
     check_dtype_layout(dtype, layout, "ttnn.to_layout")
     t = EmuTensor([quantize_via_ttnn(s, dtype) for s in tensor.shards], dtype, layout, mesh=tensor.mesh, on_device=False)
@@ -428,13 +434,13 @@ def typecast(input_tensor, *args, dtype=None, memory_config=None, output_tensor=
     if output_tensor is not None:
         write_inplace(output_tensor, [quantize_via_ttnn(s, output_tensor.dtype) for s in src])
         return output_tensor
-    return make_like(tensor, src, dtype=dtype, memory_config=memory_config)
+    return make_like(tensor, src, dtype=dtype, memory_config=memory_config, pad_fill=tensor.pad_fill)
 
 
 @device_op("ttnn.to_memory_config")
 def to_memory_config(tensor, memory_config, dtype=None, output_tensor=None):
     dtype = dtype if dtype is not None else tensor.dtype
-    return make_like(tensor, list(tensor.shards), dtype=dtype, memory_config=memory_config)
+    return make_like(tensor, list(tensor.shards), dtype=dtype, memory_config=memory_config, pad_fill=tensor.pad_fill)
 
 
 @device_op("ttnn.reshape")
@@ -455,7 +461,11 @@ def reshape(input_tensor, shape=None, *rest, memory_config=None, pad_value=None,
         prod *= d if d != -1 else 1
     if -1 not in target and prod != numel:
         raise EmulatorError(f"ttnn.reshape: cannot reshape {tensor.logical_shape_list} to {target}")
-    return make_like(tensor, [s.reshape(target) for s in tensor.shards], memory_config=memory_config)
+    if reshape_is_view(tensor.logical_shape_list, target, tensor.layout):
+        pad = tensor.pad_fill  # a view moves no data
+    else:  # "pad_value ... applied to tile padding lanes" unless skip_padding_fill (ttnn.reshape docstring)
+        pad = None if skip_padding_fill else float(pad_value if pad_value is not None else 0.0)
+    return make_like(tensor, [s.reshape(target) for s in tensor.shards], memory_config=memory_config, pad_fill=pad)
 
 
 def _copy_read(args, kwargs):
@@ -471,12 +481,15 @@ def copy(input_a, input_b):
     if input_a.layout != input_b.layout:
         raise EmulatorError("ttnn.copy: input layouts differ")
     write_inplace(input_b, [quantize_via_ttnn(s, input_b.dtype) for s in input_a.shards])
+    if not (input_b.mesh is not None and input_b.mesh.trace.dry):
+        input_b.pad_fill = input_a.pad_fill  # whole tiles are copied, padding included
     return input_b
 
 
 @device_op("ttnn.clone")
 def clone(input, *, dtype=None, memory_config=None, compute_kernel_config=None):
-    return make_like(input, [s.clone() for s in input.shards], dtype=dtype, memory_config=memory_config)
+    return make_like(input, [s.clone() for s in input.shards], dtype=dtype, memory_config=memory_config,
+                     pad_fill=input.pad_fill)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,6 +13,13 @@ torch.bfloat16 holding the *dequantised* values produced by ttnn's own host pack
 bf16), integer dtypes -> the matching torch integer dtype (uint32 -> torch.int64 so indices work
 everywhere; ``to_torch`` gives back ``torch.uint32`` like ttnn).
 
+Tile padding: on cards the padding of a TILE tensor (rows/columns up to the next multiple of 32) holds
+whatever was last written there. Host tilize (``from_torch``/``as_tensor``/``to_layout`` to TILE) fills it with
+zeros; ops leave it undefined ("Padding is undefined by default", ``ttnn.slice`` docstring) unless they document
+a fill (``reshape``'s ``pad_value``, ``slice``'s ``pad_value``, ``fill_implicit_tile_padding``). The emulator keeps
+that as ``pad_fill`` (a value, or ``None`` = garbage) instead of materialising padded storage; the ops that read
+padding on cards consult it (see ``ops_compute`` and docs/emulator.md).
+
 Invariant: shard tensors are never mutated in place. In-place device ops (``copy``, cache updates, ring
 writes, ``copy_host_to_device_tensor``, trace write-back) *replace* a tensor's shard list, so op outputs
 may safely share storage with their inputs (views from reshape/permute), and ``from_torch`` never aliases
@@ -195,6 +202,7 @@ class EmuTensor:
         "placements",
         "persistent",
         "trace_owner",
+        "pad_fill",
         "__weakref__",
     )
 
@@ -208,6 +216,7 @@ class EmuTensor:
         on_device: bool = False,
         memory_config=None,
         placements=None,
+        pad_fill: float | None = 0.0,
     ):
         if not shards:
             raise EmulatorError("EmuTensor needs at least one shard")
@@ -222,6 +231,9 @@ class EmuTensor:
         self.placements = placements  # description of how the host tensor was mapped (for to_torch hints)
         self.persistent = True  # cleared for tensors allocated inside a trace capture
         self.trace_owner = None  # trace id whose capture allocated this tensor
+        # Contents of the tile padding (TILE layout only; see module doc): a known fill value, or None for
+        # garbage (whatever the op that wrote the tiles left there).
+        self.pad_fill = pad_fill
 
     # ---- data access -------------------------------------------------------------------------
     @property
@@ -356,9 +368,12 @@ class EmuTensor:
 
 
 def make_like(
-    ref: EmuTensor, shards: list[torch.Tensor], *, dtype=None, layout=None, memory_config=None
+    ref: EmuTensor, shards: list[torch.Tensor], *, dtype=None, layout=None, memory_config=None,
+    pad_fill: float | None = None,
 ) -> EmuTensor:
-    """New device tensor on ``ref``'s mesh, values rounded to ``dtype`` (default ``ref.dtype``)."""
+    """New device tensor on ``ref``'s mesh, values rounded to ``dtype`` (default ``ref.dtype``).
+
+    ``pad_fill``: what the op leaves in the tile padding; ``None`` (garbage) unless the op documents a fill."""
     dtype = ref.dtype if dtype is None else dtype
     layout = ref.layout if layout is None else layout
     check_dtype_layout(dtype, layout, "op output")
@@ -368,11 +383,13 @@ def make_like(
         dtype,
         layout,
         memory_config=memory_config if memory_config is not None else ref.memory_config(),
+        pad_fill=pad_fill,
     )
 
 
-def new_device_tensor(mesh, shards, dtype, layout, memory_config=None) -> EmuTensor:
-    t = EmuTensor(list(shards), dtype, layout, mesh=mesh, on_device=True, memory_config=memory_config)
+def new_device_tensor(mesh, shards, dtype, layout, memory_config=None, pad_fill: float | None = 0.0) -> EmuTensor:
+    t = EmuTensor(list(shards), dtype, layout, mesh=mesh, on_device=True, memory_config=memory_config,
+                  pad_fill=pad_fill)
     mesh.on_allocate(t)
     return t
 

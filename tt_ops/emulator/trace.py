@@ -48,7 +48,7 @@ class TraceStep:
     args: tuple
     kwargs: dict
     outputs: Any
-    account: Callable | None = None  # fn(outputs) -> (read, written, collective_bytes), evaluated per replay
+    account: Callable | None = None  # fn(outputs) -> (read, written, collective_bytes, programs), per replay
 
 
 @dataclasses.dataclass
@@ -152,8 +152,8 @@ class TraceState:
                 fresh = step.impl(*step.args, **step.kwargs)
                 _write_back(step.outputs, fresh, step.op_name)
                 if step.account is not None:
-                    read, written, cb = step.account(step.outputs)
-                    counts.add_op(step.op_name, read, written, cb)
+                    read, written, cb, n = step.account(step.outputs)
+                    counts.add_op(step.op_name, read, written, cb, n)
         finally:
             self.replaying = False
         self.mesh.counters.record_replay(counts)
