@@ -114,8 +114,9 @@ def fpu_matmul(a: torch.Tensor, b: torch.Tensor, a_dtype: str, b_dtype: str, cfg
     """
     a_bits = src_format_bits(a_dtype)
     b_bits = src_format_bits(b_dtype) - (1 if b_dtype == "FLOAT32" else 0)  # SrcA ignores the TF32 LSB
-    a32 = _keep_mantissa_bits(a, a_bits)
-    b32 = _keep_mantissa_bits(b, b_bits)
+    # bf16-family operands already fit their Src format: skip the (weight-sized) masking copy
+    a32 = _keep_mantissa_bits(a, a_bits) if a_dtype == "FLOAT32" else a.to(torch.float32)
+    b32 = _keep_mantissa_bits(b, b_bits) if b_dtype == "FLOAT32" else b.to(torch.float32)
     p = cfg.phases
     if p >= 4:
         terms = [(a32, b32)]
