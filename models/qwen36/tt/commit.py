@@ -20,7 +20,7 @@ attend them (bounds are n'..n'+K and n' <= n+a+1), and the masked recurrence ign
 """
 from __future__ import annotations
 
-from .model_config import compute_config_fp32_state
+from .model_config import compute_config_exact_count
 from .verify import SpecDeviceState, VerifyOutputs
 
 
@@ -33,7 +33,6 @@ def commit(spec: SpecDeviceState, vout: VerifyOutputs, result) -> None:
     kc1 = spec.kc - 1
     idx = ttnn.typecast(ttnn.add(spec.c_conv_rows, a), ttnn.uint32)  # [1,1,1,Kc-1]
     idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, kc1])
-    cfg = compute_config_fp32_state(ttnn)
     mask = None
     if spec.mechanism in ("snapshot", "recompute"):
         mask = ttnn.le(spec.c_rows, a)  # [1,T,1]: 1 for rows <= a
@@ -55,7 +54,8 @@ def commit(spec: SpecDeviceState, vout: VerifyOutputs, result) -> None:
     toks = ttnn.typecast(ttnn.slice(result, [0, 0, 0, 0], [1, 1, 1, spec.t]), ttnn.float32)
     # fp32 token ids: the accurate (SFPU, full fp32) sum needs fp32_dest_acc_en; without it the FPU reads TF32
     # and ids above 2048 come out wrong (ttnn.sum docstring, fast_and_approximate_mode)
-    pend = ttnn.sum(ttnn.multiply(toks, ttnn.eq(spec.c_tok_cols, a)), dim=3, keepdim=True, compute_kernel_config=cfg)
+    pend = ttnn.sum(ttnn.multiply(toks, ttnn.eq(spec.c_tok_cols, a)), dim=3, keepdim=True,
+                    compute_kernel_config=compute_config_exact_count(ttnn))
     ttnn.copy(pend, spec.pending)
 
 
