@@ -190,3 +190,21 @@ def test_program_counts_views_and_unaligned_data_movement(ctx):
         ttnn.concat([y, x], dim=3)  # 40 is not a tile multiple: 2 untilize + concat + tilize
         ttnn.concat([x, y], dim=3)  # 96 is: one program
     assert c.programs == 4 + 1
+
+
+def test_rotate_half_matmul_needs_hifi4(ctx):
+    """Known-bad: a +-1 permutation matmul with no config (LoFi, bf16 dest by the struct defaults) drops the last
+    mantissa bit of bf16 inputs; HiFi4 (model_config.compute_config_exact_select) moves them exactly."""
+    from qwen36.tt.model_config import compute_config_exact_select
+
+    ttnn = ctx.ttnn
+    x = (torch.randn(1, 1, 32, 64, generator=torch.Generator().manual_seed(6))).bfloat16().float()
+    perm = torch.zeros(64, 64)
+    perm[torch.arange(32) + 32, torch.arange(32)] = -1.0
+    perm[torch.arange(32), torch.arange(32) + 32] = 1.0
+    exp = x @ perm
+    xt, pt = dev(ctx, x, ttnn.bfloat16), dev(ctx, perm, ttnn.bfloat16)
+    bad = host(ctx, ttnn.matmul(xt, pt))
+    good = host(ctx, ttnn.matmul(xt, pt, compute_kernel_config=compute_config_exact_select(ttnn)))
+    assert not torch.equal(bad, exp)
+    assert torch.equal(good, exp)
