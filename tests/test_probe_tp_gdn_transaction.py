@@ -58,9 +58,7 @@ class WrongConvWindow(TTSpecBackend):
     def _setup(self, k):
         super()._setup(k)
         s = self.spec
-        cols = torch.arange(s.kc - 1 + s.t, dtype=torch.float32).reshape(1, -1)
-        rows = torch.arange(s.kc - 1, dtype=torch.float32).reshape(-1, 1)
-        _write_const(s, s.c_conv_sel, (cols - rows - 2).reshape(1, 1, s.kc - 1, s.kc - 1 + s.t))
+        _write_const(s, s.c_conv_rows, torch.arange(2, s.kc + 1, dtype=torch.float32).reshape(1, 1, 1, s.kc - 1))
 
 
 class RingSlotOffByOne(TTSpecBackend):

@@ -15,8 +15,13 @@ from qwen36.testing.tt import make_bf16_checkpoint, tp4_config
 DECODE_STEPS = 32
 # Random-weight tiny models have near-ties (reference top-2 gaps down to ~1e-3) that no bf16 arithmetic can
 # order; exact-token gates run on prompts whose reference top-2 gap stays >= MIN_MARGIN at every step
-# (asserted, not assumed). TT's max abs logit error on the CI checkpoint is ~0.1 (accuracy preset), but the
-# error of a top-2 *difference* is far smaller; 0.02 is the measured safe floor.
+# (asserted, not assumed). TT's max abs logit error on the CI checkpoint is ~0.1 (accuracy preset); the error of a
+# top-2 *difference* is usually far smaller but reaches 0.08 on seed 0's step 14 (teacher-forced: reference gap
+# 0.096, TT gap 0.017 with fp32 matmul arithmetic, 0.008 with card arithmetic, where the fp32 GDN activations
+# enter the FPU as TF32; the greedy continuation flips there under card arithmetic). Token equality over 32
+# random-weight steps is a property of the arithmetic, not of the TT graph, so the exact-token test runs the
+# graph with fp32 matmul arithmetic (numerics="exact", an A/B mode of the emulator); card-arithmetic decisions are
+# gated by test_argmax_agrees_wherever_the_reference_decides (clear margins) and the PCC gates.
 MIN_MARGIN = 0.02
 GREEDY_PROMPT_SEED = 0  # prompt length 12; reference min top-2 gap over 32 greedy steps 0.032
 
@@ -75,11 +80,15 @@ def test_prefill_logits_pcc_chunked(request, ref, preset):
     assert ok, f"prefill logits ({preset}): {msg}"
 
 
-def test_greedy_32_tokens_exact_bf16(gen_acc, ref):
+def test_greedy_32_tokens_exact_bf16(ckpt, ref):
     ids = prompt(GREEDY_PROMPT_SEED)
     exp, _, margins = ref_greedy_with_margins(ref, ids, DECODE_STEPS)
     assert margins.min() >= MIN_MARGIN, f"precondition: reference top-2 gap {margins.min():.4f} < {MIN_MARGIN}"
-    got = gen_acc.greedy(ids.tolist(), DECODE_STEPS)
+    gen = make_gen(ckpt, "accuracy", mesh_kw={"numerics": "exact"})
+    try:
+        got = gen.greedy(ids.tolist(), DECODE_STEPS)
+    finally:
+        gen.close()
     assert got == exp, f"TT greedy diverges at step {next(i for i, (a, b) in enumerate(zip(got, exp)) if a != b)}"
 
 

@@ -172,8 +172,11 @@ class MeshContext:
         self.close()
 
     def describe(self) -> dict:
-        return {"backend": self.label, "backend_kind": self.backend, "device": self.device_name,
-                "mesh_shape": list(self.mesh_shape), "emulated": self.is_emulated, "ttnn_version": self.ttnn_version}
+        d = {"backend": self.label, "backend_kind": self.backend, "device": self.device_name,
+             "mesh_shape": list(self.mesh_shape), "emulated": self.is_emulated, "ttnn_version": self.ttnn_version}
+        if self.is_emulated:
+            d["emulator_numerics"] = self.mesh_device.numerics
+        return d
 
 
 def open_mesh(
@@ -185,6 +188,7 @@ def open_mesh(
     alloc_while_trace_live: str = "error",
     op_table_policy: str = "layout",
     dispatch_core_config: Any = None,
+    numerics: str = "strict",
 ) -> MeshContext:
     """Open the chosen backend. See the module docstring.
 
@@ -192,6 +196,9 @@ def open_mesh(
     captured trace is live, ``"warn"`` logs tt-metal's warning instead.
     ``op_table_policy`` (emulator only): how the ops' documented dtype/layout tables are enforced:
     ``"layout"`` (default: unsupported layout raises, unlisted dtype warns once), ``"strict"``, ``"warn"``, ``"off"``.
+    ``numerics`` (emulator only): ``"strict"`` (default) emulates the cards' FPU/SFPU arithmetic and tile-padding
+    garbage (docs/emulator.md, "Numerics and tile padding"); ``"exact"`` computes in fp32 on logical shapes, for
+    A/B runs.
     ``dispatch_core_config`` (hardware only): passed to ``ttnn.open_mesh_device``; ``None`` lets ttnn pick the
     architecture default.
     """
@@ -199,7 +206,7 @@ def open_mesh(
     backend = select_backend(name)
     if backend == EMULATED:
         ctx = _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_while_trace_live,
-                             op_table_policy)
+                             op_table_policy, numerics)
     else:
         ctx = _open_hardware(name, trace_region_size, l1_small_size, num_command_queues, dispatch_core_config,
                              backend=backend)
@@ -208,7 +215,7 @@ def open_mesh(
 
 
 def _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, alloc_policy,
-                   op_table_policy="layout") -> MeshContext:
+                   op_table_policy="layout", numerics="strict") -> MeshContext:
     from .emulator.mesh import EmulatedMeshDevice
     from .ttnn_env import configure_device_logs
 
@@ -221,11 +228,12 @@ def _open_emulated(name, trace_region_size, l1_small_size, num_command_queues, a
         num_command_queues=num_command_queues,
         alloc_while_trace_live=alloc_policy,
         op_table_policy=op_table_policy,
+        numerics=numerics,
     )
     label = backend_label(name, EMULATED)
     from loguru import logger
 
-    logger.info(f"opened {label}: emulated 1x{n} Blackhole P150a mesh, no hardware")
+    logger.info(f"opened {label}: emulated 1x{n} Blackhole P150a mesh, no hardware, numerics={numerics}")
     return MeshContext(ttnn=mesh.ttnn, mesh_device=mesh, num_devices=n, is_emulated=True, label=label,
                        device_name=name, backend=EMULATED, _closer=mesh.close)
 

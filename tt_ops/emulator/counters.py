@@ -3,8 +3,9 @@
 Every op call that reaches a device (golden-backed or emulated) is one *device program* per device
 (ttnn launches the same program on every device of the mesh). For each call we count, per device:
 
-* ``programs``: op calls (one program each; composite ops that launch several programs on cards are
-  still counted once - see docs/emulator.md, "fidelity gaps"),
+* ``programs``: device programs a card would launch (``programs.py``: one per op call, none for a pure view,
+  untilize + op + tilize for unaligned tiled slices/concats, two for a synchronous all_reduce); ``per_op``
+  counts calls,
 * ``bytes_read``: tile-accurate bytes of every device-tensor *input* of the op, by dtype
   (bf16 2048 B / fp32 4096 B / bfloat8_b 1088 B / bfloat4_b 576 B per 32x32 tile; ROW_MAJOR tensors
   count element bytes),
@@ -57,9 +58,11 @@ class Counts:
             self.per_op[k] += v * times
         self.trace_replays += other.trace_replays * times
 
-    def add_op(self, op_name: str, read: dict, written: dict, collective_bytes: int | None = None) -> None:
-        """Count one device program (and one collective when ``collective_bytes`` is given)."""
-        self.programs += 1
+    def add_op(self, op_name: str, read: dict, written: dict, collective_bytes: int | None = None,
+               programs: int = 1) -> None:
+        """Count one op call: ``programs`` device programs (``programs.py``: 0 for a view, several for ops that
+        run as untilize + op + tilize) and one collective when ``collective_bytes`` is given."""
+        self.programs += programs
         self.per_op[op_name] += 1
         for k, v in read.items():
             self.bytes_read[k] += v
@@ -125,11 +128,12 @@ class Counters:
         if include_sinks:
             yield from self._sinks
 
-    def record_op(self, op_name: str, read: dict, written: dict, *, collective_bytes: int | None = None, live=True):
+    def record_op(self, op_name: str, read: dict, written: dict, *, collective_bytes: int | None = None, live=True,
+                  programs: int = 1):
         """Record one op call. ``live=False`` records only into capture sinks (the op was recorded, not run)."""
         targets = list(self._targets()) if live else list(self._sinks)
         for c in targets:
-            c.add_op(op_name, read, written, collective_bytes)
+            c.add_op(op_name, read, written, collective_bytes, programs)
 
     def record_replay(self, trace_counts: Counts) -> None:
         for c in self._targets(include_sinks=False):

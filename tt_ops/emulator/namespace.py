@@ -30,8 +30,11 @@ import torch
 
 from . import registry
 from .errors import EmulatorError, NotEmulatedError, TraceRuleError
+from .goldens import golden_impl
+from .programs import programs_for
 from .signatures import dtype_layout_table, signature_of
-from .tensor import EmuTensor, dtype_name, make_like, shard_bytes
+from .tensor import EmuMeshBase, EmuTensor, dtype_name, iter_tensors, map_shards, shard_bytes, write_inplace
+from .trace import TraceStep
 from .ttnn_import import ttnn
 
 try:
@@ -65,31 +68,6 @@ REFUSED = {
     "ttnn.create_global_semaphore",
     "ttnn.create_global_circular_buffer",
 }
-
-
-def iter_tensors(obj):
-    if isinstance(obj, EmuTensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from iter_tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from iter_tensors(o)
-
-
-def map_shards(obj, i: int, convert: Callable[[torch.Tensor], torch.Tensor] | None = None):
-    """Replace every EmuTensor inside ``obj`` by its shard ``i`` (optionally converted)."""
-    if isinstance(obj, EmuTensor):
-        s = obj.shards[i]
-        return convert(s) if convert else s
-    if isinstance(obj, list):
-        return [map_shards(o, i, convert) for o in obj]
-    if isinstance(obj, tuple):
-        return tuple(map_shards(o, i, convert) for o in obj)
-    if isinstance(obj, dict):
-        return {k: map_shards(v, i, convert) for k, v in obj.items()}
-    return obj
 
 
 def bytes_by_dtype(tensors) -> dict:
@@ -188,10 +166,13 @@ class Dispatcher:
 
         def account(out):
             # accounting after the call, so that invalid calls fail with the op's own message first
+            n = programs_for(op_name, args, kwargs, out)
+            if n == 0:  # a view: no program, no data moved
+                return {}, {}, None, 0
             read = read_bytes(args, kwargs) if read_bytes else bytes_by_dtype(iter_tensors((args, kwargs)))
             written = written_bytes(args, kwargs) if written_bytes else bytes_by_dtype(iter_tensors(out))
             cb = collective_bytes(args, kwargs, out) if collective_bytes else None
-            return read, written, cb
+            return read, written, cb, n
 
         if capturing is not None:
             trace.dry = True
@@ -200,130 +181,18 @@ class Dispatcher:
             finally:
                 trace.dry = False
             capturing.steps.append(_make_step(op_name, impl, args, kwargs, out, account))
-            read, written, cb = account(out)
+            read, written, cb, n = account(out)
             with mesh.counters._sink(capturing.counts):
-                mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False)
+                mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False, programs=n)
             return out
         out = impl(*args, **kwargs)
-        read, written, cb = account(out)
-        mesh.counters.record_op(op_name, read, written, collective_bytes=cb)
+        read, written, cb, n = account(out)
+        mesh.counters.record_op(op_name, read, written, collective_bytes=cb, programs=n)
         return out
 
 
 def _make_step(op_name, impl, args, kwargs, out, account):
-    from .trace import TraceStep
-
     return TraceStep(op_name=op_name, impl=impl, args=args, kwargs=kwargs, outputs=out, account=account)
-
-
-def write_inplace(t: EmuTensor, new_shards: list[torch.Tensor]) -> None:
-    """In-place update of an existing device buffer (suppressed during a capture's dry evaluation)."""
-    mesh = t.mesh
-    if mesh is not None and mesh.trace.dry:
-        return
-    t.set_shards([s.contiguous() for s in new_shards])
-
-
-# --------------------------------------------------------------------------------------------------
-# Golden-backed ops
-# --------------------------------------------------------------------------------------------------
-def _out_dtype_for(golden_out: torch.Tensor, args, kwargs, ref: EmuTensor):
-    if kwargs.get("dtype") is not None:
-        return kwargs["dtype"]
-    if golden_out.dtype == torch.bool:
-        return ref.dtype
-    if not golden_out.is_floating_point():
-        for t in iter_tensors((args, kwargs)):
-            if dtype_name(t.dtype) in ("UINT32", "INT32", "UINT16", "UINT8"):
-                return t.dtype
-        return ttnn.uint32
-    for t in iter_tensors((args, kwargs)):
-        if dtype_name(t.dtype) not in ("UINT32", "INT32", "UINT16", "UINT8"):
-            return t.dtype
-    return ttnn.bfloat16
-
-
-# Goldens that are run on fp32 copies of bf16/bfp shards (then rounded to the output dtype): matmul-like
-# and reduction-heavy ops, which are ~100x slower in bf16 on the CPU and accumulate in fp32 on cards.
-FP32_COMPUTE_GOLDENS = {
-    "ttnn.rms_norm",
-    "ttnn.layer_norm",
-    "ttnn.softmax",
-    "ttnn.transformer.scaled_dot_product_attention",
-    "ttnn.transformer.chunked_scaled_dot_product_attention",
-    "ttnn.transformer.joint_scaled_dot_product_attention",
-    "ttnn.transformer.chunk_gated_delta_rule",
-    "ttnn.transformer.fused_recurrent_gated_delta_rule",
-    "ttnn.bmm",
-    "ttnn.addmm",
-    "ttnn.sum",
-    "ttnn.mean",
-}
-
-
-def _to_fp32(s: torch.Tensor) -> torch.Tensor:
-    return s.to(torch.float32) if s.dtype == torch.bfloat16 else s
-
-
-def golden_impl(op_name: str, real_op) -> Callable:
-    golden = getattr(real_op, "golden_function", None)
-    convert = _to_fp32 if op_name in FP32_COMPUTE_GOLDENS else None
-
-    def impl(*args, **kwargs):
-        if golden is None:
-            raise NotEmulatedError(
-                f"{op_name} exists in ttnn 0.81.1 but has no golden function and no emulation in tt_ops.emulator; "
-                "add an emulation (tt_ops/emulator/ops_*.py) with a test against an independent torch formulation"
-            )
-        inputs = list(iter_tensors((args, kwargs)))
-        if not inputs:
-            raise NotEmulatedError(f"{op_name}: no device tensor argument; creation ops are not emulated")
-        ref = inputs[0]
-        out_kw = kwargs.get("output_tensor")
-        gkw = {k: v for k, v in kwargs.items() if k not in ("output_tensor", "memory_config", "compute_kernel_config")}
-        results = []
-        for i in range(ref.num_shards):
-            r = golden(*map_shards(args, i, convert), **map_shards(gkw, i, convert))
-            results.append(r)
-        return _assemble(op_name, results, args, kwargs, ref, out_kw)
-
-    return impl
-
-
-# Output layout rules where ttnn does not keep the first input's layout.
-OUTPUT_LAYOUT = {
-    # embedding: "the layout of the output tensor. Defaults to ttnn.ROW_MAJOR_LAYOUT" (op docstring)
-    "ttnn.embedding": lambda args, kwargs: kwargs.get("layout") or ttnn.ROW_MAJOR_LAYOUT,
-}
-
-
-def _assemble(op_name, results, args, kwargs, ref, out_kw=None):
-    first = results[0]
-    mem = kwargs.get("memory_config")
-    if isinstance(first, torch.Tensor):
-        dtype = _out_dtype_for(first, args, kwargs, ref)
-        layout = OUTPUT_LAYOUT[op_name](args, kwargs) if op_name in OUTPUT_LAYOUT else ref.layout
-        if out_kw is not None:
-            from .tensor import quantize_via_ttnn
-
-            write_inplace(out_kw, [quantize_via_ttnn(r, out_kw.dtype) for r in results])
-            return out_kw
-        return make_like(ref, results, dtype=dtype, layout=layout, memory_config=mem)
-    if isinstance(first, (tuple, list)):
-        parts = []
-        for j in range(len(first)):
-            col = [r[j] for r in results]
-            if col[0] is None:
-                parts.append(None)
-            elif isinstance(col[0], torch.Tensor):
-                dtype = _out_dtype_for(col[0], args, kwargs, ref)
-                parts.append(make_like(ref, col, dtype=dtype, memory_config=mem))
-            else:
-                parts.append(col[0])
-        return type(first)(parts) if isinstance(first, tuple) else parts
-    if first is None:
-        return None
-    return first
 
 
 # --------------------------------------------------------------------------------------------------
@@ -396,10 +265,8 @@ class _GuardedFunction:
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
-        from .mesh import EmulatedMeshDevice
-
         for a in list(args) + list(kwargs.values()):
-            if isinstance(a, (EmuTensor, EmulatedMeshDevice)) or any(True for _ in iter_tensors(a)):
+            if isinstance(a, (EmuTensor, EmuMeshBase)) or any(True for _ in iter_tensors(a)):
                 raise NotEmulatedError(
                     f"{self.name} is a plain ttnn function that works on real device objects; it has no emulation"
                 )
@@ -427,9 +294,7 @@ class Tensor(metaclass=_InstanceShim):
 class MeshDevice(metaclass=_InstanceShim):
     @staticmethod
     def _emulated_type():
-        from .mesh import EmulatedMeshDevice
-
-        return EmulatedMeshDevice
+        return EmuMeshBase
 
 
 SHIMS = {"ttnn.Tensor": Tensor, "ttnn.MeshDevice": MeshDevice}

@@ -37,9 +37,9 @@ import math
 import torch
 
 from .errors import EmulatorError, NotEmulatedError
-from .namespace import golden_impl, write_inplace
+from .goldens import golden_impl
 from .registry import device_op
-from .tensor import EmuTensor, dtype_name, make_like, quantize_via_ttnn, shard_bytes
+from .tensor import EmuTensor, dtype_name, make_like, quantize_via_ttnn, shard_bytes, write_inplace
 from .ttnn_import import ttnn
 
 

@@ -28,7 +28,7 @@ import torch
 from .errors import EmulatorError, TraceRuleError
 from .registry import device_op, host_fn
 from .signatures import bind_arguments
-from .tensor import EmuTensor, make_like, quantize_via_ttnn
+from .tensor import EmuTensor, make_like, quantize_via_ttnn, write_inplace
 from .ttnn_import import ttnn
 
 
@@ -145,8 +145,6 @@ def _ar_bytes(args, kwargs, out):
 
 def _emit(t: EmuTensor, shards, memory_config, output_tensor=None, dtype=None):
     if output_tensor is not None:
-        from .namespace import write_inplace
-
         if list(output_tensor.shards[0].shape) != list(shards[0].shape):
             raise EmulatorError(
                 f"output_tensor shape {output_tensor.logical_shape_list} != result {list(shards[0].shape)}"

@@ -1,8 +1,11 @@
-"""linear / matmul computed in fp32 and rounded to the output dtype (DESIGN 2.1).
+"""linear / matmul.
 
-The ttnn goldens multiply in the input dtype; bf16 matmul on a 2-core CPU is ~100x slower than fp32
-and the result differs from fp32-then-round by at most ~1 bf16 ulp. Cards accumulate in fp32 (or
-bf16 dest with fp32_dest_acc_en=False - not modelled, see docs/emulator.md fidelity gaps).
+``numerics="exact"``: fp32 products and accumulation, rounded once to the output dtype (the ttnn goldens
+multiply in the input dtype; bf16 matmul on a 2-core CPU is ~100x slower than fp32).
+``numerics="strict"`` (default): what the FPU does (``numerics.fpu_matmul``: fp32 operands become TF32, math
+fidelity phases, bf16 Dst accumulation without ``fp32_dest_acc_en``) plus the tile padding a contraction whose
+K is not a multiple of 32 reads (``numerics.padded_k_contribution``: garbage padding on both sides makes the
+result garbage, shown as NaN).
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import numerics
 from .errors import EmulatorError, NotEmulatedError
+from .goldens import golden_impl
 from .registry import device_op
-from .tensor import EmuTensor, make_like, quantize_via_ttnn
+from .tensor import EmuTensor, dtype_name, make_like, quantize_via_ttnn, write_inplace
 from .ttnn_import import ttnn
 
 _ACTIVATIONS = {
@@ -45,7 +50,7 @@ def _apply_activation(x: torch.Tensor, act) -> torch.Tensor:
     return _ACTIVATIONS[name](x)
 
 
-def _mm(a: EmuTensor, b: EmuTensor, i: int, transpose_a: bool, transpose_b: bool, op: str) -> torch.Tensor:
+def _mm(a: EmuTensor, b: EmuTensor, i: int, transpose_a: bool, transpose_b: bool, op: str, ckc=None) -> torch.Tensor:
     x = a.shards[i].to(torch.float32)
     w = b.shards[i].to(torch.float32)
     if transpose_a:
@@ -56,13 +61,17 @@ def _mm(a: EmuTensor, b: EmuTensor, i: int, transpose_a: bool, transpose_b: bool
         raise EmulatorError(
             f"{op}: inner dimensions differ: input_tensor_a {list(x.shape)} x input_tensor_b {list(w.shape)}"
         )
-    return torch.matmul(x, w)
+    if not numerics.is_strict(a):
+        return torch.matmul(x, w)
+    y = numerics.fpu_matmul(x, w, dtype_name(a.dtype), dtype_name(b.dtype), numerics.kernel_config(ckc))
+    extra = numerics.padded_k_contribution(x.shape[-1], a.pad_fill, b.pad_fill)
+    if extra is None:
+        return numerics.poison_like(y)
+    return y + extra if extra else y
 
 
 def _finish(op, a, outs, dtype, memory_config, optional_output_tensor):
     if optional_output_tensor is not None:
-        from .namespace import write_inplace
-
         write_inplace(optional_output_tensor, [quantize_via_ttnn(o, optional_output_tensor.dtype) for o in outs])
         return optional_output_tensor
     return make_like(a, outs, dtype=dtype if dtype is not None else a.dtype, layout=ttnn.TILE_LAYOUT,
@@ -102,7 +111,7 @@ def linear(
     fused = getattr(program_config, "fused_activation", None) if program_config is not None else None
     outs = []
     for i in range(input_tensor_a.num_shards):
-        y = _mm(input_tensor_a, input_tensor_b, i, transpose_a, transpose_b, "ttnn.linear")
+        y = _mm(input_tensor_a, input_tensor_b, i, transpose_a, transpose_b, "ttnn.linear", compute_kernel_config)
         if bias is not None:
             bvec = bias.shards[i].to(torch.float32)
             n = y.shape[-1]
@@ -143,8 +152,63 @@ def matmul(
     fused = getattr(program_config, "fused_activation", None) if program_config is not None else None
     outs = []
     for i in range(input_tensor_a.num_shards):
-        y = _mm(input_tensor_a, input_tensor_b, i, transpose_a, transpose_b, "ttnn.matmul")
+        y = _mm(input_tensor_a, input_tensor_b, i, transpose_a, transpose_b, "ttnn.matmul", compute_kernel_config)
         if fused is not None:
             y = _apply_activation(y, fused)
         outs.append(_apply_activation(y, activation))
     return _finish("ttnn.matmul", input_tensor_a, outs, dtype, memory_config, optional_output_tensor)
+
+
+# ------------------------------------------------------------------------------------------------
+# Reductions: sum / mean
+# ------------------------------------------------------------------------------------------------
+def _reduce(op_name, scale_by_count, input_tensor, dim=None, keepdim=False, **kwargs):
+    """``numerics="exact"``: the ttnn golden (fp32 copies of bf16 shards). ``"strict"``: ``numerics.reduce_sum``
+    (the FLOAT32 SFPU path only with ``fp32_dest_acc_en=True``, otherwise TF32 inputs on the FPU; bf16 Dst
+    accumulation without fp32 dest). The tile padding of the reduced dims is masked, as on cards (Tenstorrent's
+    own ``ttnn.mean`` test fills the padding with 42 to check that the op removes it)."""
+    real = getattr(ttnn, op_name.split(".")[-1])
+    name = dtype_name(input_tensor.dtype)
+    if not numerics.is_strict(input_tensor) or name not in ("FLOAT32", "BFLOAT16", "BFLOAT8_B", "BFLOAT4_B"):
+        return golden_impl(op_name, real)(input_tensor, dim, keepdim, **kwargs)
+    rank = len(input_tensor.logical_shape_list)
+    if dim is None:
+        dims = list(range(rank))
+    elif isinstance(dim, (list, tuple)):
+        dims = sorted(int(d) % rank for d in dim)
+    else:
+        dims = [int(dim) % rank]
+    count = 1
+    for d in dims:
+        count *= input_tensor.logical_shape_list[d]
+    scale = float(kwargs.get("scalar", 1.0) if kwargs.get("scalar") is not None else 1.0)
+    if scale_by_count:
+        scale /= count
+    cfg = numerics.kernel_config(kwargs.get("compute_kernel_config"))
+    fast = bool(kwargs.get("fast_and_approximate_mode") or False)
+    outs = []
+    for s in input_tensor.shards:
+        y, _path = numerics.reduce_sum(s, dims, name, cfg, fast, scale)
+        if not keepdim:
+            for d in reversed(dims):
+                y = y.squeeze(d)
+        outs.append(y)
+    return make_like(input_tensor, outs, memory_config=kwargs.get("memory_config"))
+
+
+@device_op("ttnn.sum")
+def sum_(input_tensor, dim=None, keepdim=False, **kwargs):
+    return _reduce("ttnn.sum", False, input_tensor, dim, keepdim, **kwargs)
+
+
+@device_op("ttnn.mean")
+def mean(input_tensor, dim=None, keepdim=False, **kwargs):
+    return _reduce("ttnn.mean", True, input_tensor, dim, keepdim, **kwargs)
+
+
+@device_op("ttnn.fill_implicit_tile_padding")
+def fill_implicit_tile_padding(input_tensor, fill_value, *, memory_config=None):
+    """Same values, tile padding set to ``fill_value`` (0.81.1 docstring: "Fills the implicit padding of a tiled
+    input tensor with the specified value")."""
+    return make_like(input_tensor, list(input_tensor.shards), memory_config=memory_config,
+                     pad_fill=float(fill_value))

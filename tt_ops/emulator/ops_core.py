@@ -13,10 +13,12 @@ import uuid
 
 import torch
 
-from . import mesh as mesh_mod
+from . import mappers
 from .errors import EmulatorError, NotEmulatedError, TraceRuleError
+from .programs import reshape_is_view
 from .registry import device_op, host_fn
 from .tensor import (
+    EmuMeshBase,
     EmuTensor,
     check_dtype_layout,
     dtype_name,
@@ -27,6 +29,7 @@ from .tensor import (
     storage_torch_dtype,
     to_torch_dtype,
     ttnn_dtype_from_torch,
+    write_inplace,
 )
 from .ttnn_import import ttnn
 
@@ -39,7 +42,7 @@ CACHE_FORMAT_VERSION = 1
 def _resolve_mesh(ns_mesh, device):
     if device is None:
         return None
-    if isinstance(device, mesh_mod.EmulatedMeshDevice):
+    if isinstance(device, EmuMeshBase):
         if device is not ns_mesh:
             raise EmulatorError("tensor targeted at a different emulated mesh than this namespace's")
         return device
@@ -68,7 +71,7 @@ def _build_shards(mesh, tensor: torch.Tensor, dtype, mesh_mapper, device_mesh) -
                 "mesh_mapper is a real ttnn mapper; on the emulated mesh build it through ctx.ttnn "
                 "(ttnn.ShardTensorToMesh(mesh, dim), ttnn.ReplicateTensorToMesh(mesh), ttnn.create_mesh_mapper(...))"
             )
-        if not isinstance(mesh_mapper, mesh_mod.EmuMeshMapper):
+        if not isinstance(mesh_mapper, mappers.EmuMeshMapper):
             raise EmulatorError(f"unsupported mesh_mapper {mesh_mapper!r}")
         if device_mesh is not None and mesh_mapper.num_devices != device_mesh.num_devices:
             raise EmulatorError(
@@ -148,7 +151,7 @@ def to_torch(mesh, tensor, dtype=None, *, torch_rank=None, mesh_composer=None, d
         mesh.trace.check_read(tensor, "ttnn.to_torch")
     shards = tensor.shards
     if mesh_composer is not None:
-        if not isinstance(mesh_composer, mesh_mod.EmuMeshComposer):
+        if not isinstance(mesh_composer, mappers.EmuMeshComposer):
             raise EmulatorError(
                 "mesh_composer must come from the emulating namespace (ttnn.ConcatMeshToTensor(mesh, dim) ...)"
             )
@@ -272,7 +275,8 @@ def to_device(mesh, tensor, device, memory_config=None, *, queue_id=None):
     if len(shards) != target.num_devices:
         raise EmulatorError(f"ttnn.to_device: tensor has {len(shards)} shards, mesh has {target.num_devices} devices")
     t = new_device_tensor(
-        target, [s.clone() for s in shards], tensor.dtype, tensor.layout, memory_config=memory_config or tensor.memory_config()
+        target, [s.clone() for s in shards], tensor.dtype, tensor.layout, memory_config=memory_config or tensor.memory_config(),
+        pad_fill=tensor.pad_fill,
     )
     t.placements = tensor.placements
     return t
@@ -283,7 +287,8 @@ def from_device(mesh, tensor, blocking=True, *, queue_id=None):
     if not tensor.on_device:
         return tensor
     mesh.trace.forbid_in_capture("ttnn.from_device (a device-to-host read)")
-    t = EmuTensor([s.clone() for s in tensor.shards], tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=False)
+    t = EmuTensor([s.clone() for s in tensor.shards], tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=False,
+                  pad_fill=tensor.pad_fill)
     t.placements = tensor.placements
     return t
 
@@ -314,6 +319,7 @@ def copy_host_to_device_tensor(mesh, host_tensor, device_tensor, cq_id=None):
         )
     device_tensor.set_shards([s.clone() for s in host_tensor.shards])
     mesh.trace.note_full_write(device_tensor)
+    device_tensor.pad_fill = host_tensor.pad_fill
 
 
 @host_fn("ttnn.copy_device_to_host_tensor")
@@ -354,7 +360,7 @@ def get_device_tensors(mesh, tensor):
     out = []
     for s in tensor.shards:
         t = EmuTensor([s], tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=tensor.on_device,
-                      memory_config=tensor.memory_config())
+                      memory_config=tensor.memory_config(), pad_fill=tensor.pad_fill)
         out.append(t)
     return out
 
@@ -385,7 +391,7 @@ def allocate_tensor_on_device(mesh, *args, **kwargs):
     # uninitialised device memory: NaN / -1 so reads before a write show up
     fill = float("nan") if sdt.is_floating_point else -1
     shards = [torch.full(shape, fill, dtype=sdt) for _ in range(target.num_devices)]
-    return new_device_tensor(target, shards, dtype, layout, memory_config=bound.get("memory_config"))
+    return new_device_tensor(target, shards, dtype, layout, memory_config=bound.get("memory_config"), pad_fill=None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -396,14 +402,16 @@ def _to_layout_impl(tensor, layout, dtype=None, memory_config=None, sub_core_gri
     check_dtype_layout(dtype, layout, "ttnn.to_layout")
     if layout == tensor.layout and dtype == tensor.dtype and memory_config is None:
         return tensor
-    return make_like(tensor, list(tensor.shards), dtype=dtype, layout=layout, memory_config=memory_config)
+    # tilize fills the padding with pad_value; a TILE -> TILE conversion converts the padding with the data
+    pad = pad_value if tensor.layout != ttnn.TILE_LAYOUT else tensor.pad_fill
+    return make_like(tensor, list(tensor.shards), dtype=dtype, layout=layout, memory_config=memory_config, pad_fill=pad)
 
 
 @host_fn("ttnn.to_layout")
 def to_layout(mesh, tensor, layout, dtype=None, memory_config=None, sub_core_grids=None, pad_value=0.0):
     if tensor.on_device:
         return _dispatch(tensor.mesh, "ttnn.to_layout", _to_layout_impl, (tensor, layout),
-                         {"dtype": dtype, "memory_config": memory_config})
+                         {"dtype": dtype, "memory_config": memory_config, "pad_value": pad_value})
     dtype = dtype if dtype is not None else tensor.dtype
     if is_block_float(dtype) and layout == ttnn.ROW_MAJOR_LAYOUT and dtype == tensor.dtype:
         # host bf8/bf4 has no row-major form: 0.81.1 returns the tensor unchanged (still TILE), it does not raise
@@ -433,17 +441,15 @@ def typecast(input_tensor, *args, dtype=None, memory_config=None, output_tensor=
     check_dtype_layout(dtype, tensor.layout, "ttnn.typecast")
     src = [s.to(torch.float32) if s.is_floating_point() else s for s in tensor.shards]
     if output_tensor is not None:
-        from .namespace import write_inplace
-
         write_inplace(output_tensor, [quantize_via_ttnn(s, output_tensor.dtype) for s in src])
         return output_tensor
-    return make_like(tensor, src, dtype=dtype, memory_config=memory_config)
+    return make_like(tensor, src, dtype=dtype, memory_config=memory_config, pad_fill=tensor.pad_fill)
 
 
 @device_op("ttnn.to_memory_config")
 def to_memory_config(tensor, memory_config, dtype=None, output_tensor=None):
     dtype = dtype if dtype is not None else tensor.dtype
-    return make_like(tensor, list(tensor.shards), dtype=dtype, memory_config=memory_config)
+    return make_like(tensor, list(tensor.shards), dtype=dtype, memory_config=memory_config, pad_fill=tensor.pad_fill)
 
 
 @device_op("ttnn.reshape")
@@ -464,7 +470,11 @@ def reshape(input_tensor, shape=None, *rest, memory_config=None, pad_value=None,
         prod *= d if d != -1 else 1
     if -1 not in target and prod != numel:
         raise EmulatorError(f"ttnn.reshape: cannot reshape {tensor.logical_shape_list} to {target}")
-    return make_like(tensor, [s.reshape(target) for s in tensor.shards], memory_config=memory_config)
+    if reshape_is_view(tensor.logical_shape_list, target, tensor.layout):
+        pad = tensor.pad_fill  # a view moves no data
+    else:  # "pad_value ... applied to tile padding lanes" unless skip_padding_fill (ttnn.reshape docstring)
+        pad = None if skip_padding_fill else float(pad_value if pad_value is not None else 0.0)
+    return make_like(tensor, [s.reshape(target) for s in tensor.shards], memory_config=memory_config, pad_fill=pad)
 
 
 def _copy_read(args, kwargs):
@@ -479,15 +489,16 @@ def copy(input_a, input_b):
         raise EmulatorError(f"ttnn.copy: shape {input_a.logical_shape_list} != {input_b.logical_shape_list}")
     if input_a.layout != input_b.layout:
         raise EmulatorError("ttnn.copy: input layouts differ")
-    from .namespace import write_inplace
-
     write_inplace(input_b, [quantize_via_ttnn(s, input_b.dtype) for s in input_a.shards])
+    if not (input_b.mesh is not None and input_b.mesh.trace.dry):
+        input_b.pad_fill = input_a.pad_fill  # whole tiles are copied, padding included
     return input_b
 
 
 @device_op("ttnn.clone")
 def clone(input, *, dtype=None, memory_config=None, compute_kernel_config=None):
-    return make_like(input, [s.clone() for s in input.shards], dtype=dtype, memory_config=memory_config)
+    return make_like(input, [s.clone() for s in input.shards], dtype=dtype, memory_config=memory_config,
+                     pad_fill=input.pad_fill)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -496,36 +507,36 @@ def clone(input, *, dtype=None, memory_config=None, compute_kernel_config=None):
 @host_fn("ttnn.ShardTensorToMesh")
 @host_fn("ttnn.shard_tensor_to_mesh_mapper", validate=False)  # functional alias, same mapper
 def _shard(mesh, mesh_device, dim):
-    return mesh_mod.ShardTensorToMesh(mesh_device, dim)
+    return mappers.ShardTensorToMesh(mesh_device, dim)
 
 
 @host_fn("ttnn.ReplicateTensorToMesh")
 @host_fn("ttnn.replicate_tensor_to_mesh_mapper", validate=False)  # functional alias
 def _replicate(mesh, mesh_device):
-    return mesh_mod.ReplicateTensorToMesh(mesh_device)
+    return mappers.ReplicateTensorToMesh(mesh_device)
 
 
 @host_fn("ttnn.ShardTensor2dMesh")
 def _shard2d(mesh, mesh_device, mesh_shape, dims):
-    return mesh_mod.ShardTensor2dMesh(mesh_device, mesh_shape, dims)
+    return mappers.ShardTensor2dMesh(mesh_device, mesh_shape, dims)
 
 
 @host_fn("ttnn.create_mesh_mapper", validate=False)
 def _create_mapper(mesh, mesh_device, config):
-    return mesh_mod.create_mesh_mapper(mesh_device, config)
+    return mappers.create_mesh_mapper(mesh_device, config)
 
 
 @host_fn("ttnn.ConcatMeshToTensor")
 @host_fn("ttnn.concat_mesh_to_tensor_composer", validate=False)  # functional alias
 def _concat(mesh, mesh_device, dim):
-    return mesh_mod.ConcatMeshToTensor(mesh_device, dim)
+    return mappers.ConcatMeshToTensor(mesh_device, dim)
 
 
 @host_fn("ttnn.ConcatMesh2dToTensor")
 def _concat2d(mesh, mesh_device, mesh_shape, dims):
-    return mesh_mod.ConcatMesh2dToTensor(mesh_device, mesh_shape, dims)
+    return mappers.ConcatMesh2dToTensor(mesh_device, mesh_shape, dims)
 
 
 @host_fn("ttnn.create_mesh_composer", validate=False)
 def _create_composer(mesh, mesh_device, config):
-    return mesh_mod.create_mesh_composer(mesh_device, config)
+    return mappers.create_mesh_composer(mesh_device, config)

@@ -21,9 +21,8 @@ from __future__ import annotations
 import torch
 
 from .errors import EmulatorError
-from .namespace import write_inplace
 from .registry import device_op
-from .tensor import dtype_name, make_like, new_device_tensor
+from .tensor import dtype_name, make_like, new_device_tensor, write_inplace
 from .ttnn_import import ttnn
 
 _golden = ttnn.transformer.fused_recurrent_gated_delta_rule.golden_function

@@ -23,9 +23,8 @@ from __future__ import annotations
 import torch
 
 from .errors import EmulatorError
-from .namespace import write_inplace
 from .registry import device_op
-from .tensor import dtype_name, quantize_via_ttnn
+from .tensor import dtype_name, quantize_via_ttnn, write_inplace
 
 _UNSEEDED = torch.Generator().manual_seed(torch.initial_seed() & 0x7FFFFFFF)
 

@@ -5,6 +5,9 @@ recorded during trace capture; implementation receives EmuTensors). ``@host_fn("
 a host/control function (tensor transfer, traces, mappers); it receives the mesh as first argument.
 A registration for a name the installed ttnn lacks is never reachable: the namespace looks the name up
 in the real module first.
+
+This module imports nothing from the emulator at import time (it sits at the bottom of the import chain);
+``load_all`` imports the op modules, which register themselves, on first use.
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ def host_fn(*names: str, validate: bool = True):
 def validate_host(name: str) -> bool:
     spec = OVERRIDES.get(name)
     return bool(spec and spec.validate)
+
+
+def host_impl(name: str) -> Callable:
+    """The implementation registered for a host function (loads the op modules on first use)."""
+    load_all()
+    spec = OVERRIDES.get(name)
+    if spec is None or spec.kind != "host":
+        raise KeyError(f"no emulated host function registered as {name}")
+    return spec.fn
 
 
 def load_all() -> None:

@@ -13,6 +13,13 @@ torch.bfloat16 holding the *dequantised* values produced by ttnn's own host pack
 bf16), integer dtypes -> the matching torch integer dtype (uint32 -> torch.int64 so indices work
 everywhere; ``to_torch`` gives back ``torch.uint32`` like ttnn).
 
+Tile padding: on cards the padding of a TILE tensor (rows/columns up to the next multiple of 32) holds
+whatever was last written there. Host tilize (``from_torch``/``as_tensor``/``to_layout`` to TILE) fills it with
+zeros; ops leave it undefined ("Padding is undefined by default", ``ttnn.slice`` docstring) unless they document
+a fill (``reshape``'s ``pad_value``, ``slice``'s ``pad_value``, ``fill_implicit_tile_padding``). The emulator keeps
+that as ``pad_fill`` (a value, or ``None`` = garbage) instead of materialising padded storage; the ops that read
+padding on cards consult it (see ``ops_compute`` and docs/emulator.md).
+
 Invariant: shard tensors are never mutated in place. In-place device ops (``copy``, cache updates, ring
 writes, ``copy_host_to_device_tensor``, trace write-back) *replace* a tensor's shard list, so op outputs
 may safely share storage with their inputs (views from reshape/permute), and ``from_torch`` never aliases
@@ -27,6 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
+from . import registry
 from .errors import EmulatorError
 from .ttnn_import import ttnn
 
@@ -172,6 +180,13 @@ def quantize_via_ttnn(shard: torch.Tensor, dtype) -> torch.Tensor:
     return shard.to(target)
 
 
+class EmuMeshBase:
+    """Marker base class of the emulated mesh device (defined here so that every module below the mesh can
+    recognise one without importing ``mesh.py``, which sits at the top of the emulator's import chain)."""
+
+    is_emulated = True
+
+
 class EmuTensor:
     """Stand-in for a (multi-device) ``ttnn.Tensor`` on the emulated mesh."""
 
@@ -188,6 +203,7 @@ class EmuTensor:
         "persistent",
         "trace_owner",
         "_address",
+        "pad_fill",
         "__weakref__",
     )
 
@@ -201,6 +217,7 @@ class EmuTensor:
         on_device: bool = False,
         memory_config=None,
         placements=None,
+        pad_fill: float | None = 0.0,
     ):
         if not shards:
             raise EmulatorError("EmuTensor needs at least one shard")
@@ -216,6 +233,9 @@ class EmuTensor:
         self.persistent = True  # cleared for tensors allocated inside a trace capture
         self.trace_owner = None  # trace id whose capture allocated this tensor
         self._address = None  # opaque buffer id handed out by buffer_address()
+        # Contents of the tile padding (TILE layout only; see module doc): a known fill value, or None for
+        # garbage (whatever the op that wrote the tiles left there).
+        self.pad_fill = pad_fill
 
     # ---- data access -------------------------------------------------------------------------
     @property
@@ -302,22 +322,18 @@ class EmuTensor:
             raise EmulatorError("this tensor is not attached to an emulated mesh")
         return self.mesh
 
+    # They call the registered host functions directly (the override table sits below this module, so the
+    # tensor never imports the op modules that are built on top of it).
     def to(self, device_or_layout: Any, memory_config=None, *args, **kwargs):
-        from . import ops_core
-
         if isinstance(device_or_layout, type(ttnn.TILE_LAYOUT)):
-            return ops_core.to_layout(self._home(), self, device_or_layout)
-        return ops_core.to_device(self._home(), self, device_or_layout, memory_config=memory_config)
+            return registry.host_impl("ttnn.to_layout")(self._home(), self, device_or_layout)
+        return registry.host_impl("ttnn.to_device")(self._home(), self, device_or_layout, memory_config=memory_config)
 
     def cpu(self, blocking: bool = True, cq_id=None):
-        from . import ops_core
-
-        return ops_core.from_device(self._home(), self)
+        return registry.host_impl("ttnn.from_device")(self._home(), self)
 
     def to_torch(self, *args, **kwargs):
-        from . import ops_core
-
-        return ops_core.to_torch(self._home(), self, *args, **kwargs)
+        return registry.host_impl("ttnn.to_torch")(self._home(), self, *args, **kwargs)
 
     # Arithmetic operators route through the emulated namespace like ttnn's do.
     def _ns(self):
@@ -368,9 +384,12 @@ _NEXT_ADDRESS = 1 << 20
 
 
 def make_like(
-    ref: EmuTensor, shards: list[torch.Tensor], *, dtype=None, layout=None, memory_config=None
+    ref: EmuTensor, shards: list[torch.Tensor], *, dtype=None, layout=None, memory_config=None,
+    pad_fill: float | None = None,
 ) -> EmuTensor:
-    """New device tensor on ``ref``'s mesh, values rounded to ``dtype`` (default ``ref.dtype``)."""
+    """New device tensor on ``ref``'s mesh, values rounded to ``dtype`` (default ``ref.dtype``).
+
+    ``pad_fill``: what the op leaves in the tile padding; ``None`` (garbage) unless the op documents a fill."""
     dtype = ref.dtype if dtype is None else dtype
     layout = ref.layout if layout is None else layout
     check_dtype_layout(dtype, layout, "op output")
@@ -380,10 +399,49 @@ def make_like(
         dtype,
         layout,
         memory_config=memory_config if memory_config is not None else ref.memory_config(),
+        pad_fill=pad_fill,
     )
 
 
-def new_device_tensor(mesh, shards, dtype, layout, memory_config=None) -> EmuTensor:
-    t = EmuTensor(list(shards), dtype, layout, mesh=mesh, on_device=True, memory_config=memory_config)
+def new_device_tensor(mesh, shards, dtype, layout, memory_config=None, pad_fill: float | None = 0.0) -> EmuTensor:
+    t = EmuTensor(list(shards), dtype, layout, mesh=mesh, on_device=True, memory_config=memory_config,
+                  pad_fill=pad_fill)
     mesh.on_allocate(t)
     return t
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers shared by the namespace, the trace machinery and the op modules
+# ------------------------------------------------------------------------------------------------
+def iter_tensors(obj):
+    """Every EmuTensor inside ``obj`` (nested lists, tuples and dict values)."""
+    if isinstance(obj, EmuTensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from iter_tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from iter_tensors(o)
+
+
+def map_shards(obj, i: int, convert=None):
+    """Replace every EmuTensor inside ``obj`` by its shard ``i`` (optionally converted)."""
+    if isinstance(obj, EmuTensor):
+        s = obj.shards[i]
+        return convert(s) if convert else s
+    if isinstance(obj, list):
+        return [map_shards(o, i, convert) for o in obj]
+    if isinstance(obj, tuple):
+        return tuple(map_shards(o, i, convert) for o in obj)
+    if isinstance(obj, dict):
+        return {k: map_shards(v, i, convert) for k, v in obj.items()}
+    return obj
+
+
+def write_inplace(t: EmuTensor, new_shards: list[torch.Tensor]) -> None:
+    """In-place update of an existing device buffer (suppressed during a capture's dry evaluation)."""
+    mesh = t.mesh
+    if mesh is not None and mesh.trace.dry:
+        return
+    t.set_shards([s.contiguous() for s in new_shards])

@@ -50,6 +50,7 @@ import torch
 
 from .counters import Counts
 from .errors import TraceRuleError
+from .tensor import EmuTensor, iter_tensors
 
 
 @dataclasses.dataclass
@@ -59,7 +60,7 @@ class TraceStep:
     args: tuple
     kwargs: dict
     outputs: Any
-    account: Callable | None = None  # fn(outputs) -> (read, written, collective_bytes), evaluated per replay
+    account: Callable | None = None  # fn(outputs) -> (read, written, collective_bytes, programs), per replay
 
 
 @dataclasses.dataclass
@@ -203,8 +204,8 @@ class TraceState:
                 fresh = step.impl(*step.args, **step.kwargs)
                 _write_back(step.outputs, fresh, step.op_name)
                 if step.account is not None:
-                    read, written, cb = step.account(step.outputs)
-                    counts.add_op(step.op_name, read, written, cb)
+                    read, written, cb, n = step.account(step.outputs)
+                    counts.add_op(step.op_name, read, written, cb, n)
         finally:
             self.replaying = False
         self.mesh.counters.record_replay(counts)
@@ -226,21 +227,8 @@ class TraceState:
         return not tr.released
 
 
-def _iter_tensors(obj):
-    from .tensor import EmuTensor
-
-    if isinstance(obj, EmuTensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _iter_tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _iter_tensors(o)
-
-
 def _check_inputs_alive(step: TraceStep, tr: Trace) -> None:
-    for t in _iter_tensors((step.args, step.kwargs)):
+    for t in iter_tensors((step.args, step.kwargs)):
         if getattr(t, "_freed", False):
             raise TraceRuleError(
                 f"execute_trace: trace {tr.trace_id} reads a buffer ({t.logical_shape_list}, op {step.op_name}) that "
@@ -249,8 +237,6 @@ def _check_inputs_alive(step: TraceStep, tr: Trace) -> None:
 
 
 def _write_back(recorded, fresh, op_name: str) -> None:
-    from .tensor import EmuTensor
-
     if recorded is None:
         return
     if isinstance(recorded, EmuTensor):

@@ -18,7 +18,8 @@ from typing import Any
 
 from .ccl import ccl_for
 from .gdn import all_reduce
-from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
+from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_exact_select,
+                           compute_config_matmul,
                            compute_config_norm, kv_update_input_memory_config, sdpa_decode_program_config)
 from .state import KVLayerState
 from .weights import AttentionWeights
@@ -50,7 +51,7 @@ class TTGatedAttention:
     def rope(self, x, ctx: AttentionContext):
         """Partial NeoX RoPE on [1, T, heads, D] (rotate_half as an exact +-1 matmul)."""
         ttnn = self.ttnn
-        rotated = ttnn.matmul(x, self.rot)
+        rotated = ttnn.matmul(x, self.rot, compute_kernel_config=compute_config_exact_select(ttnn))
         return ttnn.add(ttnn.multiply(x, ctx.cos), ttnn.multiply(rotated, ctx.sin))
 
     def project(self, x):

@@ -4,7 +4,9 @@ Input: the verify's per-GDN-layer records (``verify.GDNRecord``) and the accepto
 (``DeviceAcceptor.count``, fp32 [1,1,1,1] on device). Nothing is read back.
 
     conv (every mechanism): new conv state = window rows a+1 .. a+Kc-1 (the shift register after row a),
-        selected by one exact 0/1 matmul with sel = (c_conv_sel == a)  [1,1,Kc-1,Kc-1+T] (fp32, one 1 per row)
+        gathered exactly with ``ttnn.embedding`` (row indices a+1+i as uint32). A 0/1 selector matmul is not exact
+        on cards: the FPU reads the fp32 window as TF32, and with K = Kc-1+T not a multiple of 32 it multiplies
+        the garbage tile padding of the selector and the window (tests/test_emulator_strict.py shows both).
     shadow_commit: initial_state_block_idx = a*Hv + h (DeviceAcceptor.ring_block_idx): the next verify starts
         every head from ring slot a. Zero state copies.
     snapshot: the verify advanced live through all T rows; restore = re-advance from the snapshot all T rows with
@@ -18,7 +20,7 @@ attend them (bounds are n'..n'+K and n' <= n+a+1), and the masked recurrence ign
 """
 from __future__ import annotations
 
-from .model_config import compute_config_fp32_state
+from .model_config import compute_config_exact_count
 from .verify import SpecDeviceState, VerifyOutputs
 
 
@@ -27,13 +29,17 @@ def commit(spec: SpecDeviceState, vout: VerifyOutputs, result) -> None:
     ttnn = spec.ttnn
     acc = spec.acceptor
     a = acc.count  # [1,1,1,1] fp32
-    sel = ttnn.eq(spec.c_conv_sel, a)  # [1,1,Kc-1,Kc-1+T] 0/1 fp32
-    cfg = compute_config_fp32_state(ttnn)
+    # window row index of every new conv-state row: a+1+i, as the uint32 ROW_MAJOR [1, Kc-1] embedding wants
+    kc1 = spec.kc - 1
+    idx = ttnn.typecast(ttnn.add(spec.c_conv_rows, a), ttnn.uint32)  # [1,1,1,Kc-1]
+    idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, kc1])
     mech = spec.mechanism
     mask = ttnn.le(spec.c_rows, a) if mech.readvance else None  # [1,T,1]: 1 for rows <= a
     for r in vout.plan.records:
-        conv = ttnn.matmul(sel, r.window, dtype=r.state.conv.dtype, compute_kernel_config=cfg)
-        ttnn.copy(conv, r.state.conv)
+        rows_cd = list(r.window.shape)[-2:]  # [Kc-1+T, Cd]
+        table = ttnn.reshape(ttnn.to_layout(r.window, ttnn.ROW_MAJOR_LAYOUT), rows_cd)
+        conv = ttnn.embedding(idx, table, layout=ttnn.TILE_LAYOUT, dtype=r.state.conv.dtype)  # [1, Kc-1, Cd]
+        ttnn.copy(ttnn.reshape(conv, list(r.state.conv.shape)), r.state.conv)
         if mask is not None:
             g = ttnn.reshape(ttnn.multiply(r.g, mask), list(r.g.shape))
             beta = ttnn.reshape(ttnn.multiply(r.beta, mask), list(r.beta.shape))
@@ -43,7 +49,10 @@ def commit(spec: SpecDeviceState, vout: VerifyOutputs, result) -> None:
     # positions and the pending token
     ttnn.copy(ttnn.add(spec.n, ttnn.add(a, spec.c_one)), spec.n)
     toks = ttnn.typecast(ttnn.slice(result, [0, 0, 0, 0], [1, 1, 1, spec.t]), ttnn.float32)
-    pend = ttnn.sum(ttnn.multiply(toks, ttnn.eq(spec.c_tok_cols, a)), dim=3, keepdim=True)
+    # fp32 token ids: the accurate (SFPU, full fp32) sum needs fp32_dest_acc_en; without it the FPU reads TF32
+    # and ids above 2048 come out wrong (ttnn.sum docstring, fast_and_approximate_mode)
+    pend = ttnn.sum(ttnn.multiply(toks, ttnn.eq(spec.c_tok_cols, a)), dim=3, keepdim=True,
+                    compute_kernel_config=compute_config_exact_count(ttnn))
     ttnn.copy(pend, spec.pending)
 
 

@@ -53,12 +53,13 @@ class TTGenerator:
     @classmethod
     def from_checkpoint(cls, ckpt: str | Path, device: str, *, precision: str | PrecisionSetting = "performance",
                         max_seq_len: int = 2048, use_trace: bool = True, cache_dir: str | Path | None = None,
-                        require_mtp: bool = False, progress: bool = True, **args_kw) -> "TTGenerator":
+                        require_mtp: bool = False, progress: bool = True, mesh_kw: dict | None = None,
+                        **args_kw) -> "TTGenerator":
         """Open ``device`` (a tt_ops.device name), load and convert the checkpoint. ``args_kw`` go to
-        TTModelArgs (block_size, prefill_chunk)."""
+        TTModelArgs (block_size, prefill_chunk); ``mesh_kw`` to ``open_mesh`` (e.g. ``{"numerics": "exact"}``)."""
         from qwen36.tt_ops.device import open_mesh
 
-        ctx = open_mesh(device, trace_region_size=DEFAULT_TRACE_REGION if use_trace else 0)
+        ctx = open_mesh(device, trace_region_size=DEFAULT_TRACE_REGION if use_trace else 0, **(mesh_kw or {}))
         reader = load_checkpoint(ckpt, require_mtp=require_mtp)
         prec = precision if isinstance(precision, PrecisionSetting) else PrecisionSetting.named(precision)
         args = TTModelArgs.from_config(reader.config, ctx.num_devices, prec, max_seq_len=max_seq_len, **args_kw)

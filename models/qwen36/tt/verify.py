@@ -145,10 +145,8 @@ class SpecDeviceState:
         self.c_ar = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
         self.c_one = self._dev(torch.ones(1, 1, 1, 1))
         self.c_zero = self._dev(torch.zeros(1, 1, 1, 1))
-        # conv commit: new state row i = window row a + 1 + i  ->  sel[i, c] = (c - i - 1 == a)
-        cols = torch.arange(kc - 1 + t, dtype=torch.float32).reshape(1, -1)
-        rows_ = torch.arange(kc - 1, dtype=torch.float32).reshape(-1, 1)
-        self.c_conv_sel = self._dev((cols - rows_ - 1).reshape(1, 1, kc - 1, kc - 1 + t))
+        # conv commit: new state row i = window row a + 1 + i (commit.py gathers rows c_conv_rows + a)
+        self.c_conv_rows = self._dev(torch.arange(1, kc, dtype=torch.float32).reshape(1, 1, 1, kc - 1))
         self.c_rows = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, t, 1))  # re-advance row mask base
         self.c_tok_cols = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
         self.c_heads = self._dev(torch.arange(self.model.args.hkv_d, dtype=torch.float32).reshape(-1, 1))
