@@ -14,11 +14,12 @@ EMU_DIR = pathlib.Path(emulator_pkg.__file__).resolve().parent
 
 # Level of every module: a module may import only modules of a strictly lower level.
 LEVELS = [
-    ("errors", "ttnn_import", "counters", "signatures", "registry"),
+    ("errors", "ttnn_import", "counters", "signatures", "registry", "tensor_index"),
     ("tensor",),
-    ("numerics", "programs", "mappers"),
+    ("numerics", "programs", "mappers", "program_cache"),
     ("goldens",),
-    ("trace", "ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_gdn", "ops_trace", "ops_sampling"),
+    ("trace", "ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_gdn", "ops_trace", "ops_sampling",
+     "ops_gather"),
     ("namespace",),
     ("mesh",),
 ]

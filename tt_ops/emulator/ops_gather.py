@@ -10,7 +10,7 @@ golden path's.
 from __future__ import annotations
 
 from .errors import EmulatorError
-from .namespace import golden_impl
+from .goldens import golden_impl
 from .registry import device_op
 from .tensor import EmuTensor
 from .ttnn_import import ttnn

@@ -199,7 +199,7 @@ class TraceState:
         try:
             for step in tr.steps:
                 _check_inputs_alive(step, tr)
-                for t in _iter_tensors((step.args, step.kwargs)):
+                for t in iter_tensors((step.args, step.kwargs)):
                     self.check_read(t, f"replay of trace {tr.trace_id} ({step.op_name})")
                 fresh = step.impl(*step.args, **step.kwargs)
                 _write_back(step.outputs, fresh, step.op_name)
