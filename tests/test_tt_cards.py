@@ -43,8 +43,11 @@ def test_layers_on_cards(cards, ckpt, preset, layer_id):
         assert ok, msg
 
 
+NEAR_TIE = 0.15  # reference top-2 logit gap below which TT may pick the second choice (see the test)
+
+
 def test_traced_greedy_on_cards_matches_reference(cards, ckpt):
-    from qwen36.reference.model import Qwen36Model, greedy_generate
+    from qwen36.reference.model import Qwen36Model
     from qwen36.tt.generator import TTGenerator
 
     ref = Qwen36Model.from_checkpoint(ckpt, dtype=torch.float32)
@@ -56,6 +59,24 @@ def test_traced_greedy_on_cards_matches_reference(cards, ckpt):
                                       block_size=32, prefill_chunk=64)
     try:
         assert gen.label == backend_label(cards, select_backend(cards))
-        assert gen.greedy(ids.tolist(), 32) == greedy_generate(ref, ids, 32)
+        tt_tokens = gen.greedy(ids.tolist(), 32)
+        # Teacher-force TT's tokens through the fp32 reference: each must be the reference's argmax, except at a
+        # near-tie, where it must be the reference's second choice. Card numerics (TF32 FPU reads of fp32
+        # activations, bf16 accumulation) move logits by a few hundredths: the strict emulator flipped a step
+        # whose reference top-2 gap was 0.096, so exact 32-token equality is not a sound card gate.
+        state = ref.new_state(1, len(ids) + 34)
+        logits = [ref(ids.view(1, -1), state).logits[0, -1]]
+        for t in tt_tokens[:-1]:
+            logits.append(ref(torch.tensor([[t]]), state).logits[0, -1])
+        flips = []
+        for i, (t, lg) in enumerate(zip(tt_tokens, logits)):
+            top2 = lg.topk(2)
+            gap = float(top2.values[0] - top2.values[1])
+            if t != int(top2.indices[0]):
+                assert gap < NEAR_TIE and t == int(top2.indices[1]), (
+                    f"step {i}: TT token {t} is not the reference's choice {int(top2.indices[0])} (top-2 gap {gap:.3f} "
+                    f">= near-tie {NEAR_TIE} or not its second choice)")
+                flips.append((i, round(gap, 3)))
+        assert len(flips) <= 2, f"too many near-tie flips in 32 steps: {flips}"
     finally:
         gen.close()
