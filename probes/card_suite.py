@@ -82,7 +82,7 @@ class StepResult:
 
 
 def _probe_args(name: str, module, size: str) -> list[str]:
-    from qwen36.commands.probe import probe_parser
+    from qwen36.probes.registry import probe_parser
 
     if size != "ci":
         return list(FULL_ARGS.get(name, []))
@@ -192,7 +192,7 @@ def run_pytest(step: Step, device: str, backend: str, out_dir: Path, k_expr: str
 
 
 def run_probe(step: Step, device: str) -> ProbeReport:
-    from qwen36.commands.probe import probe_parser
+    from qwen36.probes.registry import probe_parser
     from qwen36.probes.registry import load_probe
 
     module = load_probe(step.name)

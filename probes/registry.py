@@ -8,7 +8,9 @@ The ``probe`` command turns the report into one JSON line (probes.records) and e
 """
 from __future__ import annotations
 
+import argparse
 import importlib
+from pathlib import Path
 from types import ModuleType
 
 PROBES: dict[str, str] = {
@@ -35,3 +37,15 @@ def load_probe(name: str) -> ModuleType:
         if not hasattr(module, attr):
             raise TypeError(f"probe module {PROBES[name]} lacks {attr!r} (see probes/registry.py)")
     return module
+
+def probe_parser(name: str, module) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"qwen36 probe {name}", description=module.HELP)
+    p.add_argument("--device", default="reference", help="reference | reference-cuda | emulated-p150x2 | p150x2 | ...")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--records", type=Path, default=None,
+                       help="append the run record to this .jsonl file")
+    where.add_argument("--records-dir", type=Path, default=None,
+                       help="write the run record to DIR/<probe>-<UTC>-<id>.jsonl (default: $QWEN36_RECORDS_DIR, "
+                            "else bench/runs under the current directory)")
+    module.add_arguments(p)
+    return p

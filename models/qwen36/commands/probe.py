@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def add_parser(sub, name: str) -> None:
@@ -15,24 +14,13 @@ def add_parser(sub, name: str) -> None:
     p.set_defaults(run=run)
 
 
-def probe_parser(name: str, module) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"qwen36 probe {name}", description=module.HELP)
-    p.add_argument("--device", default="reference", help="reference | reference-cuda | emulated-p150x2 | p150x2 | ...")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--records", type=Path, default=None,
-                       help="append the run record to this .jsonl file")
-    where.add_argument("--records-dir", type=Path, default=None,
-                       help="write the run record to DIR/<probe>-<UTC>-<id>.jsonl (default: $QWEN36_RECORDS_DIR, "
-                            "else bench/runs under the current directory)")
-    module.add_arguments(p)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:
     from loguru import logger
 
     from qwen36.probes.records import append_record, to_record
-    from qwen36.probes.registry import load_probe
+    from qwen36.probes.registry import load_probe, probe_parser
 
     module = load_probe(args.probe)
     pargs = probe_parser(args.probe, module).parse_args(args.probe_args)
