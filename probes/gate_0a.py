@@ -129,7 +129,7 @@ class BreakdownMeter(Meter):
             self._frames.pop()
         _, cost = self.log[-1]
         cost.update(frame)
-        cost.update({f"op:{op}": n for op, n in c.per_op.items()})
+        cost.update({f"op:{op}": n for op, n in c.programs_per_op.items()})  # programs (not calls) per op
         if self._frames:
             self._frames[-1].update(self._frames[-1].plus(frame))
 

@@ -35,7 +35,8 @@ class Counts:
     bytes_written: dict = dataclasses.field(default_factory=lambda: defaultdict(int))
     collectives: int = 0
     collective_bytes: int = 0
-    per_op: dict = dataclasses.field(default_factory=lambda: defaultdict(int))
+    per_op: dict = dataclasses.field(default_factory=lambda: defaultdict(int))  # op calls per op name
+    programs_per_op: dict = dataclasses.field(default_factory=lambda: defaultdict(int))  # programs per op name
     trace_replays: int = 0
 
     @property
@@ -56,6 +57,8 @@ class Counts:
         self.collective_bytes += other.collective_bytes * times
         for k, v in other.per_op.items():
             self.per_op[k] += v * times
+        for k, v in other.programs_per_op.items():
+            self.programs_per_op[k] += v * times
         self.trace_replays += other.trace_replays * times
 
     def add_op(self, op_name: str, read: dict, written: dict, collective_bytes: int | None = None,
@@ -64,6 +67,7 @@ class Counts:
         run as untilize + op + tilize) and one collective when ``collective_bytes`` is given."""
         self.programs += programs
         self.per_op[op_name] += 1
+        self.programs_per_op[op_name] += programs
         for k, v in read.items():
             self.bytes_read[k] += v
         for k, v in written.items():
@@ -88,6 +92,7 @@ class Counts:
             "collective_bytes_per_device": self.collective_bytes,
             "trace_replays": self.trace_replays,
             "per_op": dict(sorted(self.per_op.items())),
+            "programs_per_op": dict(sorted(self.programs_per_op.items())),
         }
 
 
