@@ -190,3 +190,48 @@ def test_moe_verify_rows_match_one_by_one(ckpt_factory):
     h = model(rows[:, :1], model.new_state(2, 8)).hidden
     mtp_logits, _ = model.mtp_forward(rows[:, 1:2], h, 0, model.new_mtp_state(2, 8))
     assert mtp_logits.shape == (2, 1, 512) and torch.isfinite(mtp_logits).all()
+
+
+@pytest.fixture(scope="module")
+def moe_model(ckpt_factory):
+    return Qwen36Model.from_checkpoint(ckpt_factory("moe-ci", seed=0), require_mtp=True)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculative_greedy_lossless_on_moe(moe_model, k):
+    """The backend-agnostic engine on the MoE reference: greedy speculative == plain greedy for every commit
+    mechanism, with scripted drafts (every acceptance length occurs) and with the MoE MTP's own drafts."""
+    from qwen36.speculative.engine import MECHANISMS, speculative_generate
+    from qwen36.speculative.reference_backend import ReferenceBackend
+
+    from test_spec_engine import ScriptedDrafter, prompts
+
+    ps = prompts(moe_model.config.vocab_size)
+    for mechanism in MECHANISMS:
+        ref = greedy_generate(moe_model, torch.tensor(ps[0]), 20 + k)
+        out = speculative_generate(ScriptedDrafter(moe_model, mechanism, 64, ref, len(ps[0]), seed=k), ps[0], 20, k)
+        assert out.tokens == ref[:20], f"scripted drafts, K={k} {mechanism}"
+        assert len(set(out.stats.accepted)) > 1 or k == 1
+        for p in ps[1:]:
+            ref = greedy_generate(moe_model, torch.tensor(p), 10)
+            out = speculative_generate(ReferenceBackend(moe_model, mechanism, 64), p, 10, k)
+            assert out.tokens == ref, f"MTP drafts, K={k} {mechanism}, prompt len {len(p)}"
+
+
+def test_make_tiny_moe_ci_cli_is_deterministic(tmp_path, capsys):
+    from qwen36.cli import main
+
+    for name, seed, layout in (("a", 4, "stacked"), ("b", 4, "stacked"), ("c", 5, "stacked"), ("d", 4, "per-expert")):
+        assert main(["make-tiny", str(tmp_path / name), "--preset", "moe-ci", "--seed", str(seed),
+                     "--expert-layout", layout]) == 0
+    a, b, c = (load_file(tmp_path / n / "model.safetensors") for n in "abc")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["model.layers.0.mlp.gate.weight"], c["model.layers.0.mlp.gate.weight"])
+    cfg = Qwen36Config.from_file(tmp_path / "a")
+    assert cfg == PRESETS["moe-ci"].__class__.from_file(tmp_path / "d") and cfg.is_moe and cfg.has_mtp
+    assert (cfg.num_experts, cfg.num_experts_per_tok) == (8, 2)
+    assert sum(k.startswith("mtp.") for k in a) == 4 + 6 + 2 + 7  # fc, 3 norms; attention; layer norms; MoE block
+    # the per-expert file is the same model
+    da = Qwen36Model.from_checkpoint(tmp_path / "a").state_dict()
+    dd = Qwen36Model.from_checkpoint(tmp_path / "d").state_dict()
+    assert all(torch.equal(da[k], dd[k]) for k in da)
