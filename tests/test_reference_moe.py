@@ -235,3 +235,12 @@ def test_make_tiny_moe_ci_cli_is_deterministic(tmp_path, capsys):
     da = Qwen36Model.from_checkpoint(tmp_path / "a").state_dict()
     dd = Qwen36Model.from_checkpoint(tmp_path / "d").state_dict()
     assert all(torch.equal(da[k], dd[k]) for k in da)
+
+
+def test_tt_model_refuses_moe_configs():
+    """The TT model has dense MLPs only: a MoE config fails fast instead of building empty MLPs."""
+    from qwen36.tt.model_config import TPSplitError, TTModelArgs
+
+    with pytest.raises(TPSplitError, match="routed experts"):
+        TTModelArgs.from_config(PRESETS["moe-ci"], 2)
+    TTModelArgs.from_config(PRESETS["ci"], 2)  # the dense preset still passes

@@ -177,7 +177,8 @@ def target_shapes(cfg: Qwen36Config) -> dict[str, tuple[int, ...]]:
 
 
 def mtp_shapes(cfg: Qwen36Config) -> dict[str, tuple[int, ...]]:
-    """The 15 ``mtp.*`` tensors: fc, two pre-fc norms, final norm and one full-attention decoder layer."""
+    """The ``mtp.*`` tensors: fc, two pre-fc norms, final norm and one full-attention decoder layer (15 for a dense
+    config; its MLP is the MoE block for a MoE config)."""
     h = cfg.hidden_size
     shapes = {
         "mtp.fc.weight": (h, 2 * h),
