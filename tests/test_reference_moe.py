@@ -201,7 +201,8 @@ def moe_model(ckpt_factory):
 def test_speculative_greedy_lossless_on_moe(moe_model, k):
     """The backend-agnostic engine on the MoE reference: greedy speculative == plain greedy for every commit
     mechanism, with scripted drafts (every acceptance length occurs) and with the MoE MTP's own drafts."""
-    from qwen36.speculative.engine import MECHANISMS, speculative_generate
+    from qwen36.speculative.engine import speculative_generate
+    from qwen36.speculative.mechanisms import MECHANISMS
     from qwen36.speculative.reference_backend import ReferenceBackend
 
     from test_spec_engine import ScriptedDrafter, prompts
