@@ -19,18 +19,21 @@ def _restore_torch_threads():
 
 @pytest.fixture(scope="session")
 def ckpt_factory(tmp_path_factory):
-    """make(preset, seed=0, wrapped=False, with_mtp=True) -> checkpoint dir (cached per arguments)."""
+    """make(preset, seed=0, wrapped=False, with_mtp=True, expert_layout="stacked") -> checkpoint dir (cached)."""
     from qwen36.tiny import PRESETS, random_weights, write_checkpoint
     from dataclasses import replace
 
     cache: dict = {}
 
-    def make(preset: str = "ci", seed: int = 0, wrapped: bool = False, with_mtp: bool = True):
-        key = (preset, seed, wrapped, with_mtp)
+    def make(preset: str = "ci", seed: int = 0, wrapped: bool = False, with_mtp: bool = True,
+             expert_layout: str = "stacked"):
+        key = (preset, seed, wrapped, with_mtp, expert_layout)
         if key not in cache:
             cfg = PRESETS[preset] if with_mtp else replace(PRESETS[preset], mtp_num_hidden_layers=0)
-            d = tmp_path_factory.mktemp(f"ckpt-{preset}-{seed}-{'w' if wrapped else 'f'}-{'m' if with_mtp else 'nom'}")
-            write_checkpoint(d, cfg, random_weights(cfg, seed, with_mtp=with_mtp), wrapped=wrapped)
+            d = tmp_path_factory.mktemp(f"ckpt-{preset}-{seed}-{'w' if wrapped else 'f'}-{'m' if with_mtp else 'nom'}"
+                                        f"-{expert_layout}")
+            write_checkpoint(d, cfg, random_weights(cfg, seed, with_mtp=with_mtp), wrapped=wrapped,
+                             expert_layout=expert_layout)
             cache[key] = d
         return cache[key]
 

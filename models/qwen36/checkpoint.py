@@ -9,7 +9,20 @@ One key mapping lives here. Our canonical names drop the HF wrapper prefix:
     lm_head.weight                          lm_head.weight              lm_head.weight
     mtp.*                                   mtp.*                       mtp.*
 
-``model.visual.*`` (vision tower) is recognised and ignored. Tensors are opened one at a time with
+``model.visual.*`` (vision tower) is recognised and ignored.
+
+Mixture-of-experts checkpoints (``qwen3_5_moe``) store routed experts in one of two layouts, both accepted:
+
+    stacked (transformers 5 modules, what its save_pretrained writes):
+        layers.N.mlp.experts.gate_up_proj  [E, 2*I, H]   (per expert: gate rows then up rows)
+        layers.N.mlp.experts.down_proj     [E, H, I]
+    per expert (the layout transformers' load-time conversion merges; also what quantised exports use):
+        layers.N.mlp.experts.{e}.gate_proj.weight [I, H], .up_proj.weight [I, H], .down_proj.weight [H, I]
+
+The canonical names are the stacked ones. A per-expert checkpoint is validated name by name (a missing expert is
+reported as its own tensor) and stacked lazily, one layer's tensor at a time, when the model asks for it. Beside
+the experts a MoE layer has the router ``mlp.gate.weight`` [E, H], ``mlp.shared_expert.{gate,up,down}_proj.weight``
+and ``mlp.shared_expert_gate.weight`` [1, H]; the MTP layer's MLP is the same MoE block. Tensors are opened one at a time with
 ``safetensors.safe_open``, so a 55 GB checkpoint is never materialised at once; shapes are checked from
 the file headers before anything is read.
 """
@@ -84,17 +97,70 @@ def _gdn_shapes(cfg: Qwen36Config, prefix: str) -> dict[str, tuple[int, ...]]:
     }
 
 
+def _moe_shapes(cfg: Qwen36Config, prefix: str) -> dict[str, tuple[int, ...]]:
+    h, e, i, s = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+    p = f"{prefix}mlp."
+    return {
+        f"{p}gate.weight": (e, h),
+        f"{p}experts.gate_up_proj": (e, 2 * i, h),
+        f"{p}experts.down_proj": (e, h, i),
+        f"{p}shared_expert.gate_proj.weight": (s, h),
+        f"{p}shared_expert.up_proj.weight": (s, h),
+        f"{p}shared_expert.down_proj.weight": (h, s),
+        f"{p}shared_expert_gate.weight": (1, h),
+    }
+
+
 def _decoder_layer_shapes(cfg: Qwen36Config, prefix: str, layer_type: str) -> dict[str, tuple[int, ...]]:
     h, i = cfg.hidden_size, cfg.intermediate_size
     shapes = _attention_shapes(cfg, prefix) if layer_type == FULL else _gdn_shapes(cfg, prefix)
     shapes.update({
         f"{prefix}input_layernorm.weight": (h,),
         f"{prefix}post_attention_layernorm.weight": (h,),
-        f"{prefix}mlp.gate_proj.weight": (i, h),
-        f"{prefix}mlp.up_proj.weight": (i, h),
-        f"{prefix}mlp.down_proj.weight": (h, i),
     })
+    if cfg.is_moe:
+        shapes.update(_moe_shapes(cfg, prefix))
+    else:
+        shapes.update({
+            f"{prefix}mlp.gate_proj.weight": (i, h),
+            f"{prefix}mlp.up_proj.weight": (i, h),
+            f"{prefix}mlp.down_proj.weight": (h, i),
+        })
     return shapes
+
+
+STACKED_EXPERT_SUFFIXES = (".experts.gate_up_proj", ".experts.down_proj")
+_PER_EXPERT_RE = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def per_expert_names(stacked: str, num_experts: int) -> list[str]:
+    """The per-expert tensor names that make up one stacked expert tensor, in stacking order."""
+    base, _, leaf = stacked.rpartition(".")
+    projs = ("gate_proj", "up_proj") if leaf == "gate_up_proj" else ("down_proj",)
+    return [f"{base}.{e}.{p}.weight" for e in range(num_experts) for p in projs]
+
+
+def per_expert_shapes(cfg: Qwen36Config, stacked: str) -> dict[str, tuple[int, ...]]:
+    h, i = cfg.hidden_size, cfg.moe_intermediate_size
+    return {n: ((h, i) if n.endswith("down_proj.weight") else (i, h)) for n in per_expert_names(stacked, cfg.num_experts)}
+
+
+def unstack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Stacked expert tensors -> per-expert ones (the other real layout); other tensors pass through."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in weights.items():
+        if not name.endswith(STACKED_EXPERT_SUFFIXES):
+            out[name] = t
+            continue
+        base = name.rpartition(".")[0]
+        for e in range(t.shape[0]):
+            if name.endswith("gate_up_proj"):
+                gate, up = t[e].chunk(2, dim=0)
+                out[f"{base}.{e}.gate_proj.weight"] = gate.clone()
+                out[f"{base}.{e}.up_proj.weight"] = up.clone()
+            else:
+                out[f"{base}.{e}.down_proj.weight"] = t[e].clone()
+    return out
 
 
 def target_shapes(cfg: Qwen36Config) -> dict[str, tuple[int, ...]]:
@@ -111,7 +177,8 @@ def target_shapes(cfg: Qwen36Config) -> dict[str, tuple[int, ...]]:
 
 
 def mtp_shapes(cfg: Qwen36Config) -> dict[str, tuple[int, ...]]:
-    """The 15 ``mtp.*`` tensors: fc, two pre-fc norms, final norm and one full-attention decoder layer."""
+    """The ``mtp.*`` tensors: fc, two pre-fc norms, final norm and one full-attention decoder layer (15 for a dense
+    config; its MLP is the MoE block for a MoE config)."""
     h = cfg.hidden_size
     shapes = {
         "mtp.fc.weight": (h, 2 * h),
@@ -132,6 +199,7 @@ class CheckpointReader:
     locations: dict[str, tuple[Path, str]] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    _stacks: set[str] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def open(cls, path: str | Path) -> "CheckpointReader":
@@ -169,7 +237,30 @@ class CheckpointReader:
     def has_mtp(self) -> bool:
         return any(k.startswith("mtp.") for k in self.locations)
 
+    def _per_expert_stacks(self) -> set[str]:
+        """Stacked expert names this checkpoint provides in the per-expert layout (computed once)."""
+        if self._stacks is not None:
+            return self._stacks
+        out = set()
+        for k in self.locations:
+            m = _PER_EXPERT_RE.match(k)
+            if m:
+                out.add(f"{m.group(1)}.{'down_proj' if m.group(3) == 'down_proj' else 'gate_up_proj'}")
+        self._stacks = out
+        return out
+
+    @property
+    def names(self) -> list[str]:
+        """Canonical tensor names the model can ask for: stored names, with per-expert tensors replaced by
+        the stacked names they assemble into."""
+        stacks = self._per_expert_stacks()
+        return [k for k in self.locations if not _PER_EXPERT_RE.match(k)] + sorted(stacks - set(self.locations))
+
     def shape_of(self, name: str) -> tuple[int, ...]:
+        if name not in self.locations and name.endswith(STACKED_EXPERT_SUFFIXES):
+            parts = [self.shape_of(n) for n in per_expert_names(name, self.config.num_experts)]
+            per = 2 if name.endswith("gate_up_proj") else 1
+            return (len(parts) // per, parts[0][0] * per, parts[0][1])
         file, key = self.locations[name]
         with safe_open(file, framework="pt") as f:
             return tuple(f.get_slice(key).get_shape())
@@ -187,6 +278,16 @@ class CheckpointReader:
         if has_mtp_tensors or require_mtp:
             expected.update(mtp_shapes(cfg))
         problems: list[str] = []
+        if cfg.is_moe:
+            # a stacked expert tensor may come as per-expert tensors instead: expect those, name by name
+            per_expert = self._per_expert_stacks()
+            both = sorted(n for n in per_expert if n in self.locations)
+            if both:
+                problems.append(f"expert tensor(s) stored both stacked and per expert: {both}")
+            for stacked in sorted(per_expert - set(both)):
+                if stacked in expected:
+                    del expected[stacked]
+                    expected.update(per_expert_shapes(cfg, stacked))
         missing = sorted(k for k in expected if k not in self.locations)
         if missing:
             problems.append(f"missing tensor(s): {missing}")
@@ -207,7 +308,20 @@ class CheckpointReader:
         if problems:
             raise CheckpointError(f"{self.path}: checkpoint does not match config.json: " + "; ".join(problems))
 
+    def _assemble_stacked(self, name: str, dtype: torch.dtype | None) -> torch.Tensor:
+        """Stack per-expert tensors into [E, 2I, H] (gate rows then up rows per expert) or [E, H, I]."""
+        parts = [self.get(n, dtype) for n in per_expert_names(name, self.config.num_experts)]
+        if name.endswith("gate_up_proj"):
+            return torch.stack([torch.cat(parts[j:j + 2], dim=0) for j in range(0, len(parts), 2)])
+        return torch.stack(parts)
+
+    def _is_assembled(self, name: str) -> bool:
+        return name not in self.locations and name.endswith(STACKED_EXPERT_SUFFIXES) and \
+            name in self._per_expert_stacks()
+
     def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        if self._is_assembled(name):
+            return self._assemble_stacked(name, dtype)
         if name not in self.locations:
             raise CheckpointError(f"{self.path}: tensor '{name}' not in checkpoint")
         file, key = self.locations[name]
@@ -217,7 +331,11 @@ class CheckpointReader:
 
     def iter_tensors(self, names: list[str] | None = None, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, tensor) one at a time, opening each file once."""
-        names = sorted(self.locations) if names is None else names
+        names = sorted(self.names) if names is None else names
+        assembled = [n for n in names if self._is_assembled(n)]
+        for n in assembled:  # one stacked tensor alive at a time
+            yield n, self._assemble_stacked(n, dtype)
+        names = [n for n in names if n not in assembled]
         by_file: dict[Path, list[str]] = {}
         for n in names:
             if n not in self.locations:

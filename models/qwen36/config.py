@@ -1,8 +1,11 @@
 """Qwen3.6 model configuration: parse an HF ``config.json`` and validate it.
 
 Qwen3.6 checkpoints declare ``model_type: qwen3_5`` (multimodal wrapper with a nested ``text_config``)
-or ``qwen3_5_text`` (flat). Both land in one typed :class:`Qwen36Config`. Every inconsistency raises
-:class:`ConfigError` naming the field.
+or ``qwen3_5_text`` (flat). The mixture-of-experts sibling (Qwen3.6-35B-A3B) declares ``qwen3_5_moe`` /
+``qwen3_5_moe_text``: the same hybrid GDN/attention stack whose every MLP is a routed-expert block (softmax
+router, top-k, renormalised weights) plus one shared expert behind a sigmoid gate. All land in one typed
+:class:`Qwen36Config` (``num_experts > 0`` marks MoE). Every inconsistency raises :class:`ConfigError` naming
+the field.
 """
 from __future__ import annotations
 
@@ -15,7 +18,13 @@ from .errors import UserError
 
 LINEAR = "linear_attention"  # Gated DeltaNet layer
 FULL = "full_attention"  # gated softmax attention layer
-SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+DENSE_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+MOE_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
+SUPPORTED_MODEL_TYPES = DENSE_MODEL_TYPES + MOE_MODEL_TYPES
+WRAPPER_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")  # nested text_config
+# MoE fields of transformers' Qwen3_5MoeTextConfig; a dense config.json carries none of them
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+              "router_aux_loss_coef")
 
 
 class ConfigError(UserError, ValueError):
@@ -51,6 +60,12 @@ class Qwen36Config:
     eos_token_id: tuple[int, ...] = ()
     bos_token_id: int | None = None
     pad_token_id: int | None = None
+    # mixture of experts (0 experts = dense SwiGLU MLPs, intermediate_size used)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    router_aux_loss_coef: float = 0.001  # training-only load-balancing loss weight; inference ignores it
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     # ---- derived shapes -------------------------------------------------------------------------
@@ -84,6 +99,10 @@ class Qwen36Config:
         return [i for i, t in enumerate(self.layer_types) if t == LINEAR]
 
     @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
     def has_mtp(self) -> bool:
         return self.mtp_num_hidden_layers > 0
 
@@ -96,7 +115,23 @@ class Qwen36Config:
             if not cond:
                 raise ConfigError(f"config field '{fld}': {msg}")
 
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        if self.is_moe:
+            for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                         "shared_expert_intermediate_size"):
+                v = getattr(self, name)
+                need(isinstance(v, int) and not isinstance(v, bool) and v > 0, name,
+                     f"must be a positive integer, got {v!r}")
+            need(self.num_experts_per_tok <= self.num_experts, "num_experts_per_tok",
+                 f"{self.num_experts_per_tok} exceeds num_experts={self.num_experts}")
+            need(isinstance(self.intermediate_size, int) and self.intermediate_size >= 0, "intermediate_size",
+                 f"must be a non-negative integer (unused by a MoE model), got {self.intermediate_size!r}")
+        else:
+            need(isinstance(self.num_experts, int) and self.num_experts == 0, "num_experts",
+                 f"must be a non-negative integer, got {self.num_experts!r}")
+            need(isinstance(self.intermediate_size, int) and not isinstance(self.intermediate_size, bool)
+                 and self.intermediate_size > 0, "intermediate_size",
+                 f"must be a positive integer, got {self.intermediate_size!r}")
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
                      "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim"):
             v = getattr(self, name)
@@ -130,10 +165,11 @@ class Qwen36Config:
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(f"config field 'model_type': {model_type!r} is not supported; expected one of {SUPPORTED_MODEL_TYPES}")
         text = raw
-        if model_type == "qwen3_5":
+        moe = model_type in MOE_MODEL_TYPES
+        if model_type in WRAPPER_MODEL_TYPES:
             text = raw.get("text_config")
             if not isinstance(text, dict):
-                raise ConfigError("config field 'text_config': model_type 'qwen3_5' needs a nested text_config object")
+                raise ConfigError(f"config field 'text_config': model_type {model_type!r} needs a nested text_config object")
             text = dict(text)
             # tie_word_embeddings / eos may live on the outer config
             for k in ("tie_word_embeddings", "eos_token_id", "bos_token_id", "pad_token_id"):
@@ -146,6 +182,24 @@ class Qwen36Config:
             if default is ...:
                 raise ConfigError(f"config field '{name}': missing")
             return default
+
+        if not moe:
+            stray = [k for k in MOE_FIELDS[:4] if k in text]
+            if stray:
+                raise ConfigError(f"config field '{stray[0]}': a dense {model_type!r} config has no experts; "
+                                  "a mixture-of-experts checkpoint declares model_type 'qwen3_5_moe' or 'qwen3_5_moe_text'")
+        else:
+            # transformers' Qwen3_5Moe modeling always renormalises the top-k weights and makes every layer
+            # sparse; a config asking otherwise describes a different model, so it is refused, not ignored
+            if text.get("norm_topk_prob", True) is not True:
+                raise ConfigError("config field 'norm_topk_prob': Qwen3.6 MoE always renormalises the top-k router "
+                                  f"weights; got {text['norm_topk_prob']!r}")
+            if text.get("mlp_only_layers"):
+                raise ConfigError("config field 'mlp_only_layers': every Qwen3.6 MoE layer is sparse; dense-MLP "
+                                  f"layers {text['mlp_only_layers']!r} are not supported")
+            if text.get("decoder_sparse_step", 1) != 1:
+                raise ConfigError("config field 'decoder_sparse_step': every Qwen3.6 MoE layer is sparse; "
+                                  f"got {text['decoder_sparse_step']!r}")
 
         n_layers = get("num_hidden_layers")
         layer_types = text.get("layer_types")
@@ -175,11 +229,17 @@ class Qwen36Config:
         head_dim = text.get("head_dim") or (get("hidden_size") // get("num_attention_heads"))
         known = {f.name for f in fields(cls)} | {"layer_types", "rope_parameters", "rope_scaling", "model_type",
                                                  "full_attention_interval", "text_config"}
+        moe_kw = {}
+        if moe:
+            moe_kw = dict(num_experts=get("num_experts", 256), num_experts_per_tok=get("num_experts_per_tok", 8),
+                          moe_intermediate_size=get("moe_intermediate_size", 512),
+                          shared_expert_intermediate_size=get("shared_expert_intermediate_size", 512),
+                          router_aux_loss_coef=float(get("router_aux_loss_coef", 0.001)))
         try:
             return cls(
                 vocab_size=get("vocab_size"),
                 hidden_size=get("hidden_size"),
-                intermediate_size=get("intermediate_size"),
+                intermediate_size=get("intermediate_size", 0) if moe else get("intermediate_size"),
                 num_hidden_layers=n_layers,
                 layer_types=tuple(layer_types),
                 num_attention_heads=get("num_attention_heads"),
@@ -202,6 +262,7 @@ class Qwen36Config:
                 bos_token_id=get("bos_token_id", None),
                 pad_token_id=get("pad_token_id", None),
                 extra={k: v for k, v in text.items() if k not in known},
+                **moe_kw,
             )
         except TypeError as e:  # e.g. a string where a number belongs
             raise ConfigError(f"config has a field of the wrong type: {e}") from e
@@ -220,13 +281,16 @@ class Qwen36Config:
         return cls.from_dict(raw)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """A flat ``qwen3_5_text`` config.json that transformers' Qwen3_5TextConfig also accepts."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "partial_rotary_factor", "rope_theta")}
+        """A flat ``qwen3_5_text`` (``qwen3_5_moe_text`` for MoE) config.json that transformers' Qwen3_5TextConfig
+        (Qwen3_5MoeTextConfig) also accepts."""
+        drop = {"extra", "partial_rotary_factor", "rope_theta"}
+        drop |= {"intermediate_size"} if self.is_moe else set(MOE_FIELDS)
+        d = {k: v for k, v in asdict(self).items() if k not in drop}
         d["layer_types"] = list(self.layer_types)
         eos = list(self.eos_token_id)
         d["eos_token_id"] = None if not eos else (eos[0] if len(eos) == 1 else eos)
-        d["model_type"] = "qwen3_5_text"
-        d["architectures"] = ["Qwen3_5ForCausalLM"]
+        d["model_type"] = "qwen3_5_moe_text" if self.is_moe else "qwen3_5_text"
+        d["architectures"] = ["Qwen3_5MoeForCausalLM" if self.is_moe else "Qwen3_5ForCausalLM"]
         d["rope_parameters"] = {
             "rope_type": "default",
             "rope_theta": self.rope_theta,

@@ -5,6 +5,8 @@ Presets:
   ci-tied     like ci with tied embeddings (tests the tied path)
   27b-ratios  the real 27B head structure (24/4 attention heads of 256, 16/48 GDN heads of 128) at a small hidden size
   27b-layers  real 27B per-layer shapes (hidden 5120, MLP 17408) for one GDN and one attention layer; memory checks
+  moe-ci      the MoE sibling (qwen3_5_moe_text) at ci size: 8 routed experts top-2 + a gated shared expert in
+              every layer and in the MTP layer
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .checkpoint import mtp_shapes, target_shapes, to_hf
+from .checkpoint import mtp_shapes, target_shapes, to_hf, unstack_experts
 from .config import FULL, LINEAR, Qwen36Config
 from .io_utils import atomic_write, atomic_write_json
 
@@ -37,7 +39,10 @@ PRESETS: dict[str, Qwen36Config] = {
         _CI, vocab_size=1024, hidden_size=5120, intermediate_size=17408, num_hidden_layers=2,
         layer_types=(LINEAR, FULL), num_attention_heads=24, num_key_value_heads=4, head_dim=256,
         linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128),
+    "moe-ci": replace(_CI, intermediate_size=0, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=64),
 }
+EXPERT_LAYOUTS = ("stacked", "per-expert")
 
 
 def random_weights(cfg: Qwen36Config, seed: int, dtype: torch.dtype = torch.float32,
@@ -72,8 +77,10 @@ def random_weights(cfg: Qwen36Config, seed: int, dtype: torch.dtype = torch.floa
 
 
 def write_checkpoint(out_dir: str | Path, cfg: Qwen36Config, weights: dict[str, torch.Tensor], *,
-                     wrapped: bool = False, tokenizer: bool = True) -> Path:
-    """Write an HF-format directory: config.json, model.safetensors (HF key names), tokenizer files."""
+                     wrapped: bool = False, tokenizer: bool = True, expert_layout: str = "stacked") -> Path:
+    """Write an HF-format directory: config.json, model.safetensors (HF key names), tokenizer files.
+
+    ``expert_layout`` (MoE only): "stacked" experts.gate_up_proj/down_proj or "per-expert" experts.{e}.*_proj."""
     from .tokenizer import make_fixed_tokenizer
 
     out_dir = Path(out_dir)
@@ -82,21 +89,28 @@ def write_checkpoint(out_dir: str | Path, cfg: Qwen36Config, weights: dict[str, 
         eos = make_fixed_tokenizer(out_dir, vocab_size=min(cfg.vocab_size, 1024))
         if not cfg.eos_token_id:
             cfg = replace(cfg, eos_token_id=(eos,))
+    if expert_layout not in EXPERT_LAYOUTS:
+        raise ValueError(f"unknown expert layout {expert_layout!r}; choose from {EXPERT_LAYOUTS}")
+    if expert_layout == "per-expert":
+        weights = unstack_experts(weights)
     hf = {to_hf(k, wrapped): v.contiguous() for k, v in weights.items()}
     atomic_write(out_dir / "model.safetensors", lambda tmp: save_file(hf, tmp, metadata={"format": "pt"}))
     cfg_dict = cfg.to_hf_dict()
     if wrapped:
-        cfg_dict = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+        moe = cfg.is_moe
+        cfg_dict = {"model_type": "qwen3_5_moe" if moe else "qwen3_5",
+                    "architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
                     "text_config": cfg_dict, "tie_word_embeddings": cfg.tie_word_embeddings}
     atomic_write_json(out_dir / "config.json", cfg_dict)
     return out_dir
 
 
 def make_tiny(out_dir: str | Path, preset: str = "ci", seed: int = 0, dtype: torch.dtype = torch.float32,
-              with_mtp: bool = True) -> Path:
+              with_mtp: bool = True, wrapped: bool = False, expert_layout: str = "stacked") -> Path:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
     cfg = PRESETS[preset]
     if not with_mtp:
         cfg = replace(cfg, mtp_num_hidden_layers=0)
-    return write_checkpoint(out_dir, cfg, random_weights(cfg, seed, dtype, with_mtp=with_mtp))
+    return write_checkpoint(out_dir, cfg, random_weights(cfg, seed, dtype, with_mtp=with_mtp), wrapped=wrapped,
+                            expert_layout=expert_layout)

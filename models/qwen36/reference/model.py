@@ -23,11 +23,13 @@ from ..config import FULL, Qwen36Config
 from .attention import GatedAttention
 from .gdn import GatedDeltaNet, GDNPerToken
 from .layers import RMSNorm, SwiGLU
+from .moe import SparseMoE
 from .state import GDNState, KVCache, ModelState, MTPState
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: token mixer (GDN or gated attention) then SwiGLU. Also the MTP layer."""
+    """Pre-norm residual block: token mixer (GDN or gated attention) then SwiGLU (a sparse MoE block when the
+    config has experts). Also the MTP layer."""
 
     def __init__(self, cfg: Qwen36Config, layer_type: str):
         super().__init__()
@@ -36,7 +38,7 @@ class DecoderLayer(nn.Module):
             self.self_attn = GatedAttention(cfg)
         else:
             self.linear_attn = GatedDeltaNet(cfg)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = SparseMoE(cfg) if cfg.is_moe else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -109,7 +111,7 @@ class Qwen36Model(nn.Module):
         with torch.device("meta"):
             model = cls(reader.config, with_mtp=with_mtp)
         params = dict(model.named_parameters())
-        wanted = [n for n in reader.locations if n in params]
+        wanted = [n for n in reader.names if n in params]
         for name, tensor in reader.iter_tensors(wanted, dtype=dtype):
             module_path, _, leaf = name.rpartition(".")
             module = model.get_submodule(module_path)

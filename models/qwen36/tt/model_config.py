@@ -134,6 +134,11 @@ class TTModelArgs:
         n, c = self.num_devices, self.cfg
         if n < 1:
             raise TPSplitError(f"tensor-parallel width must be >= 1, got {n}")
+        if c.is_moe:
+            # the TT model has dense SwiGLU MLPs only; a MoE config would otherwise pass the split checks with
+            # intermediate_size 0 and build empty MLPs
+            raise TPSplitError(f"config has {c.num_experts} routed experts (model_type qwen3_5_moe): the TT model has "
+                               "no mixture-of-experts layer yet; run the MoE sibling on the reference backend")
 
         def need(value: int, fld: str, what: str) -> None:
             if value % n:
