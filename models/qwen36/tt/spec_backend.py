@@ -111,6 +111,11 @@ class TTSpecBackend:
             raise RuntimeError("draft() inside an open step: commit() or abort() first")
         if self.n + k + 1 > self.model.args.max_seq_len:
             raise ValueError(f"KV cache full: position {self.n} + {k + 1} rows > max_seq_len {self.model.args.max_seq_len}")
+        if self._k is not None and k != self._k:
+            # the next step's drafts were made inside the last commit trace at depth self._k, and the ring slots,
+            # acceptor and draft buffers are per-K: a new K needs a new generation (prefill) on this backend
+            raise ValueError(f"draft depth changed from {self._k} to {k} within one generation; the TT step keeps "
+                             "one K per generation (prefill again to change it)")
         if k != self._k:
             self._setup(k)
         if not self.device_drafter:
