@@ -1,4 +1,4 @@
-"""Probe gate-0b (issue 7): cost of each phase of the TT speculative step at real Qwen3.6-27B shapes.
+"""Probe gate-0b: cost of each phase of the TT speculative step at real Qwen3.6-27B shapes.
 
     verify_cost_ratio(K) = cost(K+1-row packed verify) / cost(1-row decode), K in --ks (default 1,2,3,7)
     draft: MTP reseed over the K+1 verify rows, then the chain; cost per drafted token = (draft - reseed) / K

@@ -1,4 +1,4 @@
-"""Probe gdn-transaction-tp: the speculative transaction driven through the TT path at TP=N (issue 7 item 7).
+"""Probe gdn-transaction-tp: the speculative transaction driven through the TT path at TP=N.
 
 Same matrix as ``gdn-transaction`` (the reference probe), through ``TTSpecBackend`` (traced verify+accept = trace A,
 traced MTP reseed/draft + commit = trace B) on the mesh: every mechanism in ``mechanisms.MECHANISMS`` x

@@ -12,7 +12,7 @@ from .backends import REFERENCE_DEVICES
 
 
 def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -> SpecBackend:
-    """The speculative backend for --device: the torch reference, or the TT target + device MTP (issue 7)."""
+    """The speculative backend for --device: the torch reference, or the TT target + device MTP."""
     if device not in REFERENCE_DEVICES:
         return load_tt_backend(ckpt, device, mechanism, max_len)
     import torch

@@ -1,4 +1,4 @@
-"""TTSpecBackend: the speculative engine's SpecBackend on the TT target (issue 7).
+"""TTSpecBackend: the speculative engine's SpecBackend on the TT target.
 
 One step = two device programs sequences, each captured once and replayed:
 
