@@ -10,7 +10,7 @@ Two splits of every step, each summing to the step total:
     per program), collectives, host readback.
 
 Steps: ``decode`` = one 1-row target forward + argmax + the host readback plain decoding does today (the fp32
-logits row and the token id); ``spec K`` (K in ``--ks``, default 1,3,7) = MTP draft (reseed over the K+1 rows +
+logits row and the token id); ``step_state K`` (K in ``--ks``, default 1,3,7) = MTP draft (reseed over the K+1 rows +
 chain) + ONE K+1-row verify forward + on-device acceptance + readback of the acceptance result + commit
 (``--commit``). Modelled tok/s of a speculative step is reported per acceptance scenario (``--acceptance``): a single
 rate p is the chance each draft is accepted given the ones before it were (tokens per step = sum_{i=0..K} p^i); a
@@ -62,7 +62,7 @@ def label_of(ctx) -> str:
 @dataclasses.dataclass(frozen=True)
 class HostReadbackModel:
     """Device -> host readback on the emulator: ``reads x fixed cost + bytes / link bandwidth``. Assumed constants,
-    not measurements: P150a's host link is PCIe 5.0 x16 (~63 GB/s raw each way, spec sheet); half is taken as the
+    not measurements: P150a's host link is PCIe 5.0 x16 (~63 GB/s raw each way, step_state sheet); half is taken as the
     effective rate of a blocking read, and 30 us as the round trip of one ``to_torch`` of a device buffer. The same
     probe on cards times the readback instead."""
 
@@ -278,26 +278,26 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
                               -(kv.k.bytes_per_device() + kv.v.bytes_per_device())})
         for k in ks:
             acc = DeviceAcceptor(ttnn, mesh, k=k, vocab=cfg.vocab_size, ring_heads=a.gdn_hv_d).allocate()
-            spec = SpecDeviceState(model, state, k, mechanism)
-            spec.attach_acceptor(acc)
-            spec.start(pos, 1)
-            spec.write_drafts([(7 * j + 3) % cfg.vocab_size for j in range(k)])
-            meter.instrument(spec, "pre_verify", region_name=lambda: "pre_verify")
+            step_state = SpecDeviceState(model, state, k, mechanism)
+            step_state.attach_acceptor(acc)
+            step_state.start(pos, 1)
+            step_state.write_drafts([(7 * j + 3) % cfg.vocab_size for j in range(k)])
+            meter.instrument(step_state, "pre_verify", region_name=lambda: "pre_verify")
             meter.take()
-            vout = meter.run("verify", spec.verify)
+            vout = meter.run("verify", step_state.verify)
             regs, corr = meter.take()
             comps, per_layer = forward_components(regs, corr, ratio, n_gdn, n_attn, view_corr)
             comps["verify_setup"] = total(((regs["verify"], 1), (regs["embed"], -1), (regs["layer0"], -1),
                                            (regs["layer1"], -1), (regs["head"], -1), (regs["pre_verify"], -1)))
-            res = meter.run("accept", lambda: acc.greedy(vout.out.logits, spec.drafts))
+            res = meter.run("accept", lambda: acc.greedy(vout.out.logits, step_state.drafts))
             comps["sampling_accept"] = comps["sampling_accept"].plus(meter.take()[0]["accept"].vocab_scaled(ratio))
             # the acceptance result (tokens + count), read from every device (replicas checked equal)
             comps["host_readback"] = readback("readback", acc.read_result, [(acc.result, a.num_devices)],
                                               reads=a.num_devices)
             pre = regs["pre_verify"]
             no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
-            meter.run("commit", lambda: commit(spec, vout, res))
-            meter.run("commit_fixed", lambda: commit(spec, no_layers, res))
+            meter.run("commit", lambda: commit(step_state, vout, res))
+            meter.run("commit_fixed", lambda: commit(step_state, no_layers, res))
             cregs, _ = meter.take()
             per_gdn = cregs["commit"].plus(cregs["commit_fixed"], -1)
             comps["commit"] = total(((cregs["commit_fixed"], 1), (per_gdn, n_gdn), (pre, n_gdn)))
