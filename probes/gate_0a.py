@@ -10,7 +10,7 @@ Two splits of every step, each summing to the step total:
     per program), collectives, host readback.
 
 Steps: ``decode`` = one 1-row target forward + argmax + the host readback plain decoding does today (the fp32
-logits row and the token id); ``step_state K`` (K in ``--ks``, default 1,3,7) = MTP draft (reseed over the K+1 rows +
+logits row and the token id); ``spec K`` (K in ``--ks``, default 1,3,7) = MTP draft (reseed over the K+1 rows +
 chain) + ONE K+1-row verify forward + on-device acceptance + readback of the acceptance result + commit
 (``--commit``). Modelled tok/s of a speculative step is reported per acceptance scenario (``--acceptance``): a single
 rate p is the chance each draft is accepted given the ones before it were (tokens per step = sum_{i=0..K} p^i); a
@@ -62,7 +62,7 @@ def label_of(ctx) -> str:
 @dataclasses.dataclass(frozen=True)
 class HostReadbackModel:
     """Device -> host readback on the emulator: ``reads x fixed cost + bytes / link bandwidth``. Assumed constants,
-    not measurements: P150a's host link is PCIe 5.0 x16 (~63 GB/s raw each way, step_state sheet); half is taken as the
+    not measurements: P150a's host link is PCIe 5.0 x16 (~63 GB/s raw each way, spec sheet); half is taken as the
     effective rate of a blocking read, and 30 us as the round trip of one ``to_torch`` of a device buffer. The same
     probe on cards times the readback instead."""
 
