@@ -1,4 +1,4 @@
-"""Probe gate-0b (issue 7): cost of each phase of the TT speculative step at real Qwen3.6-27B shapes.
+"""Probe gate-0b: cost of each phase of the TT speculative step at real Qwen3.6-27B shapes.
 
     verify_cost_ratio(K) = cost(K+1-row packed verify) / cost(1-row decode), K in --ks (default 1,2,3,7)
     draft: MTP reseed over the K+1 verify rows, then the chain; cost per drafted token = (draft - reseed) / K
@@ -202,28 +202,28 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
 
         def spec_state(k, mech):
             acc = DeviceAcceptor(ttnn, mesh, k=k, vocab=cfg.vocab_size, ring_heads=a.gdn_hv_d).allocate()
-            spec = SpecDeviceState(model, state, k, mech)
-            spec.attach_acceptor(acc)
-            spec.start(pos, 1)
-            spec.write_drafts([(7 * j + 3) % cfg.vocab_size for j in range(k)])
-            meter.instrument(spec, "pre_verify", region_name=lambda: "pre_verify")
+            step_state = SpecDeviceState(model, state, k, mech)
+            step_state.attach_acceptor(acc)
+            step_state.start(pos, 1)
+            step_state.write_drafts([(7 * j + 3) % cfg.vocab_size for j in range(k)])
+            meter.instrument(step_state, "pre_verify", region_name=lambda: "pre_verify")
             meter.take()
-            return spec, acc
+            return step_state, acc
 
-        def verify_phase(spec, acc):
-            vout = meter.run("verify", spec.verify)
+        def verify_phase(step_state, acc):
+            vout = meter.run("verify", step_state.verify)
             regs, corr = meter.take()
             inner = total(((regs["verify"], 1), (regs["embed"], -1), (regs["layer0"], -1), (regs["layer1"], -1),
                            (regs["head"], -1), (regs["pre_verify"], -1)))  # rows / bounds / page-table setup
             cost = layers(regs, view_corr).plus(inner).plus(corr)
-            res = meter.run("accept", lambda: acc.greedy(vout.out.logits, spec.drafts))
+            res = meter.run("accept", lambda: acc.greedy(vout.out.logits, step_state.drafts))
             accept = meter.take()[0]["accept"].vocab_scaled(ratio)
             return vout, res, cost, accept, regs["pre_verify"]
 
-        def commit_phase(spec, vout, res, pre):
+        def commit_phase(step_state, vout, res, pre):
             no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
-            meter.run("commit", lambda: commit(spec, vout, res))
-            meter.run("commit_fixed", lambda: commit(spec, no_layers, res))
+            meter.run("commit", lambda: commit(step_state, vout, res))
+            meter.run("commit_fixed", lambda: commit(step_state, no_layers, res))
             regs, _ = meter.take()
             per_layer = regs["commit"].plus(regs["commit_fixed"], -1)
             return total(((regs["commit_fixed"], 1), (per_layer, n_gdn), (pre, n_gdn)))
@@ -234,16 +234,16 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
         reader = RandomCheckpoint(cfg, seed)
         mtp_w = load_mtp_weights(WeightLoader(reader, a, ttnn, mesh, progress=False))
         for k in ks:
-            spec, acc = spec_state(k, "shadow_commit")  # the zero-copy default; the record keys below name it
-            vout, res, v_cost, acc_cost, pre = verify_phase(spec, acc)
+            step_state, acc = spec_state(k, "shadow_commit")  # the zero-copy default; the record keys below name it
+            vout, res, v_cost, acc_cost, pre = verify_phase(step_state, acc)
             verify[k], accept[k] = v_cost, acc_cost
-            commit_shadow[k] = commit_phase(spec, vout, res, pre)
+            commit_shadow[k] = commit_phase(step_state, vout, res, pre)
             draft[k] = draft_phase(meter, model, mtp_w, TTMTPHead, k, pos, ratio)
         commits = {}
         for mech in MECHANISMS:
-            spec, acc = spec_state(commit_k, mech)
-            vout, res, _, _, pre = verify_phase(spec, acc)
-            commits[mech] = commit_phase(spec, vout, res, pre)
+            step_state, acc = spec_state(commit_k, mech)
+            vout, res, _, _, pre = verify_phase(step_state, acc)
+            commits[mech] = commit_phase(step_state, vout, res, pre)
 
         d_ms = fig(decode)["ms"]
         out = {

@@ -1,4 +1,4 @@
-"""Probe gdn-transaction-tp: the speculative transaction driven through the TT path at TP=N (issue 7 item 7).
+"""Probe gdn-transaction-tp: the speculative transaction driven through the TT path at TP=N.
 
 Same matrix as ``gdn-transaction`` (the reference probe), through ``TTSpecBackend`` (traced verify+accept = trace A,
 traced MTP reseed/draft + commit = trace B) on the mesh: every mechanism in ``mechanisms.MECHANISMS`` x
@@ -162,9 +162,9 @@ class Probe:
         """The committed recurrent state of GDN layer ``s`` per device. Ring mechanisms (shadow_commit): gathered
         from the ring at the device ring index (block idx[h] for head h), i.e. what the next verify will start from."""
         ttnn = self.ttnn
-        if not be.mechanism.ring or be.spec is None:
+        if not be.mechanism.ring or be.step_state is None:
             return per_device(ttnn, s.recurrent)
-        ring = per_device(ttnn, be.spec.layer_bufs[id(s)].ring)
+        ring = per_device(ttnn, be.step_state.layer_bufs[id(s)].ring)
         idx = per_device(ttnn, be.acceptor.block_idx)
         return [r[i.reshape(-1).long()][None] for r, i in zip(ring, idx)]
 
@@ -178,7 +178,7 @@ class Probe:
         snap = {"rec": [self.committed_rec(be, s) for s in gdn], "conv": [per_device(ttnn, s.conv) for s in gdn],
                 "kv": [(per_device(ttnn, s.k), per_device(ttnn, s.v)) for s in kv],
                 "mtp_kv": (per_device(ttnn, head.kv.k), per_device(ttnn, head.kv.v)),
-                "n": device_position(be), "pending": int(read_scalar(be.spec, be.spec.pending)),
+                "n": device_position(be), "pending": int(read_scalar(be.step_state, be.step_state.pending)),
                 "block_idx": per_device(ttnn, be.acceptor.block_idx) if be.mechanism.ring else None}
         return snap
 
@@ -274,7 +274,7 @@ class Probe:
         if be.mechanism.ring:  # the ring verify overwrites the slot it started from: abort after it is refused
             abort_mode = "before verify (after verify: refused by design, see refusal cell)"
         else:
-            be.spec.write_drafts(drafts)
+            be.step_state.write_drafts(drafts)
             be.verify(None)
             abort_mode = "after verify"
         be.abort()
@@ -290,7 +290,7 @@ class Probe:
         # accept leg (after the abort)
         before = be.counters.as_dict()
         be.draft(k)
-        be.spec.write_drafts(drafts)
+        be.step_state.write_drafts(drafts)
         v = be.verify(None)
         acc = be.accept(None, v)
         be.commit(acc)

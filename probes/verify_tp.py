@@ -72,7 +72,7 @@ def run_case(gen, k: int, prompt: list[int], rows: list[int]) -> dict:
     packed = gen.model.to_host(vout.out.logits).float().reshape(k + 1, -1)
     ring_states = []
     for s in gen.state.gdn_states():
-        ring_states.append(gdn_host(gen, be.spec.layer_bufs[id(s)].ring))
+        ring_states.append(gdn_host(gen, be.step_state.layer_bufs[id(s)].ring))
     be.release()
     row_pcc = [pcc(packed[j], seq_logits[j]) for j in range(k + 1)]
     max_abs = float((packed - seq_logits).abs().max())

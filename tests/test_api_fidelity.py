@@ -54,7 +54,7 @@ def test_scan_ignores_emulator_private_attributes():
     assert [str(f) for f in scan_source("import ttnn\nttnn._no_such_private\n")]
 
 
-# The API the TT model is written against (issue 4 contract). Every name must exist in the installed ttnn and
+# The API the TT model is written against. Every name must exist in the installed ttnn and
 # be reachable through the emulating namespace (golden-backed or emulated - never invented).
 CONTRACT = """
 as_tensor from_torch to_torch bfloat16 bfloat8_b bfloat4_b float32 uint32 int32 TILE_LAYOUT ROW_MAJOR_LAYOUT

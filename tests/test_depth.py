@@ -111,3 +111,36 @@ def test_auto_depth_is_lossless_on_the_reference(ci_ckpt, mechanism):
     assert res.tokens == plain
     assert res.stats.depths == controller.chosen
     assert len(set(res.stats.depths)) > 1, "the controller never changed K on this prompt"
+
+
+def test_auto_depth_through_the_cli_equals_plain_greedy(capsys):
+    from qwen36.cli import main
+
+    args = ["generate", "--prompt", "def parse(text):\n    ", "--max-new-tokens", "40", "--device", "reference"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out.splitlines()[0]
+    assert main(args + ["--spec-k", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == plain
+    assert "K: K=auto (1..7, measured costs for reference (torch CPU))" in out
+
+
+def test_auto_depth_is_refused_on_the_tt_path_and_k_cannot_change_mid_generation(tmp_path, capsys):
+    from qwen36.cli import main
+
+    assert main(["generate", "--ids", "1,2,3", "--device", "emulated-p150x2", "--spec-k", "auto"]) == 2
+    assert "--spec-k auto runs on the reference backend only" in capsys.readouterr().err
+    from qwen36.testing.speculative import oracle_drafter
+    from qwen36.testing.tt import make_bf16_checkpoint
+    from qwen36.tt.generator import load_tt_target
+    from qwen36.tt.spec_backend import TTSpecBackend
+
+    ckpt = make_bf16_checkpoint(tmp_path / "ckpt")
+    gen = load_tt_target(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=64, block_size=32)
+    plain = gen.greedy([3, 5, 7], 12, ())
+    be = TTSpecBackend(gen, "shadow_commit", drafter=oracle_drafter([3, 5, 7], plain), use_trace=False)
+    be.prefill([3, 5, 7])
+    d = be.draft(2)
+    be.commit(be.accept(d, be.verify(d)))
+    with pytest.raises(ValueError, match="within one generation"):
+        be.draft(3)

@@ -57,7 +57,7 @@ class WrongConvWindow(TTSpecBackend):
 
     def _setup(self, k):
         super()._setup(k)
-        s = self.spec
+        s = self.step_state
         _write_const(s, s.c_conv_rows, torch.arange(2, s.kc + 1, dtype=torch.float32).reshape(1, 1, 1, s.kc - 1))
 
 
@@ -68,7 +68,7 @@ class RingSlotOffByOne(TTSpecBackend):
         super()._setup(k)
         acc = self.acceptor
         hv = self.model.args.gdn_hv_d
-        _write_const(self.spec, acc.c_ring_heads, torch.arange(hv, dtype=torch.float32).reshape(1, 1, 1, hv) + hv)
+        _write_const(self.step_state, acc.c_ring_heads, torch.arange(hv, dtype=torch.float32).reshape(1, 1, 1, hv) + hv)
         acc.ring_block_idx()
 
 
@@ -77,7 +77,7 @@ class ReadvanceMaskShort(TTSpecBackend):
 
     def _setup(self, k):
         super()._setup(k)
-        s = self.spec
+        s = self.step_state
         _write_const(s, s.c_rows, torch.arange(s.t, dtype=torch.float32).reshape(1, s.t, 1) + 1)
 
 

@@ -1,4 +1,4 @@
-"""MTP head equals a hand evaluation of DESIGN §3; K-step chain drafting feeds back its own token and hidden."""
+"""MTP head equals a hand evaluation of its formula (fc over the normed embedding and hidden, one decoder layer, shared norm + LM head); K-step chain drafting feeds back its own token and hidden."""
 from __future__ import annotations
 
 import torch

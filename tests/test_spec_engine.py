@@ -283,7 +283,7 @@ def test_generate_cli_speculative_matches_greedy(ckpt, capsys):
         out = capsys.readouterr().out
         assert out.splitlines()[0] == plain
         assert "backend: reference (torch CPU)" in out and "mean accepted/step" in out and "histogram" in out
-    # the TT speculative path (issue 7) prints the same statistics as the reference path
+    # the TT speculative path prints the same statistics as the reference path
     capsys.readouterr()
     assert main(["generate", "-c", str(ckpt), "--ids", "5,6", "--spec-k", "2", "--device", "emulated-p150x2"]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""TT layers vs the pure-torch reference on the emulated 1x2 mesh, same inputs (issue 5 per-layer gates).
+"""TT layers vs the pure-torch reference on the emulated 1x2 mesh, same inputs (per-layer PCC gates).
 
 Gates (models/qwen36/tt/pcc.py): PCC >= 0.9999 with bf16 weights (accuracy preset), >= 0.99 with bf8
 weights (performance preset); GDN recurrent state after prefill + decode steps PCC >= 0.999.
@@ -79,7 +79,7 @@ def test_decoder_layer_accuracy(mesh, bf16_ckpt, layer_id):
 
 
 def test_gdn_multi_row_decode_matches_reference(mesh, bf16_ckpt):
-    """The K+1-row verify shape of the GDN layer (issue 7 builds on it): 4 rows through the recurrent kernel
+    """The K+1-row verify shape of the GDN layer (the speculative verify builds on it): 4 rows through the recurrent kernel
     and the shift-register conv in one forward, vs the reference's recurrent mode."""
     h = LayerHarness(bf16_ckpt, mesh, PrecisionSetting.accuracy(), 0)
     h.mixer(_inputs(PROMPT, 1), "prefill")

@@ -1,5 +1,5 @@
 """Full TT model on the emulated mesh vs the reference: prefill logits, greedy tokens, per-step decode logits,
-traced == untraced decode, TP widths 1/2/4, split errors, weight cache, CLI (issue 5 "done means")."""
+traced == untraced decode, TP widths 1/2/4, split errors, weight cache, CLI."""
 from __future__ import annotations
 
 import pytest

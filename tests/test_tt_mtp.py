@@ -1,4 +1,4 @@
-"""TT MTP head on the emulated 1x2 mesh vs the reference MTP (issue 7 items 1, 2 and the MTP reseed of 5).
+"""TT MTP head on the emulated 1x2 mesh vs the reference MTP, including the reseed over verified rows.
 
 Gates (models/qwen36/tt/pcc.py): MTP logits PCC >= 0.9999 with bf16 weights (accuracy preset), >= 0.99 with bf8
 (performance); K=3 draft tokens == reference ``mtp_draft`` tokens on inputs whose reference top-2 gap is
@@ -154,7 +154,7 @@ def test_prefill_draft_chain_matches_reference(mtp_acc, ref, seq):
 def test_spec_step_draft_matches_reference(mtp_acc, ref, seq, ref_mtp0, tt_s0, a):
     """Reseed over all K+1 verify rows (rows past a are placeholders), select row a on device, chain K-1 steps:
     tokens == reference mtp_draft over the a+1 verified rows; per-step logits PCC; MTP KV rows 0..n+a vs the oracle
-    cache (reference mtp_forward over every verified position, the DESIGN 4.1 definition)."""
+    cache (reference mtp_forward over every verified position, the definition of the MTP cache)."""
     ids, hidden = seq
     n = PROMPT
     mtp_kv_from_host(mtp_acc, *tt_s0)

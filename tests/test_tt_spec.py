@@ -1,4 +1,4 @@
-"""TT speculative step (issue 7) on the emulated 1x2 mesh: packed K+1 verify, on-device commit (3 mechanisms),
+"""TT speculative step on the emulated 1x2 mesh: packed K+1 verify, on-device commit (3 mechanisms),
 traced step == untraced step bit for bit, verify vs decode agreement, probes at CI size, CLI."""
 from __future__ import annotations
 

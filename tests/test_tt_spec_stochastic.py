@@ -1,4 +1,4 @@
-"""Stochastic speculative decoding through the TT path (issue 7, "Done means": chi-square through the TT path),
+"""Stochastic speculative decoding through the TT path (chi-square tests of the device acceptor and sampled drafts),
 emulated 1x2 P150a mesh.
 
 Two levels, because an end-to-end TT step costs ~0.1 s on a 2-core CPU (too slow for many thousands of samples):

@@ -21,14 +21,14 @@ LABEL = "modelled"
 
 # --- constants (per device) ---------------------------------------------------------------------
 # P150a: 32 GB GDDR6, 512 GB/s peak (Tenstorrent P150a spec sheet). Public decode benchmarks reach about
-# 405 GB/s effective (DESIGN section 7, "measured publicly"); we model with the effective number.
+# 405 GB/s effective (measured publicly on P150a, not by this project); we model with the effective number.
 P150A_DRAM_BW_SPEC_GBPS = 512.0
 P150A_DRAM_BW_EFFECTIVE_GBPS = 405.0
 # Card-to-card all_gather on 2x P150a: ~84 GB/s effective with ~10 us fixed cost per collective
-# (public TT reports summarised in DESIGN section 7).
+# (public TT reports).
 P150A_LINK_BW_GBPS = 84.0
 P150A_COLLECTIVE_FIXED_US = 10.0
-# Per-program dispatch cost with fast dispatch, untraced/traced: "several us per program" (DESIGN section 7;
+# Per-program dispatch cost with fast dispatch, untraced/traced: "several us per program" (public TT reports;
 # public tt-metal discussions put traced dispatch at a few us). We take 4 us as the default.
 P150A_DISPATCH_US_PER_PROGRAM = 4.0
 

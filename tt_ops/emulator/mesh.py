@@ -34,7 +34,7 @@ MOCK_CLUSTER_DIR = pathlib.Path(__file__).resolve().parent.parent / "mock_cluste
 MOCK_CLUSTER_FILES = {1: "blackhole_p150.yaml", 2: "blackhole_2xp150.yaml", 4: "blackhole_4xp150.yaml"}
 
 # Blackhole P150a facts used for the device queries the model may make.
-P150A_WORKER_GRID = (11, 10)  # 110 usable Tensix worker cores (DESIGN section 7)
+P150A_WORKER_GRID = (11, 10)  # 110 usable Tensix worker cores (Blackhole P150a)
 P150A_DRAM_GRID = (8, 1)  # 8 GDDR6 channels (P150a: 32 GB, 512 GB/s spec)
 
 

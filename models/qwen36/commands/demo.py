@@ -64,11 +64,13 @@ def run(args: argparse.Namespace) -> int:
     from ..tokenizer import load_tokenizer
     from .backends import check_device
     from .common import torch_dtype
-    from .speculative_generate import backend_config, format_stats, load_backend
+    from .speculative_generate import backend_config, depth_label, depth_policy, format_stats, load_backend
 
     check_device(args.device)
-    if args.spec_k < 1:
-        raise UserError(f"the demo is speculative: --spec-k must be >= 1, got {args.spec_k}")
+    if args.spec_k != "auto" and args.spec_k < 1:
+        raise UserError(f"the demo is speculative: --spec-k must be >= 1 or auto, got {args.spec_k}")
+    depth = depth_policy(args.spec_k, args.device)
+    fresh_depth = (lambda: depth) if isinstance(depth, int) else (lambda: depth_policy(args.spec_k, args.device))
     ckpt = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
     if not (ckpt / "config.json").exists():
         raise UserError(f"no checkpoint at {ckpt} (config.json missing); the embedded default ships with the "
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if not ids:
         raise UserError("--prompt encodes to zero tokens")
     dtype = torch_dtype(args.dtype)
-    max_len = len(ids) + args.max_new_tokens + args.spec_k + 2
+    max_len = len(ids) + args.max_new_tokens + (depth if isinstance(depth, int) else depth.k_max) + 2
     backend = load_backend(ckpt, args.device, dtype, args.commit, max_len)  # speculative path (MTP required)
     target = plain_target(backend)  # plain decoding on the same model, device and precision
     cfg = backend_config(backend)
@@ -93,12 +95,12 @@ def run(args: argparse.Namespace) -> int:
 
     release = getattr(backend, "release", lambda: None)  # TT: free the spec traces before plain decode allocates
     # warm-up (first-call allocations) so that the timed runs compare like with like
-    speculative_generate(backend, ids[:8], 4, args.spec_k, params, eos_ids=eos)
+    speculative_generate(backend, ids[:8], 4, fresh_depth(), params, eos_ids=eos)
     release()
     target.greedy(ids[:8], 4, eos)
 
     t0 = time.perf_counter()
-    result = speculative_generate(backend, ids, args.max_new_tokens, args.spec_k, params, eos_ids=eos)
+    result = speculative_generate(backend, ids, args.max_new_tokens, fresh_depth(), params, eos_ids=eos)
     t_spec = time.perf_counter() - t0
     release()
     t0 = time.perf_counter()
@@ -110,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     bar = "-" * 78
     print(f"checkpoint : {ckpt}")
     print(f"backend    : {backend.label} (speculative); {target.label} (plain)")
-    print(f"mode       : {mode}, K={args.spec_k}, commit={args.commit}, threads={args.threads}")
+    print(f"mode       : {mode}, K={depth_label(depth)}, commit={args.commit}, threads={args.threads}")
     print(bar)
     print("prompt:")
     print(args.prompt.rstrip("\n"))

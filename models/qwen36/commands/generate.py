@@ -25,8 +25,10 @@ def add_parser(sub, name: str) -> None:
 def add_spec_args(p: argparse.ArgumentParser, default_k: int = 0) -> None:
     """The speculative-decoding options shared by `generate` (default plain decoding) and `demo` (default K=3)."""
     g = p.add_argument_group("speculative decoding (MTP)")
-    g.add_argument("--spec-k", type=int, default=default_k,
-                   help="draft depth K" + (" (0 = plain decoding)" if default_k == 0 else ""))
+    g.add_argument("--spec-k", type=spec_k_arg, default=default_k, metavar="K|auto",
+                   help="draft depth K" + (" (0 = plain decoding)" if default_k == 0 else "") +
+                        "; 'auto' picks K per step from running acceptance and the backend's step costs "
+                        "(qwen36/speculative/depth_policy.json, docs/depth.md); reference backend only for now")
     g.add_argument("--commit", default=DEFAULT_MECHANISM, choices=MECHANISMS, help="GDN/conv state commit mechanism")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; >0 = stochastic rejection sampling")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -35,6 +37,16 @@ def add_spec_args(p: argparse.ArgumentParser, default_k: int = 0) -> None:
     g.add_argument("--draft", default=DRAFT_MODES[0], choices=DRAFT_MODES,
                    help="stochastic mode only: MTP drafts sampled from the transformed draft distribution (default) "
                         "or argmax drafts (acceptance then uses a one-hot draft distribution)")
+
+
+def spec_k_arg(text: str) -> int | str:
+    """--spec-k: a non-negative integer or 'auto'."""
+    from ..speculative.depth import parse_depth
+
+    try:
+        return parse_depth(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def encode_prompt(args, ckpt):
@@ -55,11 +67,11 @@ def run(args: argparse.Namespace) -> int:
     from .backends import check_device, load_target
 
     check_device(args.device)
-    if args.spec_k < 0:
+    if args.spec_k != "auto" and args.spec_k < 0:
         raise UserError(f"--spec-k must be >= 0, got {args.spec_k}")
     ckpt = resolve_checkpoint(args.checkpoint)
     ids, tok = encode_prompt(args, ckpt)
-    if args.spec_k > 0:
+    if args.spec_k == "auto" or args.spec_k > 0:
         from .speculative_generate import run_speculative_generate
 
         return run_speculative_generate(args, ckpt, ids, tok)

@@ -12,7 +12,7 @@ from .backends import REFERENCE_DEVICES
 
 
 def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -> SpecBackend:
-    """The speculative backend for --device: the torch reference, or the TT target + device MTP (issue 7)."""
+    """The speculative backend for --device: the torch reference, or the TT target + device MTP."""
     if device not in REFERENCE_DEVICES:
         return load_tt_backend(ckpt, device, mechanism, max_len)
     import torch
@@ -50,9 +50,34 @@ def format_stats(result: GenerationResult) -> str:
     s = result.stats
     hist = " ".join(f"{a}:{c}" for a, c in enumerate(s.histogram()))
     pos = " ".join(f"{p:.2f}" for p in s.per_position())
-    return (f"steps {s.steps}, mean accepted/step {s.mean_accepted:.3f} of {s.k}, mean emitted/step {s.mean_emitted:.3f}\n"
+    text = (f"steps {s.steps}, mean accepted/step {s.mean_accepted:.3f} of {s.k}, mean emitted/step {s.mean_emitted:.3f}\n"
             f"per-position acceptance (d1..d{s.k}): {pos}\n"
             f"accepted-count histogram (a:steps): {hist}")
+    if len(set(s.depths)) > 1:
+        depths = " ".join(f"{k}:{c}" for k, c in enumerate(s.as_dict()["depth_histogram"], start=1))
+        text += f"\ndraft depth per step: mean {s.mean_depth:.2f}, histogram (K:steps) {depths}"
+    return text
+
+
+def depth_policy(spec_k, device: str):
+    """--spec-k as the engine takes it: the integer, or the fitted depth controller for this device's step costs.
+
+    The TT step drafts the next step's MTP chain inside the current step's commit trace, at the current K, and
+    its per-K device state (acceptor, ring slots, draft buffers) is built once per generation; switching K between
+    steps is not implemented there yet, so 'auto' is refused on TT devices rather than run wrongly."""
+    if spec_k != "auto":
+        return spec_k
+    from ..speculative.depth import DepthPolicy, cost_key
+
+    if not device.startswith("reference"):
+        raise UserError("--spec-k auto runs on the reference backend only for now: the TT step keeps one draft "
+                        "depth per generation (it drafts the next step inside the current commit trace); "
+                        "pass a fixed --spec-k K on " + device)
+    return DepthPolicy.load().controller(cost_key(device))
+
+
+def depth_label(depth) -> str:
+    return str(depth) if isinstance(depth, int) else depth.describe()
 
 
 def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int], tok) -> int:
@@ -65,7 +90,9 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int
         params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft)
     except ValueError as e:
         raise UserError(str(e)) from None
-    max_len = len(ids) + args.max_new_tokens + args.spec_k + 2
+    depth = depth_policy(args.spec_k, args.device)
+    k_max = depth if isinstance(depth, int) else depth.k_max
+    max_len = len(ids) + args.max_new_tokens + k_max + 2
     try:
         backend = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len)
     except CheckpointError as e:
@@ -74,17 +101,17 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int
     if any(i >= vocab for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
-    result = speculative_generate(backend, ids, args.max_new_tokens, args.spec_k, params,
+    result = speculative_generate(backend, ids, args.max_new_tokens, depth, params,
                                   eos_ids=backend_config(backend).eos_token_id)
     dt = time.perf_counter() - t0
     mode = "greedy" if params.greedy else f"sampling T={params.temperature} top_k={params.top_k} top_p={params.top_p} seed={params.seed} drafts={params.draft}"
-    logger.info(f"[{backend.label}] speculative K={args.spec_k} commit={args.commit} {mode}: {len(result.tokens)} tokens "
+    logger.info(f"[{backend.label}] speculative K={depth_label(depth)} commit={args.commit} {mode}: {len(result.tokens)} tokens "
                 f"in {dt:.2f} s ({len(result.tokens) / dt:.1f} tok/s, measured on this backend)")
     print("ids:", ",".join(map(str, result.tokens)))
     if tok is not None:
         print("prompt:", args.prompt)
         print("text:", tok.decode(result.tokens))
-    print(f"backend: {backend.label}  commit: {args.commit}  K: {args.spec_k}")
+    print(f"backend: {backend.label}  commit: {args.commit}  K: {depth_label(depth)}")
     print(format_stats(result))
     c = backend.counters
     print(f"counters: state copies {c.state_copies}, state bytes moved {c.state_bytes_moved}, "

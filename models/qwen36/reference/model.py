@@ -6,7 +6,7 @@
     out = model(next_token[:, None], state)            # decode (recurrent GDN)
     out = model(rows, state, per_token_states=True)    # K+1-row verify with per-row GDN states
 
-MTP (DESIGN §3): u = fc([norm_e(embed(x_{t+1})), norm_h(h_t)]); one full-attention decoder layer with its
+MTP (Qwen3.6's multi-token-prediction layer): u = fc([norm_e(embed(x_{t+1})), norm_h(h_t)]); one full-attention decoder layer with its
 own KV cache at the target's positions; mtp.norm; shared lm_head. h_t is the target's post-norm hidden.
 """
 from __future__ import annotations

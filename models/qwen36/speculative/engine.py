@@ -5,7 +5,7 @@
 A backend owns all model state (target KV + GDN + conv, MTP KV, the pending token, the sampler) and may
 keep it on a device: :meth:`SpecBackend.draft` and :meth:`SpecBackend.verify` return opaque handles the
 engine never looks into, and :meth:`SpecBackend.accept` hands back only the emitted tokens and the accepted
-count (DESIGN 4.1). The reference backend (``reference_backend.py``) implements the same contract on torch
+count, so a device backend reads back only a few integers per step. The reference backend (``reference_backend.py``) implements the same contract on torch
 and also exposes finer primitives for the probes; a TT backend runs the same four calls as device work.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Target: consume ``[pending, t_1..t_a]`` with single-row forwards (the arithmetic of plain greedy decoding).
 MTP: the cache entry for position t comes from (h_t, embed(x_{t+1})) with h_t the target's post-norm hidden
-(DESIGN 4.1); the oracle writes the pending reseed rows and then the step's rows one row at a time, using
+(the MTP KV entry of position t needs h_t, known only once t is verified); the oracle writes the pending reseed rows and then the step's rows one row at a time, using
 its own single-row hiddens. The result is what a committed state must equal (bitwise where the kernels
 match, within stated tolerances where a multi-row forward computed it).
 """

@@ -117,12 +117,12 @@ class LayerHarness:
         return {"recurrent": (self.ref_state.recurrent, rec), "conv": (ref_conv.float(), conv)}
 
 
-def read_scalar(spec, buf) -> float:
+def read_scalar(step_state, buf) -> float:
     """Device 0's value of a [1,1,1,1] step-state buffer (``SpecDeviceState.n``, ``.pending``), read back eagerly."""
-    ttnn = spec.ttnn
+    ttnn = step_state.ttnn
     return float(ttnn.to_torch(ttnn.get_device_tensors(buf)[0]).reshape(-1)[0])
 
 
 def device_position(backend) -> int:
     """The device-resident position n of a TTSpecBackend's step state."""
-    return int(read_scalar(backend.spec, backend.spec.n))
+    return int(read_scalar(backend.step_state, backend.step_state.n))

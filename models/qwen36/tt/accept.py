@@ -1,4 +1,4 @@
-"""On-device acceptance for MTP speculative decoding (issue 7 item 4): greedy and stochastic, traceable.
+"""On-device acceptance for MTP speculative decoding: greedy and stochastic, traceable.
 
 Everything between "target verify logits + draft tokens are on device" and "host reads one small tensor"
 is a composition of ttnn ops: no host reads or writes, no tensor creation (constants, scratch, RNG table

@@ -24,17 +24,17 @@ from .model_config import compute_config_exact_count
 from .verify import SpecDeviceState, VerifyOutputs
 
 
-def commit(spec: SpecDeviceState, vout: VerifyOutputs, result) -> None:
+def commit(step_state: SpecDeviceState, vout: VerifyOutputs, result) -> None:
     """Device-only commit of one step (see module doc). ``result`` = the acceptor's persistent result."""
-    ttnn = spec.ttnn
-    acc = spec.acceptor
+    ttnn = step_state.ttnn
+    acc = step_state.acceptor
     a = acc.count  # [1,1,1,1] fp32
     # window row index of every new conv-state row: a+1+i, as the uint32 ROW_MAJOR [1, Kc-1] embedding wants
-    kc1 = spec.kc - 1
-    idx = ttnn.typecast(ttnn.add(spec.c_conv_rows, a), ttnn.uint32)  # [1,1,1,Kc-1]
+    kc1 = step_state.kc - 1
+    idx = ttnn.typecast(ttnn.add(step_state.c_conv_rows, a), ttnn.uint32)  # [1,1,1,Kc-1]
     idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, kc1])
-    mech = spec.mechanism
-    mask = ttnn.le(spec.c_rows, a) if mech.readvance else None  # [1,T,1]: 1 for rows <= a
+    mech = step_state.mechanism
+    mask = ttnn.le(step_state.c_rows, a) if mech.readvance else None  # [1,T,1]: 1 for rows <= a
     for r in vout.plan.records:
         rows_cd = list(r.window.shape)[-2:]  # [Kc-1+T, Cd]
         table = ttnn.reshape(ttnn.to_layout(r.window, ttnn.ROW_MAJOR_LAYOUT), rows_cd)
@@ -43,21 +43,21 @@ def commit(spec: SpecDeviceState, vout: VerifyOutputs, result) -> None:
         if mask is not None:
             g = ttnn.reshape(ttnn.multiply(r.g, mask), list(r.g.shape))
             beta = ttnn.reshape(ttnn.multiply(r.beta, mask), list(r.beta.shape))
-            initial = mech.readvance_initial(r.state, spec.layer_bufs[id(r.state)])
+            initial = mech.readvance_initial(r.state, step_state.layer_bufs[id(r.state)])
             r.gdn.recurrence(r.q, r.k, r.v, g, beta, r.state, "decode", initial=initial, final=r.state.recurrent)
-    mech.after_commit(spec)
+    mech.after_commit(step_state)
     # positions and the pending token
-    ttnn.copy(ttnn.add(spec.n, ttnn.add(a, spec.c_one)), spec.n)
-    toks = ttnn.typecast(ttnn.slice(result, [0, 0, 0, 0], [1, 1, 1, spec.t]), ttnn.float32)
+    ttnn.copy(ttnn.add(step_state.n, ttnn.add(a, step_state.c_one)), step_state.n)
+    toks = ttnn.typecast(ttnn.slice(result, [0, 0, 0, 0], [1, 1, 1, step_state.t]), ttnn.float32)
     # fp32 token ids: the accurate (SFPU, full fp32) sum needs fp32_dest_acc_en; without it the FPU reads TF32
     # and ids above 2048 come out wrong (ttnn.sum docstring, fast_and_approximate_mode)
-    pend = ttnn.sum(ttnn.multiply(toks, ttnn.eq(spec.c_tok_cols, a)), dim=3, keepdim=True,
+    pend = ttnn.sum(ttnn.multiply(toks, ttnn.eq(step_state.c_tok_cols, a)), dim=3, keepdim=True,
                     compute_kernel_config=compute_config_exact_count(ttnn))
-    ttnn.copy(pend, spec.pending)
+    ttnn.copy(pend, step_state.pending)
 
 
-def abort_after_verify(spec: SpecDeviceState) -> None:
+def abort_after_verify(step_state: SpecDeviceState) -> None:
     """Undo a verify that will not be committed (eager): the mechanism's abort. snapshot copies the snapshot back
     into live; recompute has nothing to undo (live untouched, KV rows >= n are scratch); shadow_commit refuses
     (the ring verify overwrote, in place, the slot it started from)."""
-    spec.mechanism.abort_after_verify(spec)
+    step_state.mechanism.abort_after_verify(step_state)

@@ -71,11 +71,11 @@ class TTMechanism:
     conv_write: ClassVar[bool | None] = None  # True: the verify advances the live conv state (else: window kept)
 
     # ---- buffers and host-side setup (outside any capture) -------------------------------------------------------
-    def buffers(self, spec: "SpecDeviceState", s) -> SpecLayerBuffers:
+    def buffers(self, step_state: "SpecDeviceState", s) -> SpecLayerBuffers:
         """Allocate GDN layer state ``s``'s buffers."""
         raise NotImplementedError
 
-    def start(self, spec: "SpecDeviceState") -> None:
+    def start(self, step_state: "SpecDeviceState") -> None:
         """After a prefill (eager)."""
 
     def ring_index(self, acceptor):
@@ -83,10 +83,10 @@ class TTMechanism:
         return None
 
     # ---- device work (traceable) -----------------------------------------------------------------------------
-    def pre_verify(self, spec: "SpecDeviceState", s, bufs: SpecLayerBuffers) -> None:
+    def pre_verify(self, step_state: "SpecDeviceState", s, bufs: SpecLayerBuffers) -> None:
         """Copies before the verify."""
 
-    def recurrence(self, spec: "SpecDeviceState", gdn, q, k, v, g, beta, state, bufs: SpecLayerBuffers):
+    def recurrence(self, step_state: "SpecDeviceState", gdn, q, k, v, g, beta, state, bufs: SpecLayerBuffers):
         """The verify's K+1-row recurrence of one GDN layer."""
         raise NotImplementedError
 
@@ -94,11 +94,11 @@ class TTMechanism:
         """The recurrent state the commit's masked re-advance starts from (``readvance`` mechanisms)."""
         raise NotImplementedError
 
-    def after_commit(self, spec: "SpecDeviceState") -> None:
+    def after_commit(self, step_state: "SpecDeviceState") -> None:
         """Commit work after the per-layer part (every mechanism: conv select, then this)."""
 
     # ---- abort (eager) -----------------------------------------------------------------------------------------
-    def abort_after_verify(self, spec: "SpecDeviceState") -> None:
+    def abort_after_verify(self, step_state: "SpecDeviceState") -> None:
         """Undo a verify that will not be committed: live GDN state exactly as before it."""
 
     # ---- counters ----------------------------------------------------------------------------------------------
@@ -131,30 +131,30 @@ class ShadowCommit(TTMechanism):
     name = "shadow_commit"
     ring = True
 
-    def buffers(self, spec, s):
-        return SpecLayerBuffers(ring=spec._dev(torch.zeros(spec.t * spec.hv, spec.dk, spec.dv), spec.ttnn.float32))
+    def buffers(self, step_state, s):
+        return SpecLayerBuffers(ring=step_state._dev(torch.zeros(step_state.t * step_state.hv, step_state.dk, step_state.dv), step_state.ttnn.float32))
 
-    def start(self, spec):
+    def start(self, step_state):
         """Put the live recurrent state in ring slot 0 and point every head at it (count 0)."""
-        ttnn = spec.ttnn
-        for s in spec.state.gdn_states():
-            ring = spec.layer_bufs[id(s)].ring
-            slot0 = ttnn.reshape(s.recurrent, [spec.hv, spec.dk, spec.dv])
-            rest = ttnn.slice(ring, [spec.hv, 0, 0], [spec.t * spec.hv, spec.dk, spec.dv])
+        ttnn = step_state.ttnn
+        for s in step_state.state.gdn_states():
+            ring = step_state.layer_bufs[id(s)].ring
+            slot0 = ttnn.reshape(s.recurrent, [step_state.hv, step_state.dk, step_state.dv])
+            rest = ttnn.slice(ring, [step_state.hv, 0, 0], [step_state.t * step_state.hv, step_state.dk, step_state.dv])
             ttnn.copy(ttnn.concat([slot0, rest], dim=0), ring)
-        ttnn.copy(spec.c_zero, spec.acceptor.count)
-        spec.acceptor.ring_block_idx()
+        ttnn.copy(step_state.c_zero, step_state.acceptor.count)
+        step_state.acceptor.ring_block_idx()
 
     def ring_index(self, acceptor):
         return acceptor.block_idx
 
-    def recurrence(self, spec, gdn, q, k, v, g, beta, state, bufs):
-        return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.ring, ring_idx=spec.block_idx)
+    def recurrence(self, step_state, gdn, q, k, v, g, beta, state, bufs):
+        return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.ring, ring_idx=step_state.block_idx)
 
-    def after_commit(self, spec):
-        spec.acceptor.ring_block_idx()  # initial_state_block_idx = a*Hv + h: the next verify starts from slot a
+    def after_commit(self, step_state):
+        step_state.acceptor.ring_block_idx()  # initial_state_block_idx = a*Hv + h: the next verify starts from slot a
 
-    def abort_after_verify(self, spec):
+    def abort_after_verify(self, step_state):
         raise RuntimeError("shadow_commit: abort after verify is impossible without a copy (the ring verify "
                            "writes all K+1 slots in place, including the one it started from); abort before "
                            "verify, or use --commit snapshot/recompute")
@@ -176,24 +176,24 @@ class Snapshot(TTMechanism):
     readvance = True
     conv_write = True
 
-    def buffers(self, spec, s):
-        return SpecLayerBuffers(snap_rec=spec._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype),
-                                snap_conv=spec._dev(torch.zeros(list(s.conv.shape)), s.conv.dtype))
+    def buffers(self, step_state, s):
+        return SpecLayerBuffers(snap_rec=step_state._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype),
+                                snap_conv=step_state._dev(torch.zeros(list(s.conv.shape)), s.conv.dtype))
 
-    def pre_verify(self, spec, s, bufs):
-        spec.ttnn.copy(s.recurrent, bufs.snap_rec)
-        spec.ttnn.copy(s.conv, bufs.snap_conv)
+    def pre_verify(self, step_state, s, bufs):
+        step_state.ttnn.copy(s.recurrent, bufs.snap_rec)
+        step_state.ttnn.copy(s.conv, bufs.snap_conv)
 
-    def recurrence(self, spec, gdn, q, k, v, g, beta, state, bufs):
+    def recurrence(self, step_state, gdn, q, k, v, g, beta, state, bufs):
         return gdn.recurrence(q, k, v, g, beta, state, "decode")  # live advances through all T rows
 
     def readvance_initial(self, state, bufs):
         return bufs.snap_rec
 
-    def abort_after_verify(self, spec):
-        ttnn = spec.ttnn
-        for s in spec.state.gdn_states():
-            b = spec.layer_bufs[id(s)]
+    def abort_after_verify(self, step_state):
+        ttnn = step_state.ttnn
+        for s in step_state.state.gdn_states():
+            b = step_state.layer_bufs[id(s)]
             ttnn.copy(b.snap_rec, s.recurrent)
             ttnn.copy(b.snap_conv, s.conv)
 
@@ -220,13 +220,13 @@ class Recompute(TTMechanism):
     name = "recompute"
     readvance = True
 
-    def buffers(self, spec, s):
-        return SpecLayerBuffers(scratch_rec=spec._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype))
+    def buffers(self, step_state, s):
+        return SpecLayerBuffers(scratch_rec=step_state._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype))
 
-    def pre_verify(self, spec, s, bufs):
-        spec.ttnn.copy(s.recurrent, bufs.scratch_rec)
+    def pre_verify(self, step_state, s, bufs):
+        step_state.ttnn.copy(s.recurrent, bufs.scratch_rec)
 
-    def recurrence(self, spec, gdn, q, k, v, g, beta, state, bufs):
+    def recurrence(self, step_state, gdn, q, k, v, g, beta, state, bufs):
         return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.scratch_rec, final=bufs.scratch_rec)
 
     def readvance_initial(self, state, bufs):

@@ -46,9 +46,9 @@ class TensorGroup(str, enum.Enum):
 _MATRIX_GROUPS = {TensorGroup.ATTN_QKV, TensorGroup.ATTN_O, TensorGroup.GDN_IN, TensorGroup.GDN_OUT,
                   TensorGroup.MLP_GATE_UP, TensorGroup.MLP_DOWN, TensorGroup.LM_HEAD}
 _FP32_ONLY = {TensorGroup.GDN_STATE}
-_NO_BLOCK_FLOAT_LAYOUT = {TensorGroup.EMBEDDING, TensorGroup.ROPE}  # gathered by row from ROW_MAJOR tables  # bfp8 GDN state diverged within a dozen steps in public reports (DESIGN 5)
+_NO_BLOCK_FLOAT_LAYOUT = {TensorGroup.EMBEDDING, TensorGroup.ROPE}  # gathered by row from ROW_MAJOR tables  # bfp8 GDN state diverged within a dozen steps in public reports, so the state stays fp32
 _BLOCK_FLOAT = {"bfloat8_b", "bfloat4_b"}
-_BF4_ALLOWED = {TensorGroup.MLP_GATE_UP}  # DESIGN 5: bf4 only where the accuracy gates hold
+_BF4_ALLOWED = {TensorGroup.MLP_GATE_UP}  # bf4 only where the accuracy gates hold
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class PrecisionSetting:
     def performance(cls, bf4_mlp: bool = False) -> "PrecisionSetting":
         """bf8 projections and LM head, bf16 norms/small vectors/KV, fp32 GDN state, GDN activations and out-proj
         partials (bf16 partials gave PCC ~0.69 in public reports). ``bf4_mlp`` puts MLP gate/up in bfloat4_b:
-        allowed by DESIGN 5 only where the gates hold, and on the CI checkpoint it does not (MLP PCC 0.984 < 0.99,
+        allowed only where the accuracy gates hold, and on the CI checkpoint it does not (MLP PCC 0.984 < 0.99,
         tests/test_tt_layers.py), so the default preset keeps them in bf8."""
         d = dict(cls.accuracy().dtypes)
         for g in _MATRIX_GROUPS:

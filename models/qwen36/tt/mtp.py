@@ -1,11 +1,11 @@
-"""MTP draft head on the TP mesh (issue 7 items 1, 2 and the MTP reseed of item 5).
+"""MTP draft head on the TP mesh, including the MTP reseed over the verified rows.
 
     u = fc(cat[norm_e(embed(x_{t+1})), norm_h(h_t)])       embedding first; fc column-parallel + all_gather
     u = mtp.layers.0(u)                                     the target's TTDecoderLayer (gated attention + MLP),
                                                             own paged KV cache at the target's positions
     h = mtp.norm(u);  logits = h @ lm_head (shared, vocab-parallel, fp32) ; token = argmax (fp32: no bf16 ties)
 
-MTP KV entry for position t = f(h_t, embed(x_{t+1})) (DESIGN 4.1). One speculative step (all device work,
+MTP KV entry for position t = f(h_t, embed(x_{t+1})) (the MTP predicts x_{t+2} from h_t and the next token). One speculative step (all device work,
 traceable, nothing read back in between):
 
     reseed  R = K+1 rows at positions n..n+K from the verify hidden rows 0..K and the acceptor's emitted

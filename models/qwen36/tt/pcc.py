@@ -9,7 +9,7 @@ import torch
 
 from ..numerics import pcc  # the one PCC implementation (re-exported here for the TT tests)
 
-# Gate name -> minimum PCC. Issue 5 "done means"; every TT test reads its threshold from here.
+# Gate name -> minimum PCC; every TT test reads its threshold from here.
 PCC_GATES: dict[str, float] = {
     "layer_bf16": 0.9999,  # one decoder block / mixer / MLP, bf16 weights (accuracy preset), vs fp32 reference
     "layer_bf8": 0.99,  # same with bfloat8_b projections (bfloat4_b MLP gate/up): performance preset

@@ -113,17 +113,17 @@ class _VllmSpecBackend(TTSpecBackend):
 
     def _setup(self, k: int) -> None:
         super()._setup(k)
-        self.accept_drafts = self.spec._dev(torch.zeros(1, 1, 1, k, dtype=torch.int32), self.ttnn.uint32,
+        self.accept_drafts = self.step_state._dev(torch.zeros(1, 1, 1, k, dtype=torch.int32), self.ttnn.uint32,
                                             self.ttnn.ROW_MAJOR_LAYOUT)
 
     def write_accept_drafts(self, ids: list[int]) -> None:
         x = torch.tensor(ids, dtype=torch.int32).reshape(1, 1, 1, self._k)
-        self.ttnn.copy_host_to_device_tensor(self.spec.host(x, self.accept_drafts), self.accept_drafts)
+        self.ttnn.copy_host_to_device_tensor(self.step_state.host(x, self.accept_drafts), self.accept_drafts)
 
     def _verify_and_accept(self):
         if not self.params.greedy:
             raise NotImplementedError("the vllm path verifies greedily (accept mode argmax_ids)")
-        vout = self.spec.verify()
+        vout = self.step_state.verify()
         return vout, self.acceptor.greedy(vout.out.logits, self.accept_drafts)
 
 
@@ -520,7 +520,7 @@ class Qwen36ForCausalLM:
         self._draft(k)
         drafts = row[1: nv + 1]
         vocab = self.model.args.cfg.vocab_size
-        self.spec_backend.spec.write_drafts(drafts + [0] * (k - nv))  # placeholder columns: any valid id, never read
+        self.spec_backend.step_state.write_drafts(drafts + [0] * (k - nv))  # placeholder columns: any valid id, never read
         self.spec_backend.write_accept_drafts(drafts + [vocab] * (k - nv))  # never equal to an argmax: acceptance <= n
         vout = self.spec_backend.verify(None)
         ids = self.model.to_host(vout.out.tokens).reshape(-1).to(torch.int64)[: k + 1]

@@ -1,4 +1,4 @@
-"""TTSpecBackend: the speculative engine's SpecBackend on the TT target (issue 7).
+"""TTSpecBackend: the speculative engine's SpecBackend on the TT target.
 
 One step = two device programs sequences, each captured once and replayed:
 
@@ -48,7 +48,7 @@ class TTSpecBackend:
         self.label = f"tt ({gen.label or 'mesh'})" + ("" if self.device_drafter else " + host drafter")
         self.counters = MechanismCounters()
         self.params = SamplingParams()
-        self.spec: SpecDeviceState | None = None
+        self.step_state: SpecDeviceState | None = None
         self.acceptor: DeviceAcceptor | None = None
         self.history: list[int] = []
         self.n = 0  # host mirror of the device position (bookkeeping / max_len checks only)
@@ -73,14 +73,14 @@ class TTSpecBackend:
         v = self.model.args.cfg.vocab_size
         acc = DeviceAcceptor(self.ttnn, self.mesh, k=k, vocab=v, sampling_params=self.params,
                              rng=self.rng, ring_heads=self.model.args.gdn_hv_d).allocate()
-        spec = SpecDeviceState(self.model, self.state, k, self.mechanism)
-        spec.attach_acceptor(acc)
+        step_state = SpecDeviceState(self.model, self.state, k, self.mechanism)
+        step_state.attach_acceptor(acc)
         if self.device_drafter:
-            self.drafter.allocate(spec)
-        self.acceptor, self.spec, self._k = acc, spec, k
-        spec.start(self.n, self.history[-1])
+            self.drafter.allocate(step_state)
+        self.acceptor, self.step_state, self._k = acc, step_state, k
+        step_state.start(self.n, self.history[-1])
         if self.device_drafter:
-            self.drafter.start(spec, self.history, self._prompt_hidden)
+            self.drafter.start(step_state, self.history, self._prompt_hidden)
 
     # ---- the contract --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -100,7 +100,7 @@ class TTSpecBackend:
             self._prompt_hidden = hs[0] if len(hs) == 1 else self.ttnn.concat(hs, dim=2)
         self.n = len(prompt)
         self.history = list(prompt) + [first]
-        self.spec, self.acceptor, self._k = None, None, None
+        self.step_state, self.acceptor, self._k = None, None, None
         self._phase = "idle"
         return first
 
@@ -111,25 +111,30 @@ class TTSpecBackend:
             raise RuntimeError("draft() inside an open step: commit() or abort() first")
         if self.n + k + 1 > self.model.args.max_seq_len:
             raise ValueError(f"KV cache full: position {self.n} + {k + 1} rows > max_seq_len {self.model.args.max_seq_len}")
+        if self._k is not None and k != self._k:
+            # the next step's drafts were made inside the last commit trace at depth self._k, and the ring slots,
+            # acceptor and draft buffers are per-K: a new K needs a new generation (prefill) on this backend
+            raise ValueError(f"draft depth changed from {self._k} to {k} within one generation; the TT step keeps "
+                             "one K per generation (prefill again to change it)")
         if k != self._k:
             self._setup(k)
         if not self.device_drafter:
-            self.spec.write_drafts([int(t) for t in self.drafter(list(self.history), k)])
+            self.step_state.write_drafts([int(t) for t in self.drafter(list(self.history), k)])
         self._phase = "drafted"
         self.counters.mtp_forwards += k
-        return self.spec.drafts
+        return self.step_state.drafts
 
     def _run(self, name: str, fn: Callable[[], Any]):
         """Eager on the first step after setup, captured on the second, replayed afterwards."""
         return self._traces.run(name, fn, traced=self.use_trace)
 
     def _verify_and_accept(self):
-        vout = self.spec.verify()
+        vout = self.step_state.verify()
         if self.params.greedy:
-            res = self.acceptor.greedy(vout.out.logits, self.spec.drafts)
+            res = self.acceptor.greedy(vout.out.logits, self.step_state.drafts)
         else:
             probs = self.drafter.draft_probs(self.acceptor) if self.device_drafter else None
-            res = self.acceptor.stochastic(vout.out.logits, self.spec.drafts, probs)
+            res = self.acceptor.stochastic(vout.out.logits, self.step_state.drafts, probs)
         return vout, res
 
     def verify(self, draft) -> VerifyOutputs:
@@ -140,7 +145,7 @@ class TTSpecBackend:
         c, n_gdn, t = self.counters, len(self.state.gdn_states()), self._k + 1
         c.target_forwards += 1
         c.recurrence_steps += t * n_gdn
-        self.mechanism.count_verify(c, t, n_gdn, self.spec.state_bytes)
+        self.mechanism.count_verify(c, t, n_gdn, self.step_state.state_bytes)
         return self._vout
 
     def accept(self, draft, verify) -> Acceptance:
@@ -152,8 +157,8 @@ class TTSpecBackend:
 
     def _commit_device(self):
         if self.device_drafter:  # reads n before the commit advances it
-            self.drafter.device_draft(self.spec, self._vout)
-        commit(self.spec, self._vout, self._result)
+            self.drafter.device_draft(self.step_state, self._vout)
+        commit(self.step_state, self._vout, self._result)
         return None
 
     def commit(self, acceptance: Acceptance) -> None:
@@ -163,7 +168,7 @@ class TTSpecBackend:
             self.drafter.before_device_draft()  # outside capture: sampled-draft RNG table refill when used up
         self._run("commit", self._commit_device)
         a, c, n_gdn = acceptance.num_accepted, self.counters, len(self.state.gdn_states())
-        self.mechanism.count_commit(c, self._k + 1, n_gdn, self.spec.state_bytes)
+        self.mechanism.count_commit(c, self._k + 1, n_gdn, self.step_state.state_bytes)
         c.steps += 1
         self.n += a + 1
         self.history += acceptance.tokens
@@ -174,7 +179,7 @@ class TTSpecBackend:
         if self._phase == "idle":
             raise RuntimeError("abort() outside a step")
         if self._phase in ("verified", "accepted"):
-            abort_after_verify(self.spec)  # shadow_commit refuses here (see mechanisms.ShadowCommit)
+            abort_after_verify(self.step_state)  # shadow_commit refuses here (see mechanisms.ShadowCommit)
             if not self.params.greedy:
                 # the acceptor advanced its RNG row counter on device; step back one row
                 self.acceptor.uniforms.step_back()

@@ -1,5 +1,5 @@
 """Device-resident decode state, all explicit (never hidden inside modules), so a speculative step can
-snapshot, ring-commit or recompute it (issue 7).
+snapshot, ring-commit or recompute it.
 
 Every tensor here is a *persistent* device buffer allocated once before any trace capture; forwards update
 them in place (``ttnn.copy`` / paged cache ops), so a captured decode trace keeps pointing at them.

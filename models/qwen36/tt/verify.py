@@ -1,4 +1,4 @@
-"""Packed K+1-row verify on the TT target (issue 7): one target forward over the rows [pending, d_1..d_K] at
+"""Packed K+1-row verify on the TT target: one target forward over the rows [pending, d_1..d_K] at
 positions n..n+K, device only (traceable), with the GDN/conv state routed per commit mechanism.
 
 Device-resident step state (:class:`SpecDeviceState`, allocated once before any capture):
@@ -23,7 +23,7 @@ GDN layer is kept for the commit (``models/qwen36/tt/commit.py``), which selects
 Limits (refused clearly by :func:`check_verify_shape`): the kernel's multi-position mode takes one KV head per
 cache (the emulator enforces the same), which the per-head view satisfies for any Hkv/N; the query heads of one KV
 head must fit one 32-row tile; the per-core L1 of the multi-position kernel bounds T (about 11 candidates at
-head_dim 256 on Blackhole, DESIGN 4.1): T <= max_spec_tiles(head_dim).
+head_dim 256 on Blackhole: the kernel keeps every candidate row of a head in one core's L1): T <= max_spec_tiles(head_dim).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from .model import DecodeOutputs, TTQwen36Model
 from .model_config import TensorGroup, state_memory_config
 from .state import GDNLayerState, TTModelState
 
-SPEC_TILES_AT_HD256 = 11  # DESIGN 4.1: multi-position paged SDPA fits about 11 candidates at head_dim 256
+SPEC_TILES_AT_HD256 = 11  # multi-position paged SDPA fits about 11 candidate rows per core at head_dim 256 (L1 budget)
 
 
 def max_spec_tiles(head_dim: int) -> int:
@@ -65,7 +65,7 @@ def check_verify_shape(args, k: int) -> None:
     if t > max_spec_tiles(c.head_dim):
         raise VerifyShapeError(
             f"K={k}: K+1={t} candidates exceed the multi-position SDPA kernel's limit of {max_spec_tiles(c.head_dim)} "
-            f"at head_dim {c.head_dim} (per-core L1; DESIGN 4.1); use K <= {max_spec_tiles(c.head_dim) - 1}")
+            f"at head_dim {c.head_dim} (per-core L1); use K <= {max_spec_tiles(c.head_dim) - 1}")
 
 
 @dataclass

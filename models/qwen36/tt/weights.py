@@ -136,7 +136,7 @@ class ModelWeights:
     rope_cos: Any  # [max_len, D] (row gather by position)
     rope_sin: Any
     rope_rot: Any  # [D, D]
-    mtp: dict = field(default_factory=dict)  # reserved for issue 7 (MTP head weights)
+    mtp: dict = field(default_factory=dict)  # MTP head weights (filled by the MTP loader below)
 
 
 class WeightLoader:
@@ -261,7 +261,7 @@ class WeightLoader:
         return ModelWeights(embedding, out, final_norm, lm_head, rope_cos, rope_sin, rope_rot)
 
 
-# ---- MTP head (issue 7; appended) -----------------------------------------------------------------------
+# ---- MTP head --------------------------------------------------------------------------------------------
 @dataclass
 class MTPWeights:
     """``mtp.*`` on the mesh. The decoder layer ``mtp.layers.0`` is converted exactly like a target attention
