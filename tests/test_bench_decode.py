@@ -34,6 +34,7 @@ def plain_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # a local server round trip
 def test_build_prompt_hits_target():
     tok = load_tokenizer(DEFAULT_CHECKPOINT)
     for n in (1, 48, 160, 333):
@@ -42,6 +43,7 @@ def test_build_prompt_hits_target():
         assert abs(got - n) <= max(1, 0.05 * n), (n, got)
 
 
+@pytest.mark.slow  # a local server round trip
 def test_decode_record_fields_and_hash(plain_run):
     rec = read_records(plain_run)[-1]
     assert rec["probe"] == "decode-bench" and rec["verdict"] == "pass" and rec["gate_complete"]
@@ -61,6 +63,7 @@ def test_decode_record_fields_and_hash(plain_run):
         assert cell["output_sha256"] == hashlib.sha256(tok.decode(ids).encode("utf-8")).hexdigest()
 
 
+@pytest.mark.slow  # a local server round trip
 def test_plain_vs_spec_identical_and_difference_detected(plain_run, tmp_path, capsys):
     spec = tmp_path / "spec.jsonl"
     with StubServer(DEFAULT_CHECKPOINT, "spec", k=3, max_model_len=1024) as srv:

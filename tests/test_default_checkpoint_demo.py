@@ -6,6 +6,7 @@ import pytest
 from qwen36.cli import main
 
 
+@pytest.mark.slow
 def test_demo_greedy_prints_text_acceptance_and_speed(capsys):
     assert main(["demo", "--max-new-tokens", "24"]) == 0
     out = capsys.readouterr().out
@@ -16,6 +17,7 @@ def test_demo_greedy_prints_text_acceptance_and_speed(capsys):
     assert "greedy check: speculative output == plain greedy output" in out
 
 
+@pytest.mark.slow
 def test_demo_stochastic_with_snapshot_commit(capsys):
     assert main(["demo", "--max-new-tokens", "16", "--temperature", "0.8", "--seed", "3", "--commit", "snapshot",
                  "--spec-k", "2"]) == 0

@@ -94,7 +94,7 @@ def test_shipped_policy_loads_and_covers_every_backend():
     assert policy.provenance["fitted_by"] == "scripts/fit_depth_policy.py"
 
 
-@pytest.mark.parametrize("mechanism", ["shadow_commit", "snapshot"])
+@pytest.mark.parametrize("mechanism", ["shadow_commit", pytest.param("snapshot", marks=pytest.mark.slow)])
 def test_auto_depth_is_lossless_on_the_reference(ci_ckpt, mechanism):
     from qwen36.reference.model import Qwen36Model, greedy_generate
     from qwen36.speculative.engine import speculative_generate
@@ -113,6 +113,7 @@ def test_auto_depth_is_lossless_on_the_reference(ci_ckpt, mechanism):
     assert len(set(res.stats.depths)) > 1, "the controller never changed K on this prompt"
 
 
+@pytest.mark.slow
 def test_auto_depth_through_the_cli_equals_plain_greedy(capsys):
     from qwen36.cli import main
 
@@ -125,6 +126,7 @@ def test_auto_depth_through_the_cli_equals_plain_greedy(capsys):
     assert "K: K=auto (1..7, measured costs for reference (torch CPU))" in out
 
 
+@pytest.mark.slow
 def test_auto_depth_is_refused_on_the_tt_path_and_k_cannot_change_mid_generation(tmp_path, capsys):
     from qwen36.cli import main
 

@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import qwen36.tt_ops.emulator as emulator_pkg
 
 PKG = "qwen36.tt_ops.emulator"
@@ -69,6 +71,7 @@ def test_ast_check_catches_an_upward_import(tmp_path):
     assert _emulator_imports(f) == {"tensor", "mesh", "trace"}
 
 
+@pytest.mark.slow  # one fresh interpreter per module
 def test_fresh_interpreter_imports_in_chain_order():
     """Importing each module in chain order, in a clean interpreter, loads nothing above it."""
     code = f"""

@@ -64,6 +64,7 @@ def with_mechanism(broken: type):
     return lambda model, mechanism, max_len: ReferenceBackend(model, broken(), max_len)
 
 
+@pytest.mark.slow  # four probe runs with broken mechanisms
 @pytest.mark.parametrize("factory,mechanism,must_fail,broken_at", [
     (with_mechanism(OffByOneSlot), "shadow_commit", "gdn_recurrent", (0, 1, 2)),
     (with_mechanism(SnapshotWithoutRestore), "snapshot", "gdn_recurrent", (0, 1)),  # only partial acceptance restores

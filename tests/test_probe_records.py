@@ -60,6 +60,7 @@ def test_default_records_path_is_bench_runs_under_the_current_directory(tmp_path
     assert written.parent == tmp_path / "arg-runs" and read_records(written)[0]["run_id"] == "abcd1234"
 
 
+@pytest.mark.slow
 def test_probe_command_records_dir(tmp_path, monkeypatch, capsys):
     """`qwen36 probe --records-dir DIR` writes its record there (the flag wins over $QWEN36_RECORDS_DIR; the
     default, ./bench/runs, is checked above through the same append_record call)."""

@@ -197,7 +197,8 @@ def moe_model(ckpt_factory):
     return Qwen36Model.from_checkpoint(ckpt_factory("moe-ci", seed=0), require_mtp=True)
 
 
-@pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 3])
 def test_speculative_greedy_lossless_on_moe(moe_model, k):
     """The backend-agnostic engine on the MoE reference: greedy speculative == plain greedy for every commit
     mechanism, with scripted drafts (every acceptance length occurs) and with the MoE MTP's own drafts."""

@@ -116,6 +116,7 @@ def test_report_refuses_wrong_records(tmp_path):
     assert not (tmp_path / "out" / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_report_keeps_a_measured_label(runs, tmp_path):
     """A gate-0a record shaped as the probe writes it on cards (wall-clock per component, no cost terms, label
     measured): the report labels its table measured and draws no cost-term plot."""

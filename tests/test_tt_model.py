@@ -80,6 +80,7 @@ def test_prefill_logits_pcc_chunked(request, ref, preset):
     assert ok, f"prefill logits ({preset}): {msg}"
 
 
+@pytest.mark.slow
 def test_greedy_32_tokens_exact_bf16(ckpt, ref):
     ids = prompt(GREEDY_PROMPT_SEED)
     exp, _, margins = ref_greedy_with_margins(ref, ids, DECODE_STEPS)
@@ -105,6 +106,7 @@ def test_argmax_agrees_wherever_the_reference_decides(gen_acc, ref, seed):
     assert not bad.any(), f"rows {bad.nonzero().flatten().tolist()} disagree despite a clear reference decision"
 
 
+@pytest.mark.slow
 def test_decode_logits_pcc_every_step_bf8(gen_perf, ref):
     """Traced decode (performance preset) fed the reference's greedy tokens: logits PCC >= 0.98 at each step."""
     ids = prompt(GREEDY_PROMPT_SEED)
@@ -118,6 +120,7 @@ def test_decode_logits_pcc_every_step_bf8(gen_perf, ref):
     assert gen_perf.decode_trace.captured, "decode ran untraced"
 
 
+@pytest.mark.slow
 def test_traced_decode_equals_untraced_bitwise(ckpt):
     """Same inputs through the eager step and through trace replays: identical logits bit for bit. Every
     replay gets a new token/position through the persistent input buffers, so a stale buffer shows up as a
@@ -236,6 +239,7 @@ def test_gdn_and_attention_row_layouts():
         assert torch.equal(rows[d], want)
 
 
+@pytest.mark.slow
 def test_cli_generate_and_logits_on_emulated_mesh(ckpt, ref, gen_perf, tmp_path, capsys, monkeypatch):
     """``qwen36 generate|logits --device emulated-p150x2`` run the TT model (performance preset): same tokens as
     the generator API, logits within the prefill gate of the reference; the second command loads the weight

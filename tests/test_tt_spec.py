@@ -36,8 +36,9 @@ def plain(gen):
     return out
 
 
+# the fast tier keeps K=1 for every mechanism; deeper K in the slow tier
 @pytest.mark.parametrize("mech", MECHANISMS)
-@pytest.mark.parametrize("k", [1, 3, 7])
+@pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow), pytest.param(7, marks=pytest.mark.slow)])
 def test_spec_greedy_lossless_vs_plain(gen, plain, mech, k):
     be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, plain), use_trace=True)
     r = speculative_generate(be, PROMPT, MAX_NEW, k)
@@ -137,6 +138,7 @@ def test_refuses_shapes_the_kernel_cannot_run(gen):
         check_verify_shape(args, 0)
 
 
+@pytest.mark.slow
 def test_probe_verify_tp_ci(gen):
     from qwen36.probes.verify_tp import run_matrix
 

@@ -261,6 +261,7 @@ def test_plain_decode_read_paths(plain):
     r.finish()
 
 
+@pytest.mark.slow
 def test_spec_sequence_equals_greedy(reference, spec):
     r, (reference, _) = spec, reference
     caps = r.m.model_capabilities
