@@ -199,17 +199,8 @@ def _naive_gdn(q, k, v, g, beta, s0):
     """FLA's naive recurrence, GQA by repeat_interleave: S = S*exp(g); S += k (beta (v - S^T k))^T; o = S^T q*scale."""
     b, t, hk, _ = q.shape
     hv = v.shape[2]
-    q = q.repeat_interleave(hv // hk, 2) * _GK ** -0.5
-    k = k.repeat_interleave(hv // hk, 2)
-    s = torch.zeros(b, hv, _GK, _GV) if s0 is None else s0.clone()
-    outs, states = [], []
-    for i in range(t):
-        s = s * g[:, i].exp()[..., None, None]
-        u = beta[:, i][..., None] * (v[:, i] - torch.einsum("bhkv,bhk->bhv", s, k[:, i]))
-        s = s + torch.einsum("bhk,bhv->bhkv", k[:, i], u)
-        outs.append(torch.einsum("bhkv,bhk->bhv", s, q[:, i]))
-        states.append(s.clone())
-    return torch.stack(outs, 1), torch.stack(states, 1)
+    s0 = torch.zeros(b, hv, _GK, _GV) if s0 is None else s0
+    return _naive_gdn_dim(q.repeat_interleave(hv // hk, 2), k.repeat_interleave(hv // hk, 2), v, g, beta, s0, _GK)
 
 
 def _gdn_vs_naive(b, t, hk, hv, state):
