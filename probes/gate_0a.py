@@ -43,8 +43,9 @@ HELP = "per-step time breakdown (decode, speculative step at K=1,3,7) by cost te
 MEASURED = "measured"
 
 # weight fields of each module -> tensor group (models/qwen36/tt/weights.py); a field not listed fails fast
-GDN_FIELDS = {"in_proj": "gdn_in", "out_proj": "gdn_out", "conv_taps": "norm", "qk_l2_weight": "norm",
-              "neg_exp_a": "norm", "dt_bias": "norm", "norm": "norm"}
+GDN_FIELDS = {"in_proj": "gdn_in", "in_proj_z": "gdn_in", "in_proj_b": "gdn_in", "in_proj_a": "gdn_in",
+              "out_proj": "gdn_out", "conv_taps": "norm", "qk_l2_weight": "norm", "neg_exp_a": "norm",
+              "dt_bias": "norm", "norm": "norm"}
 ATTN_FIELDS = {"qkv": "attn_qkv", "o_proj": "attn_o", "q_norm": "norm", "k_norm": "norm"}
 MLP_FIELDS = {"gate_up": "mlp_gate_up", "down": "mlp_down"}
 MTP_FIELDS = {"fc": "attn_qkv", "norm_embedding": "norm", "norm_hidden": "norm", "final_norm": "norm"}

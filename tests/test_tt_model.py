@@ -216,17 +216,15 @@ def test_weight_cache_second_load_skips_conversion(ckpt, tmp_path):
 
 
 def test_gdn_and_attention_row_layouts():
-    """Host rearrangement: device d gets [q_d | k_d | v_d | z_d | b_d | a_d] and [q_d | gate_d | k_d | v_d]."""
-    from qwen36.tt.weights import attention_qkv_rows, gdn_in_proj_rows
+    """Host rearrangement: device d gets [q_d | k_d | v_d] and [q_d | gate_d | k_d | v_d]."""
+    from qwen36.tt.weights import attention_qkv_rows, gdn_qkv_rows
 
     hk, dk, hv, dv, n, h = 4, 2, 12, 3, 2, 5
     qkv = torch.arange((2 * hk * dk + hv * dv) * h, dtype=torch.float32).reshape(-1, h)
-    z = 1000 + torch.arange(hv * dv * h, dtype=torch.float32).reshape(-1, h)
-    b, a = -torch.ones(hv, h), -2 * torch.ones(hv, h)
-    rows = gdn_in_proj_rows(qkv, z, b, a, hk, dk, hv, dv, n).chunk(n)
+    rows = gdn_qkv_rows(qkv, hk, dk, hv, dv, n).chunk(n)
     q, k, v = qkv.split([hk * dk, hk * dk, hv * dv])
     for d in range(n):
-        want = torch.cat([q.chunk(n)[d], k.chunk(n)[d], v.chunk(n)[d], z.chunk(n)[d], b.chunk(n)[d], a.chunk(n)[d]])
+        want = torch.cat([q.chunk(n)[d], k.chunk(n)[d], v.chunk(n)[d]])
         assert torch.equal(rows[d], want)
     hq, hkv, hd = 4, 2, 3
     qp = torch.arange(2 * hq * hd * h, dtype=torch.float32).reshape(-1, h)

@@ -37,8 +37,8 @@ def commit(step_state: SpecDeviceState, vout: VerifyOutputs, result) -> None:
     mask = ttnn.le(step_state.c_rows, a) if mech.readvance else None  # [1,T,1]: 1 for rows <= a
     for r in vout.plan.records:
         rows_cd = list(r.window.shape)[-2:]  # [Kc-1+T, Cd]
-        table = ttnn.reshape(ttnn.to_layout(r.window, ttnn.ROW_MAJOR_LAYOUT), rows_cd)
-        conv = ttnn.embedding(idx, table, layout=ttnn.TILE_LAYOUT, dtype=r.state.conv.dtype)  # [1, Kc-1, Cd]
+        table = ttnn.reshape(r.window, rows_cd)  # the window is ROW_MAJOR (tt/gdn.py causal_conv): a view
+        conv = ttnn.embedding(idx, table, layout=r.state.conv.layout, dtype=r.state.conv.dtype)  # [1, Kc-1, Cd]
         ttnn.copy(ttnn.reshape(conv, list(r.state.conv.shape)), r.state.conv)
         if mask is not None:
             g = ttnn.reshape(ttnn.multiply(r.g, mask), list(r.g.shape))

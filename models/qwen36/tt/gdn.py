@@ -2,24 +2,34 @@
 
 One forward for any number of rows T (prefill chunk, 1-row decode, K+1-row verify):
 
-    fused  = x @ [qkv_d | z_d | b_d | a_d]                     one column-parallel matmul
-    conv   = silu(causal depthwise conv over [conv state | qkv])  shift register, state updated in place
-    q, k   = l2norm(conv q/k) (one rms_norm with eps/Dk and weight Dk^-0.5), v = conv v
-    g      = -exp(A_log) * softplus(a + dt_bias),  beta = sigmoid(b)      (fp32)
+    mixed  = x @ in_proj_qkv ;  z = x @ in_proj_z ;  b = x @ in_proj_b ;  a' = x @ in_proj_a + dt_bias
+             four matmuls (the same weight bytes as one fused matmul, and no output slices)
+    conv   = silu(causal depthwise conv over [conv state | mixed])   conv state: ROW_MAJOR, updated in place
+             decode/verify: the K-row window of every output row gathered by one embedding, one multiply by the
+             taps, one row sum (the shift register costs no unaligned tile slices)
+    q,k,v  = one reshape of conv to [T, 2 + Hv/Hk, Hk, D] (head groups on an outer dim: slices are aligned),
+             q, k L2-normalised by one rms_norm (eps/Dk, weight Dk^-0.5)
+    g      = softplus(a') * -exp(A_log) (softplus fused as the multiply's input activation), beta = sigmoid(b)
     o, S   = chunk_gated_delta_rule (mode "prefill") | fused_recurrent_gated_delta_rule (mode "decode")
              fp32 state, HiFi4 + fp32 accumulation; S copied into the persistent state buffer
-    y      = rmsnorm(o) * w * silu(z) ;  out = all_reduce(y @ out_proj_d)   partials reduced in fp32
+    y      = rmsnorm(o) * w * silu(z)  (silu fused as the multiply's input activation)
+    out    = all_reduce(y @ out_proj_d)   partials reduced in fp32
 
-Shapes per device: x [1, 1, T, H] -> out [1, 1, T, H] (replicated after the reduce).
+Shapes per device: x [1, 1, T, H] -> out [1, 1, T, H] (replicated after the reduce). Needs Dk == Dv (the head
+split reshapes q, k and v together).
 """
 from __future__ import annotations
+
+import torch
 
 from ..reference.gdn import L2NORM_EPS
 from .ccl import ccl_for
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_fp32_state,
-                           compute_config_matmul, compute_config_norm)
+                           compute_config_matmul, compute_config_norm, state_memory_config)
 from .state import GDNLayerState
 from .weights import GDNWeights
+
+TILE_ROWS = 32
 
 
 def gdn_chunk_size() -> int:
@@ -34,62 +44,97 @@ class TTGatedDeltaNet:
         c = args.cfg
         self.hk, self.hv = args.gdn_hk_d, args.gdn_hv_d
         self.dk, self.dv = c.linear_key_head_dim, c.linear_value_head_dim
+        if self.dk != self.dv:
+            raise ValueError(f"TT GDN layer: the head split reshapes q, k and v together and needs linear_key_head_dim "
+                             f"== linear_value_head_dim (got {self.dk} and {self.dv})")
         self.kernel = c.linear_conv_kernel_dim
         self.cd, self.vd = args.gdn_conv_dim_d, args.gdn_value_dim_d
         self.kd = args.gdn_key_dim_d
         self.eps = c.rms_norm_eps
+        self.unfold_idx = {t: self._unfold_index(t) for t in range(1, self.max_unfold_rows() + 1)}
 
     # ---- pieces ------------------------------------------------------------------------------------
+    def max_unfold_rows(self) -> int:
+        """Largest T whose T*K unfolded window rows fit one 32-row tile (8 at K = 4): up to there the conv is one
+        gather + multiply + row sum; longer chunks (prefill) take the per-tap path."""
+        return max(1, TILE_ROWS // self.kernel)
+
+    def _unfold_index(self, rows: int):
+        """uint32 ROW_MAJOR [1, T*K]: window row t + j for output row t, tap j (allocated once, before capture)."""
+        ttnn, k = self.ttnn, self.kernel
+        idx = (torch.arange(rows)[:, None] + torch.arange(k)[None, :]).reshape(1, rows * k).to(torch.int32)
+        return ttnn.from_torch(idx, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT, device=self.mesh,
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh), memory_config=state_memory_config(ttnn))
+
     def causal_conv(self, mixed, conv_state, rows: int, write_state=True, return_window: bool = False):
-        """Depthwise causal conv (kernel K) as a shift register: window = [state (K-1 rows) | mixed (T rows)];
-        out_t = sum_j tap_j * window[t + j]; the last K-1 window rows become the new state, copied in place into
-        ``conv_state`` (``write_state=True``), into another buffer (``write_state=<buffer>``) or nowhere (``None``:
-        a speculative verify keeps the window and its commit selects the rows of the accepted row).
-        mixed: [1, 1, T, Cd] -> silu(out) [1, 1, T, Cd] (and the window [1, 1, K-1+T, Cd] if asked)."""
+        """Depthwise causal conv (kernel K) as a shift register: window = [state (K-1 rows) | mixed (T rows)]
+        (ROW_MAJOR: row concats and slices have no tile alignment to respect); out_t = sum_j tap_j * window[t + j];
+        the last K-1 window rows become the new state, written by the slice itself into ``conv_state``
+        (``write_state=True``), into another buffer (``write_state=<buffer>``) or nowhere (``None``: a
+        speculative verify keeps the window and its commit selects the rows of the accepted row).
+        mixed: [1, 1, T, Cd] -> silu(out) [1, T, 1, Cd] (and the ROW_MAJOR window [1, 1, K-1+T, Cd] if asked)."""
         ttnn, k = self.ttnn, self.kernel
         mc = activation_memory_config(ttnn)
-        window = ttnn.concat([conv_state, mixed], dim=2, memory_config=mc)  # [1, 1, K-1+T, Cd]
-        acc = None
-        for j in range(k):
-            tap_in = ttnn.slice(window, [0, 0, j, 0], [1, 1, j + rows, self.cd])
-            acc = (ttnn.multiply(tap_in, self.w.conv_taps[j], memory_config=mc) if acc is None
-                   else ttnn.addcmul(acc, tap_in, self.w.conv_taps[j], memory_config=mc))
+        mixed_rm = ttnn.to_layout(mixed, ttnn.ROW_MAJOR_LAYOUT)
+        window = ttnn.concat([conv_state, mixed_rm], dim=2, memory_config=mc)  # [1, 1, K-1+T, Cd] RM
         if write_state is not None:
-            new_state = ttnn.slice(window, [0, 0, rows, 0], [1, 1, rows + k - 1, self.cd])
-            ttnn.copy(new_state, conv_state if write_state is True else write_state)
+            ttnn.slice(window, [0, 0, rows, 0], [1, 1, rows + k - 1, self.cd],
+                       output_tensor=conv_state if write_state is True else write_state)
+        if rows <= self.max_unfold_rows():
+            table = ttnn.reshape(window, [k - 1 + rows, self.cd])  # ROW_MAJOR, last dim kept: a view
+            unf = ttnn.embedding(self.unfold_idx[rows], table, layout=ttnn.TILE_LAYOUT, dtype=mixed.dtype,
+                                 memory_config=mc)  # [1, T*K, Cd]: row (t, j) = window[t + j]
+            unf = ttnn.reshape(unf, [1, rows, k, self.cd])  # a view at T = 1
+            acc = ttnn.sum(ttnn.multiply(unf, self.w.conv_taps, memory_config=mc), dim=2, keepdim=True,
+                           memory_config=mc, compute_kernel_config=compute_config_fp32_state(ttnn))  # [1, T, 1, Cd]
+        else:  # long chunks (prefill): one shifted window slice per tap
+            win = ttnn.to_layout(window, ttnn.TILE_LAYOUT)
+            acc = None
+            for j in range(k):
+                tap_in = ttnn.slice(win, [0, 0, j, 0], [1, 1, j + rows, self.cd])
+                tap = ttnn.slice(self.w.conv_taps, [0, 0, j, 0], [1, 1, j + 1, self.cd])
+                acc = (ttnn.multiply(tap_in, tap, memory_config=mc) if acc is None
+                       else ttnn.addcmul(acc, tap_in, tap, memory_config=mc))
+            acc = ttnn.reshape(acc, [1, rows, 1, self.cd])
         out = ttnn.silu(acc, memory_config=mc)
         return (out, window) if return_window else out
 
     def project(self, x):
-        """x [1, 1, T, H] -> (mixed [1,1,T,Cd], z [1,1,T,Vd], b [1,1,T,Hv], a [1,1,T,Hv])."""
+        """x [1, 1, T, H] -> (mixed [1,1,T,Cd], z [1,1,T,Vd], b [1,1,T,Hv], a + dt_bias [1,1,T,Hv])."""
         ttnn, a = self.ttnn, self.args
-        rows = x.shape[2]
-        fused = ttnn.linear(x, self.w.in_proj, dtype=a.dtype(TensorGroup.GDN_ACTIVATION, ttnn),
-                            memory_config=activation_memory_config(ttnn),
-                            compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.GDN_IN)))
-        bounds = [0, self.cd, self.cd + self.vd, self.cd + self.vd + self.hv, self.cd + self.vd + 2 * self.hv]
-        return tuple(ttnn.slice(fused, [0, 0, 0, lo], [1, 1, rows, hi]) for lo, hi in zip(bounds[:-1], bounds[1:]))
+        dt = a.dtype(TensorGroup.GDN_ACTIVATION, ttnn)
+        mc = activation_memory_config(ttnn)
+        cfg = compute_config_matmul(ttnn, a.dtype_name(TensorGroup.GDN_IN))
+        mixed, z, b = (ttnn.linear(x, w, dtype=dt, memory_config=mc, compute_kernel_config=cfg)
+                       for w in (self.w.in_proj, self.w.in_proj_z, self.w.in_proj_b))
+        a_in = ttnn.linear(x, self.w.in_proj_a, bias=self.w.dt_bias, dtype=dt, memory_config=mc,
+                           compute_kernel_config=cfg)
+        return mixed, z, b, a_in
 
     def gates(self, b, a_in, rows: int):
-        """beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), both fp32 [1, T, Hv]."""
+        """beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (``a_in`` carries the bias), both fp32 [1, T, Hv]."""
         ttnn = self.ttnn
         f32 = self.args.dtype(TensorGroup.GDN_STATE, ttnn)
         if b.dtype != f32:  # static: the GDN_ACTIVATION group is fp32 in every shipped preset
             b, a_in = ttnn.typecast(b, f32), ttnn.typecast(a_in, f32)
         beta = ttnn.sigmoid_accurate(b)  # ttnn.sigmoid is bf16-only; beta stays fp32
-        g = ttnn.multiply(ttnn.softplus(ttnn.add(a_in, self.w.dt_bias)), self.w.neg_exp_a)
+        g = ttnn.multiply(a_in, self.w.neg_exp_a, input_tensor_a_activations=[ttnn.UnaryOpType.SOFTPLUS])
         return ttnn.reshape(g, [1, rows, self.hv]), ttnn.reshape(beta, [1, rows, self.hv])
 
     def qkv_heads(self, conv_out, rows: int):
-        """conv_out [1,1,T,Cd] -> q, k [1, T, Hk, Dk] (L2-normalised), v [1, T, Hv, Dv]."""
-        ttnn = self.ttnn
-        qk = ttnn.reshape(ttnn.slice(conv_out, [0, 0, 0, 0], [1, 1, rows, 2 * self.kd]), [1, rows, 2 * self.hk, self.dk])
+        """conv_out [1, T, 1, Cd] -> q, k [1, T, Hk, Dk] (L2-normalised), v [1, T, Hv, Dv].
+        One reshape puts the head groups [q | k | v_0 .. v_{r-1}] (r = Hv/Hk, Hk heads each) on dim 1, where slices
+        are tile-aligned (1 program each) and the [T, 1, Hk, D] -> [1, T, Hk, D] reshapes are views."""
+        ttnn, hk, d = self.ttnn, self.hk, self.dk
+        groups = 2 + self.hv // hk
+        heads = ttnn.reshape(conv_out, [rows, groups, hk, d])
+        qk = ttnn.slice(heads, [0, 0, 0, 0], [rows, 2, hk, d])
         # x / sqrt(sum x^2 + eps) == rms_norm(x, eps / Dk) * Dk^-0.5 (weight filled with Dk^-0.5)
-        qk = ttnn.rms_norm(qk, epsilon=L2NORM_EPS / self.dk, weight=self.w.qk_l2_weight,
+        qk = ttnn.rms_norm(qk, epsilon=L2NORM_EPS / d, weight=self.w.qk_l2_weight,
                            compute_kernel_config=compute_config_norm(ttnn))
-        q = ttnn.slice(qk, [0, 0, 0, 0], [1, rows, self.hk, self.dk])
-        k = ttnn.slice(qk, [0, 0, self.hk, 0], [1, rows, 2 * self.hk, self.dk])
-        v = ttnn.reshape(ttnn.slice(conv_out, [0, 0, 0, 2 * self.kd], [1, 1, rows, self.cd]), [1, rows, self.hv, self.dv])
+        q = ttnn.reshape(ttnn.slice(qk, [0, 0, 0, 0], [rows, 1, hk, d]), [1, rows, hk, d])
+        k = ttnn.reshape(ttnn.slice(qk, [0, 1, 0, 0], [rows, 2, hk, d]), [1, rows, hk, d])
+        v = ttnn.reshape(ttnn.slice(heads, [0, 2, 0, 0], [rows, groups, hk, d]), [1, rows, self.hv, self.dv])
         return q, k, v
 
     def recurrence(self, q, k, v, g, beta, state: GDNLayerState, mode: str, *, initial=None, final=None,
@@ -125,9 +170,9 @@ class TTGatedDeltaNet:
         """Gated RMSNorm (plain weight) * silu(z), then the row-parallel out_proj reduced in fp32."""
         ttnn, a = self.ttnn, self.args
         y = ttnn.rms_norm(o, epsilon=self.eps, weight=self.w.norm, compute_kernel_config=compute_config_norm(ttnn))
-        zs = ttnn.silu(ttnn.reshape(z, [1, rows, self.hv, self.dv]))
-        y = ttnn.multiply(y, zs, dtype=a.dtype(TensorGroup.GDN_ACTIVATION, ttnn))
-        y = ttnn.reshape(y, [1, 1, rows, self.vd])
+        y = ttnn.reshape(y, [1, 1, rows, self.vd])  # heads back into columns; z stays [1, 1, T, Vd]
+        y = ttnn.multiply(y, z, input_tensor_b_activations=[ttnn.UnaryOpType.SILU],
+                          dtype=a.dtype(TensorGroup.GDN_ACTIVATION, ttnn))
         part = ttnn.linear(y, self.w.out_proj, dtype=a.dtype(TensorGroup.GDN_PARTIAL, ttnn),
                            memory_config=activation_memory_config(ttnn),
                            compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.GDN_OUT)))

@@ -178,7 +178,8 @@ class Snapshot(TTMechanism):
 
     def buffers(self, step_state, s):
         return SpecLayerBuffers(snap_rec=step_state._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype),
-                                snap_conv=step_state._dev(torch.zeros(list(s.conv.shape)), s.conv.dtype))
+                                snap_conv=step_state._dev(torch.zeros(list(s.conv.shape)), s.conv.dtype,
+                                                          s.conv.layout))
 
     def pre_verify(self, step_state, s, bufs):
         step_state.ttnn.copy(s.recurrent, bufs.snap_rec)

@@ -1,13 +1,14 @@
 """Checkpoint -> device weights with tensor-parallel sharding over the mesh width N.
 
-Column-parallel (output features split, no communication): the fused GDN in-projection [qkv | z | b | a],
+Column-parallel (output features split, no communication): the GDN in-projections (qkv, z, b, a: four
+matmuls, so no output needs a slice),
 the fused attention projection [q | gate | k | v], the fused MLP [gate | up], the LM head (vocab-parallel).
 Row-parallel (input features split, partial sums all-reduced): GDN out_proj, attention o_proj, MLP down.
 
 GDN split: device d owns key heads [d*Hk/N, (d+1)*Hk/N) and the value heads that read them
 (value head j reads key head j // (Hv/Hk), so the owned value heads are the contiguous range
 [d*Hv/N, (d+1)*Hv/N)). ``in_proj_qkv`` rows are [q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv)]; each device gets
-[q_d | k_d | v_d], and the conv channels are permuted identically. Attention: Hq/N query heads (each
+[q_d | k_d | v_d], and the conv channels are permuted identically (z, b, a split by value head alike). Attention: Hq/N query heads (each
 head's [q | gate] rows stay together) and Hkv/N KV heads per device (q head i reads KV head i // (Hq/Hkv),
 so contiguous ranges line up again).
 
@@ -43,11 +44,10 @@ def device_major(parts_per_device: list[list[torch.Tensor]], dim: int = 0) -> to
     return torch.cat([torch.cat(p, dim=dim) for p in parts_per_device], dim=dim)
 
 
-def gdn_in_proj_rows(qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, hk: int, dk: int,
-                     hv: int, dv: int, n: int) -> torch.Tensor:
-    """Fused GDN in-projection rows [out, in], device-major: device d gets [q_d | k_d | v_d | z_d | b_d | a_d]."""
+def gdn_qkv_rows(qkv: torch.Tensor, hk: int, dk: int, hv: int, dv: int, n: int) -> torch.Tensor:
+    """GDN qkv in-projection rows [out, in], device-major: device d gets [q_d | k_d | v_d]."""
     q, k, v = torch.split(qkv, [hk * dk, hk * dk, hv * dv], dim=0)
-    parts = zip(*(per_device_blocks(x, n) for x in (q, k, v, z, b, a)))
+    parts = zip(*(per_device_blocks(x, n) for x in (q, k, v)))
     return device_major([list(p) for p in parts])
 
 
@@ -95,8 +95,11 @@ def rotate_half_matrix(head_dim: int, rotary_dim: int) -> torch.Tensor:
 # ---- device weight containers -------------------------------------------------------------------------
 @dataclass
 class GDNWeights:
-    in_proj: Any  # [H, Cd + Vd + 2 Hv_d]: [q_d | k_d | v_d | z_d | b_d | a_d]
-    conv_taps: list  # K tensors [1, 1, 1, Cd]; tap j multiplies input t - (K-1) + j
+    in_proj: Any  # qkv [H, Cd]: [q_d | k_d | v_d] (the conv input)
+    in_proj_z: Any  # [H, Vd]
+    in_proj_b: Any  # [H, Hv_d] (beta = sigmoid of it)
+    in_proj_a: Any  # [H, Hv_d] (its linear takes dt_bias as the bias)
+    conv_taps: Any  # [1, 1, K, Cd]; row j multiplies input t - (K-1) + j
     qk_l2_weight: Any  # [Dk] filled with Dk^-0.5: rms_norm(x, eps/Dk) * Dk^-0.5 == x / sqrt(sum x^2 + eps)
     neg_exp_a: Any  # [1, 1, 1, Hv_d] -exp(A_log) (fp32)
     dt_bias: Any  # [1, 1, 1, Hv_d] (fp32)
@@ -189,13 +192,15 @@ class WeightLoader:
     def gdn(self, p: str) -> GDNWeights:
         ttnn, a, c = self.ttnn, self.args, self.args.cfg
         hk, dk, hv, dv, n = c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim, self.n
-        rows = gdn_in_proj_rows(self._get(f"{p}in_proj_qkv.weight"), self._get(f"{p}in_proj_z.weight"),
-                                self._get(f"{p}in_proj_b.weight"), self._get(f"{p}in_proj_a.weight"), hk, dk, hv, dv, n)
-        in_proj = self.matrix(f"{p}in_proj_fused", rows, TensorGroup.GDN_IN, "column")
+        # four column-parallel matmuls instead of one fused matmul + four output slices: the same weight bytes,
+        # no slice programs (the b/a slices of a fused output are not tile-aligned: 3 programs each on cards)
+        rows = gdn_qkv_rows(self._get(f"{p}in_proj_qkv.weight"), hk, dk, hv, dv, n)
+        in_proj = self.matrix(f"{p}in_proj_qkv", rows, TensorGroup.GDN_IN, "column")
+        in_z, in_b, in_a = (self.matrix(f"{p}in_proj_{x}", self._get(f"{p}in_proj_{x}.weight"), TensorGroup.GDN_IN,
+                                        "column") for x in ("z", "b", "a"))
         taps = gdn_conv_channels(self._get(f"{p}conv1d.weight"), hk, dk, hv, dv, n)  # [K, C] device-major
         small = a.dtype(TensorGroup.NORM, ttnn)
-        conv_taps = [self._put(f"{p}conv_tap{j}", taps[j].reshape(1, 1, 1, -1), small, mapper=self.shard_cols)
-                     for j in range(taps.shape[0])]
+        conv_taps = self._put(f"{p}conv_taps", taps[None, None], small, mapper=self.shard_cols)
         l2w = self._put(f"{p}qk_l2_weight", torch.full((1, 1, 1, dk), dk ** -0.5), small)
         state_dt = a.dtype(TensorGroup.GDN_STATE, ttnn)
         neg_exp_a = self._put(f"{p}neg_exp_A", -self._get(f"{p}A_log").float().exp().reshape(1, 1, 1, hv), state_dt,
@@ -204,7 +209,7 @@ class WeightLoader:
                             mapper=self.shard_cols)
         norm = self.norm_weight(f"{p}norm", self._get(f"{p}norm.weight"), zero_centred=False)
         out = self.matrix(f"{p}out_proj", self._get(f"{p}out_proj.weight"), TensorGroup.GDN_OUT, "row")
-        return GDNWeights(in_proj, conv_taps, l2w, neg_exp_a, dt_bias, norm, out)
+        return GDNWeights(in_proj, in_z, in_b, in_a, conv_taps, l2w, neg_exp_a, dt_bias, norm, out)
 
     def attention(self, p: str) -> AttentionWeights:
         c = self.args.cfg
