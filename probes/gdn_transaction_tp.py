@@ -166,7 +166,7 @@ class Probe:
             return per_device(ttnn, s.recurrent)
         ring = per_device(ttnn, be.step_state.layer_bufs[id(s)].ring)
         idx = per_device(ttnn, be.acceptor.block_idx)
-        return [r[i.reshape(-1).long()][None] for r, i in zip(ring, idx)]
+        return [r[i.reshape(-1).long()] for r, i in zip(ring, idx)]  # [Hv, Dk, Dv], like s.recurrent
 
     def snapshot(self, be) -> dict:
         from qwen36.testing.tt import device_position, read_scalar

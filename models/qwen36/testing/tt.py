@@ -110,7 +110,8 @@ class LayerHarness:
         st = self.state.layers[0]
         assert isinstance(st, GDNLayerState)
         ttnn = self.ttnn
-        rec = ttnn.to_torch(st.recurrent, mesh_composer=ttnn.ConcatMeshToTensor(self.mesh, dim=1)).float()
+        rec = ttnn.to_torch(st.recurrent, mesh_composer=ttnn.ConcatMeshToTensor(self.mesh, dim=0)).float()
+        rec = rec.reshape(self.ref_state.recurrent.shape)  # [Hv, Dk, Dv] device-major -> the reference's [1, Hv, Dk, Dv]
         conv = ttnn.to_torch(st.conv, mesh_composer=ttnn.ConcatMeshToTensor(self.mesh, dim=3)).float()  # [1,1,K-1,C]
         perm = gdn_channel_permutation(self.cfg, self.args.num_devices)
         ref_conv = self.ref_state.conv[0][perm].t()[None, None]  # [1, 1, K-1, C] device-major

@@ -11,7 +11,8 @@ One forward for any number of rows T (prefill chunk, 1-row decode, K+1-row verif
              q, k L2-normalised by one rms_norm (eps/Dk, weight Dk^-0.5)
     g      = softplus(a') * -exp(A_log) (softplus fused as the multiply's input activation), beta = sigmoid(b)
     o, S   = chunk_gated_delta_rule (mode "prefill") | fused_recurrent_gated_delta_rule (mode "decode")
-             fp32 state, HiFi4 + fp32 accumulation; S copied into the persistent state buffer
+             fp32 state [Hv, Dk, Dv], HiFi4 + fp32 accumulation; a 1-row decode updates it in place (ring mode
+             with one slot), every other call copies S into the persistent state buffer
     y      = rmsnorm(o) * w * silu(z)  (silu fused as the multiply's input activation)
     out    = all_reduce(y @ out_proj_d)   partials reduced in fp32
 
@@ -52,6 +53,10 @@ class TTGatedDeltaNet:
         self.kd = args.gdn_key_dim_d
         self.eps = c.rms_norm_eps
         self.unfold_idx = {t: self._unfold_index(t) for t in range(1, self.max_unfold_rows() + 1)}
+        # ring index of a 1-row decode in place: head h starts from (and rewrites) block h of the state buffer
+        self.head_idx = ttnn.from_torch(torch.arange(self.hv, dtype=torch.int32).reshape(1, self.hv), dtype=ttnn.uint32,
+                                        layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh, memory_config=state_memory_config(ttnn),
+                                        mesh_mapper=ttnn.ReplicateTensorToMesh(mesh))
 
     # ---- pieces ------------------------------------------------------------------------------------
     def max_unfold_rows(self) -> int:
@@ -139,19 +144,25 @@ class TTGatedDeltaNet:
 
     def recurrence(self, q, k, v, g, beta, state: GDNLayerState, mode: str, *, initial=None, final=None,
                    ring_idx=None):
-        """o [1, T, Hv, Dv] fp32; the state after the last row is copied into ``final`` (default
-        ``state.recurrent``) in place, starting from ``initial`` (default ``state.recurrent``).
+        """o [1, T, Hv, Dv] fp32; the state after the last row lands in ``final`` (default ``state.recurrent``),
+        starting from ``initial`` (default ``state.recurrent``); state buffers are [Hv, Dk, Dv] fp32.
         Ring mode (``ring_idx`` given, decode only): ``initial`` is the [T*Hv, Dk, Dv] fp32 ring, head h starts
-        from block ring_idx[h] and the state after row t is written in place to block t*Hv + h (no copy)."""
+        from block ring_idx[h] and the state after row t is written in place to block t*Hv + h (no copy).
+        A 1-row decode that starts and ends in the same buffer runs the same ring mode with T = 1: the buffer is
+        a one-slot ring, head h reads and rewrites block h in place (no state copy). Otherwise the final state
+        is copied into ``final``."""
         ttnn = self.ttnn
         cfg = compute_config_fp32_state(ttnn)
         initial = state.recurrent if initial is None else initial
         final = state.recurrent if final is None else final
+        if ring_idx is None and mode == "decode" and v.shape[1] == 1 and initial is final:
+            ring_idx = self.head_idx
         if ring_idx is not None:
             o, _ = ttnn.transformer.fused_recurrent_gated_delta_rule(
                 q, k, v, g, beta, initial_state=initial, initial_state_block_idx=ring_idx,
                 output_per_token_state=True, compute_kernel_config=cfg)
             return o
+        initial = ttnn.reshape(initial, [1, self.hv, self.dk, self.dv])  # [B, HV, K, V] for the kernels: a view
         if mode == "decode":
             o, s = ttnn.transformer.fused_recurrent_gated_delta_rule(
                 q, k, v, g, beta, initial_state=initial, output_final_state=True, compute_kernel_config=cfg)
@@ -162,7 +173,7 @@ class TTGatedDeltaNet:
             o = ttnn.to_layout(o, ttnn.TILE_LAYOUT)  # token-major output is ROW_MAJOR on cards
         else:
             raise ValueError(f"GDN mode must be 'prefill' or 'decode', got {mode!r}")
-        ttnn.copy(s, final)
+        ttnn.copy(ttnn.reshape(s, list(final.shape)), final)
         ttnn.deallocate(s)
         return o
 

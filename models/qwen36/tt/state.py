@@ -5,7 +5,8 @@ Every tensor here is a *persistent* device buffer allocated once before any trac
 them in place (``ttnn.copy`` / paged cache ops), so a captured decode trace keeps pointing at them.
 
 Shapes are per device (TP width N, batch B = 1):
-  GDN layer:   recurrent [B, Hv/N, Dk, Dv] fp32 (TILE);  conv [1, 1, kernel-1, conv_dim/N] (ROW_MAJOR: the
+  GDN layer:   recurrent [B*Hv/N, Dk, Dv] fp32 (TILE: the ring layout of fused_recurrent_gated_delta_rule, so a
+               1-row decode updates it in place);  conv [1, 1, kernel-1, conv_dim/N] (ROW_MAJOR: the
                shift register's row concat/slice then needs no tile alignment)
   attention:   k, v [num_blocks, Hkv/N, block_size, head_dim] (TILE, paged)
   inputs:      tokens [B, rows] uint32 RM; pos [B] int32 RM (cache position of the row, -1 = skip);
@@ -82,7 +83,7 @@ def new_layer_state(args: TTModelArgs, ttnn, mesh, layer_type: str):
         shape = (args.num_blocks, args.hkv_d, args.block_size, c.head_dim)
         dt = args.dtype(TensorGroup.KV_CACHE, ttnn)
         return KVLayerState(_zeros(ttnn, mesh, shape, dt, tile), _zeros(ttnn, mesh, shape, dt, tile))
-    rec = _zeros(ttnn, mesh, (args.batch, args.gdn_hv_d, c.linear_key_head_dim, c.linear_value_head_dim),
+    rec = _zeros(ttnn, mesh, (args.batch * args.gdn_hv_d, c.linear_key_head_dim, c.linear_value_head_dim),
                  args.dtype(TensorGroup.GDN_STATE, ttnn), tile)
     conv = _zeros(ttnn, mesh, (1, 1, c.linear_conv_kernel_dim - 1, args.gdn_conv_dim_d),
                   args.dtype(TensorGroup.GDN_ACTIVATION, ttnn), ttnn.ROW_MAJOR_LAYOUT)
