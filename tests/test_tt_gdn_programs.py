@@ -14,7 +14,7 @@ from qwen36.tiny import PRESETS
 
 MIXER_DECODE_MAX = 26  # 1-row decode, GDN mixer only (in-place state update)
 LAYER_DECODE_MAX = 37  # the decoder layer: mixer + 2 norms + 2 residual adds + MLP
-MIXER_MULTI_ROW_MAX = 29  # a 4-row decode (the K=3 verify shape) with the state copied back
+MIXER_MULTI_ROW_MAX = 28  # a 4-row decode (the K=3 verify shape) with the state copied back
 
 
 @pytest.fixture(scope="module")

@@ -93,13 +93,15 @@ def test_gdn_multi_row_decode_matches_reference(mesh, bf16_ckpt):
 
 def test_gdn_bf16_activations_miss_the_bf16_gate(mesh, bf16_ckpt):
     """Why GDN_ACTIVATION is fp32 in every preset: with bf16 GDN activations the per-head gated norm amplifies the
-    rounding and layer 0 misses the 0.9999 gate within 3 decode steps (measured 0.99982; fp32: 0.99999)."""
+    rounding and layer 0 misses the 0.9999 gate within 8 decode steps (measured 0.99977 at the 4th step; fp32:
+    0.99999 at every step). The fused layer (tt/gdn.py: conv summed with fp32 accumulation, silu(z) fused into the
+    gate multiply) rounds less than the composite one did, which missed the gate within 3 steps (0.99982)."""
     from qwen36.tt.model_config import TensorGroup
     from qwen36.tt.pcc import pcc
 
     prec = PrecisionSetting.accuracy().with_group(TensorGroup.GDN_ACTIVATION, "bfloat16")
     h = LayerHarness(bf16_ckpt, mesh, prec, 0)
     worst = pcc(*h.mixer(_inputs(PROMPT, 1), "prefill"))
-    for step in range(DECODE_STEPS):
+    for step in range(8):
         worst = min(worst, pcc(*h.mixer(_inputs(1, 10 + step), "decode")))
     assert worst < PCC_GATES["layer_bf16"], f"bf16 GDN activations now pass ({worst:.6f}): reconsider the fp32 choice"
