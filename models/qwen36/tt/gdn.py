@@ -7,17 +7,20 @@ One forward for any number of rows T (prefill chunk, 1-row decode, K+1-row verif
     q, k   = l2norm(conv q/k) (one rms_norm with eps/Dk and weight Dk^-0.5), v = conv v
     g      = -exp(A_log) * softplus(a + dt_bias),  beta = sigmoid(b)      (fp32)
     o, S   = chunk_gated_delta_rule (mode "prefill") | fused_recurrent_gated_delta_rule (mode "decode")
-             fp32 state, HiFi4 + fp32 accumulation; S copied into the persistent state buffer
+             fp32 state, HiFi4 + fp32 accumulation; S copied into the persistent state buffer, except for a
+             1-row decode, which updates the state in place (the op's ring mode, as the verify does)
     y      = rmsnorm(o) * w * silu(z) ;  out = all_reduce(y @ out_proj_d)   partials reduced in fp32
 
 Shapes per device: x [1, 1, T, H] -> out [1, 1, T, H] (replicated after the reduce).
 """
 from __future__ import annotations
 
+import torch
+
 from ..reference.gdn import L2NORM_EPS
 from .ccl import ccl_for
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_fp32_state,
-                           compute_config_matmul, compute_config_norm)
+                           compute_config_matmul, compute_config_norm, state_memory_config)
 from .state import GDNLayerState
 from .weights import GDNWeights
 
@@ -38,6 +41,11 @@ class TTGatedDeltaNet:
         self.cd, self.vd = args.gdn_conv_dim_d, args.gdn_value_dim_d
         self.kd = args.gdn_key_dim_d
         self.eps = c.rms_norm_eps
+        # ring block of every (user, head) for the in-place 1-row decode: block h starts and ends head h
+        self.bh = args.batch * self.hv
+        self.identity_block_idx = ttnn.from_torch(
+            torch.arange(self.bh, dtype=torch.int32), dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh,
+            mesh_mapper=ttnn.ReplicateTensorToMesh(mesh), memory_config=state_memory_config(ttnn))
 
     # ---- pieces ------------------------------------------------------------------------------------
     def causal_conv(self, mixed, conv_state, rows: int, write_state=True, return_window: bool = False):
@@ -54,9 +62,12 @@ class TTGatedDeltaNet:
             tap_in = ttnn.slice(window, [0, 0, j, 0], [1, 1, j + rows, self.cd])
             acc = (ttnn.multiply(tap_in, self.w.conv_taps[j], memory_config=mc) if acc is None
                    else ttnn.addcmul(acc, tap_in, self.w.conv_taps[j], memory_config=mc))
-        if write_state is not None:
-            new_state = ttnn.slice(window, [0, 0, rows, 0], [1, 1, rows + k - 1, self.cd])
-            ttnn.copy(new_state, conv_state if write_state is True else write_state)
+        if write_state is not None:  # the shifted rows sliced straight into the state buffer (no copy program)
+            dest = conv_state if write_state is True else write_state
+            if dest.dtype != window.dtype:
+                raise ValueError(f"conv state {dest.dtype} and conv window {window.dtype} differ: the slice writes "
+                                 "the window's rows into the state buffer unconverted")
+            ttnn.slice(window, [0, 0, rows, 0], [1, 1, rows + k - 1, self.cd], output_tensor=dest)
         out = ttnn.silu(acc, memory_config=mc)
         return (out, window) if return_window else out
 
@@ -105,6 +116,16 @@ class TTGatedDeltaNet:
         if ring_idx is not None:
             o, _ = ttnn.transformer.fused_recurrent_gated_delta_rule(
                 q, k, v, g, beta, initial_state=initial, initial_state_block_idx=ring_idx,
+                output_per_token_state=True, compute_kernel_config=cfg)
+            return o
+        if mode == "decode" and initial is final and q.shape[1] == 1:
+            # One row advancing a state in place: the op's ring mode over the state viewed as its [B*Hv, K, V]
+            # ring (T = 1, head h reads and writes block h; the op reads a head's whole state before writing
+            # it). The state is written where it lives: no final-state output and no copy of it (the verify's
+            # ring does the same).
+            ring = ttnn.reshape(final, [self.bh, self.dk, self.dv])
+            o, _ = ttnn.transformer.fused_recurrent_gated_delta_rule(
+                q, k, v, g, beta, initial_state=ring, initial_state_block_idx=self.identity_block_idx,
                 output_per_token_state=True, compute_kernel_config=cfg)
             return o
         if mode == "decode":
