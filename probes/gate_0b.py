@@ -15,10 +15,11 @@ first attention layer built, the step at position ``--context - 1``). Per phase 
 extrapolated to every layer: embed + 48 x GDN layer + 16 x attention layer + head; the LM-head-sized parts (head,
 MTP logits, acceptance, draft picks / logits copies) are scaled in bytes from the built vocab to 248320 (their
 programs are not); the commit's per-GDN-layer part (measured as commit - commit without layer records) and the
-mechanism's pre-verify copies are multiplied by the GDN layer count. Emulator byte corrections: an embedding /
-RoPE lookup reads one row per token, not the table; the verify's per-KV-head cache view (a reshape, metadata on
-cards) is counted by the emulator as a program reading the whole cache: removed. The MTP head (one full layer +
-fc, shared LM head) is built once and not extrapolated.
+mechanism's pre-verify copies are multiplied by the GDN layer count. Emulator byte correction: an embedding /
+RoPE lookup reads one row per token, not the table (the verify's per-KV-head cache view is a 0-cost reshape view,
+counted as none). The MTP head (one full layer + fc, shared LM head) is built once and not extrapolated.
+``per_layer``: one GDN and one attention layer of the decode and of each verify, with the commit's per-GDN-layer
+part beside the verify's (the verify defers its GDN state writes to the commit).
 """
 from __future__ import annotations
 
