@@ -15,10 +15,11 @@ first attention layer built, the step at position ``--context - 1``). Per phase 
 extrapolated to every layer: embed + 48 x GDN layer + 16 x attention layer + head; the LM-head-sized parts (head,
 MTP logits, acceptance, draft picks / logits copies) are scaled in bytes from the built vocab to 248320 (their
 programs are not); the commit's per-GDN-layer part (measured as commit - commit without layer records) and the
-mechanism's pre-verify copies are multiplied by the GDN layer count. Emulator byte corrections: an embedding /
-RoPE lookup reads one row per token, not the table; the verify's per-KV-head cache view (a reshape, metadata on
-cards) is counted by the emulator as a program reading the whole cache: removed. The MTP head (one full layer +
-fc, shared LM head) is built once and not extrapolated.
+mechanism's pre-verify copies are multiplied by the GDN layer count. Emulator byte correction: an embedding /
+RoPE lookup reads one row per token, not the table (the verify's per-KV-head cache view is a 0-cost reshape view,
+counted as none). The MTP head (one full layer + fc, shared LM head) is built once and not extrapolated.
+``per_layer``: one GDN and one attention layer of the decode and of each verify, with the commit's per-GDN-layer
+part beside the verify's (the verify defers its GDN state writes to the commit).
 """
 from __future__ import annotations
 
@@ -195,6 +196,9 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
         meter.run("decode", lambda: model.decode_forward(inputs, state))
         regs, corr = meter.take()
         decode = layers(regs).plus(corr)
+        # one layer of each type: what advancing it by the step costs (the verify defers its GDN state writes to
+        # the commit, whose per-layer part is listed beside it)
+        per_layer = {"decode": {"gdn": regs["layer0"], "attention": regs["layer1"]}}
 
         # the verify's per-KV-head cache view (a reshape keeping the last two dims) is a 0-cost view on cards and
         # is counted as one by the emulator (no program, no bytes): no correction needed
@@ -218,15 +222,15 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
             cost = layers(regs, view_corr).plus(inner).plus(corr)
             res = meter.run("accept", lambda: acc.greedy(vout.out.logits, step_state.drafts))
             accept = meter.take()[0]["accept"].vocab_scaled(ratio)
-            return vout, res, cost, accept, regs["pre_verify"]
+            return vout, res, cost, accept, regs["pre_verify"], {"gdn": regs["layer0"], "attention": regs["layer1"]}
 
         def commit_phase(step_state, vout, res, pre):
             no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
             meter.run("commit", lambda: commit(step_state, vout, res))
             meter.run("commit_fixed", lambda: commit(step_state, no_layers, res))
             regs, _ = meter.take()
-            per_layer = regs["commit"].plus(regs["commit_fixed"], -1)
-            return total(((regs["commit_fixed"], 1), (per_layer, n_gdn), (pre, n_gdn)))
+            gdn_part = regs["commit"].plus(regs["commit_fixed"], -1)
+            return total(((regs["commit_fixed"], 1), (gdn_part, n_gdn), (pre, n_gdn))), gdn_part.plus(pre)
 
         cm = P150aCostModel()
         fig = lambda c: _phase_figures(c, cm, emulated)  # noqa: E731
@@ -235,15 +239,16 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
         mtp_w = load_mtp_weights(WeightLoader(reader, a, ttnn, mesh, progress=False))
         for k in ks:
             step_state, acc = spec_state(k, "shadow_commit")  # the zero-copy default; the record keys below name it
-            vout, res, v_cost, acc_cost, pre = verify_phase(step_state, acc)
+            vout, res, v_cost, acc_cost, pre, v_layers = verify_phase(step_state, acc)
             verify[k], accept[k] = v_cost, acc_cost
-            commit_shadow[k] = commit_phase(step_state, vout, res, pre)
+            commit_shadow[k], commit_gdn = commit_phase(step_state, vout, res, pre)
+            per_layer[f"verify_k{k}"] = {**v_layers, "commit_per_gdn_layer": commit_gdn}
             draft[k] = draft_phase(meter, model, mtp_w, TTMTPHead, k, pos, ratio)
         commits = {}
         for mech in MECHANISMS:
             step_state, acc = spec_state(commit_k, mech)
-            vout, res, _, _, pre = verify_phase(step_state, acc)
-            commits[mech] = commit_phase(step_state, vout, res, pre)
+            vout, res, _, _, pre, _ = verify_phase(step_state, acc)
+            commits[mech] = commit_phase(step_state, vout, res, pre)[0]
 
         d_ms = fig(decode)["ms"]
         out = {
@@ -267,6 +272,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
             "commit_shadow_commit_by_k": {str(k): fig(v) for k, v in commit_shadow.items()},
             "commit_k": commit_k,
             "commit": {m: fig(v) for m, v in commits.items()},
+            "per_layer": {step: {part: fig(c) for part, c in parts.items()} for step, parts in per_layer.items()},
         }
         out["step_ms_shadow_commit"] = {
             str(k): out["verify"][str(k)]["ms"] + out["accept"][str(k)]["ms"] + out["draft"][str(k)]["total"]["ms"]

@@ -24,6 +24,12 @@ def ctx1():
 
 
 @pytest.fixture(scope="module")
+def ctx1_exact():
+    with open_mesh("emulated-p150", numerics="exact") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
 def ctx2():
     with open_mesh("emulated-p150x2", trace_region_size=1_000_000) as c:
         yield c
@@ -100,8 +106,10 @@ def test_chunk_gdn_refuses_use_qk_l2norm_and_gives_documented_output(ctx1):
     assert torch.equal(ttnn.to_torch(o_hm), ttnn.to_torch(o).permute(0, 2, 1, 3).reshape(2, 32, 32))
 
 
-def test_chunk_gdn_rank3_flat_form_normalises_in_kernel(ctx1):
-    ttnn, mesh = ctx1.ttnn, ctx1.mesh_device
+def test_chunk_gdn_rank3_flat_form_normalises_in_kernel(ctx1_exact):
+    """The flat form's semantics (normalise + scale in the kernel) on the exact mesh: under strict numerics the two
+    forms round different values to bf16 (raw vs normalised-and-scaled q), test_chunk_gdn_casts_qkv_to_bf16."""
+    ttnn, mesh = ctx1_exact.ttnn, ctx1_exact.mesh_device
     q, k, v, g, beta = _gdn(1, 32, 1, 2, 32, seed=3)
     raw_q, raw_k = q * 3.0, k * 0.5  # the flat path takes q/k raw and L2-normalises over K itself
     dv = lambda x, dt=ttnn.float32: ttnn.from_torch(x, dtype=dt, layout=ttnn.TILE_LAYOUT, device=mesh)  # noqa: E731
@@ -115,6 +123,31 @@ def test_chunk_gdn_rank3_flat_form_normalises_in_kernel(ctx1):
     with pytest.raises(EmulatorError, match="chunk_size == 32"):
         ttnn.transformer.chunk_gated_delta_rule(dv(raw_q.reshape(1, 32, 32)), dv(raw_k.reshape(1, 32, 32)),
                                                 dv(v.reshape(1, 32, 64)), dv(g), dv(beta), chunk_size=64)
+
+
+def test_chunk_gdn_casts_qkv_to_bf16(ctx1, ctx1_exact):
+    """Strict numerics: q (after the scale), k and v enter the math as bf16 (0.81.1 docstring); g, beta and the
+    initial state are read as given; the exact mesh keeps the fp32 inputs."""
+    golden = ttnn_real.transformer.chunk_gated_delta_rule.golden_function
+    q, k, v, g, beta = _gdn(1, 32, 1, 2, 32, seed=5)
+    h0 = torch.randn(1, 2, 32, 32, generator=torch.Generator().manual_seed(6)) * 0.1
+    scale = 32 ** -0.5
+
+    def run(c):
+        ttnn, mesh = c.ttnn, c.mesh_device
+        dv = lambda x: ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=mesh)  # noqa: E731
+        o, st = ttnn.transformer.chunk_gated_delta_rule(dv(q), dv(k), dv(v), dv(g), dv(beta), initial_state=dv(h0),
+                                                        chunk_size=32, output_final_state=True)
+        return ttnn.to_torch(o).float(), ttnn.to_torch(st).float()
+
+    bf = lambda x: x.to(torch.bfloat16).float()  # noqa: E731
+    o_fp32, s_fp32 = golden(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True, chunk_size=32)
+    o_bf16, s_bf16 = golden(bf(q * scale), bf(k), bf(v), g, beta, scale=1.0, initial_state=h0,
+                            output_final_state=True, chunk_size=32)
+    (o_s, s_s), (o_e, s_e) = run(ctx1), run(ctx1_exact)
+    assert torch.allclose(o_s, o_bf16, atol=1e-5) and torch.allclose(s_s, s_bf16, atol=1e-5)
+    assert torch.allclose(o_e, o_fp32, atol=1e-5) and torch.allclose(s_e, s_fp32, atol=1e-5)
+    assert (o_s - o_e).abs().max() > 1e-4  # the cast is visible (outputs ~0.05, bf16 inputs move them ~5e-4)
 
 
 # ---- small API gaps ---------------------------------------------------------------------------------------

@@ -426,3 +426,25 @@ def test_from_torch_does_not_alias_caller_tensor(ctx):
     out = ttnn.to_torch(h)
     out.fill_(3)
     assert torch.all(ttnn.to_torch(h) == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# reshape views share the device buffer
+# ---------------------------------------------------------------------------------------------
+def test_reshape_view_shares_the_buffer(ctx2):
+    """A 0-cost reshape view (last two dims kept) aliases its base as on cards: an in-place write through the view
+    reaches the base, and the view reads later writes to the base. A reshape that moves data does not alias."""
+    ttnn = ctx2.ttnn
+    rep = ttnn.ReplicateTensorToMesh(ctx2.mesh_device)
+    dev = lambda x: ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=ctx2.mesh_device,  # noqa: E731
+                                    mesh_mapper=rep)
+    host = lambda t: ttnn.to_torch(ttnn.get_device_tensors(t)[0])  # noqa: E731
+    base = dev(torch.zeros(1, 3, 32, 32))
+    view = ttnn.reshape(base, [3, 32, 32])
+    ttnn.copy(dev(torch.ones(3, 32, 32)), view)  # write through the view
+    assert torch.equal(host(base), torch.ones(1, 3, 32, 32))
+    ttnn.copy(dev(torch.full((1, 3, 32, 32), 2.0)), base)  # the view sees the base's new contents
+    assert torch.equal(host(view), torch.full((3, 32, 32), 2.0))
+    moved = ttnn.reshape(base, [1, 3, 1024, 1])  # last dim changes: a program that writes a new buffer
+    ttnn.copy(dev(torch.zeros(1, 3, 1024, 1)), moved)
+    assert torch.equal(host(base), torch.full((1, 3, 32, 32), 2.0))

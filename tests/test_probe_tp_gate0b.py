@@ -39,15 +39,36 @@ def test_gate0b_probe_ci(tmp_path):
     assert "cost_model_constants" in perf
 
 
-def test_gate0b_two_kv_heads_per_device():
-    """The 27B TP=2 attention shape (2 KV heads per device) at CI size: the verify is costed (per-head cache
-    view), ratio > 1, figures modelled."""
+@pytest.fixture(scope="module")
+def tp4_figures():
+    """gate-0b at CI size with the 27B TP=2 attention shape (2 KV heads per device), K = 1 and 3."""
     import dataclasses
 
     from qwen36.testing.tt import tp4_config
     from qwen36.probes import gate_0b
 
     cfg = dataclasses.replace(tp4_config(), eos_token_id=())
-    fig = gate_0b.measure("emulated-p150x2", cfg, "performance", 256, [1, 3], 1, 0, cfg.vocab_size)
+    return gate_0b.measure("emulated-p150x2", cfg, "performance", 256, [1, 3], 1, 0, cfg.vocab_size)
+
+
+def test_gate0b_two_kv_heads_per_device(tp4_figures):
+    """The 27B TP=2 attention shape (2 KV heads per device) at CI size: the verify is costed (per-head cache
+    view), ratio > 1, figures modelled."""
+    fig = tp4_figures
     assert fig["kv_heads_per_device"] == 2 and fig["label"] == "modelled"
     assert 1 < fig["verify_cost_ratio"]["1"] < fig["verify_cost_ratio"]["3"]
+
+
+def test_gate0b_decode_layer_no_costlier_than_verify_layer(tp4_figures):
+    """Advancing one layer by one token costs no more than advancing it by the K=1 verify's two rows, per layer
+    type: the 1-row decode writes its GDN state in place (recurrent state by the op's ring mode, conv state sliced
+    into its buffer) where it used to copy both; the verify defers those writes to the commit, so its GDN side
+    includes the commit's per-layer part."""
+    pl = tp4_figures["per_layer"]
+    d, v = pl["decode"], pl["verify_k1"]
+    assert d["attention"]["programs"] <= v["attention"]["programs"], (d["attention"], v["attention"])
+    assert d["attention"]["ms"] <= v["attention"]["ms"]
+    v_gdn = v["gdn"]["programs"] + v["commit_per_gdn_layer"]["programs"]
+    assert d["gdn"]["programs"] <= v_gdn, (d["gdn"], v["gdn"], v["commit_per_gdn_layer"])
+    assert d["gdn"]["ms"] <= v["gdn"]["ms"] + v["commit_per_gdn_layer"]["ms"]
+    assert v["commit_per_gdn_layer"]["programs"] > 0  # the deferred conv-state select is counted

@@ -25,6 +25,7 @@ from .tensor import (
     is_block_float,
     make_like,
     new_device_tensor,
+    view_of,
     quantize_via_ttnn,
     storage_torch_dtype,
     to_torch_dtype,
@@ -471,6 +472,11 @@ def reshape(input_tensor, shape=None, *rest, memory_config=None, pad_value=None,
     if -1 not in target and prod != numel:
         raise EmulatorError(f"ttnn.reshape: cannot reshape {tensor.logical_shape_list} to {target}")
     if reshape_is_view(tensor.logical_shape_list, target, tensor.layout):
+        if tensor.on_device and tensor.mesh is not None and (
+                memory_config is None or memory_config == tensor.memory_config()):
+            if -1 in target:
+                target = list(tensor.shards[0].reshape(target).shape)
+            return view_of(tensor, target)  # the same device buffer (module doc of tensor.py)
         pad = tensor.pad_fill  # a view moves no data
     else:  # "pad_value ... applied to tile padding lanes" unless skip_padding_fill (ttnn.reshape docstring)
         pad = None if skip_padding_fill else float(pad_value if pad_value is not None else 0.0)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from . import numerics
 from .errors import EmulatorError
 from .registry import device_op
 from .tensor import dtype_name, make_like, new_device_tensor, write_inplace
@@ -166,8 +167,10 @@ def chunk_gated_delta_rule(
     * Rank 4 (head-split, q/k pre-normalised) or rank 3 flat token-major q/k/v ``[B, T, heads*dim]``
       passed raw: K == V, H = q width / V, HV = beta's last dim, chunk_size 32, T a multiple of 32;
       the kernel L2-normalises q/k over K. Not on the mono program.
-    * Not modelled: the docstring's bf16 cast of q/k/v (the math stays fp32 on the given values; emulating
-      the cast moves the greedy-exactness test's tokens, see docs/emulator.md).
+    * Strict numerics: q/k/v are cast to bf16 before the math, as the docstring says ("cast to bf16"; rank 4:
+      "applies `scale` to q, casts q/k/v to bf16", in that order, so q is scaled in fp32 and then rounded; rank 3:
+      the raw flat q/k/v are cast, the kernel normalises and scales). g, beta and the initial state are read as
+      given ("read as is"). ``numerics="exact"`` keeps the given values.
     * Output: ``o`` FLOAT32 on the fused/phased paths (``program_config`` None, fused or phased), BFLOAT16
       on mono; token-major ``[B, T, HV, V]`` ROW_MAJOR, or ``[B*HV, T, V]`` TILE with
       ``output_head_major``. The final state ``[B, HV, K, V]`` is FLOAT32 TILE.
@@ -191,8 +194,15 @@ def chunk_gated_delta_rule(
         if int(chunk_size) != 32:
             raise EmulatorError(f"{op}: the rank-3 flat path needs chunk_size == 32, got {chunk_size}")
     outs, states = [], []
+    bf16_inputs = numerics.is_strict(q)
     for i in range(q.num_shards):
         qi, ki, vi, gi, bi = (t.shards[i].to(torch.float32) for t in (q, k, v, g, beta))
+        op_scale = scale
+        if bf16_inputs:
+            if not flat:  # rank 4: scale into q on the host first, then the cast
+                qi = qi * (float(scale) if scale is not None else qi.shape[-1] ** -0.5)
+                op_scale = 1.0
+            qi, ki, vi = (x.to(torch.bfloat16).to(torch.float32) for x in (qi, ki, vi))
         if flat:
             b_sz, t_len, qw = qi.shape
             hv = bi.shape[-1]
@@ -207,7 +217,7 @@ def chunk_gated_delta_rule(
             ki = _l2norm(ki.reshape(b_sz, t_len, qw // vd, vd))
             vi = vi.reshape(b_sz, t_len, hv, vd)
         h0 = None if initial_state is None else initial_state.shards[i].to(torch.float32)
-        o, st = _chunk_golden(qi, ki, vi, gi, bi, scale=scale, initial_state=h0, output_final_state=output_final_state,
+        o, st = _chunk_golden(qi, ki, vi, gi, bi, scale=op_scale, initial_state=h0, output_final_state=output_final_state,
                               chunk_size=int(chunk_size), use_qk_l2norm=False, output_head_major=output_head_major)
         outs.append(o)
         states.append(st)

@@ -25,6 +25,12 @@ writes, ``copy_host_to_device_tensor``, trace write-back) *replace* a tensor's s
 may safely share storage with their inputs (views from reshape/permute), and ``from_torch`` never aliases
 the caller's torch tensor. (Consequence: tensors returned by ``get_device_tensors`` are snapshots of the
 shards at that moment, not live aliases as on cards.)
+
+Buffer views: a ``ttnn.reshape`` that is a 0-cost view on cards (the docstring's rule, ``programs.reshape_is_view``)
+returns a tensor that shares its base's device buffer, so an in-place write through the view (e.g. the GDN op's
+ring mode on a rank-3 view of a rank-4 state) lands in the base, and the view reads the base's current contents.
+Here a view keeps a reference to its base (``_base``): reading it reshapes the base's current shards, writing it
+replaces the base's shards. A view is no allocation (no allocation rules, never a trace's output buffer).
 """
 
 from __future__ import annotations
@@ -204,6 +210,7 @@ class EmuTensor:
         "trace_owner",
         "_address",
         "pad_fill",
+        "_base",
         "__weakref__",
     )
 
@@ -236,6 +243,7 @@ class EmuTensor:
         # Contents of the tile padding (TILE layout only; see module doc): a known fill value, or None for
         # garbage (whatever the op that wrote the tiles left there).
         self.pad_fill = pad_fill
+        self._base = None  # the tensor whose device buffer this one views (see module doc), else None
 
     # ---- data access -------------------------------------------------------------------------
     @property
@@ -245,6 +253,8 @@ class EmuTensor:
                 f"use of a deallocated tensor (shape {list(self._shards_shape())}, {dtype_name(self.dtype)}): "
                 "ttnn.deallocate() was called on it"
             )
+        if self._base is not None:  # a view reads its base's buffer as it is now
+            self._shards = [b.reshape(s.shape) for b, s in zip(self._base.shards, self._shards)]
         return self._shards
 
     def _shards_shape(self):
@@ -253,6 +263,8 @@ class EmuTensor:
     def set_shards(self, new: list[torch.Tensor]) -> None:
         if len(new) != len(self._shards):
             raise EmulatorError(f"shard count mismatch: tensor has {len(self._shards)}, got {len(new)}")
+        if self._base is not None:  # a write through a view lands in its base's buffer
+            self._base.set_shards([n.reshape(b.shape) for n, b in zip(new, self._base._shards)])
         self._shards = new
 
     @property
@@ -401,6 +413,18 @@ def make_like(
         memory_config=memory_config if memory_config is not None else ref.memory_config(),
         pad_fill=pad_fill,
     )
+
+
+def view_of(t: EmuTensor, shape: Sequence[int], memory_config=None) -> EmuTensor:
+    """A tensor of ``shape`` sharing ``t``'s device buffer (see the module doc; views of a view share the root)."""
+    base = t._base if t._base is not None else t
+    shards = [s.reshape([int(x) for x in shape]) for s in t.shards]
+    v = EmuTensor(shards, t.dtype, t.layout, mesh=t.mesh, on_device=t.on_device,
+                  memory_config=memory_config if memory_config is not None else t.memory_config(),
+                  placements=t.placements, pad_fill=t.pad_fill)
+    v._base = base
+    v.persistent, v.trace_owner = base.persistent, base.trace_owner
+    return v
 
 
 def new_device_tensor(mesh, shards, dtype, layout, memory_config=None, pad_fill: float | None = 0.0) -> EmuTensor:
