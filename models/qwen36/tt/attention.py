@@ -6,7 +6,7 @@
     KV    = prefill: paged_fill_cache (whole pages of the chunk); decode: paged_update_cache at ``pos``
     o     = prefill: chunked SDPA over the paged cache (causal from chunk_start);
             decode: paged SDPA decode with cur_pos = pos
-    out   = all_reduce((o * sigmoid(gate)) @ o_proj_d)
+    out   = all_reduce((o * sigmoid(gate)) @ o_proj_d)   sigmoid fused as the multiply's input activation
 
 Shapes per device: x [1, 1, T, H] -> [1, 1, T, H]. cos/sin rows [1, T, 1, D] come from the model (one
 table gather per step, shared by all attention layers).
@@ -155,7 +155,7 @@ class TTGatedAttention:
             o = self.attend_prefill(q, k, v, kv, ctx)
         else:
             raise ValueError(f"attention mode must be 'prefill' or 'decode', got {ctx.mode!r}")
-        o = ttnn.multiply(o, ttnn.sigmoid(gate))
+        o = ttnn.multiply(o, gate, input_tensor_b_activations=[ttnn.UnaryOpType.SIGMOID])  # sigmoid fused: no program
         out = ttnn.linear(o, self.w.o_proj, dtype=a.dtype(TensorGroup.ACTIVATION, ttnn),
                           memory_config=activation_memory_config(ttnn),
                           compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.ATTN_O)))

@@ -69,11 +69,6 @@ def attention_qkv_rows(q_proj: torch.Tensor, k_proj: torch.Tensor, v_proj: torch
     return device_major([list(p) for p in parts])
 
 
-def mlp_gate_up_rows(gate: torch.Tensor, up: torch.Tensor, n: int) -> torch.Tensor:
-    parts = zip(per_device_blocks(gate, n), per_device_blocks(up, n))
-    return device_major([list(p) for p in parts])
-
-
 def rope_tables(max_len: int, head_dim: int, rotary_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """[max_len, head_dim] cos/sin over the *whole* head: cos = 1 and sin = 0 past ``rotary_dim``, so
     ``x * cos + rotate(x) * sin`` leaves the pass-through dims untouched (partial RoPE without slicing)."""
@@ -114,7 +109,8 @@ class AttentionWeights:
 
 @dataclass
 class MLPWeights:
-    gate_up: Any  # [H, 2 I_d]
+    gate: Any  # [H, I_d] column-parallel (its own tensor: silu is fused into the multiply, no split of a fused output)
+    up: Any  # [H, I_d] column-parallel
     down: Any  # [I_d, H]
 
 
@@ -217,10 +213,10 @@ class WeightLoader:
         return AttentionWeights(qkv, qn, kn, o)
 
     def mlp(self, p: str) -> MLPWeights:
-        rows = mlp_gate_up_rows(self._get(f"{p}gate_proj.weight"), self._get(f"{p}up_proj.weight"), self.n)
-        gu = self.matrix(f"{p}gate_up_fused", rows, TensorGroup.MLP_GATE_UP, "column")
+        gate = self.matrix(f"{p}gate_proj", self._get(f"{p}gate_proj.weight"), TensorGroup.MLP_GATE_UP, "column")
+        up = self.matrix(f"{p}up_proj", self._get(f"{p}up_proj.weight"), TensorGroup.MLP_GATE_UP, "column")
         down = self.matrix(f"{p}down_proj", self._get(f"{p}down_proj.weight"), TensorGroup.MLP_DOWN, "row")
-        return MLPWeights(gu, down)
+        return MLPWeights(gate, up, down)
 
     def layer(self, i: int) -> LayerWeights:
         t = self.args.cfg.layer_types[i]
