@@ -237,6 +237,16 @@ def kv_update_input_memory_config(ttnn, batch: int, head_dim: int):
         orientation=ttnn.ShardOrientation.ROW_MAJOR, use_height_and_width_as_shard_shape=True)
 
 
+def rope_decode_memory_config(ttnn, rows: int, heads: int, head_dim: int):
+    """L1 height-sharded, one [heads padded to 32, head_dim] shard per row core: ``rotary_embedding_hf`` in decode
+    mode requires a height-sharded input (its device validation); for the K heads (<= 32) this is exactly
+    :func:`kv_update_input_memory_config`, so the rotated K goes into ``paged_update_cache`` without a reshard."""
+    return ttnn.create_sharded_memory_config(
+        shape=(-(-heads // 32) * 32, head_dim), core_grid=ttnn.CoreGrid(y=1, x=rows),
+        strategy=ttnn.ShardStrategy.HEIGHT, orientation=ttnn.ShardOrientation.ROW_MAJOR,
+        use_height_and_width_as_shard_shape=True)
+
+
 # ---- program configs ----------------------------------------------------------------------------------
 def matmul_program_config(ttnn, rows: int, k: int, n: int):
     """``None``: let ttnn pick its default multicast matmul for [rows, k] x [k, n]. No card sweep exists yet
