@@ -10,6 +10,8 @@ flash-decode kernel sources (``ttnn/cpp/.../sdpa_decode/device/kernels``, read f
   ``b + batch_offset`` is written (row 0 for every user with ``share_cache=True``). Inputs must be FLOAT32/BFLOAT16; the
   written row is rounded to the cache dtype through ttnn's packer (bfp exponents are shared per 16
   datums of one row, so a row packs independently of the rest of its tile).
+* ``experimental.paged_fused_update_cache(k_cache, k, v_cache, v, ...)``: both updates above in one program;
+  the two inputs must be sharded over disjoint cores (the device op's validation).
 * ``experimental.paged_fill_cache(cache, input, page_table, batch_idx=...)``: in place, input
   ``[nb, nkv, S, dh]``, token t of input row r goes to ``cache[pt[b_r, t // bs], :, t % bs, :]``;
   input dtype must equal the cache dtype (raw tile copy).
@@ -243,6 +245,56 @@ def paged_update_cache(
         new_shards[i] = cache
     write_inplace(cache_tensor, new_shards)
     return cache_tensor
+
+
+def _fused_pairs(args, kwargs):
+    """paged_fused_update_cache's call as two paged_update_cache bindings (cache, input, shared index kwargs)."""
+    b = _bind("ttnn.experimental.paged_fused_update_cache", args, kwargs)
+    shared = {k: v for k, v in b.items() if k not in ("cache_tensor1", "input_tensor1", "cache_tensor2", "input_tensor2")}
+    return [dict(shared, cache_tensor=b[f"cache_tensor{j}"], input_tensor=b[f"input_tensor{j}"]) for j in (1, 2)]
+
+
+def _fused_update_read(args, kwargs):
+    d: dict = {}
+    for j, b in enumerate(_fused_pairs(args, kwargs)):
+        for k in ("input_tensor",) + (("update_idxs_tensor", "page_table") if j == 0 else ()):  # indices read once
+            _acc(d, b.get(k))
+        _acc(d, b["cache_tensor"], _row_tiles_bytes(b["cache_tensor"], _update_rows(b)))
+    return d
+
+
+def _fused_update_written(args, kwargs):
+    d: dict = {}
+    for b in _fused_pairs(args, kwargs):
+        _acc(d, b["cache_tensor"], _row_tiles_bytes(b["cache_tensor"], _update_rows(b)))
+    return d
+
+
+def _shard_cores(t: EmuTensor) -> set:
+    mc = t.memory_config()
+    if not mc.is_sharded() or mc.shard_spec is None:
+        return set()
+    return {(c.x, c.y) for c in ttnn.corerange_to_cores(mc.shard_spec.grid)}
+
+
+@device_op("ttnn.experimental.paged_fused_update_cache", read_bytes=_fused_update_read,
+           written_bytes=_fused_update_written)
+def paged_fused_update_cache(cache_tensor1, input_tensor1, cache_tensor2, input_tensor2, *, update_idxs=(),
+                             update_idxs_tensor=None, share_cache=None, page_table=None, batch_offset=0,
+                             compute_kernel_config=None, mesh_coords=None):
+    """K and V updates of :func:`paged_update_cache` in one program. The device op has the two inputs written by
+    disjoint core sets, and rejects inputs whose shard grids overlap (Tenstorrent's callers reshard one of them,
+    e.g. ``overlap_qk_coregrid=False``); that rule is enforced here."""
+    op = "ttnn.experimental.paged_fused_update_cache"
+    shared = _shard_cores(input_tensor1) & _shard_cores(input_tensor2)
+    if shared:
+        raise EmulatorError(f"{op}: input_tensor1 and input_tensor2 are sharded over overlapping cores "
+                            f"{sorted(shared)[:4]}...; the fused update needs them on disjoint cores")
+    for cache, x in ((cache_tensor1, input_tensor1), (cache_tensor2, input_tensor2)):
+        paged_update_cache(cache, x, update_idxs=update_idxs, update_idxs_tensor=update_idxs_tensor,
+                           share_cache=share_cache, page_table=page_table, batch_offset=batch_offset,
+                           compute_kernel_config=compute_kernel_config, mesh_coords=mesh_coords)
+    return cache_tensor1, cache_tensor2
 
 
 @device_op("ttnn.experimental.paged_fill_cache", read_bytes=_fill_read, written_bytes=_fill_written)

@@ -6,7 +6,8 @@
             (weights.rope_head_permutation) in which partial NeoX RoPE is a full-width rotate_half, with
             cos = 1 / sin = 0 on the pass-through dims. Decode: height-sharded, one row per core (the op's
             decode mode; the sharded K feeds paged_update_cache as is). Prefill: heads-first [1, heads, T, D].
-    KV    = prefill: paged_fill_cache (whole pages of the chunk); decode: paged_update_cache at ``pos``
+    KV    = prefill: paged_fill_cache (whole pages of the chunk); decode: ONE paged_fused_update_cache (K and V)
+            at ``pos``; the K+1-row verify: paged_update_cache per row
     o     = prefill: chunked SDPA over the paged cache (causal from chunk_start);
             decode: paged SDPA decode with cur_pos = pos
     out   = all_reduce((o * sigmoid(gate)) @ o_proj_d)   sigmoid fused as the multiply's input activation
@@ -91,10 +92,11 @@ class TTGatedAttention:
                 raise NotImplementedError("multi-row decode attention is the K+1-row verify: pass a verify plan "
                                           "(models/qwen36/tt/verify.py) in AttentionContext.verify_plan")
             return self.attend_verify(q, k, v, kv, ctx)
-        shard = kv_update_input_memory_config(ttnn, q.shape[1], self.d)
-        # k comes out of the decode RoPE in this very layout; only v needs the reshard
-        for cache, t in ((kv.k, k), (kv.v, ttnn.to_memory_config(v, shard))):
-            ttnn.experimental.paged_update_cache(cache, t, update_idxs_tensor=ctx.pos, page_table=ctx.page_table)
+        # K and V rows in one program. k comes out of the decode RoPE height-sharded on core row 0; the fused update
+        # needs V on other cores, so v is resharded onto core row 1
+        v_shard = kv_update_input_memory_config(ttnn, q.shape[1], self.d, core_row=1)
+        ttnn.experimental.paged_fused_update_cache(kv.k, k, kv.v, ttnn.to_memory_config(v, v_shard),
+                                                   update_idxs_tensor=ctx.pos, page_table=ctx.page_table)
         o = ttnn.transformer.paged_scaled_dot_product_attention_decode(
             q, kv.k, kv.v, ctx.page_table, cur_pos_tensor=ctx.pos, scale=self.scale,
             program_config=sdpa_decode_program_config(ttnn), compute_kernel_config=compute_config_norm(ttnn),

@@ -229,11 +229,13 @@ def state_memory_config(ttnn):
     return ttnn.DRAM_MEMORY_CONFIG
 
 
-def kv_update_input_memory_config(ttnn, batch: int, head_dim: int):
-    """L1 height-sharded, one [32, head_dim] shard (KV heads padded to a tile) per user core: the layout
-    ``paged_update_cache`` requires for its decode input ("input_tensor is height sharded on B cores")."""
+def kv_update_input_memory_config(ttnn, batch: int, head_dim: int, core_row: int = 0):
+    """L1 height-sharded, one [32, head_dim] shard (KV heads padded to a tile) per user core, cores
+    (0..batch-1, core_row): the layout ``paged_update_cache`` requires for its decode input ("input_tensor is height
+    sharded on B cores"). ``paged_fused_update_cache`` needs K and V on disjoint cores: V uses ``core_row=1``."""
+    cores = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, core_row), ttnn.CoreCoord(batch - 1, core_row))})
     return ttnn.create_sharded_memory_config(
-        shape=(32, head_dim), core_grid=ttnn.CoreGrid(y=1, x=batch), strategy=ttnn.ShardStrategy.HEIGHT,
+        shape=(32, head_dim), core_grid=cores, strategy=ttnn.ShardStrategy.HEIGHT,
         orientation=ttnn.ShardOrientation.ROW_MAJOR, use_height_and_width_as_shard_shape=True)
 
 
