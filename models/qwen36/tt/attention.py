@@ -5,7 +5,7 @@
             experimental.rotary_embedding_hf each: the q/k head dims are stored in an order
             (weights.rope_head_permutation) in which partial NeoX RoPE is a full-width rotate_half, with
             cos = 1 / sin = 0 on the pass-through dims. Decode: height-sharded, one row per core (the op's
-            decode mode; the sharded K feeds paged_update_cache as is). Prefill: heads-first [1, heads, T, D].
+            decode mode; the sharded K goes into the cache update as is). Prefill: heads-first [1, heads, T, D].
     KV    = prefill: paged_fill_cache (whole pages of the chunk); decode: ONE paged_fused_update_cache (K and V)
             at ``pos``; the K+1-row verify: paged_update_cache per row
     o     = prefill: chunked SDPA over the paged cache (causal from chunk_start);
