@@ -25,8 +25,8 @@ from .attention import AttentionContext, TTGatedAttention
 from .ccl import ccl_for
 from .gdn import TTGatedDeltaNet
 from .mlp import TTMLP
-from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul, compute_config_norm,
-                           kv_update_input_memory_config)
+from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
+                           compute_config_norm, kv_update_input_memory_config)
 from .state import DecodeInputs, GDNLayerState, KVLayerState, TTModelState
 from .weights import LayerWeights, ModelWeights
 
@@ -94,7 +94,8 @@ class TTQwen36Model:
         for table in (self.w.rope_cos, self.w.rope_sin):
             t = ttnn.embedding(rope_idx, table, layout=ttnn.TILE_LAYOUT)
             if mode == "decode":
-                t = ttnn.to_memory_config(ttnn.reshape(t, [1, rows, 1, d]), kv_update_input_memory_config(ttnn, rows, d))
+                t = ttnn.to_memory_config(ttnn.reshape(t, [1, rows, 1, d]),
+                                          kv_update_input_memory_config(ttnn, rows, d))
             elif mode == "prefill":
                 t = ttnn.reshape(t, [1, 1, rows, d])
             else:

@@ -285,8 +285,8 @@ def compute_config_norm(ttnn):
 
 
 def compute_config_exact_select(ttnn):
-    """0/+-1 matmuls that only move values (selection or sign-permutation matrices): HiFi4, because LoFi/HiFi2 feed only 1+6 mantissa
-    bits of in0 to the multiplier and would drop the last bit of every bf16 value moved (SrcA/SrcB fidelity
+    """0/+-1 matmuls that only move values (selection or sign-permutation matrices): HiFi4, because LoFi/HiFi2
+    feed only 1+6 mantissa bits of in0 to the multiplier and would drop the last bit of every bf16 value moved (SrcA/SrcB fidelity
     phases, docs/emulator.md rule N2); fp32 dest so nothing is rounded before the output dtype."""
     return ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,
                                             fp32_dest_acc_en=True, packer_l1_acc=False)
