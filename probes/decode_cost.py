@@ -208,7 +208,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             n_gdn: int | None = None, n_attn: int | None = None) -> dict:
     """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step by region and
     extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default: cfg's)."""
-    from qwen36.tt_ops.cost_model import LABEL, P150aCostModel
+    from qwen36.tt_ops.cost_model import LABEL, P150aCostModel, decode_layout_bounds
 
     from qwen36.tt.state import allocate_decode_inputs
     from qwen36.tt.trace import TracedStep
@@ -250,6 +250,12 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         weight_bytes = n_gdn * lw_gdn + n_attn * lw_attn + lm_head + _tensor_bytes(weights.final_norm) + h * 2
         cm = P150aCostModel()
         br = cm.breakdown(token)
+        # the same counts under the decode layouts tt_transformers uses (cost_model.decode_layout_bounds): weights
+        # DRAM-sharded, activations in L1; KV and GDN state stay DRAM reads
+        gdn_st = state.layers[0]
+        resident = n_attn * kv_read + n_gdn * (gdn_st.recurrent.bytes_per_device() + gdn_st.conv.bytes_per_device())
+        layouts = {name: m.breakdown_split(token, int(weight_bytes), int(resident))
+                   for name, m in decode_layout_bounds(cm).items()}
         return {
             "label": LABEL,
             "backend": ctx.label,
@@ -273,6 +279,11 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             "modelled_tok_s": 1e3 / br["total_ms"],
             "breakdown_ms": {k: br[k] for k in ("dram_ms", "dispatch_ms", "collective_fixed_ms", "collective_bw_ms")},
             "weight_stream_floor_ms": weight_bytes / (cm.dram_bw_gbps * 1e9) * 1e3,
+            "decode_layouts_ms": {name: {k: b[k] for k in ("total_ms", "weight_ms", "resident_ms", "activation_ms",
+                                                           "dispatch_ms", "collective_fixed_ms", "collective_bw_ms")}
+                                  | {"weight_bw_gbps": b["constants"]["weight_bw_gbps"] or cm.dram_bw_gbps,
+                                     "activations_in_l1": b["constants"]["activations_in_l1"]}
+                                  for name, b in layouts.items()},
             "cost_model_constants": br["constants"],
         }
     finally:
@@ -303,6 +314,10 @@ def run(args: argparse.Namespace) -> ProbeReport:
           f"({fig['collectives']['bytes_per_device_per_token'] / 1e6:.2f} MB/device)")
     print(f"  [{fig['label']}] {fig['modelled_ms_per_step']:.2f} ms/step, {fig['modelled_tok_s']:.1f} tok/s on P150a x{fig['tp']} "
           f"(weight-stream floor {fig['weight_stream_floor_ms']:.2f} ms)")
+    for name, lay in fig["decode_layouts_ms"].items():
+        print(f"  [{fig['label']}] layout {name}: {lay['total_ms']:.2f} ms/step (weights {lay['weight_ms']:.2f} at "
+              f"{lay['weight_bw_gbps']:.0f} GB/s, KV+state {lay['resident_ms']:.2f}, activations {lay['activation_ms']:.2f}"
+              f"{' (L1)' if lay['activations_in_l1'] else ''})")
     return ProbeReport(probe=NAME, backend=fig["backend"],
                        config={"preset": args.preset, "precision": args.precision, "context": args.context,
                                "vocab_sample": cfg.vocab_size, "real_vocab": base.vocab_size,

@@ -308,6 +308,20 @@ def draft_phase(meter: Meter, model, mtp_w, head_cls, k: int, pos: int, ratio: f
     return {"total": draft_total, "reseed": reseed}
 
 
+ACCEPTANCE_SCENARIOS = ("0.8", "0.6", "0.5", "0.8/0.6/0.5")  # per-draft rates, and a per-position profile
+
+
+def mtp_tok_s(fig: dict, ks) -> dict:
+    """Speculative tok/s per acceptance scenario and K: expected tokens per step (gate-0a's rule: a rate p gives
+    1 + p + ... + p^K, a profile a1/a2/... gives 1 + a1 + ... + aK) over the shadow-commit step time. None where a
+    profile is shorter than K. Same label as the step times (modelled on the emulator)."""
+    from .gate_0a import _emitted
+
+    return {scen: {str(k): (None if _emitted(scen, k) is None else _emitted(scen, k) * 1e3
+                            / fig["step_ms_shadow_commit"][str(k)]) for k in ks}
+            for scen in ACCEPTANCE_SCENARIOS}
+
+
 def run(args: argparse.Namespace) -> ProbeReport:
     from qwen36.tiny import PRESETS
 
@@ -319,6 +333,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
         vocab = 4096 if device.startswith("emulated") else base.vocab_size
     cfg = dataclasses.replace(base, vocab_size=min(vocab, base.vocab_size), eos_token_id=())
     fig = measure(device, cfg, args.precision, args.context, ks, args.commit_k, args.seed, base.vocab_size)
+    fig["mtp_tok_s_shadow_commit"] = mtp_tok_s(fig, ks)
     ratios = [fig["verify_cost_ratio"][str(k)] for k in ks]
     cells = [
         {"cell": "verify_cost_ratio >= 1 and increasing with K", "ratios": ratios,
@@ -340,6 +355,10 @@ def run(args: argparse.Namespace) -> ProbeReport:
               f"draft {fig['draft'][s]['total']['ms']:.2f} (reseed {fig['draft'][s]['reseed']['ms']:.2f}, "
               f"{fig['draft'][s]['per_drafted_token_ms']:.2f}/token), commit(shadow) "
               f"{fig['commit_shadow_commit_by_k'][s]['ms']:.3f}, step {fig['step_ms_shadow_commit'][s]:.2f} ms")
+    for scen, by_k in fig["mtp_tok_s_shadow_commit"].items():
+        print(f"  [{lab}] MTP tok/s, acceptance {scen}: " + ", ".join(
+            f"K={k} {v:.1f}" for k, v in by_k.items() if v is not None)
+              + f" (plain decode {1e3 / fig['decode']['ms']:.1f})")
     print(f"  commit at K={fig['commit_k']}: " + ", ".join(f"{m} {v['ms']:.3f} ms" for m, v in fig["commit"].items()))
     return ProbeReport(probe=NAME, backend=fig["backend"],
                        config={"preset": args.preset, "precision": args.precision, "context": args.context,

@@ -78,3 +78,26 @@ def test_verify_cost_ratio_from_counts():
         c.collective_bytes = 128 * rows * 5120 * 2
     r = m.verify_cost_ratio(verify, decode)
     assert 1.0 < r < 1.05  # weight-bound: K+1 rows cost barely more than one (modelled)
+
+
+def test_split_charges_weights_state_and_activations_separately():
+    from qwen36.tt_ops.cost_model import P150A_DRAM_BW_SPEC_GBPS, decode_layout_bounds
+
+    c = Counts("decode")
+    c.programs = 10
+    c.bytes_read["BFLOAT8_B"] = 8 * 10**9  # weights
+    c.bytes_read["BFLOAT16"] = 2 * 10**9  # 1.5 GB activations + 0.5 GB KV/state
+    models = decode_layout_bounds()
+    inter = models["interleaved"].breakdown_split(c, 8 * 10**9, 5 * 10**8)
+    # the split leaves the default layout's total unchanged
+    assert inter["total_ms"] == pytest.approx(models["interleaved"].predict_ms(c))
+    assert inter["activation_ms"] == pytest.approx(1.5e9 / (P150A_DRAM_BW_EFFECTIVE_GBPS * 1e9) * 1e3)
+    eff = models["dram_sharded_effective"].breakdown_split(c, 8 * 10**9, 5 * 10**8)
+    assert eff["activation_ms"] == 0 and eff["weight_ms"] == pytest.approx(inter["weight_ms"])
+    assert eff["total_ms"] == pytest.approx(inter["total_ms"] - inter["activation_ms"])
+    peak = models["dram_sharded_peak"].breakdown_split(c, 8 * 10**9, 5 * 10**8)
+    assert peak["weight_ms"] == pytest.approx(8e9 / (P150A_DRAM_BW_SPEC_GBPS * 1e9) * 1e3)
+    assert peak["resident_ms"] == pytest.approx(eff["resident_ms"])  # state stays at the effective bandwidth
+    assert peak["label"] == "modelled"
+    with pytest.raises(ValueError, match="activation bytes"):
+        models["interleaved"].breakdown_split(c, 9 * 10**9, 2 * 10**9)

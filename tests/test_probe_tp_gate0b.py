@@ -72,3 +72,15 @@ def test_gate0b_decode_layer_no_costlier_than_verify_layer(tp4_figures):
     assert d["gdn"]["programs"] <= v_gdn, (d["gdn"], v["gdn"], v["commit_per_gdn_layer"])
     assert d["gdn"]["ms"] <= v["gdn"]["ms"] + v["commit_per_gdn_layer"]["ms"]
     assert v["commit_per_gdn_layer"]["programs"] > 0  # the deferred conv-state select is counted
+
+
+def test_mtp_tok_s_per_scenario():
+    """tokens per step (1 + p + .. + p^K, or 1 + a1 + .. + aK for a per-position profile) over the step time."""
+    from qwen36.probes.gate_0b import mtp_tok_s
+
+    fig = {"step_ms_shadow_commit": {"1": 50.0, "3": 60.0, "7": 80.0}}
+    out = mtp_tok_s(fig, [1, 3, 7])
+    assert out["0.8"]["1"] == pytest.approx(1.8 * 1e3 / 50)
+    assert out["0.5"]["3"] == pytest.approx((1 + 0.5 + 0.25 + 0.125) * 1e3 / 60)
+    assert out["0.8/0.6/0.5"]["3"] == pytest.approx((1 + 0.8 + 0.6 + 0.5) * 1e3 / 60)
+    assert out["0.8/0.6/0.5"]["7"] is None  # the profile has 3 positions

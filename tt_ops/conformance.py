@@ -22,6 +22,17 @@ Sources (tenstorrent/tt-metal, read for facts):
   call form (flat ``[1, T, H*D]`` q/k/v, in-kernel L2 norm, chunk 32, ``output_head_major``).
 * ``tests/nightly/t3000/ccl/test_minimal_all_gather_async.py`` (and the tg variant): all_gather_async on a
   ``[1, 1, 128, 512]``-class bf16 tensor, dim 3, Linear topology, DRAM, with tracing; exact equality.
+* ``tests/ttnn/unit_tests/operations/transformers/test_rotary_embedding_hf_decode_baseline.py``:
+  rotary_embedding_hf decode mode, (batch, heads, head_dim) in {(1, 32, 128), (8, 8, 128), (8, 16, 64),
+  (32, 8, 64), ...}, bf16 input height-sharded with heads padded to 32, bf16 cos/sin ``[1, B, 1, D]`` sharded one
+  32-row shard per user, HiFi4 + fp32 dest; reference ``x * cos + rotate_half(x) * sin`` (that test's bar is PCC
+  0.90 while its kernel is fixed; the emulator is held to 0.9999 against an fp32 reference). Prefill mode as
+  Tenstorrent's model code calls it (``[1, nh, S, D]`` interleaved, cos/sin ``[1, 1, S, D]``); the device
+  validation (``rotary_embedding_hf_device_operation.cpp``) rejects an interleaved decode input.
+* ``tests/ttnn/unit_tests/operations/transformers/test_paged_fused_update_cache.py``: K and V caches updated by
+  one paged_fused_update_cache, 8 users, 1 or 8 heads, head_dim 128, block 64, shuffled page table, update index
+  ``idx + 17 i`` with user 4 at -1 (skipped) for one head; inputs height-sharded on two disjoint 8-core grids;
+  bf16 cache exact, bfloat8_b PCC >= 0.9995 over the whole cache and the updated rows.
 * rotary_embedding_llama: op docstring (cos/sin ``[1, 1 or nh, S, dh]``, decode mode) and the per-user decode
   transformation matrix form (one 32x32 tile per user).
 """
@@ -42,6 +53,8 @@ SRC_GDN = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_fused_rec
 SRC_CHUNK = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_gdn_state_inplace.py"
 SRC_AG = "tt-metal tests/nightly/t3000/ccl/test_minimal_all_gather_async.py"
 SRC_DOC = "ttnn 0.81.1 op docstring"
+SRC_FUSED_UPDATE = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_paged_fused_update_cache.py"
+SRC_ROPE_HF = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_rotary_embedding_hf_decode_baseline.py"
 
 
 @dataclasses.dataclass
@@ -350,6 +363,124 @@ def _rope_decode_per_user(ttnn, mesh):
     assert torch.allclose(_one(ttnn, mesh, out), want, atol=1e-5)
 
 
+# ---- paged fused update (K and V in one op) --------------------------------------------------------------------
+def _row_shard(ttnn, cores, row, rows_per_core, dh):
+    grid = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, row), ttnn.CoreCoord(cores - 1, row))})
+    return ttnn.create_sharded_memory_config(shape=(rows_per_core, dh), core_grid=grid,
+                                             strategy=ttnn.ShardStrategy.HEIGHT,
+                                             orientation=ttnn.ShardOrientation.ROW_MAJOR,
+                                             use_height_and_width_as_shard_shape=True)
+
+
+def _fused_update_case(heads, cache_idx, cache_dtype):
+    def fn(ttnn, mesh):
+        users, dh, bs, seq = 8, 128, 64, 2048
+        g = torch.Generator().manual_seed(cache_idx * 31 + heads)
+        nb_user = seq // bs
+        perm = torch.randperm(users * nb_user, generator=g)
+        page_table = torch.argsort(perm).reshape(users, nb_user).int()
+        dt = getattr(ttnn, cache_dtype)
+        caches, paged, xs = [], [], []
+        for _ in range(2):
+            c = torch.randn(users, heads, seq, dh, generator=g).bfloat16().float()
+            p = c.reshape(users, heads, nb_user, bs, dh).transpose(1, 2).reshape(users * nb_user, heads, bs, dh)[perm]
+            caches.append(c)
+            paged.append(_dev(ttnn, mesh, p, dt))
+            xs.append(torch.randn(1, users, heads, dh, generator=g).bfloat16().float())
+        idxs = [cache_idx + 17 * i for i in range(users)]
+        if heads == 1:
+            idxs[users // 2] = -1
+        rm = ttnn.ROW_MAJOR_LAYOUT
+        pos = _dev(ttnn, mesh, torch.tensor(idxs, dtype=torch.int32), ttnn.int32, rm)
+        pt = _dev(ttnn, mesh, page_table, ttnn.int32, rm)
+        ins = [ttnn.to_memory_config(_dev(ttnn, mesh, torch.nn.functional.pad(x, (0, 0, 0, 32 - heads))),
+                                     _row_shard(ttnn, users, row, 32, dh)) for row, x in enumerate(xs)]
+        ttnn.experimental.paged_fused_update_cache(paged[0], ins[0], paged[1], ins[1], update_idxs_tensor=pos,
+                                                   page_table=pt)
+        for j in range(2):
+            want = caches[j].clone()
+            for u, p in enumerate(idxs):
+                if p >= 0:
+                    want[u, :, p] = xs[j][0, u]
+            got = _one(ttnn, mesh, paged[j])[torch.argsort(perm)]
+            got = got.reshape(users, nb_user, heads, bs, dh).transpose(1, 2).reshape(users, heads, seq, dh)
+            if cache_dtype == "bfloat16":
+                assert torch.equal(got, want), f"cache {j + 1} differs"
+            else:
+                assert pcc(got, want) >= 0.9995, f"cache {j + 1}: PCC {pcc(got, want):.6f}"
+    return fn
+
+
+def _fused_update_rejects_overlap(ttnn, mesh):
+    c = _dev(ttnn, mesh, torch.zeros(4, 1, 64, 64))
+    x = ttnn.to_memory_config(_dev(ttnn, mesh, torch.zeros(1, 1, 32, 64)), _row_shard(ttnn, 1, 0, 32, 64))
+    pos = _dev(ttnn, mesh, torch.tensor([3], dtype=torch.int32), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT)
+    pt = _dev(ttnn, mesh, torch.arange(4, dtype=torch.int32)[None], ttnn.int32, ttnn.ROW_MAJOR_LAYOUT)
+    try:
+        ttnn.experimental.paged_fused_update_cache(c, x, c, x, update_idxs_tensor=pos, page_table=pt)
+    except Exception as e:  # noqa: BLE001 - the emulator's EmulatorError or a card's TT_FATAL
+        assert "cores" in str(e), str(e)
+    else:
+        raise AssertionError("K and V inputs on the same cores were accepted (the device op rejects them)")
+
+
+# ---- rotary embedding hf (rotate_half over the whole head) -------------------------------------------------------
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], -1)
+
+
+def _hf_height_sharded(ttnn, rows_per_core, cores, dh):
+    return ttnn.create_sharded_memory_config(shape=(rows_per_core, dh), core_grid=ttnn.CoreGrid(y=1, x=cores),
+                                             strategy=ttnn.ShardStrategy.HEIGHT,
+                                             orientation=ttnn.ShardOrientation.ROW_MAJOR,
+                                             use_height_and_width_as_shard_shape=True)
+
+
+def _hf_ckc(ttnn):
+    return ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,
+                                            fp32_dest_acc_en=True, packer_l1_acc=True)
+
+
+def _rope_hf_decode(b, nh, dh):
+    def fn(ttnn, mesh):
+        g = torch.Generator().manual_seed(b * 7919 + nh * 6247 + dh)
+        x = torch.randn(1, b, nh, dh, generator=g).bfloat16().float()
+        cos = torch.randn(1, b, 1, dh, generator=g).bfloat16().float()
+        sin = torch.randn(1, b, 1, dh, generator=g).bfloat16().float()
+        xs = ttnn.to_memory_config(_dev(ttnn, mesh, x), _hf_height_sharded(ttnn, -(-nh // 32) * 32, b, dh))
+        cs = ttnn.to_memory_config(_dev(ttnn, mesh, cos), _hf_height_sharded(ttnn, 32, b, dh))
+        ss = ttnn.to_memory_config(_dev(ttnn, mesh, sin), _hf_height_sharded(ttnn, 32, b, dh))
+        out = ttnn.experimental.rotary_embedding_hf(xs, cs, ss, is_decode_mode=True, compute_kernel_config=_hf_ckc(ttnn))
+        want = x * cos + _rotate_half(x) * sin
+        got = _one(ttnn, mesh, out)
+        assert list(got.shape) == [1, b, nh, dh], got.shape
+        assert pcc(got, want) >= 0.9999, f"PCC {pcc(got, want):.6f}"
+    return fn
+
+
+def _rope_hf_prefill(ttnn, mesh):
+    nh, s, dh = 4, 64, 128
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, nh, s, dh, generator=g).bfloat16().float()
+    cos, sin = (torch.randn(1, 1, s, dh, generator=g).bfloat16().float() for _ in range(2))
+    out = ttnn.experimental.rotary_embedding_hf(_dev(ttnn, mesh, x), _dev(ttnn, mesh, cos), _dev(ttnn, mesh, sin),
+                                               is_decode_mode=False, compute_kernel_config=_hf_ckc(ttnn))
+    want = x * cos + _rotate_half(x) * sin
+    assert pcc(_one(ttnn, mesh, out), want) >= 0.9999
+
+
+def _rope_hf_decode_needs_height_shard(ttnn, mesh):
+    x = _dev(ttnn, mesh, torch.randn(1, 1, 8, 64))
+    cs = ttnn.to_memory_config(_dev(ttnn, mesh, torch.randn(1, 1, 1, 64)), _hf_height_sharded(ttnn, 32, 1, 64))
+    try:
+        ttnn.experimental.rotary_embedding_hf(x, cs, cs, is_decode_mode=True)
+    except Exception as e:  # noqa: BLE001 - the emulator's EmulatorError or a card's TT_FATAL
+        assert "HEIGHT_SHARDED" in str(e), str(e)
+    else:
+        raise AssertionError("an interleaved decode-mode input was accepted (the device op rejects it)")
+
+
 # ---- collectives ---------------------------------------------------------------------------------------------
 def _sems(ttnn, mesh, n):
     cores = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(0, 0))})
@@ -430,12 +561,25 @@ CASES += [
          skip="program configs select device paths whose arithmetic differs only in accumulation order; the "
               "emulator computes one fp32 result for all (mono's bf16 output dtype is modelled)"),
     Case("experimental.rotary_embedding_llama", "prefill_shared_cos_sin", SRC_DOC, _rope_prefill),
+    Case("experimental.rotary_embedding_hf", "prefill_4h_64s_128d_interleaved", SRC_ROPE_HF, _rope_hf_prefill),
+    Case("experimental.rotary_embedding_hf", "decode_rejects_interleaved_input", SRC_ROPE_HF,
+         _rope_hf_decode_needs_height_shard),
     Case("experimental.rotary_embedding_llama", "decode_per_user_trans_mat", SRC_DOC, _rope_decode_per_user),
     Case("experimental.all_gather_async", "traced_1x1x128x512_dim3_linear", SRC_AG, _ag_async_traced),
     Case("experimental.reduce_scatter_minimal_async", "dim3_linear", SRC_AG, _rs_async),
     Case("experimental.all_gather_async", "num_links_chunks_per_sync_perf_knobs", SRC_AG,
          skip="links/workers/buffers per channel change timing only; no link model beyond the cost model"),
 ]
+
+for _h, _idx, _cdt in ((1, 0, "bfloat16"), (8, 1057, "bfloat16"), (1, 127, "bfloat8_b"), (8, 1, "bfloat8_b")):
+    CASES.append(Case("experimental.paged_fused_update_cache", f"paged_8u_{_h}h_idx{_idx}_{_cdt}", SRC_FUSED_UPDATE,
+                      _fused_update_case(_h, _idx, _cdt), ci=(_h, _idx) in ((1, 0), (8, 1))))
+CASES.append(Case("experimental.paged_fused_update_cache", "rejects_overlapping_input_cores", SRC_FUSED_UPDATE,
+                  _fused_update_rejects_overlap))
+for _b, _nh, _dh in ((1, 32, 128), (8, 8, 128), (32, 8, 128), (1, 32, 64), (8, 16, 64), (32, 8, 64), (4, 12, 256)):
+    CASES.append(Case("experimental.rotary_embedding_hf", f"decode_b{_b}_h{_nh}_d{_dh}",
+                      SRC_ROPE_HF if _dh != 256 else f"{SRC_ROPE_HF} (form; head_dim 256 is this model's)",
+                      _rope_hf_decode(_b, _nh, _dh), ci=(_b, _nh, _dh) in ((8, 8, 128), (4, 12, 256))))
 
 
 def run_cases(ctx, only_ops: set[str] | None = None, ci_only: bool = False) -> list[dict]:

@@ -10,6 +10,8 @@ flash-decode kernel sources (``ttnn/cpp/.../sdpa_decode/device/kernels``, read f
   ``b + batch_offset`` is written (row 0 for every user with ``share_cache=True``). Inputs must be FLOAT32/BFLOAT16; the
   written row is rounded to the cache dtype through ttnn's packer (bfp exponents are shared per 16
   datums of one row, so a row packs independently of the rest of its tile).
+* ``experimental.paged_fused_update_cache(k_cache, k, v_cache, v, ...)``: both updates above in one program;
+  the two inputs must be sharded over disjoint cores (the device op's validation).
 * ``experimental.paged_fill_cache(cache, input, page_table, batch_idx=...)``: in place, input
   ``[nb, nkv, S, dh]``, token t of input row r goes to ``cache[pt[b_r, t // bs], :, t % bs, :]``;
   input dtype must equal the cache dtype (raw tile copy).
@@ -25,6 +27,13 @@ flash-decode kernel sources (``ttnn/cpp/.../sdpa_decode/device/kernels``, read f
   ``[1, B, nh, dh]``, cos/sin ``[1, B, 32 or nh or 1, dh]`` (one row per user, broadcast over heads); the
   decode ``trans_mat`` may be one tile or one tile per user (``[1, 1, B*32, 32]``, Tenstorrent's decode
   tests and tt_transformers repeat the tile per user).
+* ``experimental.rotary_embedding_hf(x, cos, sin, is_decode_mode=...)``: ``x * cos + rotate_half(x) * sin`` with
+  ``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])`` over the whole head (HF / NeoX form). Validation as the
+  device op's ``validate_on_program_cache_miss`` (tt-metal ``rotary_embedding_hf_device_operation.cpp``, read
+  for facts): TILE tensors, padded head dim 32 or a multiple of 64, cos and sin of one dtype and shape with
+  ``cos[0] == 1`` and ``cos[-1] == D``. Decode: x ``[1, B, nh, D]`` HEIGHT_SHARDED, cos/sin sharded
+  ``[1, B, 1, D]`` (one row per user, broadcast over heads). Prefill: x ``[1, nh, S, D]`` (any memory layout but
+  width-sharded), cos/sin ``[1, 1, S' >= S, D]``, row s of every head takes cos row s. Output: x's dtype.
 
 Attention math runs in fp32 and is rounded to q's dtype (cards accumulate flash-decode partials in
 bf16/fp32 per program config; that reduction-order error is not modelled).
@@ -236,6 +245,56 @@ def paged_update_cache(
         new_shards[i] = cache
     write_inplace(cache_tensor, new_shards)
     return cache_tensor
+
+
+def _fused_pairs(args, kwargs):
+    """paged_fused_update_cache's call as two paged_update_cache bindings (cache, input, shared index kwargs)."""
+    b = _bind("ttnn.experimental.paged_fused_update_cache", args, kwargs)
+    shared = {k: v for k, v in b.items() if k not in ("cache_tensor1", "input_tensor1", "cache_tensor2", "input_tensor2")}
+    return [dict(shared, cache_tensor=b[f"cache_tensor{j}"], input_tensor=b[f"input_tensor{j}"]) for j in (1, 2)]
+
+
+def _fused_update_read(args, kwargs):
+    d: dict = {}
+    for j, b in enumerate(_fused_pairs(args, kwargs)):
+        for k in ("input_tensor",) + (("update_idxs_tensor", "page_table") if j == 0 else ()):  # indices read once
+            _acc(d, b.get(k))
+        _acc(d, b["cache_tensor"], _row_tiles_bytes(b["cache_tensor"], _update_rows(b)))
+    return d
+
+
+def _fused_update_written(args, kwargs):
+    d: dict = {}
+    for b in _fused_pairs(args, kwargs):
+        _acc(d, b["cache_tensor"], _row_tiles_bytes(b["cache_tensor"], _update_rows(b)))
+    return d
+
+
+def _shard_cores(t: EmuTensor) -> set:
+    mc = t.memory_config()
+    if not mc.is_sharded() or mc.shard_spec is None:
+        return set()
+    return {(c.x, c.y) for c in ttnn.corerange_to_cores(mc.shard_spec.grid)}
+
+
+@device_op("ttnn.experimental.paged_fused_update_cache", read_bytes=_fused_update_read,
+           written_bytes=_fused_update_written)
+def paged_fused_update_cache(cache_tensor1, input_tensor1, cache_tensor2, input_tensor2, *, update_idxs=(),
+                             update_idxs_tensor=None, share_cache=None, page_table=None, batch_offset=0,
+                             compute_kernel_config=None, mesh_coords=None):
+    """K and V updates of :func:`paged_update_cache` in one program. The device op has the two inputs written by
+    disjoint core sets, and rejects inputs whose shard grids overlap (Tenstorrent's callers reshard one of them,
+    e.g. ``overlap_qk_coregrid=False``); that rule is enforced here."""
+    op = "ttnn.experimental.paged_fused_update_cache"
+    shared = _shard_cores(input_tensor1) & _shard_cores(input_tensor2)
+    if shared:
+        raise EmulatorError(f"{op}: input_tensor1 and input_tensor2 are sharded over overlapping cores "
+                            f"{sorted(shared)[:4]}...; the fused update needs them on disjoint cores")
+    for cache, x in ((cache_tensor1, input_tensor1), (cache_tensor2, input_tensor2)):
+        paged_update_cache(cache, x, update_idxs=update_idxs, update_idxs_tensor=update_idxs_tensor,
+                           share_cache=share_cache, page_table=page_table, batch_offset=batch_offset,
+                           compute_kernel_config=compute_kernel_config, mesh_coords=mesh_coords)
+    return cache_tensor1, cache_tensor2
 
 
 @device_op("ttnn.experimental.paged_fill_cache", read_bytes=_fill_read, written_bytes=_fill_written)
@@ -499,4 +558,84 @@ def rotary_embedding_llama(input_tensor, cos_cache, sin_cache, trans_mat, *, is_
             if cos.shape[-2] != x.shape[-2]:
                 raise EmulatorError(f"{op}: cos/sin seq_len {cos.shape[-2]} != input seq_len {x.shape[-2]}")
         outs.append(x * cos + rot * sin)
+    return make_like(input_tensor, outs, memory_config=memory_config)
+
+
+# ------------------------------------------------------------------------------------------------
+# rotary embedding (HF rotate_half form, no transformation matrix)
+# ------------------------------------------------------------------------------------------------
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def _is_height_sharded(t: EmuTensor) -> bool:
+    mc = t.memory_config()
+    return bool(mc.is_sharded()) and mc.memory_layout == ttnn.TensorMemoryLayout.HEIGHT_SHARDED
+
+
+@device_op("ttnn.experimental.rotary_embedding_hf")
+def rotary_embedding_hf(input_tensor, cos_cache, sin_cache, *, is_decode_mode=False, memory_config=None,
+                        compute_kernel_config=None):
+    """See the module doc. Numerics: each product is taken in fp32 from the operands as the FPU sees them
+    (fp32 cos/sin as TF32 under strict numerics), rounded to the input's format (the kernel packs x*cos and
+    rotate_half(x)*sin to intermediate buffers before the add; the conservative reading is that they carry the
+    input's format), and the sum is rounded to the output dtype."""
+    from . import numerics
+
+    op = "ttnn.experimental.rotary_embedding_hf"
+    for name, t in (("input_tensor", input_tensor), ("cos_cache", cos_cache), ("sin_cache", sin_cache)):
+        if not isinstance(t, EmuTensor) or not t.on_device:
+            raise EmulatorError(f"{op}: {name} must be a device tensor")
+        if t.layout != ttnn.TILE_LAYOUT:
+            raise EmulatorError(f"{op}: {name} must be in TILE layout")
+    shape = input_tensor.logical_shape_list
+    d = shape[-1]
+    padded_d = -(-d // 32) * 32
+    if not (padded_d == 32 or padded_d % 64 == 0):
+        raise EmulatorError(f"{op}: head dim {d} (padded {padded_d}) must be 32 or a multiple of 64 (the rotate_half "
+                            "midpoint must fall on a tile boundary)")
+    if dtype_name(cos_cache.dtype) != dtype_name(sin_cache.dtype):
+        raise EmulatorError(f"{op}: cos and sin dtypes must match")
+    cshape = cos_cache.logical_shape_list
+    if cshape != sin_cache.logical_shape_list:
+        raise EmulatorError(f"{op}: cos {cshape} and sin {sin_cache.logical_shape_list} shapes must match")
+    if len(shape) != 4 or len(cshape) != 4 or cshape[0] != 1 or cshape[-1] != d:
+        raise EmulatorError(f"{op}: cos {cshape} must be [1, ., ., {d}] for input {shape}")
+    if is_decode_mode:
+        if not _is_height_sharded(input_tensor):
+            raise EmulatorError(f"{op}: decode mode needs a HEIGHT_SHARDED input (the device op's validation)")
+        if not (cos_cache.memory_config().is_sharded() and sin_cache.memory_config().is_sharded()):
+            raise EmulatorError(f"{op}: decode mode needs sharded cos/sin")
+        if shape[0] != 1 or cshape[1] != shape[1] or cshape[2] != 1:
+            raise EmulatorError(f"{op}: decode mode takes x [1, B, nh, D] and cos/sin [1, B, 1, D]; got x {shape}, "
+                                f"cos {cshape}")
+    else:
+        if cshape[1] != 1:
+            raise EmulatorError(f"{op}: prefill mode needs cos/sin batch dim 1, got {cshape}")
+        if cshape[2] < shape[2]:
+            raise EmulatorError(f"{op}: cos seq_len {cshape[2]} < input seq_len {shape[2]}")
+        if input_tensor.memory_config().is_sharded() and not _is_height_sharded(input_tensor):
+            if input_tensor.memory_config().memory_layout == ttnn.TensorMemoryLayout.WIDTH_SHARDED:
+                raise EmulatorError(f"{op}: input cannot be WIDTH_SHARDED")
+    if memory_config is not None and memory_config.is_sharded() and \
+            memory_config.memory_layout == ttnn.TensorMemoryLayout.WIDTH_SHARDED:
+        raise EmulatorError(f"{op}: output cannot be WIDTH_SHARDED")
+    strict = numerics.is_strict(input_tensor)
+    in_name = dtype_name(input_tensor.dtype)
+
+    def operand(t, i):
+        v = t.shards[i].to(torch.float32)
+        return numerics.to_tf32(v) if strict and dtype_name(t.dtype) == "FLOAT32" else v
+
+    def packed(v):
+        return numerics.round_bf16(v) if strict and in_name != "FLOAT32" else v
+
+    outs = []
+    for i in range(input_tensor.num_shards):
+        x = operand(input_tensor, i)
+        cos, sin = operand(cos_cache, i), operand(sin_cache, i)
+        if not is_decode_mode:
+            cos, sin = cos[:, :, : shape[2], :], sin[:, :, : shape[2], :]
+        outs.append(packed(x * cos) + packed(_rotate_half(x) * sin))
     return make_like(input_tensor, outs, memory_config=memory_config)

@@ -46,8 +46,17 @@ def acceptor_host_draft_probs(acc, probs: torch.Tensor):
                            mesh_mapper=ttnn.ReplicateTensorToMesh(acc.mesh))
 
 
+def _k_head_order(head) -> torch.Tensor:
+    """The device K cache stores each head's dims in the RoPE order (weights.rope_head_permutation)."""
+    from qwen36.tt.weights import rope_head_permutation
+
+    c = head.args.cfg
+    return rope_head_permutation(c.head_dim, c.rotary_dim)
+
+
 def mtp_kv_to_host(head) -> tuple[torch.Tensor, torch.Tensor]:
-    """MTP K, V of ``head`` (a TTMTPHead) as [Hkv, max_len, D] (all devices' heads, position-major)."""
+    """MTP K, V of ``head`` (a TTMTPHead) as [Hkv, max_len, D] (all devices' heads, position-major), head dims in
+    the reference's order (K is un-permuted)."""
     ttnn = head.ttnn
     out = []
     for cache in (head.kv.k, head.kv.v):
@@ -55,13 +64,16 @@ def mtp_kv_to_host(head) -> tuple[torch.Tensor, torch.Tensor]:
         nb, hkv, bs, d = c.shape
         c = c[head.page_table_host[0].long()]  # logical block order
         out.append(c.permute(1, 0, 2, 3).reshape(hkv, nb * bs, d))
-    return out[0], out[1]
+    k = torch.empty_like(out[0])
+    k[..., _k_head_order(head)] = out[0]
+    return k, out[1]
 
 
 def mtp_kv_from_host(head, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Overwrite the MTP KV buffers of ``head`` in place from [Hkv, max_len, D] (restore a snapshot)."""
+    """Overwrite the MTP KV buffers of ``head`` in place from [Hkv, max_len, D] in the reference's head-dim order
+    (what :func:`mtp_kv_to_host` returns)."""
     ttnn = head.ttnn
-    for cache, x in ((head.kv.k, k), (head.kv.v, v)):
+    for cache, x in ((head.kv.k, k[..., _k_head_order(head)]), (head.kv.v, v)):
         hkv, s, d = x.shape
         bs = head.args.block_size
         paged = x.reshape(hkv, s // bs, bs, d).permute(1, 0, 2, 3).contiguous()

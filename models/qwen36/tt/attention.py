@@ -1,15 +1,19 @@
 """Gated full attention on a TP mesh: Hq/N query heads and Hkv/N KV heads per device, paged KV cache.
 
     qkv   = x @ [q_d | gate_d | k_d | v_d]                    one column-parallel matmul
-    q, k  = zero-centred RMSNorm over head_dim (weights stored as 1 + w), then partial NeoX RoPE:
-            x * cos + (x @ R) * sin with cos = 1 / sin = 0 past rotary_dim (no slicing of the head)
-    KV    = prefill: paged_fill_cache (whole pages of the chunk); decode: paged_update_cache at ``pos``
+    q, k  = zero-centred RMSNorm over head_dim (weights stored as 1 + w), then RoPE as ONE
+            experimental.rotary_embedding_hf each: the q/k head dims are stored in an order
+            (weights.rope_head_permutation) in which partial NeoX RoPE is a full-width rotate_half, with
+            cos = 1 / sin = 0 on the pass-through dims. Decode: height-sharded, one row per core (the op's
+            decode mode; the sharded K goes into the cache update as is). Prefill: heads-first [1, heads, T, D].
+    KV    = prefill: paged_fill_cache (whole pages of the chunk); decode: ONE paged_fused_update_cache (K and V)
+            at ``pos``; the K+1-row verify: paged_update_cache per row
     o     = prefill: chunked SDPA over the paged cache (causal from chunk_start);
             decode: paged SDPA decode with cur_pos = pos
-    out   = all_reduce((o * sigmoid(gate)) @ o_proj_d)
+    out   = all_reduce((o * sigmoid(gate)) @ o_proj_d)   sigmoid fused as the multiply's input activation
 
-Shapes per device: x [1, 1, T, H] -> [1, 1, T, H]. cos/sin rows [1, T, 1, D] come from the model (one
-table gather per step, shared by all attention layers).
+Shapes per device: x [1, 1, T, H] -> [1, 1, T, H]. cos/sin come from the model (one table gather per step,
+shared by all attention layers): decode [1, T, 1, D] height-sharded, prefill [1, 1, T, D].
 """
 from __future__ import annotations
 
@@ -18,9 +22,9 @@ from typing import Any
 
 from .ccl import ccl_for
 from .gdn import all_reduce
-from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_exact_select,
-                           compute_config_matmul,
-                           compute_config_norm, kv_update_input_memory_config, sdpa_decode_program_config)
+from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
+                           compute_config_norm, kv_update_input_memory_config, rope_decode_memory_config,
+                           sdpa_decode_program_config)
 from .state import KVLayerState
 from .weights import AttentionWeights
 
@@ -30,7 +34,7 @@ class AttentionContext:
     """Per-forward inputs shared by every attention layer (all device tensors)."""
 
     mode: str  # "prefill" | "decode"
-    cos: Any  # [1, T, 1, D]
+    cos: Any  # decode: [1, T, 1, D] height-sharded (model.rope_rows); prefill: [1, 1, T, D]
     sin: Any
     page_table: Any  # [B, blocks_per_seq] int32
     pos: Any = None  # decode: [B] int32 cache position of the row
@@ -40,8 +44,8 @@ class AttentionContext:
 
 
 class TTGatedAttention:
-    def __init__(self, args: TTModelArgs, weights: AttentionWeights, rope_rot, ttnn, mesh):
-        self.args, self.w, self.rot, self.ttnn, self.mesh = args, weights, rope_rot, ttnn, mesh
+    def __init__(self, args: TTModelArgs, weights: AttentionWeights, ttnn, mesh):
+        self.args, self.w, self.ttnn, self.mesh = args, weights, ttnn, mesh
         ccl_for(ttnn, mesh)  # the collectives' persistent semaphores exist before any trace capture
         c = args.cfg
         self.hq, self.hkv, self.d = args.hq_d, args.hkv_d, c.head_dim
@@ -49,10 +53,19 @@ class TTGatedAttention:
         self.scale = c.head_dim ** -0.5
 
     def rope(self, x, ctx: AttentionContext):
-        """Partial NeoX RoPE on [1, T, heads, D] (rotate_half as an exact +-1 matmul)."""
+        """RoPE on x [1, T, heads, D] (head dims in the permuted order, see the module doc).
+
+        decode: -> [1, T, heads, D] height-sharded, T rows as the op's batch (each row its own position);
+        prefill: -> [1, heads, T, D] (the heads-first layout the cache fill and chunked SDPA take)."""
         ttnn = self.ttnn
-        rotated = ttnn.matmul(x, self.rot, compute_kernel_config=compute_config_exact_select(ttnn))
-        return ttnn.add(ttnn.multiply(x, ctx.cos), ttnn.multiply(rotated, ctx.sin))
+        cfg = compute_config_norm(ttnn)
+        if ctx.mode == "decode":
+            x = ttnn.to_memory_config(x, rope_decode_memory_config(ttnn, x.shape[1], x.shape[2], self.d))
+            return ttnn.experimental.rotary_embedding_hf(x, ctx.cos, ctx.sin, is_decode_mode=True,
+                                                         compute_kernel_config=cfg)
+        x = ttnn.permute(x, (0, 2, 1, 3))
+        return ttnn.experimental.rotary_embedding_hf(x, ctx.cos, ctx.sin, is_decode_mode=False,
+                                                     compute_kernel_config=cfg)
 
     def project(self, x):
         ttnn, a = self.ttnn, self.args
@@ -72,17 +85,18 @@ class TTGatedAttention:
         return q, gate, k, v
 
     def attend_decode(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
-        """One row per user: q/k/v [1, B, heads, D] -> o [1, 1, B, Hq_d D]."""
+        """One row per user: q/k/v [1, B, heads, D] (q, k height-sharded by :meth:`rope`) -> o [1, 1, B, Hq_d D]."""
         ttnn = self.ttnn
         if q.shape[1] != 1:
             if ctx.verify_plan is None:
                 raise NotImplementedError("multi-row decode attention is the K+1-row verify: pass a verify plan "
                                           "(models/qwen36/tt/verify.py) in AttentionContext.verify_plan")
             return self.attend_verify(q, k, v, kv, ctx)
-        shard = kv_update_input_memory_config(ttnn, q.shape[1], self.d)
-        for cache, t in ((kv.k, k), (kv.v, v)):
-            ttnn.experimental.paged_update_cache(cache, ttnn.to_memory_config(t, shard), update_idxs_tensor=ctx.pos,
-                                                 page_table=ctx.page_table)
+        # K and V rows in one program. k comes out of the decode RoPE height-sharded on core row 0; the fused update
+        # needs V on other cores, so v is resharded onto core row 1
+        v_shard = kv_update_input_memory_config(ttnn, q.shape[1], self.d, core_row=1)
+        ttnn.experimental.paged_fused_update_cache(kv.k, k, kv.v, ttnn.to_memory_config(v, v_shard),
+                                                   update_idxs_tensor=ctx.pos, page_table=ctx.page_table)
         o = ttnn.transformer.paged_scaled_dot_product_attention_decode(
             q, kv.k, kv.v, ctx.page_table, cur_pos_tensor=ctx.pos, scale=self.scale,
             program_config=sdpa_decode_program_config(ttnn), compute_kernel_config=compute_config_norm(ttnn),
@@ -128,17 +142,16 @@ class TTGatedAttention:
         p, heads, bs, d = cache.shape
         return cache if heads == 1 else self.ttnn.reshape(cache, [p * heads, 1, bs, d])
 
-    def attend_prefill(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
-        """T rows at chunk_start..: fill the chunk's pages, then causal chunked SDPA over the paged cache."""
+    def attend_prefill(self, qh, kh, v, kv: KVLayerState, ctx: AttentionContext):
+        """T rows at chunk_start..: fill the chunk's pages, then causal chunked SDPA over the paged cache.
+        qh [1, Hq_d, T, D] and kh [1, Hkv_d, T, D] heads-first (from :meth:`rope`), v [1, T, Hkv_d, D]."""
         ttnn, a = self.ttnn, self.args
-        rows = q.shape[1]
+        rows = qh.shape[2]
         kv_dt = a.dtype(TensorGroup.KV_CACHE, ttnn)
-        for cache, t in ((kv.k, k), (kv.v, v)):
-            heads_first = ttnn.permute(t, (0, 2, 1, 3))  # [1, Hkv_d, T, D]
+        for cache, heads_first in ((kv.k, kh), (kv.v, ttnn.permute(v, (0, 2, 1, 3)))):  # [1, Hkv_d, T, D]
             if heads_first.dtype != kv_dt:  # paged_fill_cache copies tiles: input dtype must equal the cache's
                 heads_first = ttnn.typecast(heads_first, kv_dt)
             ttnn.experimental.paged_fill_cache(cache, heads_first, ctx.chunk_page_table, batch_idx=0)
-        qh = ttnn.permute(q, (0, 2, 1, 3))  # [1, Hq_d, T, D]
         o = ttnn.transformer.chunked_scaled_dot_product_attention(
             qh, kv.k, kv.v, ctx.page_table, ctx.chunk_start, scale=self.scale,
             compute_kernel_config=compute_config_norm(ttnn), memory_config=activation_memory_config(ttnn))
@@ -147,15 +160,13 @@ class TTGatedAttention:
 
     def forward(self, x, kv: KVLayerState, ctx: AttentionContext):
         ttnn, a = self.ttnn, self.args
+        if ctx.mode not in ("prefill", "decode"):
+            raise ValueError(f"attention mode must be 'prefill' or 'decode', got {ctx.mode!r}")
         q, gate, k, v = self.project(x)
         q, k = self.rope(q, ctx), self.rope(k, ctx)
-        if ctx.mode == "decode":
-            o = self.attend_decode(q, k, v, kv, ctx)
-        elif ctx.mode == "prefill":
-            o = self.attend_prefill(q, k, v, kv, ctx)
-        else:
-            raise ValueError(f"attention mode must be 'prefill' or 'decode', got {ctx.mode!r}")
-        o = ttnn.multiply(o, ttnn.sigmoid(gate))
+        attend = self.attend_decode if ctx.mode == "decode" else self.attend_prefill
+        o = attend(q, k, v, kv, ctx)
+        o = ttnn.multiply(o, gate, input_tensor_b_activations=[ttnn.UnaryOpType.SIGMOID])  # sigmoid fused: no program
         out = ttnn.linear(o, self.w.o_proj, dtype=a.dtype(TensorGroup.ACTIVATION, ttnn),
                           memory_config=activation_memory_config(ttnn),
                           compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.ATTN_O)))

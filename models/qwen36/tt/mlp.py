@@ -1,4 +1,13 @@
-"""SwiGLU MLP on a TP mesh: fused column-parallel [gate_d | up_d], row-parallel down_proj + all_reduce.
+"""SwiGLU MLP on a TP mesh: column-parallel gate_d and up_d, row-parallel down_proj + all_reduce.
+
+    h   = silu(x @ gate_d) * (x @ up_d)     silu fused as the multiply's input activation
+    out = all_reduce(h @ down_d)
+
+Five programs per call: two matmuls, one multiply, one matmul, one collective. A single fused [gate_d | up_d]
+matmul reads the same weight bytes but its output then has to be split (two slices) and activated (one silu) before
+the multiply: seven programs. ``experimental.minimal_matmul(fuse_swiglu=True)`` would be one program for both, but in
+ttnn 0.81.1 it requires the weight dtype to equal the activation dtype (its docstring: "DType: must match
+input_tensor dtype"), so bf8/bf4 weights would need bf8/bf4 activations (or a typecast program per call).
 
 x [1, 1, T, H] -> [1, 1, T, H] (replicated after the reduce).
 """
@@ -18,14 +27,12 @@ class TTMLP:
 
     def forward(self, x):
         ttnn, a = self.ttnn, self.args
-        rows = x.shape[2]
         mc = activation_memory_config(ttnn)
         act = a.dtype(TensorGroup.ACTIVATION, ttnn)
-        gu = ttnn.linear(x, self.w.gate_up, dtype=act, memory_config=mc,
-                         compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_GATE_UP)))
-        gate = ttnn.slice(gu, [0, 0, 0, 0], [1, 1, rows, self.i_d])
-        up = ttnn.slice(gu, [0, 0, 0, self.i_d], [1, 1, rows, 2 * self.i_d])
-        h = ttnn.multiply(ttnn.silu(gate), up, memory_config=mc)
+        cfg = compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_GATE_UP))
+        gate = ttnn.linear(x, self.w.gate, dtype=act, memory_config=mc, compute_kernel_config=cfg)
+        up = ttnn.linear(x, self.w.up, dtype=act, memory_config=mc, compute_kernel_config=cfg)
+        h = ttnn.multiply(gate, up, input_tensor_a_activations=[ttnn.UnaryOpType.SILU], memory_config=mc)
         out = ttnn.linear(h, self.w.down, dtype=act, memory_config=mc,
                           compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_DOWN)))
         return all_reduce(ttnn, out, a.num_devices)

@@ -25,7 +25,8 @@ from .attention import AttentionContext, TTGatedAttention
 from .ccl import ccl_for
 from .gdn import TTGatedDeltaNet
 from .mlp import TTMLP
-from .model_config import TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul, compute_config_norm
+from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
+                           compute_config_norm, kv_update_input_memory_config)
 from .state import DecodeInputs, GDNLayerState, KVLayerState, TTModelState
 from .weights import LayerWeights, ModelWeights
 
@@ -40,11 +41,11 @@ class DecodeOutputs:
 class TTDecoderLayer:
     """Pre-norm residual block: mixer (GDN or gated attention) then SwiGLU MLP."""
 
-    def __init__(self, args: TTModelArgs, w: LayerWeights, rope_rot, ttnn, mesh):
+    def __init__(self, args: TTModelArgs, w: LayerWeights, ttnn, mesh):
         self.args, self.w, self.ttnn = args, w, ttnn
         self.layer_type = w.layer_type
         if w.layer_type == FULL:
-            self.mixer = TTGatedAttention(args, w.mixer, rope_rot, ttnn, mesh)
+            self.mixer = TTGatedAttention(args, w.mixer, ttnn, mesh)
         else:
             self.mixer = TTGatedDeltaNet(args, w.mixer, ttnn, mesh)
         self.mlp = TTMLP(args, w.mlp, ttnn, mesh)
@@ -67,7 +68,7 @@ class TTDecoderLayer:
 class TTQwen36Model:
     def __init__(self, args: TTModelArgs, weights: ModelWeights, ttnn, mesh):
         self.args, self.w, self.ttnn, self.mesh = args, weights, ttnn, mesh
-        self.layers = [TTDecoderLayer(args, lw, weights.rope_rot, ttnn, mesh) for lw in weights.layers]
+        self.layers = [TTDecoderLayer(args, lw, ttnn, mesh) for lw in weights.layers]
         self.replicate = ttnn.ReplicateTensorToMesh(mesh)
         # region(name) -> context manager around each part of a step ("embed", "layer3", "head"); a no-op
         # unless a probe installs the emulator's counter scopes (probes/decode_cost.py)
@@ -83,14 +84,23 @@ class TTQwen36Model:
         res = a.dtype(TensorGroup.RESIDUAL, ttnn)
         return x if x.dtype == res else ttnn.typecast(x, res)
 
-    def rope_rows(self, rope_idx):
-        """rope_idx [1, T] uint32 -> cos, sin [1, T, 1, D] (one gather each from the fp32 tables)."""
+    def rope_rows(self, rope_idx, mode: str = "decode"):
+        """rope_idx [1, T] uint32 -> cos, sin (one gather each from the fp32 tables), in the layout
+        ``rotary_embedding_hf`` takes: decode [1, T, 1, D] height-sharded (one row per core, each row its own
+        position), prefill [1, 1, T, D] interleaved. Done once per step, shared by every attention layer."""
         ttnn = self.ttnn
         rows, d = rope_idx.shape[-1], self.args.cfg.head_dim
         out = []
         for table in (self.w.rope_cos, self.w.rope_sin):
             t = ttnn.embedding(rope_idx, table, layout=ttnn.TILE_LAYOUT)
-            out.append(ttnn.reshape(t, [1, rows, 1, d]))
+            if mode == "decode":
+                t = ttnn.to_memory_config(ttnn.reshape(t, [1, rows, 1, d]),
+                                          kv_update_input_memory_config(ttnn, rows, d))
+            elif mode == "prefill":
+                t = ttnn.reshape(t, [1, 1, rows, d])
+            else:
+                raise ValueError(f"rope_rows mode must be 'decode' or 'prefill', got {mode!r}")
+            out.append(t)
         return out[0], out[1]
 
     def layers_forward(self, x, state: TTModelState, ctx: AttentionContext):
@@ -165,8 +175,8 @@ class TTQwen36Model:
                                       layout=rm, device=self.mesh, memory_config=mc)
         pages = page_table_host[:, start // a.block_size: -(-(start + rows) // a.block_size)].contiguous()
         chunk_page_table = ttnn.from_torch(pages, dtype=ttnn.int32, layout=rm, device=self.mesh, memory_config=mc)
-        cos_1T1D, sin_1T1D = self.rope_rows(rope_idx_1T)
-        return AttentionContext("prefill", cos_1T1D, sin_1T1D, page_table, chunk_start=start,
+        cos_11TD, sin_11TD = self.rope_rows(rope_idx_1T, mode="prefill")
+        return AttentionContext("prefill", cos_11TD, sin_11TD, page_table, chunk_start=start,
                                 chunk_page_table=chunk_page_table)
 
     def prefill_forward(self, ids: torch.Tensor, state: TTModelState, all_rows: bool = False,

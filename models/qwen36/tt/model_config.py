@@ -229,12 +229,24 @@ def state_memory_config(ttnn):
     return ttnn.DRAM_MEMORY_CONFIG
 
 
-def kv_update_input_memory_config(ttnn, batch: int, head_dim: int):
-    """L1 height-sharded, one [32, head_dim] shard (KV heads padded to a tile) per user core: the layout
-    ``paged_update_cache`` requires for its decode input ("input_tensor is height sharded on B cores")."""
+def kv_update_input_memory_config(ttnn, batch: int, head_dim: int, core_row: int = 0):
+    """L1 height-sharded, one [32, head_dim] shard (KV heads padded to a tile) per user core, cores
+    (0..batch-1, core_row): the layout ``paged_update_cache`` requires for its decode input ("input_tensor is height
+    sharded on B cores"). ``paged_fused_update_cache`` needs K and V on disjoint cores: V uses ``core_row=1``."""
+    cores = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, core_row), ttnn.CoreCoord(batch - 1, core_row))})
     return ttnn.create_sharded_memory_config(
-        shape=(32, head_dim), core_grid=ttnn.CoreGrid(y=1, x=batch), strategy=ttnn.ShardStrategy.HEIGHT,
+        shape=(32, head_dim), core_grid=cores, strategy=ttnn.ShardStrategy.HEIGHT,
         orientation=ttnn.ShardOrientation.ROW_MAJOR, use_height_and_width_as_shard_shape=True)
+
+
+def rope_decode_memory_config(ttnn, rows: int, heads: int, head_dim: int):
+    """L1 height-sharded, one [heads padded to 32, head_dim] shard per row core: ``rotary_embedding_hf`` in decode
+    mode requires a height-sharded input (its device validation); for the K heads (<= 32) this is exactly
+    :func:`kv_update_input_memory_config`, so the rotated K goes into ``paged_update_cache`` without a reshard."""
+    return ttnn.create_sharded_memory_config(
+        shape=(-(-heads // 32) * 32, head_dim), core_grid=ttnn.CoreGrid(y=1, x=rows),
+        strategy=ttnn.ShardStrategy.HEIGHT, orientation=ttnn.ShardOrientation.ROW_MAJOR,
+        use_height_and_width_as_shard_shape=True)
 
 
 # ---- program configs ----------------------------------------------------------------------------------
@@ -273,8 +285,8 @@ def compute_config_norm(ttnn):
 
 
 def compute_config_exact_select(ttnn):
-    """0/+-1 matmuls that only move values (rotate_half in RoPE): HiFi4, because LoFi/HiFi2 feed only 1+6 mantissa
-    bits of in0 to the multiplier and would drop the last bit of every bf16 value moved (SrcA/SrcB fidelity
+    """0/+-1 matmuls that only move values (selection or sign-permutation matrices): HiFi4, because LoFi/HiFi2
+    feed only 1+6 mantissa bits of in0 to the multiplier and would drop the last bit of every bf16 value moved (SrcA/SrcB fidelity
     phases, docs/emulator.md rule N2); fp32 dest so nothing is rounded before the output dtype."""
     return ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,
                                             fp32_dest_acc_en=True, packer_l1_acc=False)

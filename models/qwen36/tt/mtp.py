@@ -121,8 +121,8 @@ class TTMTPHead:
         a = self.args
         if self.rows > a.max_seq_len:
             raise ValueError(f"k={k}: {self.rows} reseed rows exceed max_seq_len {a.max_seq_len}")
-        self.layer = TTDecoderLayer(a, weights.layer, target.w.rope_rot, self.ttnn, self.mesh)
-        self.layer.mixer = TTMTPAttention(a, weights.layer.mixer, target.w.rope_rot, self.ttnn, self.mesh)
+        self.layer = TTDecoderLayer(a, weights.layer, self.ttnn, self.mesh)
+        self.layer.mixer = TTMTPAttention(a, weights.layer.mixer, self.ttnn, self.mesh)
         self.pick = pick or argmax_pick(self.ttnn)
         self.eps = a.cfg.rms_norm_eps
         self.replicate = self.ttnn.ReplicateTensorToMesh(self.mesh)

@@ -59,37 +59,46 @@ def gdn_conv_channels(conv_w: torch.Tensor, hk: int, dk: int, hv: int, dv: int, 
     return device_major([list(p) for p in parts]).t().contiguous()
 
 
+def rope_head_permutation(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """Order of a head's dims that turns partial NeoX RoPE into a full-width rotate_half: ``new[p] = old[perm[p]]``.
+
+    Partial RoPE rotates dim i with dim i + r/2 for i < r/2 (r = rotary_dim) and passes dims >= r through. The
+    device op (``rotary_embedding_hf``) rotates p with p + D/2 over the whole head. Placing old dims [0, r/2) at
+    [0, r/2), old [r/2, r) at [D/2, D/2 + r/2) and the pass-through dims in the remaining slots (with cos = 1,
+    sin = 0 there) makes the two the same map. Applied to the q and k rows of every head and to q_norm/k_norm
+    (per-dim weights), it leaves every q.k product unchanged, so attention does not see it; only K in the cache
+    is stored in this order."""
+    h, half = rotary_dim // 2, head_dim // 2
+    if rotary_dim % 2 or rotary_dim > head_dim or head_dim % 2:
+        raise ValueError(f"rotary_dim {rotary_dim} / head_dim {head_dim}: need even rotary_dim <= even head_dim")
+    rest = list(range(rotary_dim, head_dim))
+    return torch.tensor(list(range(h)) + rest[: half - h] + list(range(h, rotary_dim)) + rest[half - h:])
+
+
 def attention_qkv_rows(q_proj: torch.Tensor, k_proj: torch.Tensor, v_proj: torch.Tensor, hq: int, d: int,
-                       n: int) -> torch.Tensor:
+                       n: int, perm: torch.Tensor | None = None) -> torch.Tensor:
     """Fused attention rows, device-major: device d gets [q_d | gate_d | k_d | v_d] (q_proj rows are per head
-    [q | gate]; the head's q and gate rows land on the same device)."""
+    [q | gate]; the head's q and gate rows land on the same device). ``perm`` reorders each q and k head's rows
+    (:func:`rope_head_permutation`)."""
     qg = q_proj.reshape(hq, 2, d, -1)
-    q, gate = qg[:, 0].reshape(hq * d, -1), qg[:, 1].reshape(hq * d, -1)
+    q, gate = qg[:, 0], qg[:, 1].reshape(hq * d, -1)
+    if perm is not None:
+        q = q[:, perm]
+        k_proj = k_proj.reshape(-1, d, k_proj.shape[-1])[:, perm].reshape(k_proj.shape)
+    q = q.reshape(hq * d, -1)
     parts = zip(*(per_device_blocks(x, n) for x in (q, gate, k_proj, v_proj)))
     return device_major([list(p) for p in parts])
 
 
-def mlp_gate_up_rows(gate: torch.Tensor, up: torch.Tensor, n: int) -> torch.Tensor:
-    parts = zip(per_device_blocks(gate, n), per_device_blocks(up, n))
-    return device_major([list(p) for p in parts])
-
-
 def rope_tables(max_len: int, head_dim: int, rotary_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """[max_len, head_dim] cos/sin over the *whole* head: cos = 1 and sin = 0 past ``rotary_dim``, so
-    ``x * cos + rotate(x) * sin`` leaves the pass-through dims untouched (partial RoPE without slicing)."""
+    """[max_len, head_dim] cos/sin over the *whole* head in the permuted head order
+    (:func:`rope_head_permutation`): cos = 1 and sin = 0 on the pass-through dims, so the full-width
+    ``x * cos + rotate_half(x) * sin`` is partial RoPE (no slicing of the head)."""
     cos, sin = rope_cos_sin(torch.arange(max_len), rotary_dim, theta, torch.float32)
     pad = head_dim - rotary_dim
-    return (torch.cat([cos, torch.ones(max_len, pad)], -1), torch.cat([sin, torch.zeros(max_len, pad)], -1))
-
-
-def rotate_half_matrix(head_dim: int, rotary_dim: int) -> torch.Tensor:
-    """R [D, D] with (x @ R) = NeoX rotate_half on the first rotary_dim dims, 0 elsewhere (exact in bf16)."""
-    r = torch.zeros(head_dim, head_dim)
-    h = rotary_dim // 2
-    for i in range(h):
-        r[i + h, i] = -1.0
-        r[i, i + h] = 1.0
-    return r
+    perm = rope_head_permutation(head_dim, rotary_dim)
+    return (torch.cat([cos, torch.ones(max_len, pad)], -1)[:, perm],
+            torch.cat([sin, torch.zeros(max_len, pad)], -1)[:, perm])
 
 
 # ---- device weight containers -------------------------------------------------------------------------
@@ -117,7 +126,8 @@ class AttentionWeights:
 
 @dataclass
 class MLPWeights:
-    gate_up: Any  # [H, 2 I_d]
+    gate: Any  # [H, I_d] column-parallel (its own tensor: silu is fused into the multiply, no split of a fused output)
+    up: Any  # [H, I_d] column-parallel
     down: Any  # [I_d, H]
 
 
@@ -136,9 +146,8 @@ class ModelWeights:
     layers: list[LayerWeights]
     final_norm: Any
     lm_head: Any  # [H, V_d] vocab-parallel
-    rope_cos: Any  # [max_len, D] (row gather by position)
+    rope_cos: Any  # [max_len, D] (row gather by position), head dims in the RoPE order (rope_head_permutation)
     rope_sin: Any
-    rope_rot: Any  # [D, D]
     mtp: dict = field(default_factory=dict)  # MTP head weights (filled by the MTP loader below)
 
 
@@ -213,19 +222,21 @@ class WeightLoader:
 
     def attention(self, p: str) -> AttentionWeights:
         c = self.args.cfg
+        perm = rope_head_permutation(c.head_dim, c.rotary_dim)
         rows = attention_qkv_rows(self._get(f"{p}q_proj.weight"), self._get(f"{p}k_proj.weight"),
-                                  self._get(f"{p}v_proj.weight"), c.num_attention_heads, c.head_dim, self.n)
-        qkv = self.matrix(f"{p}qkv_fused", rows, TensorGroup.ATTN_QKV, "column")
-        qn = self.norm_weight(f"{p}q_norm", self._get(f"{p}q_norm.weight"), zero_centred=True)
-        kn = self.norm_weight(f"{p}k_norm", self._get(f"{p}k_norm.weight"), zero_centred=True)
+                                  self._get(f"{p}v_proj.weight"), c.num_attention_heads, c.head_dim, self.n, perm)
+        # "_ropeperm": q/k rows in the RoPE head order (cache files of the unpermuted layout must not be reused)
+        qkv = self.matrix(f"{p}qkv_fused_ropeperm", rows, TensorGroup.ATTN_QKV, "column")
+        qn = self.norm_weight(f"{p}q_norm_ropeperm", self._get(f"{p}q_norm.weight")[perm], zero_centred=True)
+        kn = self.norm_weight(f"{p}k_norm_ropeperm", self._get(f"{p}k_norm.weight")[perm], zero_centred=True)
         o = self.matrix(f"{p}o_proj", self._get(f"{p}o_proj.weight"), TensorGroup.ATTN_O, "row")
         return AttentionWeights(qkv, qn, kn, o)
 
     def mlp(self, p: str) -> MLPWeights:
-        rows = mlp_gate_up_rows(self._get(f"{p}gate_proj.weight"), self._get(f"{p}up_proj.weight"), self.n)
-        gu = self.matrix(f"{p}gate_up_fused", rows, TensorGroup.MLP_GATE_UP, "column")
+        gate = self.matrix(f"{p}gate_proj", self._get(f"{p}gate_proj.weight"), TensorGroup.MLP_GATE_UP, "column")
+        up = self.matrix(f"{p}up_proj", self._get(f"{p}up_proj.weight"), TensorGroup.MLP_GATE_UP, "column")
         down = self.matrix(f"{p}down_proj", self._get(f"{p}down_proj.weight"), TensorGroup.MLP_DOWN, "row")
-        return MLPWeights(gu, down)
+        return MLPWeights(gate, up, down)
 
     def layer(self, i: int) -> LayerWeights:
         t = self.args.cfg.layer_types[i]
@@ -257,13 +268,12 @@ class WeightLoader:
         lm_head = self.matrix("lm_head", head_rows, TensorGroup.LM_HEAD, "column")
         cos, sin = rope_tables(a.max_seq_len, c.head_dim, c.rotary_dim, c.rope_theta)
         rope_dt = a.dtype(TensorGroup.ROPE, ttnn)
-        rope_cos = self._put(f"rope_cos_{a.max_seq_len}", cos, rope_dt, layout=ttnn.ROW_MAJOR_LAYOUT)
-        rope_sin = self._put(f"rope_sin_{a.max_seq_len}", sin, rope_dt, layout=ttnn.ROW_MAJOR_LAYOUT)
-        rope_rot = self._put("rope_rot", rotate_half_matrix(c.head_dim, c.rotary_dim), a.dtype(TensorGroup.NORM, ttnn))
+        rope_cos = self._put(f"rope_cos_ropeperm_{a.max_seq_len}", cos, rope_dt, layout=ttnn.ROW_MAJOR_LAYOUT)
+        rope_sin = self._put(f"rope_sin_ropeperm_{a.max_seq_len}", sin, rope_dt, layout=ttnn.ROW_MAJOR_LAYOUT)
         self.bar.update()
         self.bar.close()
         self.bar = None
-        return ModelWeights(embedding, out, final_norm, lm_head, rope_cos, rope_sin, rope_rot)
+        return ModelWeights(embedding, out, final_norm, lm_head, rope_cos, rope_sin)
 
 
 # ---- MTP head --------------------------------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""The gate for bfloat4_b MLP gate/up weights in the performance preset, on weights with the statistics of real
+checkpoints rather than i.i.d. Gaussians: heavy-tailed entries (Student-t, 4 degrees of freedom) times log-normal
+per-output-channel and per-input-channel scales (trained projections have rows and columns whose norms differ by
+several x, and outlier input channels).
+
+bfloat4_b shares one exponent per 16 consecutive values of a tile row; the weights are stored [in, out], so one block
+spans 16 output channels, and channels with different scales then share an exponent: the small ones lose their
+mantissa. Measured here (emulated, strict numerics): MLP PCC 0.9820 with bf4 gate/up against the 0.99 gate (bf8:
+0.99984; a second draw of the same statistics gave 0.9616 / 0.99977), so the performance
+preset keeps bf8 and ``performance-bf4`` stays an opt-in preset with that accuracy cost stated."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwen36.tiny import PRESETS, random_weights, write_checkpoint
+from qwen36.tt.model_config import PrecisionSetting
+from qwen36.tt.pcc import PCC_GATES, comp_pcc
+from qwen36.testing.tt import LayerHarness
+
+LAYER = 1  # a CI-config layer; only its MLP is run
+
+
+def realistic_matrix(shape, gen: torch.Generator, scale: float = 0.02) -> torch.Tensor:
+    """[out, in]: Student-t(4) entries x log-normal(0, 0.6) row scales x log-normal(0, 0.6) column scales."""
+    o, i = shape
+    base = _student_t(o, i, gen)
+    s_out = torch.exp(0.6 * torch.randn(o, generator=gen))
+    s_in = torch.exp(0.6 * torch.randn(i, generator=gen))
+    return base * s_out[:, None] * s_in[None, :] * scale
+
+
+def _student_t(o: int, i: int, gen: torch.Generator, dof: float = 4.0) -> torch.Tensor:
+    """Student-t draws from one generator: z / sqrt(chi2_dof / dof), chi2 as a sum of dof squared normals."""
+    z = torch.randn(o, i, generator=gen)
+    chi2 = (torch.randn(int(dof), o, i, generator=gen) ** 2).sum(0)
+    return z / torch.sqrt(chi2 / dof)
+
+
+@pytest.fixture(scope="module")
+def realistic_ckpt(tmp_path_factory):
+    cfg = PRESETS["ci"]
+    w = random_weights(cfg, 0, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(7)
+    for name in sorted(w):
+        if name.startswith(f"layers.{LAYER}.mlp."):
+            w[name] = realistic_matrix(tuple(w[name].shape), gen).to(torch.bfloat16)
+    return write_checkpoint(tmp_path_factory.mktemp("tt-bf4-realistic"), cfg, w)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    from qwen36.tt_ops.device import open_mesh
+
+    with open_mesh("emulated-p150x2") as ctx:
+        yield ctx
+
+
+def _mlp_pcc(ckpt, mesh, preset: str):
+    h = LayerHarness(ckpt, mesh, PrecisionSetting.named(preset), LAYER)
+    x = torch.randn(1, 40, h.cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    exp, got = h.mlp(x)
+    return comp_pcc(exp, got, PCC_GATES["layer_bf8"])
+
+
+def test_realistic_weights_pass_the_gate_in_bf8(realistic_ckpt, mesh):
+    ok, msg = _mlp_pcc(realistic_ckpt, mesh, "performance")
+    assert ok, f"bf8 MLP on realistic weight statistics: {msg}"
+
+
+def test_realistic_weights_fail_the_gate_in_bf4(realistic_ckpt, mesh):
+    """Why the performance preset keeps bf8 gate/up (module doc). If this starts passing, reconsider the default."""
+    ok, msg = _mlp_pcc(realistic_ckpt, mesh, "performance-bf4")
+    assert not ok, f"bf4 gate/up now passes the gate on realistic weights ({msg}): reconsider the performance preset"
+    assert PrecisionSetting.named("performance").dtypes[next(g for g in PrecisionSetting.named("performance").dtypes
+                                                              if g.value == "mlp_gate_up")] == "bfloat8_b"

@@ -1,0 +1,103 @@
+"""Attention / MLP fusions: the RoPE head-dim permutation is exact, and the per-layer program counts they buy stay
+bought (bounds that the unfused code fails: attention decode mixer 25 programs, MLP 7 at CI size; fused: 19, 5).
+
+The numerics of the fused layers are gated in tests/test_tt_layers.py (per layer) and tests/test_tt_model.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwen36.reference.layers import apply_partial_rope, rope_cos_sin
+from qwen36.tt.weights import rope_head_permutation, rope_tables
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], -1)
+
+
+@pytest.mark.parametrize("head_dim,rotary_dim", [(256, 64), (32, 8), (128, 128), (64, 32)])
+def test_full_width_rotate_half_in_permuted_order_is_partial_rope(head_dim, rotary_dim):
+    """rotary_embedding_hf's full-width rotate_half on the permuted head == the reference's partial NeoX RoPE,
+    permuted; and q.k products do not see the permutation."""
+    g = torch.Generator().manual_seed(0)
+    t = 7
+    pos = torch.tensor([0, 1, 5, 31, 32, 200, 4095])
+    x = torch.randn(1, 3, t, head_dim, generator=g, dtype=torch.float64)
+    cos_r, sin_r = rope_cos_sin(pos, rotary_dim, 1e7, torch.float64)
+    want = apply_partial_rope(x, cos_r[None], sin_r[None])
+    perm = rope_head_permutation(head_dim, rotary_dim)
+    assert sorted(perm.tolist()) == list(range(head_dim))
+    cos, sin = rope_tables(4096, head_dim, rotary_dim, 1e7)
+    cos, sin = cos[pos].double(), sin[pos].double()
+    xp = x[..., perm]
+    got = xp * cos + _rotate_half(xp) * sin
+    torch.testing.assert_close(got, want[..., perm], rtol=0, atol=1e-6)  # fp32 tables vs fp64 reference
+    y = torch.randn(1, 3, t, head_dim, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(xp @ y[..., perm].transpose(-1, -2), x @ y.transpose(-1, -2))
+
+
+def test_rope_head_permutation_rejects_odd_dims():
+    with pytest.raises(ValueError, match="rotary_dim"):
+        rope_head_permutation(32, 7)
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    from qwen36.tt.model_config import PrecisionSetting
+    from qwen36.tt_ops.device import open_mesh
+    from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
+
+    ckpt = make_bf16_checkpoint(tmp_path_factory.mktemp("tt-fusions"), "ci", seed=0)
+    with open_mesh("emulated-p150x2") as ctx:
+        h = LayerHarness(ckpt, ctx, PrecisionSetting.named("performance"), 3)  # the CI config's attention layer
+        h.decoder_layer(torch.randn(1, 40, 64, generator=torch.Generator().manual_seed(1)), "prefill")
+        yield ctx, h
+
+
+def _count(ctx, name, fn):
+    with ctx.counters.scope(name) as c:
+        fn()
+    return c
+
+
+def test_attention_decode_programs(harness):
+    ctx, h = harness
+    actx = h._ctx("decode", 1)
+    x = h.to_device(torch.randn(1, 1, 64))
+    c = _count(ctx, "attention mixer", lambda: h.layer.mixer.forward(x, h.state.layers[0], actx))
+    ops = dict(c.per_op)
+    # RoPE: one program each for q and k (was matmul + 2 multiply + add each); no separate sigmoid
+    assert ops.get("ttnn.experimental.rotary_embedding_hf") == 2, ops
+    assert "ttnn.matmul" not in ops and "ttnn.sigmoid" not in ops and "ttnn.add" not in ops, ops
+    assert ops.get("ttnn.multiply") == 1, ops
+    # K and V rows in one cache update; resharding: q and k into the RoPE's height-sharded layout, v onto the
+    # cores the fused update wants for it (k goes in as rotated)
+    assert ops.get("ttnn.experimental.paged_fused_update_cache") == 1, ops
+    assert "ttnn.experimental.paged_update_cache" not in ops, ops
+    assert ops.get("ttnn.to_memory_config") == 3, ops
+    assert c.programs <= 19, f"attention decode mixer: {c.programs} programs (unfused: 25) {dict(c.programs_per_op)}"
+    h.pos += 1
+
+
+def test_mlp_programs(harness):
+    ctx, h = harness
+    x = h.to_device(torch.randn(1, 1, 64))
+    c = _count(ctx, "mlp", lambda: h.layer.mlp.forward(x))
+    ops = dict(c.per_op)
+    assert c.programs == 5, f"MLP: {c.programs} programs (fused gate_up + slices + silu: 7) {ops}"
+    assert "ttnn.slice" not in ops and "ttnn.silu" not in ops, ops
+
+
+def test_rope_rows_layouts(harness):
+    """decode cos/sin are height-sharded [1, T, 1, D] (what the decode-mode op validates), prefill [1, 1, T, D]."""
+    ctx, h = harness
+    ttnn, d = ctx.ttnn, h.cfg.head_dim
+    idx = ttnn.from_torch(torch.arange(3, dtype=torch.int32)[None], dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT,
+                          device=ctx.mesh_device)
+    cos, _ = h.model.rope_rows(idx)
+    assert list(cos.shape) == [1, 3, 1, d] and cos.memory_config().is_sharded()
+    cos, _ = h.model.rope_rows(idx, mode="prefill")
+    assert list(cos.shape) == [1, 1, 3, d] and not cos.memory_config().is_sharded()
+    with pytest.raises(ValueError, match="mode"):
+        h.model.rope_rows(idx, mode="verify")
