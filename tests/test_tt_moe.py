@@ -179,7 +179,7 @@ def router_gaps(ref, ids: torch.Tensor) -> torch.Tensor:
     return torch.stack(gaps).min(0).values
 
 
-@pytest.mark.parametrize("preset", ["accuracy", "performance"])
+@pytest.mark.parametrize("preset", ["accuracy", pytest.param("performance", marks=pytest.mark.slow)])
 def test_moe_model_traced_decode_pcc_every_step(ckpt, ref, preset):
     """Traced decode fed the reference's greedy tokens: logits PCC >= 0.98 at every step (accuracy preset). With
     bfloat8_b projections (performance) the hidden state moves by ~5% rel L2, enough to swap an expert where the
@@ -208,6 +208,7 @@ def test_moe_model_traced_decode_pcc_every_step(ckpt, ref, preset):
     assert len(skipped) <= steps // 3, f"too many router near-ties to gate: {skipped}"
 
 
+@pytest.mark.slow  # two generators, eager and traced
 def test_moe_traced_decode_equals_untraced_bitwise(ckpt):
     feeds = [3, 77, 400, 12, 9]
 
@@ -224,6 +225,7 @@ def test_moe_traced_decode_equals_untraced_bitwise(ckpt):
         assert torch.equal(a, b), f"step {i}: traced != untraced (max abs {(a - b).abs().max():.3e})"
 
 
+@pytest.mark.slow  # 24 greedy steps
 def test_moe_greedy_equals_reference_on_a_clear_prompt(ckpt, ref):
     ids = torch.tensor(PROMPT)
     exp, _, margins = ref_greedy_with_margins(ref, ids, 24)
