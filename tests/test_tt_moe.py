@@ -262,3 +262,37 @@ def test_moe_speculative_greedy_lossless_all_mechanisms(ckpt, ref):
                 assert r.tokens == plain, f"K={k} {m}: speculative != plain greedy"
     finally:
         gen.close()
+
+
+# ---- cost presets -------------------------------------------------------------------------------------------
+def test_35b_a3b_preset_matches_transformers_defaults_and_builds_64_experts():
+    from qwen36.probes.decode_cost import BUILT_EXPERTS, build_config, router_correction
+
+    cfg, real = build_config("35b-a3b", 4096)
+    assert (real.hidden_size, real.num_hidden_layers, real.num_experts, real.num_experts_per_tok) == (2048, 40, 256, 8)
+    assert (real.moe_intermediate_size, real.shared_expert_intermediate_size, real.vocab_size) == (512, 512, 248320)
+    assert len(real.gdn_layer_ids) == 30 and len(real.attention_layer_ids) == 10
+    assert cfg.num_experts == BUILT_EXPERTS and cfg.vocab_size == 4096
+    assert BUILT_EXPERTS >= 8 * real.num_experts_per_tok, "a K=7 verify lists 8 rows x k expert slots"
+    corr = router_correction(cfg, real, 1, "BFLOAT16", "FLOAT32")
+    # router weight [2048, 256 - 64] bf16, plus softmax and top-k reading 192 more fp32 columns of one tile row
+    assert corr == {"BFLOAT16": 2048 * 192 * 2, "FLOAT32": 2 * (192 // 32) * 4096}
+    try:
+        from transformers import Qwen3_5MoeTextConfig
+    except ImportError:
+        return
+    t = Qwen3_5MoeTextConfig()
+    for f in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "linear_num_key_heads", "linear_num_value_heads", "num_experts", "num_experts_per_tok",
+              "moe_intermediate_size", "shared_expert_intermediate_size", "vocab_size"):
+        assert getattr(t, f) == getattr(real, f), f
+
+
+def test_expected_distinct_experts_under_uniform_routing():
+    from qwen36.probes.gate_0b import expected_distinct_experts
+
+    assert expected_distinct_experts(256, 8, 1) == pytest.approx(8.0)
+    assert expected_distinct_experts(256, 8, 8) == pytest.approx(57.4, abs=0.05)
+    g = torch.Generator().manual_seed(0)  # Monte Carlo check of the closed form
+    draws = [len(set(torch.cat([torch.randperm(256, generator=g)[:8] for _ in range(4)]).tolist())) for _ in range(4000)]
+    assert sum(draws) / len(draws) == pytest.approx(expected_distinct_experts(256, 8, 4), abs=0.1)
