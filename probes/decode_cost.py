@@ -11,6 +11,9 @@ Method (``--preset 27b``):
   * one decode step runs with a counter scope around the embedding, each layer and the head (the same ops the
     decode trace records; checked against a captured trace's counts);
   * per token = embed + 48 x GDN layer + 16 x attention layer + head.
+``--preset 35b-a3b`` (the MoE sibling) is built the same way with 64 routed experts instead of 256 (see
+``BUILT_EXPERTS``); the router's extra bytes at 256 experts are added per MoE layer, and the weight bytes per token
+count the k routed experts each layer reads, not the resident expert stack.
 The step is counted at position ``--context - 1``: the emulator's paged SDPA decode accounting reads the KV
 blocks up to that position (and ``paged_update_cache`` the row tiles it touches), so KV bytes are those of a
 ``--context``-token sequence. One byte correction: the emulator counts a gather's whole table as read, but an
@@ -29,7 +32,7 @@ from qwen36.probes.records import ProbeReport
 from qwen36.errors import UserError
 
 NAME = "decode-cost"
-HELP = "modelled P150a decode cost (programs, weight bytes, collectives, ms/step, tok/s) at real 27B shapes"
+HELP = "modelled P150a decode cost (programs, weight bytes, collectives, ms/step, tok/s) at real 27B / 35B-A3B shapes"
 REAL_VOCAB = 248320
 
 
