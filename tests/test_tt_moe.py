@@ -296,3 +296,54 @@ def test_expected_distinct_experts_under_uniform_routing():
     g = torch.Generator().manual_seed(0)  # Monte Carlo check of the closed form
     draws = [len(set(torch.cat([torch.randperm(256, generator=g)[:8] for _ in range(4)]).tolist())) for _ in range(4000)]
     assert sum(draws) / len(draws) == pytest.approx(expected_distinct_experts(256, 8, 4), abs=0.1)
+
+
+@pytest.mark.slow  # ~100 seeded stochastic speculative steps through the traced TT path
+def test_moe_stochastic_speculation_emits_the_target_distribution(ckpt):
+    """Sampled drafts from the MoE MTP head, device acceptance, K=2, T=1.5 top-50 (wide enough that the random-weight
+    MTP's drafts overlap the target and get accepted): the first emitted token of each step, binned by its rank
+    among the target's kept tokens (ranks 0, 1, 2, 3-9, 10-49; from the verify logits the step read), follows the
+    target's own probabilities (chi-square p > 1e-3; expectations summed over steps), no emitted token has target
+    probability 0, and both rejection and acceptance occur."""
+    from qwen36.checkpoint import load_checkpoint
+    from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+    from qwen36.tt.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec_backend import TTSpecBackend
+
+    top_k, k, steps = 50, 2, 100
+    bins = [(0, 1), (1, 2), (2, 3), (3, 10), (10, top_k)]
+    gen = make_gen(ckpt)
+    be = TTSpecBackend(gen, "shadow_commit", drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)))
+    params = SamplingParams(1.5, top_k, 1.0, 11, draft="sample")
+    obs, exp = torch.zeros(len(bins) + 1, dtype=torch.float64), torch.zeros(len(bins) + 1, dtype=torch.float64)
+    hist = [0] * (k + 1)
+    done, seg = 0, 0
+    try:
+        while done < steps:
+            be.prefill([(PROMPT[i] + 37 * seg) % CFG.vocab_size for i in range(6)], params)
+            seg += 1
+            while done < steps and be.n + 2 * (k + 1) < gen.model.args.max_seq_len:
+                d = be.draft(k)
+                v = be.verify(d)
+                p = probs_from_logits(gen.model.to_host(v.out.logits).float().reshape(k + 1, -1), params)
+                acc = be.accept(d, v)
+                be.commit(acc)
+                kept = p[0].nonzero().flatten()
+                order = kept[p[0][kept].argsort(descending=True)].tolist()
+                rank = order.index(acc.tokens[0]) if acc.tokens[0] in order else top_k
+                obs[next((b for b, (lo, hi) in enumerate(bins) if lo <= rank < hi), len(bins))] += 1
+                srt = p[0].sort(descending=True).values.double()
+                for b, (lo, hi) in enumerate(bins):
+                    exp[b] += srt[lo:hi].sum()
+                hist[acc.num_accepted] += 1
+                done += 1
+    finally:
+        be.close()
+        gen.close()
+    assert obs[len(bins)] == 0, "emitted a token the target's transform gives probability 0"
+    keep = exp > 0
+    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    dof = int(keep.sum()) - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+    assert p_value > 1e-3, (p_value, obs.tolist(), exp.tolist(), hist)
+    assert sum(1 for c in hist if c) >= 2, f"acceptance not exercised: {hist}"
