@@ -347,3 +347,19 @@ def test_moe_stochastic_speculation_emits_the_target_distribution(ckpt):
     p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
     assert p_value > 1e-3, (p_value, obs.tolist(), exp.tolist(), hist)
     assert sum(1 for c in hist if c) >= 2, f"acceptance not exercised: {hist}"
+
+
+@pytest.mark.slow  # the transaction probe's K=1 cells (3 mechanisms x a in {0, 1}) on the MoE checkpoint
+def test_moe_transaction_probe_k1_every_mechanism(ckpt):
+    """gdn-transaction-tp on the MoE model: abort restores the state bit for bit, accept commits exactly what K+1
+    single-row decodes give (the MoE block's per-row routing in the packed verify included)."""
+    from qwen36.probes import gdn_transaction_tp as probe
+
+    p = probe.open_probe(ckpt, "emulated-p150x2", "accuracy", seed=0)
+    try:
+        cells, _ = probe.run_matrix(p, ks=(1,))
+    finally:
+        p.gen.close()
+    failed = [(c["cell"], c.get("failed")) for c in cells if not c["pass"]]
+    assert not failed, failed
+    assert len(cells) == 3 * 2 + 1
