@@ -11,6 +11,9 @@ Method (``--preset 27b``):
   * one decode step runs with a counter scope around the embedding, each layer and the head (the same ops the
     decode trace records; checked against a captured trace's counts);
   * per token = embed + 48 x GDN layer + 16 x attention layer + head.
+``--preset 35b-a3b`` (the MoE sibling) is built the same way with 64 routed experts instead of 256 (see
+``BUILT_EXPERTS``); the router's extra bytes at 256 experts are added per MoE layer, and the weight bytes per token
+count the k routed experts each layer reads, not the resident expert stack.
 The step is counted at position ``--context - 1``: the emulator's paged SDPA decode accounting reads the KV
 blocks up to that position (and ``paged_update_cache`` the row tiles it touches), so KV bytes are those of a
 ``--context``-token sequence. One byte correction: the emulator counts a gather's whole table as read, but an
@@ -29,7 +32,7 @@ from qwen36.probes.records import ProbeReport
 from qwen36.errors import UserError
 
 NAME = "decode-cost"
-HELP = "modelled P150a decode cost (programs, weight bytes, collectives, ms/step, tok/s) at real 27B shapes"
+HELP = "modelled P150a decode cost (programs, weight bytes, collectives, ms/step, tok/s) at real 27B / 35B-A3B shapes"
 REAL_VOCAB = 248320
 
 
@@ -43,6 +46,56 @@ def qwen36_27b_config():
         rope_theta=10_000_000.0, linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
         linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=262144,
         mtp_num_hidden_layers=1)
+
+
+# the 35B-A3B MoE sibling is built with BUILT_EXPERTS routed experts instead of 256: the expert matmuls read only
+# the listed groups (bytes independent of E while rows*k <= E; 64 covers a K=7 verify's 8 rows x top-8), so only
+# the router's bytes depend on E, and those are added back exactly (``router_correction``)
+BUILT_EXPERTS = 64
+
+
+def qwen36_35b_a3b_config():
+    """transformers 5.24 ``Qwen3_5MoeTextConfig`` defaults: 40 layers (3 GDN : 1 attention), hidden 2048, 16/2
+    attention heads of 256, 16/32 GDN heads of 128, 256 experts top-8 (intermediate 512) + a gated shared expert
+    (intermediate 512), vocab 248320, partial rotary 0.25, one MTP layer."""
+    from qwen36.config import FULL, LINEAR, Qwen36Config
+
+    return Qwen36Config(
+        vocab_size=REAL_VOCAB, hidden_size=2048, intermediate_size=0, num_hidden_layers=40,
+        layer_types=tuple(FULL if i % 4 == 3 else LINEAR for i in range(40)),
+        num_attention_heads=16, num_key_value_heads=2, head_dim=256, partial_rotary_factor=0.25,
+        rope_theta=10_000_000.0, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=262144,
+        mtp_num_hidden_layers=1, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+        shared_expert_intermediate_size=512)
+
+
+def build_config(preset: str, vocab: int):
+    """(config to build, real config) for a probe preset: the vocabulary cut to ``vocab``; the MoE preset also
+    built with BUILT_EXPERTS experts."""
+    from qwen36.tiny import PRESETS
+
+    base = {"27b": qwen36_27b_config, "35b-a3b": qwen36_35b_a3b_config}.get(preset, lambda: PRESETS[preset])()
+    cfg = dataclasses.replace(base, vocab_size=min(vocab, base.vocab_size), eos_token_id=())
+    if base.is_moe and base.num_experts > BUILT_EXPERTS:
+        cfg = dataclasses.replace(cfg, num_experts=BUILT_EXPERTS)
+    return cfg, base
+
+
+def router_correction(built, real, rows: int, router_dtype: str, routing_dtype: str) -> dict:
+    """Bytes per device one MoE block reads at ``real``'s expert count beyond what the ``built`` config read: the
+    router weight's extra columns (H x extra, read whole every call) and the extra logit/probability tiles that
+    softmax and top-k read ([rows, E] fp32). Programs are the same (one op each whatever E)."""
+    from qwen36.tt_ops.emulator.tensor import TILE_BYTES
+
+    extra = real.num_experts - built.num_experts
+    if extra <= 0:
+        return {}
+    weight = built.hidden_size * extra // 1024 * TILE_BYTES[router_dtype.upper()]
+    acts = 2 * (-(-rows // 32)) * (extra // 32) * TILE_BYTES[routing_dtype.upper()]
+    out = {router_dtype: weight}
+    out[routing_dtype] = out.get(routing_dtype, 0) + acts
+    return out
 
 
 class RandomCheckpoint:
@@ -73,7 +126,9 @@ class RandomCheckpoint:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="27b", choices=["27b", "ci"], help="27b: real shapes; ci: the tiny CI config")
+    p.add_argument("--preset", default="27b", choices=["27b", "35b-a3b", "ci", "moe-ci"],
+                   help="27b / 35b-a3b: real shapes (the MoE sibling built with 64 experts, router bytes added back); "
+                        "ci / moe-ci: the tiny CI configs")
     p.add_argument("--precision", default="performance", help="accuracy | performance | performance-bf4")
     p.add_argument("--context", type=int, default=4096,
                    help="sequence length at the counted step (the decode attends to this many KV positions)")
@@ -205,7 +260,7 @@ def token_counts(name: str, parts) -> "Counts":
 
 
 def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, real_vocab: int | None = None,
-            n_gdn: int | None = None, n_attn: int | None = None) -> dict:
+            n_gdn: int | None = None, n_attn: int | None = None, real_cfg=None) -> dict:
     """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step by region and
     extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default: cfg's)."""
     from qwen36.tt_ops.cost_model import LABEL, P150aCostModel, decode_layout_bounds
@@ -237,6 +292,24 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         attn = regions["layer1"].copy("attention layer")
         kv_read = bench.kv_read_bytes()
         gdn = regions["layer0"].copy("GDN layer")
+        moe = None
+        if cfg.is_moe:
+            from qwen36.tt.model_config import TensorGroup
+
+            real = real_cfg or cfg
+            corr = router_correction(cfg, real, 1, bench.dtype_name(TensorGroup.MOE_ROUTER),
+                                     bench.dtype_name(TensorGroup.MOE_ROUTING))
+            for layer in (gdn, attn):
+                for k, v in corr.items():
+                    layer.bytes_read[k] += v
+            mw = weights.layers[0].mlp
+            group = (mw.experts_gate_up.bytes_per_device() + mw.experts_down.bytes_per_device()) // cfg.num_experts
+            router = mw.router.bytes_per_device() // cfg.num_experts * real.num_experts
+            moe = {"experts_built": cfg.num_experts, "experts_real": real.num_experts, "top_k": cfg.num_experts_per_tok,
+                   "expert_bytes_per_device": group,
+                   "routed_expert_bytes_read_per_layer": group * cfg.num_experts_per_tok,
+                   "resident_expert_bytes_per_layer": group * real.num_experts,
+                   "router_bytes_per_layer": router, "router_correction_per_layer": corr}
         ratio = (real_vocab or cfg.vocab_size) / cfg.vocab_size
         head = _scaled(regions["head"], "head (vocab-extrapolated)", ratio)
 
@@ -246,6 +319,11 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
                              ((embed, 1), (gdn, n_gdn), (attn, n_attn), (head, 1)))
 
         lw_gdn, lw_attn = _tensor_bytes(weights.layers[0]), _tensor_bytes(weights.layers[1])
+        if moe is not None:  # weights read per token: the k routed experts, not the resident stack
+            adj = (moe["routed_expert_bytes_read_per_layer"] - group * cfg.num_experts
+                   + sum(moe["router_correction_per_layer"].get(k, 0) for k in
+                         (bench.dtype_name(TensorGroup.MOE_ROUTER),)))
+            lw_gdn, lw_attn = lw_gdn + adj, lw_attn + adj
         lm_head = weights.lm_head.bytes_per_device() * ratio
         weight_bytes = n_gdn * lw_gdn + n_attn * lw_attn + lm_head + _tensor_bytes(weights.final_norm) + h * 2
         cm = P150aCostModel()
@@ -285,22 +363,17 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
                                      "activations_in_l1": b["constants"]["activations_in_l1"]}
                                   for name, b in layouts.items()},
             "cost_model_constants": br["constants"],
+            **({"moe": moe} if moe is not None else {}),
         }
     finally:
         bench.close()
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from qwen36.tiny import PRESETS
-
-    if args.preset == "27b":
-        base = qwen36_27b_config()
-    else:
-        base = PRESETS["ci"]
     device = args.device if args.device != "reference" else "emulated-p150x2"
-    cfg = dataclasses.replace(base, vocab_size=min(args.vocab_sample, base.vocab_size), eos_token_id=())
+    cfg, base = build_config(args.preset, args.vocab_sample)
     fig = measure(device, cfg, args.precision, args.context, args.seed, real_vocab=base.vocab_size,
-                  n_gdn=len(base.gdn_layer_ids), n_attn=len(base.attention_layer_ids))
+                  n_gdn=len(base.gdn_layer_ids), n_attn=len(base.attention_layer_ids), real_cfg=base)
     check = fig["programs_traced_step_check"]
     cells = [
         {"cell": "trace records the counted step", "pass": check["regions_sum"] == check["trace_replay"], **check},

@@ -32,7 +32,7 @@ from collections import defaultdict
 import torch
 
 from qwen36.errors import UserError
-from qwen36.probes.decode_cost import RandomCheckpoint, build_bench, qwen36_27b_config
+from qwen36.probes.decode_cost import RandomCheckpoint, build_bench, build_config, router_correction
 from qwen36.probes.records import ProbeReport
 from qwen36.speculative.mechanisms import MECHANISMS
 
@@ -41,7 +41,9 @@ HELP = "verify_cost_ratio (K+1-row verify / 1-row decode), draft/reseed/commit/a
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="27b", choices=["27b", "ci"], help="27b: real shapes; ci: the tiny CI config")
+    p.add_argument("--preset", default="27b", choices=["27b", "35b-a3b", "ci", "moe-ci"],
+                   help="27b / 35b-a3b: real shapes (the MoE sibling built with 64 experts, router bytes added back); "
+                        "ci / moe-ci: the tiny CI configs")
     p.add_argument("--precision", default="performance", help="accuracy | performance | performance-bf4")
     p.add_argument("--context", type=int, default=4096, help="sequence length at the counted step")
     p.add_argument("--ks", default="1,2,3,7", help="draft depths K")
@@ -161,7 +163,14 @@ def _phase_figures(cost: Cost, cm, emulated: bool) -> dict:
             "collective_bytes_per_device": c.collective_bytes, "bytes_read_per_device": dict(sorted(c.bytes_read.items()))}
 
 
-def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, seed: int, real_vocab: int) -> dict:
+def expected_distinct_experts(num_experts: int, top_k: int, rows: int) -> float:
+    """Expected number of distinct experts ``rows`` rows touch when each row picks ``top_k`` of ``num_experts``
+    uniformly at random (a model of routing, not a measurement): E * (1 - (1 - k/E)^rows)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** rows)
+
+
+def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, seed: int, real_vocab: int,
+            real_cfg=None) -> dict:
     from qwen36.tt_ops.cost_model import LABEL, P150aCostModel
 
     from qwen36.tt.accept import DeviceAcceptor
@@ -186,9 +195,16 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
         n_gdn, n_attn = len(cfg.gdn_layer_ids), len(cfg.attention_layer_ids)
         pos = context - 1
 
+        real = real_cfg or cfg
+        router_corr = Cost()
+        if cfg.is_moe and emulated:  # the router bytes of the real expert count (decode_cost.router_correction)
+            rc = router_correction(cfg, real, 1, bench.dtype_name(TensorGroup.MOE_ROUTER),
+                                   bench.dtype_name(TensorGroup.MOE_ROUTING))
+            router_corr = Cost({f"read:{k}": v for k, v in rc.items()})
+
         def layers(regs, view_corr: Cost = Cost()) -> Cost:
             return total(((regs["embed"], 1), (regs["layer0"], n_gdn), (regs["layer1"], n_attn), (view_corr, n_attn),
-                          (regs["head"].vocab_scaled(ratio), 1)))
+                          (router_corr, n_gdn + n_attn), (regs["head"].vocab_scaled(ratio), 1)))
 
         # ---- 1-row decode ---------------------------------------------------------------------------------
         inputs = allocate_decode_inputs(ttnn, mesh)
@@ -277,6 +293,20 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
         out["step_ms_shadow_commit"] = {
             str(k): out["verify"][str(k)]["ms"] + out["accept"][str(k)]["ms"] + out["draft"][str(k)]["total"]["ms"]
             + out["commit_shadow_commit_by_k"][str(k)]["ms"] for k in ks}
+        if cfg.is_moe:
+            e, k_top = real.num_experts, cfg.num_experts_per_tok
+            mw = bench.weights.layers[0].mlp
+            group = (mw.experts_gate_up.bytes_per_device() + mw.experts_down.bytes_per_device()) // cfg.num_experts
+            n_layers = n_gdn + n_attn
+            out["moe"] = {
+                "experts": e, "top_k": k_top, "expert_bytes_per_device": group,
+                "note": "verify reads (K+1)*k expert slots (an expert two rows pick is read twice); a deduplicating "
+                        "verify would read the distinct experts: expected count modelled under uniform routing",
+                "verify": {str(k): {"expert_slots_read": (k + 1) * k_top,
+                                    "expected_distinct_experts_uniform": expected_distinct_experts(e, k_top, k + 1),
+                                    "duplicate_expert_ms_per_step": ((k + 1) * k_top - expected_distinct_experts(
+                                        e, k_top, k + 1)) * group * n_layers / (cm.dram_bw_gbps * 1e9) * 1e3}
+                           for k in ks}}
         if emulated:
             out["cost_model_constants"] = dataclasses.asdict(cm)
         return out
@@ -323,16 +353,16 @@ def mtp_tok_s(fig: dict, ks) -> dict:
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from qwen36.tiny import PRESETS
-
-    base = qwen36_27b_config() if args.preset == "27b" else PRESETS["ci"]
     device = args.device if args.device != "reference" else "emulated-p150x2"
     ks = sorted({int(x) for x in str(args.ks).split(",") if x.strip()})
     vocab = args.vocab_sample
     if vocab is None:
-        vocab = 4096 if device.startswith("emulated") else base.vocab_size
-    cfg = dataclasses.replace(base, vocab_size=min(vocab, base.vocab_size), eos_token_id=())
-    fig = measure(device, cfg, args.precision, args.context, ks, args.commit_k, args.seed, base.vocab_size)
+        vocab = 4096 if device.startswith("emulated") else 1 << 30
+    cfg, base = build_config(args.preset, vocab)
+    if cfg.num_experts != base.num_experts and not device.startswith("emulated"):
+        raise UserError("gate-0b on cards measures wall-clock: build the real expert count")
+    fig = measure(device, cfg, args.precision, args.context, ks, args.commit_k, args.seed, base.vocab_size,
+                  real_cfg=base)
     fig["mtp_tok_s_shadow_commit"] = mtp_tok_s(fig, ks)
     ratios = [fig["verify_cost_ratio"][str(k)] for k in ks]
     cells = [

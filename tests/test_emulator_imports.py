@@ -21,7 +21,7 @@ LEVELS = [
     ("numerics", "programs", "mappers", "program_cache"),
     ("goldens",),
     ("trace", "ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_gdn", "ops_trace", "ops_sampling",
-     "ops_gather"),
+     "ops_gather", "ops_sparse"),
     ("namespace",),
     ("mesh",),
 ]

@@ -239,10 +239,17 @@ def test_make_tiny_moe_ci_cli_is_deterministic(tmp_path, capsys):
     assert all(torch.equal(da[k], dd[k]) for k in da)
 
 
-def test_tt_model_refuses_moe_configs():
-    """The TT model has dense MLPs only: a MoE config fails fast instead of building empty MLPs."""
+def test_tt_split_checks_name_the_moe_fields():
+    """A MoE config splits its experts' and shared expert's intermediate dims over the mesh: one that does not
+    divide fails fast naming the field (the dense intermediate_size, 0 for MoE, is not checked)."""
+    from dataclasses import replace
+
     from qwen36.tt.model_config import TPSplitError, TTModelArgs
 
-    with pytest.raises(TPSplitError, match="routed experts"):
-        TTModelArgs.from_config(PRESETS["moe-ci"], 2)
+    args = TTModelArgs.from_config(PRESETS["moe-ci"], 2)
+    assert (args.moe_intermediate_d, args.shared_intermediate_d) == (16, 32)
+    with pytest.raises(TPSplitError, match="moe_intermediate_size"):
+        TTModelArgs.from_config(replace(PRESETS["moe-ci"], moe_intermediate_size=33), 2)
+    with pytest.raises(TPSplitError, match="shared_expert_intermediate_size"):
+        TTModelArgs.from_config(replace(PRESETS["moe-ci"], shared_expert_intermediate_size=65), 2)
     TTModelArgs.from_config(PRESETS["ci"], 2)  # the dense preset still passes

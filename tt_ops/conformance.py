@@ -33,6 +33,10 @@ Sources (tenstorrent/tt-metal, read for facts):
   one paged_fused_update_cache, 8 users, 1 or 8 heads, head_dim 128, block 64, shuffled page table, update index
   ``idx + 17 i`` with user 4 at -1 (skipped) for one head; inputs height-sharded on two disjoint 8-core grids;
   bf16 cache exact, bfloat8_b PCC >= 0.9995 over the whole cache and the updated rows.
+* ``tests/ttnn/unit_tests/operations/matmul/test_sparse_matmul.py``: sparse_matmul with nnz, dense A ``[1, 4, 16, 128]``
+  against 8 experts ``[1, E, 128, 512]`` (bfloat8_b) with a random sparsity ``[1, 1, 4, E]``, both-sparse batched
+  ``[1, 32, 16, 128]``, sparse A; every active block at PCC >= 0.999 vs torch. The indexed (``indices``) mode is
+  from the 0.81.1 docstring (compact group axis, slot i = group indices[i]).
 * rotary_embedding_llama: op docstring (cos/sin ``[1, 1 or nh, S, dh]``, decode mode) and the per-user decode
   transformation matrix form (one 32x32 tile per user).
 """
@@ -55,6 +59,7 @@ SRC_AG = "tt-metal tests/nightly/t3000/ccl/test_minimal_all_gather_async.py"
 SRC_DOC = "ttnn 0.81.1 op docstring"
 SRC_FUSED_UPDATE = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_paged_fused_update_cache.py"
 SRC_ROPE_HF = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_rotary_embedding_hf_decode_baseline.py"
+SRC_SPARSE = "tt-metal tests/ttnn/unit_tests/operations/matmul/test_sparse_matmul.py"
 
 
 @dataclasses.dataclass
@@ -515,7 +520,82 @@ def _rs_async(ttnn, mesh):
         assert pcc(ttnn.to_torch(d).float(), chunks[i]) > 0.9999, f"device {i} reduce-scatter chunk"
 
 
+# ---- sparse_matmul ----------------------------------------------------------------------------------------
+def _sparse_pc(ttnn):
+    # the program config the Tenstorrent test passes (1D multicast, mcast_in0); the emulator only checks its kind
+    return ttnn.MatmulMultiCoreReuseMultiCast1DProgramConfig(
+        compute_with_storage_grid_size=ttnn.CoreCoord(4, 4), in0_block_w=1, out_subblock_h=1, out_subblock_w=1,
+        out_block_h=1, out_block_w=1, per_core_M=1, per_core_N=1, fuse_batch=False, fused_activation=None,
+        mcast_in0=True)
+
+
+def _sparsity(g, shape):
+    s = torch.rand(shape, generator=g) + 0.1
+    zero = torch.randperm(s.numel(), generator=g)[: int(torch.randint(0, s.numel(), (1,), generator=g))]
+    s.view(-1)[zero] = 0.0
+    return s.to(torch.bfloat16)
+
+
+def _sparse_dense_a(ttnn, mesh):
+    g = torch.Generator().manual_seed(0)
+    m, k, n, e, b, s = 16, 128, 512, 8, 1, 4
+    in0, in1 = torch.randn(b, s, m, k, generator=g), torch.randn(1, e, k, n, generator=g)
+    sp = _sparsity(g, (1, b, s, e))
+    nnz = int((sp != 0).sum())
+    out = ttnn.sparse_matmul(_dev(ttnn, mesh, in0), _dev(ttnn, mesh, in1, ttnn.bfloat8_b),
+                             sparsity=_dev(ttnn, mesh, sp, layout=ttnn.ROW_MAJOR_LAYOUT), nnz=nnz,
+                             is_input_a_sparse=False, is_input_b_sparse=True, program_config=_sparse_pc(ttnn))
+    y = _one(ttnn, mesh, out)
+    assert list(y.shape) == [b, s, 1, e, m, n]
+    for si in range(s):
+        for ei in range(e):
+            if sp[0, 0, si, ei] == 0:
+                assert not y[0, si, 0, ei].any(), "a skipped block must be zero-filled"
+            else:
+                assert pcc(y[0, si, 0, ei], in0[0, si] @ in1[0, ei]) >= 0.999, f"block ({si}, {ei})"
+
+
+def _sparse_both(ttnn, mesh):
+    g = torch.Generator().manual_seed(1)
+    m, k, n, e = 16, 128, 512, 32
+    in0, in1 = torch.randn(1, e, m, k, generator=g), torch.randn(1, e, k, n, generator=g)
+    sp = _sparsity(g, (1, 1, 1, e))
+    out = ttnn.sparse_matmul(_dev(ttnn, mesh, in0), _dev(ttnn, mesh, in1, ttnn.bfloat8_b),
+                             sparsity=_dev(ttnn, mesh, sp, layout=ttnn.ROW_MAJOR_LAYOUT), nnz=int((sp != 0).sum()),
+                             is_input_a_sparse=True, is_input_b_sparse=True, program_config=_sparse_pc(ttnn))
+    y = _one(ttnn, mesh, out)
+    for ei in range(e):
+        if sp[0, 0, 0, ei] != 0:
+            assert pcc(y[0, ei], in0[0, ei] @ in1[0, ei]) >= 0.999, f"expert {ei}"
+
+
+def _sparse_indexed(ttnn, mesh):
+    g = torch.Generator().manual_seed(2)
+    m, k, n, e = 4, 128, 256, 16
+    in0, in1 = torch.randn(1, 1, m, k, generator=g), torch.randn(1, e, k, n, generator=g)
+    ids = torch.tensor([[[[11, 3, 3, 0, 15]]]], dtype=torch.int32)  # unsorted, with a repeat
+    counts = mesh.counters.total if hasattr(mesh, "counters") else None
+    before = None if counts is None else counts.bytes_read_total
+    out = ttnn.sparse_matmul(_dev(ttnn, mesh, in0), _dev(ttnn, mesh, in1),
+                             sparsity=_dev(ttnn, mesh, torch.ones(1, 1, 1, e), layout=ttnn.ROW_MAJOR_LAYOUT),
+                             indices=_dev(ttnn, mesh, ids, ttnn.uint16, ttnn.ROW_MAJOR_LAYOUT),
+                             is_input_b_sparse=True, program_config=_sparse_pc(ttnn))
+    y = _one(ttnn, mesh, out)
+    assert list(y.shape) == [1, 1, 1, 5, m, n]
+    for slot, ei in enumerate(ids.reshape(-1).tolist()):
+        assert pcc(y[0, 0, 0, slot], in0[0, 0] @ in1[0, ei]) >= 0.999, f"slot {slot} (group {ei})"
+    if counts is not None:  # the reader fetches the 5 listed groups of b, not all 16
+        got = counts.bytes_read_total - before
+        assert 5 * k * n * 2 <= got < 5 * k * n * 2 + 32 * k * 2 + 1024, f"indexed mode read {got} bytes"
+
+
 CASES: list[Case] = [
+    Case("sparse_matmul", "dense_a_nnz_8experts_bf8", SRC_SPARSE, _sparse_dense_a),
+    Case("sparse_matmul", "both_sparse_batched_32experts_bf8", SRC_SPARSE, _sparse_both),
+    Case("sparse_matmul", "indexed_gather_compact_unsorted_repeat", SRC_DOC, _sparse_indexed),
+    Case("sparse_matmul", "without_nnz_blackhole", SRC_SPARSE,
+         skip="the Tenstorrent test skips it on Blackhole (sparsity broadcast semaphores); same numerics as the nnz "
+              "case here"),
     Case("experimental.paged_update_cache", "mesh_coords_subset_bf16_32x1x32x128", SRC_PAGED_MASK, _update_mesh_coords),
     Case("experimental.paged_fill_cache", "batch_idx_tensor_8kv_bf16", SRC_FILL, _fill_batch_idx("bfloat16")),
     Case("experimental.paged_fill_cache", "batch_idx_tensor_8kv_bfloat8_b", SRC_FILL, _fill_batch_idx("bfloat8_b")),

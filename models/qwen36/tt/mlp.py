@@ -25,7 +25,8 @@ class TTMLP:
         ccl_for(ttnn, mesh)  # the collectives' persistent semaphores exist before any trace capture
         self.i_d = args.intermediate_d
 
-    def forward(self, x):
+    def partial(self, x):
+        """This device's h @ down_d before the reduce: [1, 1, T, H] (the MoE block adds it to its routed part)."""
         ttnn, a = self.ttnn, self.args
         mc = activation_memory_config(ttnn)
         act = a.dtype(TensorGroup.ACTIVATION, ttnn)
@@ -35,4 +36,7 @@ class TTMLP:
         h = ttnn.multiply(gate, up, input_tensor_a_activations=[ttnn.UnaryOpType.SILU], memory_config=mc)
         out = ttnn.linear(h, self.w.down, dtype=act, memory_config=mc,
                           compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_DOWN)))
-        return all_reduce(ttnn, out, a.num_devices)
+        return out
+
+    def forward(self, x):
+        return all_reduce(self.ttnn, self.partial(x), self.args.num_devices)

@@ -25,10 +25,11 @@ from .attention import AttentionContext, TTGatedAttention
 from .ccl import ccl_for
 from .gdn import TTGatedDeltaNet
 from .mlp import TTMLP
+from .moe import TTMoE
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
                            compute_config_norm, kv_update_input_memory_config)
 from .state import DecodeInputs, GDNLayerState, KVLayerState, TTModelState
-from .weights import LayerWeights, ModelWeights
+from .weights import LayerWeights, ModelWeights, MoEWeights
 
 
 @dataclass
@@ -48,7 +49,8 @@ class TTDecoderLayer:
             self.mixer = TTGatedAttention(args, w.mixer, ttnn, mesh)
         else:
             self.mixer = TTGatedDeltaNet(args, w.mixer, ttnn, mesh)
-        self.mlp = TTMLP(args, w.mlp, ttnn, mesh)
+        # the routed-expert block of the MoE sibling, else the dense SwiGLU MLP
+        self.mlp = TTMoE(args, w.mlp, ttnn, mesh) if isinstance(w.mlp, MoEWeights) else TTMLP(args, w.mlp, ttnn, mesh)
         self.eps = args.cfg.rms_norm_eps
 
     def forward(self, x, state: GDNLayerState | KVLayerState, ctx: AttentionContext):

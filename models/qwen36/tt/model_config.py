@@ -41,6 +41,9 @@ class TensorGroup(str, enum.Enum):
     KV_CACHE = "kv_cache"  # paged attention K/V
     LOGITS = "logits"  # LM-head output (argmax / sampling input)
     ROPE = "rope"  # cos/sin tables gathered by position (fp32: bf16 cos/sin at large positions costs ~1e-2)
+    MOE_ROUTER = "moe_router"  # MoE router [H, E] and shared-expert gate [H, 1] (replicated; kept out of the
+    #                            block-float matrix groups: a rounding that flips a top-k choice is not a small error)
+    MOE_ROUTING = "moe_routing"  # router logits, softmax, top-k weights and their renormalisation
 
 
 _MATRIX_GROUPS = {TensorGroup.ATTN_QKV, TensorGroup.ATTN_O, TensorGroup.GDN_IN, TensorGroup.GDN_OUT,
@@ -77,7 +80,7 @@ class PrecisionSetting:
         """bf16 weights everywhere (the >= 0.9999 PCC gates), fp32 GDN state/partials, fp32 logits."""
         d = {g: "bfloat16" for g in TensorGroup}
         d.update({TensorGroup.GDN_STATE: "float32", TensorGroup.GDN_PARTIAL: "float32", TensorGroup.LOGITS: "float32",
-                  TensorGroup.ROPE: "float32",
+                  TensorGroup.ROPE: "float32", TensorGroup.MOE_ROUTING: "float32",
                   # bf16 here costs the GDN block PCC 0.99994 -> 0.99986 on the CI checkpoint (decode: a few KB)
                   TensorGroup.GDN_ACTIVATION: "float32"})
         return cls("accuracy", d)
@@ -134,12 +137,6 @@ class TTModelArgs:
         n, c = self.num_devices, self.cfg
         if n < 1:
             raise TPSplitError(f"tensor-parallel width must be >= 1, got {n}")
-        if c.is_moe:
-            # the TT model has dense SwiGLU MLPs only; a MoE config would otherwise pass the split checks with
-            # intermediate_size 0 and build empty MLPs
-            raise TPSplitError(f"config has {c.num_experts} routed experts (model_type qwen3_5_moe): the TT model has "
-                               "no mixture-of-experts layer yet; run the MoE sibling on the reference backend")
-
         def need(value: int, fld: str, what: str) -> None:
             if value % n:
                 raise TPSplitError(f"config field '{fld}' = {value} cannot be split over {n} devices ({what})")
@@ -149,7 +146,13 @@ class TTModelArgs:
             need(c.num_key_value_heads, "num_key_value_heads", "each device owns whole KV heads")
             need(c.num_attention_heads, "num_attention_heads", "each device owns whole query heads")
         need(c.linear_num_key_heads, "linear_num_key_heads", "each device owns whole GDN key-head groups")
-        need(c.intermediate_size, "intermediate_size", "column-parallel gate/up, row-parallel down")
+        if c.is_moe:
+            # every expert (and the shared expert) is tensor-parallel over its intermediate dim (tt/moe.py says why)
+            need(c.moe_intermediate_size, "moe_intermediate_size", "each expert's gate/up column-parallel, down row-parallel")
+            need(c.shared_expert_intermediate_size, "shared_expert_intermediate_size",
+                 "shared expert gate/up column-parallel, down row-parallel")
+        else:
+            need(c.intermediate_size, "intermediate_size", "column-parallel gate/up, row-parallel down")
         need(c.vocab_size, "vocab_size", "vocab-parallel LM head")
         if self.prefill_chunk % self.block_size:
             raise TPSplitError(f"prefill_chunk {self.prefill_chunk} must be a multiple of block_size {self.block_size}")
@@ -187,6 +190,14 @@ class TTModelArgs:
     @property
     def intermediate_d(self) -> int:
         return self.cfg.intermediate_size // self.num_devices
+
+    @property
+    def moe_intermediate_d(self) -> int:
+        return self.cfg.moe_intermediate_size // self.num_devices
+
+    @property
+    def shared_intermediate_d(self) -> int:
+        return self.cfg.shared_expert_intermediate_size // self.num_devices
 
     @property
     def vocab_d(self) -> int:

@@ -90,6 +90,15 @@ def attention_qkv_rows(q_proj: torch.Tensor, k_proj: torch.Tensor, v_proj: torch
     return device_major([list(p) for p in parts])
 
 
+def expert_gate_up_blocks(gate_up: torch.Tensor, n: int) -> torch.Tensor:
+    """Stacked experts.gate_up_proj [E, 2I, H] (per expert gate rows then up rows) -> [1, E, H, 2I] whose last dim
+    is device-major per expert: an even split over N devices hands device d [gate_d | up_d] of every expert."""
+    gate, up = gate_up.chunk(2, dim=1)  # [E, I, H] each
+    parts = zip(per_device_blocks(gate, n, dim=1), per_device_blocks(up, n, dim=1))
+    rows = device_major([list(p) for p in parts], dim=1)  # [E, 2I, H]
+    return rows.transpose(1, 2).unsqueeze(0).contiguous()
+
+
 def rope_tables(max_len: int, head_dim: int, rotary_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """[max_len, head_dim] cos/sin over the *whole* head in the permuted head order
     (:func:`rope_head_permutation`): cos = 1 and sin = 0 on the pass-through dims, so the full-width
@@ -132,12 +141,24 @@ class MLPWeights:
 
 
 @dataclass
+class MoEWeights:
+    """A sparse MoE block: every routed expert and the shared expert tensor-parallel over their intermediate dim."""
+
+    router: Any  # [H, E] replicated (fp32 logits, then softmax/top-k on every device)
+    experts_gate_up: Any  # [1, E, H, 2 I_d]: per expert [gate_d | up_d] (sparse_matmul groups)
+    experts_down: Any  # [1, E, I_d, H] row-parallel
+    shared: MLPWeights  # shared expert: [H, 2 S_d] and [S_d, H]
+    shared_gate: Any  # [H, 1] replicated (sigmoid gate of the shared expert)
+    sparsity: Any  # [1, 1, 1, E] bf16 ROW_MAJOR ones: sparse_matmul's required operand, unread in indexed mode
+
+
+@dataclass
 class LayerWeights:
     layer_type: str
     input_norm: Any
     post_norm: Any
     mixer: GDNWeights | AttentionWeights
-    mlp: MLPWeights
+    mlp: MLPWeights | MoEWeights
 
 
 @dataclass
@@ -238,6 +259,25 @@ class WeightLoader:
         down = self.matrix(f"{p}down_proj", self._get(f"{p}down_proj.weight"), TensorGroup.MLP_DOWN, "row")
         return MLPWeights(gate, up, down)
 
+    def moe(self, p: str) -> MoEWeights:
+        ttnn, a = self.ttnn, self.args
+        e = a.cfg.num_experts
+        router = self._put(f"{p}gate", self._get(f"{p}gate.weight").t().contiguous(), a.dtype(TensorGroup.MOE_ROUTER, ttnn))
+        gu = self._put(f"{p}experts.gate_up_blocks", expert_gate_up_blocks(self._get(f"{p}experts.gate_up_proj"), self.n),
+                       a.dtype(TensorGroup.MLP_GATE_UP, ttnn), mapper=self.shard_cols)
+        down = self._put(f"{p}experts.down_blocks", self._get(f"{p}experts.down_proj").transpose(1, 2).unsqueeze(0),
+                         a.dtype(TensorGroup.MLP_DOWN, ttnn), mapper=self.shard_rows)
+        shared = self.mlp(f"{p}shared_expert.")
+        sg = self._put(f"{p}shared_expert_gate", self._get(f"{p}shared_expert_gate.weight").t().contiguous(),
+                       a.dtype(TensorGroup.MOE_ROUTER, ttnn))
+        sparsity = self._put(f"moe_sparsity_ones_{e}", torch.ones(1, 1, 1, e), ttnn.bfloat16,
+                             layout=ttnn.ROW_MAJOR_LAYOUT)
+        return MoEWeights(router, gu, down, shared, sg, sparsity)
+
+    def feed_forward(self, p: str) -> MLPWeights | MoEWeights:
+        """The block after the mixer: the routed-expert block for a MoE config, else the dense SwiGLU MLP."""
+        return self.moe(p) if self.args.cfg.is_moe else self.mlp(p)
+
     def layer(self, i: int) -> LayerWeights:
         t = self.args.cfg.layer_types[i]
         p = f"layers.{i}."
@@ -245,7 +285,7 @@ class WeightLoader:
         return LayerWeights(t, self.norm_weight(f"{p}input_layernorm", self._get(f"{p}input_layernorm.weight"), True),
                             self.norm_weight(f"{p}post_attention_layernorm",
                                              self._get(f"{p}post_attention_layernorm.weight"), True),
-                            mixer, self.mlp(f"{p}mlp."))
+                            mixer, self.feed_forward(f"{p}mlp."))
 
     def load(self, layers: list[int] | None = None) -> ModelWeights:
         """All weights (or only ``layers``, e.g. for a per-layer test or the cost probe)."""
@@ -291,7 +331,7 @@ class MTPWeights:
 
 
 def load_mtp_weights(loader: WeightLoader) -> MTPWeights:
-    """Convert the 15 ``mtp.*`` tensors with ``loader`` (same cache directory / precision as the target).
+    """Convert the ``mtp.*`` tensors (15 for a dense config; the layer's MLP is the MoE block for a MoE one) with ``loader`` (same cache directory / precision as the target).
     ``mtp.fc`` is column-parallel (see models/qwen36/tt/mtp.py for why) and uses the ATTN_QKV precision."""
     if not loader.reader.has_mtp:
         raise ValueError(f"{loader.reader.path}: checkpoint has no 'mtp.*' tensors (MTP head needed for drafting)")
@@ -300,7 +340,7 @@ def load_mtp_weights(loader: WeightLoader) -> MTPWeights:
     layer = LayerWeights(FULL, loader.norm_weight(f"{lp}input_layernorm", loader._get(f"{lp}input_layernorm.weight"), True),
                          loader.norm_weight(f"{lp}post_attention_layernorm",
                                             loader._get(f"{lp}post_attention_layernorm.weight"), True),
-                         loader.attention(f"{lp}self_attn."), loader.mlp(f"{lp}mlp."))
+                         loader.attention(f"{lp}self_attn."), loader.feed_forward(f"{lp}mlp."))
     fc = loader.matrix(f"{p}fc", loader._get(f"{p}fc.weight"), TensorGroup.ATTN_QKV, "column")
     return MTPWeights(fc, loader.norm_weight(f"{p}pre_fc_norm_embedding", loader._get(f"{p}pre_fc_norm_embedding.weight"), True),
                       loader.norm_weight(f"{p}pre_fc_norm_hidden", loader._get(f"{p}pre_fc_norm_hidden.weight"), True),
