@@ -19,7 +19,7 @@ from qwen36.speculative.sampling import (MAX_LOGPROBS, Penalties, SamplingParams
 from qwen36.testing.speculative import load_live
 
 from test_spec_acceptance import P_VALUE_MIN, chi_square_p
-from test_spec_engine import ScriptedDrafter
+from test_spec_engine import DistDrafter, ScriptedDrafter
 
 # repetition > 1 (divides positive logits), a negative presence penalty and a positive frequency penalty: on the
 # untrained tiny model only this mix changes greedy output on both prompts (it rarely repeats on its own)
@@ -171,10 +171,22 @@ def test_speculative_sampling_with_penalties_and_min_p_is_the_target_law(model, 
     v, k, n = model.config.vocab_size, 2, 800
     params = SamplingParams(temperature=1.0, top_k=6, min_p=0.05, seed=7, draft=draft, **PENALTIES)
     prompt = prompts(v)[0]
-    be = ReferenceBackend(model, "shadow_commit", 32)
-    be.prefill(prompt, params)
-    pre = be.live.clone()
+    probe = ReferenceBackend(model, "shadow_commit", 32)
+    probe.prefill(prompt, params)
+    pre = probe.live.clone()
     joint = _joint_law(model, pre, params)
+    support = joint.sum(1).nonzero().flatten().tolist()
+    # drafts that overlap the target's support (the untrained MTP's are almost always rejected): a distribution
+    # over the support plus one token the target never emits, or fixed tokens (one-hot drafts)
+    if draft == "sample":
+        union = sorted({int(t) for t in joint.nonzero()[:, 1]} | set(support))
+        q = torch.zeros(v)
+        q[union] = 1.0
+        q[(max(union) + 1) % v] = 1.0
+        be = DistDrafter(model, "shadow_commit", 32, q=q / q.sum())
+    else:
+        be = DistDrafter(model, "shadow_commit", 32, fixed=[support[1], int(joint[support[1]].argmax())])
+    be.prefill(prompt, params)
     counts = torch.zeros(v, v, dtype=torch.float64)
     accepted = []
     for _ in range(n):

@@ -42,7 +42,7 @@ from qwen36.speculative.sampling import SamplingParams
 
 from .ccl import ccl_for
 from .model_config import compute_config_exact_count
-from .sampler import UniformTable, inverse_cdf_draw
+from .sampler import UniformTable, inverse_cdf_draw, penalize, probs_from_logits
 
 RESULT_EXTRA_COLS = 2  # accepted count, RNG row
 MAX_EXACT_FP32_INT = 1 << 24  # token ids / counts are carried in fp32: exact below 2**24
@@ -245,12 +245,10 @@ class DeviceAcceptor:
         final = ttnn.sum(ttnn.multiply(am, sel), dim=2, keepdim=True, compute_kernel_config=self._ckc)
         return self._finish(drafts_row, a, final, self.c_minus_one_col)
 
-    def probs_from_logits(self, logits_dev):
-        """Device twin of ``speculative.sampling.probs_from_logits``: [1,B,rows,V] -> fp32 probabilities (full V).
-
-        temperature (x * 1/T), then top-k (keep x >= k-th largest, ties kept), then top-p (drop a token when
-        the mass of the tokens sorted before it is >= top_p), then softmax. One descending sort serves both.
-        """
+    def probs_from_logits(self, logits_dev, penalties=None):
+        """Device twin of ``speculative.sampling.probs_from_logits``: [1,B,rows,V] -> fp32 probabilities (full V),
+        by :func:`.sampler.probs_from_logits` (the one device transform). ``penalties``: ``(seen, counts)`` fp32
+        broadcastable to the rows (needed when the params have penalties on)."""
         self._require_allocated()
         ttnn, p = self.ttnn, self.params
         if p.greedy:
@@ -258,24 +256,11 @@ class DeviceAcceptor:
         x = self._gathered(logits_dev)
         if x.dtype != ttnn.float32:
             x = ttnn.typecast(x, ttnn.float32)
-        x = ttnn.multiply(x, 1.0 / p.temperature)
-        use_k = 0 < p.top_k < self.vocab
-        use_p = p.top_p < 1.0
-        if use_k or use_p:
-            rows = int(x.shape[2])
-            sorted_x, order = ttnn.sort(x, dim=3, descending=True)
-            if use_k:
-                kth = ttnn.slice(sorted_x, [0, 0, 0, p.top_k - 1], [1, self.batch, rows, p.top_k])
-                x = ttnn.where(ttnn.lt(x, kth), float("-inf"), x)
-                # the masked tokens sort last; the kept ones keep their order
-                sorted_x = ttnn.where(ttnn.lt(sorted_x, kth), float("-inf"), sorted_x)
-            if use_p:
-                sp = ttnn.softmax(sorted_x, dim=3, numeric_stable=True, compute_kernel_config=self._ckc)
-                mass_before = ttnn.subtract(ttnn.cumsum(sp, dim=3), sp)
-                drop_sorted = ttnn.ge(mass_before, p.top_p)
-                drop = ttnn.scatter(drop_sorted, 3, order, drop_sorted)  # back to vocab order (order is a permutation)
-                x = ttnn.where(drop, float("-inf"), x)
-        return ttnn.softmax(x, dim=3, numeric_stable=True, compute_kernel_config=self._ckc)
+        if p.penalized:
+            if penalties is None:
+                raise ValueError("penalties are on but no (seen, counts) were given")
+            x = penalize(ttnn, x, p, *penalties)
+        return probs_from_logits(ttnn, x, p, self._ckc)
 
     def _uniforms(self):
         """-> (u_accept [1,B,K,1], u_final [1,B,1,1], rng_row [1,B,1,1]); advances the device counter in place."""
