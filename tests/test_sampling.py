@@ -24,6 +24,9 @@ from test_spec_engine import DistDrafter, ScriptedDrafter
 # repetition > 1 (divides positive logits), a negative presence penalty and a positive frequency penalty: on the
 # untrained tiny model only this mix changes greedy output on both prompts (it rarely repeats on its own)
 PENALTIES = dict(repetition_penalty=1.3, presence_penalty=-1.5, frequency_penalty=0.7)
+# at temperature 1 the seen tokens must be among the likely ones for penalties to move the law: these move the
+# two-token law of the chi-square test below by a total variation of about 0.1
+STOCH_PENALTIES = dict(repetition_penalty=0.7, presence_penalty=-2.0, frequency_penalty=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -149,27 +152,32 @@ def test_stochastic_abort_with_penalties_leaves_no_trace(model):
     assert toks[:10] == want
 
 
-def _joint_law(model, pre, params):
-    """Target law of the next two emitted tokens from live state ``pre`` (pending token not yet consumed), with the
-    penalty context growing by the first token: what plain decoding samples from."""
+def _law(model, state, first_logits, history, params):
+    """Joint law of the next two tokens: y1 from ``first_logits`` with ``history``'s penalties, y2 from the model
+    after y1 (on a copy of ``state``) with y1 added to the history: what plain decoding samples from."""
     v = model.config.vocab_size
-    st = pre.state.clone()
-    h = pre.history
-    p1 = probs_from_logits(model(torch.tensor([[pre.pending]]), st).logits[0, -1], params, h.now()).double()
+    p1 = probs_from_logits(first_logits, params, history.now()).double()
     joint = torch.zeros(v, v, dtype=torch.float64)
-    for x1 in p1.nonzero().flatten().tolist():
-        h2 = h.clone()
-        h2.add([x1])
-        lg = model(torch.tensor([[x1]]), st.clone()).logits[0, -1]
-        joint[x1] = p1[x1] * probs_from_logits(lg, params, h2.now()).double()
+    for y1 in p1.nonzero().flatten().tolist():
+        h2 = history.clone()
+        h2.add([y1])
+        lg = model(torch.tensor([[y1]]), state.clone()).logits[0, -1]
+        joint[y1] = p1[y1] * probs_from_logits(lg, params, h2.now()).double()
     return joint
 
 
-@pytest.mark.slow  # 800 seeded speculative steps pairs + 400 plain decodes
+def _joint_law(model, pre, params):
+    """Law of the next two emitted tokens from live state ``pre`` (pending token not yet consumed)."""
+    st = pre.state.clone()
+    first = model(torch.tensor([[pre.pending]]), st).logits[0, -1]
+    return _law(model, st, first, pre.history, params)
+
+
+@pytest.mark.slow  # 800 seeded speculative step pairs + 400 plain decodes
 @pytest.mark.parametrize("draft", ["sample", "greedy"])
 def test_speculative_sampling_with_penalties_and_min_p_is_the_target_law(model, draft):
     v, k, n = model.config.vocab_size, 2, 800
-    params = SamplingParams(temperature=1.0, top_k=6, min_p=0.05, seed=7, draft=draft, **PENALTIES)
+    params = SamplingParams(temperature=1.0, top_k=6, min_p=0.05, seed=7, draft=draft, **STOCH_PENALTIES)
     prompt = prompts(v)[0]
     probe = ReferenceBackend(model, "shadow_commit", 32)
     probe.prefill(prompt, params)
@@ -200,18 +208,44 @@ def test_speculative_sampling_with_penalties_and_min_p_is_the_target_law(model, 
     assert 0 < sum(accepted) and min(accepted) == 0  # accept and reject paths both ran
     pval = chi_square_p(counts.flatten(), joint.flatten())
     assert pval > P_VALUE_MIN, f"speculative ({draft} drafts) vs target law: chi-square p={pval:.2e}"
-    # the plain sampler draws from the same law (tokens 2 and 3 of a plain run, the first one fixed by pending)
+    # the plain sampler draws its first two tokens from the law after the prompt
+    st = model.new_state(1, 32)
+    first = model(torch.tensor([prompt]), st).logits[0, -1]
+    plain_law = _law(model, st, first, TokenHistory(prompt, v), params)
     plain = torch.zeros(v, v, dtype=torch.float64)
-    first = pre.pending
     for seed in range(n // 2):
-        ps = SamplingParams(temperature=1.0, top_k=6, min_p=0.05, seed=seed, **PENALTIES)
-        toks = plain_generate(model, prompt, 3, ps).tokens
-        if toks[0] == first:
-            plain[toks[1], toks[2]] += 1
-    assert plain.sum() > 50
-    pval = chi_square_p(plain.flatten(), joint.flatten())
+        toks = plain_generate(model, prompt, 2, SamplingParams(**{**params.__dict__, "seed": seed})).tokens
+        plain[toks[0], toks[1]] += 1
+    pval = chi_square_p(plain.flatten(), plain_law.flatten())
     assert pval > P_VALUE_MIN, f"plain sampler vs target law: chi-square p={pval:.2e}"
     # and the penalties matter here: the law without them is rejected by the same counts
     off = SamplingParams(temperature=1.0, top_k=6, min_p=0.05)
     pre_off = pre.clone()
     assert chi_square_p(counts.flatten(), _joint_law(model, pre_off, off).flatten()) < 1e-6
+
+
+def test_generate_cli_plain_sampling_and_logprobs(ci_ckpt, capsys):
+    """--temperature without --spec-k samples (seeded: same seed, same ids); --logprobs prints one line per token;
+    speculative greedy with penalties prints the plain run's ids and logprobs."""
+    from qwen36.cli import main
+
+    base = ["generate", "-c", str(ci_ckpt), "--ids", "5,6,7,8", "--max-new-tokens", "6"]
+    sampled = base + ["--temperature", "0.8", "--top-k", "40", "--min-p", "0.01", "--seed", "3",
+                      "--repetition-penalty", "1.2", "--logprobs", "2"]
+    capsys.readouterr()
+    assert main(sampled) == 0
+    a = capsys.readouterr().out
+    assert main(sampled) == 0
+    assert capsys.readouterr().out == a
+    lines = a.splitlines()
+    assert lines[0].startswith("ids:") and len(lines[0].split(":")[1].split(",")) == 6
+    lp_lines = lines[lines.index(next(l for l in lines if l.startswith("logprobs"))) + 1:]
+    assert len(lp_lines) == 6 and all(len(l.split("|")[1].split()) == 2 for l in lp_lines)
+    ids = [int(t) for t in lines[0].split(":")[1].split(",")]
+    assert [int(l.split()[1]) for l in lp_lines] == ids
+    greedy = base + ["--presence-penalty", "-1.5", "--frequency-penalty", "0.7", "--logprobs", "1"]
+    assert main(greedy) == 0
+    plain = capsys.readouterr().out.splitlines()
+    assert main(greedy + ["--spec-k", "2"]) == 0
+    spec = capsys.readouterr().out.splitlines()
+    assert spec[: len(plain)] == plain  # ids and the logprob lines (printed to 4 decimals)
