@@ -1,0 +1,169 @@
+"""Plain TT decoding with the sampling parameters, on the emulated 1x2 P150a mesh: the device pick
+(``tt/sampler.py::DeviceSampler``) against the torch transform given the same uniforms, penalties from the
+device-resident counts, raw logprobs, and the generator's traced decode reading back only the pick's result."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwen36.reference.model import Qwen36Model
+from qwen36.speculative.plain import plain_generate
+from qwen36.speculative.sampling import SamplingParams, TokenHistory, penalize, probs_from_logits
+from qwen36.tt.generator import TTGenerator
+from qwen36.tt.sampler import DeviceSampler
+from qwen36.tt.trace import TracedStep
+
+from test_tt_spec_stochastic import chi2_p
+
+V = 64
+PENALTIES = dict(repetition_penalty=1.3, presence_penalty=-1.5, frequency_penalty=0.7)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    from qwen36.tt_ops.device import open_mesh
+
+    with open_mesh("emulated-p150x2", trace_region_size=8 << 20) as ctx:
+        yield ctx
+
+
+def _host_uniforms(sampler: DeviceSampler, n: int) -> list[float]:
+    """The uniforms a rng="host" sampler uses: column 0 of each row of its seeded table, refills included."""
+    u = sampler.uniforms
+    g = torch.Generator().manual_seed(u.host_seed)
+    rows = []
+    while len(rows) < n:
+        rows += torch.rand(u.rows, u.width, generator=g)[:, 0].tolist()
+    return rows[:n]
+
+
+def _host_draw(probs: torch.Tensor, u: float) -> int:
+    cdf = probs.double().cumsum(-1)
+    total = cdf[-1]
+    return int(((cdf <= u * total) & (cdf < total)).sum())
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.9, top_k=12, min_p=0.02, seed=5, **PENALTIES),
+    SamplingParams(temperature=1.2, top_p=0.8, seed=6, repetition_penalty=2.0),
+    SamplingParams(**PENALTIES),  # greedy with penalties: argmax of the penalised logits
+], ids=["min_p+top_k+penalties", "top_p+repetition", "greedy+penalties"])
+def test_device_pick_equals_the_torch_transform_given_the_same_uniforms(mesh, params):
+    """A traced replay per step over one logits buffer the host rewrites: the device token equals the host
+    inverse-CDF draw from ``speculative.sampling.probs_from_logits`` with the same uniform and the same penalty
+    history (counts updated on device in place), step after step, across a table refill."""
+    ttnn, m = mesh.ttnn, mesh.mesh_device
+    s = DeviceSampler(ttnn, m, V, params, rng="host", rng_rows=8).allocate()
+    g = torch.Generator().manual_seed(1)
+    prompt = [1, 2, 3, 40]
+    logits_buf = ttnn.from_torch(torch.zeros(1, 1, 1, V), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=m,
+                                 mesh_mapper=ttnn.ReplicateTensorToMesh(m))
+    first = 2
+    s.start(prompt, first)
+    hist = TokenHistory(prompt, V)
+    hist.add([first])
+    steps = 20  # > rng_rows: the table is refilled on the way
+    us = _host_uniforms(s, steps) if not params.greedy else [None] * steps
+    trace = TracedStep(ttnn, m, lambda: s.pick(logits_buf), name="pick")
+    got, want = [], []
+    for i in range(steps):
+        lg = torch.randn(V, generator=g) * 2
+        lg[torch.tensor(prompt)] += 2.0  # make the seen tokens likely, so that the penalties decide
+        host = ttnn.from_torch(lg.reshape(1, 1, 1, V), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(m))
+        ttnn.copy_host_to_device_tensor(host, logits_buf)
+        s.before_step()
+        if i == 0:
+            s.pick(logits_buf)
+        else:
+            if i == 1:
+                trace.capture()
+            trace.replay()
+        tok, _ = s.read()
+        got.append(tok)
+        if params.greedy:
+            want.append(int(penalize(lg[None], params, hist.now()).argmax()))
+        else:
+            want.append(_host_draw(probs_from_logits(lg[None], params, hist.now())[0], us[i]))
+        hist.add([got[-1]])  # follow the device's token so that one mismatch does not cascade
+    trace.release()
+    assert got == want
+    assert len(set(got)) > 3
+
+
+def test_device_pick_distribution_chi_square(mesh):
+    """Many replays over fixed logits with device uniforms (``rng="device"``): the token histogram matches the
+    transformed distribution (min_p and top-k on; no penalties, so every step draws from the same law)."""
+    ttnn, m = mesh.ttnn, mesh.mesh_device
+    params = SamplingParams(temperature=0.8, top_k=10, min_p=0.05, seed=9)
+    lg = torch.randn(V, generator=torch.Generator().manual_seed(3)) * 1.5
+    s = DeviceSampler(ttnn, m, V, params, rng="device", rng_rows=256).allocate()
+    buf = ttnn.from_torch(lg.reshape(1, 1, 1, V), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=m,
+                          mesh_mapper=ttnn.ReplicateTensorToMesh(m))
+    s.start([0], 0)
+    s.before_step()
+    s.pick(buf)
+    trace = TracedStep(ttnn, m, lambda: s.pick(buf), name="pick")
+    trace.capture()
+    counts = torch.zeros(V)
+    n = 600
+    for _ in range(n):
+        s.before_step()
+        trace.replay()
+        counts[s.read()[0]] += 1
+    trace.release()
+    probs = probs_from_logits(lg[None], params)[0].double()
+    assert chi2_p(counts, probs * n) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def ckpt(ckpt_factory):
+    return ckpt_factory("ci")
+
+
+@pytest.fixture(scope="module")
+def gen(ckpt):
+    g = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
+                                    block_size=32)
+    yield g
+    g.close()
+
+
+@pytest.fixture(scope="module")
+def ref(ckpt):
+    return Qwen36Model.from_checkpoint(ckpt)
+
+
+def test_plain_tt_greedy_with_penalties_and_logprobs_vs_reference(gen, ref, monkeypatch):
+    """Greedy with penalties on TT == the reference's plain greedy with penalties; raw logprobs within the TT
+    model's numerics of the reference's; and no decode step reads the logits row back (only the small result)."""
+    prompt = [486, 118, 400, 73, 8, 228, 231, 446, 411, 112]
+    params = SamplingParams(logprobs=3, **PENALTIES)
+    want = plain_generate(ref, prompt, 12, params)
+    reads = []
+    real_to_torch = gen.ttnn.to_torch
+
+    def counting_to_torch(t, *a, **kw):
+        out = real_to_torch(t, *a, **kw)
+        reads.append(out.numel())
+        return out
+
+    # the emulating namespace is read-only; its per-name cache is where attribute lookups resolve
+    monkeypatch.setitem(gen.ttnn._cache, "to_torch", counting_to_torch)
+    got = gen.generate(prompt, 12, params)
+    monkeypatch.undo()
+    assert got.tokens == want.tokens
+    for a, b in zip(got.logprobs, want.logprobs):
+        assert abs(a.logprob - b.logprob) < 0.05 and a.rank == b.rank == 1 and a.top[0][0] == b.top[0][0]
+    # one readback of the prompt's last logits row (prefill), then one small result per decode step
+    assert reads[0] == ref.config.vocab_size and len(reads) == 12
+    assert max(reads[1:]) == 3 + 2 * 3  # token, logprob, rank, 3 ids, 3 logprobs
+
+
+def test_plain_tt_sampling_is_seeded_and_greedy_is_unchanged(gen, ref):
+    prompt = [5, 6, 7, 8, 9]
+    params = SamplingParams(temperature=0.9, top_k=40, min_p=0.01, seed=4, **PENALTIES)
+    a, b = gen.generate(prompt, 10, params).tokens, gen.generate(prompt, 10, params).tokens
+    c = gen.generate(prompt, 10, SamplingParams(temperature=0.9, top_k=40, min_p=0.01, seed=5, **PENALTIES)).tokens
+    assert a == b and a != c
+    assert gen.greedy(prompt, 10) == plain_generate(ref, prompt, 10).tokens
