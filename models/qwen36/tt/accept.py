@@ -107,6 +107,8 @@ class DeviceAcceptor:
         self.vocab = vocab
         self.batch = batch
         self.params = sampling_params if sampling_params is not None else SamplingParams()
+        if self.params.penalized and batch != 1:
+            raise ValueError("penalties on the device acceptor are implemented for batch 1 (one count row)")
         self.seed = int(self.params.seed if seed is None else seed)
         self.logits_layout = logits_layout
         self.rng = rng
@@ -164,6 +166,10 @@ class DeviceAcceptor:
             self.c_ring_heads = self._replicated(heads, f32)
             self.block_idx = self._replicated(torch.zeros(1, b * hv, dtype=torch.int64), ttnn.uint32,
                                               ttnn.ROW_MAJOR_LAYOUT)
+        if self.params.penalized:
+            self.seen = self._replicated(torch.zeros(1, b, 1, v), f32)
+            self.counts = self._replicated(torch.zeros(1, b, 1, v), f32)
+            self.c_zero_vocab_row = self._replicated(torch.zeros(1, b, 1, v), f32)
         # RNG: table of uniforms + device-side row counter (fp32, exact below 2**24 rows); first fill
         self.uniforms.allocate()
         self.allocated = True
@@ -236,9 +242,12 @@ class DeviceAcceptor:
         ttnn, b, k = self.ttnn, self.batch, self.k
         self._check_dev(logits_dev, self.rows, "greedy logits")
         x = self._gathered(logits_dev)
+        drafts_row, drafts_col = self._drafts_f32(drafts_dev)
+        if self.params.penalized:  # argmax of the penalised rows: row j counts d_1..d_j (plain greedy's context)
+            x = x if x.dtype == ttnn.float32 else ttnn.typecast(x, ttnn.float32)
+            x = penalize(ttnn, x, self.params, *self.row_penalties(drafts_col))
         am = ttnn.argmax(x, dim=3, keepdim=True)  # [1, B, R, 1] uint32 (ROW_MAJOR on cards)
         am = ttnn.typecast(ttnn.to_layout(am, ttnn.TILE_LAYOUT), ttnn.float32)
-        drafts_row, drafts_col = self._drafts_f32(drafts_dev)
         am_k = ttnn.slice(am, [0, 0, 0, 0], [1, b, k, 1])
         a = self._num_accepted(ttnn.eq(am_k, drafts_col))
         sel = ttnn.eq(self.c_row_idx, a)  # [1, B, R, 1] one-hot at row a
@@ -261,6 +270,46 @@ class DeviceAcceptor:
                 raise ValueError("penalties are on but no (seen, counts) were given")
             x = penalize(ttnn, x, p, *penalties)
         return probs_from_logits(ttnn, x, p, self._ckc)
+
+    # ---- penalties: token counts on device (B == 1) ------------------------------------------------------
+    def start_penalties(self, prompt_len: int, history) -> None:
+        """Write the penalty state of a generation: ``history`` = prompt then every emitted token (the pending one
+        included); the first ``prompt_len`` are the prompt. Host writes, outside any capture."""
+        self._require_allocated()
+        if not self.params.penalized:
+            return
+        ttnn, v = self.ttnn, self.vocab
+        seen = torch.zeros(1, 1, 1, v)
+        seen[..., torch.as_tensor(list(history), dtype=torch.long)] = 1.0
+        counts = torch.zeros(1, 1, 1, v)
+        out = torch.as_tensor(list(history[prompt_len:]), dtype=torch.long)
+        counts[0, 0, 0].index_add_(0, out, torch.ones(out.numel()))
+        for host, dev in ((seen, self.seen), (counts, self.counts)):
+            ttnn.copy_host_to_device_tensor(ttnn.from_torch(host, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
+                                                            mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh)), dev)
+
+    def row_penalties(self, drafts_col):
+        """(seen, counts) ``[1, 1, R, V]`` of the verify rows: row j adds d_1..d_j to the committed counts (it is
+        used only when they were all accepted, so it sees what plain decoding would). Traceable."""
+        ttnn = self.ttnn
+        onehot = ttnn.eq(self.c_vocab_idx, drafts_col)  # [1, 1, K, V]
+        added = ttnn.concat([self.c_zero_vocab_row, ttnn.cumsum(onehot, dim=2)], dim=2)  # [1, 1, R, V]
+        return ttnn.maximum(self.seen, ttnn.gt(added, 0.0)), ttnn.add(self.counts, added)
+
+    def draft_penalties(self):
+        """(seen, counts) of the committed tokens: the context the sampled drafts use (the chain's own drafts
+        are not added; the draft distribution only has to be the one the drafts were drawn from)."""
+        return self.seen, self.counts
+
+    def commit_counts(self):
+        """Add the step's emitted tokens (the result's token columns; placeholders match nothing) to the counts,
+        in place: part of the commit, inside its trace."""
+        ttnn, r = self.ttnn, self.rows
+        toks = ttnn.typecast(ttnn.slice(self.result, [0, 0, 0, 0], [1, 1, 1, r]), ttnn.float32)
+        onehot = ttnn.eq(self.c_vocab_idx, ttnn.reshape(toks, [1, 1, r, 1]))  # [1, 1, R, V]
+        added = ttnn.sum(onehot, dim=2, keepdim=True, compute_kernel_config=self._ckc)  # [1, 1, 1, V]
+        ttnn.copy(ttnn.add(self.counts, added), self.counts)
+        ttnn.copy(ttnn.maximum(self.seen, ttnn.gt(added, 0.0)), self.seen)
 
     def _uniforms(self):
         """-> (u_accept [1,B,K,1], u_final [1,B,1,1], rng_row [1,B,1,1]); advances the device counter in place."""
@@ -288,8 +337,9 @@ class DeviceAcceptor:
             if shape != [1, b, k, self.vocab]:
                 raise ValueError(f"draft_probs: device shape {shape} != [1, B={b}, K={k}, V={self.vocab}] "
                                  "(full vocab: pass probs_from_logits(draft_logits))")
-        pt = self.probs_from_logits(logits_dev)  # [1, B, R, V]
         drafts_row, drafts_col = self._drafts_f32(drafts_dev)
+        pen = self.row_penalties(drafts_col) if self.params.penalized else None
+        pt = self.probs_from_logits(logits_dev, pen)  # [1, B, R, V]
         onehot = ttnn.eq(self.c_vocab_idx, drafts_col)  # [1, B, K, V]
         pt_k = ttnn.slice(pt, [0, 0, 0, 0], [1, b, k, self.vocab])
         pt_d = ttnn.sum(ttnn.multiply(pt_k, onehot), dim=3, keepdim=True, compute_kernel_config=self._ckc)

@@ -25,7 +25,8 @@ import torch
 
 from ..speculative.engine import Acceptance, MechanismCounters
 from ..speculative.mechanisms import DEFAULT_MECHANISM
-from ..speculative.sampling import SamplingParams, pick_token
+from ..errors import UserError
+from ..speculative.sampling import SamplingParams, TokenHistory, pick_token
 from .accept import DeviceAcceptor
 from .commit import abort_after_verify, commit
 from .generator import TTGenerator
@@ -78,6 +79,7 @@ class TTSpecBackend:
         if self.device_drafter:
             self.drafter.allocate(step_state)
         self.acceptor, self.step_state, self._k = acc, step_state, k
+        acc.start_penalties(self._prompt_len, self.history)  # token counts so far (no-op without penalties)
         step_state.start(self.n, self.history[-1])
         if self.device_drafter:
             self.drafter.start(step_state, self.history, self._prompt_hidden)
@@ -87,6 +89,9 @@ class TTSpecBackend:
     def prefill(self, prompt: Sequence[int], params: SamplingParams = SamplingParams()) -> int:
         if len(prompt) == 0:
             raise ValueError("empty prompt")
+        if params.logprobs is not None:
+            raise UserError("--logprobs with speculative decoding on a TT device is not implemented yet: the "
+                            "device acceptance returns tokens only; use plain decoding (--spec-k 0) or the reference")
         self.release()
         self.params = params
         self._host_gen = params.generator(torch.device("cpu"))
@@ -94,7 +99,9 @@ class TTSpecBackend:
         hs: list = [] if self.device_drafter else None
         logits = self.model.prefill_forward(torch.tensor(list(prompt)), self.state, hidden_out=hs)[-1]
         self.prefill_logits = logits  # host fp32 [V]: the last prompt row (the vllm-tt contract returns it)
-        first = int(pick_token(logits.reshape(1, -1), params, self._host_gen))
+        first = int(pick_token(logits.reshape(1, -1), params, self._host_gen,
+                               TokenHistory(prompt, self.config.vocab_size).now()))
+        self._prompt_len = len(prompt)
         self._prompt_hidden = None
         if hs:
             self._prompt_hidden = hs[0] if len(hs) == 1 else self.ttnn.concat(hs, dim=2)
@@ -159,6 +166,8 @@ class TTSpecBackend:
         if self.device_drafter:  # reads n before the commit advances it
             self.drafter.device_draft(self.step_state, self._vout)
         commit(self.step_state, self._vout, self._result)
+        if self.params.penalized:
+            self.acceptor.commit_counts()  # the token counts are part of the state transaction
         return None
 
     def commit(self, acceptance: Acceptance) -> None:
