@@ -259,9 +259,8 @@ def test_tt_speculative_greedy_with_penalties_is_plain_greedy_with_penalties(mtp
     assert sum(out.stats.accepted) > 0 and min(out.stats.accepted) == 0
 
 
-def test_tt_speculative_sampling_with_penalties_is_seeded_and_logprobs_are_refused(mtp_gen, ckpt):
+def test_tt_speculative_sampling_with_penalties_is_seeded(mtp_gen, ckpt):
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.errors import UserError
     from qwen36.tt.mtp_drafter import TTMTPDrafter
 
     prompt = [5, 6, 7, 8, 9]
@@ -269,7 +268,29 @@ def test_tt_speculative_sampling_with_penalties_is_seeded_and_logprobs_are_refus
     params = SamplingParams(temperature=0.9, top_k=30, min_p=0.02, seed=2, **PENALTIES)
     a = speculative_generate(be, prompt, 12, 2, params).tokens
     b = speculative_generate(be, prompt, 12, 2, params).tokens
-    assert a == b and len(a) == 12
-    with pytest.raises(UserError, match="logprobs"):
-        speculative_generate(be, prompt, 4, 2, SamplingParams(logprobs=1))
     be.release()
+    assert a == b and len(a) == 12
+
+
+def test_tt_speculative_logprobs_equal_plain(mtp_gen, ref):
+    """Raw logprobs of TT speculative greedy (the verify rows, read for the emitted tokens only) equal TT plain
+    decoding's (the decode row) within the TT model's row-count numerics; same ranks and top ids."""
+    gen = mtp_gen
+    prompt = prompts(ref.config.vocab_size)[0]
+    params = SamplingParams(logprobs=2, **PENALTIES)
+    plain = gen.generate(prompt, 12, params)
+    g = torch.Generator().manual_seed(1)
+
+    def drafter(history, k):
+        i = len(history) - len(prompt)
+        toks = (plain.tokens[i:i + k] + [0] * k)[:k]
+        return [(t + 1) % ref.config.vocab_size if torch.rand(1, generator=g).item() < 0.3 else t for t in toks]
+
+    be = TTSpecBackend(gen, "shadow_commit", drafter=drafter)
+    spec = speculative_generate(be, prompt, 12, 3, params)
+    be.release()
+    assert spec.tokens == plain.tokens and sum(spec.stats.accepted) > 0
+    assert [lp.token for lp in spec.logprobs] == spec.tokens
+    for a, b in zip(spec.logprobs, plain.logprobs):
+        assert abs(a.logprob - b.logprob) < 2e-2 and a.rank == b.rank, (a, b)
+        assert a.top[0][0] == b.top[0][0] and abs(a.top[0][1] - b.top[0][1]) < 2e-2

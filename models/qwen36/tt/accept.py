@@ -107,8 +107,8 @@ class DeviceAcceptor:
         self.vocab = vocab
         self.batch = batch
         self.params = sampling_params if sampling_params is not None else SamplingParams()
-        if self.params.penalized and batch != 1:
-            raise ValueError("penalties on the device acceptor are implemented for batch 1 (one count row)")
+        if (self.params.penalized or self.params.logprobs is not None) and batch != 1:
+            raise ValueError("penalties and logprobs on the device acceptor are implemented for batch 1")
         self.seed = int(self.params.seed if seed is None else seed)
         self.logits_layout = logits_layout
         self.rng = rng
@@ -166,6 +166,9 @@ class DeviceAcceptor:
             self.c_ring_heads = self._replicated(heads, f32)
             self.block_idx = self._replicated(torch.zeros(1, b * hv, dtype=torch.int64), ttnn.uint32,
                                               ttnn.ROW_MAJOR_LAYOUT)
+        if self.params.logprobs is not None:
+            self.logprobs = self._replicated(torch.zeros(1, 1, r, 2 + 2 * self.params.logprobs), f32,
+                                             ttnn.ROW_MAJOR_LAYOUT)
         if self.params.penalized:
             self.seen = self._replicated(torch.zeros(1, b, 1, v), f32)
             self.counts = self._replicated(torch.zeros(1, b, 1, v), f32)
@@ -252,7 +255,9 @@ class DeviceAcceptor:
         a = self._num_accepted(ttnn.eq(am_k, drafts_col))
         sel = ttnn.eq(self.c_row_idx, a)  # [1, B, R, 1] one-hot at row a
         final = ttnn.sum(ttnn.multiply(am, sel), dim=2, keepdim=True, compute_kernel_config=self._ckc)
-        return self._finish(drafts_row, a, final, self.c_minus_one_col)
+        res = self._finish(drafts_row, a, final, self.c_minus_one_col)
+        self._row_logprobs(logits_dev)
+        return res
 
     def probs_from_logits(self, logits_dev, penalties=None):
         """Device twin of ``speculative.sampling.probs_from_logits``: [1,B,rows,V] -> fp32 probabilities (full V),
@@ -270,6 +275,41 @@ class DeviceAcceptor:
                 raise ValueError("penalties are on but no (seen, counts) were given")
             x = penalize(ttnn, x, p, *penalties)
         return probs_from_logits(ttnn, x, p, self._ckc)
+
+    # ---- logprobs of the emitted tokens (B == 1) ------------------------------------------------------------
+    def _row_logprobs(self, logits_dev) -> None:
+        """Raw logprobs (log-softmax of the unprocessed verify rows) of each row's emitted token (the result's token
+        columns), its rank and the top n, into the persistent :attr:`logprobs` ``[1, 1, R, 2 + 2n]`` fp32 ROW_MAJOR
+        (rows after ``a`` hold placeholders' values: ignored). No-op unless the params ask for logprobs."""
+        if self.params.logprobs is None:
+            return
+        ttnn, r, n, ckc = self.ttnn, self.rows, self.params.logprobs, self._ckc
+        x = self._gathered(logits_dev)
+        x = x if x.dtype == ttnn.float32 else ttnn.typecast(x, ttnn.float32)
+        shifted = ttnn.subtract(x, ttnn.max(x, dim=3, keepdim=True))
+        lp = ttnn.subtract(shifted, ttnn.log(ttnn.sum(ttnn.exp(shifted), dim=3, keepdim=True, compute_kernel_config=ckc)))
+        toks = ttnn.typecast(ttnn.slice(self.result, [0, 0, 0, 0], [1, 1, 1, r]), ttnn.float32)
+        onehot = ttnn.eq(self.c_vocab_idx, ttnn.reshape(toks, [1, 1, r, 1]))  # [1, 1, R, V]
+        own = ttnn.sum(ttnn.multiply(lp, onehot), dim=3, keepdim=True, compute_kernel_config=ckc)
+        rank = ttnn.add(ttnn.sum(ttnn.gt(lp, own), dim=3, keepdim=True, compute_kernel_config=ckc), 1.0)
+        cols = [own, rank]
+        if n:
+            vals, idx = ttnn.topk(lp, n, dim=3)
+            cols += [ttnn.typecast(ttnn.to_layout(idx, ttnn.TILE_LAYOUT), ttnn.float32), vals]
+        ttnn.copy(ttnn.to_layout(ttnn.concat(cols, dim=3), ttnn.ROW_MAJOR_LAYOUT), self.logprobs)
+
+    def read_logprobs(self, tokens: list[int]) -> list:
+        """Host read of :attr:`logprobs` -> one ``TokenLogprobs`` per emitted token (rows 0..a)."""
+        from qwen36.speculative.sampling import TokenLogprobs
+
+        ttnn, n = self.ttnn, self.params.logprobs
+        rows = ttnn.to_torch(ttnn.get_device_tensors(self.logprobs)[0]).reshape(self.rows, 2 + 2 * n).double()
+        out = []
+        for j, t in enumerate(tokens):
+            row = rows[j].tolist()
+            top = [(int(i), v) for i, v in zip(row[2: 2 + n], row[2 + n:])]
+            out.append(TokenLogprobs(int(t), row[0], int(row[1]), top))
+        return out
 
     # ---- penalties: token counts on device (B == 1) ------------------------------------------------------
     def start_penalties(self, prompt_len: int, history) -> None:
@@ -361,7 +401,9 @@ class DeviceAcceptor:
         has_mass = ttnn.gt(mass, 0.0)
         dist = ttnn.add(ttnn.multiply(residual, has_mass), ttnn.multiply(pt_a, ttnn.rsub(has_mass, 1.0)))
         final = inverse_cdf_draw(ttnn, dist, u_fin)
-        return self._finish(drafts_row, a, final, rng_col)
+        res = self._finish(drafts_row, a, final, rng_col)
+        self._row_logprobs(logits_dev)
+        return res
 
     def ring_block_idx(self):
         """GDN ring slot of the accepted state per head: idx[b*HV + hv] = (a_b * B + b) * HV + hv

@@ -25,8 +25,7 @@ import torch
 
 from ..speculative.engine import Acceptance, MechanismCounters
 from ..speculative.mechanisms import DEFAULT_MECHANISM
-from ..errors import UserError
-from ..speculative.sampling import SamplingParams, TokenHistory, pick_token
+from ..speculative.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
 from .accept import DeviceAcceptor
 from .commit import abort_after_verify, commit
 from .generator import TTGenerator
@@ -49,6 +48,7 @@ class TTSpecBackend:
         self.label = f"tt ({gen.label or 'mesh'})" + ("" if self.device_drafter else " + host drafter")
         self.counters = MechanismCounters()
         self.params = SamplingParams()
+        self.first_logprobs = None  # the prefill token's TokenLogprobs when the params ask for logprobs
         self.step_state: SpecDeviceState | None = None
         self.acceptor: DeviceAcceptor | None = None
         self.history: list[int] = []
@@ -89,9 +89,6 @@ class TTSpecBackend:
     def prefill(self, prompt: Sequence[int], params: SamplingParams = SamplingParams()) -> int:
         if len(prompt) == 0:
             raise ValueError("empty prompt")
-        if params.logprobs is not None:
-            raise UserError("--logprobs with speculative decoding on a TT device is not implemented yet: the "
-                            "device acceptance returns tokens only; use plain decoding (--spec-k 0) or the reference")
         self.release()
         self.params = params
         self._host_gen = params.generator(torch.device("cpu"))
@@ -102,6 +99,7 @@ class TTSpecBackend:
         first = int(pick_token(logits.reshape(1, -1), params, self._host_gen,
                                TokenHistory(prompt, self.config.vocab_size).now()))
         self._prompt_len = len(prompt)
+        self.first_logprobs = token_logprobs(logits, first, params.logprobs) if params.logprobs is not None else None
         self._prompt_hidden = None
         if hs:
             self._prompt_hidden = hs[0] if len(hs) == 1 else self.ttnn.concat(hs, dim=2)
@@ -159,8 +157,9 @@ class TTSpecBackend:
         if self._phase != "verified":
             raise RuntimeError("accept() needs verify() first")
         toks, a = self.acceptor.read_result(self._result)  # the one readback: tokens + count
+        lps = self.acceptor.read_logprobs(toks[: a + 1]) if self.params.logprobs is not None else None  # (+ asked)
         self._phase = "accepted"
-        return Acceptance(a, toks[: a + 1])
+        return Acceptance(a, toks[: a + 1], lps)
 
     def _commit_device(self):
         if self.device_drafter:  # reads n before the commit advances it
