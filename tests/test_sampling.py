@@ -250,3 +250,15 @@ def test_generate_cli_plain_sampling_and_logprobs(ci_ckpt, capsys):
     assert main(greedy + ["--spec-k", "2"]) == 0
     spec = capsys.readouterr().out.splitlines()
     assert spec[: len(plain)] == plain  # ids and the logprob lines (printed to 4 decimals)
+
+
+def test_generate_help_documents_every_sampling_parameter(capsys):
+    from qwen36.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for flag in ("--temperature", "--top-k", "--top-p", "--min-p", "--repetition-penalty", "--presence-penalty",
+                 "--frequency-penalty", "--logprobs N", "--seed", "--spec-k"):
+        assert flag in out, flag
+    assert "[0, 20]" in out and "raw logprobs" in out
