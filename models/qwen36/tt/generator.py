@@ -158,6 +158,8 @@ class TTGenerator:
         """The device sampler of ``params`` (kept while the params stay the same; allocated with no trace live)."""
         s = self.sampler
         if s is None or s.params != params or s.uniforms is not None and s.uniforms.source != self.rng:
+            if s is not None:
+                s.release()
             s = DeviceSampler(self.ttnn, self.mesh, self.config.vocab_size, params, rng=self.rng).allocate()
         return s
 

@@ -309,6 +309,18 @@ class DeviceSampler:
         self.allocated = True
         return self
 
+    def release(self) -> None:
+        """Free the device buffers (no trace may be live that reads them)."""
+        if not self.allocated:
+            return
+        names = ["c_vocab_idx", "result"] + (["seen", "counts"] if self.params.penalized else [])
+        tensors = [getattr(self, n) for n in names]
+        if self.uniforms is not None:
+            tensors += [self.uniforms.table, self.uniforms.counter, self.uniforms._zero]
+        for t in tensors:
+            self.ttnn.deallocate(t)
+        self.allocated = False
+
     def start(self, prompt: Sequence[int], first: int) -> None:
         """A new generation (outside any capture): penalty state from the prompt and the first (prefill) token,
         and the uniform stream back to its first fill (a seeded run replays)."""
