@@ -116,18 +116,16 @@ class SamplingParams:
         return torch.Generator(device=device).manual_seed(self.seed)
 
     def describe(self) -> str:
-        """One line for logs: the settings that are on."""
-        if self.greedy:
-            parts = ["greedy"]
-        else:
-            parts = [f"sampling T={self.temperature:g}", f"seed={self.seed}", f"drafts={self.draft}"]
-            parts += [f"{n}={getattr(self, n):g}" for n, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))
-                      if getattr(self, n) != off]
-        parts += [f"{n}={getattr(self, n):g}" for n, off in (("repetition_penalty", 1.0), ("presence_penalty", 0.0),
-                                                             ("frequency_penalty", 0.0)) if getattr(self, n) != off]
+        """One line for logs and the demo: "greedy" or "stochastic (T=..., seed=..., ...)", then what else is on."""
+        opts = [f"{n}={getattr(self, n):g}" for n, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0),
+                                                            ("repetition_penalty", 1.0), ("presence_penalty", 0.0),
+                                                            ("frequency_penalty", 0.0)) if getattr(self, n) != off]
         if self.logprobs is not None:
-            parts.append(f"logprobs={self.logprobs}")
-        return " ".join(parts)
+            opts.append(f"logprobs={self.logprobs}")
+        if self.greedy:
+            return "greedy" + (f" ({', '.join(opts)})" if opts else "")
+        return f"stochastic (T={self.temperature:g}, seed={self.seed}, drafts={self.draft}" + "".join(
+            f", {o}" for o in opts) + ")"
 
 
 @dataclass
