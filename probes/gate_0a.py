@@ -9,8 +9,8 @@ Two splits of every step, each summing to the step total:
     (activations, conv state, gathered table rows, second reads of small weights), dispatch (programs x cost
     per program), collectives, host readback.
 
-Steps: ``decode`` = one 1-row target forward + argmax + the host readback plain decoding does today (the fp32
-logits row and the token id); ``spec K`` (K in ``--ks``, default 1,3,7) = MTP draft (reseed over the K+1 rows +
+Steps: ``decode`` = one 1-row target forward + argmax + the host readback plain decoding does (the device pick's
+result: the token id, one fp32 value; the logits row stays on device); ``spec K`` (K in ``--ks``, default 1,3,7) = MTP draft (reseed over the K+1 rows +
 chain) + ONE K+1-row verify forward + on-device acceptance + readback of the acceptance result + commit
 (``--commit``). Modelled tok/s of a speculative step is reported per acceptance scenario (``--acceptance``): a single
 rate p is the chance each draft is accepted given the ones before it were (tokens per step = sum_{i=0..K} p^i); a
@@ -196,9 +196,11 @@ def forward_components(regs: dict, corr: Cost, ratio: float, n_gdn: int, n_attn:
 
 def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, seed: int, real_vocab: int,
             acceptance=("0.8", "0.6", "0.5", "0.8/0.6/0.5")) -> dict:
+    from qwen36.speculative.sampling import SamplingParams
     from qwen36.tt.accept import DeviceAcceptor
     from qwen36.tt.commit import commit
     from qwen36.tt.mtp import TTMTPHead
+    from qwen36.tt.sampler import DeviceSampler
     from qwen36.tt.state import allocate_decode_inputs
     from qwen36.tt.verify import SpecDeviceState
     from qwen36.tt.weights import WeightLoader, load_mtp_weights
@@ -265,9 +267,10 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
         out = meter.run("decode", lambda: model.decode_forward(inputs, state))
         regs, corr = meter.take()
         decode, decode_layers = forward_components(regs, corr, ratio, n_gdn, n_attn)
-        # process_output_decode reads device 0's logits row (vocab-sized) and its argmax id
-        decode["host_readback"] = readback("readback", lambda: model.process_output_decode(out),
-                                           [(out.logits, ratio), (out.tokens, 1)], reads=2)
+        # plain decoding picks on device (tt/sampler.py DeviceSampler; greedy = one argmax over the row, which the
+        # head region's argmax stands for here) and reads back only the pick's small result from device 0
+        sampler = DeviceSampler(ttnn, mesh, cfg.vocab_size, SamplingParams()).allocate()
+        decode["host_readback"] = readback("readback", sampler.read, [(sampler.result, 1)], reads=1)
         steps = {"decode": _step(fig, "decode", 0, decode, decode_layers)}
 
         # ---- speculative steps ------------------------------------------------------------------------

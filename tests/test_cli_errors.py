@@ -82,6 +82,22 @@ def test_bad_sampling_and_k(capsys, ci_ckpt):
     assert_one_line_error(rc, err, "--spec-k must be >= 1")
 
 
+@pytest.mark.parametrize("flag,value,fragment", [
+    ("--temperature", "-0.5", "temperature must be >= 0"), ("--top-p", "1.5", "top_p must be in (0, 1]"),
+    ("--min-p", "2", "min_p must be in [0, 1]"), ("--top-k", "-3", "top_k must be an integer >= 1"),
+    ("--repetition-penalty", "0", "repetition_penalty must be > 0"),
+    ("--presence-penalty", "3", "presence_penalty must be in [-2, 2]"),
+    ("--frequency-penalty", "-2.5", "frequency_penalty must be in [-2, 2]"),
+    ("--logprobs", "21", "logprobs must be an integer in [0, 20]"), ("--logprobs", "-1", "logprobs must be"),
+])
+def test_bad_sampling_values_plain_and_speculative(capsys, ci_ckpt, flag, value, fragment):
+    """Refused before any model loads, with the same message on plain and speculative decoding."""
+    for spec in ("0", "2"):
+        rc, err = run_cli(capsys, "generate", "--checkpoint", str(ci_ckpt), "--ids", "1,2", "--spec-k", spec,
+                          flag, value)
+        assert_one_line_error(rc, err, fragment)
+
+
 def test_no_cards(capsys, monkeypatch, ci_ckpt, tmp_path):
     from qwen36.tt_ops import device
 

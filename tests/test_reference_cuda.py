@@ -19,3 +19,30 @@ def test_greedy_generate_on_cuda_matches_cpu(ci_ckpt):
     cpu = greedy_generate(Qwen36Model.from_checkpoint(ci_ckpt), prompt, 16)
     gpu = greedy_generate(Qwen36Model.from_checkpoint(ci_ckpt, device="cuda"), prompt.cuda(), 16)
     assert gpu == cpu
+
+
+@needs_cuda
+@torch.no_grad()
+def test_sampling_parameters_on_cuda(ci_ckpt):
+    """Plain decoding with penalties and logprobs on CUDA == on CPU (greedy), seeded CUDA sampling reproduces, and
+    CUDA speculative greedy with penalties == CUDA plain greedy with penalties (token counts on the GPU)."""
+    from qwen36.speculative.engine import speculative_generate
+    from qwen36.speculative.plain import plain_generate
+    from qwen36.speculative.reference_backend import ReferenceBackend
+    from qwen36.speculative.sampling import SamplingParams
+
+    prompt = [5, 17, 300, 42, 7]
+    pen = dict(repetition_penalty=1.3, presence_penalty=-1.5, frequency_penalty=0.7)
+    cpu_model = Qwen36Model.from_checkpoint(ci_ckpt)
+    gpu_model = Qwen36Model.from_checkpoint(ci_ckpt, device="cuda", require_mtp=True)
+    greedy = SamplingParams(logprobs=2, **pen)
+    cpu = plain_generate(cpu_model, prompt, 16, greedy)
+    gpu = plain_generate(gpu_model, prompt, 16, greedy)
+    assert gpu.tokens == cpu.tokens
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(gpu.logprobs, cpu.logprobs)) < 1e-3
+    spec = speculative_generate(ReferenceBackend(gpu_model, "shadow_commit", 64), prompt, 16, 3, greedy)
+    assert spec.tokens == gpu.tokens
+    sampled = SamplingParams(temperature=0.9, top_k=30, min_p=0.02, seed=3, **pen)
+    assert plain_generate(gpu_model, prompt, 12, sampled).tokens == plain_generate(gpu_model, prompt, 12, sampled).tokens
+    a = speculative_generate(ReferenceBackend(gpu_model, "snapshot", 64), prompt, 12, 2, sampled).tokens
+    assert a == speculative_generate(ReferenceBackend(gpu_model, "snapshot", 64), prompt, 12, 2, sampled).tokens

@@ -34,6 +34,13 @@ class ReferenceTarget:
         return self.model(ids.view(1, -1).to(dev), state).logits[0].cpu()
 
     @torch.no_grad()
+    def generate(self, prompt: list[int], max_new_tokens: int, params, eos_ids: tuple[int, ...]):
+        """Plain decoding with ``params`` (a SamplingParams) -> PlainResult (tokens, logprobs)."""
+        from ..speculative.plain import plain_generate
+
+        return plain_generate(self.model, prompt, max_new_tokens, params, eos_ids)
+
+    @torch.no_grad()
     def greedy(self, prompt: list[int], max_new_tokens: int, eos_ids: tuple[int, ...]) -> list[int]:
         from ..reference.model import greedy_generate
 

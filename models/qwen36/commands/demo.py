@@ -11,7 +11,7 @@ import argparse
 
 from ..errors import UserError
 from .common import DEFAULT_CHECKPOINT, positive_int
-from .generate import add_spec_args
+from .generate import add_spec_args, sampling_params
 
 DEFAULT_PROMPT = '''class Counter:
     """Count hashable items."""
@@ -43,7 +43,7 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def plain_target(backend):
-    """Plain greedy decoding on the speculative backend's own model: on cards there is only one mesh to open, and
+    """Plain decoding on the speculative backend's own model: on cards there is only one mesh to open, and
     the comparison must use the same weights and precision."""
     gen = getattr(backend, "gen", None)  # TTSpecBackend wraps a TTGenerator
     if gen is not None:
@@ -60,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..speculative.engine import speculative_generate
-    from ..speculative.sampling import SamplingParams
     from ..tokenizer import load_tokenizer
     from .backends import check_device
     from .common import torch_dtype
@@ -75,10 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if not (ckpt / "config.json").exists():
         raise UserError(f"no checkpoint at {ckpt} (config.json missing); the embedded default ships with the "
                         "repository in models/qwen36/default_checkpoint, or pass --checkpoint DIR")
-    try:
-        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    params = sampling_params(args)
     torch.set_num_threads(args.threads)
     tok = load_tokenizer(ckpt)
     ids = tok.encode(args.prompt)
@@ -97,18 +93,17 @@ def run(args: argparse.Namespace) -> int:
     # warm-up (first-call allocations) so that the timed runs compare like with like
     speculative_generate(backend, ids[:8], 4, fresh_depth(), params, eos_ids=eos)
     release()
-    target.greedy(ids[:8], 4, eos)
+    target.generate(ids[:8], 4, params, eos)
 
     t0 = time.perf_counter()
     result = speculative_generate(backend, ids, args.max_new_tokens, fresh_depth(), params, eos_ids=eos)
     t_spec = time.perf_counter() - t0
     release()
     t0 = time.perf_counter()
-    plain = target.greedy(ids, args.max_new_tokens, eos)
+    plain = target.generate(ids, args.max_new_tokens, params, eos).tokens  # same sampling parameters
     t_plain = time.perf_counter() - t0
 
-    mode = "greedy" if params.greedy else (f"stochastic (T={params.temperature}, top_k={params.top_k}, "
-                                           f"top_p={params.top_p}, seed={params.seed}, drafts={params.draft})")
+    mode = params.describe()
     bar = "-" * 78
     print(f"checkpoint : {ckpt}")
     print(f"backend    : {backend.label} (speculative); {target.label} (plain)")
@@ -125,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     plain_tps = len(plain) / t_plain
     print(f"speculative: {len(result.tokens)} tokens in {t_spec:.2f} s = {spec_tps:.1f} tok/s "
           f"({result.stats.steps} verify steps)")
-    print(f"plain      : {len(plain)} tokens in {t_plain:.2f} s = {plain_tps:.1f} tok/s (greedy, one target forward per token)")
+    print(f"plain      : {len(plain)} tokens in {t_plain:.2f} s = {plain_tps:.1f} tok/s (one target forward per token)")
     print(f"speed-up   : {spec_tps / plain_tps:.2f}x  (measured in this run on {backend.label})")
     if "emulated" in backend.label:
         print("note       : emulated mesh = ttnn golden functions on the host CPU; these tok/s are emulator wall-clock, "

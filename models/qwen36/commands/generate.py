@@ -1,4 +1,4 @@
-"""qwen36 generate: greedy or speculative (MTP) generation on the reference model or the TT model."""
+"""qwen36 generate: plain or speculative (MTP) generation, greedy or sampled, on the reference model or the TT model."""
 from __future__ import annotations
 
 import argparse
@@ -6,11 +6,12 @@ import time
 
 from ..errors import UserError
 from ..speculative.mechanisms import DEFAULT_MECHANISM, DRAFT_MODES, MECHANISMS
+from ..speculative.sampling import MAX_LOGPROBS, PENALTY_RANGE
 from .common import add_checkpoint_arg, parse_ids, positive_int, resolve_checkpoint, torch_dtype
 
 
 def add_parser(sub, name: str) -> None:
-    p = sub.add_parser(name, help="generate text (greedy, or speculative with --spec-k)")
+    p = sub.add_parser(name, help="generate text (plain, or speculative with --spec-k; greedy or sampled)")
     add_checkpoint_arg(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs the checkpoint's tokenizer)")
@@ -30,13 +31,57 @@ def add_spec_args(p: argparse.ArgumentParser, default_k: int = 0) -> None:
                         "; 'auto' picks K per step from running acceptance and the backend's step costs "
                         "(qwen36/speculative/depth_policy.json, docs/depth.md); reference backend only for now")
     g.add_argument("--commit", default=DEFAULT_MECHANISM, choices=MECHANISMS, help="GDN/conv state commit mechanism")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; >0 = stochastic rejection sampling")
-    g.add_argument("--top-k", type=int, default=0, help="0 = off")
-    g.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
-    g.add_argument("--seed", type=int, default=0)
     g.add_argument("--draft", default=DRAFT_MODES[0], choices=DRAFT_MODES,
                    help="stochastic mode only: MTP drafts sampled from the transformed draft distribution (default) "
                         "or argmax drafts (acceptance then uses a one-hot draft distribution)")
+    add_sampling_args(p)
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """vLLM's sampling parameters, names and meanings; the same on plain and speculative decoding (speculative
+    sampling with them is exact: it emits the target's own distribution)."""
+    g = p.add_argument_group("sampling (vLLM's names and meanings; plain and speculative decoding alike)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (argmax of the penalised logits); > 0 = sample (speculative: rejection sampling)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 or -1 = off)")
+    g.add_argument("--top-p", type=float, default=1.0,
+                   help="keep the smallest set of most likely tokens whose mass reaches p, in (0, 1] (1 = off)")
+    g.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens less likely than min_p x the most likely one, in [0, 1] (0 = off)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 0: tokens seen in the prompt or output get positive logits divided by it and negative "
+                        "ones multiplied by it (1 = off)")
+    g.add_argument("--presence-penalty", type=float, default=0.0,
+                   help=f"in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}]: subtracted from the logit of every token "
+                        "already in the output (0 = off)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help=f"in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}]: subtracted once per occurrence in the output "
+                        "(0 = off)")
+    g.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help=f"print each emitted token's logprob and rank plus the N most likely tokens, N in "
+                        f"[0, {MAX_LOGPROBS}] (raw logprobs: the model's log-softmax before penalties, temperature "
+                        "and truncation, vLLM's default)")
+    g.add_argument("--seed", type=int, default=0, help="seed of every random draw of the run (same seed, same output)")
+
+
+def sampling_params(args: argparse.Namespace):
+    """The one SamplingParams of a run, validated (a bad value is a one-line UserError naming it)."""
+    from ..speculative.sampling import SamplingParams
+
+    return SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty, logprobs=args.logprobs)
+
+
+def print_logprobs(logprobs, tok) -> None:
+    """One line per emitted token: index, id, logprob, rank, then the top-n as id:logprob (and the token text)."""
+    if logprobs is None:
+        return
+    print("logprobs (raw; per emitted token: i id logprob rank | top-n id:logprob):")
+    for i, lp in enumerate(logprobs):
+        top = " ".join(f"{t}:{v:.4f}" for t, v in lp.top)
+        text = f"  {tok.decode([lp.token])!r}" if tok is not None else ""
+        print(f"  {i} {lp.token} {lp.logprob:.4f} {lp.rank} | {top}{text}".rstrip())
 
 
 def spec_k_arg(text: str) -> int | str:
@@ -69,24 +114,26 @@ def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     if args.spec_k != "auto" and args.spec_k < 0:
         raise UserError(f"--spec-k must be >= 0, got {args.spec_k}")
+    params = sampling_params(args)  # validated before any model is loaded
     ckpt = resolve_checkpoint(args.checkpoint)
     ids, tok = encode_prompt(args, ckpt)
     if args.spec_k == "auto" or args.spec_k > 0:
         from .speculative_generate import run_speculative_generate
 
         return run_speculative_generate(args, ckpt, ids, tok)
-    if args.temperature != 0.0:
-        raise UserError("plain decoding here is greedy; stochastic sampling needs --spec-k >= 1")
     target = load_target(ckpt, args.device, torch_dtype(args.dtype))
     vocab = target.config.vocab_size
     if any(i >= vocab for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
-    out = target.greedy(ids, args.max_new_tokens, target.config.eos_token_id)
+    result = target.generate(ids, args.max_new_tokens, params, target.config.eos_token_id)
+    out = result.tokens
     dt = time.perf_counter() - t0
-    logger.info(f"[{target.label}] greedy: {len(out)} tokens in {dt:.2f} s ({len(out) / dt:.1f} tok/s, measured on this backend)")
+    logger.info(f"[{target.label}] plain {params.describe()}: {len(out)} tokens in {dt:.2f} s "
+                f"({len(out) / dt:.1f} tok/s, measured on this backend)")
     print("ids:", ",".join(map(str, out)))
     if tok is not None:
         print("prompt:", args.prompt)
         print("text:", tok.decode(out))
+    print_logprobs(result.logprobs, tok)
     return 0

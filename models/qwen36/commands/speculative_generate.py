@@ -7,7 +7,6 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..speculative.engine import GenerationResult, SpecBackend, speculative_generate
-from ..speculative.sampling import SamplingParams
 from .backends import REFERENCE_DEVICES
 
 
@@ -86,10 +85,9 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int
     from ..checkpoint import CheckpointError
     from .common import torch_dtype
 
-    try:
-        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    from .generate import print_logprobs, sampling_params
+
+    params = sampling_params(args)
     depth = depth_policy(args.spec_k, args.device)
     k_max = depth if isinstance(depth, int) else depth.k_max
     max_len = len(ids) + args.max_new_tokens + k_max + 2
@@ -104,13 +102,14 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int
     result = speculative_generate(backend, ids, args.max_new_tokens, depth, params,
                                   eos_ids=backend_config(backend).eos_token_id)
     dt = time.perf_counter() - t0
-    mode = "greedy" if params.greedy else f"sampling T={params.temperature} top_k={params.top_k} top_p={params.top_p} seed={params.seed} drafts={params.draft}"
+    mode = params.describe()
     logger.info(f"[{backend.label}] speculative K={depth_label(depth)} commit={args.commit} {mode}: {len(result.tokens)} tokens "
                 f"in {dt:.2f} s ({len(result.tokens) / dt:.1f} tok/s, measured on this backend)")
     print("ids:", ",".join(map(str, result.tokens)))
     if tok is not None:
         print("prompt:", args.prompt)
         print("text:", tok.decode(result.tokens))
+    print_logprobs(result.logprobs, tok)
     print(f"backend: {backend.label}  commit: {args.commit}  K: {depth_label(depth)}")
     print(format_stats(result))
     c = backend.counters

@@ -15,15 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from .depth import DepthController, FixedDepth
-from .sampling import SamplingParams
+from .sampling import SamplingParams, TokenLogprobs
 
 
 @dataclass
 class Acceptance:
-    """What one step publishes, host side: ``tokens`` = accepted drafts then one recovered/bonus token."""
+    """What one step publishes, host side: ``tokens`` = accepted drafts then one recovered/bonus token;
+    ``logprobs``: one entry per emitted token when the run asked for logprobs, else None."""
 
     num_accepted: int
     tokens: list[int]
+    logprobs: list[TokenLogprobs] | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != self.num_accepted + 1:
@@ -62,6 +64,7 @@ class SpecBackend(Protocol):
     """The contract a backend implements. Batch 1; K >= 1; handles are backend-private.
 
     label: what actually runs, derived from the live objects (e.g. "reference (torch CPU)").
+    first_logprobs: after prefill, the prefill token's TokenLogprobs when the params asked for logprobs, else None.
     mechanism: the backend's commit mechanism object (named in ``mechanisms.MECHANISMS``; ``.name`` is the name),
     fixed at construction. counters: a MechanismCounters, updated in place.
     """
@@ -71,7 +74,8 @@ class SpecBackend(Protocol):
     counters: MechanismCounters
 
     def prefill(self, prompt: Sequence[int], params: SamplingParams) -> int:
-        """Consume the prompt, seed the sampler from params, pick and return the first new token (pending)."""
+        """Consume the prompt, seed the sampler from params, pick and return the first new token (pending).
+        Penalties (params.penalized) count the prompt and every emitted token, this first one included."""
 
     def draft(self, k: int) -> Any:
         """MTP: reseed the verified rows, then chain k drafts. Returns a handle (draft ids, draft probs)."""
@@ -151,6 +155,7 @@ class AcceptanceStats:
 class GenerationResult:
     tokens: list[int]  # new tokens (first one from prefill), cut after EOS and at max_new_tokens
     stats: AcceptanceStats
+    logprobs: list[TokenLogprobs] | None = None  # one per token in ``tokens`` when the params asked for them
 
 
 def _cut(tokens: list[int], max_new_tokens: int, eos_ids: Sequence[int]) -> tuple[list[int], bool]:
@@ -171,6 +176,8 @@ def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_to
     depth = FixedDepth(k) if isinstance(k, int) else k
     stats = AcceptanceStats(depth.k_max)
     tokens = [backend.prefill(prompt, params)]
+    want_lp = params.logprobs is not None
+    logprobs = [_first_logprobs(backend)] if want_lp else None
     tokens, done = _cut(tokens, max_new_tokens, eos_ids)
     while not done:
         step_k = depth.choose()
@@ -178,4 +185,15 @@ def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_to
         depth.observe(step_k, acceptance.num_accepted)
         stats.record(acceptance, step_k)
         tokens, done = _cut(tokens + acceptance.tokens, max_new_tokens, eos_ids)
-    return GenerationResult(tokens, stats)
+        if want_lp:
+            if acceptance.logprobs is None or len(acceptance.logprobs) != len(acceptance.tokens):
+                raise RuntimeError(f"{backend.label}: logprobs were asked for but the step returned none per token")
+            logprobs += acceptance.logprobs
+    return GenerationResult(tokens, stats, logprobs[: len(tokens)] if want_lp else None)
+
+
+def _first_logprobs(backend) -> TokenLogprobs:
+    lp = getattr(backend, "first_logprobs", None)
+    if lp is None:
+        raise RuntimeError(f"{backend.label}: logprobs were asked for but prefill recorded none")
+    return lp

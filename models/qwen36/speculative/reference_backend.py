@@ -24,7 +24,8 @@ from .acceptance import ONE_HOT_DRAFT, greedy_accept, rejection_sample
 from .engine import Acceptance, MechanismCounters
 from .mechanisms import DEFAULT_MECHANISM
 from .reference_mechanisms import VERIFY_GDN_MODE, ReferenceMechanism, reference_mechanism
-from .sampling import SamplingParams, pick_token, probs_from_logits, sample
+from .sampling import (Penalties, SamplingParams, TokenHistory, penalize, pick_token, probs_from_logits, sample,
+                       token_logprobs)
 
 
 def reference_backend_label(model: Qwen36Model) -> str:
@@ -53,9 +54,11 @@ class ReferenceLive:
     mtp: MTPState
     pending: int
     reseed: Reseed
+    history: TokenHistory  # prompt mask + output counts, pending token included (the penalties read them)
 
     def clone(self) -> "ReferenceLive":
-        return ReferenceLive(self.state.clone(), self.mtp.clone(), self.pending, self.reseed.clone())
+        return ReferenceLive(self.state.clone(), self.mtp.clone(), self.pending, self.reseed.clone(),
+                             self.history.clone())
 
 
 @dataclass
@@ -106,6 +109,7 @@ class ReferenceBackend:
         self.live: ReferenceLive | None = None
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
+        self.first_logprobs = None
         self._txn: _Transaction | None = None
         self.gdn_ids = [i for i, t in enumerate(model.config.layer_types) if t != FULL]
 
@@ -136,9 +140,14 @@ class ReferenceBackend:
         ids = torch.tensor([list(prompt)], device=self.device)
         state = self.model.new_state(1, self.max_len)
         out = self.model(ids, state)  # the same call as plain greedy decoding's prefill
-        first = int(pick_token(out.logits[:, -1], params, self.generator))
+        history = TokenHistory(prompt, self.model.config.vocab_size, self.device)
+        first = int(pick_token(out.logits[:, -1], params, self.generator, history.now()))
+        self.first_logprobs = (token_logprobs(out.logits[0, -1], first, params.logprobs)
+                               if params.logprobs is not None else None)
+        history.add([first])
         tokens = torch.cat([ids[:, 1:], ids.new_tensor([[first]])], dim=1)  # x_{t+1} for t = 0..n-1
-        self.live = ReferenceLive(state, self.model.new_mtp_state(1, self.max_len), first, Reseed(tokens, out.hidden, 0))
+        self.live = ReferenceLive(state, self.model.new_mtp_state(1, self.max_len), first, Reseed(tokens, out.hidden, 0),
+                                  history)
         self._txn = None
         return first
 
@@ -154,11 +163,38 @@ class ReferenceBackend:
             raise ValueError(f"KV cache full: position {self.live.state.pos} + {k + 1} rows > max_len {self.max_len}")
         live, p = self.live, self.params
         self._txn = _Transaction(live.state.pos, live.mtp.pos, k, rng_state=self.generator.get_state())
-        pick = (lambda lg: sample(probs_from_logits(lg, p), self.generator)) if p.sampled_drafts else None
+        chain: list[torch.Tensor] = []  # the drafts picked so far: draft i's penalties count d_1..d_{i-1}
+
+        def pick(lg: torch.Tensor) -> torch.Tensor:
+            pen = self._chain_penalties(chain)
+            tok = (sample(probs_from_logits(lg, p, pen), self.generator) if p.sampled_drafts
+                   else penalize(lg, p, pen).argmax(-1))
+            chain.append(tok)
+            return tok
+
         r = live.reseed
         out = self.model.mtp_draft(live.mtp, r.tokens, r.hidden, r.pos0, k, pick=pick)  # reseed + chain
         self.counters.mtp_forwards += k
-        return ReferenceDraft(out.tokens, probs_from_logits(out.logits, p) if p.sampled_drafts else ONE_HOT_DRAFT)
+        if not p.sampled_drafts:
+            return ReferenceDraft(out.tokens, ONE_HOT_DRAFT)
+        pen = self._row_penalties(out.tokens, rows=k)
+        return ReferenceDraft(out.tokens, probs_from_logits(out.logits, p, pen))
+
+    def _chain_penalties(self, chain: list[torch.Tensor]) -> Penalties | None:
+        if not self.params.penalized:
+            return None
+        if not chain:
+            return self.live.history.now()
+        pen = self._row_penalties(torch.cat(chain), rows=len(chain) + 1)
+        return Penalties(pen.seen[:, -1], pen.counts[:, -1])  # [1, V], like the chain's logits
+
+    def _row_penalties(self, tokens: torch.Tensor, rows: int) -> Penalties | None:
+        """Penalty contexts [1, rows, V]: row j counts tokens[:j] on top of the history (None when penalties are
+        off)."""
+        if not self.params.penalized:
+            return None
+        pen = self.live.history.rows(tokens.reshape(-1)[: rows - 1])
+        return Penalties(pen.seen[None], pen.counts[None])
 
     @torch.no_grad()
     def verify(self, draft: ReferenceDraft) -> ReferenceVerify:
@@ -175,13 +211,20 @@ class ReferenceBackend:
 
     @torch.no_grad()
     def accept(self, draft: ReferenceDraft, verify: ReferenceVerify) -> Acceptance:
-        if self.params.greedy:
-            out, n = greedy_accept(draft.tokens, verify.logits)
+        p = self.params
+        # verify row j is used only when d_1..d_j were accepted: its penalties count them (plain decoding's context)
+        pen = self._row_penalties(draft.tokens, rows=draft.k + 1)
+        if p.greedy:
+            out, n = greedy_accept(draft.tokens, penalize(verify.logits, p, pen))
         else:
-            target_probs = probs_from_logits(verify.logits, self.params)
+            target_probs = probs_from_logits(verify.logits, p, pen)
             out, n = rejection_sample(draft.tokens, draft.probs, target_probs, self.generator)
         a = int(n[0])
-        return Acceptance(a, out[0, : a + 1].tolist())
+        tokens = out[0, : a + 1].tolist()
+        lps = None
+        if p.logprobs is not None:
+            lps = [token_logprobs(verify.logits[0, j], t, p.logprobs) for j, t in enumerate(tokens)]
+        return Acceptance(a, tokens, lps)
 
     @torch.no_grad()
     def commit(self, acceptance: Acceptance) -> None:
@@ -199,6 +242,7 @@ class ReferenceBackend:
         toks = accepted_rows.new_tensor([acceptance.tokens])  # x_{t+1} for t = n..n+a
         live.reseed = Reseed(toks, verify.hidden[:, : a + 1], n)
         live.pending = acceptance.tokens[-1]
+        self.live.history.add(acceptance.tokens)  # part of the commit: an aborted step adds nothing
         c.steps += 1
         self._txn = None
 

@@ -42,7 +42,7 @@ from qwen36.speculative.sampling import SamplingParams
 
 from .ccl import ccl_for
 from .model_config import compute_config_exact_count
-from .sampler import UniformTable, inverse_cdf_draw
+from .sampler import UniformTable, inverse_cdf_draw, penalize, probs_from_logits
 
 RESULT_EXTRA_COLS = 2  # accepted count, RNG row
 MAX_EXACT_FP32_INT = 1 << 24  # token ids / counts are carried in fp32: exact below 2**24
@@ -107,6 +107,8 @@ class DeviceAcceptor:
         self.vocab = vocab
         self.batch = batch
         self.params = sampling_params if sampling_params is not None else SamplingParams()
+        if (self.params.penalized or self.params.logprobs is not None) and batch != 1:
+            raise ValueError("penalties and logprobs on the device acceptor are implemented for batch 1")
         self.seed = int(self.params.seed if seed is None else seed)
         self.logits_layout = logits_layout
         self.rng = rng
@@ -164,6 +166,13 @@ class DeviceAcceptor:
             self.c_ring_heads = self._replicated(heads, f32)
             self.block_idx = self._replicated(torch.zeros(1, b * hv, dtype=torch.int64), ttnn.uint32,
                                               ttnn.ROW_MAJOR_LAYOUT)
+        if self.params.logprobs is not None:
+            self.logprobs = self._replicated(torch.zeros(1, 1, r, 2 + 2 * self.params.logprobs), f32,
+                                             ttnn.ROW_MAJOR_LAYOUT)
+        if self.params.penalized:
+            self.seen = self._replicated(torch.zeros(1, b, 1, v), f32)
+            self.counts = self._replicated(torch.zeros(1, b, 1, v), f32)
+            self.c_zero_vocab_row = self._replicated(torch.zeros(1, b, 1, v), f32)
         # RNG: table of uniforms + device-side row counter (fp32, exact below 2**24 rows); first fill
         self.uniforms.allocate()
         self.allocated = True
@@ -236,21 +245,24 @@ class DeviceAcceptor:
         ttnn, b, k = self.ttnn, self.batch, self.k
         self._check_dev(logits_dev, self.rows, "greedy logits")
         x = self._gathered(logits_dev)
+        drafts_row, drafts_col = self._drafts_f32(drafts_dev)
+        if self.params.penalized:  # argmax of the penalised rows: row j counts d_1..d_j (plain greedy's context)
+            x = x if x.dtype == ttnn.float32 else ttnn.typecast(x, ttnn.float32)
+            x = penalize(ttnn, x, self.params, *self.row_penalties(drafts_col))
         am = ttnn.argmax(x, dim=3, keepdim=True)  # [1, B, R, 1] uint32 (ROW_MAJOR on cards)
         am = ttnn.typecast(ttnn.to_layout(am, ttnn.TILE_LAYOUT), ttnn.float32)
-        drafts_row, drafts_col = self._drafts_f32(drafts_dev)
         am_k = ttnn.slice(am, [0, 0, 0, 0], [1, b, k, 1])
         a = self._num_accepted(ttnn.eq(am_k, drafts_col))
         sel = ttnn.eq(self.c_row_idx, a)  # [1, B, R, 1] one-hot at row a
         final = ttnn.sum(ttnn.multiply(am, sel), dim=2, keepdim=True, compute_kernel_config=self._ckc)
-        return self._finish(drafts_row, a, final, self.c_minus_one_col)
+        res = self._finish(drafts_row, a, final, self.c_minus_one_col)
+        self._row_logprobs(logits_dev)
+        return res
 
-    def probs_from_logits(self, logits_dev):
-        """Device twin of ``speculative.sampling.probs_from_logits``: [1,B,rows,V] -> fp32 probabilities (full V).
-
-        temperature (x * 1/T), then top-k (keep x >= k-th largest, ties kept), then top-p (drop a token when
-        the mass of the tokens sorted before it is >= top_p), then softmax. One descending sort serves both.
-        """
+    def probs_from_logits(self, logits_dev, penalties=None):
+        """Device twin of ``speculative.sampling.probs_from_logits``: [1,B,rows,V] -> fp32 probabilities (full V),
+        by :func:`.sampler.probs_from_logits` (the one device transform). ``penalties``: ``(seen, counts)`` fp32
+        broadcastable to the rows (needed when the params have penalties on)."""
         self._require_allocated()
         ttnn, p = self.ttnn, self.params
         if p.greedy:
@@ -258,24 +270,86 @@ class DeviceAcceptor:
         x = self._gathered(logits_dev)
         if x.dtype != ttnn.float32:
             x = ttnn.typecast(x, ttnn.float32)
-        x = ttnn.multiply(x, 1.0 / p.temperature)
-        use_k = 0 < p.top_k < self.vocab
-        use_p = p.top_p < 1.0
-        if use_k or use_p:
-            rows = int(x.shape[2])
-            sorted_x, order = ttnn.sort(x, dim=3, descending=True)
-            if use_k:
-                kth = ttnn.slice(sorted_x, [0, 0, 0, p.top_k - 1], [1, self.batch, rows, p.top_k])
-                x = ttnn.where(ttnn.lt(x, kth), float("-inf"), x)
-                # the masked tokens sort last; the kept ones keep their order
-                sorted_x = ttnn.where(ttnn.lt(sorted_x, kth), float("-inf"), sorted_x)
-            if use_p:
-                sp = ttnn.softmax(sorted_x, dim=3, numeric_stable=True, compute_kernel_config=self._ckc)
-                mass_before = ttnn.subtract(ttnn.cumsum(sp, dim=3), sp)
-                drop_sorted = ttnn.ge(mass_before, p.top_p)
-                drop = ttnn.scatter(drop_sorted, 3, order, drop_sorted)  # back to vocab order (order is a permutation)
-                x = ttnn.where(drop, float("-inf"), x)
-        return ttnn.softmax(x, dim=3, numeric_stable=True, compute_kernel_config=self._ckc)
+        if p.penalized:
+            if penalties is None:
+                raise ValueError("penalties are on but no (seen, counts) were given")
+            x = penalize(ttnn, x, p, *penalties)
+        return probs_from_logits(ttnn, x, p, self._ckc)
+
+    # ---- logprobs of the emitted tokens (B == 1) ------------------------------------------------------------
+    def _row_logprobs(self, logits_dev) -> None:
+        """Raw logprobs (log-softmax of the unprocessed verify rows) of each row's emitted token (the result's token
+        columns), its rank and the top n, into the persistent :attr:`logprobs` ``[1, 1, R, 2 + 2n]`` fp32 ROW_MAJOR
+        (rows after ``a`` hold placeholders' values: ignored). No-op unless the params ask for logprobs."""
+        if self.params.logprobs is None:
+            return
+        ttnn, r, n, ckc = self.ttnn, self.rows, self.params.logprobs, self._ckc
+        x = self._gathered(logits_dev)
+        x = x if x.dtype == ttnn.float32 else ttnn.typecast(x, ttnn.float32)
+        shifted = ttnn.subtract(x, ttnn.max(x, dim=3, keepdim=True))
+        lp = ttnn.subtract(shifted, ttnn.log(ttnn.sum(ttnn.exp(shifted), dim=3, keepdim=True, compute_kernel_config=ckc)))
+        toks = ttnn.typecast(ttnn.slice(self.result, [0, 0, 0, 0], [1, 1, 1, r]), ttnn.float32)
+        onehot = ttnn.eq(self.c_vocab_idx, ttnn.reshape(toks, [1, 1, r, 1]))  # [1, 1, R, V]
+        own = ttnn.sum(ttnn.multiply(lp, onehot), dim=3, keepdim=True, compute_kernel_config=ckc)
+        rank = ttnn.add(ttnn.sum(ttnn.gt(lp, own), dim=3, keepdim=True, compute_kernel_config=ckc), 1.0)
+        cols = [own, rank]
+        if n:
+            vals, idx = ttnn.topk(lp, n, dim=3)
+            cols += [ttnn.typecast(ttnn.to_layout(idx, ttnn.TILE_LAYOUT), ttnn.float32), vals]
+        ttnn.copy(ttnn.to_layout(ttnn.concat(cols, dim=3), ttnn.ROW_MAJOR_LAYOUT), self.logprobs)
+
+    def read_logprobs(self, tokens: list[int]) -> list:
+        """Host read of :attr:`logprobs` -> one ``TokenLogprobs`` per emitted token (rows 0..a)."""
+        from qwen36.speculative.sampling import TokenLogprobs
+
+        ttnn, n = self.ttnn, self.params.logprobs
+        rows = ttnn.to_torch(ttnn.get_device_tensors(self.logprobs)[0]).reshape(self.rows, 2 + 2 * n).double()
+        out = []
+        for j, t in enumerate(tokens):
+            row = rows[j].tolist()
+            top = [(int(i), v) for i, v in zip(row[2: 2 + n], row[2 + n:])]
+            out.append(TokenLogprobs(int(t), row[0], int(row[1]), top))
+        return out
+
+    # ---- penalties: token counts on device (B == 1) ------------------------------------------------------
+    def start_penalties(self, prompt_len: int, history) -> None:
+        """Write the penalty state of a generation: ``history`` = prompt then every emitted token (the pending one
+        included); the first ``prompt_len`` are the prompt. Host writes, outside any capture."""
+        self._require_allocated()
+        if not self.params.penalized:
+            return
+        ttnn, v = self.ttnn, self.vocab
+        seen = torch.zeros(1, 1, 1, v)
+        seen[..., torch.as_tensor(list(history), dtype=torch.long)] = 1.0
+        counts = torch.zeros(1, 1, 1, v)
+        out = torch.as_tensor(list(history[prompt_len:]), dtype=torch.long)
+        counts[0, 0, 0].index_add_(0, out, torch.ones(out.numel()))
+        for host, dev in ((seen, self.seen), (counts, self.counts)):
+            ttnn.copy_host_to_device_tensor(ttnn.from_torch(host, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
+                                                            mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh)), dev)
+
+    def row_penalties(self, drafts_col):
+        """(seen, counts) ``[1, 1, R, V]`` of the verify rows: row j adds d_1..d_j to the committed counts (it is
+        used only when they were all accepted, so it sees what plain decoding would). Traceable."""
+        ttnn = self.ttnn
+        onehot = ttnn.eq(self.c_vocab_idx, drafts_col)  # [1, 1, K, V]
+        added = ttnn.concat([self.c_zero_vocab_row, ttnn.cumsum(onehot, dim=2)], dim=2)  # [1, 1, R, V]
+        return ttnn.maximum(self.seen, ttnn.gt(added, 0.0)), ttnn.add(self.counts, added)
+
+    def draft_penalties(self):
+        """(seen, counts) of the committed tokens: the context the sampled drafts use (the chain's own drafts
+        are not added; the draft distribution only has to be the one the drafts were drawn from)."""
+        return self.seen, self.counts
+
+    def commit_counts(self):
+        """Add the step's emitted tokens (the result's token columns; placeholders match nothing) to the counts,
+        in place: part of the commit, inside its trace."""
+        ttnn, r = self.ttnn, self.rows
+        toks = ttnn.typecast(ttnn.slice(self.result, [0, 0, 0, 0], [1, 1, 1, r]), ttnn.float32)
+        onehot = ttnn.eq(self.c_vocab_idx, ttnn.reshape(toks, [1, 1, r, 1]))  # [1, 1, R, V]
+        added = ttnn.sum(onehot, dim=2, keepdim=True, compute_kernel_config=self._ckc)  # [1, 1, 1, V]
+        ttnn.copy(ttnn.add(self.counts, added), self.counts)
+        ttnn.copy(ttnn.maximum(self.seen, ttnn.gt(added, 0.0)), self.seen)
 
     def _uniforms(self):
         """-> (u_accept [1,B,K,1], u_final [1,B,1,1], rng_row [1,B,1,1]); advances the device counter in place."""
@@ -303,8 +377,9 @@ class DeviceAcceptor:
             if shape != [1, b, k, self.vocab]:
                 raise ValueError(f"draft_probs: device shape {shape} != [1, B={b}, K={k}, V={self.vocab}] "
                                  "(full vocab: pass probs_from_logits(draft_logits))")
-        pt = self.probs_from_logits(logits_dev)  # [1, B, R, V]
         drafts_row, drafts_col = self._drafts_f32(drafts_dev)
+        pen = self.row_penalties(drafts_col) if self.params.penalized else None
+        pt = self.probs_from_logits(logits_dev, pen)  # [1, B, R, V]
         onehot = ttnn.eq(self.c_vocab_idx, drafts_col)  # [1, B, K, V]
         pt_k = ttnn.slice(pt, [0, 0, 0, 0], [1, b, k, self.vocab])
         pt_d = ttnn.sum(ttnn.multiply(pt_k, onehot), dim=3, keepdim=True, compute_kernel_config=self._ckc)
@@ -326,7 +401,9 @@ class DeviceAcceptor:
         has_mass = ttnn.gt(mass, 0.0)
         dist = ttnn.add(ttnn.multiply(residual, has_mass), ttnn.multiply(pt_a, ttnn.rsub(has_mass, 1.0)))
         final = inverse_cdf_draw(ttnn, dist, u_fin)
-        return self._finish(drafts_row, a, final, rng_col)
+        res = self._finish(drafts_row, a, final, rng_col)
+        self._row_logprobs(logits_dev)
+        return res
 
     def ring_block_idx(self):
         """GDN ring slot of the accepted state per head: idx[b*HV + hv] = (a_b * B + b) * HV + hv

@@ -9,6 +9,14 @@ A new prompt releases the trace first (prefill allocates, which is not allowed w
 
     gen = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2")
     ids = gen.greedy(prompt_ids, max_new_tokens=32, eos_ids=())
+    res = gen.generate(prompt_ids, 32, SamplingParams(temperature=0.8, top_p=0.95, seed=1, logprobs=2))
+
+Plain decoding (``generate`` / ``greedy``) picks every decode token on device inside the traced step
+(:class:`.sampler.DeviceSampler`: argmax or a seeded draw after penalties/temperature/min_p/top-k/top-p, penalty
+counts updated in place), so a step reads back only the token id (and its logprobs when asked), never the logits
+row. The prompt's last row is read once per generation (prefill), and its token is picked on the host by the same
+transform (``speculative.sampling.pick_token``). ``decode_step`` keeps the full-logits readback for callers that
+need the row itself (the vLLM adapter's logits contract, numerics tests).
 """
 from __future__ import annotations
 
@@ -19,8 +27,11 @@ import torch
 from loguru import logger
 
 from ..checkpoint import load_checkpoint
+from ..speculative.plain import PlainResult
+from ..speculative.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
 from .model import DecodeOutputs, TTQwen36Model
 from .model_config import PrecisionSetting, TTModelArgs
+from .sampler import DeviceSampler
 from .state import TTModelState, allocate_decode_inputs, allocate_state, reset_state
 from .trace import TracedStep
 from .weights import WeightLoader
@@ -48,6 +59,10 @@ class TTGenerator:
         self.inputs = allocate_decode_inputs(self.ttnn, self.mesh, rows=1)
         # one decode row over the persistent inputs and state: eager once after a prefill, then captured/replayed
         self.decode_trace = TracedStep(self.ttnn, self.mesh, self._decode_device, name="decode")
+        # the same row plus the device pick: what plain generation replays (only the pick's result is read back)
+        self.sample_trace = TracedStep(self.ttnn, self.mesh, self._sample_device, name="decode+sample")
+        self.sampler: DeviceSampler | None = None
+        self.rng = "device"  # DeviceSampler's uniform source ("host": bit-identical draws on cards and emulator)
         self.ctx = None  # MeshContext when this generator opened the mesh
 
     @classmethod
@@ -77,6 +92,7 @@ class TTGenerator:
     # ---- state / trace management ---------------------------------------------------------------------
     def release_trace(self) -> None:
         self.decode_trace.release()
+        self.sample_trace.release()
 
     def reset(self) -> None:
         """Forget the sequence: release the trace, zero GDN/conv state, position 0."""
@@ -86,6 +102,10 @@ class TTGenerator:
     def _decode_device(self) -> DecodeOutputs:
         """The traced decode step: device only, reads the persistent DecodeInputs buffers and the state."""
         return self.model.decode_forward(self.inputs, self.state)
+
+    def _sample_device(self):
+        """The traced plain-generation step: decode row, then the device pick (result buffer of the sampler)."""
+        return self.sampler.pick(self.model.decode_forward(self.inputs, self.state).logits)
 
     # ---- steps -------------------------------------------------------------------------------------------
     def prefill(self, ids: list[int] | torch.Tensor, all_rows: bool = False) -> torch.Tensor:
@@ -114,6 +134,55 @@ class TTGenerator:
         self.state.pos += 1
         return logits[-1], int(ids[-1])
 
+    def sample_step(self, token: int):
+        """Feed ``token`` at position state.pos; the device picks the next one. Returns (token, TokenLogprobs or
+        None); reads back only the sampler's small result."""
+        m, trace = self.model, self.sample_trace
+        if self.sampler is None:
+            raise RuntimeError("sample_step() needs generate() to set up the device sampler")
+        if self.state.pos >= m.args.max_seq_len:
+            raise ValueError(f"position {self.state.pos} reached max_seq_len {m.args.max_seq_len}")
+        m.copy_host_to_device(m.prepare_decode_inputs_host([int(token)], self.state.pos), self.inputs)
+        self.sampler.before_step()  # outside capture: uniform-table refill when used up
+        if self.use_trace and trace.captured:
+            trace.replay()
+        else:
+            self._sample_device()  # eager: compiles every program, real step
+        out = self.sampler.read()
+        if self.use_trace and not trace.captured:
+            trace.capture()  # recorded, not executed: the next step replays it
+        self.state.pos += 1
+        return out
+
+    def _sampler_for(self, params: SamplingParams) -> DeviceSampler:
+        """The device sampler of ``params`` (kept while the params stay the same; allocated with no trace live)."""
+        s = self.sampler
+        if s is None or s.params != params or s.uniforms is not None and s.uniforms.source != self.rng:
+            if s is not None:
+                s.release()
+            s = DeviceSampler(self.ttnn, self.mesh, self.config.vocab_size, params, rng=self.rng).allocate()
+        return s
+
+    @torch.no_grad()
+    def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
+                 eos_ids=()) -> PlainResult:
+        """Plain decoding with the full sampling transform; tokens cut after EOS (kept) or at max_new_tokens."""
+        logits = self.prefill(prompt)  # releases the traces: the sampler may allocate below
+        self.sampler = self._sampler_for(params)
+        history = TokenHistory(prompt, self.config.vocab_size)
+        gen = params.generator() if not params.greedy else None
+        tok = int(pick_token(logits.reshape(1, -1), params, gen, history.now()))
+        lp = token_logprobs(logits, tok, params.logprobs) if params.logprobs is not None else None
+        self.sampler.start(prompt, tok)
+        tokens, lps = [], ([] if params.logprobs is not None else None)
+        while True:
+            tokens.append(tok)
+            if lps is not None:
+                lps.append(lp)
+            if tok in eos_ids or len(tokens) >= max_new_tokens:
+                return PlainResult(tokens, lps)
+            tok, lp = self.sample_step(tok)
+
     # ---- CLI contract (same as ReferenceTarget) ----------------------------------------------------------
     @torch.no_grad()
     def teacher_forced_logits(self, ids: torch.Tensor) -> torch.Tensor:
@@ -121,13 +190,7 @@ class TTGenerator:
 
     @torch.no_grad()
     def greedy(self, prompt: list[int], max_new_tokens: int, eos_ids: tuple[int, ...] = ()) -> list[int]:
-        tok = int(self.prefill(prompt).argmax())
-        out: list[int] = []
-        while True:
-            out.append(tok)
-            if tok in eos_ids or len(out) >= max_new_tokens:
-                return out
-            _, tok = self.decode_step(tok)
+        return self.generate(prompt, max_new_tokens, SamplingParams(), eos_ids).tokens
 
     def close(self) -> None:
         self.release_trace()

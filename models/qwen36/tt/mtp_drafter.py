@@ -34,7 +34,10 @@ class TTMTPDrafter:
         step_state.drafts = self.head.draft_tokens  # the verify reads the MTP's persistent draft buffer
         acc = step_state.acceptor
         if acc is not None and acc.params.sampled_drafts:
-            self.sampler = SampledDraftPick(ttnn, mesh, k, acc.vocab, acc.probs_from_logits, seed=acc.seed,
+            probs_fn = acc.probs_from_logits
+            if acc.params.penalized:  # drafts use the committed counts (their own chain is not added)
+                probs_fn = lambda logits: acc.probs_from_logits(logits, acc.draft_penalties())  # noqa: E731
+            self.sampler = SampledDraftPick(ttnn, mesh, k, acc.vocab, probs_fn, seed=acc.seed,
                                             rng=acc.rng).allocate()
             self.head.pick = self.sampler
         else:

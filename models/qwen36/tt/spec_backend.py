@@ -25,7 +25,7 @@ import torch
 
 from ..speculative.engine import Acceptance, MechanismCounters
 from ..speculative.mechanisms import DEFAULT_MECHANISM
-from ..speculative.sampling import SamplingParams, pick_token
+from ..speculative.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
 from .accept import DeviceAcceptor
 from .commit import abort_after_verify, commit
 from .generator import TTGenerator
@@ -48,6 +48,7 @@ class TTSpecBackend:
         self.label = f"tt ({gen.label or 'mesh'})" + ("" if self.device_drafter else " + host drafter")
         self.counters = MechanismCounters()
         self.params = SamplingParams()
+        self.first_logprobs = None  # the prefill token's TokenLogprobs when the params ask for logprobs
         self.step_state: SpecDeviceState | None = None
         self.acceptor: DeviceAcceptor | None = None
         self.history: list[int] = []
@@ -78,6 +79,7 @@ class TTSpecBackend:
         if self.device_drafter:
             self.drafter.allocate(step_state)
         self.acceptor, self.step_state, self._k = acc, step_state, k
+        acc.start_penalties(self._prompt_len, self.history)  # token counts so far (no-op without penalties)
         step_state.start(self.n, self.history[-1])
         if self.device_drafter:
             self.drafter.start(step_state, self.history, self._prompt_hidden)
@@ -94,7 +96,10 @@ class TTSpecBackend:
         hs: list = [] if self.device_drafter else None
         logits = self.model.prefill_forward(torch.tensor(list(prompt)), self.state, hidden_out=hs)[-1]
         self.prefill_logits = logits  # host fp32 [V]: the last prompt row (the vllm-tt contract returns it)
-        first = int(pick_token(logits.reshape(1, -1), params, self._host_gen))
+        first = int(pick_token(logits.reshape(1, -1), params, self._host_gen,
+                               TokenHistory(prompt, self.config.vocab_size).now()))
+        self._prompt_len = len(prompt)
+        self.first_logprobs = token_logprobs(logits, first, params.logprobs) if params.logprobs is not None else None
         self._prompt_hidden = None
         if hs:
             self._prompt_hidden = hs[0] if len(hs) == 1 else self.ttnn.concat(hs, dim=2)
@@ -152,13 +157,16 @@ class TTSpecBackend:
         if self._phase != "verified":
             raise RuntimeError("accept() needs verify() first")
         toks, a = self.acceptor.read_result(self._result)  # the one readback: tokens + count
+        lps = self.acceptor.read_logprobs(toks[: a + 1]) if self.params.logprobs is not None else None  # (+ asked)
         self._phase = "accepted"
-        return Acceptance(a, toks[: a + 1])
+        return Acceptance(a, toks[: a + 1], lps)
 
     def _commit_device(self):
         if self.device_drafter:  # reads n before the commit advances it
             self.drafter.device_draft(self.step_state, self._vout)
         commit(self.step_state, self._vout, self._result)
+        if self.params.penalized:
+            self.acceptor.commit_counts()  # the token counts are part of the state transaction
         return None
 
     def commit(self, acceptance: Acceptance) -> None:
