@@ -172,10 +172,20 @@ def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_to
     stats = AcceptanceStats(depth.k_max)
     tokens = [backend.prefill(prompt, params)]
     tokens, done = _cut(tokens, max_new_tokens, eos_ids)
+    # a backend that drafts the next step inside this step's commit (the TT backend) is told the next depth
+    # between accept and commit; the decision uses only the accepted count accept() already brought to the host
+    plan_next = getattr(backend, "plan_next_depth", None)
+    step_k = depth.choose() if not done else 0
     while not done:
-        step_k = depth.choose()
-        acceptance = speculative_step(backend, step_k)
+        draft = backend.draft(step_k)
+        verify = backend.verify(draft)
+        acceptance = backend.accept(draft, verify)
         depth.observe(step_k, acceptance.num_accepted)
         stats.record(acceptance, step_k)
         tokens, done = _cut(tokens + acceptance.tokens, max_new_tokens, eos_ids)
+        next_k = step_k if done else depth.choose()  # same choose/observe sequence as one step at a time
+        if plan_next is not None:
+            plan_next(next_k)
+        backend.commit(acceptance)
+        step_k = next_k
     return GenerationResult(tokens, stats)
