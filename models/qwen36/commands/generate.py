@@ -28,7 +28,7 @@ def add_spec_args(p: argparse.ArgumentParser, default_k: int = 0) -> None:
     g.add_argument("--spec-k", type=spec_k_arg, default=default_k, metavar="K|auto",
                    help="draft depth K" + (" (0 = plain decoding)" if default_k == 0 else "") +
                         "; 'auto' picks K per step from running acceptance and the backend's step costs "
-                        "(qwen36/speculative/depth_policy.json, docs/depth.md); reference backend only for now")
+                        "(qwen36/speculative/depth_policy.json, docs/depth.md); every backend")
     g.add_argument("--commit", default=DEFAULT_MECHANISM, choices=MECHANISMS, help="GDN/conv state commit mechanism")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; >0 = stochastic rejection sampling")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
