@@ -385,6 +385,7 @@ def test_spec_auto_depth_sequence_equals_greedy(reference, spec_auto):
     assert {f"verify:{k}" for k in r.proposed} <= set(caps)
     assert r.null_block_untouched()
     r.finish()
+    r.release_persistent_capture()  # the models of this module share one mesh: no trace of ours stays live
 
 
 def test_lifecycle_hooks_and_refusals(spec):
