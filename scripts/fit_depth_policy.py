@@ -48,12 +48,13 @@ PRIOR_WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0)
 @torch.no_grad()
 def plain_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     """Plain greedy continuation and the wall-clock seconds of each one-token decode step."""
+    dev = next(model.parameters()).device  # inputs on the model's device (CPU here; CUDA in eval_depth_cuda.py)
     state = model.new_state(1, len(prompt) + n + 2)
-    out = model(torch.tensor([prompt]), state)
+    out = model(torch.tensor([prompt], device=dev), state)
     tokens, times = [int(out.logits[0, -1].argmax())], []
     while len(tokens) < n:
         t0 = time.perf_counter()
-        out = model(torch.tensor([[tokens[-1]]]), state)
+        out = model(torch.tensor([[tokens[-1]]], device=dev), state)
         tokens.append(int(out.logits[0, -1].argmax()))
         times.append(time.perf_counter() - t0)
     return tokens, times
@@ -137,10 +138,11 @@ def reference_costs(model, prompts: list[list[int]], n_new: int, rounds: int = 8
             spec[k] = ReferenceBackend(model, "shadow_commit", max_len=len(p) + rounds * (K_MAX + 1) + 2)
             spec[k].prefill(p)
         state = model.new_state(1, len(p) + rounds + 2)
-        tok = int(model(torch.tensor([p]), state).logits[0, -1].argmax())
+        dev = next(model.parameters()).device
+        tok = int(model(torch.tensor([p], device=dev), state).logits[0, -1].argmax())
         for _ in range(rounds):
             t0 = time.perf_counter()
-            tok = int(model(torch.tensor([[tok]]), state).logits[0, -1].argmax())
+            tok = int(model(torch.tensor([[tok]], device=dev), state).logits[0, -1].argmax())
             times[0].append(time.perf_counter() - t0)
             for k, be in spec.items():
                 t0 = time.perf_counter()

@@ -3,12 +3,18 @@
 # port 8000. docs/serving.md explains every option.
 #
 #   scripts/serve_p150x2.sh /path/to/checkpoint [K]     # K > 0: MTP speculative decoding with K drafts
+#                                                        # K = auto: depth per step (the fitted controller), at most 7
 set -euo pipefail
 CKPT=${1:?usage: serve_p150x2.sh CHECKPOINT_DIR [K]}
 K=${2:-0}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ -f "$CKPT/config.json" ] || { echo "serve_p150x2: $CKPT has no config.json (pass a local checkpoint directory)" >&2; exit 1; }
 spec=()
+depth=""
+if [ "$K" = auto ]; then
+  K=7  # the deepest step (the depth policy's tables cover 1..7): the verify block width vLLM reserves
+  depth=', "spec_depth": "auto"'
+fi
 if [ "$K" -gt 0 ]; then
   spec=(--speculative-config "{\"method\": \"custom_class\", \"model\": \"vllm_tt_plugin.model_owned_drafter\", \"num_speculative_tokens\": $K}")
 fi
@@ -24,6 +30,6 @@ exec vllm serve "$CKPT" \
   --no-enable-prefix-caching \
   --no-enable-chunked-prefill \
   --no-async-scheduling \
-  --additional-config '{"tt": {"trace_mode": "all", "optimizations": "performance", "trace_region_size": 67108864, "fabric_config": "FABRIC_1D"}}' \
+  --additional-config "{\"tt\": {\"trace_mode\": \"all\", \"optimizations\": \"performance\", \"trace_region_size\": 67108864, \"fabric_config\": \"FABRIC_1D\"$depth}}" \
   "${spec[@]}" \
   --port "${PORT:-8000}"

@@ -51,12 +51,18 @@ class BlockPool:
 class PluginReplay:
     """One engine launch: the calls, in the plugin's order, for one request at a time (max_num_seqs = 1)."""
 
-    def __init__(self, ckpt, mesh_device, *, spec_k: int | None, freed=(7, 3, 5)):
+    def __init__(self, ckpt, mesh_device, *, spec_k: int | None, freed=(7, 3, 5), spec_depth: str | None = None,
+                 **model_kwargs):
         hf = json.loads((ckpt / "config.json").read_text())
+        # additional_config: vLLM's per-platform dict (VllmConfig.additional_config, --additional-config JSON); the
+        # plugin's user options live under its "tt" key (vllm_tt_plugin/config.py get_tt_config)
         self.vllm_config = SimpleNamespace(
             cache_config=SimpleNamespace(block_size=BLOCK),
             model_config=SimpleNamespace(hf_config=hf, max_model_len=MAX_LEN),
-            speculative_config=SimpleNamespace(num_speculative_tokens=spec_k) if spec_k else None)
+            speculative_config=SimpleNamespace(num_speculative_tokens=spec_k) if spec_k else None,
+            additional_config={"tt": {"spec_depth": spec_depth}} if spec_depth else {})
+        self.auto = spec_depth == "auto"
+        self.proposed: list[int] = []  # num_valid of each proposal (auto: the controller's depth per step)
         # worker.get_num_available_blocks_tt: the model's token budget plus one block per user
         tokens = Qwen36ForCausalLM.get_max_tokens_all_users(model_name=str(ckpt), num_devices=2, tt_data_parallel=1,
                                                             max_model_len=MAX_LEN, max_num_seqs=1)
@@ -68,7 +74,7 @@ class PluginReplay:
         # loader.TTModelLoader.load_model
         self.m = Qwen36ForCausalLM.initialize_vllm_model(hf, mesh_device, 1, max_seq_len=MAX_LEN, tt_data_parallel=1,
                                                          optimizations="accuracy", vllm_config=self.vllm_config,
-                                                         checkpoint=ckpt, prefill_chunk=64)
+                                                         checkpoint=ckpt, prefill_chunk=64, **model_kwargs)
         self.k = spec_k
         self.max_blocks = min(-(-MAX_LEN // BLOCK), self.num_blocks)  # runner.max_num_blocks_per_req
         # model_runner._allocate_kv_caches: per-layer (shape, dtype, tensor index), kv heads folded by TP
@@ -160,8 +166,12 @@ class PluginReplay:
         d = self.m.propose_draft_tokens(k, ct, cp, acc, hidden=None)
         assert isinstance(d, vt.DraftOutput)
         assert d.draft_token_ids.shape == (b, k) and d.draft_token_ids.dtype == torch.int32
-        assert d.num_valid.dtype == torch.int32 and d.num_valid.tolist() == [k] + [0] * pad_rows
-        ids = d.draft_token_ids[0]
+        nv = int(d.num_valid[0])
+        assert d.num_valid.dtype == torch.int32 and d.num_valid.tolist() == [nv] + [0] * pad_rows
+        assert nv == k or (self.auto and 1 <= nv <= k), (nv, k)
+        self.proposed.append(nv)
+        assert all(int(t) == vt.PLACEHOLDER_TOKEN_ID for t in d.draft_token_ids[0, nv:])
+        ids = d.draft_token_ids[0, :nv]
         assert 0 <= int(ids.min()) and int(ids.max()) < self.m.model.args.cfg.vocab_size
         return ids.tolist()
 
@@ -221,6 +231,20 @@ def plain(env):
 def spec(env):
     ck, ctx = env
     r = _load(ctx, lambda: PluginReplay(ck, ctx.mesh_device, spec_k=K))
+    yield r
+    r.m.close()
+
+
+K_AUTO = 5  # num_speculative_tokens of the auto launch: the deepest step / the verify block width
+
+
+@pytest.fixture(scope="module")
+def spec_auto(env):
+    ck, ctx = env
+    # the reference (CPU) step costs: an extra draft costs ~25% of a decode step there, so the controller moves
+    # between depths on this CI checkpoint (with the P150a table's +7% per draft it stays at K_AUTO)
+    r = _load(ctx, lambda: PluginReplay(ck, ctx.mesh_device, spec_k=K_AUTO, spec_depth="auto",
+                                        depth_costs="reference"))
     yield r
     r.m.close()
 
@@ -309,6 +333,59 @@ def test_spec_plan_and_rejects(spec):
         hf_config={**vc.model_config.hf_config, "mtp_num_hidden_layers": 0}, max_model_len=MAX_LEN))
     assert isinstance(Qwen36ForCausalLM.spec_plan(no_mtp, 1, 3), vt.SpecReject)
     assert isinstance(Qwen36ForCausalLM.spec_plan(SimpleNamespace(), 1, 3), vt.SpecReject)  # never raises
+
+
+def test_spec_plan_auto_reports_the_deepest_step_and_every_ring(spec):
+    """tt.spec_depth auto: effective_k = the deepest depth the controller may pick (the block width the runner
+    reserves), capped by the verify's limit; the declared bytes hold one GDN ring per depth."""
+    vc = spec.vllm_config
+    auto = SimpleNamespace(**{**vars(vc), "additional_config": {"tt": {"spec_depth": "auto"}}})
+    plan = Qwen36ForCausalLM.spec_plan(auto, 1, 5)
+    fixed = Qwen36ForCausalLM.spec_plan(vc, 1, 5)
+    assert isinstance(plan, vt.SpecPlan) and plan.effective_k == 5 and fixed.effective_k == 5
+    assert plan.extra_bytes_per_seq > fixed.extra_bytes_per_seq  # rings of depths 1..5, not only 5
+    bad = SimpleNamespace(**{**vars(vc), "additional_config": {"tt": {"spec_depth": "sometimes"}}})
+    assert isinstance(Qwen36ForCausalLM.spec_plan(bad, 1, 3), vt.SpecReject)
+    # the verify's K+1 limit at head_dim 256 (the 27B shape): 11 rows, so K <= 10 even though the acceptor takes 31
+    hd256 = SimpleNamespace(model_config=SimpleNamespace(hf_config={**vc.model_config.hf_config, "head_dim": 256},
+                                                         max_model_len=MAX_LEN), additional_config={})
+    assert isinstance(Qwen36ForCausalLM.spec_plan(hd256, 1, 10), vt.SpecPlan)
+    rej = Qwen36ForCausalLM.spec_plan(hd256, 1, 11)
+    assert isinstance(rej, vt.SpecReject) and rej.supported_k == tuple(range(1, 11)) and "head_dim 256" in rej.reason
+
+
+@pytest.mark.slow
+def test_spec_auto_depth_sequence_equals_greedy(reference, spec_auto):
+    """The runner's speculative loop on an auto launch: each proposal offers the controller's K' <= K drafts
+    (num_valid), the next verify carries them with placeholder columns, the model verifies K'+1 rows; output ==
+    TTGenerator.greedy."""
+    r, (reference, _) = spec_auto, reference
+    emitted = [r.prefill(PROMPT)]
+    before = dict(r.m.spec_backend._traces.captures)  # the warmup's generations captured too
+    pos = P
+    block = r.verify(emitted[-1], pos, [], 1)  # first decode step of a speculating launch: no drafts
+    emitted += block
+    pos += 1
+    plans = []
+    while len(emitted) < N_NEW:
+        drafts = r.propose(block, pos)
+        plans.append(r.m.depth_plan()["next_k"])
+        block = r.verify(emitted[-1], pos, drafts, len(block))
+        emitted += block
+        pos += len(block)
+    assert emitted[:N_NEW] == reference[:N_NEW]
+    assert r.proposed == plans  # what each proposal offered is the depth the plan reported
+    # = the controller's choice per step (its first choice went to the first verify, which carries no drafts)
+    assert r.proposed == r.m.controller.chosen[1:len(r.proposed) + 1]
+    assert len(set(r.proposed)) > 1, r.proposed  # the controller moved (the CI MTP drafts are rarely accepted)
+    assert r.m.depth_plan()["mode"] == "auto" and max(r.m.depth_plan()["depths"]) == K_AUTO
+    caps = {n: c - before.get(n, 0) for n, c in r.m.spec_backend._traces.captures.items()}
+    caps = {n: c for n, c in caps.items() if c}
+    assert caps and all(c == 1 for c in caps.values()), caps  # this request: each depth's traces captured once
+    assert {f"verify:{k}" for k in r.proposed} <= set(caps)
+    assert r.null_block_untouched()
+    r.finish()
+    r.release_persistent_capture()  # the models of this module share one mesh: no trace of ours stays live
 
 
 def test_lifecycle_hooks_and_refusals(spec):

@@ -63,17 +63,18 @@ def run(args: argparse.Namespace) -> int:
     from ..tokenizer import load_tokenizer
     from .backends import check_device
     from .common import torch_dtype
-    from .speculative_generate import backend_config, depth_label, depth_policy, format_stats, load_backend
+    from .speculative_generate import config_of, backend_config, depth_label, depth_policy, format_stats, load_backend
 
     check_device(args.device)
     if args.spec_k != "auto" and args.spec_k < 1:
         raise UserError(f"the demo is speculative: --spec-k must be >= 1 or auto, got {args.spec_k}")
-    depth = depth_policy(args.spec_k, args.device)
-    fresh_depth = (lambda: depth) if isinstance(depth, int) else (lambda: depth_policy(args.spec_k, args.device))
     ckpt = Path(args.checkpoint) if args.checkpoint else DEFAULT_CHECKPOINT
     if not (ckpt / "config.json").exists():
         raise UserError(f"no checkpoint at {ckpt} (config.json missing); the embedded default ships with the "
                         "repository in models/qwen36/default_checkpoint, or pass --checkpoint DIR")
+    cfg_auto = config_of(ckpt) if args.spec_k == "auto" else None
+    depth = depth_policy(args.spec_k, args.device, cfg_auto)
+    fresh_depth = (lambda: depth) if isinstance(depth, int) else (lambda: depth_policy(args.spec_k, args.device, cfg_auto))
     params = sampling_params(args)
     torch.set_num_threads(args.threads)
     tok = load_tokenizer(ckpt)
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--prompt encodes to zero tokens")
     dtype = torch_dtype(args.dtype)
     max_len = len(ids) + args.max_new_tokens + (depth if isinstance(depth, int) else depth.k_max) + 2
-    backend = load_backend(ckpt, args.device, dtype, args.commit, max_len)  # speculative path (MTP required)
+    backend = load_backend(ckpt, args.device, dtype, args.commit, max_len, depth)  # speculative path (MTP required)
     target = plain_target(backend)  # plain decoding on the same model, device and precision
     cfg = backend_config(backend)
     eos = cfg.eos_token_id

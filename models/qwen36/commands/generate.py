@@ -29,7 +29,7 @@ def add_spec_args(p: argparse.ArgumentParser, default_k: int = 0) -> None:
     g.add_argument("--spec-k", type=spec_k_arg, default=default_k, metavar="K|auto",
                    help="draft depth K" + (" (0 = plain decoding)" if default_k == 0 else "") +
                         "; 'auto' picks K per step from running acceptance and the backend's step costs "
-                        "(qwen36/speculative/depth_policy.json, docs/depth.md); reference backend only for now")
+                        "(qwen36/speculative/depth_policy.json, docs/depth.md); every backend")
     g.add_argument("--commit", default=DEFAULT_MECHANISM, choices=MECHANISMS, help="GDN/conv state commit mechanism")
     g.add_argument("--draft", default=DRAFT_MODES[0], choices=DRAFT_MODES,
                    help="stochastic mode only: MTP drafts sampled from the transformed draft distribution (default) "

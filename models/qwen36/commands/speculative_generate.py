@@ -10,10 +10,12 @@ from ..speculative.engine import GenerationResult, SpecBackend, speculative_gene
 from .backends import REFERENCE_DEVICES
 
 
-def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -> SpecBackend:
-    """The speculative backend for --device: the torch reference, or the TT target + device MTP."""
+def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, depth=None) -> SpecBackend:
+    """The speculative backend for --device: the torch reference, or the TT target + device MTP. ``depth``: the
+    depth policy (the TT backend allocates every depth a controller may pick)."""
     if device not in REFERENCE_DEVICES:
-        return load_tt_backend(ckpt, device, mechanism, max_len)
+        depths = None if depth is None or isinstance(depth, int) else depth.depths
+        return load_tt_backend(ckpt, device, mechanism, max_len, depths=depths)
     import torch
 
     from ..reference.model import Qwen36Model
@@ -26,8 +28,10 @@ def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -
     return ReferenceBackend(model, mechanism, max_len=max_len)
 
 
-def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, precision: str = "accuracy") -> SpecBackend:
-    """TTSpecBackend on ``device`` (emulated-p150x2, p150x2, ...): traced verify+accept / commit+MTP draft."""
+def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, precision: str = "accuracy",
+                    depths=None) -> SpecBackend:
+    """TTSpecBackend on ``device`` (emulated-p150x2, p150x2, ...): traced verify+accept / commit+MTP draft;
+    ``depths``: every draft depth a depth controller may pick (per-depth traces over one device state)."""
     from ..checkpoint import load_checkpoint
     from ..tt.generator import load_tt_target
     from ..tt.mtp_drafter import TTMTPDrafter
@@ -36,7 +40,7 @@ def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, preci
     block = 32
     gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,
                          max_seq_len=max(2 * block, -(-max_len // block) * block), block_size=block)
-    return TTSpecBackend(gen, mechanism, drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)))
+    return TTSpecBackend(gen, mechanism, drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)), depths=depths)
 
 
 def backend_config(backend):
@@ -58,25 +62,33 @@ def format_stats(result: GenerationResult) -> str:
     return text
 
 
-def depth_policy(spec_k, device: str):
+def depth_policy(spec_k, device: str, config=None):
     """--spec-k as the engine takes it: the integer, or the fitted depth controller for this device's step costs.
 
-    The TT step drafts the next step's MTP chain inside the current step's commit trace, at the current K, and
-    its per-K device state (acceptor, ring slots, draft buffers) is built once per generation; switching K between
-    steps is not implemented there yet, so 'auto' is refused on TT devices rather than run wrongly."""
+    On TT devices the controller's depths are capped by what the K+1-row verify holds (``tt.verify.max_spec_tiles``
+    of the checkpoint's head_dim, read from ``config``)."""
     if spec_k != "auto":
         return spec_k
     from ..speculative.depth import DepthPolicy, cost_key
 
+    k_max = None
     if not device.startswith("reference"):
-        raise UserError("--spec-k auto runs on the reference backend only for now: the TT step keeps one draft "
-                        "depth per generation (it drafts the next step inside the current commit trace); "
-                        "pass a fixed --spec-k K on " + device)
-    return DepthPolicy.load().controller(cost_key(device))
+        if config is None:
+            raise ValueError("--spec-k auto on a TT device needs the model config (the verify bounds K by head_dim)")
+        from ..tt.verify import max_spec_tiles
+
+        k_max = max_spec_tiles(config.head_dim) - 1
+    return DepthPolicy.load().controller(cost_key(device), k_max=k_max)
 
 
 def depth_label(depth) -> str:
     return str(depth) if isinstance(depth, int) else depth.describe()
+
+
+def config_of(ckpt: Path):
+    from ..config import Qwen36Config
+
+    return Qwen36Config.from_file(ckpt)
 
 
 def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int], tok) -> int:
@@ -88,11 +100,11 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int
     from .generate import print_logprobs, sampling_params
 
     params = sampling_params(args)
-    depth = depth_policy(args.spec_k, args.device)
-    k_max = depth if isinstance(depth, int) else depth.k_max
-    max_len = len(ids) + args.max_new_tokens + k_max + 2
     try:
-        backend = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len)
+        depth = depth_policy(args.spec_k, args.device, config=config_of(ckpt) if args.spec_k == "auto" else None)
+        k_max = depth if isinstance(depth, int) else depth.k_max
+        max_len = len(ids) + args.max_new_tokens + k_max + 2
+        backend = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len, depth)
     except CheckpointError as e:
         raise UserError(str(e)) from None
     vocab = backend_config(backend).vocab_size

@@ -179,9 +179,14 @@ def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_to
     want_lp = params.logprobs is not None
     logprobs = [_first_logprobs(backend)] if want_lp else None
     tokens, done = _cut(tokens, max_new_tokens, eos_ids)
+    # a backend that drafts the next step inside this step's commit (the TT backend) is told the next depth
+    # between accept and commit; the decision uses only the accepted count accept() already brought to the host
+    plan_next = getattr(backend, "plan_next_depth", None)
+    step_k = depth.choose() if not done else 0
     while not done:
-        step_k = depth.choose()
-        acceptance = speculative_step(backend, step_k)
+        draft = backend.draft(step_k)
+        verify = backend.verify(draft)
+        acceptance = backend.accept(draft, verify)
         depth.observe(step_k, acceptance.num_accepted)
         stats.record(acceptance, step_k)
         tokens, done = _cut(tokens + acceptance.tokens, max_new_tokens, eos_ids)
@@ -189,6 +194,11 @@ def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_to
             if acceptance.logprobs is None or len(acceptance.logprobs) != len(acceptance.tokens):
                 raise RuntimeError(f"{backend.label}: logprobs were asked for but the step returned none per token")
             logprobs += acceptance.logprobs
+        next_k = step_k if done else depth.choose()  # same choose/observe sequence as one step at a time
+        if plan_next is not None:
+            plan_next(next_k)
+        backend.commit(acceptance)
+        step_k = next_k
     return GenerationResult(tokens, stats, logprobs[: len(tokens)] if want_lp else None)
 
 

@@ -82,6 +82,18 @@ class TTMechanism:
         """The device ring index the verify starts each head from (None: no ring)."""
         return None
 
+    # ---- switching draft depth between steps (device, traceable) ----------------------------------------------
+    def leave(self, step_state: "SpecDeviceState") -> None:
+        """After the last commit at this depth: the committed recurrent state into the live ``state.recurrent``
+        (where the next depth's :meth:`enter` takes it from). Nothing to do when the commit already leaves it
+        there (every mechanism but the ring)."""
+
+    def enter(self, step_state: "SpecDeviceState") -> None:
+        """Before the first verify at this depth, after another depth's :meth:`leave`."""
+
+    def count_switch(self, c: MechanismCounters, n_gdn: int, nbytes: GDNStateBytes) -> None:
+        """What one leave + enter pair adds."""
+
     # ---- device work (traceable) -----------------------------------------------------------------------------
     def pre_verify(self, step_state: "SpecDeviceState", s, bufs: SpecLayerBuffers) -> None:
         """Copies before the verify."""
@@ -135,7 +147,8 @@ class ShadowCommit(TTMechanism):
         return SpecLayerBuffers(ring=step_state._dev(torch.zeros(step_state.t * step_state.hv, step_state.dk, step_state.dv), step_state.ttnn.float32))
 
     def start(self, step_state):
-        """Put the live recurrent state in ring slot 0 and point every head at it (count 0)."""
+        """Put the live recurrent state in ring slot 0 and point every head at it (count 0). Device ops only
+        (traceable): :meth:`enter` runs it inside a trace."""
         ttnn = step_state.ttnn
         for s in step_state.state.gdn_states():
             ring = step_state.layer_bufs[id(s)].ring
@@ -147,6 +160,24 @@ class ShadowCommit(TTMechanism):
 
     def ring_index(self, acceptor):
         return acceptor.block_idx
+
+    def leave(self, step_state):
+        """Ring slot a (the ring index) -> live recurrent, per GDN layer: an exact row gather (``ttnn.embedding``
+        over the ring viewed as [T*Hv, Dk*Dv], one index per head = the ring index itself)."""
+        ttnn, hv, dk, dv, t = step_state.ttnn, step_state.hv, step_state.dk, step_state.dv, step_state.t
+        for s in step_state.state.gdn_states():
+            ring = step_state.layer_bufs[id(s)].ring
+            table = ttnn.to_layout(ttnn.reshape(ring, [t * hv, dk * dv]), ttnn.ROW_MAJOR_LAYOUT)
+            slot = ttnn.embedding(step_state.block_idx, table, layout=ttnn.TILE_LAYOUT, dtype=s.recurrent.dtype)
+            ttnn.copy(ttnn.reshape(slot, list(s.recurrent.shape)), s.recurrent)
+
+    def enter(self, step_state):
+        """Live recurrent -> this depth's ring slot 0, ring index -> slot 0 (what :meth:`start` does)."""
+        self.start(step_state)
+
+    def count_switch(self, c, n_gdn, nbytes):
+        c.state_copies += 2 * n_gdn  # ring slot -> live, live -> the other ring
+        c.state_bytes_moved += 2 * nbytes.recurrent
 
     def recurrence(self, step_state, gdn, q, k, v, g, beta, state, bufs):
         return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.ring, ring_idx=step_state.block_idx)

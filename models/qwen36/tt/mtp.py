@@ -42,6 +42,7 @@ Host/device boundary of the traced step (all buffers persistent, allocated by :m
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -137,19 +138,39 @@ class TTMTPHead:
         """MTP KV cache (paged, zeroed), page tables, constants, persistent outputs."""
         if self.allocated:
             return self
-        ttnn, a, r = self.ttnn, self.args, self.rows
-        rm, tile = ttnn.ROW_MAJOR_LAYOUT, ttnn.TILE_LAYOUT
+        ttnn, a = self.ttnn, self.args
+        rm = ttnn.ROW_MAJOR_LAYOUT
         self.kv: KVLayerState = new_layer_state(a, ttnn, self.mesh, FULL)
         table = torch.arange(a.blocks_per_seq, dtype=torch.int32)[None]
         self.page_table_host = table
         self.page_table = self._dev(table, ttnn.int32, rm)
+        self.chain_pos = self._dev(torch.zeros(1, dtype=torch.int32), ttnn.int32, rm)  # prefill path's chain start
+        self._allocate_depth_buffers()
+        self.allocated = True
+        return self
+
+    def for_depth(self, k: int) -> "TTMTPHead":
+        """A head of depth ``k`` sharing this one's weights, layer, MTP KV cache, page table and pick: the MTP state
+        of one sequence stays in one place whatever depth each step drafts at. Only the per-depth buffers (reseed
+        rows, draft outputs) are its own. Allocates: call before any trace capture."""
+        self._require()
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"draft depth k must be an int >= 1, got {k!r}")
+        if k + 1 > self.args.max_seq_len:
+            raise ValueError(f"k={k}: {k + 1} reseed rows exceed max_seq_len {self.args.max_seq_len}")
+        head = copy.copy(self)
+        head.k, head.rows = k, k + 1
+        head._allocate_depth_buffers()
+        return head
+
+    def _allocate_depth_buffers(self) -> None:
+        ttnn, a, r = self.ttnn, self.args, self.rows
+        rm, tile = ttnn.ROW_MAJOR_LAYOUT, ttnn.TILE_LAYOUT
+        table = self.page_table_host
         self.rows_page_table = self._dev(table.expand(r, -1).contiguous(), ttnn.int32, rm)
         self.c_row_offsets = self._dev(torch.arange(r, dtype=torch.float32).reshape(1, 1, 1, r), ttnn.float32, tile)
         self.draft_tokens = self._dev(torch.zeros(1, 1, 1, self.k, dtype=torch.int32), ttnn.uint32, rm)
         self.draft_logits = self._dev(torch.zeros(1, 1, self.k, a.cfg.vocab_size), ttnn.float32, tile)
-        self.chain_pos = self._dev(torch.zeros(1, dtype=torch.int32), ttnn.int32, rm)  # prefill path's chain start
-        self.allocated = True
-        return self
 
     def allocate_draft_inputs(self) -> DraftInputs:
         ttnn, r, h = self.ttnn, self.rows, self.args.cfg.hidden_size
@@ -285,6 +306,11 @@ class TTMTPHead:
         """Reseed over the R = K+1 verify rows at n..n+K, select row a, chain K-1 steps (see module docstring).
         Device only, allocates no persistent buffer: safe to capture. Returns the persistent
         (draft_tokens [1,1,1,K] uint32, draft_logits [1,1,K,V] fp32). Name suffixes: R rows, H hidden size."""
+        return self.chain(*self.reseed_select(tokens_dev, hidden_dev, pos_dev, select_dev))
+
+    def reseed_select(self, tokens_dev, hidden_dev, pos_dev, select_dev):
+        """The first half of :meth:`draft`: reseed over the R = K+1 verify rows, gather row a -> (post-norm hidden of
+        row a [1, 1, 1, H], chain start n + a + 1 as fp32 [1, 1, 1, 1]). Device only."""
         self._require()
         ttnn, r, hsz = self.ttnn, self.rows, self.args.cfg.hidden_size
         if [int(s) for s in hidden_dev.shape] != [1, 1, r, hsz]:
@@ -302,7 +328,7 @@ class TTMTPHead:
         h_table_RH = ttnn.to_layout(ttnn.reshape(h_11RH, [r, hsz]), ttnn.ROW_MAJOR_LAYOUT)
         h_sel_111H = ttnn.reshape(ttnn.embedding(a_idx_11, h_table_RH, layout=ttnn.TILE_LAYOUT), [1, 1, 1, hsz])
         base_1111 = ttnn.add(ttnn.add(n_1111, select_dev), 1.0)  # n + a + 1
-        return self.chain(h_sel_111H, base_1111)
+        return h_sel_111H, base_1111
 
     # ---- prompt (not traced) -----------------------------------------------------------------------------
     def prefill(self, next_tokens: torch.Tensor, hidden, all_logits: bool = False) -> torch.Tensor | None:

@@ -2,9 +2,12 @@
 argmax or sampled draft picks (tt/sampler.py)."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
-from .mtp import load_tt_mtp
+from .model_config import TensorGroup
+from .mtp import TTMTPHead, load_tt_mtp
 from .sampler import SampledDraftPick, argmax_pick
 from .verify import SpecDeviceState
 
@@ -14,55 +17,128 @@ class TTMTPDrafter:
     acceptor's result, hidden = the verify's post-norm rows), select row a, chain K-1 drafts: all inside the
     commit trace, writing the drafts buffer the next verify reads.
 
+    Several draft depths (``--spec-k auto``): one head per depth, all sharing the weights and the one MTP KV cache
+    (``TTMTPHead.for_depth``), so the MTP state of the sequence does not depend on the depth each step used. The
+    draft is then split in two device halves: :meth:`device_reseed` (reseed over the K+1 rows of the step just
+    verified, row a into the persistent :attr:`h_sel` / :attr:`chain_base`) and :meth:`device_chain` at the next
+    step's depth K' (reads those two buffers, writes that depth's drafts buffer).
+
     Draft choice follows the run's SamplingParams: greedy (temperature 0) or ``draft="greedy"`` -> argmax drafts
     (one-hot draft distribution for stochastic acceptance); temperature > 0 with ``draft="sample"`` (the
     default) -> :class:`SampledDraftPick`: each draft drawn on device from the acceptor's own transform of the
     MTP logits, uniforms from a seeded table (seed = the run's seed, an independent stream from the acceptor's),
-    and the draft distributions handed to ``DeviceAcceptor.stochastic``."""
+    and the draft distributions handed to ``DeviceAcceptor.stochastic``. With several depths the picks share one
+    uniform table (one stream per run, whatever depth each chain has)."""
 
     def __init__(self, reader, cache_dir=None):
         self.reader, self.cache_dir = reader, cache_dir
-        self.head = None
+        self.head: TTMTPHead | None = None  # the head of the current depth
+        self._base: TTMTPHead | None = None  # owns the weights and the MTP KV cache
+        self._heads: dict[int, TTMTPHead] = {}
+        self._samplers: dict[int, SampledDraftPick | None] = {}
+        self._rng_owner: SampledDraftPick | None = None  # keeps the host mirror of the shared table's row counter
         self._k = None
-        self.sampler = None  # SampledDraftPick when drafts are sampled
+        self.sampler = None  # SampledDraftPick of the current depth when drafts are sampled
+        self.h_sel = self.chain_base = None
+
+    def _head(self, step_state: SpecDeviceState, k: int) -> TTMTPHead:
+        if self._base is None or self._base.target is not step_state.model:
+            self._base = load_tt_mtp(step_state.model, self.reader, k, cache_dir=self.cache_dir)
+            self._heads = {k: self._base}
+        if k not in self._heads:
+            self._heads[k] = self._base.for_depth(k)
+        return self._heads[k]
 
     def allocate(self, step_state: SpecDeviceState) -> None:
-        ttnn, mesh, k = step_state.ttnn, step_state.mesh, step_state.k
-        if self.head is None or self._k != k:
-            self.head = load_tt_mtp(step_state.model, self.reader, k, cache_dir=self.cache_dir)
-            self._k = k
-        step_state.drafts = self.head.draft_tokens  # the verify reads the MTP's persistent draft buffer
-        acc = step_state.acceptor
-        if acc is not None and acc.params.sampled_drafts:
-            probs_fn = acc.probs_from_logits
-            if acc.params.penalized:  # drafts use the committed counts (their own chain is not added)
-                probs_fn = lambda logits: acc.probs_from_logits(logits, acc.draft_penalties())  # noqa: E731
-            self.sampler = SampledDraftPick(ttnn, mesh, k, acc.vocab, probs_fn, seed=acc.seed,
-                                            rng=acc.rng).allocate()
-            self.head.pick = self.sampler
-        else:
-            self.sampler = None
-            self.head.pick = argmax_pick(ttnn)
+        self.allocate_depths([step_state])
+
+    def allocate_depths(self, step_states: Sequence[SpecDeviceState]) -> None:
+        """Per-depth heads, picks and drafts buffers for every step state (one per depth), before any capture.
+        The last one becomes the current depth (:meth:`use`)."""
+        self._samplers, self._rng_owner = {}, None
+        for st in step_states:
+            ttnn, mesh, k = st.ttnn, st.mesh, st.k
+            head = self._head(st, k)
+            st.drafts = head.draft_tokens  # the verify reads the MTP's persistent draft buffer
+            acc = st.acceptor
+            if acc is not None and acc.params.sampled_drafts:
+                probs_fn = acc.probs_from_logits
+                if acc.params.penalized:  # drafts use the committed counts (their own chain is not added)
+                    probs_fn = (lambda a: lambda logits: a.probs_from_logits(logits, a.draft_penalties()))(acc)
+                sampler = SampledDraftPick(ttnn, mesh, k, acc.vocab, probs_fn, seed=acc.seed, rng=acc.rng)
+                if self._rng_owner is None:
+                    self._rng_owner = sampler
+                else:
+                    sampler.uniforms = self._rng_owner.uniforms  # allocate() then keeps the shared, filled table
+                head.pick = sampler.allocate()
+            else:
+                sampler = None
+                head.pick = argmax_pick(ttnn)
+            self._samplers[k] = sampler
+        st = step_states[0]
+        ttnn, mesh = st.ttnn, st.mesh
+        rep = ttnn.ReplicateTensorToMesh(mesh)
         self.pos = ttnn.from_torch(torch.zeros(1, dtype=torch.int32), dtype=ttnn.int32, layout=ttnn.ROW_MAJOR_LAYOUT,
-                                   device=mesh, mesh_mapper=ttnn.ReplicateTensorToMesh(mesh))
+                                   device=mesh, mesh_mapper=rep)
+        if len(step_states) > 1:
+            a = st.model.args
+            self.h_sel = ttnn.from_torch(torch.zeros(1, 1, 1, a.cfg.hidden_size),
+                                         dtype=a.dtype(TensorGroup.RESIDUAL, ttnn), layout=ttnn.TILE_LAYOUT,
+                                         device=mesh, mesh_mapper=rep)
+            self.chain_base = ttnn.from_torch(torch.zeros(1, 1, 1, 1), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
+                                              device=mesh, mesh_mapper=rep)
+        self.use(step_states[-1].k)
+
+    def use(self, k: int) -> None:
+        """Make depth k current (host bookkeeping only)."""
+        self.head, self.sampler, self._k = self._heads[k], self._samplers[k], k
 
     def start(self, step_state: SpecDeviceState, history: list[int], prompt_hidden) -> None:
         """After the prompt: MTP prefill over rows t = 0..P-1 (x_{t+1}, h_t), then the first chain."""
+        self.use(step_state.k)
         nxt = torch.tensor(history[1:])
         self.before_device_draft()
         self.head.prefill_draft(nxt, prompt_hidden)
 
     def before_device_draft(self) -> None:
         """Host side, outside any capture, before every chain execution (eager or replayed)."""
-        if self.sampler is not None:
-            self.sampler.before_chain()
+        owner = self._rng_owner if self._rng_owner is not None else self.sampler
+        if owner is not None and self.sampler is not None:
+            owner.before_chain()
 
     def device_draft(self, step_state: SpecDeviceState, vout) -> None:
+        """Reseed + chain at the step's own depth (one depth per generation)."""
+        self._set_pos(step_state)
+        self._heads[step_state.k].draft(step_state.acceptor.result, vout.out.hidden, self.pos,
+                                        step_state.acceptor.count)
+
+    def device_reseed(self, step_state: SpecDeviceState, vout) -> None:
+        """Reseed over the verified K+1 rows, row a -> :attr:`h_sel`, n + a + 1 -> :attr:`chain_base`."""
+        ttnn = step_state.ttnn
+        self._set_pos(step_state)
+        h, base = self._heads[step_state.k].reseed_select(step_state.acceptor.result, vout.out.hidden, self.pos,
+                                                          step_state.acceptor.count)
+        if h.dtype != self.h_sel.dtype:
+            raise RuntimeError(f"MTP hidden row is {h.dtype}, the persistent buffer {self.h_sel.dtype}")
+        ttnn.copy(h, self.h_sel)
+        ttnn.copy(base, self.chain_base)
+
+    def device_chain(self, k: int) -> None:
+        """The K-draft chain of depth k from :attr:`h_sel` at :attr:`chain_base` (writes depth k's drafts)."""
+        self._heads[k].chain(self.h_sel, self.chain_base)
+
+    def _set_pos(self, step_state: SpecDeviceState) -> None:
         ttnn = step_state.ttnn
         pos = ttnn.to_layout(ttnn.reshape(ttnn.typecast(step_state.n, ttnn.int32), [1]), ttnn.ROW_MAJOR_LAYOUT)
         ttnn.copy(pos, self.pos)
-        self.head.draft(step_state.acceptor.result, vout.out.hidden, self.pos, step_state.acceptor.count)
 
     def draft_probs(self, acceptor):
         """[1, 1, K, V] fp32 draft distributions (persistent) for sampled drafts; None = one-hot (argmax drafts)."""
-        return self.sampler.draft_probs if self.sampler is not None else None
+        sampler = self._samplers.get(acceptor.k)
+        return sampler.draft_probs if sampler is not None else None
+
+    def restart_rng(self) -> None:
+        """Back to the start of the draft-pick stream (after a compile pass that drew from it)."""
+        if self._rng_owner is not None:
+            self._rng_owner.uniforms.restart()
+            self._rng_owner.rows_used = 0

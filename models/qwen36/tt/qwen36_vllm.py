@@ -40,6 +40,15 @@ that count a (slot a of the verify), and the next call's ``accepted_counts`` mus
 - 1); since vLLM's greedy walk over the returned argmax ids derives the same a, the two agree by construction,
 and anything else (a scheduler keeping fewer tokens) is refused, never silently rolled back.
 
+Draft depth per step (``"spec_depth": "auto"`` in the plugin's ``--additional-config '{"tt": {...}}'``, or
+``initialize_vllm_model(spec_depth="auto")``): vLLM's ``num_speculative_tokens`` K is then the verify block
+width, i.e. the deepest step (capped by what the K+1-row verify holds, ``tt.verify.max_spec_tiles``), and before
+every step the fitted depth controller (``speculative/depth.py``, the P150a cost table) picks K' <= K from the
+accepted counts so far. ``propose_draft_tokens`` reports it: K' valid drafts (``num_valid`` = K', placeholder
+columns after them); the runner's next verify then carries ``num_valid_drafts`` = K' and the model verifies K'+1
+rows (the backend's per-depth traces). ``spec_plan`` reports K as ``effective_k`` (the widest block the runner
+must reserve) and :meth:`Qwen36ForCausalLM.depth_plan` the depths and the K' of the next step.
+
 Batch: the TT model serves one sequence (one GDN state slot, slot 0). Rows past the first are accepted only as
 the padding rows the runner sends (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert
 outputs; a real second user fails fast naming ``--max-num-seqs 1`` (``initialize_vllm_model`` already refuses
@@ -55,6 +64,7 @@ from loguru import logger
 
 from ..checkpoint import load_checkpoint
 from ..config import FULL, LINEAR, Qwen36Config
+from ..speculative.depth import DepthPolicy, cost_key
 from ..speculative.mechanisms import DEFAULT_MECHANISM
 from ..speculative.sampling import SamplingParams
 from ..tt_ops.device import ttnn_for_mesh
@@ -66,10 +76,13 @@ from .model_config import PrecisionSetting, TTModelArgs
 from .mtp_drafter import TTMTPDrafter
 from .spec_backend import TTSpecBackend
 from .state import KVLayerState, allocate_state, new_layer_state
+from .verify import max_spec_tiles
 from .weights import WeightLoader
 
 MAX_BATCH = 1
 MAX_K = UNIFORMS_PER_ROW - 1  # the device acceptor draws K accept uniforms + 1 per row (one tile row)
+DEPTH_MODES = ("fixed", "auto")
+DEPTH_COSTS = "p150x2"  # the step-cost table the controller uses on cards (speculative/depth.py cost_key)
 ONE_USER = ("the Qwen3.6 TT port serves one sequence at a time (one GDN state slot): start vLLM with "
             "--max-num-seqs 1")
 
@@ -93,6 +106,23 @@ def _uses_mrope(raw: dict) -> bool:
     return False
 
 
+def max_depth(cfg: Qwen36Config) -> int:
+    """Deepest K this model verifies: the device acceptor's RNG row and the multi-position SDPA kernel's K+1 limit
+    at the checkpoint's head_dim (``tt.verify.max_spec_tiles``)."""
+    return min(MAX_K, max_spec_tiles(cfg.head_dim) - 1)
+
+
+def spec_depth_mode(vllm_config) -> str:
+    """``"auto"`` when the launch's ``additional_config`` says ``{"tt": {"spec_depth": "auto"}}`` (the plugin's
+    user namespace for TT options), else ``"fixed"``."""
+    add = getattr(vllm_config, "additional_config", None) or {}
+    tt = add.get("tt", {}) if isinstance(add, dict) else {}
+    mode = tt.get("spec_depth", "fixed") if isinstance(tt, dict) else "fixed"
+    if mode not in DEPTH_MODES:
+        raise ValueError(f"additional_config tt.spec_depth={mode!r}: choose one of {DEPTH_MODES}")
+    return mode
+
+
 def _rows(x, what: str) -> torch.Tensor:
     t = torch.as_tensor(x)
     if t.dim() == 0:
@@ -105,16 +135,31 @@ class _VllmSpecBackend(TTSpecBackend):
     whose greedy acceptor reads a separate draft buffer (``accept_drafts``) in which the placeholder columns of a
     short row hold an id no argmax equals, so acceptance stops at ``num_valid_drafts`` like vLLM's host walk."""
 
-    accept_drafts = None
+    _accept_bufs: dict = {}
+
+    @property
+    def accept_drafts(self):
+        return self._accept_bufs[self._k]
 
     def prefill(self, prompt, params: SamplingParams = SamplingParams()):
         first = super().prefill(prompt, params)
         return first, self.prefill_logits
 
+    def _alloc_accept_drafts(self, ks) -> None:
+        ttnn = self.ttnn
+        self._accept_bufs = {k: ttnn.from_torch(torch.zeros(1, 1, 1, k, dtype=torch.int32), dtype=ttnn.uint32,
+                                                layout=ttnn.ROW_MAJOR_LAYOUT, device=self.mesh,
+                                                mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+                             for k in ks}
+
     def _setup(self, k: int) -> None:
         super()._setup(k)
-        self.accept_drafts = self.step_state._dev(torch.zeros(1, 1, 1, k, dtype=torch.int32), self.ttnn.uint32,
-                                            self.ttnn.ROW_MAJOR_LAYOUT)
+        self._alloc_accept_drafts([k])
+
+    def _setup_depths(self, k_first: int) -> None:
+        self.release()  # before allocating: no trace may be live
+        self._alloc_accept_drafts(self.depths)
+        super()._setup_depths(k_first)
 
     def write_accept_drafts(self, ids: list[int]) -> None:
         x = torch.tensor(ids, dtype=torch.int32).reshape(1, 1, 1, self._k)
@@ -159,12 +204,22 @@ class Qwen36ForCausalLM:
     }
 
     def __init__(self, gen: TTGenerator, reader, mechanism: str = DEFAULT_MECHANISM, cache_dir=None, *,
-                 uses_mrope: bool = False, spec_k: int | None = None):
+                 uses_mrope: bool = False, spec_k: int | None = None, spec_depth: str = "fixed",
+                 depth_costs: str = DEPTH_COSTS):
         self.gen, self.model, self.state = gen, gen.model, gen.state
         self.reader = reader
         self.has_mtp = reader.config.has_mtp
-        self.spec_backend = (_VllmSpecBackend(gen, mechanism, drafter=TTMTPDrafter(reader, cache_dir), use_trace=gen.use_trace)
-                     if self.has_mtp else None)
+        if spec_depth not in DEPTH_MODES:
+            raise ValueError(f"spec_depth={spec_depth!r}: choose one of {DEPTH_MODES}")
+        if spec_depth == "auto" and not spec_k:
+            raise ValueError("spec_depth='auto' needs the launch's num_speculative_tokens (the deepest step)")
+        self.spec_depth, self.depth_costs = spec_depth, depth_costs
+        self.controller = None  # the depth controller of the live sequence (auto)
+        self._first_k = None  # auto: the depth chosen for a sequence's first step
+        depths = self._new_controller(reader.config, spec_k).depths if spec_depth == "auto" else None
+        self.spec_backend = (_VllmSpecBackend(gen, mechanism, drafter=TTMTPDrafter(reader, cache_dir),
+                                              use_trace=gen.use_trace, depths=depths)
+                             if self.has_mtp else None)
         self.uses_mrope = uses_mrope
         self.spec_k = spec_k  # K of the launch's speculative_config (warmup compiles that step), None = plain
         self._kv_cache = None
@@ -184,32 +239,61 @@ class Qwen36ForCausalLM:
     @classmethod
     def spec_plan(cls, vllm_config, max_num_seqs: int, requested_k: int):
         """``SpecPlan`` for (max_num_seqs, requested_k), or ``SpecReject`` with the K that would work. Never
-        raises (the plugin's rule): every refusal is a SpecReject with the reason."""
-        supported = tuple(range(1, MAX_K + 1))
+        raises (the plugin's rule): every refusal is a SpecReject with the reason. With ``tt.spec_depth`` auto,
+        ``effective_k`` is the deepest step (the block width the runner reserves); the depth of each step is the
+        controller's choice, reported per step by ``propose_draft_tokens`` (``num_valid``) and
+        :meth:`depth_plan`."""
         try:
             hf = _hf_dict(vllm_config.model_config.hf_config)
             cfg = Qwen36Config.from_dict(hf)
             max_len = int(getattr(vllm_config.model_config, "max_model_len", cfg.max_position_embeddings))
+            mode = spec_depth_mode(vllm_config)
         except Exception as e:  # noqa: BLE001 - the contract forbids raising here
             return vt.SpecReject(f"cannot read the model config from vllm_config: {e}")
         if not cfg.has_mtp:
             return vt.SpecReject("the checkpoint has no MTP head (mtp_num_hidden_layers = 0): nothing drafts")
         if int(max_num_seqs) != MAX_BATCH:
             return vt.SpecReject(f"max_num_seqs={max_num_seqs}: {ONE_USER}")
-        k = int(requested_k)
-        if not 1 <= k <= MAX_K:
-            return vt.SpecReject(f"num_speculative_tokens={k}: the device acceptor serves 1..{MAX_K}", supported)
-        return vt.SpecPlan(effective_k=k, lanes_per_request=1, extra_bytes_per_seq=cls._spec_bytes(cfg, k, max_len),
-                           extra_bytes_per_token=0, accept_modes=(vt.ACCEPT_MODE_ARGMAX_IDS,),
-                           drafter_state="internal", supports_narrow_decode=False)
+        k, k_max = int(requested_k), max_depth(cfg)
+        supported = tuple(range(1, k_max + 1))
+        if not 1 <= k <= k_max:
+            return vt.SpecReject(f"num_speculative_tokens={k}: this model verifies 1..{k_max} drafts (device acceptor "
+                                 f"<= {MAX_K}; K+1-row SDPA verify <= {max_spec_tiles(cfg.head_dim)} rows at head_dim "
+                                 f"{cfg.head_dim})", supported)
+        depths = cls._controller(k).depths if mode == "auto" else (k,)
+        return vt.SpecPlan(effective_k=max(depths), lanes_per_request=1,
+                           extra_bytes_per_seq=cls._spec_bytes(cfg, depths, max_len), extra_bytes_per_token=0,
+                           accept_modes=(vt.ACCEPT_MODE_ARGMAX_IDS,), drafter_state="internal",
+                           supports_narrow_decode=False)
 
     @staticmethod
-    def _spec_bytes(cfg: Qwen36Config, k: int, max_len: int) -> int:
+    def _controller(k_max: int, costs: str = DEPTH_COSTS):
+        return DepthPolicy.load().controller(cost_key(costs), k_max=k_max)
+
+    def _new_controller(self, cfg: Qwen36Config, k_max: int):
+        self.controller = self._controller(min(int(k_max), max_depth(cfg)), self.depth_costs)
+        self._first_k = None
+        return self.controller
+
+    def depth_plan(self) -> dict:
+        """What the speculative step does: mode, the depths it may use, and the depth of the next step (auto: the
+        controller's choice for the live sequence, None before its first step is chosen)."""
+        if self.spec_depth == "fixed":
+            return {"mode": "fixed", "depths": (self.spec_k,) if self.spec_k else (), "next_k": self.spec_k}
+        be = self.spec_backend
+        nxt = be._next_k if be is not None and be._k is not None else self._first_k
+        return {"mode": "auto", "depths": tuple(self.controller.depths), "next_k": nxt,
+                "costs": self.controller.describe()}
+
+    @staticmethod
+    def _spec_bytes(cfg: Qwen36Config, depths, max_len: int) -> int:
         """Declared device bytes of one speculating sequence over the whole mesh (the plugin records, does not yet
-        budget, this): the K+1 fp32 GDN recurrent-state candidate slots of the shadow commit, plus the MTP head's
-        own bf16 KV cache for ``max_len`` tokens. An estimate from the config, not a measurement."""
+        budget, this): the K+1 fp32 GDN recurrent-state candidate slots of the shadow commit for every depth the
+        step may use (one ring per depth), plus the MTP head's own bf16 KV cache for ``max_len`` tokens. An
+        estimate from the config, not a measurement."""
         n_gdn = sum(1 for t in cfg.layer_types if t == LINEAR)
-        gdn = (k + 1) * n_gdn * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+        slots = sum(int(k) + 1 for k in depths)
+        gdn = slots * n_gdn * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
         mtp_kv = cfg.mtp_num_hidden_layers * 2 * max_len * cfg.num_key_value_heads * cfg.head_dim * 2
         return int(gdn + mtp_kv)
 
@@ -219,11 +303,15 @@ class Qwen36ForCausalLM:
                               tt_data_parallel: int = 1, optimizations: str | None = None, vllm_config=None, *,
                               checkpoint: str | Path | None = None, cache_dir: str | Path | None = None,
                               block_size: int | None = None, prefill_chunk: int | None = None,
-                              mechanism: str = DEFAULT_MECHANISM, spec_k: int | None = None) -> "Qwen36ForCausalLM":
+                              mechanism: str = DEFAULT_MECHANISM, spec_k: int | None = None,
+                              spec_depth: str | None = None, depth_costs: str = DEPTH_COSTS) -> "Qwen36ForCausalLM":
         """Build the model on an already opened ``mesh_device``. Weights come from ``checkpoint``, else
         hf_config's ``_name_or_path``, else ``HF_MODEL``; the checkpoint's config must equal ``hf_config``'s.
         ``optimizations``: None / "performance" / "accuracy" (our precision presets). ``vllm_config`` (passed by
-        newer plugin loaders) supplies vLLM's KV ``block_size`` and the speculative K, unless given explicitly."""
+        newer plugin loaders) supplies vLLM's KV ``block_size``, the speculative K and (``additional_config``
+        ``{"tt": {"spec_depth": "auto"}}``) the depth mode, unless given explicitly. ``depth_costs``: the device
+        name whose step-cost table the depth controller uses (``speculative.depth.cost_key``; the P150a table by
+        default)."""
         if int(max_batch_size) > MAX_BATCH:
             raise NotImplementedError(f"max_batch_size={max_batch_size}: {ONE_USER}")
         if int(tt_data_parallel) != 1:
@@ -238,6 +326,9 @@ class Qwen36ForCausalLM:
             sc = getattr(vllm_config, "speculative_config", None)
             if spec_k is None and sc is not None and getattr(sc, "num_speculative_tokens", None):
                 spec_k = int(sc.num_speculative_tokens)
+            if spec_depth is None:
+                spec_depth = spec_depth_mode(vllm_config)
+        spec_depth = spec_depth or "fixed"
         raw = _hf_dict(hf_config)
         cfg = Qwen36Config.from_dict(raw)
         path = checkpoint or raw.get("_name_or_path") or os.environ.get("HF_MODEL")
@@ -249,6 +340,8 @@ class Qwen36ForCausalLM:
             raise ValueError(f"hf_config does not match the checkpoint's config.json at {path}")
         if spec_k is not None and not cfg.has_mtp:
             raise ValueError(f"speculative K={spec_k} requested but the checkpoint has no MTP head")
+        if spec_k is not None and not 1 <= int(spec_k) <= max_depth(cfg):
+            raise ValueError(f"speculative K={spec_k}: this model verifies 1..{max_depth(cfg)} drafts")
         ttnn = ttnn_for_mesh(mesh_device)
         n = mesh_device.get_num_devices()
         kw = {k: v for k, v in (("block_size", block_size), ("prefill_chunk", prefill_chunk)) if v is not None}
@@ -258,8 +351,9 @@ class Qwen36ForCausalLM:
         gen = TTGenerator(model, allocate_state(args, ttnn, mesh_device), use_trace=True,
                           label=getattr(mesh_device, "label", "") or f"mesh x{n}")
         logger.info(f"vllm-tt Qwen3.6: tp={n}, precision={prec_name}, max_seq_len={max_seq_len}, "
-                    f"block_size={args.block_size}, mtp={cfg.has_mtp}, spec_k={spec_k}")
-        return cls(gen, reader, mechanism, cache_dir, uses_mrope=_uses_mrope(raw), spec_k=spec_k)
+                    f"block_size={args.block_size}, mtp={cfg.has_mtp}, spec_k={spec_k}, spec_depth={spec_depth}")
+        return cls(gen, reader, mechanism, cache_dir, uses_mrope=_uses_mrope(raw), spec_k=spec_k,
+                   spec_depth=spec_depth, depth_costs=depth_costs)
 
     # ---- KV cache ------------------------------------------------------------------------------------------
     def _attn_layers(self) -> list[int]:
@@ -415,6 +509,8 @@ class Qwen36ForCausalLM:
         if self.spec_backend is not None:
             self.spec_backend.use_trace = self.gen.use_trace
             _, logits = self.spec_backend.prefill(prompt, SamplingParams())  # greedy; also keeps the MTP's h_t
+            if self.spec_depth == "auto":  # a new sequence: acceptance estimates start from the fitted prior
+                self._new_controller(self.model.args.cfg, self.spec_k)
         else:
             logits = self.gen.prefill(prompt)
         self._mode, self._accepted_count = "new", 1
@@ -517,24 +613,46 @@ class Qwen36ForCausalLM:
         if prow[: nv + 1] != list(range(n, n + nv + 1)):
             raise ValueError(f"verify positions {prow[: nv + 1]} != {list(range(n, n + nv + 1))}")
         self.spec_backend.use_trace = bool(enable_trace)
-        self._draft(k)
+        kd = self._step_depth(k)  # the depth of this step: the block width, or (auto) the controller's choice
+        if nv > kd:
+            raise ValueError(f"num_valid_drafts={nv} but this step drafted {kd} (propose_draft_tokens' num_valid)")
+        self._draft(kd)
         drafts = row[1: nv + 1]
         vocab = self.model.args.cfg.vocab_size
-        self.spec_backend.step_state.write_drafts(drafts + [0] * (k - nv))  # placeholder columns: any valid id, never read
-        self.spec_backend.write_accept_drafts(drafts + [vocab] * (k - nv))  # never equal to an argmax: acceptance <= n
+        self.spec_backend.step_state.write_drafts(drafts + [0] * (kd - nv))  # placeholder columns: any valid id, never read
+        self.spec_backend.write_accept_drafts(drafts + [vocab] * (kd - nv))  # never equal to an argmax: acceptance <= n
         vout = self.spec_backend.verify(None)
-        ids = self.model.to_host(vout.out.tokens).reshape(-1).to(torch.int64)[: k + 1]
+        ids = self.model.to_host(vout.out.tokens).reshape(-1).to(torch.int64)[: kd + 1]
         acc = self.spec_backend.accept(None, vout)
         host_a = 0
         while host_a < nv and drafts[host_a] == int(ids[host_a]):
             host_a += 1
         if host_a != acc.num_accepted:
             raise RuntimeError(f"device acceptor accepted {acc.num_accepted} drafts but the argmax ids imply {host_a}")
+        if self.spec_depth == "auto":
+            # the next depth, from the count accept() just read (no other device read), before the commit drafts it
+            if nv:
+                self.controller.observe(nv, acc.num_accepted)
+            self.spec_backend.plan_next_depth(self.controller.choose())
         self.spec_backend.commit(acc)
         self._accepted_count = acc.num_accepted + 1
-        out = torch.zeros(b, k + 1, dtype=torch.int32)  # padding rows: never read by the runner
-        out[0] = ids.to(torch.int32)
+        out = torch.zeros(b, k + 1, dtype=torch.int32)  # padding rows / columns past this step's depth: never read
+        out[0, : kd + 1] = ids.to(torch.int32)
         return vt.VerifyOutput(spec_mode=vt.ACCEPT_MODE_ARGMAX_IDS, argmax_ids=out, hidden=None)
+
+    def _step_depth(self, width: int) -> int:
+        """Depth of the open step: the block width K (fixed), or the depth the last commit drafted at (auto; the
+        controller's first choice for a sequence's first step)."""
+        if self.spec_depth == "fixed":
+            return width
+        if width < self.controller.k_max:
+            raise ValueError(f"verify block width K={width} < the deepest step {self.controller.k_max}")
+        be = self.spec_backend
+        if be._k is not None:
+            return be._next_k
+        if self._first_k is None:
+            self._first_k = self.controller.choose()
+        return self._first_k
 
     def _draft(self, k: int) -> None:
         if self.spec_backend._phase != "drafted":
@@ -556,17 +674,18 @@ class Qwen36ForCausalLM:
         b = ct.shape[0]
         self._enter("spec")
         self._check_accepted(accepted_counts, b)
-        k = int(num_drafts)
+        width = int(num_drafts)
+        k = self._step_depth(width)
         pending = int(ct.reshape(b, -1)[0, self._accepted_count - 1])
         if pending != self.spec_backend.history[-1]:
             raise ValueError(f"committed token {pending} (entry {self._accepted_count - 1}) != the model's pending "
                              f"token {self.spec_backend.history[-1]}")
         self._draft(k)
         drafts, _ = self.spec_backend.drafter.head.read_drafts()
-        ids = torch.full((b, k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
-        ids[0] = torch.tensor(drafts, dtype=torch.int32)
+        ids = torch.full((b, width), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+        ids[0, :k] = torch.tensor(drafts, dtype=torch.int32)
         nv = torch.zeros(b, dtype=torch.int32)
-        nv[0] = k
+        nv[0] = k  # auto: the controller's depth for this step (<= the width vLLM reserved)
         return vt.DraftOutput(draft_token_ids=ids, num_valid=nv)
 
     # ---- request lifecycle ---------------------------------------------------------------------------------
@@ -634,7 +753,7 @@ class Qwen36ForCausalLM:
                     d = self.propose_draft_tokens(k, torch.tensor([block + pad]),
                                                   torch.tensor([list(range(pos - ac + 1, pos + 1)) + [-1] * len(pad)]),
                                                   torch.tensor([ac]))
-                    nv, drafts = k, d.draft_token_ids[0].tolist()
+                    nv, drafts = int(d.num_valid[0]), d.draft_token_ids[0].tolist()  # auto: nv <= k
                 v = self.decode_forward(torch.tensor([[tok] + drafts]), None, None,
                                         torch.tensor([[pos + j if j <= nv else -1 for j in range(k + 1)]]),
                                         enable_trace=enable_trace, num_valid_drafts=torch.tensor([nv]),

@@ -16,13 +16,35 @@ Drafting: ``drafter`` is either an object with ``device_draft(step_state, vout)`
 ``tt/mtp_drafter.py``; runs inside trace B and writes ``step_state.drafts``) or a host callable
 ``(history: list[int], k) -> list[int]`` (written into the drafts buffer with copy_host_to_device_tensor before the
 verify replay). Capture and replay go through ``tt/trace.py``.
+
+Draft depth per step (``depths=``, what ``--spec-k auto`` builds): the next step's drafts are made on device
+inside the current step's commit, so the depth K' of step n+1 must be known before step n's commit is launched.
+The engine decides it on the host between accept() and commit() (``plan_next_depth``) from the accepted count
+accept() just read back (the step's one device->host transfer), so choosing K adds no device sync. Every depth
+has its own acceptor, drafts buffer, row constants, MTP head view and (shadow_commit) ring, all allocated at the
+first step of a generation, and all of them are views of ONE device state: position, pending token, KV caches,
+conv windows, live GDN state (snapshot/recompute buffers) and the MTP KV cache are shared. Per step:
+
+    trace verify:K            verify + acceptance at depth K (as above)
+    host                      read the result; the engine picks K'
+    trace commit:K            MTP reseed over the K+1 rows, row a -> persistent buffers; then the commit
+    [K' != K, shadow_commit:  trace leave:K  (ring slot a -> live recurrent state),
+                              trace enter:K' (live -> ring K' slot 0, ring index -> slot 0)]
+    trace chain:K'            the K'-draft MTP chain into depth K''s drafts buffer
+
+so the commit of step n is complete on device (same command queue, in order) before any trace of step n+1 reads
+the state. Each name is captured once, on its first use; a compile pass at the first step runs every depth's
+programs once eagerly before any capture (with the GDN/conv state saved and restored around it), because traces
+record compiled programs and no device allocation may happen once a trace is live.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
+from ..errors import UserError
 from ..speculative.engine import Acceptance, MechanismCounters
 from ..speculative.mechanisms import DEFAULT_MECHANISM
 from ..speculative.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
@@ -31,12 +53,22 @@ from .commit import abort_after_verify, commit
 from .generator import TTGenerator
 from .mechanisms import TTMechanism, tt_mechanism
 from .trace import StepTraces
-from .verify import SpecDeviceState, VerifyOutputs
+from .verify import SpecDeviceState, VerifyOutputs, check_verify_shape
+
+
+@dataclass
+class _DepthBuffers:
+    """The per-depth objects of one generation (views of the one device state)."""
+
+    acceptor: DeviceAcceptor
+    step_state: SpecDeviceState
 
 
 class TTSpecBackend:
     def __init__(self, gen: TTGenerator, mechanism: str | TTMechanism = DEFAULT_MECHANISM, drafter: Any = None,
-                 use_trace: bool = True, rng: str = "device"):
+                 use_trace: bool = True, rng: str = "device", depths: Sequence[int] | None = None):
+        """``depths``: the draft depths steps of one generation may use (``--spec-k auto``); None = one depth per
+        generation (the first draft()'s K), the single-depth traces "verify" / "commit"."""
         mechanism = tt_mechanism(mechanism)
         if drafter is None:
             raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/mtp_drafter.py) or a "
@@ -59,6 +91,16 @@ class TTSpecBackend:
         self._result = None
         self._traces = StepTraces(self.ttnn, self.mesh, warmup_steps=1)  # "verify" and "commit"
         self._host_gen: torch.Generator | None = None
+        self.depths: tuple[int, ...] | None = None
+        if depths is not None:
+            self.depths = tuple(sorted(set(int(d) for d in depths)))
+            if not self.depths:
+                raise ValueError("depths must name at least one draft depth")
+            for d in self.depths:
+                check_verify_shape(self.model.args, d)
+        self._by_k: dict[int, _DepthBuffers] = {}
+        self._next_k: int | None = None  # depth of the drafts now on device (made by the last commit)
+        self._planned_k: int | None = None  # plan_next_depth() of the open step
 
     @property
     def config(self):
@@ -84,11 +126,75 @@ class TTSpecBackend:
         if self.device_drafter:
             self.drafter.start(step_state, self.history, self._prompt_hidden)
 
+    def _setup_depths(self, k_first: int) -> None:
+        """Allocate every depth's buffers over one shared device state, compile them, start at k_first."""
+        self.release()
+        v = self.model.args.cfg.vocab_size
+        self._by_k = {}
+        shared: _DepthBuffers | None = None
+        for d in self.depths:
+            acc = DeviceAcceptor(self.ttnn, self.mesh, k=d, vocab=v, sampling_params=self.params, rng=self.rng,
+                                 ring_heads=self.model.args.gdn_hv_d)
+            if shared is not None:
+                acc.uniforms = shared.acceptor.uniforms  # one acceptance RNG stream whatever the depth
+            acc.allocate()
+            st = SpecDeviceState(self.model, self.state, d, self.mechanism,
+                                 shared=shared.step_state if shared is not None else None)
+            st.attach_acceptor(acc)
+            self._by_k[d] = _DepthBuffers(acc, st)
+            shared = shared or self._by_k[d]
+        if self.device_drafter:
+            self.drafter.allocate_depths([b.step_state for b in self._by_k.values()])
+        first = self._by_k[k_first].step_state
+        first.start(self.n, self.history[-1])  # n first: the compile pass writes only at positions >= n
+        if self.use_trace:
+            self._compile_depths()
+            first.start(self.n, self.history[-1])
+        if self.device_drafter:
+            self.drafter.start(first, self.history, self._prompt_hidden)
+        self._traces.warmup_steps = 0  # compiled: each name is captured on its first use
+
+    def _compile_depths(self) -> None:
+        """Run every depth's device programs once, eagerly (traces record compiled programs; once one is live no
+        eager op may allocate). The live GDN recurrent + conv state is saved before and restored after; what else
+        it writes is scratch the real steps rewrite before reading (KV / MTP KV rows at positions >= n, per-depth
+        rings, acceptor outputs, drafts), and the RNG streams restart."""
+        ttnn = self.ttnn
+        saved = [(s, ttnn.clone(s.recurrent), ttnn.clone(s.conv)) for s in self.state.gdn_states()]
+        for d, b in self._by_k.items():
+            st = b.step_state
+            self.acceptor, self.step_state, self._k = b.acceptor, st, d
+            self.mechanism.enter(st)
+            if self.device_drafter:
+                self.drafter.use(d)
+                self.drafter.before_device_draft()
+                self.drafter.device_chain(d)
+            self._vout, self._result = self._verify_and_accept()
+            self._commit_reseed()
+            self.mechanism.leave(st)
+            for s, rec, conv in saved:  # the commit moved live state; back to the prefill's
+                ttnn.copy(rec, s.recurrent)
+                ttnn.copy(conv, s.conv)
+        for _, rec, conv in saved:
+            ttnn.deallocate(rec)
+            ttnn.deallocate(conv)
+        shared = next(iter(self._by_k.values()))
+        if not self.params.greedy:
+            shared.acceptor.uniforms.restart()
+        if self.device_drafter:
+            self.drafter.restart_rng()
+        self._vout = self._result = None
+
     # ---- the contract --------------------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, prompt: Sequence[int], params: SamplingParams = SamplingParams()) -> int:
         if len(prompt) == 0:
             raise ValueError("empty prompt")
+        if params.penalized and self.depths is not None and len(self.depths) > 1:
+            # every depth has its own acceptor, and the token-count buffers live in the acceptor: a depth switch
+            # would read counts that missed the other depths' commits
+            raise UserError("penalties with a changing draft depth (--spec-k auto) are not supported on the TT path "
+                            "yet: use a fixed --spec-k, or no penalty")
         self.release()
         self.params = params
         self._host_gen = params.generator(torch.device("cpu"))
@@ -106,6 +212,7 @@ class TTSpecBackend:
         self.n = len(prompt)
         self.history = list(prompt) + [first]
         self.step_state, self.acceptor, self._k = None, None, None
+        self._by_k, self._next_k, self._planned_k = {}, None, None
         self._phase = "idle"
         return first
 
@@ -116,18 +223,50 @@ class TTSpecBackend:
             raise RuntimeError("draft() inside an open step: commit() or abort() first")
         if self.n + k + 1 > self.model.args.max_seq_len:
             raise ValueError(f"KV cache full: position {self.n} + {k + 1} rows > max_seq_len {self.model.args.max_seq_len}")
-        if self._k is not None and k != self._k:
-            # the next step's drafts were made inside the last commit trace at depth self._k, and the ring slots,
-            # acceptor and draft buffers are per-K: a new K needs a new generation (prefill) on this backend
-            raise ValueError(f"draft depth changed from {self._k} to {k} within one generation; the TT step keeps "
-                             "one K per generation (prefill again to change it)")
-        if k != self._k:
-            self._setup(k)
+        if self.depths is not None:
+            self._select_depth(k)
+        else:
+            if self._k is not None and k != self._k:
+                # the next step's drafts were made inside the last commit trace at depth self._k, and the ring
+                # slots, acceptor and draft buffers are per-K: without ``depths`` there is one K per generation
+                raise ValueError(f"draft depth changed from {self._k} to {k} within one generation; this backend "
+                                 "keeps one K per generation (prefill again, or build it with depths=...)")
+            if k != self._k:
+                self._setup(k)
         if not self.device_drafter:
             self.step_state.write_drafts([int(t) for t in self.drafter(list(self.history), k)])
         self._phase = "drafted"
         self.counters.mtp_forwards += k
         return self.step_state.drafts
+
+    def _select_depth(self, k: int) -> None:
+        if k not in self.depths:
+            raise ValueError(f"draft depth {k} is not one of this backend's depths {list(self.depths)}")
+        if self._k is None:
+            self._setup_depths(k)
+        elif k != self._next_k:
+            raise ValueError(f"the drafts on device were made at depth {self._next_k} inside the last commit; "
+                             f"to draft at depth {k}, call plan_next_depth({k}) between accept() and commit()")
+        b = self._by_k[k]
+        self.acceptor, self.step_state, self._k, self._next_k = b.acceptor, b.step_state, k, k
+        if self.device_drafter:
+            self.drafter.use(k)
+
+    def plan_next_depth(self, k: int) -> None:
+        """The depth of the next step, decided on the host after accept() (from the accepted count it read) and
+        before commit(), which drafts the next step on device at that depth."""
+        if self._phase != "accepted":
+            raise RuntimeError("plan_next_depth() goes between accept() and commit()")
+        if self.depths is None:
+            if k != self._k:
+                raise ValueError(f"draft depth changed from {self._k} to {k} within one generation; this backend "
+                                 "keeps one K per generation (build it with depths=... to switch)")
+        elif k not in self.depths:
+            raise ValueError(f"draft depth {k} is not one of this backend's depths {list(self.depths)}")
+        self._planned_k = k
+
+    def _name(self, what: str, k: int) -> str:
+        return what if self.depths is None else f"{what}:{k}"
 
     def _run(self, name: str, fn: Callable[[], Any]):
         """Eager on the first step after setup, captured on the second, replayed afterwards."""
@@ -145,7 +284,7 @@ class TTSpecBackend:
     def verify(self, draft) -> VerifyOutputs:
         if self._phase != "drafted":
             raise RuntimeError("verify() needs exactly one draft() before it")
-        self._vout, self._result = self._run("verify", self._verify_and_accept)
+        self._vout, self._result = self._run(self._name("verify", self._k), self._verify_and_accept)
         self._phase = "verified"
         c, n_gdn, t = self.counters, len(self.state.gdn_states()), self._k + 1
         c.target_forwards += 1
@@ -169,13 +308,34 @@ class TTSpecBackend:
             self.acceptor.commit_counts()  # the token counts are part of the state transaction
         return None
 
+    def _commit_reseed(self):
+        """Multi-depth commit: the MTP reseed of this step's rows (reads n before the commit advances it), then the
+        commit; the chain runs in its own trace at the next step's depth."""
+        if self.device_drafter:
+            self.drafter.device_reseed(self.step_state, self._vout)
+        commit(self.step_state, self._vout, self._result)
+        return None
+
     def commit(self, acceptance: Acceptance) -> None:
         if self._phase != "accepted":
             raise RuntimeError("commit() needs accept() first")
         if self.device_drafter:
             self.drafter.before_device_draft()  # outside capture: sampled-draft RNG table refill when used up
-        self._run("commit", self._commit_device)
         a, c, n_gdn = acceptance.num_accepted, self.counters, len(self.state.gdn_states())
+        if self.depths is None:
+            self._run("commit", self._commit_device)
+        else:
+            k, k2 = self._k, self._planned_k or self._k
+            self._run(f"commit:{k}", self._commit_reseed)
+            if k2 != k and self.mechanism.ring:
+                st, st2 = self.step_state, self._by_k[k2].step_state
+                self._run(f"leave:{k}", lambda: self.mechanism.leave(st))
+                self._run(f"enter:{k2}", lambda: self.mechanism.enter(st2))
+                self.mechanism.count_switch(c, n_gdn, self.step_state.state_bytes)
+            if self.device_drafter:
+                self.drafter.use(k2)
+                self._run(f"chain:{k2}", lambda: self.drafter.device_chain(k2))
+            self._next_k, self._planned_k = k2, None
         self.mechanism.count_commit(c, self._k + 1, n_gdn, self.step_state.state_bytes)
         c.steps += 1
         self.n += a + 1
@@ -192,6 +352,7 @@ class TTSpecBackend:
                 # the acceptor advanced its RNG row counter on device; step back one row
                 self.acceptor.uniforms.step_back()
         self.counters.aborts += 1
+        self._planned_k = None
         self._phase = "idle"
 
     def close(self) -> None:

@@ -17,10 +17,12 @@ that correct on cards (and what the emulator enforces, docs/emulator.md):
     step.release()
 
 :class:`StepTraces` holds several named steps under one policy (eager until a warm-up step completed, then capture
-once and replay); the speculative backend uses it for its verify and commit halves.
+once and replay); the speculative backend uses it for its verify and commit halves, one set per draft depth when
+the depth changes between steps (``--spec-k auto``: names carry the depth, each captured on first use).
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable
 
 TRACE_CQ = 0  # the command queue traces are captured and replayed on (single-queue model)
@@ -83,6 +85,7 @@ class StepTraces:
         self.ttnn, self.mesh, self.warmup_steps = ttnn, mesh_device, warmup_steps
         self.steps: dict[str, TracedStep] = {}
         self.completed = 0  # steps completed since the last release
+        self.captures: Counter[str] = Counter()  # captures per name since construction (a replay is not one)
 
     def run(self, name: str, fn: Callable[[], Any], *, traced: bool = True):
         if not traced or self.completed < self.warmup_steps:
@@ -91,6 +94,7 @@ class StepTraces:
         if step is None:
             step = self.steps[name] = TracedStep(self.ttnn, self.mesh, fn, name=name)
             step.capture()
+            self.captures[name] += 1
         return step.replay()
 
     def step_done(self) -> None:

@@ -112,8 +112,16 @@ class VerifyOutputs:
 class SpecDeviceState:
     """Persistent device buffers of the speculative step for one model state and one K (see module doc)."""
 
-    def __init__(self, model: TTQwen36Model, state: TTModelState, k: int, mechanism: str | TTMechanism):
+    def __init__(self, model: TTQwen36Model, state: TTModelState, k: int, mechanism: str | TTMechanism,
+                 shared: "SpecDeviceState | None" = None):
+        """``shared``: the step state of another depth of the same generation. This one then uses its position,
+        pending token and (mechanisms without a ring) GDN buffers instead of allocating its own: the per-depth
+        step states of ``--spec-k auto`` are views of ONE device state, and only what has a K+1 shape is per depth
+        (drafts, row constants, the shadow_commit ring)."""
         mechanism = tt_mechanism(mechanism)
+        if shared is not None and (shared.state is not state or shared.mechanism.name != mechanism.name):
+            raise ValueError("a shared step state must be of the same model state and commit mechanism")
+        self.shared = shared
         check_verify_shape(model.args, k)
         self.model, self.state, self.k, self.t, self.mechanism = model, state, k, k + 1, mechanism
         self.ttnn, self.mesh = model.ttnn, model.mesh
@@ -138,20 +146,27 @@ class SpecDeviceState:
         return self.ttnn.from_torch(x, dtype=like.dtype, layout=like.layout, mesh_mapper=self.rep)
 
     def allocate(self) -> None:
-        ttnn, t, kc = self.ttnn, self.t, self.kc
-        self.n = self._dev(torch.zeros(1, 1, 1, 1))
-        self.pending = self._dev(torch.zeros(1, 1, 1, 1))
+        ttnn, t, kc, sh = self.ttnn, self.t, self.kc, self.shared
+        if sh is None:
+            self.n = self._dev(torch.zeros(1, 1, 1, 1))
+            self.pending = self._dev(torch.zeros(1, 1, 1, 1))
+            self.c_one = self._dev(torch.ones(1, 1, 1, 1))
+            self.c_zero = self._dev(torch.zeros(1, 1, 1, 1))
+            # conv commit: new state row i = window row a + 1 + i (commit.py gathers rows c_conv_rows + a)
+            self.c_conv_rows = self._dev(torch.arange(1, kc, dtype=torch.float32).reshape(1, 1, 1, kc - 1))
+            self.c_heads = self._dev(torch.arange(self.model.args.hkv_d, dtype=torch.float32).reshape(-1, 1))
+        else:
+            self.n, self.pending, self.c_one, self.c_zero = sh.n, sh.pending, sh.c_one, sh.c_zero
+            self.c_conv_rows, self.c_heads = sh.c_conv_rows, sh.c_heads
         self.drafts = self._dev(torch.zeros(1, 1, 1, self.k, dtype=torch.int32), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT)
         self.c_ar = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
-        self.c_one = self._dev(torch.ones(1, 1, 1, 1))
-        self.c_zero = self._dev(torch.zeros(1, 1, 1, 1))
-        # conv commit: new state row i = window row a + 1 + i (commit.py gathers rows c_conv_rows + a)
-        self.c_conv_rows = self._dev(torch.arange(1, kc, dtype=torch.float32).reshape(1, 1, 1, kc - 1))
         self.c_rows = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, t, 1))  # re-advance row mask base
         self.c_tok_cols = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
-        self.c_heads = self._dev(torch.arange(self.model.args.hkv_d, dtype=torch.float32).reshape(-1, 1))
         for s in self.state.gdn_states():
-            self.layer_bufs[id(s)] = self.mechanism.buffers(self, s)
+            if sh is not None and not self.mechanism.ring:  # state-shaped buffers: one set for every depth
+                self.layer_bufs[id(s)] = sh.layer_bufs[id(s)]
+            else:
+                self.layer_bufs[id(s)] = self.mechanism.buffers(self, s)
 
     def attach_acceptor(self, acceptor) -> None:
         """The acceptor owns the accepted count and the ring index (``ring_block_idx``)."""
