@@ -167,15 +167,40 @@ def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_to
     """Prefill, then speculative steps until EOS or max_new_tokens. EOS inside an accepted block ends it there.
 
     ``k``: a fixed draft depth, or a depth policy (``depth.DepthController``) asked for K before every step and
-    told the outcome after it."""
-    depth = FixedDepth(k) if isinstance(k, int) else k
-    stats = AcceptanceStats(depth.k_max)
-    tokens = [backend.prefill(prompt, params)]
-    tokens, done = _cut(tokens, max_new_tokens, eos_ids)
-    while not done:
-        step_k = depth.choose()
-        acceptance = speculative_step(backend, step_k)
-        depth.observe(step_k, acceptance.num_accepted)
-        stats.record(acceptance, step_k)
-        tokens, done = _cut(tokens + acceptance.tokens, max_new_tokens, eos_ids)
-    return GenerationResult(tokens, stats)
+    told the outcome after it. The one-user case of :func:`speculative_generate_batch`."""
+    return speculative_generate_batch([backend], [prompt], max_new_tokens, [k], [params], eos_ids)[0]
+
+
+def speculative_generate_batch(backends: Sequence[SpecBackend], prompts: Sequence[Sequence[int]],
+                               max_new_tokens: int, depths: "Sequence[int | FixedDepth | DepthController]",
+                               params: Sequence[SamplingParams], eos_ids: Sequence[int] = ()) -> list[GenerationResult]:
+    """Several users decoded together: user i owns ``backends[i]`` (its own target / MTP state, pending token and
+    sampler), ``depths[i]`` (a depth policy is stateful: one object per user) and ``params[i]``.
+
+    Every round prefills or steps each unfinished user once, in user order, so users advance in lockstep and each
+    accepts its own number of drafts; a user that reaches EOS or ``max_new_tokens`` stops while the others go on.
+    A user's result depends on its own inputs only: the same as decoding it alone."""
+    n = len(backends)
+    if not (len(prompts) == len(depths) == len(params) == n) or n == 0:
+        raise ValueError(f"one backend, prompt, depth and params per user: got {n}, {len(prompts)}, "
+                         f"{len(depths)}, {len(params)}")
+    if len({id(b) for b in backends}) != n:
+        raise ValueError("each user needs its own backend (a backend holds one user's state)")
+    ctrls = [FixedDepth(k) if isinstance(k, int) else k for k in depths]
+    if len({id(c) for c in ctrls}) != n:
+        raise ValueError("each user needs its own depth policy object (a policy tracks one user's acceptance)")
+    stats = [AcceptanceStats(c.k_max) for c in ctrls]
+    tokens: list[list[int]] = []
+    done: list[bool] = []
+    for backend, prompt, p in zip(backends, prompts, params):
+        toks, fin = _cut([backend.prefill(prompt, p)], max_new_tokens, eos_ids)
+        tokens.append(toks)
+        done.append(fin)
+    while not all(done):
+        for i in (i for i in range(n) if not done[i]):
+            step_k = ctrls[i].choose()
+            acceptance = speculative_step(backends[i], step_k)
+            ctrls[i].observe(step_k, acceptance.num_accepted)
+            stats[i].record(acceptance, step_k)
+            tokens[i], done[i] = _cut(tokens[i] + acceptance.tokens, max_new_tokens, eos_ids)
+    return [GenerationResult(t, s) for t, s in zip(tokens, stats)]
