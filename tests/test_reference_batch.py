@@ -205,3 +205,68 @@ def test_batched_speculative_refuses_shared_state(default_model):
     other = ReferenceBackend(default_model, max_len=32)
     with pytest.raises(ValueError, match="its own depth policy"):
         speculative_generate_batch([backend, other], [[1], [2]], 4, [d, d], [SamplingParams()] * 2)
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from qwen36.cli import main
+
+    capsys.readouterr()
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:
+        rc = e.code
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_generate_cli_several_prompts(capsys, tmp_path):
+    """`generate` with several prompts decodes them as one batch: `ids[i]` / `prompt[i]` / `text[i]` per user,
+    each equal to that prompt's own single-prompt run (whose output keeps the plain `ids:` / `text:` lines);
+    --prompts-file gives the same batch; speculative adds per-user acceptance statistics."""
+    texts = ["def add(a, b):\n", "import os\nimport sys\n", "x = ["]
+    base = ["generate", "--max-new-tokens", "6", "--device", "reference"]
+    alone = []
+    for t in texts:
+        rc, out, _ = cli(capsys, *base, "--prompt", t)
+        assert rc == 0
+        assert out.startswith("ids: ") and "\nprompt: " in out and "\ntext: " in out and "[0]" not in out
+        alone.append(out.splitlines()[0].removeprefix("ids: "))
+    argv = [a for t in texts for a in ("--prompt", t)]
+    rc, out, err = cli(capsys, *base, *argv)
+    assert rc == 0
+    lines = out.splitlines()
+    assert [l for l in lines if l.startswith("ids[")] == [f"ids[{i}]: {a}" for i, a in enumerate(alone)]
+    assert sum(l.startswith("text[") for l in lines) == 3 and "batch 3" in err
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(f"{__import__('json').dumps(t)}\n" for t in texts))
+    rc, out2, _ = cli(capsys, *base, "--prompts-file", str(path))
+    assert rc == 0 and out2 == out
+
+    rc, spec, _ = cli(capsys, *base, *argv, "--spec-k", "2", "--commit", "shadow_commit")
+    assert rc == 0
+    lines = spec.splitlines()
+    assert [l for l in lines if l.startswith("ids[")] == [f"ids[{i}]: {a}" for i, a in enumerate(alone)]
+    assert [l for l in lines if l.startswith("user ")] == ["user 0:", "user 1:", "user 2:"]
+    assert sum("mean accepted/step" in l for l in lines) == 3 and "users: 3" in spec
+
+
+def test_generate_cli_batch_errors(capsys, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('"ok"\n{"prompt": 1}\n')
+    rc, _, err = cli(capsys, "generate", "--prompts-file", str(bad))
+    assert rc == 2 and "line 2: expected a JSON string, got dict" in err
+    bad.write_text('"ok"\nnot json\n')
+    rc, _, err = cli(capsys, "generate", "--prompts-file", str(bad))
+    assert rc == 2 and "line 2: not a JSON string" in err
+    rc, _, err = cli(capsys, "generate", "--prompts-file", str(tmp_path / "missing"))
+    assert rc == 2 and "cannot read" in err
+    rc, _, err = cli(capsys, "generate", "--ids", "1,2", "--ids", "3", "--device", "emulated-p150x2")
+    assert rc == 2 and "reference backend only" in err
+
+
+def test_batched_greedy_fp64_model(ci_ckpt):
+    """Regression: an fp64 model's GDN state comes back fp64 from a prefill; publishing it into the (fp32-born)
+    batch state must widen the batch state, not fail."""
+    model = Qwen36Model.from_checkpoint(ci_ckpt, dtype=torch.float64)
+    prompts = prompts_of(2, model.config.vocab_size, seed=1)
+    assert batched_greedy_generate(model, prompts, 4) == [batch1_greedy(model, p, 4)[0] for p in prompts]

@@ -6,14 +6,17 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..speculative.engine import GenerationResult, SpecBackend, speculative_generate
+from ..speculative.engine import GenerationResult, MechanismCounters, SpecBackend, speculative_generate_batch
 from ..speculative.sampling import SamplingParams
 from .backends import REFERENCE_DEVICES
 
 
-def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -> SpecBackend:
-    """The speculative backend for --device: the torch reference, or the TT target + device MTP."""
+def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, users: int = 1):
+    """The speculative backend for --device: the torch reference, or the TT target + device MTP. ``users`` > 1
+    (reference only): a list of that many backends, one per user, sharing one model's weights."""
     if device not in REFERENCE_DEVICES:
+        if users != 1:
+            raise UserError(f"batched speculative decoding ({users} users) runs on the reference backend only for now")
         return load_tt_backend(ckpt, device, mechanism, max_len)
     import torch
 
@@ -24,7 +27,9 @@ def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int) -
         raise UserError("--device reference-cuda but torch sees no CUDA device; use --device reference")
     model = Qwen36Model.from_checkpoint(ckpt, dtype=dtype, device="cuda" if device == "reference-cuda" else "cpu",
                                         require_mtp=True)
-    return ReferenceBackend(model, mechanism, max_len=max_len)
+    if users == 1:
+        return ReferenceBackend(model, mechanism, max_len=max_len)
+    return [ReferenceBackend(model, mechanism, max_len=max_len) for _ in range(users)]
 
 
 def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, precision: str = "accuracy") -> SpecBackend:
@@ -80,40 +85,55 @@ def depth_label(depth) -> str:
     return str(depth) if isinstance(depth, int) else depth.describe()
 
 
-def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int], tok) -> int:
+def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list[list[int]], texts: list[str] | None,
+                             tok) -> int:
+    """Speculative generation of one or several users (several: one backend per user, stepped together by
+    ``speculative_generate_batch``; user i samples with seed ``--seed`` + i)."""
     from loguru import logger
 
     from ..checkpoint import CheckpointError
     from .common import torch_dtype
+    from .generate import print_outputs
 
+    b = len(prompts)
     try:
-        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft)
+        params = [SamplingParams(args.temperature, args.top_k, args.top_p, args.seed + i, draft=args.draft)
+                  for i in range(b)]
     except ValueError as e:
         raise UserError(str(e)) from None
-    depth = depth_policy(args.spec_k, args.device)
+    depths = [depth_policy(args.spec_k, args.device) for _ in range(b)]  # a depth controller tracks one user
+    depth = depths[0]
     k_max = depth if isinstance(depth, int) else depth.k_max
-    max_len = len(ids) + args.max_new_tokens + k_max + 2
+    max_len = max(map(len, prompts)) + args.max_new_tokens + k_max + 2
     try:
-        backend = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len)
+        loaded = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len, users=b)
     except CheckpointError as e:
         raise UserError(str(e)) from None
+    backends = [loaded] if b == 1 else loaded
+    backend = backends[0]
     vocab = backend_config(backend).vocab_size
-    if any(i >= vocab for i in ids):
+    if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
-    result = speculative_generate(backend, ids, args.max_new_tokens, depth, params,
-                                  eos_ids=backend_config(backend).eos_token_id)
+    results = speculative_generate_batch(backends, prompts, args.max_new_tokens, depths, params,
+                                         eos_ids=backend_config(backend).eos_token_id)
     dt = time.perf_counter() - t0
-    mode = "greedy" if params.greedy else f"sampling T={params.temperature} top_k={params.top_k} top_p={params.top_p} seed={params.seed} drafts={params.draft}"
-    logger.info(f"[{backend.label}] speculative K={depth_label(depth)} commit={args.commit} {mode}: {len(result.tokens)} tokens "
-                f"in {dt:.2f} s ({len(result.tokens) / dt:.1f} tok/s, measured on this backend)")
-    print("ids:", ",".join(map(str, result.tokens)))
-    if tok is not None:
-        print("prompt:", args.prompt)
-        print("text:", tok.decode(result.tokens))
-    print(f"backend: {backend.label}  commit: {args.commit}  K: {depth_label(depth)}")
-    print(format_stats(result))
-    c = backend.counters
+    p = params[0]
+    seed = f"seed={p.seed}" if b == 1 else f"seed={p.seed}+user"
+    mode = "greedy" if p.greedy else f"sampling T={p.temperature} top_k={p.top_k} top_p={p.top_p} {seed} drafts={p.draft}"
+    n = sum(len(r.tokens) for r in results)
+    batch = "" if b == 1 else f" batch {b}:"
+    logger.info(f"[{backend.label}] speculative K={depth_label(depth)} commit={args.commit} {mode}:{batch} {n} tokens "
+                f"in {dt:.2f} s ({n / dt:.1f} tok/s, measured on this backend)")
+    print_outputs([r.tokens for r in results], texts, tok)
+    print(f"backend: {backend.label}  commit: {args.commit}  K: {depth_label(depth)}" + ("" if b == 1 else f"  users: {b}"))
+    for i, r in enumerate(results):
+        if b > 1:
+            print(f"user {i}:")
+        print(format_stats(r))
+    c = MechanismCounters()
+    for be in backends:
+        c.add(be.counters)
     print(f"counters: state copies {c.state_copies}, state bytes moved {c.state_bytes_moved}, "
           f"GDN recurrence steps {c.recurrence_steps}, target forwards {c.target_forwards}, MTP forwards {c.mtp_forwards}")
     return 0

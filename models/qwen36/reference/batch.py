@@ -22,6 +22,10 @@ from .model import Qwen36Model
 from .state import GDNState, KVCache, ModelState
 
 
+def _promote(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, other.dtype))
+
+
 class SlotDecoder:
     """Plain decode of up to ``slots`` users at once. ``max_len`` bounds every user's prompt + generated tokens."""
 
@@ -68,9 +72,9 @@ class SlotDecoder:
         """Publish a slot view's GDN state and position (by reassignment: no state tensor is changed in place)."""
         idx = torch.tensor([slot], device=self.device)
         for s, v in zip(self.state.layers, view.layers):
-            if isinstance(s, GDNState):
-                s.recurrent = s.recurrent.index_copy(0, idx, v.recurrent)
-                s.conv = s.conv.index_copy(0, idx, v.conv.to(s.conv.dtype))
+            if isinstance(s, GDNState):  # the recurrence returns fp64 state for an fp64 model: keep the wider type
+                s.recurrent = _promote(s.recurrent, v.recurrent).index_copy(0, idx, _promote(v.recurrent, s.recurrent))
+                s.conv = _promote(s.conv, v.conv).index_copy(0, idx, _promote(v.conv, s.conv))
         self.state.pos = self.state.pos.index_copy(0, idx, torch.tensor([view.pos], device=self.device))
 
     @torch.no_grad()
