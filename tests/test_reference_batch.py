@@ -159,8 +159,9 @@ def spec_backends(model, prompts, n, k, mechanism):
 @pytest.mark.parametrize("b,mechanism", [(2, "snapshot"), (4, "shadow_commit"),
                                          pytest.param(8, "recompute", marks=pytest.mark.slow)])
 def test_batched_speculative_greedy_equals_each_users_batch1(default_model, b, mechanism):
-    """Greedy speculative, B users with different prompt lengths and their own acceptance per step: each user's
-    tokens and per-step accepted counts equal its own batch-1 speculative run and its plain greedy output."""
+    """Greedy speculative, B users with different prompt lengths and their own acceptance per step, one joining
+    mid-run: each user's tokens and per-step accepted counts equal its own batch-1 speculative run and its plain
+    greedy output."""
     from qwen36.tokenizer import load_tokenizer
 
     tok = load_tokenizer(DEFAULT_CHECKPOINT)
@@ -168,8 +169,9 @@ def test_batched_speculative_greedy_equals_each_users_batch1(default_model, b, m
              "x = [", "for i in range(10):\n    ", "# sum of squares\n", "def f(", "while True:\n"]
     prompts = [tok.encode(t) for t in texts[:b]]
     n, k = 16, 3
+    arrivals = [0] * (b - 1) + [2]  # the last user joins in round 2, while the others are mid-run
     got = speculative_generate_batch(spec_backends(default_model, prompts, n, k, mechanism), prompts, n,
-                                     [k] * b, [SamplingParams()] * b)
+                                     [k] * b, [SamplingParams()] * b, arrivals=arrivals)
     for p, r in zip(prompts, got):
         alone = speculative_generate(spec_backends(default_model, [p], n, k, mechanism)[0], p, n, k)
         assert (r.tokens, r.stats.accepted) == (alone.tokens, alone.stats.accepted)

@@ -173,34 +173,42 @@ def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_to
 
 def speculative_generate_batch(backends: Sequence[SpecBackend], prompts: Sequence[Sequence[int]],
                                max_new_tokens: int, depths: "Sequence[int | FixedDepth | DepthController]",
-                               params: Sequence[SamplingParams], eos_ids: Sequence[int] = ()) -> list[GenerationResult]:
+                               params: Sequence[SamplingParams], eos_ids: Sequence[int] = (),
+                               arrivals: Sequence[int] | None = None) -> list[GenerationResult]:
     """Several users decoded together: user i owns ``backends[i]`` (its own target / MTP state, pending token and
     sampler), ``depths[i]`` (a depth policy is stateful: one object per user) and ``params[i]``.
 
     Every round prefills or steps each unfinished user once, in user order, so users advance in lockstep and each
     accepts its own number of drafts; a user that reaches EOS or ``max_new_tokens`` stops while the others go on.
+    ``arrivals[i]`` (default 0) is the round in which user i joins (its prefill), for users arriving mid-run.
     A user's result depends on its own inputs only: the same as decoding it alone."""
     n = len(backends)
-    if not (len(prompts) == len(depths) == len(params) == n) or n == 0:
-        raise ValueError(f"one backend, prompt, depth and params per user: got {n}, {len(prompts)}, "
-                         f"{len(depths)}, {len(params)}")
+    arrivals = [0] * n if arrivals is None else list(arrivals)
+    if not (len(prompts) == len(depths) == len(params) == len(arrivals) == n) or n == 0:
+        raise ValueError(f"one backend, prompt, depth, params and arrival per user: got {n}, {len(prompts)}, "
+                         f"{len(depths)}, {len(params)}, {len(arrivals)}")
+    if min(arrivals) < 0:
+        raise ValueError(f"arrival rounds must be >= 0, got {arrivals}")
     if len({id(b) for b in backends}) != n:
         raise ValueError("each user needs its own backend (a backend holds one user's state)")
     ctrls = [FixedDepth(k) if isinstance(k, int) else k for k in depths]
     if len({id(c) for c in ctrls}) != n:
         raise ValueError("each user needs its own depth policy object (a policy tracks one user's acceptance)")
     stats = [AcceptanceStats(c.k_max) for c in ctrls]
-    tokens: list[list[int]] = []
-    done: list[bool] = []
-    for backend, prompt, p in zip(backends, prompts, params):
-        toks, fin = _cut([backend.prefill(prompt, p)], max_new_tokens, eos_ids)
-        tokens.append(toks)
-        done.append(fin)
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    done = [False] * n
+    round_ = 0
     while not all(done):
-        for i in (i for i in range(n) if not done[i]):
+        for i in range(n):
+            if done[i] or arrivals[i] > round_:
+                continue
+            if arrivals[i] == round_:
+                tokens[i], done[i] = _cut([backends[i].prefill(prompts[i], params[i])], max_new_tokens, eos_ids)
+                continue
             step_k = ctrls[i].choose()
             acceptance = speculative_step(backends[i], step_k)
             ctrls[i].observe(step_k, acceptance.num_accepted)
             stats[i].record(acceptance, step_k)
             tokens[i], done[i] = _cut(tokens[i] + acceptance.tokens, max_new_tokens, eos_ids)
+        round_ += 1
     return [GenerationResult(t, s) for t, s in zip(tokens, stats)]
