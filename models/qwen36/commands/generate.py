@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 from ..errors import UserError
 from ..speculative.mechanisms import DEFAULT_MECHANISM, DRAFT_MODES, MECHANISMS
@@ -14,8 +16,12 @@ def add_parser(sub, name: str) -> None:
     p = sub.add_parser(name, help="generate text (plain, or speculative with --spec-k; greedy or sampled)")
     add_checkpoint_arg(p)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (needs the checkpoint's tokenizer)")
-    src.add_argument("--ids", type=parse_ids, help="prompt token ids, comma-separated")
+    src.add_argument("--prompt", action="append",
+                     help="prompt text (needs the checkpoint's tokenizer); repeat for several users decoded as one batch")
+    src.add_argument("--ids", type=parse_ids, action="append",
+                     help="prompt token ids, comma-separated; repeat for several users")
+    src.add_argument("--prompts-file", type=Path, metavar="FILE",
+                     help="one prompt per line, each a JSON string; all decoded as one batch")
     p.add_argument("--max-new-tokens", type=positive_int, default=32)
     p.add_argument("--device", default="reference", help="reference | reference-cuda | emulated-p150x2 | p150x2 | ...")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
@@ -94,46 +100,94 @@ def spec_k_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def encode_prompt(args, ckpt):
-    if args.ids is not None:
-        return args.ids, None
+def prompt_texts(args) -> list[str] | None:
+    """The prompt texts of --prompt / --prompts-file (None when --ids gave token ids)."""
+    if args.prompt is not None:
+        return args.prompt
+    if args.prompts_file is None:
+        return None
+    try:
+        lines = args.prompts_file.read_text().splitlines()
+    except OSError as e:
+        raise UserError(f"--prompts-file: cannot read {args.prompts_file}: {e.strerror}") from None
+    texts = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            text = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--prompts-file {args.prompts_file} line {n}: not a JSON string ({e.msg})") from None
+        if not isinstance(text, str):
+            raise UserError(f"--prompts-file {args.prompts_file} line {n}: expected a JSON string, got "
+                            f"{type(text).__name__}")
+        texts.append(text)
+    if not texts:
+        raise UserError(f"--prompts-file {args.prompts_file} holds no prompt")
+    return texts
+
+
+def encode_prompts(args, ckpt) -> tuple[list[list[int]], list[str] | None, object]:
+    """-> (token ids per user, prompt texts or None, tokenizer or None)."""
+    texts = prompt_texts(args)
+    if texts is None:
+        return args.ids, None, None
     from ..tokenizer import load_tokenizer
 
     tok = load_tokenizer(ckpt)
-    ids = tok.encode(args.prompt)
-    if not ids:
-        raise UserError("--prompt encodes to zero tokens")
-    return ids, tok
+    ids = [tok.encode(t) for t in texts]
+    for i, user_ids in enumerate(ids):
+        if not user_ids:
+            raise UserError("--prompt encodes to zero tokens" if len(ids) == 1 else f"prompt {i} encodes to zero tokens")
+    return ids, texts, tok
+
+
+def print_outputs(outputs: list[list[int]], texts: list[str] | None, tok) -> None:
+    """One user: ``ids:`` (+ ``prompt:`` / ``text:``); several: the same lines with ``[i]`` per user i."""
+    for i, out in enumerate(outputs):
+        tag = "" if len(outputs) == 1 else f"[{i}]"
+        print(f"ids{tag}:", ",".join(map(str, out)))
+        if tok is not None:
+            print(f"prompt{tag}:", texts[i])
+            print(f"text{tag}:", tok.decode(out))
 
 
 def run(args: argparse.Namespace) -> int:
     from loguru import logger
 
-    from .backends import check_device, load_target
+    from .backends import REFERENCE_DEVICES, check_device, load_target
 
     check_device(args.device)
     if args.spec_k != "auto" and args.spec_k < 0:
         raise UserError(f"--spec-k must be >= 0, got {args.spec_k}")
     params = sampling_params(args)  # validated before any model is loaded
     ckpt = resolve_checkpoint(args.checkpoint)
-    ids, tok = encode_prompt(args, ckpt)
+    prompts, texts, tok = encode_prompts(args, ckpt)
+    if len(prompts) > 1 and args.device not in REFERENCE_DEVICES:
+        raise UserError(f"several prompts (batch {len(prompts)}) run on the reference backend only for now: the TT "
+                        f"model decodes one user per step; pass one prompt on {args.device}")
     if args.spec_k == "auto" or args.spec_k > 0:
         from .speculative_generate import run_speculative_generate
 
-        return run_speculative_generate(args, ckpt, ids, tok)
+        return run_speculative_generate(args, ckpt, prompts, texts, tok)
     target = load_target(ckpt, args.device, torch_dtype(args.dtype))
     vocab = target.config.vocab_size
-    if any(i >= vocab for i in ids):
+    if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
-    result = target.generate(ids, args.max_new_tokens, params, target.config.eos_token_id)
-    out = result.tokens
+    if len(prompts) == 1:
+        result = target.generate(prompts[0], args.max_new_tokens, params, target.config.eos_token_id)
+        outputs, logprobs = [result.tokens], result.logprobs
+    else:
+        if not params.greedy or params.penalized or params.logprobs is not None:
+            raise UserError(f"several prompts (batch {len(prompts)}) decode plain greedy only for now (no "
+                            "temperature, penalties or --logprobs); pass one prompt, or add --spec-k")
+        outputs, logprobs = target.greedy_batch(prompts, args.max_new_tokens, target.config.eos_token_id), None
     dt = time.perf_counter() - t0
-    logger.info(f"[{target.label}] plain {params.describe()}: {len(out)} tokens in {dt:.2f} s "
-                f"({len(out) / dt:.1f} tok/s, measured on this backend)")
-    print("ids:", ",".join(map(str, out)))
-    if tok is not None:
-        print("prompt:", args.prompt)
-        print("text:", tok.decode(out))
-    print_logprobs(result.logprobs, tok)
+    n = sum(map(len, outputs))
+    batch = "" if len(prompts) == 1 else f" batch {len(prompts)}:"
+    logger.info(f"[{target.label}] plain {params.describe()}:{batch} {n} tokens in {dt:.2f} s "
+                f"({n / dt:.1f} tok/s, measured on this backend)")
+    print_outputs(outputs, texts, tok)
+    print_logprobs(logprobs, tok)
     return 0

@@ -2,18 +2,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..speculative.engine import GenerationResult, SpecBackend, speculative_generate
+from ..speculative.engine import GenerationResult, MechanismCounters, SpecBackend, speculative_generate_batch
 from .backends import REFERENCE_DEVICES
 
 
-def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, depth=None) -> SpecBackend:
+def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, depth=None, users: int = 1):
     """The speculative backend for --device: the torch reference, or the TT target + device MTP. ``depth``: the
-    depth policy (the TT backend allocates every depth a controller may pick)."""
+    depth policy (the TT backend allocates every depth a controller may pick). ``users`` > 1 (reference only): a
+    list of that many backends, one per user, sharing one model's weights."""
     if device not in REFERENCE_DEVICES:
+        if users != 1:
+            raise UserError(f"batched speculative decoding ({users} users) runs on the reference backend only for now")
         depths = None if depth is None or isinstance(depth, int) else depth.depths
         return load_tt_backend(ckpt, device, mechanism, max_len, depths=depths)
     import torch
@@ -25,7 +29,9 @@ def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, d
         raise UserError("--device reference-cuda but torch sees no CUDA device; use --device reference")
     model = Qwen36Model.from_checkpoint(ckpt, dtype=dtype, device="cuda" if device == "reference-cuda" else "cpu",
                                         require_mtp=True)
-    return ReferenceBackend(model, mechanism, max_len=max_len)
+    if users == 1:
+        return ReferenceBackend(model, mechanism, max_len=max_len)
+    return [ReferenceBackend(model, mechanism, max_len=max_len) for _ in range(users)]
 
 
 def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, precision: str = "accuracy",
@@ -91,40 +97,56 @@ def config_of(ckpt: Path):
     return Qwen36Config.from_file(ckpt)
 
 
-def run_speculative_generate(args: argparse.Namespace, ckpt: Path, ids: list[int], tok) -> int:
+def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list[list[int]], texts: list[str] | None,
+                             tok) -> int:
+    """Speculative generation of one or several users (several: one backend per user, stepped together by
+    ``speculative_generate_batch``; user i samples with seed ``--seed`` + i)."""
     from loguru import logger
 
     from ..checkpoint import CheckpointError
     from .common import torch_dtype
+    from .generate import print_outputs
 
     from .generate import print_logprobs, sampling_params
 
-    params = sampling_params(args)
+    b = len(prompts)
+    first = sampling_params(args)
+    params = [dataclasses.replace(first, seed=first.seed + i) for i in range(b)]  # user i samples with seed + i
+    cfg_auto = config_of(ckpt) if args.spec_k == "auto" else None
+    depths = [depth_policy(args.spec_k, args.device, config=cfg_auto) for _ in range(b)]  # a controller tracks one user
+    depth = depths[0]
+    k_max = depth if isinstance(depth, int) else depth.k_max
+    max_len = max(map(len, prompts)) + args.max_new_tokens + k_max + 2
     try:
-        depth = depth_policy(args.spec_k, args.device, config=config_of(ckpt) if args.spec_k == "auto" else None)
-        k_max = depth if isinstance(depth, int) else depth.k_max
-        max_len = len(ids) + args.max_new_tokens + k_max + 2
-        backend = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len, depth)
+        loaded = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len, depth, users=b)
     except CheckpointError as e:
         raise UserError(str(e)) from None
+    backends = [loaded] if b == 1 else loaded
+    backend = backends[0]
     vocab = backend_config(backend).vocab_size
-    if any(i >= vocab for i in ids):
+    if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
-    result = speculative_generate(backend, ids, args.max_new_tokens, depth, params,
-                                  eos_ids=backend_config(backend).eos_token_id)
+    results = speculative_generate_batch(backends, prompts, args.max_new_tokens, depths, params,
+                                         eos_ids=backend_config(backend).eos_token_id)
     dt = time.perf_counter() - t0
-    mode = params.describe()
-    logger.info(f"[{backend.label}] speculative K={depth_label(depth)} commit={args.commit} {mode}: {len(result.tokens)} tokens "
-                f"in {dt:.2f} s ({len(result.tokens) / dt:.1f} tok/s, measured on this backend)")
-    print("ids:", ",".join(map(str, result.tokens)))
-    if tok is not None:
-        print("prompt:", args.prompt)
-        print("text:", tok.decode(result.tokens))
-    print_logprobs(result.logprobs, tok)
-    print(f"backend: {backend.label}  commit: {args.commit}  K: {depth_label(depth)}")
-    print(format_stats(result))
-    c = backend.counters
+    mode = first.describe() + ("" if b == 1 else " (user i: seed + i)")
+    n = sum(len(r.tokens) for r in results)
+    batch = "" if b == 1 else f" batch {b}:"
+    logger.info(f"[{backend.label}] speculative K={depth_label(depth)} commit={args.commit} {mode}:{batch} {n} tokens "
+                f"in {dt:.2f} s ({n / dt:.1f} tok/s, measured on this backend)")
+    print_outputs([r.tokens for r in results], texts, tok)
+    if b == 1:
+        print_logprobs(results[0].logprobs, tok)
+    print(f"backend: {backend.label}  commit: {args.commit}  K: {depth_label(depth)}" + ("" if b == 1 else f"  users: {b}"))
+    for i, r in enumerate(results):
+        if b > 1:
+            print(f"user {i}:")
+            print_logprobs(r.logprobs, tok)
+        print(format_stats(r))
+    c = MechanismCounters()
+    for be in backends:
+        c.add(be.counters)
     print(f"counters: state copies {c.state_copies}, state bytes moved {c.state_bytes_moved}, "
           f"GDN recurrence steps {c.recurrence_steps}, target forwards {c.target_forwards}, MTP forwards {c.mtp_forwards}")
     return 0

@@ -23,33 +23,44 @@ class GatedAttention(nn.Module):
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, pos0: int, cache: KVCache | None = None) -> torch.Tensor:
-        """x: [B, T, hidden] at positions pos0..pos0+T-1. Writes those rows of ``cache`` when given."""
+    def forward(self, x: torch.Tensor, pos0: int | torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """x: [B, T, hidden] at positions pos0..pos0+T-1. Writes those rows of ``cache`` when given.
+
+        pos0: one int for every row, or a LongTensor [B] of per-row first positions (a batch of users whose
+        sequences have different lengths: row b writes and attends to its own cache rows only, 0..pos0[b]+T-1)."""
         bsz, t, _ = x.shape
         qg = self.q_proj(x).view(bsz, t, self.hq, 2 * self.d)
         q, gate = qg[..., : self.d], qg[..., self.d:].reshape(bsz, t, self.hq * self.d)
         q = self.q_norm(q).transpose(1, 2)  # [B, Hq, T, D]
         k = self.k_norm(self.k_proj(x).view(bsz, t, self.hkv, self.d)).transpose(1, 2)
         v = self.v_proj(x).view(bsz, t, self.hkv, self.d).transpose(1, 2)
-        positions = torch.arange(pos0, pos0 + t, device=x.device).expand(bsz, t)
+        per_row = isinstance(pos0, torch.Tensor)
+        first = pos0.to(x.device)[:, None] if per_row else torch.full((bsz, 1), pos0, device=x.device)
+        positions = first + torch.arange(t, device=x.device)  # [B, T] absolute position of every row
         cos, sin = rope_cos_sin(positions, self.rotary_dim, self.theta, x.dtype)
         q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
 
         if cache is not None:
-            if pos0 + t > cache.max_len:
-                raise ValueError(f"KV cache overflow: positions up to {pos0 + t - 1} but cache holds {cache.max_len}")
-            cache.k[:, :, pos0:pos0 + t] = k.to(cache.k.dtype)
-            cache.v[:, :, pos0:pos0 + t] = v.to(cache.v.dtype)
-            k, v = cache.k[:, :, : pos0 + t].to(x.dtype), cache.v[:, :, : pos0 + t].to(x.dtype)
+            end = int(positions.max()) + 1
+            if end > cache.max_len:
+                raise ValueError(f"KV cache overflow: positions up to {end - 1} but cache holds {cache.max_len}")
+            if per_row:  # element (b, t) goes to cache row positions[b, t] of user b
+                rows = torch.arange(bsz, device=x.device)[:, None]
+                cache.k[rows, :, positions] = k.transpose(1, 2).to(cache.k.dtype)
+                cache.v[rows, :, positions] = v.transpose(1, 2).to(cache.v.dtype)
+            else:
+                cache.k[:, :, pos0:pos0 + t] = k.to(cache.k.dtype)
+                cache.v[:, :, pos0:pos0 + t] = v.to(cache.v.dtype)
+            k, v = cache.k[:, :, :end].to(x.dtype), cache.v[:, :, :end].to(x.dtype)
+        elif per_row:
+            raise ValueError("per-row positions need a KV cache (rows at different positions share no prefix)")
         s = k.shape[2]
         # GQA without copies: q head i reads kv head i // (Hq / Hkv)
         rep = self.hq // self.hkv
         qr = q.reshape(bsz, self.hkv, rep, t, self.d)
         scores = (qr @ k[:, :, None].transpose(-1, -2)) * self.d ** -0.5  # [B, Hkv, rep, T, S]
-        key_pos = torch.arange(s, device=x.device)
-        query_pos = torch.arange(pos0, pos0 + t, device=x.device)
-        mask = key_pos[None, :] > query_pos[:, None]  # causal in absolute positions
-        scores = scores.masked_fill(mask, float("-inf"))
+        mask = torch.arange(s, device=x.device) > positions[:, :, None]  # [B, T, S]: causal in absolute positions
+        scores = scores.masked_fill(mask[:, None, None], float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         o = (probs @ v[:, :, None]).reshape(bsz, self.hq, t, self.d).transpose(1, 2).reshape(bsz, t, self.hq * self.d)
         return self.o_proj(o * torch.sigmoid(gate))

@@ -195,14 +195,8 @@ class Qwen36Model(nn.Module):
 @torch.no_grad()
 def greedy_generate(model: Qwen36Model, prompt: torch.Tensor, max_new_tokens: int,
                     eos_ids: tuple[int, ...] = ()) -> list[int]:
-    """Plain greedy decoding (batch 1): chunked prefill, then one recurrent decode step per token."""
-    state = model.new_state(1, prompt.shape[-1] + max_new_tokens + 1)
-    out = model(prompt.view(1, -1), state)
-    generated: list[int] = []
-    tok = int(out.logits[0, -1].argmax())
-    while True:
-        generated.append(tok)
-        if tok in eos_ids or len(generated) >= max_new_tokens:
-            return generated
-        out = model(torch.tensor([[tok]], device=prompt.device), state)
-        tok = int(out.logits[0, -1].argmax())
+    """Plain greedy decoding of one prompt: chunked prefill, then one recurrent decode step per token. The
+    batch of one of ``batch.batched_greedy_generate`` (one code path for any number of users)."""
+    from .batch import batched_greedy_generate
+
+    return batched_greedy_generate(model, [prompt.view(-1).tolist()], max_new_tokens, eos_ids)[0]

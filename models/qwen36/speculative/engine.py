@@ -172,34 +172,94 @@ def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_to
     """Prefill, then speculative steps until EOS or max_new_tokens. EOS inside an accepted block ends it there.
 
     ``k``: a fixed draft depth, or a depth policy (``depth.DepthController``) asked for K before every step and
-    told the outcome after it."""
-    depth = FixedDepth(k) if isinstance(k, int) else k
-    stats = AcceptanceStats(depth.k_max)
-    tokens = [backend.prefill(prompt, params)]
-    want_lp = params.logprobs is not None
-    logprobs = [_first_logprobs(backend)] if want_lp else None
-    tokens, done = _cut(tokens, max_new_tokens, eos_ids)
-    # a backend that drafts the next step inside this step's commit (the TT backend) is told the next depth
-    # between accept and commit; the decision uses only the accepted count accept() already brought to the host
-    plan_next = getattr(backend, "plan_next_depth", None)
-    step_k = depth.choose() if not done else 0
-    while not done:
-        draft = backend.draft(step_k)
+    told the outcome after it. The one-user case of :func:`speculative_generate_batch`."""
+    return speculative_generate_batch([backend], [prompt], max_new_tokens, [k], [params], eos_ids)[0]
+
+
+def speculative_generate_batch(backends: Sequence[SpecBackend], prompts: Sequence[Sequence[int]],
+                               max_new_tokens: int, depths: "Sequence[int | FixedDepth | DepthController]",
+                               params: Sequence[SamplingParams], eos_ids: Sequence[int] = (),
+                               arrivals: Sequence[int] | None = None) -> list[GenerationResult]:
+    """Several users decoded together: user i owns ``backends[i]`` (its own target / MTP state, pending token and
+    sampler), ``depths[i]`` (a depth policy is stateful: one object per user) and ``params[i]``.
+
+    Every round prefills or steps each unfinished user once, in user order, so users advance in lockstep and each
+    accepts its own number of drafts; a user that reaches EOS or ``max_new_tokens`` stops while the others go on.
+    ``arrivals[i]`` (default 0) is the round in which user i joins (its prefill), for users arriving mid-run.
+    A user's result depends on its own inputs only: the same as decoding it alone."""
+    n = len(backends)
+    arrivals = [0] * n if arrivals is None else list(arrivals)
+    if not (len(prompts) == len(depths) == len(params) == len(arrivals) == n) or n == 0:
+        raise ValueError(f"one backend, prompt, depth, params and arrival per user: got {n}, {len(prompts)}, "
+                         f"{len(depths)}, {len(params)}, {len(arrivals)}")
+    if min(arrivals) < 0:
+        raise ValueError(f"arrival rounds must be >= 0, got {arrivals}")
+    if len({id(b) for b in backends}) != n:
+        raise ValueError("each user needs its own backend (a backend holds one user's state)")
+    ctrls = [FixedDepth(k) if isinstance(k, int) else k for k in depths]
+    if len({id(c) for c in ctrls}) != n:
+        raise ValueError("each user needs its own depth policy object (a policy tracks one user's acceptance)")
+    users = [_UserRun(b, c, p, max_new_tokens, eos_ids) for b, c, p in zip(backends, ctrls, params)]
+    round_ = 0
+    while not all(u.done for u in users):
+        for i, u in enumerate(users):
+            if u.done or arrivals[i] > round_:
+                continue
+            if arrivals[i] == round_:
+                u.prefill(prompts[i])
+            else:
+                u.step()
+        round_ += 1
+    return [u.result() for u in users]
+
+
+class _UserRun:
+    """One user's speculative decoding: prefill, then one step per call until EOS or ``max_new_tokens``.
+
+    The depth of the next step is chosen between accept and commit: a backend that drafts the next step inside
+    this step's commit (the TT backend) is told it then (``plan_next_depth``); the choice uses only the accepted
+    count that accept() already brought to the host, and the controller sees the same choose/observe sequence as
+    when it is asked before each step."""
+
+    def __init__(self, backend: SpecBackend, depth, params: SamplingParams, max_new_tokens: int,
+                 eos_ids: Sequence[int]):
+        self.backend, self.depth, self.params = backend, depth, params
+        self.max_new_tokens, self.eos_ids = max_new_tokens, eos_ids
+        self.stats = AcceptanceStats(depth.k_max)
+        self.tokens: list[int] = []
+        self.done = False
+        self.want_lp = params.logprobs is not None
+        self.logprobs: list[TokenLogprobs] = []
+        self.plan_next = getattr(backend, "plan_next_depth", None)
+        self.step_k = 0
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        self.tokens, self.done = _cut([self.backend.prefill(prompt, self.params)], self.max_new_tokens, self.eos_ids)
+        if self.want_lp:
+            self.logprobs.append(_first_logprobs(self.backend))
+        self.step_k = 0 if self.done else self.depth.choose()
+
+    def step(self) -> None:
+        backend, k = self.backend, self.step_k
+        draft = backend.draft(k)
         verify = backend.verify(draft)
         acceptance = backend.accept(draft, verify)
-        depth.observe(step_k, acceptance.num_accepted)
-        stats.record(acceptance, step_k)
-        tokens, done = _cut(tokens + acceptance.tokens, max_new_tokens, eos_ids)
-        if want_lp:
+        self.depth.observe(k, acceptance.num_accepted)
+        self.stats.record(acceptance, k)
+        self.tokens, self.done = _cut(self.tokens + acceptance.tokens, self.max_new_tokens, self.eos_ids)
+        if self.want_lp:
             if acceptance.logprobs is None or len(acceptance.logprobs) != len(acceptance.tokens):
                 raise RuntimeError(f"{backend.label}: logprobs were asked for but the step returned none per token")
-            logprobs += acceptance.logprobs
-        next_k = step_k if done else depth.choose()  # same choose/observe sequence as one step at a time
-        if plan_next is not None:
-            plan_next(next_k)
+            self.logprobs += acceptance.logprobs
+        next_k = k if self.done else self.depth.choose()
+        if self.plan_next is not None:
+            self.plan_next(next_k)
         backend.commit(acceptance)
-        step_k = next_k
-    return GenerationResult(tokens, stats, logprobs[: len(tokens)] if want_lp else None)
+        self.step_k = next_k
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(self.tokens, self.stats,
+                                self.logprobs[: len(self.tokens)] if self.want_lp else None)
 
 
 def _first_logprobs(backend) -> TokenLogprobs:

@@ -1,0 +1,148 @@
+"""Batched plain decoding on the reference model: B users, each in its own slot of one batch-B state.
+
+    dec = SlotDecoder(model, slots=4, max_len=512)
+    logits = dec.join(0, prompt_ids)        # prefill user 0 alone into slot 0 -> its last-row logits [V]
+    logits = dec.step(next_tokens)          # one decode step of every active slot -> [slots, V]
+    dec.leave(0)                            # slot 0 is free again (its state reset)
+
+Slot b is row b of every state tensor: the GDN recurrent and conv state, the KV caches (each user's rows at its
+own absolute positions) and the position, which is per row (``state.pos`` is a LongTensor [slots]; the attention
+layer takes per-row positions, so users of different lengths decode in one forward). A decode step runs all slots;
+an inactive slot is inert: its GDN state and position are put back after the forward, and the KV row it wrote
+sits at its own next position, where no query reads it and the next write replaces it. Users join (prefill writes
+only their slot) and leave between steps without touching the others.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .model import Qwen36Model
+from .state import GDNState, KVCache, ModelState
+
+
+def _promote(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, other.dtype))
+
+
+class SlotDecoder:
+    """Plain decode of up to ``slots`` users at once. ``max_len`` bounds every user's prompt + generated tokens."""
+
+    def __init__(self, model: Qwen36Model, slots: int, max_len: int):
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.model = model
+        self.slots = slots
+        self.max_len = max_len
+        self.device = model.embed_tokens.weight.device
+        self.state = model.new_state(slots, max_len)
+        self.state.pos = torch.zeros(slots, dtype=torch.long, device=self.device)
+        self.active = torch.zeros(slots, dtype=torch.bool, device=self.device)
+
+    def positions(self) -> list[int]:
+        return self.state.pos.tolist()
+
+    def _slot_view(self, slot: int) -> ModelState:
+        """A batch-1 state for one slot: KV caches are views (writes land in the slot), GDN tensors copies."""
+        layers = []
+        for s in self.state.layers:
+            if isinstance(s, KVCache):
+                layers.append(KVCache(s.k[slot:slot + 1], s.v[slot:slot + 1]))
+            else:
+                layers.append(GDNState(s.recurrent[slot:slot + 1].clone(), s.conv[slot:slot + 1].clone()))
+        return ModelState(layers, int(self.state.pos[slot]))
+
+    def _fresh_slot(self, slot: int) -> ModelState:
+        """The slot view a joining user starts from: GDN state zero, position 0, and the slot's KV rows zeroed.
+        Zeroing KV matters: a batched step reads every row up to the longest user's position, and a key row a
+        user has not written yet gets probability 0, but 0 * NaN is NaN, so garbage left by an earlier user (or
+        anything else) must not stay there."""
+        view = self._slot_view(slot)
+        for v in view.layers:
+            if isinstance(v, KVCache):
+                v.k.zero_()
+                v.v.zero_()
+            else:
+                v.recurrent, v.conv = torch.zeros_like(v.recurrent), torch.zeros_like(v.conv)
+        view.pos = 0
+        return view
+
+    def _write_slot(self, slot: int, view: ModelState) -> None:
+        """Publish a slot view's GDN state and position (by reassignment: no state tensor is changed in place)."""
+        idx = torch.tensor([slot], device=self.device)
+        for s, v in zip(self.state.layers, view.layers):
+            if isinstance(s, GDNState):  # the recurrence returns fp64 state for an fp64 model: keep the wider type
+                s.recurrent = _promote(s.recurrent, v.recurrent).index_copy(0, idx, _promote(v.recurrent, s.recurrent))
+                s.conv = _promote(s.conv, v.conv).index_copy(0, idx, _promote(v.conv, s.conv))
+        self.state.pos = self.state.pos.index_copy(0, idx, torch.tensor([view.pos], device=self.device))
+
+    @torch.no_grad()
+    def join(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
+        """Prefill ``prompt`` into the free ``slot`` (the batch-1 prefill, alone: no other slot is read or
+        written). Returns the last prompt row's logits [V] fp32."""
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} outside [0, {self.slots})")
+        if bool(self.active[slot]):
+            raise ValueError(f"slot {slot} is in use: leave() it first")
+        if len(prompt) == 0:
+            raise ValueError("empty prompt")
+        if len(prompt) >= self.max_len:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit max_len {self.max_len}")
+        view = self._fresh_slot(slot)
+        out = self.model(torch.tensor([list(prompt)], device=self.device), view)
+        self._write_slot(slot, view)
+        self.active = self.active.index_fill(0, torch.tensor([slot], device=self.device), True)
+        return out.logits[0, -1]
+
+    def leave(self, slot: int) -> None:
+        """Free ``slot``: its GDN state, position and KV rows are reset."""
+        if not bool(self.active[slot]):
+            raise ValueError(f"slot {slot} is not in use")
+        self._write_slot(slot, self._fresh_slot(slot))
+        self.active = self.active.index_fill(0, torch.tensor([slot], device=self.device), False)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One decode step: tokens [slots] int64 (any value in inactive slots) -> logits [slots, V] fp32 (rows of
+        inactive slots are meaningless). Active slots advance one position; inactive ones are left as they were."""
+        if not bool(self.active.any()):
+            raise ValueError("step() with no active slot")
+        if int(self.state.pos.max()) + 1 > self.max_len:
+            raise ValueError(f"KV cache full: a slot is at position {int(self.state.pos.max())}, max_len {self.max_len}")
+        before_gdn = [(s.recurrent, s.conv) for s in self.state.gdn_states()]  # free snapshot: GDN is reassigned
+        before_pos = self.state.pos
+        out = self.model(tokens.to(self.device).view(self.slots, 1), self.state)
+        keep = self.active
+        for s, (rec, conv) in zip(self.state.gdn_states(), before_gdn):
+            s.recurrent = torch.where(keep[:, None, None, None], s.recurrent, rec)
+            s.conv = torch.where(keep[:, None, None], s.conv, conv)
+        self.state.pos = torch.where(keep, self.state.pos, before_pos)
+        return out.logits[:, -1]
+
+
+@torch.no_grad()
+def batched_greedy_generate(model: Qwen36Model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                            eos_ids: Sequence[int] = ()) -> list[list[int]]:
+    """Plain greedy decoding of several prompts as one batch (one slot per prompt, one forward per step).
+    Each user stops at its own EOS (kept) or at ``max_new_tokens`` and leaves its slot; the rest go on."""
+    if not prompts:
+        raise ValueError("no prompts")
+    dec = SlotDecoder(model, len(prompts), max(len(p) for p in prompts) + max_new_tokens + 1)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    next_tok = torch.zeros(len(prompts), dtype=torch.long, device=dec.device)
+
+    def emit(b: int, tok: int) -> None:
+        outputs[b].append(tok)
+        next_tok[b] = tok
+        if tok in eos_ids or len(outputs[b]) >= max_new_tokens:
+            dec.leave(b)
+
+    for b, prompt in enumerate(prompts):
+        emit(b, int(dec.join(b, prompt).argmax()))
+    while bool(dec.active.any()):
+        active = dec.active.nonzero().flatten().tolist()
+        logits = dec.step(next_tok)
+        for b in active:
+            emit(b, int(logits[b].argmax()))
+    return outputs
