@@ -148,6 +148,21 @@ def test_refuses_depths_it_was_not_built_for(ci_gen, ci_plain):
     fixed.close()
 
 
+def test_penalties_with_a_changing_depth_are_refused(ci_gen, ci_plain):
+    """The token-count buffers live in each depth's acceptor: with several depths a switch would read counts that
+    missed the other depths' commits, so the TT backend refuses the combination before touching any state."""
+    from qwen36.errors import UserError
+
+    be = TTSpecBackend(ci_gen, "snapshot", drafter=oracle_drafter(PROMPT, ci_plain), depths=(1, 2), use_trace=False)
+    with pytest.raises(UserError, match="penalties with a changing draft depth"):
+        be.prefill(PROMPT, SamplingParams(repetition_penalty=1.3))
+    be.prefill(PROMPT)  # the same backend without penalties still runs
+    be.close()
+    one = TTSpecBackend(ci_gen, "snapshot", drafter=oracle_drafter(PROMPT, ci_plain), depths=(2,), use_trace=False)
+    one.prefill(PROMPT, SamplingParams(repetition_penalty=1.3))  # one depth: one acceptor, one count buffer
+    one.close()
+
+
 # ---- the fitted controller with the device MTP, shipped checkpoint -------------------------------------------
 @pytest.fixture(scope="module")
 def gen():
