@@ -73,13 +73,14 @@ def _decode_oracle(gen, prompt: list[int], tokens: list[int]) -> dict[int, dict]
 
 
 def _committed_rec(be: TTSpecBackend) -> list:
-    """The recurrent state the next verify starts from: shadow_commit's ring slot (ring index of the next depth)."""
+    """The recurrent state the next verify starts from: shadow_commit's ring slots (ring index of the next depth),
+    laid out like the live state [Hv, Dk, Dv]."""
     ttnn = be.ttnn
     if not be.mechanism.ring:
         return [per_device(ttnn, s.recurrent) for s in be.state.gdn_states()]
     nxt = be._by_k[be._next_k]
     idx = per_device(ttnn, nxt.acceptor.block_idx)
-    return [[r[i.reshape(-1).long()][None] for r, i in zip(per_device(ttnn, nxt.step_state.layer_bufs[id(s)].ring),
+    return [[r[i.reshape(-1).long()] for r, i in zip(per_device(ttnn, nxt.step_state.layer_bufs[id(s)].ring),
                                                             idx)]
             for s in be.state.gdn_states()]
 
