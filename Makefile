@@ -10,6 +10,9 @@ PYTHON ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Test files spread over 2 pytest-xdist workers (whole files per worker, so module fixtures are built once);
+# XDIST= runs them in one process.
+XDIST ?= -n 2 --dist loadfile
 TESTS ?= all
 DEVICE ?= p150x2
 CARDS_ARGS ?=
@@ -47,14 +50,14 @@ demo: $(STAMP)
 
 # Everything, cards-only tests skipped with a reason: what CI runs (.ci/run).
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS) $(TEST_PATHS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS) $(TEST_PATHS)
 
 test-cards: $(STAMP)
 	$(PY) -m qwen36.cli cards-check --device $(DEVICE) $(CARDS_ARGS)
 
 # The inner loop while editing: every test not marked `slow` (pyproject.toml declares the marker).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
