@@ -98,50 +98,48 @@ class TTMoE:
         indexed mode cannot list M*k slots. Combine weights are dense: p * [p >= k-th largest p], renormalised
         (the same k experts as top-k unless two probabilities tie exactly at the k-th place)."""
         ttnn, a = self.ttnn, self.args
-        rows, h, e = x.shape[2], a.cfg.hidden_size, a.cfg.num_experts
+        rows, e = x.shape[2], a.cfg.num_experts
         mc, act = activation_memory_config(ttnn), a.dtype(TensorGroup.ACTIVATION, ttnn)
         kth = ttnn.slice(top_w, [0, 0, 0, self.k - 1], [1, 1, rows, self.k])
         keep = ttnn.multiply(probs, ttnn.ge(probs, kth), memory_config=mc)
         total = ttnn.sum(keep, dim=-1, keepdim=True, memory_config=mc, compute_kernel_config=compute_config_norm(ttnn))
         c = ttnn.permute(ttnn.divide(keep, total, memory_config=mc), (0, 3, 2, 1))  # [1, E, M, 1]
-        gu = ttnn.sparse_matmul(x, self.w.experts_gate_up, sparsity=self.w.sparsity, nnz=e,
-                                is_input_a_sparse=False, is_input_b_sparse=True, dtype=act, memory_config=mc,
-                                program_config=sparse_matmul_program_config(ttnn, rows, 2 * self.i_d),
-                                compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_GATE_UP)))
-        hid = self._swiglu(ttnn.reshape(gu, [1, e, rows, 2 * self.i_d]), e, rows)
-        y = ttnn.sparse_matmul(hid, self.w.experts_down, sparsity=self.w.sparsity, nnz=e,
-                               is_input_a_sparse=True, is_input_b_sparse=True, dtype=act, memory_config=mc,
-                               program_config=sparse_matmul_program_config(ttnn, rows, h),
-                               compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_DOWN)))
+        y = self._experts(x, e, nnz=e)
         y = ttnn.multiply(y, c, dtype=act, memory_config=mc)
         return ttnn.sum(y, dim=1, keepdim=True, memory_config=mc, compute_kernel_config=compute_config_norm(ttnn))
 
-    def _swiglu(self, gu, groups: int, rows: int):
-        ttnn = self.ttnn
+    def _experts(self, x, groups: int, **mode):
+        """down(silu(gate x) * up x) of ``groups`` expert slots over the M rows of x: [1, groups, M, H]. ``mode`` picks
+        the sparse_matmul mode the gate/up and down matmuls share: ``nnz=E`` (scan, every expert) or ``indices=``
+        (the listed experts only)."""
+        ttnn, a = self.ttnn, self.args
+        rows, h = x.shape[2], a.cfg.hidden_size
+        mc, act = activation_memory_config(ttnn), a.dtype(TensorGroup.ACTIVATION, ttnn)
+        gu = ttnn.sparse_matmul(x, self.w.experts_gate_up, sparsity=self.w.sparsity, **mode,
+                                is_input_a_sparse=False, is_input_b_sparse=True, dtype=act, memory_config=mc,
+                                program_config=sparse_matmul_program_config(ttnn, rows, 2 * self.i_d),
+                                compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_GATE_UP)))
+        gu = ttnn.reshape(gu, [1, groups, rows, 2 * self.i_d])
         gate = ttnn.slice(gu, [0, 0, 0, 0], [1, groups, rows, self.i_d])
         up = ttnn.slice(gu, [0, 0, 0, self.i_d], [1, groups, rows, 2 * self.i_d])
-        return ttnn.multiply(ttnn.silu(gate), up, memory_config=activation_memory_config(ttnn))
+        hid = ttnn.multiply(ttnn.silu(gate), up, memory_config=mc)
+        return ttnn.sparse_matmul(hid, self.w.experts_down, sparsity=self.w.sparsity, **mode,
+                                  is_input_a_sparse=True, is_input_b_sparse=True, dtype=act, memory_config=mc,
+                                  program_config=sparse_matmul_program_config(ttnn, rows, h),
+                                  compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_DOWN)))
 
     def routed(self, x, w, ids):
         """The k routed experts of every row, weighted and summed: a per-device partial [1, 1, M, H] (indexed mode,
         M*k <= E)."""
         ttnn, a = self.ttnn, self.args
-        rows, h = x.shape[2], a.cfg.hidden_size
+        rows = x.shape[2]
         slots = rows * self.k
         mc, act = activation_memory_config(ttnn), a.dtype(TensorGroup.ACTIVATION, ttnn)
         # the ids as one ROW_MAJOR uint16 stick [1, 1, 1, M*k]: slot i = (row i // k, choice i % k)
         ids = ttnn.typecast(ids, ttnn.uint16)
         ids = ttnn.to_layout(ids, ttnn.ROW_MAJOR_LAYOUT)
         ids = ttnn.reshape(ids, [1, 1, 1, slots])
-        gu = ttnn.sparse_matmul(x, self.w.experts_gate_up, sparsity=self.w.sparsity, indices=ids,
-                                is_input_a_sparse=False, is_input_b_sparse=True, dtype=act, memory_config=mc,
-                                program_config=sparse_matmul_program_config(ttnn, rows, 2 * self.i_d),
-                                compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_GATE_UP)))
-        hid = self._swiglu(ttnn.reshape(gu, [1, slots, rows, 2 * self.i_d]), slots, rows)
-        y = ttnn.sparse_matmul(hid, self.w.experts_down, sparsity=self.w.sparsity, indices=ids,
-                               is_input_a_sparse=True, is_input_b_sparse=True, dtype=act, memory_config=mc,
-                               program_config=sparse_matmul_program_config(ttnn, rows, h),
-                               compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_DOWN)))
+        y = self._experts(x, slots, indices=ids)
         # combine weight per (slot, row): the slot's routing weight on its own row, 0 on the others
         c = ttnn.reshape(w, [1, slots, 1, 1])
         if rows > 1:
