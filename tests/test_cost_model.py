@@ -101,3 +101,128 @@ def test_split_charges_weights_state_and_activations_separately():
     assert peak["label"] == "modelled"
     with pytest.raises(ValueError, match="activation bytes"):
         models["interleaved"].breakdown_split(c, 9 * 10**9, 2 * 10**9)
+
+
+# ---- DRAM-sharded decode matmuls: placement-aware charging, the plan, the device op's rules -------------------
+def test_reads_are_charged_by_placement():
+    from qwen36.tt_ops.cost_model import P150A_DRAM_SHARDED_BANK_GBPS, split_read_bytes
+
+    c = Counts("decode")
+    c.bytes_read["BFLOAT8_B@dram_sharded/8"] = 8 * 10**9
+    c.bytes_read["BFLOAT8_B@dram_sharded/4"] = 10**9  # a weight over half the banks streams at half the rate
+    c.bytes_read["BFLOAT16"] = 10**9
+    c.bytes_read["BFLOAT16@l1"] = 5 * 10**9
+    assert split_read_bytes(c.bytes_read) == (10**9, {8: 8 * 10**9, 4: 10**9}, 5 * 10**9)
+    b = P150aCostModel().breakdown(c)
+    assert P150A_DRAM_SHARDED_BANK_GBPS == pytest.approx(512 / 8 * 0.92)
+    sharded = 8e9 / (8 * P150A_DRAM_SHARDED_BANK_GBPS * 1e9) * 1e3 + 1e9 / (4 * P150A_DRAM_SHARDED_BANK_GBPS * 1e9) * 1e3
+    assert b["dram_sharded_ms"] == pytest.approx(sharded)
+    assert b["dram_interleaved_ms"] == pytest.approx(1e9 / (P150A_DRAM_BW_EFFECTIVE_GBPS * 1e9) * 1e3)
+    assert b["dram_ms"] == pytest.approx(b["dram_sharded_ms"] + b["dram_interleaved_ms"])  # L1 bytes not charged
+    assert b["inputs"]["bytes_read_l1"] == 5 * 10**9 and b["inputs"]["bytes_read_per_device"] == 15 * 10**9
+
+
+def _args(decode_matmuls="dram_sharded"):
+    from qwen36.tiny import PRESETS
+    from qwen36.tt.model_config import PrecisionSetting, TTModelArgs
+
+    return TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), decode_matmuls=decode_matmuls)
+
+
+def test_decode_plan_at_27b_mlp_shapes():
+    """27B per device at TP=2: gate/up [5120, 8704], down [8704, 5120]: 160 and 272 tiles share 16 cores, so the
+    gate/up output shard (8704 / 16 wide) is exactly down's input shard; no bank padding (272 and 160 tiles over 8)."""
+    pytest.importorskip("ttnn")
+    from qwen36.tt.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
+    from qwen36.tt_ops.emulator.ttnn_import import ttnn
+
+    args = _args()
+    gu = decode_matmul_plan(ttnn, args, TensorGroup.MLP_GATE_UP, 1, 5120, 8704)
+    dn = decode_matmul_plan(ttnn, args, TensorGroup.MLP_DOWN, 8, 8704, 5120)
+    assert (gu.cores, gu.grid) == (dn.cores, dn.grid) == (16, (8, 2))
+    assert isinstance(gu.program_config, ttnn.MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig)
+    assert (gu.program_config.in0_block_w, gu.program_config.per_core_M, gu.program_config.per_core_N) == (10, 1, 17)
+    assert (dn.program_config.in0_block_w, dn.program_config.per_core_N) == (17, 10)
+    assert list(gu.output_memory_config.shard_spec.shape) == list(dn.input_memory_config.shard_spec.shape) == [32, 544]
+    assert gu.input_memory_config.buffer_type == ttnn.BufferType.L1
+    assert list(dram_sharded_weight_memory_config(ttnn, 5120, 8704, 8).shard_spec.shape) == [5120, 1088]
+    # prefill rows, other groups and the interleaved layout take ttnn's default config
+    assert decode_matmul_plan(ttnn, args, TensorGroup.MLP_GATE_UP, 33, 5120, 8704) is None
+    assert decode_matmul_plan(ttnn, args, TensorGroup.ATTN_QKV, 1, 5120, 8704) is None
+    assert decode_matmul_plan(ttnn, _args("interleaved"), TensorGroup.MLP_GATE_UP, 1, 5120, 8704) is None
+    with pytest.raises(ValueError, match="decode_matmuls"):
+        _args("l1")
+
+
+@pytest.fixture(scope="module")
+def dram_sharded_case():
+    pytest.importorskip("ttnn")
+    from qwen36.tt.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
+    from qwen36.tt_ops.device import open_mesh
+
+    with open_mesh("emulated-p150x2") as ctx:
+        ttnn, mesh = ctx.ttnn, ctx.mesh_device
+        k, n = 256, 512
+        plan = decode_matmul_plan(ttnn, _args(), TensorGroup.MLP_GATE_UP, 1, k, n)
+        wt = torch.randn(k, n) / 16
+        w = ttnn.from_torch(wt, dtype=ttnn.bfloat8_b, layout=ttnn.TILE_LAYOUT, device=mesh,
+                            memory_config=dram_sharded_weight_memory_config(ttnn, k, n, 8))
+        w_inter = ttnn.from_torch(wt, dtype=ttnn.bfloat8_b, layout=ttnn.TILE_LAYOUT, device=mesh,
+                                  memory_config=ttnn.DRAM_MEMORY_CONFIG)
+        xt = torch.randn(1, 1, 1, k)
+        x = ttnn.from_torch(xt, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh,
+                            memory_config=ttnn.DRAM_MEMORY_CONFIG)
+        yield ctx, plan, w, w_inter, x, xt @ wt
+
+
+def test_dram_sharded_matmul_runs_and_counts_bank_bytes(dram_sharded_case):
+    from qwen36.tt.pcc import comp_pcc
+
+    ctx, plan, w, _, x, want = dram_sharded_case
+    ttnn = ctx.ttnn
+    with ctx.counters.scope("mm") as c:
+        xs = ttnn.to_memory_config(x, plan.input_memory_config)
+        y = ttnn.linear(xs, w, program_config=plan.program_config, memory_config=plan.output_memory_config,
+                        dtype=ttnn.bfloat16)
+    assert y.memory_config().is_sharded() and y.memory_config().buffer_type == ttnn.BufferType.L1
+    got = ttnn.to_torch(y, mesh_composer=ttnn.ConcatMeshToTensor(ctx.mesh_device, dim=0))[:1]
+    ok, msg = comp_pcc(want, got, 0.999)
+    assert ok, msg
+    # the weight: 8 banks x [256, 64] bf8 shards = 8 x 16 tiles; the activation read from L1 by the matmul
+    assert c.bytes_read["BFLOAT8_B@dram_sharded/8"] == 8 * 16 * 1088
+    assert c.bytes_read["BFLOAT16@l1"] == 8 * 2048 and c.bytes_read["BFLOAT16"] == 8 * 2048
+
+
+@pytest.mark.parametrize("case", ["in0_interleaved", "out_interleaved", "rows_over_a_tile", "in0_block_w",
+                                  "in1_interleaved", "per_core_N"])
+def test_dram_sharded_matmul_rules(dram_sharded_case, case):
+    """The device op's validation of the DRAM-sharded program config, each rule broken once."""
+    from qwen36.tt_ops.emulator.errors import EmulatorError
+
+    ctx, plan, w, w_inter, x, _ = dram_sharded_case
+    ttnn = ctx.ttnn
+    pc, in_mc, out_mc, weight = plan.program_config, plan.input_memory_config, plan.output_memory_config, w
+    kw = dict(in0_block_w=pc.in0_block_w, per_core_M=1, per_core_N=pc.per_core_N, fused_activation=None)
+    a = ttnn.to_memory_config(x, in_mc)
+    match = {"in0_interleaved": "WIDTH_SHARDED", "out_interleaved": "sharded", "rows_over_a_tile": "per_core_M",
+             "in0_block_w": "in0_block_w", "in1_interleaved": "input_tensor_b", "per_core_N": "per_core_N"}[case]
+    if case == "in0_interleaved":
+        a = x
+    elif case == "out_interleaved":
+        out_mc = ttnn.DRAM_MEMORY_CONFIG
+    elif case == "rows_over_a_tile":
+        big = ttnn.from_torch(torch.randn(1, 1, 40, 256), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT,
+                              device=ctx.mesh_device, memory_config=ttnn.DRAM_MEMORY_CONFIG)
+        a = ttnn.to_memory_config(big, ttnn.create_sharded_memory_config(
+            shape=(64, 256 // plan.cores), core_grid=ttnn.CoreGrid(y=plan.grid[1], x=plan.grid[0]),
+            strategy=ttnn.ShardStrategy.WIDTH, orientation=ttnn.ShardOrientation.ROW_MAJOR,
+            use_height_and_width_as_shard_shape=True))
+    elif case == "in0_block_w":
+        kw["in0_block_w"] = 3
+    elif case == "in1_interleaved":
+        weight = w_inter
+    else:
+        kw["per_core_N"] = pc.per_core_N - 1
+    bad = ttnn.MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig(**kw)
+    with pytest.raises(EmulatorError, match=match):
+        ttnn.linear(a, weight, program_config=bad, memory_config=out_mc, dtype=ttnn.bfloat16)

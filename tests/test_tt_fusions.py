@@ -81,12 +81,32 @@ def test_attention_decode_programs(harness):
 
 
 def test_mlp_programs(harness):
+    """Prefill (and interleaved decode): 5 programs, no slices or silu. DRAM-sharded decode: the same 5 plus the two
+    reshards that bracket it (x into L1 width shards, the down output back to DRAM for the collective)."""
     ctx, h = harness
-    x = h.to_device(torch.randn(1, 1, 64))
-    c = _count(ctx, "mlp", lambda: h.layer.mlp.forward(x))
-    ops = dict(c.per_op)
-    assert c.programs == 5, f"MLP: {c.programs} programs (fused gate_up + slices + silu: 7) {ops}"
-    assert "ttnn.slice" not in ops and "ttnn.silu" not in ops, ops
+    for rows, want, reshards in ((40, 5, 0), (1, 7, 2)):
+        x = h.to_device(torch.randn(1, rows, 64))
+        c = _count(ctx, "mlp", lambda: h.layer.mlp.forward(x))
+        ops = dict(c.per_op)
+        assert c.programs == want, f"MLP, {rows} rows: {c.programs} programs (fused gate_up + slices + silu: 7) {ops}"
+        assert "ttnn.slice" not in ops and "ttnn.silu" not in ops, ops
+        assert ops.get("ttnn.to_memory_config", 0) == reshards, ops
+    assert any(k.startswith("BFLOAT8_B@dram_sharded/8") for k in c.bytes_read), dict(c.bytes_read)
+
+
+def test_mlp_programs_interleaved_decode(tmp_path):
+    """decode_matmuls="interleaved" keeps the five-program decode MLP on DRAM-interleaved weights."""
+    from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
+    from qwen36.tt.model_config import PrecisionSetting
+    from qwen36.tt_ops.device import open_mesh
+
+    ckpt = make_bf16_checkpoint(tmp_path / "ckpt", "ci", seed=0)
+    with open_mesh("emulated-p150x2") as ctx:
+        h = LayerHarness(ckpt, ctx, PrecisionSetting.named("performance"), 1, decode_matmuls="interleaved")
+        x = h.to_device(torch.randn(1, 1, 64))
+        c = _count(ctx, "mlp", lambda: h.layer.mlp.forward(x))
+        assert c.programs == 5 and "ttnn.to_memory_config" not in c.per_op, dict(c.per_op)
+        assert not any("@" in k for k in c.bytes_read), dict(c.bytes_read)
 
 
 def test_rope_rows_layouts(harness):

@@ -80,6 +80,38 @@ def bytes_by_dtype(tensors) -> dict:
     return out
 
 
+def read_placement(t) -> str:
+    """Where a device tensor is read from, as a suffix of its ``bytes_read`` key (cost_model.py charges each kind
+    at its own bandwidth): ``""`` DRAM-interleaved, ``"@l1"`` L1 (no DRAM traffic), ``"@dram_sharded/<banks>"``
+    DRAM width-/height-sharded over that many banks (each reader streams one bank)."""
+    mc = t.memory_config()
+    if mc.buffer_type == ttnn.BufferType.L1:
+        return "@l1"
+    if mc.is_sharded() and mc.shard_spec is not None:
+        return f"@dram_sharded/{mc.shard_spec.grid.num_cores()}"
+    return ""
+
+
+def _read_bytes_of(t) -> int:
+    """Tile-accurate bytes of one device shard; a DRAM-sharded tensor counts its whole (padded) bank shards."""
+    mc = t.memory_config()
+    if mc.buffer_type == ttnn.BufferType.DRAM and mc.is_sharded() and mc.shard_spec is not None:
+        spec = mc.shard_spec  # shard shapes are 2-D [height with the leading dims folded in, width]
+        return spec.grid.num_cores() * shard_bytes(list(spec.shape), t.dtype, t.layout)
+    return shard_bytes(t._shards[0].shape, t.dtype, t.layout)
+
+
+def bytes_read_by_placement(tensors) -> dict:
+    """:func:`bytes_by_dtype` for op inputs, keys suffixed with :func:`read_placement`."""
+    out: dict = {}
+    for t in tensors:
+        if not t.on_device:
+            continue
+        k = dtype_name(t.dtype) + read_placement(t)
+        out[k] = out.get(k, 0) + _read_bytes_of(t)
+    return out
+
+
 class Dispatcher:
     """Validates, counts, records (capture) and executes device ops on one emulated mesh."""
 
@@ -169,7 +201,7 @@ class Dispatcher:
             n = programs_for(op_name, args, kwargs, out)
             if n == 0:  # a view: no program, no data moved
                 return {}, {}, None, 0
-            read = read_bytes(args, kwargs) if read_bytes else bytes_by_dtype(iter_tensors((args, kwargs)))
+            read = read_bytes(args, kwargs) if read_bytes else bytes_read_by_placement(iter_tensors((args, kwargs)))
             written = written_bytes(args, kwargs) if written_bytes else bytes_by_dtype(iter_tensors(out))
             cb = collective_bytes(args, kwargs, out) if collective_bytes else None
             return read, written, cb, n

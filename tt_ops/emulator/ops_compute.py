@@ -84,6 +84,72 @@ def _check_layouts(op, a, b):
             raise EmulatorError(f"{op}: {name} must be in TILE layout (got {t.layout.name})")
 
 
+def _shard_spec(t_or_mc):
+    mc = t_or_mc.memory_config() if isinstance(t_or_mc, EmuTensor) else t_or_mc
+    return mc, (mc.shard_spec if mc is not None and mc.is_sharded() else None)
+
+
+def check_dram_sharded_matmul(op, a, b, program_config, memory_config, transpose_a=False, transpose_b=False):
+    """The device op's validation of ``MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig`` (tt-metal's
+    matmul device operation), plus the program factory's assumption that in1 lives in DRAM, one shard per bank:
+
+    * in0 WIDTH_SHARDED, ROW_MAJOR shards; the output memory config sharded with in0's layout and buffer type;
+    * M (rows in tiles, batch dims not fused) == per_core_M == 1 == in0 shard height in tiles;
+    * K tiles and in0's shard width in tiles divisible by in0_block_w;
+    * in1 WIDTH_SHARDED in DRAM over at most the device's DRAM banks, its shards covering [K, N];
+    * per_core_N x (in0's shard cores) covers N, and in0's shards cover K."""
+    if not isinstance(program_config, ttnn.MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig):
+        return
+    name = "MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig"
+    if transpose_a or transpose_b:
+        raise EmulatorError(f"{op}: {name} with transpose_a/transpose_b is not emulated")
+    WIDTH = ttnn.TensorMemoryLayout.WIDTH_SHARDED
+    amc, aspec = _shard_spec(a)
+    if aspec is None or amc.memory_layout != WIDTH:
+        raise EmulatorError(f"{op}: {name}: input_tensor_a must be WIDTH_SHARDED (got {amc.memory_layout})")
+    if aspec.orientation != ttnn.ShardOrientation.ROW_MAJOR:
+        raise EmulatorError(f"{op}: {name}: input_tensor_a shard orientation must be ROW_MAJOR")
+    if memory_config is None or not memory_config.is_sharded():
+        raise EmulatorError(f"{op}: {name}: the output memory config must be sharded")
+    if memory_config.memory_layout != amc.memory_layout or memory_config.buffer_type != amc.buffer_type:
+        raise EmulatorError(f"{op}: {name}: output memory layout/buffer type ({memory_config.memory_layout}, "
+                            f"{memory_config.buffer_type}) must match input_tensor_a's ({amc.memory_layout}, "
+                            f"{amc.buffer_type})")
+    pa = list(a.padded_shape)
+    m_t, k_t = pa[-2] // 32, pa[-1] // 32
+    n_t = list(b.padded_shape)[-1] // 32
+    pcm, bw = program_config.per_core_M, program_config.in0_block_w
+    if m_t != pcm or m_t != 1:
+        raise EmulatorError(f"{op}: {name}: M ({m_t} tiles) must equal per_core_M ({pcm}) and be 1 (only one tile "
+                            "row of activations is supported)")
+    sh, sw = aspec.shape
+    if sh // 32 != pcm:
+        raise EmulatorError(f"{op}: {name}: per_core_M ({pcm}) must equal shard height {sh} / 32")
+    if bw == 0 or k_t % bw or (sw // 32) % bw:
+        raise EmulatorError(f"{op}: {name}: K ({k_t} tiles) and the in0 shard width ({sw // 32} tiles) must be "
+                            f"divisible by in0_block_w ({bw})")
+    cores = aspec.grid.num_cores()
+    if cores * (sw // 32) < k_t:
+        raise EmulatorError(f"{op}: {name}: in0 shards ({cores} x {sw // 32} tiles) do not cover K ({k_t} tiles)")
+    if program_config.per_core_N * cores < n_t:
+        raise EmulatorError(f"{op}: {name}: per_core_N ({program_config.per_core_N}) x {cores} cores does not cover "
+                            f"N ({n_t} tiles)")
+    bmc, bspec = _shard_spec(b)
+    if bspec is None or bmc.memory_layout != WIDTH:
+        raise EmulatorError(f"{op}: {name}: input_tensor_b must be WIDTH_SHARDED (got {bmc.memory_layout})")
+    if bmc.buffer_type != ttnn.BufferType.DRAM:
+        raise EmulatorError(f"{op}: {name}: input_tensor_b must be DRAM-sharded (one shard per DRAM bank)")
+    banks = bspec.grid.num_cores()
+    dram = b.mesh.dram_grid_size() if b.mesh is not None else None
+    if dram is not None and banks > dram.x * dram.y:
+        raise EmulatorError(f"{op}: {name}: input_tensor_b is sharded over {banks} banks; the device has "
+                            f"{dram.x * dram.y}")
+    bh, bsw = bspec.shape
+    if bh < k_t * 32 or banks * bsw < n_t * 32:
+        raise EmulatorError(f"{op}: {name}: input_tensor_b shards {banks} x [{bh}, {bsw}] do not cover "
+                            f"[K, N] = [{k_t * 32}, {n_t * 32}]")
+
+
 @device_op("ttnn.linear")
 def linear(
     input_tensor_a,
@@ -106,6 +172,8 @@ def linear(
     in0_column_offset=None,
 ):
     _check_layouts("ttnn.linear", input_tensor_a, input_tensor_b)
+    check_dram_sharded_matmul("ttnn.linear", input_tensor_a, input_tensor_b, program_config, memory_config,
+                              transpose_a, transpose_b)
     if in0_column_offset is not None:
         raise NotEmulatedError("ttnn.linear(in0_column_offset=...) is not emulated")
     fused = getattr(program_config, "fused_activation", None) if program_config is not None else None
@@ -149,6 +217,8 @@ def matmul(
     prefetcher_pipes=(),
 ):
     _check_layouts("ttnn.matmul", input_tensor_a, input_tensor_b)
+    check_dram_sharded_matmul("ttnn.matmul", input_tensor_a, input_tensor_b, program_config, memory_config,
+                              transpose_a, transpose_b)
     fused = getattr(program_config, "fused_activation", None) if program_config is not None else None
     outs = []
     for i in range(input_tensor_a.num_shards):

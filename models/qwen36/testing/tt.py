@@ -45,12 +45,13 @@ def gdn_channel_permutation(cfg: Qwen36Config, n: int) -> torch.Tensor:
 class LayerHarness:
     """One decoder layer on the mesh and in the reference, driven with identical inputs."""
 
-    def __init__(self, ckpt: Path, ctx, precision: PrecisionSetting, layer_id: int, max_seq_len: int = 256):
+    def __init__(self, ckpt: Path, ctx, precision: PrecisionSetting, layer_id: int, max_seq_len: int = 256,
+                 **args_kw):
         self.ttnn, self.mesh = ctx.ttnn, ctx.mesh_device
         reader = load_checkpoint(ckpt)
         self.cfg = reader.config
         self.args = TTModelArgs.from_config(self.cfg, ctx.num_devices, precision, max_seq_len=max_seq_len,
-                                            prefill_chunk=64, block_size=32)
+                                            prefill_chunk=64, block_size=32, **args_kw)
         weights = WeightLoader(reader, self.args, self.ttnn, self.mesh, progress=False).load(layers=[layer_id])
         self.model = TTQwen36Model(self.args, weights, self.ttnn, self.mesh)
         self.layer: TTDecoderLayer = self.model.layers[0]

@@ -3,11 +3,17 @@
     h   = silu(x @ gate_d) * (x @ up_d)     silu fused as the multiply's input activation
     out = all_reduce(h @ down_d)
 
-Five programs per call: two matmuls, one multiply, one matmul, one collective. A single fused [gate_d | up_d]
+Five programs per call (prefill): two matmuls, one multiply, one matmul, one collective. A single fused [gate_d | up_d]
 matmul reads the same weight bytes but its output then has to be split (two slices) and activated (one silu) before
 the multiply: seven programs. ``experimental.minimal_matmul(fuse_swiglu=True)`` would be one program for both, but in
 ttnn 0.81.1 it requires the weight dtype to equal the activation dtype (its docstring: "DType: must match
 input_tensor dtype"), so bf8/bf4 weights would need bf8/bf4 activations (or a typecast program per call).
+
+Decode (T <= 32 rows; ``model_config.decode_matmul_plan``): the three matmuls are DRAM-sharded, as tt_transformers
+runs its decode MLP: the weights width-sharded over the DRAM banks (one bank per reading core, all banks streaming
+in parallel), x width-sharded in L1 over the compute cores, gate/up/silu-multiply/down outputs staying in L1 on the
+same cores (gate/up's output shard is down's input shard: both split I_d over the same cores). Two reshards
+bracket it: x into L1 and the down output back to DRAM for the collective, so seven programs instead of five.
 
 x [1, 1, T, H] -> [1, 1, T, H] (replicated after the reduce).
 """
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 from .ccl import ccl_for
 from .gdn import all_reduce
-from .model_config import TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul
+from .model_config import TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul, decode_matmul_plan
 from .weights import MLPWeights
 
 
@@ -25,18 +31,44 @@ class TTMLP:
         ccl_for(ttnn, mesh)  # the collectives' persistent semaphores exist before any trace capture
         self.i_d = args.intermediate_d
 
+    def decode_plans(self, rows: int):
+        """(gate/up plan, down plan) of the DRAM-sharded decode matmuls for ``rows`` rows, or None (module doc)."""
+        ttnn, a = self.ttnn, self.args
+        h, i_d = self.w.gate.shape[-2], self.w.gate.shape[-1]
+        gu = decode_matmul_plan(ttnn, a, TensorGroup.MLP_GATE_UP, rows, h, i_d)
+        dn = decode_matmul_plan(ttnn, a, TensorGroup.MLP_DOWN, rows, i_d, h)
+        if gu is None or dn is None:
+            if (gu is None) != (dn is None):
+                raise ValueError(f"MLP decode layouts differ: gate/up {gu} vs down {dn}")
+            return None
+        if (gu.cores, gu.grid) != (dn.cores, dn.grid):  # the gate/up output shard must be down's input shard
+            raise ValueError(f"MLP decode: gate/up on {gu.cores} cores {gu.grid}, down on {dn.cores} {dn.grid}")
+        return gu, dn
+
     def partial(self, x):
         """This device's h @ down_d before the reduce: [1, 1, T, H] (the MoE block adds it to its routed part)."""
         ttnn, a = self.ttnn, self.args
         mc = activation_memory_config(ttnn)
         act = a.dtype(TensorGroup.ACTIVATION, ttnn)
         cfg = compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_GATE_UP))
+        cfg_down = compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_DOWN))
+        plans = self.decode_plans(x.shape[-2])
+        if plans is not None:
+            gu, dn = plans
+            xs = ttnn.to_memory_config(x, gu.input_memory_config)
+            gate = ttnn.linear(xs, self.w.gate, dtype=act, memory_config=gu.output_memory_config,
+                               program_config=gu.program_config, compute_kernel_config=cfg)
+            up = ttnn.linear(xs, self.w.up, dtype=act, memory_config=gu.output_memory_config,
+                             program_config=gu.program_config, compute_kernel_config=cfg)
+            h = ttnn.multiply(gate, up, input_tensor_a_activations=[ttnn.UnaryOpType.SILU],
+                              memory_config=gu.output_memory_config)
+            out = ttnn.linear(h, self.w.down, dtype=act, memory_config=dn.output_memory_config,
+                              program_config=dn.program_config, compute_kernel_config=cfg_down)
+            return ttnn.to_memory_config(out, mc)
         gate = ttnn.linear(x, self.w.gate, dtype=act, memory_config=mc, compute_kernel_config=cfg)
         up = ttnn.linear(x, self.w.up, dtype=act, memory_config=mc, compute_kernel_config=cfg)
         h = ttnn.multiply(gate, up, input_tensor_a_activations=[ttnn.UnaryOpType.SILU], memory_config=mc)
-        out = ttnn.linear(h, self.w.down, dtype=act, memory_config=mc,
-                          compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_DOWN)))
-        return out
+        return ttnn.linear(h, self.w.down, dtype=act, memory_config=mc, compute_kernel_config=cfg_down)
 
     def forward(self, x):
         return all_reduce(self.ttnn, self.partial(x), self.args.num_devices)

@@ -10,7 +10,9 @@ named functions whose docstrings say why the values are what they are.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..config import FULL, Qwen36Config
 from ..errors import UserError
@@ -123,6 +125,10 @@ class TTModelArgs:
     block_size: int = 64  # paged-KV page size in tokens (tiles of 32 rows; 64 = tt_transformers default)
     prefill_chunk: int = 256  # prefill chunk length; a multiple of block_size (paged_fill_cache writes whole pages)
     batch: int = 1
+    # decode matmul layout of the groups in DRAM_SHARDED_GROUPS: "dram_sharded" (weights width-sharded over the DRAM
+    # banks, 1-tile-row activations width-sharded in L1: decode_matmul_plan) or "interleaved" (DRAM-interleaved
+    # weights, ttnn's default program configs, as before)
+    decode_matmuls: str = "dram_sharded"
 
     @classmethod
     def from_config(cls, cfg: Qwen36Config, num_devices: int, precision: PrecisionSetting | None = None,
@@ -158,6 +164,8 @@ class TTModelArgs:
             raise TPSplitError(f"prefill_chunk {self.prefill_chunk} must be a multiple of block_size {self.block_size}")
         if self.block_size % 32:
             raise TPSplitError(f"block_size {self.block_size} must be a multiple of the 32-row tile")
+        if self.decode_matmuls not in DECODE_MATMUL_LAYOUTS:
+            raise ValueError(f"decode_matmuls {self.decode_matmuls!r}: choose from {list(DECODE_MATMUL_LAYOUTS)}")
 
     @property
     def hq_d(self) -> int:
@@ -226,8 +234,104 @@ class TTModelArgs:
 # ---- memory configs ---------------------------------------------------------------------------------
 def weight_memory_config(ttnn):
     """DRAM interleaved: decode streams every weight once per token; 27B does not fit L1, and interleaving
-    spreads the stream over all 8 GDDR6 channels. (DRAM-sharded weights are the next step on cards.)"""
+    spreads the stream over all 8 GDDR6 channels. (The MLP matrices are DRAM-sharded: matrix_memory_config.)"""
     return ttnn.DRAM_MEMORY_CONFIG
+
+
+DECODE_MATMUL_LAYOUTS = ("dram_sharded", "interleaved")
+# Weight groups whose decode matmuls run DRAM-sharded: the dense MLP (two thirds of the 27B weight stream). The
+# mixer projections and the LM head keep DRAM-interleaved weights and default program configs for now.
+DRAM_SHARDED_GROUPS = frozenset({TensorGroup.MLP_GATE_UP, TensorGroup.MLP_DOWN})
+TILE = 32
+# Compute cores of one DRAM-sharded matmul: at most an 8x8 block of the worker grid (11 x 10 usable workers on a
+# P150a), the bound tt_transformers uses too.
+MAX_DECODE_MATMUL_GRID = (8, 8)
+
+
+def dram_bank_count(mesh) -> int:
+    """DRAM banks of one device (``mesh.dram_grid_size()``: 8 x 1 on Blackhole P150a, 12 x 1 on Wormhole)."""
+    g = mesh.dram_grid_size()
+    if g.y != 1:
+        raise ValueError(f"DRAM grid {g.x}x{g.y}: DRAM-sharded weights assume one row of banks")
+    return int(g.x)
+
+
+def uses_dram_sharded_weights(args: "TTModelArgs", group: TensorGroup, k: int, n: int) -> bool:
+    """Whether the per-device [k, n] weight of ``group`` is DRAM-sharded (and its decode matmuls with it): the
+    layout asks for it, the group is one of DRAM_SHARDED_GROUPS, and k and n are whole tiles (a width-sharded
+    activation and output split whole tiles over cores; tiny test configs whose per-device widths are not tile
+    multiples keep interleaved weights and default configs, decided here for the weight and its matmuls alike)."""
+    return (args.decode_matmuls == "dram_sharded" and group in DRAM_SHARDED_GROUPS
+            and k % TILE == 0 and n % TILE == 0)
+
+
+def dram_sharded_weight_memory_config(ttnn, k: int, n: int, banks: int):
+    """A [k, n] weight width-sharded over the ``banks`` DRAM banks: bank b holds columns [b*w, (b+1)*w) of every
+    row, w = n / banks rounded up to a tile (the last bank's shard is padded). Each reading core of a DRAM-sharded
+    matmul then streams one bank only, so all banks are read in parallel without NoC contention between readers."""
+    w = -(-n // (TILE * banks)) * TILE
+    grid = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(banks - 1, 0))})
+    return ttnn.MemoryConfig(ttnn.TensorMemoryLayout.WIDTH_SHARDED, ttnn.BufferType.DRAM,
+                             ttnn.ShardSpec(grid, (k, w), ttnn.ShardOrientation.ROW_MAJOR))
+
+
+def matrix_memory_config(ttnn, args: "TTModelArgs", group: TensorGroup, k: int, n: int, banks: int):
+    """Where a per-device [k, n] weight matrix of ``group`` lives: DRAM-sharded for the groups whose decode matmuls
+    are DRAM-sharded (prefill reads the same tensor with ttnn's default program config), else DRAM-interleaved."""
+    if uses_dram_sharded_weights(args, group, k, n):
+        return dram_sharded_weight_memory_config(ttnn, k, n, banks)
+    return weight_memory_config(ttnn)
+
+
+@dataclass(frozen=True)
+class DecodeMatmulPlan:
+    """One DRAM-sharded decode matmul [rows <= 32, k] x [k, n]: ``cores`` compute cores on a ``grid`` (x, y), the
+    activation width-sharded over them in L1 (``input_memory_config``, [32, k / cores] per core), the output
+    likewise ([32, n / cores]), and the program config."""
+
+    k: int
+    n: int
+    cores: int
+    grid: tuple
+    program_config: Any
+    input_memory_config: Any
+    output_memory_config: Any
+
+
+def _decode_grid(k_tiles: int, n_tiles: int) -> tuple[int, int, int]:
+    """The most cores c that split both K and N into whole tiles and fit an x <= 8, y <= 8 block: (c, x, y)."""
+    gx, gy = MAX_DECODE_MATMUL_GRID
+    g = math.gcd(k_tiles, n_tiles)
+    for c in range(min(g, gx * gy), 0, -1):
+        if g % c:
+            continue
+        for x in range(min(c, gx), 0, -1):
+            if c % x == 0 and c // x <= gy:
+                return c, x, c // x
+    raise AssertionError("unreachable: c = 1 always fits")
+
+
+def decode_matmul_plan(ttnn, args: "TTModelArgs", group: TensorGroup, rows: int, k: int, n: int):
+    """The program config of a decode-mode matmul of ``group`` over ``rows`` activation rows, or ``None`` (ttnn's
+    default program config on DRAM-interleaved activations: prefill, and groups whose weights are interleaved).
+
+    DRAM-sharded (tt_transformers' decode matmuls; the device op's rules): one tile row of activations
+    (per_core_M = 1: the op supports M == 1 tile only, so more than 32 rows go the default way), in0 width-sharded
+    in L1 over the compute cores with in0_block_w dividing each core's K tiles (here the whole shard: one pass
+    over K per core), per_core_N = N tiles / cores, output width-sharded in L1 on the same cores."""
+    if not uses_dram_sharded_weights(args, group, k, n) or rows > TILE:
+        return None
+    cores, x, y = _decode_grid(k // TILE, n // TILE)
+    grid = ttnn.CoreGrid(y=y, x=x)
+
+    def l1_width(width: int):
+        return ttnn.create_sharded_memory_config(
+            shape=(TILE, width // cores), core_grid=grid, strategy=ttnn.ShardStrategy.WIDTH,
+            orientation=ttnn.ShardOrientation.ROW_MAJOR, use_height_and_width_as_shard_shape=True)
+
+    pc = ttnn.MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig(
+        in0_block_w=k // TILE // cores, per_core_M=1, per_core_N=n // TILE // cores, fused_activation=None)
+    return DecodeMatmulPlan(k, n, cores, (x, y), pc, l1_width(k), l1_width(n))
 
 
 def activation_memory_config(ttnn):
@@ -262,8 +366,8 @@ def rope_decode_memory_config(ttnn, rows: int, heads: int, head_dim: int):
 
 # ---- program configs ----------------------------------------------------------------------------------
 def matmul_program_config(ttnn, rows: int, k: int, n: int):
-    """``None``: let ttnn pick its default multicast matmul for [rows, k] x [k, n]. No card sweep exists yet
-    for these shapes; a DRAM-sharded decode config is the known next step (tt_transformers does this)."""
+    """``None``: let ttnn pick its default multicast matmul for [rows, k] x [k, n] (prefill, and decode matmuls of
+    the groups outside DRAM_SHARDED_GROUPS; those use :func:`decode_matmul_plan`). No card sweep exists yet."""
     return None
 
 

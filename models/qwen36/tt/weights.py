@@ -28,7 +28,7 @@ from tqdm import tqdm
 from ..checkpoint import CheckpointReader
 from ..config import FULL
 from ..reference.layers import rope_cos_sin
-from .model_config import TensorGroup, TTModelArgs, weight_memory_config
+from .model_config import TensorGroup, TTModelArgs, dram_bank_count, matrix_memory_config, weight_memory_config
 
 
 # ---- host-side layout helpers (pure torch; unit-tested without a device) ------------------------------
@@ -188,15 +188,15 @@ class WeightLoader:
         self.bar = None
 
     # ---- one tensor -----------------------------------------------------------------------------------
-    def _put(self, name: str, host: torch.Tensor, dtype, *, layout=None, mapper=None):
+    def _put(self, name: str, host: torch.Tensor, dtype, *, layout=None, mapper=None, memory_config=None):
         ttnn = self.ttnn
         layout = ttnn.TILE_LAYOUT if layout is None else layout
         cache = None if self.cache_dir is None else str(self.cache_dir / name)
         if self.bar is not None:
             self.bar.set_postfix_str(name, refresh=False)
+        mc = weight_memory_config(ttnn) if memory_config is None else memory_config
         return ttnn.as_tensor(host, dtype=dtype, layout=layout, device=self.mesh,
-                              memory_config=weight_memory_config(ttnn), mesh_mapper=mapper or self.replicate,
-                              cache_file_name=cache)
+                              memory_config=mc, mesh_mapper=mapper or self.replicate, cache_file_name=cache)
 
     def _get(self, name: str) -> torch.Tensor:
         return self.reader.get(name)
@@ -216,7 +216,10 @@ class WeightLoader:
         """[out, in] rows -> ttnn [in, out]; column-parallel shards out, row-parallel shards in."""
         w = rows_out_in.t().contiguous()
         mapper = self.shard_cols if parallel == "column" else self.shard_rows
-        return self._put(name, w, self.args.dtype(group, self.ttnn), mapper=mapper)
+        k, n = w.shape  # per device: column-parallel splits n, row-parallel splits k
+        k, n = (k, n // self.n) if parallel == "column" else (k // self.n, n)
+        mc = matrix_memory_config(self.ttnn, self.args, group, k, n, dram_bank_count(self.mesh))
+        return self._put(name, w, self.args.dtype(group, self.ttnn), mapper=mapper, memory_config=mc)
 
     # ---- blocks ---------------------------------------------------------------------------------------
     def gdn(self, p: str) -> GDNWeights:
