@@ -135,6 +135,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-sample", type=int, default=4096,
                    help="vocabulary actually built (LM head extrapolated to the real vocab)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--decode-matmuls", default="dram_sharded", choices=["dram_sharded", "interleaved"],
+                   help="decode layout of the MLP matmuls (tt/model_config.py decode_matmul_plan); interleaved: "
+                        "the DRAM-interleaved weights and default program configs of before, for A/B figures")
 
 
 def _tensor_bytes(obj) -> int:
@@ -217,7 +220,7 @@ class CostBench:
 
 
 def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME,
-                emulated_only: bool = True) -> CostBench:
+                emulated_only: bool = True, decode_matmuls: str = "dram_sharded") -> CostBench:
     """Open the mesh (emulated unless ``emulated_only`` is False) and build the first GDN + first attention layer
     of ``cfg`` with state for a ``context``-token sequence (plus 64 positions of head room)."""
     from qwen36.tt_ops.device import open_mesh
@@ -236,7 +239,7 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
     try:
         gdn_id, attn_id = cfg.layer_types.index("linear_attention"), cfg.layer_types.index(FULL)
         args = TTModelArgs.from_config(cfg, ctx.num_devices, PrecisionSetting.named(precision),
-                                       max_seq_len=context + 64)
+                                       max_seq_len=context + 64, decode_matmuls=decode_matmuls)
         weights = WeightLoader(RandomCheckpoint(cfg, seed), args, ctx.ttnn, ctx.mesh_device, progress=False).load(
             layers=[gdn_id, attn_id])
         model = TTQwen36Model(args, weights, ctx.ttnn, ctx.mesh_device)
@@ -260,7 +263,8 @@ def token_counts(name: str, parts) -> "Counts":
 
 
 def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, real_vocab: int | None = None,
-            n_gdn: int | None = None, n_attn: int | None = None, real_cfg=None) -> dict:
+            n_gdn: int | None = None, n_attn: int | None = None, real_cfg=None,
+            decode_matmuls: str = "dram_sharded") -> dict:
     """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step by region and
     extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default: cfg's)."""
     from qwen36.tt_ops.cost_model import LABEL, P150aCostModel, decode_layout_bounds
@@ -268,7 +272,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
     from qwen36.tt.state import allocate_decode_inputs
     from qwen36.tt.trace import TracedStep
 
-    bench = build_bench(device, cfg, precision, context, seed)
+    bench = build_bench(device, cfg, precision, context, seed, decode_matmuls=decode_matmuls)
     try:
         ttnn, mesh, n, model, state, weights, args = (bench.ttnn, bench.mesh, bench.ctx.num_devices, bench.model,
                                                       bench.state, bench.weights, bench.args)
@@ -338,6 +342,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             "label": LABEL,
             "backend": ctx.label,
             "precision": precision,
+            "decode_matmuls": decode_matmuls,
             "tp": n,
             "layers": {"gdn": n_gdn, "attention": n_attn},
             "vocab": {"built": cfg.vocab_size, "extrapolated_to": int(cfg.vocab_size * ratio)},
@@ -355,7 +360,10 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             "kv_bytes_per_device_per_token_at_context": n_attn * kv_read,
             "modelled_ms_per_step": br["total_ms"],
             "modelled_tok_s": 1e3 / br["total_ms"],
-            "breakdown_ms": {k: br[k] for k in ("dram_ms", "dispatch_ms", "collective_fixed_ms", "collective_bw_ms")},
+            "breakdown_ms": {k: br[k] for k in ("dram_ms", "dram_interleaved_ms", "dram_sharded_ms", "dispatch_ms",
+                                                "collective_fixed_ms", "collective_bw_ms")},
+            "bytes_read_by_placement": {k: br["inputs"][k] for k in ("bytes_read_dram_interleaved",
+                                                                     "bytes_read_dram_sharded", "bytes_read_l1")},
             "weight_stream_floor_ms": weight_bytes / (cm.dram_bw_gbps * 1e9) * 1e3,
             "decode_layouts_ms": {name: {k: b[k] for k in ("total_ms", "weight_ms", "resident_ms", "activation_ms",
                                                            "dispatch_ms", "collective_fixed_ms", "collective_bw_ms")}
@@ -373,13 +381,15 @@ def run(args: argparse.Namespace) -> ProbeReport:
     device = args.device if args.device != "reference" else "emulated-p150x2"
     cfg, base = build_config(args.preset, args.vocab_sample)
     fig = measure(device, cfg, args.precision, args.context, args.seed, real_vocab=base.vocab_size,
-                  n_gdn=len(base.gdn_layer_ids), n_attn=len(base.attention_layer_ids), real_cfg=base)
+                  n_gdn=len(base.gdn_layer_ids), n_attn=len(base.attention_layer_ids), real_cfg=base,
+                  decode_matmuls=args.decode_matmuls)
     check = fig["programs_traced_step_check"]
     cells = [
         {"cell": "trace records the counted step", "pass": check["regions_sum"] == check["trace_replay"], **check},
         {"cell": "figures", "pass": fig["modelled_ms_per_step"] > 0},
     ]
-    print(f"[{fig['label']}] decode-cost {args.preset} {args.precision} tp{fig['tp']} on {fig['backend']}:")
+    print(f"[{fig['label']}] decode-cost {args.preset} {args.precision} tp{fig['tp']} on {fig['backend']} "
+          f"(decode matmuls {args.decode_matmuls}):")
     print(f"  programs: GDN layer {fig['programs']['gdn_layer']}, attention layer {fig['programs']['attention_layer']}, "
           f"per token {fig['programs']['per_token']}")
     print(f"  weight bytes/device/token {fig['weight_bytes_per_device']['per_token'] / 1e9:.3f} GB, "
@@ -387,12 +397,17 @@ def run(args: argparse.Namespace) -> ProbeReport:
           f"({fig['collectives']['bytes_per_device_per_token'] / 1e6:.2f} MB/device)")
     print(f"  [{fig['label']}] {fig['modelled_ms_per_step']:.2f} ms/step, {fig['modelled_tok_s']:.1f} tok/s on P150a x{fig['tp']} "
           f"(weight-stream floor {fig['weight_stream_floor_ms']:.2f} ms)")
+    bd = fig["breakdown_ms"]
+    print(f"  [{fig['label']}] DRAM {bd['dram_ms']:.2f} ms = interleaved {bd['dram_interleaved_ms']:.2f} + DRAM-sharded "
+          f"{bd['dram_sharded_ms']:.2f}; dispatch {bd['dispatch_ms']:.2f}, collectives "
+          f"{bd['collective_fixed_ms']:.2f} + {bd['collective_bw_ms']:.2f}")
     for name, lay in fig["decode_layouts_ms"].items():
         print(f"  [{fig['label']}] layout {name}: {lay['total_ms']:.2f} ms/step (weights {lay['weight_ms']:.2f} at "
               f"{lay['weight_bw_gbps']:.0f} GB/s, KV+state {lay['resident_ms']:.2f}, activations {lay['activation_ms']:.2f}"
               f"{' (L1)' if lay['activations_in_l1'] else ''})")
     return ProbeReport(probe=NAME, backend=fig["backend"],
                        config={"preset": args.preset, "precision": args.precision, "context": args.context,
+                               "decode_matmuls": args.decode_matmuls,
                                "vocab_sample": cfg.vocab_size, "real_vocab": base.vocab_size,
                                "seed": args.seed},
                        cells=cells, counters={"programs": fig["programs"], "collectives": fig["collectives"]},
