@@ -98,10 +98,19 @@ def _weights(obj, fields: dict, where: str, skip=()) -> Cost:
         if f.name not in fields:
             raise KeyError(f"gate-0a: weight field {where}.{f.name} has no tensor group in probes/gate_0a.py")
         v = getattr(obj, f.name)
-        b = sum(t.bytes_per_device() for t in (v if isinstance(v, (list, tuple)) else [v]))
-        key = f"w:{fields[f.name]}"
-        out[key] = out.get(key, 0) + b
+        for t in v if isinstance(v, (list, tuple)) else [v]:
+            key = f"w:{fields[f.name]}{_dram_placement(t)}"
+            out[key] = out.get(key, 0) + t.bytes_per_device()
     return out
+
+
+def _dram_placement(t) -> str:
+    """``"@dram_sharded/<banks>"`` for a DRAM-sharded weight (its ``w:`` key then says the bandwidth it streams at,
+    tt_ops/cost_model.py), else ``""`` (DRAM-interleaved)."""
+    mc = t.memory_config()
+    if mc.is_sharded() and mc.buffer_type.name == "DRAM" and mc.shard_spec is not None:
+        return f"@dram_sharded/{mc.shard_spec.grid.num_cores()}"
+    return ""
 
 
 class BreakdownMeter(Meter):
@@ -148,16 +157,19 @@ class Figures:
         self.emulated, self.ratio = emulated, vocab_ratio
         self.cm, self.host = P150aCostModel(), HostReadbackModel()
 
-    def _dram_ms(self, nbytes: float) -> float:
+    def _dram_ms(self, nbytes: float, placement: str = "") -> float:
+        """Modelled ms of ``nbytes`` read from DRAM at the bandwidth of ``placement`` (a ``bytes_read`` key suffix)."""
         from qwen36.tt_ops.emulator.counters import Counts
 
         c = Counts("bytes")
-        c.bytes_read["bytes"] = nbytes
+        c.bytes_read["bytes" + placement] = nbytes
         return self.cm.breakdown(c)["dram_ms"]
 
     def weight_bytes(self, cost: Cost) -> dict:
+        """``group[@placement]`` -> weight bytes per device."""
         # LM-head weights only appear in vocab-scaled regions, whose read: keys were scaled already
-        return {k[2:]: v * (self.ratio if k == "w:lm_head" else 1) for k, v in cost.items() if k.startswith("w:")}
+        return {k[2:]: v * (self.ratio if k.split("@")[0] == "w:lm_head" else 1)
+                for k, v in cost.items() if k.startswith("w:")}
 
     def of(self, cost: Cost) -> dict:
         if not self.emulated:
@@ -166,10 +178,18 @@ class Figures:
         b = self.cm.breakdown(c)
         w = self.weight_bytes(cost)
         s = {k[2:]: v for k, v in cost.items() if k.startswith("s:")}
-        other = c.bytes_read_total - sum(w.values()) - sum(s.values())
-        cats = {f"weights:{g}": self._dram_ms(v) for g, v in sorted(w.items()) if v}
+        # the categories sum to the step's DRAM term: weights at the bandwidth of their placement, state
+        # (DRAM-interleaved) at the effective one, the rest ("other_reads": DRAM-interleaved activations, the bank
+        # padding of DRAM-sharded weights) is what remains of the DRAM term; L1 reads cost nothing
+        other = c.bytes_read_total - sum(w.values()) - sum(s.values()) - b["inputs"]["bytes_read_l1"]
+        cats = {}
+        for g, v in sorted(w.items()):
+            if v:
+                group, _, where = g.partition("@")
+                key = f"weights:{group}"
+                cats[key] = cats.get(key, 0.0) + self._dram_ms(v, "@" + where if where else "")
         cats.update({k: self._dram_ms(v) for k, v in sorted(s.items()) if v})
-        cats["other_reads"] = self._dram_ms(other)
+        cats["other_reads"] = b["dram_ms"] - sum(cats.values())
         cats["dispatch"] = b["dispatch_ms"]
         cats["collectives"] = b["collective_fixed_ms"] + b["collective_bw_ms"]
         host = self.host.ms(cost.get("host_reads", 0), cost.get("host_read_bytes", 0))
