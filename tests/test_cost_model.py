@@ -226,3 +226,17 @@ def test_dram_sharded_matmul_rules(dram_sharded_case, case):
     bad = ttnn.MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig(**kw)
     with pytest.raises(EmulatorError, match=match):
         ttnn.linear(a, weight, program_config=bad, memory_config=out_mc, dtype=ttnn.bfloat16)
+
+
+def test_moe_shared_expert_stays_interleaved():
+    """A MoE model's shared expert is too small for the two reshards to pay: no DRAM-sharded plan, no sharded weight."""
+    pytest.importorskip("ttnn")
+    from qwen36.tiny import PRESETS
+    from qwen36.tt.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
+                                        uses_dram_sharded_weights)
+    from qwen36.tt_ops.emulator.ttnn_import import ttnn
+
+    args = TTModelArgs.from_config(PRESETS["moe-ci"], 2, PrecisionSetting.performance())
+    assert not uses_dram_sharded_weights(args, TensorGroup.MLP_GATE_UP, 64, 32)
+    assert decode_matmul_plan(ttnn, args, TensorGroup.MLP_DOWN, 1, 32, 64) is None
+    assert uses_dram_sharded_weights(_args(), TensorGroup.MLP_GATE_UP, 64, 32)

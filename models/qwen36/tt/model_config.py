@@ -241,8 +241,9 @@ def weight_memory_config(ttnn):
 
 
 DECODE_MATMUL_LAYOUTS = ("dram_sharded", "interleaved")
-# Weight groups whose decode matmuls run DRAM-sharded: the dense MLP (two thirds of the 27B weight stream). The
-# mixer projections and the LM head keep DRAM-interleaved weights and default program configs for now.
+# Weight groups whose decode matmuls run DRAM-sharded: the dense MLP (two thirds of the 27B weight stream; not a MoE
+# model's shared expert, uses_dram_sharded_weights says why). The mixer projections and the LM head keep
+# DRAM-interleaved weights and default program configs for now (docs/tt_model.md, "Bandwidth", says why).
 DRAM_SHARDED_GROUPS = frozenset({TensorGroup.MLP_GATE_UP, TensorGroup.MLP_DOWN})
 TILE = 32
 # Compute cores of one DRAM-sharded matmul: at most an 8x8 block of the worker grid (11 x 10 usable workers on a
@@ -260,10 +261,13 @@ def dram_bank_count(mesh) -> int:
 
 def uses_dram_sharded_weights(args: "TTModelArgs", group: TensorGroup, k: int, n: int) -> bool:
     """Whether the per-device [k, n] weight of ``group`` is DRAM-sharded (and its decode matmuls with it): the
-    layout asks for it, the group is one of DRAM_SHARDED_GROUPS, and k and n are whole tiles (a width-sharded
-    activation and output split whole tiles over cores; tiny test configs whose per-device widths are not tile
-    multiples keep interleaved weights and default configs, decided here for the weight and its matmuls alike)."""
-    return (args.decode_matmuls == "dram_sharded" and group in DRAM_SHARDED_GROUPS
+    layout asks for it, the group is one of DRAM_SHARDED_GROUPS, the model is dense, and k and n are whole tiles
+    (a width-sharded activation and output split whole tiles over cores; tiny test configs whose per-device widths
+    are not tile multiples keep interleaved weights and default configs, decided here for the weight and its
+    matmuls alike). A MoE model's only dense MLP is its shared expert (3 x 2048 x 256 bf8 per device at 35B-A3B,
+    1.7 MB: about 0.6 us per layer saved at the DRAM-sharded rate), where the MLP's two extra reshard programs
+    (8 us of dispatch) cost more than the bandwidth saves, so it stays interleaved."""
+    return (args.decode_matmuls == "dram_sharded" and group in DRAM_SHARDED_GROUPS and not args.cfg.is_moe
             and k % TILE == 0 and n % TILE == 0)
 
 
