@@ -639,3 +639,93 @@ def rotary_embedding_hf(input_tensor, cos_cache, sin_cache, *, is_decode_mode=Fa
             cos, sin = cos[:, :, : shape[2], :], sin[:, :, : shape[2], :]
         outs.append(packed(x * cos) + packed(_rotate_half(x) * sin))
     return make_like(input_tensor, outs, memory_config=memory_config)
+
+
+# ------------------------------------------------------------------------------------------------
+# decode head split
+# ------------------------------------------------------------------------------------------------
+def _pad32(n: int) -> int:
+    return -(-n // 32) * 32
+
+
+def _output_shard_config(mc, grid, rows: int, width: int):
+    return ttnn.MemoryConfig(mc.memory_layout, mc.buffer_type,
+                             ttnn.ShardSpec(grid, [rows, width], ttnn.ShardOrientation.ROW_MAJOR))
+
+
+@device_op("ttnn.experimental.nlp_create_qkv_heads_decode")
+def nlp_create_qkv_heads_decode(input_tensor, *, num_heads, num_kv_heads=None, output_tensors=None,
+                                overlap_qk_coregrid=True, batch_offset=None, slice_size=None, memory_config=None):
+    """Fused ``[1, 1, B, (nq + 2 nkv) D]`` rows -> q ``[1, B, nq, D]``, k and v ``[1, B, nkv, D]``, each
+    HEIGHT_SHARDED one user per core (heads padded to a tile). The 0.81.1 op has no golden; this restates the device
+    op (tt-metal ``nlp_create_qkv_heads_decode_device_operation.cpp`` and the host wrapper, read for facts):
+
+    * head_dim = last dim / (nq + 2 nkv) (exact), last dim a tile multiple; input TILE, FLOAT32 or BFLOAT16,
+      shape ``[1, 1, B <= 32, .]``;
+    * a sharded input must be WIDTH_SHARDED, ROW_MAJOR, one shard row block holding every (padded) row; with
+      ``overlap_qk_coregrid=False`` every shard must hold whole heads. An interleaved input needs
+      ``overlap_qk_coregrid=True`` (its program factory places q, k and v on the same cores);
+    * ``memory_config`` (default: the input's) must be HEIGHT_SHARDED with a shard grid of at least B cores
+      (2 B without overlap); nq <= 32 and nq >= nkv;
+    * output placement: q and v on the first B cores of that grid (row-major from its start core); k on the same
+      cores, or, without overlap, on the B cores after the first B + 1. Shards are ``[pad32(nq), D]`` for q and
+      (as the device op computes them, from nq) for k and v.
+    The copy is exact (no arithmetic); the outputs keep the input's dtype."""
+    op = "ttnn.experimental.nlp_create_qkv_heads_decode"
+    if output_tensors is not None or batch_offset is not None or slice_size is not None:
+        raise NotEmulatedError(f"{op}: output_tensors / batch_offset / slice_size are not emulated")
+    if not isinstance(input_tensor, EmuTensor) or not input_tensor.on_device:
+        raise EmulatorError(f"{op}: input_tensor must be a device tensor")
+    if dtype_name(input_tensor.dtype) not in ("FLOAT32", "BFLOAT16"):
+        raise EmulatorError(f"{op}: input must be FLOAT32 or BFLOAT16 (got {dtype_name(input_tensor.dtype)})")
+    if input_tensor.layout != ttnn.TILE_LAYOUT:
+        raise EmulatorError(f"{op}: only TILE layout is supported for the input")
+    shape = input_tensor.logical_shape_list
+    nq = int(num_heads)
+    nkv = nq if num_kv_heads is None else int(num_kv_heads)
+    if len(shape) != 4 or shape[0] != 1 or shape[1] != 1 or shape[2] > 32 or shape[3] % 32:
+        raise EmulatorError(f"{op}: input must be [1, 1, B <= 32, W] with W a multiple of 32, got {shape}")
+    if shape[3] % (nq + 2 * nkv):
+        raise EmulatorError(f"{op}: last dim {shape[3]} is not (num_heads + 2 num_kv_heads) = {nq + 2 * nkv} heads")
+    d = shape[3] // (nq + 2 * nkv)
+    users = shape[2]
+    overlap = True if overlap_qk_coregrid is None else bool(overlap_qk_coregrid)
+    in_mc = input_tensor.memory_config()
+    if in_mc.is_sharded():
+        spec = in_mc.shard_spec
+        if in_mc.memory_layout != ttnn.TensorMemoryLayout.WIDTH_SHARDED:
+            raise EmulatorError(f"{op}: a sharded input must be WIDTH_SHARDED (got {in_mc.memory_layout})")
+        if spec is None or spec.shape[0] != _pad32(users) or spec.orientation != ttnn.ShardOrientation.ROW_MAJOR:
+            raise EmulatorError(f"{op}: the input's shard spec must be ROW_MAJOR with shard height "
+                                f"{_pad32(users)} (every row)")
+        if not overlap and d % spec.shape[1]:
+            raise EmulatorError(f"{op}: without overlap_qk_coregrid every input shard must hold whole heads")
+    elif not overlap:
+        raise EmulatorError(f"{op}: overlap_qk_coregrid must be true for an interleaved input")
+    out_mc = in_mc if memory_config is None else memory_config
+    if not (out_mc.is_sharded() and out_mc.memory_layout == ttnn.TensorMemoryLayout.HEIGHT_SHARDED
+            and out_mc.shard_spec is not None):
+        raise EmulatorError(f"{op}: the output memory_config must be HEIGHT_SHARDED with a shard grid")
+    if nq > 32 or nq < nkv:
+        raise EmulatorError(f"{op}: need num_kv_heads {nkv} <= num_heads {nq} <= 32")
+    grid = out_mc.shard_spec.grid
+    if grid.num_cores() < (users if overlap else 2 * users):
+        raise EmulatorError(f"{op}: output grid has {grid.num_cores()} cores; needs "
+                            f"{users if overlap else 2 * users} for {users} users")
+    start = grid.ranges()[0].start
+    q_grid = ttnn.num_cores_to_corerangeset_in_subcoregrids(start, users, grid, True)
+    k_grid = q_grid
+    if not overlap:
+        k_start = ttnn.num_cores_to_corerangeset_in_subcoregrids(start, users + 1, grid, True).ranges()[-1].end
+        k_grid = ttnn.num_cores_to_corerangeset_in_subcoregrids(k_start, users, grid, True)
+    qs, ks, vs = [], [], []
+    for i in range(input_tensor.num_shards):
+        x = input_tensor.shards[i].reshape(users, nq + 2 * nkv, d)
+        qs.append(x[:, :nq].reshape(1, users, nq, d))
+        ks.append(x[:, nq:nq + nkv].reshape(1, users, nkv, d))
+        vs.append(x[:, nq + nkv:].reshape(1, users, nkv, d))
+    heads_pad = _pad32(nq)
+    q = make_like(input_tensor, qs, memory_config=_output_shard_config(out_mc, q_grid, heads_pad, d))
+    k = make_like(input_tensor, ks, memory_config=_output_shard_config(out_mc, k_grid, heads_pad, d))
+    v = make_like(input_tensor, vs, memory_config=_output_shard_config(out_mc, q_grid, heads_pad, d))
+    return q, k, v
