@@ -729,3 +729,90 @@ def nlp_create_qkv_heads_decode(input_tensor, *, num_heads, num_kv_heads=None, o
     k = make_like(input_tensor, ks, memory_config=_output_shard_config(out_mc, k_grid, heads_pad, d))
     v = make_like(input_tensor, vs, memory_config=_output_shard_config(out_mc, q_grid, heads_pad, d))
     return q, k, v
+
+
+# ------------------------------------------------------------------------------------------------
+# indexed (physical-row) fused cache update
+# ------------------------------------------------------------------------------------------------
+def _indexed_rows(b) -> int:
+    """Valid (written) rows x heads of an indexed_fused_update_cache call (device 0; indices are replicated)."""
+    cache, x, idx = b["cache_tensor1"], b["input_tensor1"], b["physical_update_idxs_tensor"]
+    p, nh, bs, _ = cache.logical_shape_list
+    rows = x.logical_shape_list[2]
+    i = idx.shards[0].reshape(-1)[:rows].to(torch.int64)
+    return int(((i >= 0) & (i < p * bs)).sum()) * nh
+
+
+def _indexed_read(args, kwargs):
+    b = _bind("ttnn.experimental.indexed_fused_update_cache", args, kwargs)
+    d: dict = {}
+    for k in ("input_tensor1", "input_tensor2", "physical_update_idxs_tensor"):
+        _acc(d, b[k])
+    for k in ("cache_tensor1", "cache_tensor2"):  # read-modify-write of the row's tile
+        _acc(d, b[k], _row_tiles_bytes(b[k], _indexed_rows(b)))
+    return d
+
+
+def _indexed_written(args, kwargs):
+    b = _bind("ttnn.experimental.indexed_fused_update_cache", args, kwargs)
+    d: dict = {}
+    for k in ("cache_tensor1", "cache_tensor2"):
+        _acc(d, b[k], _row_tiles_bytes(b[k], _indexed_rows(b)))
+    return d
+
+
+@device_op("ttnn.experimental.indexed_fused_update_cache", read_bytes=_indexed_read, written_bytes=_indexed_written)
+def indexed_fused_update_cache(cache_tensor1, input_tensor1, cache_tensor2, input_tensor2,
+                               physical_update_idxs_tensor):
+    """Packed rows of two inputs written into two caches in one program, at physical rows (0.81.1 docstring):
+    input ``[1, nh, R, D]`` row i goes to ``cache[idx[i] // bs, :, idx[i] % bs, :]`` (cache ``[P, nh, bs, D]``);
+    entries < 0 or >= P * bs are skipped; no page-table translation. Validation as documented: caches and inputs
+    interleaved BFLOAT16 TILE, caches (and inputs) of identical shapes, page rows a tile multiple, 1 <= R <= 256,
+    indices INT32 ROW_MAJOR ``[1, N]`` with R <= N <= 256, replicated over the mesh (tt-metal's op tests). Rows are
+    written in index order (the device serialises a worker's rows, so a later row wins a shared target). A mesh
+    shards the four tensors alike (heads or head_dim) and replicates the indices; shards are updated per device."""
+    op = "ttnn.experimental.indexed_fused_update_cache"
+    idx = physical_update_idxs_tensor
+    for name, t in (("cache_tensor1", cache_tensor1), ("input_tensor1", input_tensor1),
+                    ("cache_tensor2", cache_tensor2), ("input_tensor2", input_tensor2)):
+        if not isinstance(t, EmuTensor) or not t.on_device:
+            raise EmulatorError(f"{op}: {name} must be a device tensor")
+        if dtype_name(t.dtype) != "BFLOAT16" or t.layout != ttnn.TILE_LAYOUT or t.memory_config().is_sharded():
+            raise EmulatorError(f"{op}: {name} must be an interleaved BFLOAT16 TILE tensor (got "
+                                f"{dtype_name(t.dtype)}, {t.layout}, {t.memory_config().memory_layout})")
+    if (not isinstance(idx, EmuTensor) or dtype_name(idx.dtype) != "INT32" or idx.layout != ttnn.ROW_MAJOR_LAYOUT
+            or len(idx.logical_shape_list) != 2 or idx.logical_shape_list[0] != 1):
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor must be a ROW_MAJOR INT32 [1, N] tensor")
+    n_idx = idx.logical_shape_list[1]
+    if cache_tensor1.logical_shape_list != cache_tensor2.logical_shape_list:
+        raise EmulatorError(f"{op}: cache_tensor1 and cache_tensor2 must have identical shapes")
+    if input_tensor1.logical_shape_list != input_tensor2.logical_shape_list:
+        raise EmulatorError(f"{op}: input_tensor1 and input_tensor2 must have identical shapes")
+    if len(cache_tensor1.logical_shape_list) == 4 and cache_tensor1.logical_shape_list[2] % 32:
+        raise EmulatorError(f"{op}: cache rows per physical page must be tile aligned")
+    if any(list(sh.shape) != list(idx.shards[0].shape) or not torch.equal(sh, idx.shards[0]) for sh in idx.shards):
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor must be replicated over the mesh (the same physical "
+                            "rows on every device)")
+    new = []
+    for cache_t, x_t in ((cache_tensor1, input_tensor1), (cache_tensor2, input_tensor2)):
+        cs, xs = cache_t.logical_shape_list, x_t.logical_shape_list
+        if len(cs) != 4 or len(xs) != 4 or xs[0] != 1 or xs[1] != cs[1] or xs[3] != cs[3]:
+            raise EmulatorError(f"{op}: input {xs} must be [1, num_heads, packed_rows, head_dim] of cache {cs}")
+        rows = xs[2]
+        if not 1 <= rows <= 256 or not rows <= n_idx <= 256:
+            raise EmulatorError(f"{op}: need 1 <= packed_rows ({rows}) <= num_indices ({n_idx}) <= 256")
+        shards = []
+        for i in range(cache_t.num_shards):
+            cache = cache_t.shards[i].clone()
+            p, _, bs, _ = cache.shape
+            phys = idx.shards[i].reshape(-1).to(torch.int64)
+            x = x_t.shards[i].to(cache.dtype)
+            for r in range(rows):
+                j = int(phys[r])
+                if 0 <= j < p * bs:
+                    cache[j // bs, :, j % bs, :] = x[0, :, r, :]
+            shards.append(cache)
+        new.append(shards)
+    write_inplace(cache_tensor1, new[0])
+    write_inplace(cache_tensor2, new[1])
+    return cache_tensor1, cache_tensor2

@@ -9,7 +9,7 @@
             cos = 1 / sin = 0 on the pass-through dims. Decode: height-sharded, one row per core (the op's
             decode mode; the sharded K goes into the cache update as is). Prefill: heads-first [1, heads, T, D].
     KV    = prefill: paged_fill_cache (whole pages of the chunk); decode: ONE paged_fused_update_cache (K and V)
-            at ``pos``; the K+1-row verify: paged_update_cache per row
+            at ``pos``; the K+1-row verify: ONE indexed_fused_update_cache (all rows of K and V)
     o     = prefill: chunked SDPA over the paged cache (causal from chunk_start);
             decode: paged SDPA decode with cur_pos = pos
     out   = all_reduce((o * sigmoid(gate)) @ o_proj_d)   sigmoid fused as the multiply's input activation
@@ -120,9 +120,10 @@ class TTGatedAttention:
     def attend_verify(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
         """T = K+1 rows of one user at positions n..n+K; every local KV head's cache is scanned once.
 
-        KV rows are written with one paged_update_cache per row (positions ``ctx.verify_plan.row_pos[j]``; one row per
-        call so that no two writers share a cache tile). Attention: ONE paged SDPA decode in multi-position mode
-        (``spec_multi_pos_tiles=T``) whose G = Hkv_d groups are the local KV heads:
+        KV rows: ONE experimental.indexed_fused_update_cache writes the T rows of K and V at their physical cache rows
+        (``ctx.verify_plan.phys_rows`` [1, T], page * block_size + row; the op takes interleaved bf16 [1, G, T, D]
+        inputs, so k and v leave their height-sharded layouts and go heads-first). Attention: ONE paged SDPA decode
+        in multi-position mode (``spec_multi_pos_tiles=T``) whose G = Hkv_d groups are the local KV heads:
 
         * the kernel takes one KV head per cache, so the caches are viewed per head: ``[P, G, bs, D]`` ->
           ``[P*G, 1, bs, D]`` (the same tile order in DRAM: block p of head h is view block ``p*G + h``; a
@@ -134,12 +135,9 @@ class TTGatedAttention:
         At G = 1 the view and the table are the plain ones."""
         ttnn, plan = self.ttnn, ctx.verify_plan
         rows, g, heads = q.shape[1], self.hq // self.hkv, self.hkv
-        shard = kv_update_input_memory_config(ttnn, 1, self.d)
-        for cache, t in ((kv.k, k), (kv.v, v)):
-            for j in range(rows):
-                row = ttnn.slice(t, [0, j, 0, 0], [1, j + 1, self.hkv, self.d])
-                ttnn.experimental.paged_update_cache(cache, ttnn.to_memory_config(row, shard),
-                                                     update_idxs_tensor=plan.row_pos[j], page_table=ctx.page_table)
+        k_1GTD, v_1GTD = (ttnn.permute(ttnn.to_memory_config(t, activation_memory_config(ttnn)), (0, 2, 1, 3))
+                          for t in (k, v))
+        ttnn.experimental.indexed_fused_update_cache(kv.k, k_1GTD, kv.v, v_1GTD, plan.phys_rows)
         q_GTgD = ttnn.permute(ttnn.reshape(q, [rows, heads, g, self.d]), (1, 0, 2, 3))
         q_GT32D = q_GTgD if g >= 32 else ttnn.pad(q_GTgD, [(0, 0), (0, 0), (0, 32 - g), (0, 0)], 0.0)
         q_1GRD = ttnn.reshape(q_GT32D, [1, heads, rows * 32, self.d])
