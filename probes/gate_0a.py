@@ -46,7 +46,7 @@ MEASURED = "measured"
 GDN_FIELDS = {"in_proj": "gdn_in", "in_proj_z": "gdn_in", "in_proj_b": "gdn_in", "in_proj_a": "gdn_in",
               "out_proj": "gdn_out", "conv_taps": "norm", "qk_l2_weight": "norm", "neg_exp_a": "norm",
               "dt_bias": "norm", "norm": "norm"}
-ATTN_FIELDS = {"qkv": "attn_qkv", "o_proj": "attn_o", "q_norm": "norm", "k_norm": "norm"}
+ATTN_FIELDS = {"qkv": "attn_qkv", "gate": "attn_qkv", "o_proj": "attn_o", "q_norm": "norm", "k_norm": "norm"}
 MLP_FIELDS = {"gate": "mlp_gate_up", "up": "mlp_gate_up", "down": "mlp_down"}
 MTP_FIELDS = {"fc": "attn_qkv", "norm_embedding": "norm", "norm_hidden": "norm", "final_norm": "norm"}
 COMPONENTS = ("embed", "gdn", "attention", "mlp", "lm_head", "sampling_accept", "mtp_draft", "verify_setup", "commit",

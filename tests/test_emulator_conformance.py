@@ -30,6 +30,7 @@ def test_every_hand_emulated_op_has_cases_and_skips_say_why():
                "transformer.paged_scaled_dot_product_attention_decode", "transformer.fused_recurrent_gated_delta_rule",
                "transformer.chunk_gated_delta_rule", "experimental.rotary_embedding_llama",
                "experimental.rotary_embedding_hf", "experimental.paged_fused_update_cache",
+               "experimental.nlp_create_qkv_heads_decode", "rms_norm", "experimental.indexed_fused_update_cache",
                "experimental.all_gather_async",
                "experimental.reduce_scatter_minimal_async", "sparse_matmul"):
         assert op in ops, f"no runnable conformance case for {op}"

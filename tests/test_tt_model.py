@@ -216,7 +216,8 @@ def test_weight_cache_second_load_skips_conversion(ckpt, tmp_path):
 
 
 def test_gdn_and_attention_row_layouts():
-    """Host rearrangement: device d gets [q_d | k_d | v_d] and [q_d | gate_d | k_d | v_d]."""
+    """Host rearrangement: device d gets [q_d | k_d | v_d] of the GDN rows, [q_d | k_d | v_d] and gate_d of the
+    attention rows."""
     from qwen36.tt.weights import attention_qkv_rows, gdn_qkv_rows
 
     hk, dk, hv, dv, n, h = 4, 2, 12, 3, 2, 5
@@ -229,12 +230,13 @@ def test_gdn_and_attention_row_layouts():
     hq, hkv, hd = 4, 2, 3
     qp = torch.arange(2 * hq * hd * h, dtype=torch.float32).reshape(-1, h)
     kp, vp = -torch.ones(hkv * hd, h), -2 * torch.ones(hkv * hd, h)
-    rows = attention_qkv_rows(qp, kp, vp, hq, hd, n).chunk(n)
+    rows, gate = attention_qkv_rows(qp, kp, vp, hq, hd, n)
+    rows, gate = rows.chunk(n), gate.chunk(n)
     per_head = qp.reshape(hq, 2, hd, h)
     for d in range(n):
         heads = per_head[d * hq // n:(d + 1) * hq // n]
-        want = torch.cat([heads[:, 0].reshape(-1, h), heads[:, 1].reshape(-1, h), kp.chunk(n)[d], vp.chunk(n)[d]])
-        assert torch.equal(rows[d], want)
+        assert torch.equal(rows[d], torch.cat([heads[:, 0].reshape(-1, h), kp.chunk(n)[d], vp.chunk(n)[d]]))
+        assert torch.equal(gate[d], heads[:, 1].reshape(-1, h))
 
 
 @pytest.mark.slow

@@ -6,6 +6,9 @@ view of the paged cache (tt/attention.py ``attend_verify``). Tolerances are thos
 from __future__ import annotations
 
 import pytest
+import torch
+
+from qwen36.config import FULL
 
 from qwen36.speculative.engine import speculative_generate
 from qwen36.tt.generator import TTGenerator
@@ -53,6 +56,44 @@ def test_verify_equals_sequential_decode(gen, k, paged):
     c = run_case(gen, k, PROMPT, [7, 99, 250, 3, 41, 8, 77, 12][: k + 1])
     assert c["logits_max_abs"] <= 1e-6 and c["logits_pcc_min"] >= 0.99999 and c["argmax_equal"], c
     assert c["gdn_state_pcc_min"] >= 0.99999 and c["gdn_state_max_abs"] <= 1e-5, c
+
+
+def test_verify_rows_across_a_page_boundary_one_indexed_kv_write(gen):
+    """Positions 30..33 straddle the 32-row page edge on shuffled pages: the verify's physical KV rows
+    (page_table[p // bs] * bs + p % bs, computed on device) must land where the paged reads find them. The KV
+    caches are zeroed between the sequential decode and the verify, so rows written anywhere else leave the
+    attention reading the wrong values. Every attention layer writes its K+1 K and V rows with ONE
+    indexed_fused_update_cache (no per-row paged_update_cache)."""
+    from qwen36.numerics import pcc
+    from qwen36.probes.verify_tp import shuffle_pages
+    from qwen36.tt.state import KVLayerState
+
+    ttnn = gen.ttnn
+    shuffle_pages(gen, 5)
+    prompt, rows = list(range(5, 35)), [7, 99, 250, 3]  # 30 tokens: verify rows at positions 30, 31 | 32, 33
+    gen.use_trace = False
+    gen.prefill(prompt)
+    seq = torch.stack([gen.decode_step(tok)[0].float() for tok in rows])
+    for s in gen.state.layers:
+        if isinstance(s, KVLayerState):
+            for buf in (s.k, s.v):
+                ttnn.copy_host_to_device_tensor(
+                    ttnn.from_torch(torch.zeros(list(buf.shape)), dtype=buf.dtype, layout=buf.layout,
+                                    mesh_mapper=ttnn.ReplicateTensorToMesh(gen.mesh)), buf)
+    be = TTSpecBackend(gen, "shadow_commit", drafter=lambda h, kk: rows[1:kk + 1], use_trace=False)
+    be.prefill(prompt)
+    be.history[-1] = rows[0]
+    be.draft(3)
+    with gen.ctx.counters.scope("verify") as n:
+        vout = be.verify(None)
+    packed = gen.model.to_host(vout.out.logits).float().reshape(4, -1)
+    be.release()
+    assert float((packed - seq).abs().max()) <= 1e-6 and min(pcc(packed[j], seq[j]) for j in range(4)) >= 0.99999
+    assert torch.equal(packed.argmax(-1), seq.argmax(-1))
+    ops = dict(n.per_op)
+    attention_layers = sum(1 for t in gen.model.args.cfg.layer_types if t == FULL)
+    assert ops.get("ttnn.experimental.indexed_fused_update_cache") == attention_layers, ops
+    assert "ttnn.experimental.paged_update_cache" not in ops, ops
 
 
 @pytest.mark.parametrize("mech", ["shadow_commit", "snapshot"])

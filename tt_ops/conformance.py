@@ -37,6 +37,19 @@ Sources (tenstorrent/tt-metal, read for facts):
   against 8 experts ``[1, E, 128, 512]`` (bfloat8_b) with a random sparsity ``[1, 1, 4, E]``, both-sparse batched
   ``[1, 32, 16, 128]``, sparse A; every active block at PCC >= 0.999 vs torch. The indexed (``indices``) mode is
   from the 0.81.1 docstring (compact group axis, slot i = group indices[i]).
+* ``tests/ttnn/unit_tests/operations/transformers/test_nlp_create_qkv_heads_decode.py``: the fused decode head split
+  of ``[1, 1, B, (nq + 2 nkv) D]`` rows, (nq, nkv, D, B) in {(8, 1, 128, 8), (16, 2, 64, 32), (8, 4, 96, 32), ...},
+  input width-sharded in [32, 32] shards (``min_width_shard``) with and without ``overlap_qk_coregrid``, output
+  height-sharded; each of q, k, v against the torch split at PCC 0.9999 (the emulator is held to exact equality:
+  the op copies). The interleaved-input form and the validation rules are from the device op
+  (``nlp_create_qkv_heads_decode_device_operation.cpp``).
+* ``tests/ttnn/unit_tests/operations/transformers/test_indexed_fused_update_cache.py``: K and V rows written at
+  physical rows (``page * rows_per_page + row``, no page table), caches ``(1, 2, 128, 64)`` and ``(4, 2, 64, 64)``,
+  9 packed rows at ``[1, 3, 31, 32, 33, 63, 64, -1, total_rows]`` (several rows share a page; -1 and out of range
+  are skipped), replicated over a 2-device mesh; exact equality with the reference (and the op's golden); its
+  validation cases (bf8 cache, uint32 or TILE indices, fewer indices than rows, mismatched shapes, unaligned
+  pages, more than 256 rows).
+* ttnn's layernorm device op (``layernorm_device_operation.cpp``): rms_norm rejects a HEIGHT_SHARDED input.
 * rotary_embedding_llama: op docstring (cos/sin ``[1, 1 or nh, S, dh]``, decode mode) and the per-user decode
   transformation matrix form (one 32x32 tile per user).
 """
@@ -59,6 +72,9 @@ SRC_AG = "tt-metal tests/nightly/t3000/ccl/test_minimal_all_gather_async.py"
 SRC_DOC = "ttnn 0.81.1 op docstring"
 SRC_FUSED_UPDATE = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_paged_fused_update_cache.py"
 SRC_ROPE_HF = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_rotary_embedding_hf_decode_baseline.py"
+SRC_CREATE_HEADS = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_nlp_create_qkv_heads_decode.py"
+SRC_INDEXED_UPDATE = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_indexed_fused_update_cache.py"
+SRC_LAYERNORM_OP = "tt-metal ttnn/cpp/ttnn/operations/normalization/layernorm/device/layernorm_device_operation.cpp"
 SRC_SPARSE = "tt-metal tests/ttnn/unit_tests/operations/matmul/test_sparse_matmul.py"
 
 
@@ -486,6 +502,130 @@ def _rope_hf_decode_needs_height_shard(ttnn, mesh):
         raise AssertionError("an interleaved decode-mode input was accepted (the device op rejects it)")
 
 
+# ---- decode head split -----------------------------------------------------------------------------------------
+def _height_grid(ttnn, cores):
+    grid = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(7, max(0, (cores - 1) // 8)))})
+    return ttnn.MemoryConfig(ttnn.TensorMemoryLayout.HEIGHT_SHARDED, ttnn.BufferType.L1,
+                             ttnn.ShardSpec(grid, [32, 32], ttnn.ShardOrientation.ROW_MAJOR))
+
+
+def _create_heads_case(nq, nkv, dh, b, sharded, overlap=True):
+    def fn(ttnn, mesh):
+        g = torch.Generator().manual_seed(nq * 131 + nkv * 17 + dh + b)
+        x = torch.rand(1, 1, b, (nq + 2 * nkv) * dh, generator=g).bfloat16().float()
+        t = _dev(ttnn, mesh, x)
+        if sharded:  # min_width_shard: one [32, 32] shard per core, 8 cores a row
+            cores = (nq + 2 * nkv) * dh // 32
+            grid = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0),
+                                                     ttnn.CoreCoord(min(cores, 8) - 1, max(1, cores // 8) - 1))})
+            t = ttnn.to_memory_config(t, ttnn.MemoryConfig(
+                ttnn.TensorMemoryLayout.WIDTH_SHARDED, ttnn.BufferType.L1,
+                ttnn.ShardSpec(grid, [32, 32], ttnn.ShardOrientation.ROW_MAJOR)))
+        q, k, v = ttnn.experimental.nlp_create_qkv_heads_decode(
+            t, num_heads=nq, num_kv_heads=nkv, overlap_qk_coregrid=overlap,
+            memory_config=_height_grid(ttnn, b if overlap else 2 * b + 1))
+        heads = x.reshape(1, b, nq + 2 * nkv, dh)
+        for name, out, want in (("q", q, heads[:, :, :nq]), ("k", k, heads[:, :, nq:nq + nkv]),
+                                ("v", v, heads[:, :, nq + nkv:])):
+            mc = out.memory_config()
+            assert mc.memory_layout == ttnn.TensorMemoryLayout.HEIGHT_SHARDED, f"{name}: {mc}"
+            assert list(mc.shard_spec.shape) == [-(-nq // 32) * 32, dh] and mc.shard_spec.grid.num_cores() == b, \
+                f"{name}: shard spec {mc.shard_spec}"
+            assert torch.equal(_one(ttnn, mesh, out), want), f"{name} differs from the torch split (exact copy)"
+        q_cores = {(c.x, c.y) for c in ttnn.corerange_to_cores(q.memory_config().shard_spec.grid)}
+        k_cores = {(c.x, c.y) for c in ttnn.corerange_to_cores(k.memory_config().shard_spec.grid)}
+        assert (q_cores == k_cores) if overlap else not (q_cores & k_cores), (sorted(q_cores), sorted(k_cores))
+    return fn
+
+
+def _expect_rejected(fn, needle):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the emulator's EmulatorError or a card's TT_FATAL
+        assert needle in str(e), str(e)
+    else:
+        raise AssertionError(f"accepted a call the device op rejects ({needle})")
+
+
+def _create_heads_rejects(ttnn, mesh):
+    t = _dev(ttnn, mesh, torch.zeros(1, 1, 4, 12 * 64))
+    split = ttnn.experimental.nlp_create_qkv_heads_decode
+    _expect_rejected(lambda: split(t, num_heads=8, num_kv_heads=2, overlap_qk_coregrid=False,
+                                   memory_config=_height_grid(ttnn, 16)), "overlap_qk_coregrid")
+    _expect_rejected(lambda: split(t, num_heads=8, num_kv_heads=2, memory_config=ttnn.DRAM_MEMORY_CONFIG),
+                     "HEIGHT_SHARDED")
+    _expect_rejected(lambda: split(t, num_heads=7, num_kv_heads=2, memory_config=_height_grid(ttnn, 4)),
+                     "heads")
+
+
+def _rms_norm_rejects_height_sharded(ttnn, mesh):
+    x = ttnn.to_memory_config(_dev(ttnn, mesh, torch.randn(1, 1, 8, 64)), _hf_height_sharded(ttnn, 32, 1, 64))
+    _expect_rejected(lambda: ttnn.rms_norm(x, epsilon=1e-6), "HEIGHT_SHARDED")
+
+
+# ---- indexed fused cache update -----------------------------------------------------------------------------------
+def _indexed_ref(cache, packed, positions):
+    want = cache.clone()
+    bs = cache.shape[2]
+    for r, p in enumerate(positions):
+        if 0 <= p < cache.shape[0] * bs:
+            want[p // bs, :, p % bs, :] = packed[0, :, r, :]
+    return want
+
+
+def _indexed_dev(ttnn, mesh, x, dtype=None, layout=None):
+    return _dev(ttnn, mesh, x, dtype, layout, mapper=ttnn.ReplicateTensorToMesh(mesh))
+
+
+def _indexed_update_case(cache_shape):
+    def fn(ttnn, mesh):
+        g = torch.Generator().manual_seed(17 + cache_shape[0])
+        total = cache_shape[0] * cache_shape[2]
+        positions = [1, 3, 31, 32, 33, 63, 64, -1, total]
+        caches = [torch.zeros(cache_shape).bfloat16().float() for _ in range(2)]
+        ins = [torch.randn(1, cache_shape[1], 9, cache_shape[3], generator=g).bfloat16().float() for _ in range(2)]
+        dc = [_indexed_dev(ttnn, mesh, c) for c in caches]
+        idx = _indexed_dev(ttnn, mesh, torch.tensor([positions], dtype=torch.int32), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT)
+        o1, o2 = ttnn.experimental.indexed_fused_update_cache(dc[0], _indexed_dev(ttnn, mesh, ins[0]), dc[1],
+                                                              _indexed_dev(ttnn, mesh, ins[1]), idx)
+        assert o1 is dc[0] and o2 is dc[1], "the op updates the caches in place and returns them"
+        import ttnn as real
+
+        golden = real.get_golden_function(real.experimental.indexed_fused_update_cache)(
+            caches[0], ins[0], caches[1], ins[1], torch.tensor([positions], dtype=torch.int32))
+        for j in range(2):
+            want = _indexed_ref(caches[j], ins[j], positions)
+            assert torch.equal(golden[j], want), "the op's golden disagrees with the test's reference"
+            for sh in ttnn.get_device_tensors(dc[j]):
+                assert torch.equal(ttnn.to_torch(sh).float(), want), f"cache {j + 1} differs (exact)"
+    return fn
+
+
+def _indexed_update_rejects(ttnn, mesh):
+    def call(c1=None, i1=None, c2=None, i2=None, idx=None):
+        z = lambda shape, dt=None: _indexed_dev(ttnn, mesh, torch.zeros(shape), dt)  # noqa: E731
+        pos = _indexed_dev(ttnn, mesh, torch.arange(4, dtype=torch.int32).reshape(1, -1), ttnn.int32,
+                           ttnn.ROW_MAJOR_LAYOUT)
+        return lambda: ttnn.experimental.indexed_fused_update_cache(
+            c1 or z((2, 2, 64, 64)), i1 or z((1, 2, 4, 64)), c2 or z((2, 2, 64, 64)), i2 or z((1, 2, 4, 64)),
+            idx or pos)
+    z = lambda shape, dt=None, layout=None: _indexed_dev(ttnn, mesh, torch.zeros(shape), dt, layout)  # noqa: E731
+    ar = lambda n: torch.arange(n, dtype=torch.int32).reshape(1, -1)  # noqa: E731
+    _expect_rejected(call(c1=z((2, 2, 64, 64), ttnn.bfloat8_b)), "BFLOAT16")
+    _expect_rejected(call(idx=z((1, 4), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT)), "INT32")
+    _expect_rejected(call(idx=_indexed_dev(ttnn, mesh, ar(4), ttnn.int32, ttnn.TILE_LAYOUT)), "ROW_MAJOR")
+    _expect_rejected(call(idx=_indexed_dev(ttnn, mesh, ar(3), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT)), "num_indices")
+    _expect_rejected(call(c2=z((3, 2, 64, 64))), "identical shapes")
+    _expect_rejected(call(i2=z((1, 2, 5, 64))), "identical shapes")
+    _expect_rejected(call(c1=z((2, 2, 33, 64)), c2=z((2, 2, 33, 64))), "tile aligned")
+    _expect_rejected(call(i1=z((1, 2, 257, 64)), i2=z((1, 2, 257, 64)),
+                          idx=_indexed_dev(ttnn, mesh, ar(257), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT)), "256")
+    if mesh.get_num_devices() > 1:
+        sharded = _dev(ttnn, mesh, torch.arange(8, dtype=torch.int32).reshape(1, -1), ttnn.int32,
+                       ttnn.ROW_MAJOR_LAYOUT, mapper=ttnn.ShardTensorToMesh(mesh, dim=1))
+        _expect_rejected(call(idx=sharded), "replicated")
+
+
 # ---- collectives ---------------------------------------------------------------------------------------------
 def _sems(ttnn, mesh, n):
     cores = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(0, 0))})
@@ -660,6 +800,28 @@ for _b, _nh, _dh in ((1, 32, 128), (8, 8, 128), (32, 8, 128), (1, 32, 64), (8, 1
     CASES.append(Case("experimental.rotary_embedding_hf", f"decode_b{_b}_h{_nh}_d{_dh}",
                       SRC_ROPE_HF if _dh != 256 else f"{SRC_ROPE_HF} (form; head_dim 256 is this model's)",
                       _rope_hf_decode(_b, _nh, _dh), ci=(_b, _nh, _dh) in ((8, 8, 128), (4, 12, 256))))
+for _nq, _nkv, _dh, _b, _sh, _ov in ((8, 1, 128, 8, True, True), (8, 1, 128, 8, True, False),
+                                     (16, 2, 64, 32, True, True), (8, 4, 96, 32, True, True),
+                                     (12, 2, 256, 1, False, True), (12, 2, 256, 8, False, True)):
+    CASES.append(Case("experimental.nlp_create_qkv_heads_decode",
+                      f"{'min_width_shard' if _sh else 'interleaved'}_q{_nq}_kv{_nkv}_d{_dh}_b{_b}"
+                      f"{'' if _ov else '_no_overlap'}",
+                      SRC_CREATE_HEADS if _sh else f"{SRC_CREATE_HEADS} (interleaved input: the device op's factory)",
+                      _create_heads_case(_nq, _nkv, _dh, _b, _sh, _ov),
+                      ci=(_nq, _b, _ov) in ((8, 8, False), (12, 1, True))))
+CASES += [
+    Case("experimental.nlp_create_qkv_heads_decode", "rejects_bad_overlap_output_config_and_heads", SRC_CREATE_HEADS,
+         _create_heads_rejects),
+    Case("experimental.nlp_create_qkv_heads_decode", "batch_offset_slice_size_subcoregrids", SRC_CREATE_HEADS,
+         skip="batch_offset / slice_size and sub-core-grid inputs select users of a larger batch; the model splits "
+              "its own rows, so these forms are not emulated (they fail fast)"),
+    Case("rms_norm", "rejects_height_sharded_input", SRC_LAYERNORM_OP, _rms_norm_rejects_height_sharded),
+]
+for _shape in ((1, 2, 128, 64), (4, 2, 64, 64)):
+    CASES.append(Case("experimental.indexed_fused_update_cache", f"scatter_rows_{'x'.join(map(str, _shape))}",
+                      SRC_INDEXED_UPDATE, _indexed_update_case(_shape)))
+CASES.append(Case("experimental.indexed_fused_update_cache", "validation", SRC_INDEXED_UPDATE,
+                  _indexed_update_rejects))
 
 
 def run_cases(ctx, only_ops: set[str] | None = None, ci_only: bool = False) -> list[dict]:

@@ -639,3 +639,180 @@ def rotary_embedding_hf(input_tensor, cos_cache, sin_cache, *, is_decode_mode=Fa
             cos, sin = cos[:, :, : shape[2], :], sin[:, :, : shape[2], :]
         outs.append(packed(x * cos) + packed(_rotate_half(x) * sin))
     return make_like(input_tensor, outs, memory_config=memory_config)
+
+
+# ------------------------------------------------------------------------------------------------
+# decode head split
+# ------------------------------------------------------------------------------------------------
+def _pad32(n: int) -> int:
+    return -(-n // 32) * 32
+
+
+def _output_shard_config(mc, grid, rows: int, width: int):
+    return ttnn.MemoryConfig(mc.memory_layout, mc.buffer_type,
+                             ttnn.ShardSpec(grid, [rows, width], ttnn.ShardOrientation.ROW_MAJOR))
+
+
+@device_op("ttnn.experimental.nlp_create_qkv_heads_decode")
+def nlp_create_qkv_heads_decode(input_tensor, *, num_heads, num_kv_heads=None, output_tensors=None,
+                                overlap_qk_coregrid=True, batch_offset=None, slice_size=None, memory_config=None):
+    """Fused ``[1, 1, B, (nq + 2 nkv) D]`` rows -> q ``[1, B, nq, D]``, k and v ``[1, B, nkv, D]``, each
+    HEIGHT_SHARDED one user per core (heads padded to a tile). The 0.81.1 op has no golden; this restates the device
+    op (tt-metal ``nlp_create_qkv_heads_decode_device_operation.cpp`` and the host wrapper, read for facts):
+
+    * head_dim = last dim / (nq + 2 nkv) (exact), last dim a tile multiple; input TILE, FLOAT32 or BFLOAT16,
+      shape ``[1, 1, B <= 32, .]``;
+    * a sharded input must be WIDTH_SHARDED, ROW_MAJOR, one shard row block holding every (padded) row; with
+      ``overlap_qk_coregrid=False`` every shard must hold whole heads. An interleaved input needs
+      ``overlap_qk_coregrid=True`` (its program factory places q, k and v on the same cores);
+    * ``memory_config`` (default: the input's) must be HEIGHT_SHARDED with a shard grid of at least B cores
+      (2 B without overlap); nq <= 32 and nq >= nkv;
+    * output placement: q and v on the first B cores of that grid (row-major from its start core); k on the same
+      cores, or, without overlap, on the B cores after the first B + 1. Shards are ``[pad32(nq), D]`` for q and
+      (as the device op computes them, from nq) for k and v.
+    The copy is exact (no arithmetic); the outputs keep the input's dtype."""
+    op = "ttnn.experimental.nlp_create_qkv_heads_decode"
+    if output_tensors is not None or batch_offset is not None or slice_size is not None:
+        raise NotEmulatedError(f"{op}: output_tensors / batch_offset / slice_size are not emulated")
+    if not isinstance(input_tensor, EmuTensor) or not input_tensor.on_device:
+        raise EmulatorError(f"{op}: input_tensor must be a device tensor")
+    if dtype_name(input_tensor.dtype) not in ("FLOAT32", "BFLOAT16"):
+        raise EmulatorError(f"{op}: input must be FLOAT32 or BFLOAT16 (got {dtype_name(input_tensor.dtype)})")
+    if input_tensor.layout != ttnn.TILE_LAYOUT:
+        raise EmulatorError(f"{op}: only TILE layout is supported for the input")
+    shape = input_tensor.logical_shape_list
+    nq = int(num_heads)
+    nkv = nq if num_kv_heads is None else int(num_kv_heads)
+    if len(shape) != 4 or shape[0] != 1 or shape[1] != 1 or shape[2] > 32 or shape[3] % 32:
+        raise EmulatorError(f"{op}: input must be [1, 1, B <= 32, W] with W a multiple of 32, got {shape}")
+    if shape[3] % (nq + 2 * nkv):
+        raise EmulatorError(f"{op}: last dim {shape[3]} is not (num_heads + 2 num_kv_heads) = {nq + 2 * nkv} heads")
+    d = shape[3] // (nq + 2 * nkv)
+    users = shape[2]
+    overlap = True if overlap_qk_coregrid is None else bool(overlap_qk_coregrid)
+    in_mc = input_tensor.memory_config()
+    if in_mc.is_sharded():
+        spec = in_mc.shard_spec
+        if in_mc.memory_layout != ttnn.TensorMemoryLayout.WIDTH_SHARDED:
+            raise EmulatorError(f"{op}: a sharded input must be WIDTH_SHARDED (got {in_mc.memory_layout})")
+        if spec is None or spec.shape[0] != _pad32(users) or spec.orientation != ttnn.ShardOrientation.ROW_MAJOR:
+            raise EmulatorError(f"{op}: the input's shard spec must be ROW_MAJOR with shard height "
+                                f"{_pad32(users)} (every row)")
+        if not overlap and d % spec.shape[1]:
+            raise EmulatorError(f"{op}: without overlap_qk_coregrid every input shard must hold whole heads")
+    elif not overlap:
+        raise EmulatorError(f"{op}: overlap_qk_coregrid must be true for an interleaved input")
+    out_mc = in_mc if memory_config is None else memory_config
+    if not (out_mc.is_sharded() and out_mc.memory_layout == ttnn.TensorMemoryLayout.HEIGHT_SHARDED
+            and out_mc.shard_spec is not None):
+        raise EmulatorError(f"{op}: the output memory_config must be HEIGHT_SHARDED with a shard grid")
+    if nq > 32 or nq < nkv:
+        raise EmulatorError(f"{op}: need num_kv_heads {nkv} <= num_heads {nq} <= 32")
+    grid = out_mc.shard_spec.grid
+    if grid.num_cores() < (users if overlap else 2 * users):
+        raise EmulatorError(f"{op}: output grid has {grid.num_cores()} cores; needs "
+                            f"{users if overlap else 2 * users} for {users} users")
+    start = grid.ranges()[0].start
+    q_grid = ttnn.num_cores_to_corerangeset_in_subcoregrids(start, users, grid, True)
+    k_grid = q_grid
+    if not overlap:
+        k_start = ttnn.num_cores_to_corerangeset_in_subcoregrids(start, users + 1, grid, True).ranges()[-1].end
+        k_grid = ttnn.num_cores_to_corerangeset_in_subcoregrids(k_start, users, grid, True)
+    qs, ks, vs = [], [], []
+    for i in range(input_tensor.num_shards):
+        x = input_tensor.shards[i].reshape(users, nq + 2 * nkv, d)
+        qs.append(x[:, :nq].reshape(1, users, nq, d))
+        ks.append(x[:, nq:nq + nkv].reshape(1, users, nkv, d))
+        vs.append(x[:, nq + nkv:].reshape(1, users, nkv, d))
+    heads_pad = _pad32(nq)
+    q = make_like(input_tensor, qs, memory_config=_output_shard_config(out_mc, q_grid, heads_pad, d))
+    k = make_like(input_tensor, ks, memory_config=_output_shard_config(out_mc, k_grid, heads_pad, d))
+    v = make_like(input_tensor, vs, memory_config=_output_shard_config(out_mc, q_grid, heads_pad, d))
+    return q, k, v
+
+
+# ------------------------------------------------------------------------------------------------
+# indexed (physical-row) fused cache update
+# ------------------------------------------------------------------------------------------------
+def _indexed_rows(b) -> int:
+    """Valid (written) rows x heads of an indexed_fused_update_cache call (device 0; indices are replicated)."""
+    cache, x, idx = b["cache_tensor1"], b["input_tensor1"], b["physical_update_idxs_tensor"]
+    p, nh, bs, _ = cache.logical_shape_list
+    rows = x.logical_shape_list[2]
+    i = idx.shards[0].reshape(-1)[:rows].to(torch.int64)
+    return int(((i >= 0) & (i < p * bs)).sum()) * nh
+
+
+def _indexed_read(args, kwargs):
+    b = _bind("ttnn.experimental.indexed_fused_update_cache", args, kwargs)
+    d: dict = {}
+    for k in ("input_tensor1", "input_tensor2", "physical_update_idxs_tensor"):
+        _acc(d, b[k])
+    for k in ("cache_tensor1", "cache_tensor2"):  # read-modify-write of the row's tile
+        _acc(d, b[k], _row_tiles_bytes(b[k], _indexed_rows(b)))
+    return d
+
+
+def _indexed_written(args, kwargs):
+    b = _bind("ttnn.experimental.indexed_fused_update_cache", args, kwargs)
+    d: dict = {}
+    for k in ("cache_tensor1", "cache_tensor2"):
+        _acc(d, b[k], _row_tiles_bytes(b[k], _indexed_rows(b)))
+    return d
+
+
+@device_op("ttnn.experimental.indexed_fused_update_cache", read_bytes=_indexed_read, written_bytes=_indexed_written)
+def indexed_fused_update_cache(cache_tensor1, input_tensor1, cache_tensor2, input_tensor2,
+                               physical_update_idxs_tensor):
+    """Packed rows of two inputs written into two caches in one program, at physical rows (0.81.1 docstring):
+    input ``[1, nh, R, D]`` row i goes to ``cache[idx[i] // bs, :, idx[i] % bs, :]`` (cache ``[P, nh, bs, D]``);
+    entries < 0 or >= P * bs are skipped; no page-table translation. Validation as documented: caches and inputs
+    interleaved BFLOAT16 TILE, caches (and inputs) of identical shapes, page rows a tile multiple, 1 <= R <= 256,
+    indices INT32 ROW_MAJOR ``[1, N]`` with R <= N <= 256, replicated over the mesh (tt-metal's op tests). Rows are
+    written in index order (the device serialises a worker's rows, so a later row wins a shared target). A mesh
+    shards the four tensors alike (heads or head_dim) and replicates the indices; shards are updated per device."""
+    op = "ttnn.experimental.indexed_fused_update_cache"
+    idx = physical_update_idxs_tensor
+    for name, t in (("cache_tensor1", cache_tensor1), ("input_tensor1", input_tensor1),
+                    ("cache_tensor2", cache_tensor2), ("input_tensor2", input_tensor2)):
+        if not isinstance(t, EmuTensor) or not t.on_device:
+            raise EmulatorError(f"{op}: {name} must be a device tensor")
+        if dtype_name(t.dtype) != "BFLOAT16" or t.layout != ttnn.TILE_LAYOUT or t.memory_config().is_sharded():
+            raise EmulatorError(f"{op}: {name} must be an interleaved BFLOAT16 TILE tensor (got "
+                                f"{dtype_name(t.dtype)}, {t.layout}, {t.memory_config().memory_layout})")
+    if (not isinstance(idx, EmuTensor) or dtype_name(idx.dtype) != "INT32" or idx.layout != ttnn.ROW_MAJOR_LAYOUT
+            or len(idx.logical_shape_list) != 2 or idx.logical_shape_list[0] != 1):
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor must be a ROW_MAJOR INT32 [1, N] tensor")
+    n_idx = idx.logical_shape_list[1]
+    if cache_tensor1.logical_shape_list != cache_tensor2.logical_shape_list:
+        raise EmulatorError(f"{op}: cache_tensor1 and cache_tensor2 must have identical shapes")
+    if input_tensor1.logical_shape_list != input_tensor2.logical_shape_list:
+        raise EmulatorError(f"{op}: input_tensor1 and input_tensor2 must have identical shapes")
+    if len(cache_tensor1.logical_shape_list) == 4 and cache_tensor1.logical_shape_list[2] % 32:
+        raise EmulatorError(f"{op}: cache rows per physical page must be tile aligned")
+    if any(list(sh.shape) != list(idx.shards[0].shape) or not torch.equal(sh, idx.shards[0]) for sh in idx.shards):
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor must be replicated over the mesh (the same physical "
+                            "rows on every device)")
+    new = []
+    for cache_t, x_t in ((cache_tensor1, input_tensor1), (cache_tensor2, input_tensor2)):
+        cs, xs = cache_t.logical_shape_list, x_t.logical_shape_list
+        if len(cs) != 4 or len(xs) != 4 or xs[0] != 1 or xs[1] != cs[1] or xs[3] != cs[3]:
+            raise EmulatorError(f"{op}: input {xs} must be [1, num_heads, packed_rows, head_dim] of cache {cs}")
+        rows = xs[2]
+        if not 1 <= rows <= 256 or not rows <= n_idx <= 256:
+            raise EmulatorError(f"{op}: need 1 <= packed_rows ({rows}) <= num_indices ({n_idx}) <= 256")
+        shards = []
+        for i in range(cache_t.num_shards):
+            cache = cache_t.shards[i].clone()
+            p, _, bs, _ = cache.shape
+            phys = idx.shards[i].reshape(-1).to(torch.int64)
+            x = x_t.shards[i].to(cache.dtype)
+            for r in range(rows):
+                j = int(phys[r])
+                if 0 <= j < p * bs:
+                    cache[j // bs, :, j % bs, :] = x[0, :, r, :]
+            shards.append(cache)
+        new.append(shards)
+    write_inplace(cache_tensor1, new[0])
+    write_inplace(cache_tensor2, new[1])
+    return cache_tensor1, cache_tensor2

@@ -282,3 +282,33 @@ def fill_implicit_tile_padding(input_tensor, fill_value, *, memory_config=None):
     input tensor with the specified value")."""
     return make_like(input_tensor, list(input_tensor.shards), memory_config=memory_config,
                      pad_fill=float(fill_value))
+
+
+# ------------------------------------------------------------------------------------------------
+# Norms: the golden, behind the device op's memory-layout validation
+# ------------------------------------------------------------------------------------------------
+def _check_norm_layout(op: str, input_tensor, memory_config):
+    """ttnn's layernorm device op (rms_norm included; tt-metal ``layernorm_device_operation.cpp``, read for facts)
+    rejects HEIGHT_SHARDED inputs ("Height sharded inputs are not supported") and requires a sharded, non-height
+    output for a sharded input (default output memory config: the input's)."""
+    if not isinstance(input_tensor, EmuTensor) or not input_tensor.is_sharded():
+        return
+    mc = input_tensor.memory_config()
+    if mc.memory_layout == ttnn.TensorMemoryLayout.HEIGHT_SHARDED:
+        raise EmulatorError(f"{op}: HEIGHT_SHARDED inputs are not supported by the device op; reshard to "
+                            "interleaved (or width/block sharded with a sharded program config) first")
+    out = mc if memory_config is None else memory_config
+    if not out.is_sharded() or out.memory_layout == ttnn.TensorMemoryLayout.HEIGHT_SHARDED:
+        raise EmulatorError(f"{op}: a sharded input requires a sharded (not height-sharded) output memory_config")
+
+
+@device_op("ttnn.rms_norm")
+def rms_norm(input_tensor, **kwargs):
+    _check_norm_layout("ttnn.rms_norm", input_tensor, kwargs.get("memory_config"))
+    return golden_impl("ttnn.rms_norm", ttnn.rms_norm)(input_tensor, **kwargs)
+
+
+@device_op("ttnn.layer_norm")
+def layer_norm(input_tensor, **kwargs):
+    _check_norm_layout("ttnn.layer_norm", input_tensor, kwargs.get("memory_config"))
+    return golden_impl("ttnn.layer_norm", ttnn.layer_norm)(input_tensor, **kwargs)

@@ -1,13 +1,15 @@
 """Gated full attention on a TP mesh: Hq/N query heads and Hkv/N KV heads per device, paged KV cache.
 
-    qkv   = x @ [q_d | gate_d | k_d | v_d]                    one column-parallel matmul
+    qkv   = x @ [q_d | k_d | v_d], gate = x @ gate_d           two column-parallel matmuls
+    heads = decode: ONE experimental.nlp_create_qkv_heads_decode (q/k/v height-sharded, one row per core);
+            prefill: three tile-aligned slices
     q, k  = zero-centred RMSNorm over head_dim (weights stored as 1 + w), then RoPE as ONE
             experimental.rotary_embedding_hf each: the q/k head dims are stored in an order
             (weights.rope_head_permutation) in which partial NeoX RoPE is a full-width rotate_half, with
             cos = 1 / sin = 0 on the pass-through dims. Decode: height-sharded, one row per core (the op's
             decode mode; the sharded K goes into the cache update as is). Prefill: heads-first [1, heads, T, D].
     KV    = prefill: paged_fill_cache (whole pages of the chunk); decode: ONE paged_fused_update_cache (K and V)
-            at ``pos``; the K+1-row verify: paged_update_cache per row
+            at ``pos``; the K+1-row verify: ONE indexed_fused_update_cache (all rows of K and V)
     o     = prefill: chunked SDPA over the paged cache (causal from chunk_start);
             decode: paged SDPA decode with cur_pos = pos
     out   = all_reduce((o * sigmoid(gate)) @ o_proj_d)   sigmoid fused as the multiply's input activation
@@ -67,18 +69,31 @@ class TTGatedAttention:
         return ttnn.experimental.rotary_embedding_hf(x, ctx.cos, ctx.sin, is_decode_mode=False,
                                                      compute_kernel_config=cfg)
 
-    def project(self, x):
+    def project(self, x, mode: str = "prefill"):
+        """x [1, 1, T, H] -> q [1, T, Hq_d, D], gate [1, 1, T, Hq_d D], k, v [1, T, Hkv_d, D]; q and k normed.
+
+        [q | k | v] is one matmul and the gate its own (no slice of a fused output). Decode (T <= 32 rows as the
+        op's users): ONE experimental.nlp_create_qkv_heads_decode splits the heads, height-sharded one row per core
+        on core row 1 (v stays there: the fused cache update wants it on cores apart from the rotated K, which
+        :meth:`rope` puts on row 0); q and k go back to interleaved for their RMSNorm (ttnn's layernorm rejects
+        height-sharded inputs). Prefill: three tile-aligned slices and reshapes."""
         ttnn, a = self.ttnn, self.args
         rows = x.shape[2]
         qd, kvd = self.hq * self.d, self.hkv * self.d
-        qkv = ttnn.linear(x, self.w.qkv, dtype=a.dtype(TensorGroup.ACTIVATION, ttnn),
-                          memory_config=activation_memory_config(ttnn),
-                          compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.ATTN_QKV)))
-        q = ttnn.reshape(ttnn.slice(qkv, [0, 0, 0, 0], [1, 1, rows, qd]), [1, rows, self.hq, self.d])
-        gate = ttnn.slice(qkv, [0, 0, 0, qd], [1, 1, rows, 2 * qd])
-        k = ttnn.reshape(ttnn.slice(qkv, [0, 0, 0, 2 * qd], [1, 1, rows, 2 * qd + kvd]), [1, rows, self.hkv, self.d])
-        v = ttnn.reshape(ttnn.slice(qkv, [0, 0, 0, 2 * qd + kvd], [1, 1, rows, 2 * qd + 2 * kvd]),
-                         [1, rows, self.hkv, self.d])
+        mm = dict(dtype=a.dtype(TensorGroup.ACTIVATION, ttnn), memory_config=activation_memory_config(ttnn),
+                  compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.ATTN_QKV)))
+        qkv = ttnn.linear(x, self.w.qkv, **mm)
+        gate = ttnn.linear(x, self.w.gate, **mm)
+        if mode == "decode":
+            q, k, v = ttnn.experimental.nlp_create_qkv_heads_decode(
+                qkv, num_heads=self.hq, num_kv_heads=self.hkv,
+                memory_config=kv_update_input_memory_config(ttnn, rows, self.d, core_row=1))
+            q, k = (ttnn.to_memory_config(t, activation_memory_config(ttnn)) for t in (q, k))
+        else:
+            q = ttnn.reshape(ttnn.slice(qkv, [0, 0, 0, 0], [1, 1, rows, qd]), [1, rows, self.hq, self.d])
+            k = ttnn.reshape(ttnn.slice(qkv, [0, 0, 0, qd], [1, 1, rows, qd + kvd]), [1, rows, self.hkv, self.d])
+            v = ttnn.reshape(ttnn.slice(qkv, [0, 0, 0, qd + kvd], [1, 1, rows, qd + 2 * kvd]),
+                             [1, rows, self.hkv, self.d])
         ncfg = compute_config_norm(ttnn)
         q = ttnn.rms_norm(q, epsilon=self.eps, weight=self.w.q_norm, compute_kernel_config=ncfg)
         k = ttnn.rms_norm(k, epsilon=self.eps, weight=self.w.k_norm, compute_kernel_config=ncfg)
@@ -92,11 +107,10 @@ class TTGatedAttention:
                 raise NotImplementedError("multi-row decode attention is the K+1-row verify: pass a verify plan "
                                           "(models/qwen36/tt/verify.py) in AttentionContext.verify_plan")
             return self.attend_verify(q, k, v, kv, ctx)
-        # K and V rows in one program. k comes out of the decode RoPE height-sharded on core row 0; the fused update
-        # needs V on other cores, so v is resharded onto core row 1
-        v_shard = kv_update_input_memory_config(ttnn, q.shape[1], self.d, core_row=1)
-        ttnn.experimental.paged_fused_update_cache(kv.k, k, kv.v, ttnn.to_memory_config(v, v_shard),
-                                                   update_idxs_tensor=ctx.pos, page_table=ctx.page_table)
+        # K and V rows in one program: k comes out of the decode RoPE height-sharded on core row 0, v out of the head
+        # split on core row 1 (the fused update needs them on disjoint cores)
+        ttnn.experimental.paged_fused_update_cache(kv.k, k, kv.v, v, update_idxs_tensor=ctx.pos,
+                                                   page_table=ctx.page_table)
         o = ttnn.transformer.paged_scaled_dot_product_attention_decode(
             q, kv.k, kv.v, ctx.page_table, cur_pos_tensor=ctx.pos, scale=self.scale,
             program_config=sdpa_decode_program_config(ttnn), compute_kernel_config=compute_config_norm(ttnn),
@@ -106,9 +120,10 @@ class TTGatedAttention:
     def attend_verify(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
         """T = K+1 rows of one user at positions n..n+K; every local KV head's cache is scanned once.
 
-        KV rows are written with one paged_update_cache per row (positions ``ctx.verify_plan.row_pos[j]``; one row per
-        call so that no two writers share a cache tile). Attention: ONE paged SDPA decode in multi-position mode
-        (``spec_multi_pos_tiles=T``) whose G = Hkv_d groups are the local KV heads:
+        KV rows: ONE experimental.indexed_fused_update_cache writes the T rows of K and V at their physical cache rows
+        (``ctx.verify_plan.phys_rows`` [1, T], page * block_size + row; the op takes interleaved bf16 [1, G, T, D]
+        inputs, so k and v leave their height-sharded layouts and go heads-first). Attention: ONE paged SDPA decode
+        in multi-position mode (``spec_multi_pos_tiles=T``) whose G = Hkv_d groups are the local KV heads:
 
         * the kernel takes one KV head per cache, so the caches are viewed per head: ``[P, G, bs, D]`` ->
           ``[P*G, 1, bs, D]`` (the same tile order in DRAM: block p of head h is view block ``p*G + h``; a
@@ -120,12 +135,9 @@ class TTGatedAttention:
         At G = 1 the view and the table are the plain ones."""
         ttnn, plan = self.ttnn, ctx.verify_plan
         rows, g, heads = q.shape[1], self.hq // self.hkv, self.hkv
-        shard = kv_update_input_memory_config(ttnn, 1, self.d)
-        for cache, t in ((kv.k, k), (kv.v, v)):
-            for j in range(rows):
-                row = ttnn.slice(t, [0, j, 0, 0], [1, j + 1, self.hkv, self.d])
-                ttnn.experimental.paged_update_cache(cache, ttnn.to_memory_config(row, shard),
-                                                     update_idxs_tensor=plan.row_pos[j], page_table=ctx.page_table)
+        k_1GTD, v_1GTD = (ttnn.permute(ttnn.to_memory_config(t, activation_memory_config(ttnn)), (0, 2, 1, 3))
+                          for t in (k, v))
+        ttnn.experimental.indexed_fused_update_cache(kv.k, k_1GTD, kv.v, v_1GTD, plan.phys_rows)
         q_GTgD = ttnn.permute(ttnn.reshape(q, [rows, heads, g, self.d]), (1, 0, 2, 3))
         q_GT32D = q_GTgD if g >= 32 else ttnn.pad(q_GTgD, [(0, 0), (0, 0), (0, 32 - g), (0, 0)], 0.0)
         q_1GRD = ttnn.reshape(q_GT32D, [1, heads, rows * 32, self.d])
@@ -162,7 +174,7 @@ class TTGatedAttention:
         ttnn, a = self.ttnn, self.args
         if ctx.mode not in ("prefill", "decode"):
             raise ValueError(f"attention mode must be 'prefill' or 'decode', got {ctx.mode!r}")
-        q, gate, k, v = self.project(x)
+        q, gate, k, v = self.project(x, ctx.mode)
         q, k = self.rope(q, ctx), self.rope(k, ctx)
         attend = self.attend_decode if ctx.mode == "decode" else self.attend_prefill
         o = attend(q, k, v, kv, ctx)

@@ -10,9 +10,9 @@ Device-resident step state (:class:`SpecDeviceState`, allocated once before any 
     [T*Hv_d, Dk, Dv] fp32, the snapshot copies, the recompute scratch); T = K+1.
 
 From n the verify derives on device: rope rows (uint32 [1, T]), the SDPA bounds n..n+K once per local KV head
-(int32 [G*T], G = Hkv/N) and one [1] int32 KV write position per row; from the page table, the per-KV-head
-table ``pt*G + h`` ([G, blocks] int32). Attention: one ``paged_update_cache`` per row (K+1 writes per cache),
-then ONE paged SDPA decode in multi-position mode (``spec_multi_pos_tiles=T``) with one group per local KV head
+(int32 [G*T], G = Hkv/N); from the page table, the physical KV cache row of every row (int32 [1, T]) and the
+per-KV-head table ``pt*G + h`` ([G, blocks] int32). Attention: ONE ``indexed_fused_update_cache`` writes the K+1
+rows of K and V, then ONE paged SDPA decode in multi-position mode (``spec_multi_pos_tiles=T``) with one group per local KV head
 over a per-head view of the cache: every candidate shares one scan of each KV head (``tt/attention.py``
 ``attend_verify``). GDN: ``fused_recurrent_gated_delta_rule`` over the T rows, routed by the commit mechanism
 (``tt/mechanisms.py``): shadow_commit in ring mode (per-token states in place, head h starting from ring block
@@ -37,7 +37,7 @@ from ..errors import UserError
 from .attention import AttentionContext
 from .mechanisms import GDNStateBytes, SpecLayerBuffers, TTMechanism, tt_mechanism
 from .model import DecodeOutputs, TTQwen36Model
-from .model_config import TensorGroup, state_memory_config
+from .model_config import TensorGroup, compute_config_exact_count, state_memory_config
 from .state import GDNLayerState, TTModelState
 
 SPEC_TILES_AT_HD256 = 11  # multi-position paged SDPA fits about 11 candidate rows per core at head_dim 256 (L1 budget)
@@ -87,7 +87,7 @@ class VerifyPlan:
     """``AttentionContext.verify_plan`` of one verify: per-row positions and the mechanism's GDN routing."""
 
     step_state: "SpecDeviceState"
-    row_pos: list  # T x [1] int32 RM: KV write position of row j
+    phys_rows: Any  # [1, T] int32 RM: physical KV cache row (page * block_size + row in page) of row j
     bounds: Any  # [G*T] int32 RM: SDPA bound of candidate j (= n + j), once per local KV head
     head_page_table: Any  # [G, blocks] int32 RM: page table of the per-KV-head cache view (pt*G + h)
     records: list = field(default_factory=list)
@@ -155,9 +155,13 @@ class SpecDeviceState:
             # conv commit: new state row i = window row a + 1 + i (commit.py gathers rows c_conv_rows + a)
             self.c_conv_rows = self._dev(torch.arange(1, kc, dtype=torch.float32).reshape(1, 1, 1, kc - 1))
             self.c_heads = self._dev(torch.arange(self.model.args.hkv_d, dtype=torch.float32).reshape(-1, 1))
+            bs, pages = self.model.args.block_size, int(self.state.page_table.shape[-1])
+            starts = torch.arange(pages, dtype=torch.float32).reshape(1, 1, 1, pages) * bs
+            self.c_page_start, self.c_page_end = self._dev(starts), self._dev(starts + bs)  # page b: [b bs, (b+1) bs)
         else:
             self.n, self.pending, self.c_one, self.c_zero = sh.n, sh.pending, sh.c_one, sh.c_zero
             self.c_conv_rows, self.c_heads = sh.c_conv_rows, sh.c_heads
+            self.c_page_start, self.c_page_end = sh.c_page_start, sh.c_page_end
         self.drafts = self._dev(torch.zeros(1, 1, 1, self.k, dtype=torch.int32), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT)
         self.c_ar = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, 1, 1, t))
         self.c_rows = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, t, 1))  # re-advance row mask base
@@ -194,31 +198,38 @@ class SpecDeviceState:
             self.mechanism.pre_verify(self, s, self.layer_bufs[id(s)])
 
     def verify_rows(self):
-        """-> (tokens [1,T] uint32 RM, rope_idx [1,T] uint32 RM, bounds [G*T] int32 RM, row_pos T x [1] int32 RM,
+        """-> (tokens [1,T] uint32 RM, rope_idx [1,T] uint32 RM, bounds [G*T] int32 RM, phys_rows [1,T] int32 RM,
         head_page_table [G, blocks] int32 RM); G = local KV heads (see ``attend_verify``). Name suffixes give the
         shape: T rows, G local KV heads, P pages per sequence."""
-        ttnn, t, heads = self.ttnn, self.t, self.model.args.hkv_d
+        ttnn, t, heads, bs = self.ttnn, self.t, self.model.args.hkv_d, self.model.args.block_size
         rm = ttnn.ROW_MAJOR_LAYOUT
         pos_111T = ttnn.add(self.n, self.c_ar)  # fp32: n..n+K
         rope_idx_1T = ttnn.to_layout(ttnn.reshape(ttnn.typecast(pos_111T, ttnn.uint32), [1, t]), rm)
         bounds_GT = ttnn.to_layout(ttnn.reshape(ttnn.typecast(ttnn.concat([pos_111T] * heads, dim=3), ttnn.int32),
                                                 [heads * t]), rm)
-        row_pos = [ttnn.slice(bounds_GT, [j], [j + 1]) for j in range(t)]
         # block indices < 2**24: exact in fp32
         pt_1P = ttnn.typecast(ttnn.to_layout(self.state.page_table, ttnn.TILE_LAYOUT), ttnn.float32)
+        # physical cache row of position p (the indexed KV write takes no page table): pt[p // bs] * bs + p % bs
+        # = p + sum_b [b bs <= p < (b + 1) bs] (pt[b] bs - b bs): a 0/1 page select, integer sums exact in fp32
+        pos_11T1 = ttnn.reshape(pos_111T, [1, 1, t, 1])
+        sel_11TP = ttnn.logical_and(ttnn.ge(pos_11T1, self.c_page_start), ttnn.lt(pos_11T1, self.c_page_end))
+        shift_1P = ttnn.subtract(ttnn.multiply(pt_1P, float(bs)), self.c_page_start)
+        phys_11T1 = ttnn.add(pos_11T1, ttnn.sum(ttnn.multiply(sel_11TP, shift_1P), dim=-1, keepdim=True,
+                                                compute_kernel_config=compute_config_exact_count(ttnn)))
+        phys_1T = ttnn.to_layout(ttnn.reshape(ttnn.typecast(phys_11T1, ttnn.int32), [1, t]), rm)
         head_pt_GP = ttnn.add(ttnn.multiply(pt_1P, float(heads)), self.c_heads)  # pt*G + h
         head_pt_GP = ttnn.to_layout(ttnn.typecast(head_pt_GP, ttnn.int32), rm)
         drafts_111K = ttnn.typecast(ttnn.to_layout(self.drafts, ttnn.TILE_LAYOUT), ttnn.float32)
         toks_111T = ttnn.concat([self.pending, drafts_111K], dim=3)
         tokens_1T = ttnn.to_layout(ttnn.reshape(ttnn.typecast(toks_111T, ttnn.uint32), [1, t]), rm)
-        return tokens_1T, rope_idx_1T, bounds_GT, row_pos, head_pt_GP
+        return tokens_1T, rope_idx_1T, bounds_GT, phys_1T, head_pt_GP
 
     def verify(self) -> VerifyOutputs:
         """Pre-verify copies + ONE target forward over the T rows (device only)."""
         m = self.model
         self.pre_verify()
-        tokens_1T, rope_idx_1T, bounds_GT, row_pos, head_pt_GP = self.verify_rows()
-        verify_plan = VerifyPlan(self, row_pos, bounds_GT, head_pt_GP)
+        tokens_1T, rope_idx_1T, bounds_GT, phys_1T, head_pt_GP = self.verify_rows()
+        verify_plan = VerifyPlan(self, phys_1T, bounds_GT, head_pt_GP)
         with m.region("embed"):
             x_11TH = m.embed(tokens_1T)
             cos_1T1D, sin_1T1D = m.rope_rows(rope_idx_1T)

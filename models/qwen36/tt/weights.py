@@ -2,14 +2,14 @@
 
 Column-parallel (output features split, no communication): the GDN in-projections (qkv, z, b, a: four
 matmuls, so no output needs a slice),
-the fused attention projection [q | gate | k | v], the fused MLP [gate | up], the LM head (vocab-parallel).
+the attention projection [q | k | v] and its output gate, the fused MLP [gate | up], the LM head (vocab-parallel).
 Row-parallel (input features split, partial sums all-reduced): GDN out_proj, attention o_proj, MLP down.
 
 GDN split: device d owns key heads [d*Hk/N, (d+1)*Hk/N) and the value heads that read them
 (value head j reads key head j // (Hv/Hk), so the owned value heads are the contiguous range
 [d*Hv/N, (d+1)*Hv/N)). ``in_proj_qkv`` rows are [q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv)]; each device gets
 [q_d | k_d | v_d], and the conv channels are permuted identically (z, b, a split by value head alike). Attention: Hq/N query heads (each
-head's [q | gate] rows stay together) and Hkv/N KV heads per device (q head i reads KV head i // (Hq/Hkv),
+head's q and gate rows on the same device) and Hkv/N KV heads per device (q head i reads KV head i // (Hq/Hkv),
 so contiguous ranges line up again).
 
 Every tensor goes through ``ttnn.as_tensor(..., cache_file_name=...)`` when a cache directory is given,
@@ -76,8 +76,9 @@ def rope_head_permutation(head_dim: int, rotary_dim: int) -> torch.Tensor:
 
 
 def attention_qkv_rows(q_proj: torch.Tensor, k_proj: torch.Tensor, v_proj: torch.Tensor, hq: int, d: int,
-                       n: int, perm: torch.Tensor | None = None) -> torch.Tensor:
-    """Fused attention rows, device-major: device d gets [q_d | gate_d | k_d | v_d] (q_proj rows are per head
+                       n: int, perm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention projection rows, device-major: (qkv, gate) where device d gets [q_d | k_d | v_d] of qkv (the
+    layout ``experimental.nlp_create_qkv_heads_decode`` splits) and gate_d of gate (q_proj rows are per head
     [q | gate]; the head's q and gate rows land on the same device). ``perm`` reorders each q and k head's rows
     (:func:`rope_head_permutation`)."""
     qg = q_proj.reshape(hq, 2, d, -1)
@@ -86,8 +87,8 @@ def attention_qkv_rows(q_proj: torch.Tensor, k_proj: torch.Tensor, v_proj: torch
         q = q[:, perm]
         k_proj = k_proj.reshape(-1, d, k_proj.shape[-1])[:, perm].reshape(k_proj.shape)
     q = q.reshape(hq * d, -1)
-    parts = zip(*(per_device_blocks(x, n) for x in (q, gate, k_proj, v_proj)))
-    return device_major([list(p) for p in parts])
+    parts = zip(*(per_device_blocks(x, n) for x in (q, k_proj, v_proj)))
+    return device_major([list(p) for p in parts]), gate
 
 
 def expert_gate_up_blocks(gate_up: torch.Tensor, n: int) -> torch.Tensor:
@@ -127,7 +128,8 @@ class GDNWeights:
 
 @dataclass
 class AttentionWeights:
-    qkv: Any  # [H, (2 Hq_d + 2 Hkv_d) D]: [q_d | gate_d | k_d | v_d]
+    qkv: Any  # [H, (Hq_d + 2 Hkv_d) D]: [q_d | k_d | v_d] (the decode head split's input layout)
+    gate: Any  # [H, Hq_d D]: the output gate, its own matmul (no split of a fused output)
     q_norm: Any  # [D] as (1 + w)
     k_norm: Any
     o_proj: Any  # [Hq_d D, H] row-parallel
@@ -247,14 +249,17 @@ class WeightLoader:
     def attention(self, p: str) -> AttentionWeights:
         c = self.args.cfg
         perm = rope_head_permutation(c.head_dim, c.rotary_dim)
-        rows = attention_qkv_rows(self._get(f"{p}q_proj.weight"), self._get(f"{p}k_proj.weight"),
-                                  self._get(f"{p}v_proj.weight"), c.num_attention_heads, c.head_dim, self.n, perm)
-        # "_ropeperm": q/k rows in the RoPE head order (cache files of the unpermuted layout must not be reused)
-        qkv = self.matrix(f"{p}qkv_fused_ropeperm", rows, TensorGroup.ATTN_QKV, "column")
+        rows, gate_rows = attention_qkv_rows(self._get(f"{p}q_proj.weight"), self._get(f"{p}k_proj.weight"),
+                                             self._get(f"{p}v_proj.weight"), c.num_attention_heads, c.head_dim,
+                                             self.n, perm)
+        # "_ropeperm": q/k rows in the RoPE head order (cache files of the unpermuted layout must not be reused);
+        # "qkv_nogate": [q | k | v] without the gate (cache files of the fused [q | gate | k | v] layout differ)
+        qkv = self.matrix(f"{p}qkv_nogate_ropeperm", rows, TensorGroup.ATTN_QKV, "column")
+        gate = self.matrix(f"{p}q_gate", gate_rows, TensorGroup.ATTN_QKV, "column")
         qn = self.norm_weight(f"{p}q_norm_ropeperm", self._get(f"{p}q_norm.weight")[perm], zero_centred=True)
         kn = self.norm_weight(f"{p}k_norm_ropeperm", self._get(f"{p}k_norm.weight")[perm], zero_centred=True)
         o = self.matrix(f"{p}o_proj", self._get(f"{p}o_proj.weight"), TensorGroup.ATTN_O, "row")
-        return AttentionWeights(qkv, qn, kn, o)
+        return AttentionWeights(qkv, gate, qn, kn, o)
 
     def mlp(self, p: str) -> MLPWeights:
         gate = self.matrix(f"{p}gate_proj", self._get(f"{p}gate_proj.weight"), TensorGroup.MLP_GATE_UP, "column")
