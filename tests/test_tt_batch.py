@@ -213,3 +213,36 @@ def test_join_rejects_a_held_slot(gen):
         dec.join(0, prompt(3, 52))
     with pytest.raises(ValueError, match="no user"):
         dec.step({1: 5})
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from qwen36.cli import main
+
+    capsys.readouterr()
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:
+        rc = e.code
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+@pytest.mark.slow
+def test_generate_cli_several_prompts_on_tt(capsys, tmp_path, monkeypatch):
+    """`qwen36 generate --device emulated-p150x2` with two prompts decodes them as one TT batch: `ids[i]` equal
+    each prompt's own single-prompt TT run; speculative with several prompts on TT stays refused in one line."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
+    texts = ["def add(a, b):\n", "import os\nimport sys\n"]
+    base = ["generate", "--max-new-tokens", "5", "--device", "emulated-p150x2"]
+    alone = []
+    for t in texts:
+        rc, out, err = cli(capsys, *base, "--prompt", t)
+        assert rc == 0, err
+        alone.append(out.splitlines()[0].removeprefix("ids: "))
+    rc, out, err = cli(capsys, *base, *[a for t in texts for a in ("--prompt", t)])
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert [l for l in lines if l.startswith("ids[")] == [f"ids[{i}]: {a}" for i, a in enumerate(alone)]
+    assert sum(l.startswith("text[") for l in lines) == 2 and "batch 2" in err
+    rc, _, err = cli(capsys, *base, "--prompt", texts[0], "--prompt", texts[1], "--spec-k", "2")
+    assert rc == 2 and "TT batched speculative verify is not built" in err
