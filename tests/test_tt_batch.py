@@ -85,6 +85,17 @@ def test_batch_of_two_equals_batch_one(gen):
     assert_users_match_single(gen, prompts, res, [6, 6])
 
 
+def test_bucket_of_one_equals_generator(gen):
+    """B = 1 is the batch of one: a 1-slot decoder's tokens and logits == TTGenerator's (same graph)."""
+    prompts = [prompt(8, 3)]
+    dec = TTBatchDecoder(gen.model, 1)
+    try:
+        res = batched_greedy(dec, prompts, 5, keep_logits=True)
+    finally:
+        dec.release()
+    assert_users_match_single(gen, prompts, res, [5])
+
+
 def test_four_slots_join_leave_without_capture(gen):
     """B = 4 slots, five users of different prompt lengths and token counts: user 4 arrives at step 1 while all
     slots are held and joins the slot user 0 frees (mid-run, three users still decoding). One capture in all."""

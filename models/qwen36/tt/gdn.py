@@ -64,6 +64,7 @@ class TTGatedDeltaNet:
         # batched decode (B users, one row each): window and ring indices per B, made by prepare_batch before capture
         self.batch_unfold_idx: dict[int, object] = {1: self.unfold_idx[1]}
         self.batch_head_idx: dict[int, object] = {1: self.head_idx}
+        self.taps_by_tap = None  # conv taps as [1, K, 1, Cd] (batched decode), made by prepare_batch
 
     def _ring_index(self, users: int):
         """uint32 ROW_MAJOR [1, B*Hv]: entry b*Hv + h = b*Hv + h (each user's head reads and rewrites its own block)."""
@@ -76,7 +77,18 @@ class TTGatedDeltaNet:
         """Allocate the index tensors of a B-user decode (call before capturing its trace)."""
         if users not in self.batch_head_idx:
             self.batch_head_idx[users] = self._ring_index(users)
-            self.batch_unfold_idx[users] = self._unfold_index(1, users)
+            self.batch_unfold_idx[users] = self._batch_unfold_index(users)
+        if users > 1 and self.taps_by_tap is None:
+            self.taps_by_tap = self.ttnn.reshape(self.w.conv_taps, [1, self.kernel, 1, self.cd])
+
+    def _batch_unfold_index(self, users: int):
+        """uint32 ROW_MAJOR [1, K*B], tap-major: entry j*B + b = window row b*K + j (tap j of user b's [K, Cd]
+        window). Tap-major because the tile rows then hold 32 users of one tap: with user-major [B, K] rows every
+        user's K = 4 taps would be padded to a 32-row tile (8x the bytes of every op after the gather at B = 32)."""
+        ttnn, k = self.ttnn, self.kernel
+        idx = (torch.arange(k)[:, None] + torch.arange(users)[None, :] * k).reshape(1, -1).to(torch.int32)
+        return ttnn.from_torch(idx, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT, device=self.mesh,
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh), memory_config=state_memory_config(ttnn))
 
     # ---- pieces ------------------------------------------------------------------------------------
     def max_unfold_rows(self) -> int:
@@ -84,12 +96,10 @@ class TTGatedDeltaNet:
         gather + multiply + row sum; longer chunks (prefill) take the per-tap path."""
         return max(1, TILE_ROWS // self.kernel)
 
-    def _unfold_index(self, rows: int, users: int = 1):
-        """uint32 ROW_MAJOR [1, B*T*K]: window row b*(K-1+T) + t + j for user b, output row t, tap j (the B users'
-        windows stacked; allocated once, before capture)."""
+    def _unfold_index(self, rows: int):
+        """uint32 ROW_MAJOR [1, T*K]: window row t + j for output row t, tap j (allocated once, before capture)."""
         ttnn, k = self.ttnn, self.kernel
-        one = (torch.arange(rows)[:, None] + torch.arange(k)[None, :]).reshape(-1)
-        idx = (torch.arange(users)[:, None] * (k - 1 + rows) + one[None, :]).reshape(1, -1).to(torch.int32)
+        idx = (torch.arange(rows)[:, None] + torch.arange(k)[None, :]).reshape(1, rows * k).to(torch.int32)
         return ttnn.from_torch(idx, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT, device=self.mesh,
                                mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh), memory_config=state_memory_config(ttnn))
 
@@ -101,7 +111,7 @@ class TTGatedDeltaNet:
         speculative verify keeps the window and its commit selects the rows of the accepted row).
         mixed: [1, 1, T, Cd] -> silu(out) [1, T, 1, Cd] (and the ROW_MAJOR window [1, 1, K-1+T, Cd] if asked).
         Batched decode: conv_state [B, 1, K-1, Cd] and mixed [1, 1, B, Cd] (one row per user): window
-        [B, 1, K, Cd], output [1, B, 1, Cd]."""
+        [B, 1, K, Cd], output [1, 1, B, Cd] (:meth:`qkv_heads` reshapes either form the same way)."""
         ttnn, k = self.ttnn, self.kernel
         mc = activation_memory_config(ttnn)
         users = conv_state.shape[0]
@@ -116,11 +126,17 @@ class TTGatedDeltaNet:
         if write_state is not None:
             ttnn.slice(window, [0, 0, per_user, 0], [users, 1, per_user + k - 1, self.cd],
                        output_tensor=conv_state if write_state is True else write_state)
-        if per_user <= self.max_unfold_rows():
-            table = ttnn.reshape(window, [users * (k - 1 + per_user), self.cd])  # ROW_MAJOR, last dim kept: a view
-            idx = self.unfold_idx[per_user] if users == 1 else self.batch_unfold_idx[users]
-            unf = ttnn.embedding(idx, table, layout=ttnn.TILE_LAYOUT, dtype=mixed.dtype,
-                                 memory_config=mc)  # [1, B*T*K, Cd]: row (b, t, j) = window[b][t + j]
+        if users > 1:  # one row per user: tap-major unfold, taps summed over an outer dim
+            table = ttnn.reshape(window, [users * k, self.cd])  # ROW_MAJOR, last dim kept: a view
+            unf = ttnn.embedding(self.batch_unfold_idx[users], table, layout=ttnn.TILE_LAYOUT, dtype=mixed.dtype,
+                                 memory_config=mc)  # [1, K*B, Cd]: row (j, b) = window[b][j]
+            unf = ttnn.reshape(unf, [1, k, users, self.cd])  # a view when B is a multiple of 32
+            acc = ttnn.sum(ttnn.multiply(unf, self.taps_by_tap, memory_config=mc), dim=1, keepdim=True,
+                           memory_config=mc, compute_kernel_config=compute_config_fp32_state(ttnn))  # [1, 1, B, Cd]
+        elif rows <= self.max_unfold_rows():
+            table = ttnn.reshape(window, [k - 1 + rows, self.cd])  # ROW_MAJOR, last dim kept: a view
+            unf = ttnn.embedding(self.unfold_idx[rows], table, layout=ttnn.TILE_LAYOUT, dtype=mixed.dtype,
+                                 memory_config=mc)  # [1, T*K, Cd]: row (t, j) = window[t + j]
             unf = ttnn.reshape(unf, [1, rows, k, self.cd])  # a view at T = 1
             acc = ttnn.sum(ttnn.multiply(unf, self.w.conv_taps, memory_config=mc), dim=2, keepdim=True,
                            memory_config=mc, compute_kernel_config=compute_config_fp32_state(ttnn))  # [1, T, 1, Cd]
