@@ -175,9 +175,19 @@ def test_poisoned_free_slot_is_inert(gen):
         dec.release()
 
 
+def gdn_rows(dec: TTBatchDecoder, st: GDNLayerState) -> tuple[torch.Tensor, torch.Tensor]:
+    """(recurrent [B, devices, Hv_d, Dk, Dv], conv [B, devices, K-1, Cd]) of one GDN layer, slot-major."""
+    ttnn = dec.ttnn
+    rec = torch.stack([ttnn.to_torch(d).float() for d in ttnn.get_device_tensors(st.recurrent)], 0)
+    conv = torch.stack([ttnn.to_torch(d).float() for d in ttnn.get_device_tensors(st.conv)], 0)
+    rec = rec.reshape(rec.shape[0], dec.slots, -1, *rec.shape[-2:]).transpose(0, 1)
+    conv = conv.reshape(conv.shape[0], dec.slots, *conv.shape[-2:]).transpose(0, 1)
+    return rec, conv
+
+
 def test_slot_remap_moves_state_rows(gen):
-    """Two users decode two steps, then slot_remap([1, 0]) swaps their slots on device (rows read the remapped
-    state, page-table rows follow); both users' tokens and logits are still their batch-1 ones, and the swapped
+    """Two users decode two steps, then slot_remap([1, 0]) swaps their slots on device (the GDN recurrent and conv
+    rows of slot 0 and 1 are exchanged bit for bit, page-table rows follow); both users' tokens and logits are still their batch-1 ones, and the swapped
     run's logits equal the unpermuted run's row for row."""
     prompts = [prompt(6, 41), prompt(13, 42)]
     n = 6
@@ -191,8 +201,14 @@ def test_slot_remap_moves_state_rows(gen):
         try:
             for t in range(n - 1):
                 if t == remap_at:
+                    before = [gdn_rows(dec, st) for st in dec.state.gdn_states()]
                     dec.slot_remap(torch.tensor([1, 0], dtype=torch.int32))
                     where = where[::-1]
+                    for st, (rec, conv) in zip(dec.state.gdn_states(), before):  # rows moved, bit for bit
+                        rec_after, conv_after = gdn_rows(dec, st)
+                        assert not torch.equal(rec[0], rec[1])  # two users' states: a swap is visible
+                        assert torch.equal(rec_after[0], rec[1]) and torch.equal(rec_after[1], rec[0])
+                        assert torch.equal(conv_after[0], conv[1]) and torch.equal(conv_after[1], conv[0])
                 rows, _ = dec.step({where[u]: toks[u][-1] for u in range(2)})
                 for u in range(2):
                     logits[u].append(rows[where[u]])

@@ -61,9 +61,10 @@ class TTGatedDeltaNet:
         self.unfold_idx = {t: self._unfold_index(t) for t in range(1, self.max_unfold_rows() + 1)}
         # ring index of a 1-row decode in place: head h starts from (and rewrites) block h of the state buffer
         self.head_idx = self._ring_index(1)
-        # batched decode (B users, one row each): window and ring indices per B, made by prepare_batch before capture
-        self.batch_unfold_idx: dict[int, object] = {1: self.unfold_idx[1]}
+        # batched decode (B users, one row each): ring and (B > 1) tap-major window indices per B, made by
+        # prepare_batch before capture
         self.batch_head_idx: dict[int, object] = {1: self.head_idx}
+        self.batch_unfold_idx: dict[int, object] = {}
         self.taps_by_tap = None  # conv taps as [1, K, 1, Cd] (batched decode), made by prepare_batch
 
     def _ring_index(self, users: int):
@@ -77,6 +78,7 @@ class TTGatedDeltaNet:
         """Allocate the index tensors of a B-user decode (call before capturing its trace)."""
         if users not in self.batch_head_idx:
             self.batch_head_idx[users] = self._ring_index(users)
+        if users > 1 and users not in self.batch_unfold_idx:
             self.batch_unfold_idx[users] = self._batch_unfold_index(users)
         if users > 1 and self.taps_by_tap is None:
             self.taps_by_tap = self.ttnn.reshape(self.w.conv_taps, [1, self.kernel, 1, self.cd])
