@@ -14,6 +14,11 @@ Method (``--preset 27b``):
 ``--preset 35b-a3b`` (the MoE sibling) is built the same way with 64 routed experts instead of 256 (see
 ``BUILT_EXPERTS``); the router's extra bytes at 256 experts are added per MoE layer, and the weight bytes per token
 count the k routed experts each layer reads, not the resident expert stack.
+``--batch B`` counts one step of the batched plain decode (tt/batch.py): B user rows, every user at position
+``--context - 1`` with its own KV pages and GDN slot. The emulator's counters charge each op what it reads, so a
+weight matrix is read once per step whatever B, while activation tiles, each user's KV blocks (paged SDPA decode
+reads every user's blocks up to its own position) and the B-slot GDN ring are charged for all users; per-user
+tok/s = 1000 / (ms per step), aggregate = B x that.
 The step is counted at position ``--context - 1``: the emulator's paged SDPA decode accounting reads the KV
 blocks up to that position (and ``paged_update_cache`` the row tiles it touches), so KV bytes are those of a
 ``--context``-token sequence. One byte correction: the emulator counts a gather's whole table as read, but an
@@ -138,6 +143,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-matmuls", default="dram_sharded", choices=["dram_sharded", "interleaved"],
                    help="decode layout of the MLP matmuls (tt/model_config.py decode_matmul_plan); interleaved: "
                         "the DRAM-interleaved weights and default program configs of before, for A/B figures")
+    p.add_argument("--batch", type=int, default=1,
+                   help="users decoded per step (batched plain decode, tt/batch.py; 1, 8 or 32 are the buckets)")
 
 
 def _tensor_bytes(obj) -> int:
@@ -212,7 +219,8 @@ class CostBench:
 
     def kv_read_bytes(self) -> int:
         """K and V bytes of one attention layer (per device) up to the counted context."""
-        per_block = self.state.layers[1].k.bytes_per_device() // self.args.num_blocks
+        k = self.state.layers[1].k
+        per_block = k.bytes_per_device() // k.shape[0]
         return 2 * (-(-self.context // self.args.block_size)) * per_block
 
     def close(self) -> None:
@@ -220,9 +228,9 @@ class CostBench:
 
 
 def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME,
-                emulated_only: bool = True, decode_matmuls: str = "dram_sharded") -> CostBench:
+                emulated_only: bool = True, decode_matmuls: str = "dram_sharded", slots: int = 1) -> CostBench:
     """Open the mesh (emulated unless ``emulated_only`` is False) and build the first GDN + first attention layer
-    of ``cfg`` with state for a ``context``-token sequence (plus 64 positions of head room)."""
+    of ``cfg`` with state for ``slots`` users of a ``context``-token sequence (plus 64 positions of head room)."""
     from qwen36.tt_ops.device import open_mesh
 
     from qwen36.config import FULL
@@ -243,7 +251,7 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
         weights = WeightLoader(RandomCheckpoint(cfg, seed), args, ctx.ttnn, ctx.mesh_device, progress=False).load(
             layers=[gdn_id, attn_id])
         model = TTQwen36Model(args, weights, ctx.ttnn, ctx.mesh_device)
-        state = allocate_state(args, ctx.ttnn, ctx.mesh_device, [gdn_id, attn_id])
+        state = allocate_state(args, ctx.ttnn, ctx.mesh_device, [gdn_id, attn_id], slots=slots)
     except BaseException:
         ctx.close()
         raise
@@ -264,22 +272,31 @@ def token_counts(name: str, parts) -> "Counts":
 
 def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, real_vocab: int | None = None,
             n_gdn: int | None = None, n_attn: int | None = None, real_cfg=None,
-            decode_matmuls: str = "dram_sharded") -> dict:
-    """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step by region and
-    extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default: cfg's)."""
+            decode_matmuls: str = "dram_sharded", batch: int = 1) -> dict:
+    """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step of ``batch``
+    users by region and extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default:
+    cfg's)."""
     from qwen36.tt_ops.cost_model import LABEL, P150aCostModel, decode_layout_bounds
 
+    from qwen36.config import FULL
     from qwen36.tt.state import allocate_decode_inputs
     from qwen36.tt.trace import TracedStep
 
-    bench = build_bench(device, cfg, precision, context, seed, decode_matmuls=decode_matmuls)
+    if batch < 1:
+        raise UserError(f"--batch must be >= 1, got {batch}")
+    bench = build_bench(device, cfg, precision, context, seed, decode_matmuls=decode_matmuls, slots=batch)
     try:
         ttnn, mesh, n, model, state, weights, args = (bench.ttnn, bench.mesh, bench.ctx.num_devices, bench.model,
                                                       bench.state, bench.weights, bench.args)
         ctx, regions = bench.ctx, bench.regions
-        inputs = allocate_decode_inputs(ttnn, mesh)
-        pos = context - 1  # the step attends to `context` KV positions
-        model.copy_host_to_device(model.prepare_decode_inputs_host([1], pos), inputs)
+        for layer in model.layers:
+            if layer.layer_type != FULL:
+                layer.mixer.prepare_batch(batch)
+        inputs = allocate_decode_inputs(ttnn, mesh, batch=batch)
+        pos = context - 1  # the step attends to `context` KV positions (every user)
+        host = (model.prepare_decode_inputs_host([1], pos) if batch == 1
+                else model.prepare_decode_inputs_host([1] * batch, [pos] * batch))
+        model.copy_host_to_device(host, inputs)
         model.decode_forward(inputs, state)  # eager step: the counted one
         model.region = lambda name: contextlib.nullcontext()
         # the trace records the same programs: capture and compare
@@ -292,7 +309,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
 
         # ---- corrections (see module docstring) -----------------------------------------------------
         h = cfg.hidden_size
-        embed = bench.corrected_embed(regions["embed"], 1)
+        embed = bench.corrected_embed(regions["embed"], batch)
         attn = regions["layer1"].copy("attention layer")
         kv_read = bench.kv_read_bytes()
         gdn = regions["layer0"].copy("GDN layer")
@@ -335,7 +352,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         # the same counts under the decode layouts tt_transformers uses (cost_model.decode_layout_bounds): weights
         # DRAM-sharded, activations in L1; KV and GDN state stay DRAM reads
         gdn_st = state.layers[0]
-        resident = n_attn * kv_read + n_gdn * (gdn_st.recurrent.bytes_per_device() + gdn_st.conv.bytes_per_device())
+        resident = n_attn * kv_read * batch + n_gdn * (gdn_st.recurrent.bytes_per_device() + gdn_st.conv.bytes_per_device())
         layouts = {name: m.breakdown_split(token, int(weight_bytes), int(resident))
                    for name, m in decode_layout_bounds(cm).items()}
         return {
@@ -347,6 +364,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             "layers": {"gdn": n_gdn, "attention": n_attn},
             "vocab": {"built": cfg.vocab_size, "extrapolated_to": int(cfg.vocab_size * ratio)},
             "context_tokens": context,
+            "batch": batch,
             "programs": {"gdn_layer": gdn.programs, "attention_layer": attn.programs, "embed": embed.programs,
                          "head": head.programs, "per_token": token.programs},
             "programs_traced_step_check": {"regions_sum": step_programs, "trace_replay": rep.programs},
@@ -358,8 +376,10 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
                                         "per_token": int(weight_bytes)},
             "bytes_read_per_device_per_token": token.bytes_read_total,
             "kv_bytes_per_device_per_token_at_context": n_attn * kv_read,
+            "kv_bytes_per_device_per_step_at_context": n_attn * kv_read * batch,
             "modelled_ms_per_step": br["total_ms"],
             "modelled_tok_s": 1e3 / br["total_ms"],
+            "modelled_aggregate_tok_s": batch * 1e3 / br["total_ms"],
             "breakdown_ms": {k: br[k] for k in ("dram_ms", "dram_interleaved_ms", "dram_sharded_ms", "dispatch_ms",
                                                 "collective_fixed_ms", "collective_bw_ms")},
             "bytes_read_by_placement": {k: br["inputs"][k] for k in ("bytes_read_dram_interleaved",
@@ -367,7 +387,8 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             "weight_stream_floor_ms": weight_bytes / (cm.dram_bw_gbps * 1e9) * 1e3,
             "decode_layouts_ms": {name: {k: b[k] for k in ("total_ms", "weight_ms", "resident_ms", "activation_ms",
                                                            "dispatch_ms", "collective_fixed_ms", "collective_bw_ms")}
-                                  | {"weight_bw_gbps": b["constants"]["weight_bw_gbps"] or cm.dram_bw_gbps,
+                                  | {"aggregate_tok_s": batch * 1e3 / b["total_ms"],
+                                     "weight_bw_gbps": b["constants"]["weight_bw_gbps"] or cm.dram_bw_gbps,
                                      "activations_in_l1": b["constants"]["activations_in_l1"]}
                                   for name, b in layouts.items()},
             "cost_model_constants": br["constants"],
@@ -382,20 +403,21 @@ def run(args: argparse.Namespace) -> ProbeReport:
     cfg, base = build_config(args.preset, args.vocab_sample)
     fig = measure(device, cfg, args.precision, args.context, args.seed, real_vocab=base.vocab_size,
                   n_gdn=len(base.gdn_layer_ids), n_attn=len(base.attention_layer_ids), real_cfg=base,
-                  decode_matmuls=args.decode_matmuls)
+                  decode_matmuls=args.decode_matmuls, batch=args.batch)
     check = fig["programs_traced_step_check"]
     cells = [
         {"cell": "trace records the counted step", "pass": check["regions_sum"] == check["trace_replay"], **check},
         {"cell": "figures", "pass": fig["modelled_ms_per_step"] > 0},
     ]
-    print(f"[{fig['label']}] decode-cost {args.preset} {args.precision} tp{fig['tp']} on {fig['backend']} "
-          f"(decode matmuls {args.decode_matmuls}):")
+    print(f"[{fig['label']}] decode-cost {args.preset} {args.precision} tp{fig['tp']} batch {fig['batch']} "
+          f"on {fig['backend']} (decode matmuls {args.decode_matmuls}):")
     print(f"  programs: GDN layer {fig['programs']['gdn_layer']}, attention layer {fig['programs']['attention_layer']}, "
           f"per token {fig['programs']['per_token']}")
     print(f"  weight bytes/device/token {fig['weight_bytes_per_device']['per_token'] / 1e9:.3f} GB, "
           f"collectives/token {fig['collectives']['per_token']} "
           f"({fig['collectives']['bytes_per_device_per_token'] / 1e6:.2f} MB/device)")
-    print(f"  [{fig['label']}] {fig['modelled_ms_per_step']:.2f} ms/step, {fig['modelled_tok_s']:.1f} tok/s on P150a x{fig['tp']} "
+    print(f"  [{fig['label']}] {fig['modelled_ms_per_step']:.2f} ms/step, {fig['modelled_tok_s']:.1f} tok/s per user, "
+          f"{fig['modelled_aggregate_tok_s']:.1f} tok/s aggregate over {fig['batch']} users on P150a x{fig['tp']} "
           f"(weight-stream floor {fig['weight_stream_floor_ms']:.2f} ms)")
     bd = fig["breakdown_ms"]
     print(f"  [{fig['label']}] DRAM {bd['dram_ms']:.2f} ms = interleaved {bd['dram_interleaved_ms']:.2f} + DRAM-sharded "
@@ -404,10 +426,11 @@ def run(args: argparse.Namespace) -> ProbeReport:
     for name, lay in fig["decode_layouts_ms"].items():
         print(f"  [{fig['label']}] layout {name}: {lay['total_ms']:.2f} ms/step (weights {lay['weight_ms']:.2f} at "
               f"{lay['weight_bw_gbps']:.0f} GB/s, KV+state {lay['resident_ms']:.2f}, activations {lay['activation_ms']:.2f}"
-              f"{' (L1)' if lay['activations_in_l1'] else ''})")
+              f"{' (L1)' if lay['activations_in_l1'] else ''}), {lay['aggregate_tok_s']:.1f} tok/s aggregate")
     return ProbeReport(probe=NAME, backend=fig["backend"],
                        config={"preset": args.preset, "precision": args.precision, "context": args.context,
                                "decode_matmuls": args.decode_matmuls,
+                               "batch": args.batch,
                                "vocab_sample": cfg.vocab_size, "real_vocab": base.vocab_size,
                                "seed": args.seed},
                        cells=cells, counters={"programs": fig["programs"], "collectives": fig["collectives"]},

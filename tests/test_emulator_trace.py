@@ -196,6 +196,25 @@ def test_no_allocation_while_trace_live():
         ttnn.exp(x)  # policy "warn": logged, not raised
 
 
+def test_scratch_allocation_while_trace_live():
+    """Inside ttnn's corruptible_allocation_scope (buffers declared scratch: dead before the next replay) an eager
+    allocation while a trace is live is allowed (a user's prefill between batched decode replays); outside the
+    scope it still raises."""
+    with _open() as ctx:
+        ttnn, mesh = ctx.ttnn, ctx.mesh_device
+        x = ttnn.from_torch(torch.randn(1, 1, 32, 32), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh)
+        tid = ttnn.begin_trace_capture(mesh, cq_id=0)
+        y = ttnn.exp(x)
+        ttnn.end_trace_capture(mesh, tid)
+        with ttnn.tools.trace_allocation_tracker.corruptible_allocation_scope(mesh):
+            z = ttnn.neg(x)
+        assert torch.equal(_read(ttnn, mesh, z), -_read(ttnn, mesh, x))
+        with pytest.raises(TraceRuleError, match="live"):
+            ttnn.neg(x)
+        ttnn.execute_trace(mesh, tid)
+        assert torch.equal(_read(ttnn, mesh, y), torch.exp(_read(ttnn, mesh, x).float()).bfloat16())
+
+
 def test_deallocation_rules():
     with _open() as ctx:
         ttnn, mesh = ctx.ttnn, ctx.mesh_device

@@ -23,3 +23,27 @@ def test_decode_cost_probe_ci(tmp_path):
     # one all_reduce after each mixer and each MLP, one all_gather of the logits
     assert perf["collectives"]["per_token"] == 2 * 4 + 1
     assert perf["modelled_ms_per_step"] > 0 and perf["weight_bytes_per_device"]["per_token"] > 0
+
+
+@pytest.mark.slow  # two probe runs end to end
+def test_decode_cost_batch_charges_weights_once(tmp_path):
+    """--batch 8 at CI size: the same weight bytes per step as batch 1 (read once for all users), 8x the KV bytes,
+    the same collectives, aggregate tok/s = 8 x per-user tok/s, and more aggregate throughput than batch 1."""
+    from qwen36.cli import main
+
+    perf = {}
+    for b in (1, 8):
+        rec = tmp_path / f"dc{b}.jsonl"
+        assert main(["probe", "decode-cost", "--device", "emulated-p150x2", "--preset", "ci", "--batch", str(b),
+                     "--records", str(rec)]) == 0
+        (r,) = read_records(rec)
+        perf[b] = r["performance"]
+        assert perf[b]["label"] == "modelled" and r["config"]["batch"] == b and perf[b]["batch"] == b
+        check = perf[b]["programs_traced_step_check"]
+        assert check["regions_sum"] == check["trace_replay"]
+    one, eight = perf[1], perf[8]
+    assert eight["weight_bytes_per_device"] == one["weight_bytes_per_device"]
+    assert eight["kv_bytes_per_device_per_step_at_context"] == 8 * one["kv_bytes_per_device_per_step_at_context"]
+    assert eight["collectives"]["per_token"] == one["collectives"]["per_token"]
+    assert eight["modelled_aggregate_tok_s"] == pytest.approx(8 * eight["modelled_tok_s"])
+    assert eight["modelled_aggregate_tok_s"] > 4 * one["modelled_aggregate_tok_s"]

@@ -124,6 +124,9 @@ class TraceState:
             if tr.complete and not tr.released and tr is not self.capturing:
                 tr.unsafe.add(t)
 
+    def in_corruptible_scope(self) -> bool:
+        return self._corruptible_depth > 0
+
     @contextlib.contextmanager
     def corruptible_scope(self):
         self._corruptible_depth += 1

@@ -100,13 +100,17 @@ class TTGatedAttention:
         return q, gate, k, v
 
     def attend_decode(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
-        """One row per user: q/k/v [1, B, heads, D] (q, k height-sharded by :meth:`rope`) -> o [1, 1, B, Hq_d D]."""
+        """One row per user: q/k/v [1, B, heads, D] (q, k height-sharded by :meth:`rope`) -> o [1, 1, B, Hq_d D].
+        User b writes and reads its own pages (page-table row b) at ``ctx.pos[b]``; -1 skips the user (an
+        inactive slot of a batched decode: no cache write, its output row is ignored). With a verify plan the
+        rows are the K+1 candidates of one user instead."""
         ttnn = self.ttnn
-        if q.shape[1] != 1:
-            if ctx.verify_plan is None:
-                raise NotImplementedError("multi-row decode attention is the K+1-row verify: pass a verify plan "
-                                          "(models/qwen36/tt/verify.py) in AttentionContext.verify_plan")
+        users = q.shape[1]
+        if users != 1 and ctx.verify_plan is not None:
             return self.attend_verify(q, k, v, kv, ctx)
+        if ctx.pos.shape[0] != users or ctx.page_table.shape[0] != users:
+            raise ValueError(f"decode attention over {users} user rows needs pos [{users}] and a page table of "
+                             f"{users} rows (got pos {list(ctx.pos.shape)}, page table {list(ctx.page_table.shape)})")
         # K and V rows in one program: k comes out of the decode RoPE height-sharded on core row 0, v out of the head
         # split on core row 1 (the fused update needs them on disjoint cores)
         ttnn.experimental.paged_fused_update_cache(kv.k, k, kv.v, v, update_idxs_tensor=ctx.pos,
@@ -115,7 +119,7 @@ class TTGatedAttention:
             q, kv.k, kv.v, ctx.page_table, cur_pos_tensor=ctx.pos, scale=self.scale,
             program_config=sdpa_decode_program_config(ttnn), compute_kernel_config=compute_config_norm(ttnn),
             memory_config=activation_memory_config(ttnn))
-        return ttnn.reshape(o, [1, 1, 1, self.hq * self.d])
+        return ttnn.reshape(o, [1, 1, users, self.hq * self.d])
 
     def attend_verify(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
         """T = K+1 rows of one user at positions n..n+K; every local KV head's cache is scanned once.

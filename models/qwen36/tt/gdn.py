@@ -18,6 +18,12 @@ One forward for any number of rows T (prefill chunk, 1-row decode, K+1-row verif
 
 Shapes per device: x [1, 1, T, H] -> out [1, 1, T, H] (replicated after the reduce). Needs Dk == Dv (the head
 split reshapes q, k and v together).
+
+Batched plain decode (B user slots, tt/batch.py): x [1, 1, B, H] holds one row per user, row b reading and writing
+slot b of the state (conv [B, 1, K-1, Cd], recurrent [B*Hv, Dk, Dv]). The same ops run: the conv window becomes
+[B, 1, K, Cd] (each user's own shift register), q/k/v/g/beta are viewed as [B, 1, heads, D] and the recurrence is
+the ring mode with B slots (head h of user b reads and rewrites block b*Hv + h in place). B = 1 is the plain
+decode. Several rows of several users at once (a batched verify) is not supported.
 """
 from __future__ import annotations
 
@@ -54,9 +60,37 @@ class TTGatedDeltaNet:
         self.eps = c.rms_norm_eps
         self.unfold_idx = {t: self._unfold_index(t) for t in range(1, self.max_unfold_rows() + 1)}
         # ring index of a 1-row decode in place: head h starts from (and rewrites) block h of the state buffer
-        self.head_idx = ttnn.from_torch(torch.arange(self.hv, dtype=torch.int32).reshape(1, self.hv), dtype=ttnn.uint32,
-                                        layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh, memory_config=state_memory_config(ttnn),
-                                        mesh_mapper=ttnn.ReplicateTensorToMesh(mesh))
+        self.head_idx = self._ring_index(1)
+        # batched decode (B users, one row each): ring and (B > 1) tap-major window indices per B, made by
+        # prepare_batch before capture
+        self.batch_head_idx: dict[int, object] = {1: self.head_idx}
+        self.batch_unfold_idx: dict[int, object] = {}
+        self.taps_by_tap = None  # conv taps as [1, K, 1, Cd] (batched decode), made by prepare_batch
+
+    def _ring_index(self, users: int):
+        """uint32 ROW_MAJOR [1, B*Hv]: entry b*Hv + h = b*Hv + h (each user's head reads and rewrites its own block)."""
+        ttnn, n = self.ttnn, users * self.hv
+        return ttnn.from_torch(torch.arange(n, dtype=torch.int32).reshape(1, n), dtype=ttnn.uint32,
+                               layout=ttnn.ROW_MAJOR_LAYOUT, device=self.mesh, memory_config=state_memory_config(ttnn),
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+
+    def prepare_batch(self, users: int) -> None:
+        """Allocate the index tensors of a B-user decode (call before capturing its trace)."""
+        if users not in self.batch_head_idx:
+            self.batch_head_idx[users] = self._ring_index(users)
+        if users > 1 and users not in self.batch_unfold_idx:
+            self.batch_unfold_idx[users] = self._batch_unfold_index(users)
+        if users > 1 and self.taps_by_tap is None:
+            self.taps_by_tap = self.ttnn.reshape(self.w.conv_taps, [1, self.kernel, 1, self.cd])
+
+    def _batch_unfold_index(self, users: int):
+        """uint32 ROW_MAJOR [1, K*B], tap-major: entry j*B + b = window row b*K + j (tap j of user b's [K, Cd]
+        window). Tap-major because the tile rows then hold 32 users of one tap: with user-major [B, K] rows every
+        user's K = 4 taps would be padded to a 32-row tile (8x the bytes of every op after the gather at B = 32)."""
+        ttnn, k = self.ttnn, self.kernel
+        idx = (torch.arange(k)[:, None] + torch.arange(users)[None, :] * k).reshape(1, -1).to(torch.int32)
+        return ttnn.from_torch(idx, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT, device=self.mesh,
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh), memory_config=state_memory_config(ttnn))
 
     # ---- pieces ------------------------------------------------------------------------------------
     def max_unfold_rows(self) -> int:
@@ -77,15 +111,31 @@ class TTGatedDeltaNet:
         the last K-1 window rows become the new state, written by the slice itself into ``conv_state``
         (``write_state=True``), into another buffer (``write_state=<buffer>``) or nowhere (``None``: a
         speculative verify keeps the window and its commit selects the rows of the accepted row).
-        mixed: [1, 1, T, Cd] -> silu(out) [1, T, 1, Cd] (and the ROW_MAJOR window [1, 1, K-1+T, Cd] if asked)."""
+        mixed: [1, 1, T, Cd] -> silu(out) [1, T, 1, Cd] (and the ROW_MAJOR window [1, 1, K-1+T, Cd] if asked).
+        Batched decode: conv_state [B, 1, K-1, Cd] and mixed [1, 1, B, Cd] (one row per user): window
+        [B, 1, K, Cd], output [1, 1, B, Cd] (:meth:`qkv_heads` reshapes either form the same way)."""
         ttnn, k = self.ttnn, self.kernel
         mc = activation_memory_config(ttnn)
+        users = conv_state.shape[0]
+        if users > 1 and rows != users:
+            raise NotImplementedError(f"GDN conv: {rows} rows over {users} user slots; a batched step is one row "
+                                      "per user (a batched multi-row verify is not supported)")
+        per_user = rows // users
         mixed_rm = ttnn.to_layout(mixed, ttnn.ROW_MAJOR_LAYOUT)
-        window = ttnn.concat([conv_state, mixed_rm], dim=2, memory_config=mc)  # [1, 1, K-1+T, Cd] RM
+        if users > 1:
+            mixed_rm = ttnn.reshape(mixed_rm, [users, 1, 1, self.cd])  # ROW_MAJOR, last dim kept: a view
+        window = ttnn.concat([conv_state, mixed_rm], dim=2, memory_config=mc)  # [B, 1, K-1+T, Cd] RM
         if write_state is not None:
-            ttnn.slice(window, [0, 0, rows, 0], [1, 1, rows + k - 1, self.cd],
+            ttnn.slice(window, [0, 0, per_user, 0], [users, 1, per_user + k - 1, self.cd],
                        output_tensor=conv_state if write_state is True else write_state)
-        if rows <= self.max_unfold_rows():
+        if users > 1:  # one row per user: tap-major unfold, taps summed over an outer dim
+            table = ttnn.reshape(window, [users * k, self.cd])  # ROW_MAJOR, last dim kept: a view
+            unf = ttnn.embedding(self.batch_unfold_idx[users], table, layout=ttnn.TILE_LAYOUT, dtype=mixed.dtype,
+                                 memory_config=mc)  # [1, K*B, Cd]: row (j, b) = window[b][j]
+            unf = ttnn.reshape(unf, [1, k, users, self.cd])  # a view when B is a multiple of 32
+            acc = ttnn.sum(ttnn.multiply(unf, self.taps_by_tap, memory_config=mc), dim=1, keepdim=True,
+                           memory_config=mc, compute_kernel_config=compute_config_fp32_state(ttnn))  # [1, 1, B, Cd]
+        elif rows <= self.max_unfold_rows():
             table = ttnn.reshape(window, [k - 1 + rows, self.cd])  # ROW_MAJOR, last dim kept: a view
             unf = ttnn.embedding(self.unfold_idx[rows], table, layout=ttnn.TILE_LAYOUT, dtype=mixed.dtype,
                                  memory_config=mc)  # [1, T*K, Cd]: row (t, j) = window[t + j]
@@ -116,18 +166,21 @@ class TTGatedDeltaNet:
                            compute_kernel_config=cfg)
         return mixed, z, b, a_in
 
-    def gates(self, b, a_in, rows: int):
-        """beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (``a_in`` carries the bias), both fp32 [1, T, Hv]."""
+    def gates(self, b, a_in, rows: int, users: int = 1):
+        """beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (``a_in`` carries the bias), both fp32 [1, T, Hv]
+        ([B, 1, Hv] for a batched decode: the recurrence's batch dimension)."""
         ttnn = self.ttnn
         f32 = self.args.dtype(TensorGroup.GDN_STATE, ttnn)
         if b.dtype != f32:  # static: the GDN_ACTIVATION group is fp32 in every shipped preset
             b, a_in = ttnn.typecast(b, f32), ttnn.typecast(a_in, f32)
         beta = ttnn.sigmoid_accurate(b)  # ttnn.sigmoid is bf16-only; beta stays fp32
         g = ttnn.multiply(a_in, self.w.neg_exp_a, input_tensor_a_activations=[ttnn.UnaryOpType.SOFTPLUS])
-        return ttnn.reshape(g, [1, rows, self.hv]), ttnn.reshape(beta, [1, rows, self.hv])
+        shape = [users, rows // users, self.hv]
+        return ttnn.reshape(g, shape), ttnn.reshape(beta, shape)
 
-    def qkv_heads(self, conv_out, rows: int):
-        """conv_out [1, T, 1, Cd] -> q, k [1, T, Hk, Dk] (L2-normalised), v [1, T, Hv, Dv].
+    def qkv_heads(self, conv_out, rows: int, users: int = 1):
+        """conv_out [1, T, 1, Cd] -> q, k [1, T, Hk, Dk] (L2-normalised), v [1, T, Hv, Dv] ([B, 1, ...] for a batched
+        decode of B users: the same views with the users on the recurrence's batch dimension).
         One reshape puts the head groups [q | k | v_0 .. v_{r-1}] (r = Hv/Hk, Hk heads each) on dim 1, where slices
         are tile-aligned (1 program each) and the [T, 1, Hk, D] -> [1, T, Hk, D] reshapes are views."""
         ttnn, hk, d = self.ttnn, self.hk, self.dk
@@ -137,9 +190,10 @@ class TTGatedDeltaNet:
         # x / sqrt(sum x^2 + eps) == rms_norm(x, eps / Dk) * Dk^-0.5 (weight filled with Dk^-0.5)
         qk = ttnn.rms_norm(qk, epsilon=L2NORM_EPS / d, weight=self.w.qk_l2_weight,
                            compute_kernel_config=compute_config_norm(ttnn))
-        q = ttnn.reshape(ttnn.slice(qk, [0, 0, 0, 0], [rows, 1, hk, d]), [1, rows, hk, d])
-        k = ttnn.reshape(ttnn.slice(qk, [0, 1, 0, 0], [rows, 2, hk, d]), [1, rows, hk, d])
-        v = ttnn.reshape(ttnn.slice(heads, [0, 2, 0, 0], [rows, groups, hk, d]), [1, rows, self.hv, self.dv])
+        b, t = users, rows // users
+        q = ttnn.reshape(ttnn.slice(qk, [0, 0, 0, 0], [rows, 1, hk, d]), [b, t, hk, d])
+        k = ttnn.reshape(ttnn.slice(qk, [0, 1, 0, 0], [rows, 2, hk, d]), [b, t, hk, d])
+        v = ttnn.reshape(ttnn.slice(heads, [0, 2, 0, 0], [rows, groups, hk, d]), [b, t, self.hv, self.dv])
         return q, k, v
 
     def recurrence(self, q, k, v, g, beta, state: GDNLayerState, mode: str, *, initial=None, final=None,
@@ -156,7 +210,7 @@ class TTGatedDeltaNet:
         initial = state.recurrent if initial is None else initial
         final = state.recurrent if final is None else final
         if ring_idx is None and mode == "decode" and v.shape[1] == 1 and initial is final:
-            ring_idx = self.head_idx
+            ring_idx = self.batch_head_idx[v.shape[0]]  # B users x 1 row: a B-slot ring (B = 1: the plain decode)
         if ring_idx is not None:
             o, _ = ttnn.transformer.fused_recurrent_gated_delta_rule(
                 q, k, v, g, beta, initial_state=initial, initial_state_block_idx=ring_idx,
@@ -195,11 +249,16 @@ class TTGatedDeltaNet:
         ``verify_plan`` (a K+1-row speculative verify, models/qwen36/tt/verify.py VerifyPlan) decides where the conv window and the
         recurrent state go for a K+1-row verify (ring / snapshot / scratch) and records what the commit needs."""
         rows = x.shape[2]
+        users = state.conv.shape[0]  # user slots of the state: a batched decode feeds one row per slot
+        if users > 1 and (mode != "decode" or verify_plan is not None):
+            raise NotImplementedError(f"GDN {mode}{' verify' if verify_plan is not None else ''} over a {users}-slot "
+                                      "state: prefill runs on a batch-1 view of one slot, and a batched verify is not "
+                                      "supported")
         mixed, z, b, a_in = self.project(x)
         conv_write = True if verify_plan is None else verify_plan.conv_write(state)
         conv_out, window = self.causal_conv(mixed, state.conv, rows, write_state=conv_write, return_window=True)
-        q, k, v = self.qkv_heads(conv_out, rows)
-        g, beta = self.gates(b, a_in, rows)
+        q, k, v = self.qkv_heads(conv_out, rows, users)
+        g, beta = self.gates(b, a_in, rows, users)
         if verify_plan is None:
             o = self.recurrence(q, k, v, g, beta, state, mode)
         else:

@@ -192,6 +192,21 @@ class TTGenerator:
     def greedy(self, prompt: list[int], max_new_tokens: int, eos_ids: tuple[int, ...] = ()) -> list[int]:
         return self.generate(prompt, max_new_tokens, SamplingParams(), eos_ids).tokens
 
+    @torch.no_grad()
+    def greedy_batch(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...] = (),
+                     buckets=None) -> list[list[int]]:
+        """Plain greedy decoding of several users as one TT batch (tt/batch.py): a decoder of the smallest bucket
+        holding every prompt, one traced forward per step over all its slots; each user's tokens are its own
+        batch-1 greedy tokens."""
+        from .batch import DEFAULT_BUCKETS, TTBatchDecoder, batched_greedy, bucket_for
+
+        self.release_trace()
+        dec = TTBatchDecoder(self.model, bucket_for(len(prompts), buckets or DEFAULT_BUCKETS), use_trace=self.use_trace)
+        try:
+            return batched_greedy(dec, prompts, max_new_tokens, eos_ids).tokens
+        finally:
+            dec.release()
+
     def close(self) -> None:
         self.release_trace()
         if self.ctx is not None:

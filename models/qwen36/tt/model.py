@@ -141,13 +141,20 @@ class TTQwen36Model:
         return DecodeOutputs(logits, tokens, hidden)
 
     # ---- host boundary -------------------------------------------------------------------------------
-    def prepare_decode_inputs_host(self, tokens: list[int], pos: int) -> dict:
-        """Host tensors (same replicated mapping as the persistent buffers) for rows at pos, pos+1, ..."""
+    def prepare_decode_inputs_host(self, tokens: list[int], pos: int | list[int]) -> dict:
+        """Host tensors (same replicated mapping as the persistent buffers): one user's rows at pos, pos+1, ...
+        (``pos`` an int), or one row per user b at ``pos[b]`` (``pos`` a list: a batched decode; -1 marks an
+        inactive slot, whose cache write is skipped and whose RoPE row is 0)."""
         ttnn, rm = self.ttnn, self.ttnn.ROW_MAJOR_LAYOUT
-        rows = len(tokens)
         t = torch.tensor([tokens], dtype=torch.int32)
-        r = torch.arange(pos, pos + rows, dtype=torch.int32)[None]
-        p = torch.tensor([pos], dtype=torch.int32)
+        if isinstance(pos, int):
+            r = torch.arange(pos, pos + len(tokens), dtype=torch.int32)[None]
+            p = torch.tensor([pos], dtype=torch.int32)
+        else:
+            if len(pos) != len(tokens):
+                raise ValueError(f"batched decode: {len(tokens)} tokens but {len(pos)} positions (one row per user)")
+            p = torch.tensor(pos, dtype=torch.int32)
+            r = p.clamp(min=0)[None]
         return {"tokens": ttnn.from_torch(t, dtype=ttnn.uint32, layout=rm, mesh_mapper=self.replicate),
                 "rope_idx": ttnn.from_torch(r, dtype=ttnn.uint32, layout=rm, mesh_mapper=self.replicate),
                 "pos": ttnn.from_torch(p, dtype=ttnn.int32, layout=rm, mesh_mapper=self.replicate)}

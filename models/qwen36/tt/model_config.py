@@ -350,11 +350,28 @@ def state_memory_config(ttnn):
     return ttnn.DRAM_MEMORY_CONFIG
 
 
+USER_CORES_PER_ROW = 8  # user cores per core-grid row: 32 users take 8 x 4 cores (the grid is 12+ wide, 10 tall)
+
+
+def user_core_grid(users: int) -> tuple[int, int]:
+    """(x, y) extent of the one-core-per-user grids below: one row up to 8 users (user b on core (b, row)), else
+    rows of 8 (user b on core (b % 8, b // 8)); more than 8 users must fill whole rows."""
+    if users <= USER_CORES_PER_ROW:
+        return users, 1
+    if users % USER_CORES_PER_ROW:
+        raise ValueError(f"{users} decode rows: above {USER_CORES_PER_ROW} the per-user core grid needs a multiple of "
+                         f"{USER_CORES_PER_ROW} (pad the batch to its bucket)")
+    return USER_CORES_PER_ROW, users // USER_CORES_PER_ROW
+
+
 def kv_update_input_memory_config(ttnn, batch: int, head_dim: int, core_row: int = 0):
     """L1 height-sharded, one [32, head_dim] shard (KV heads padded to a tile) per user core, cores
-    (0..batch-1, core_row): the layout ``paged_update_cache`` requires for its decode input ("input_tensor is height
-    sharded on B cores"). ``paged_fused_update_cache`` needs K and V on disjoint cores: V uses ``core_row=1``."""
-    cores = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, core_row), ttnn.CoreCoord(batch - 1, core_row))})
+    (0..batch-1, core_row) (above 8 users, :func:`user_core_grid` rows starting at core row ``core_row`` x its height):
+    the layout ``paged_update_cache`` requires for its decode input ("input_tensor is height sharded on B cores").
+    ``paged_fused_update_cache`` needs K and V on disjoint cores: V uses ``core_row=1``."""
+    w, h = user_core_grid(batch)
+    first = core_row * h
+    cores = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, first), ttnn.CoreCoord(w - 1, first + h - 1))})
     return ttnn.create_sharded_memory_config(
         shape=(32, head_dim), core_grid=cores, strategy=ttnn.ShardStrategy.HEIGHT,
         orientation=ttnn.ShardOrientation.ROW_MAJOR, use_height_and_width_as_shard_shape=True)
@@ -364,8 +381,9 @@ def rope_decode_memory_config(ttnn, rows: int, heads: int, head_dim: int):
     """L1 height-sharded, one [heads padded to 32, head_dim] shard per row core: ``rotary_embedding_hf`` in decode
     mode requires a height-sharded input (its device validation); for the K heads (<= 32) this is exactly
     :func:`kv_update_input_memory_config`, so the rotated K goes into ``paged_update_cache`` without a reshard."""
+    grid_x, grid_y = user_core_grid(rows)
     return ttnn.create_sharded_memory_config(
-        shape=(-(-heads // 32) * 32, head_dim), core_grid=ttnn.CoreGrid(y=1, x=rows),
+        shape=(-(-heads // 32) * 32, head_dim), core_grid=ttnn.CoreGrid(y=grid_y, x=grid_x),
         strategy=ttnn.ShardStrategy.HEIGHT, orientation=ttnn.ShardOrientation.ROW_MAJOR,
         use_height_and_width_as_shard_shape=True)
 
