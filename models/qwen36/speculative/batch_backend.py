@@ -95,7 +95,7 @@ def speculative_generate_slots(backend: BatchSpecBackend, prompts: Sequence[Sequ
         for i, u in enumerate(users):
             if arrivals[i] == round_:
                 if not free:
-                    raise ValueError(f"user {i} arrives in round {round_} but all {backend.slots} slots are in use")
+                    raise ValueError(f"user {i} arrives in round {round_} but no slot is free (the backend has {backend.slots})")
                 u.slot = free.pop(0)
                 u.join(backend, prompts[i])
                 if u.done:
