@@ -207,19 +207,33 @@ def test_packed_speculative_stochastic_chi_square_per_user(ci_model):
 
 
 # ---- the batched transaction probe --------------------------------------------------------------------------
-def batch_args(b: int, ks: str) -> argparse.Namespace:
+def batch_args(b: int, ks: str) -> argparse.Namespace:  # what `probe gdn-transaction --batch B` passes
     return argparse.Namespace(device="reference", full=False, checkpoint=None, ks=ks, seed=0, batch=b)
 
 
-def test_batch_probe_b2_passes():
-    report = probe.run(batch_args(2, "3"))
-    assert report.backend == "reference (torch CPU)" and report.config["batch"] == 2
-    assert len(report.cells) == len(MECHANISMS)
-    assert report.verdict == "pass", [(c["cell"], c["failed"]) for c in report.cells if not c["pass"]]
-    assert not report.gate_complete  # K = 2 did not run
-    for c in report.cells:
+def test_batch_probe_b2_passes(tmp_path, capsys):
+    """`qwen36 probe gdn-transaction --batch 2` through the command line: one JSONL record, labelled by what ran,
+    every cell passing with the two users at a = 0 and a = K in the same step."""
+    from qwen36.cli import main
+    from qwen36.probes.records import read_records
+
+    argv = ["probe", "gdn-transaction", "--device", "reference", "--batch", "2", "--ks", "3"]
+    assert main(argv + ["--records-dir", str(tmp_path)]) == 0
+    (f,) = tmp_path.glob("gdn-transaction-*.jsonl")
+    (report,) = read_records(f)
+    assert report["backend"] == "reference (torch CPU)" and report["config"]["batch"] == 2
+    assert len(report["cells"]) == len(MECHANISMS)
+    assert report["verdict"] == "pass", [(c["cell"], c["failed"]) for c in report["cells"] if not c["pass"]]
+    assert not report["gate_complete"]  # K = 2 did not run
+    for c in report["cells"]:
         assert [u["accepted"] for u in c["users"]] == [0, 3]
-    assert report.counters["shadow_commit"]["state_copies"] == 0
+    assert report["counters"]["shadow_commit"]["state_copies"] == 0
+    capsys.readouterr()
+    try:
+        rc = main(argv[:-4] + ["--batch", "0", "--records-dir", str(tmp_path)])
+    except SystemExit as e:
+        rc = e.code
+    assert rc == 2 and "--batch must be >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # 6 cells at B = 4
