@@ -155,7 +155,7 @@ def test_packed_speculative_stochastic_equals_each_users_batch1_run(default_mode
     """Stochastic, with a penalty and logprobs on some users: each user samples from its own generator, so its
     tokens, accepted counts and logprobs equal its batch-1 run with the same params."""
     prompts, n, k = code_prompts[:3], 12, 2
-    params = [SamplingParams(temperature=0.8, top_k=50, seed=10),
+    params = [SamplingParams(temperature=0.8, top_k=50, seed=10, presence_penalty=0.5),
               SamplingParams(temperature=1.0, seed=11, repetition_penalty=1.2, draft="greedy"),
               SamplingParams(temperature=0.7, top_p=0.9, seed=12, logprobs=2)]
     be = ReferenceBatchBackend(default_model, 3, "recompute", max_len=64, max_k=k)
@@ -277,3 +277,21 @@ def test_broken_batch_mechanisms_fail_the_probe(ci_model, monkeypatch, broken, m
                         lambda model, slots, mechanism, **kw: real(model, slots, broken(), **kw))
     cells, _ = batch_probe.run_batch_matrix(ci_model, batch=4, ks=(3,), mechanisms=("shadow_commit",))
     assert not cells[0]["pass"] and must_fail in cells[0]["failed"], cells[0]["failed"]
+
+
+def test_packed_speculative_with_depth_controllers(default_model, code_prompts):
+    """`--spec-k auto` with several users: one depth controller per user, so users draft different K in the same
+    packed step; each user's tokens, accepted counts and chosen depths equal its single-user run."""
+    from qwen36.speculative.depth import DepthPolicy, cost_key
+
+    def ctrl():
+        return DepthPolicy.load().controller(cost_key("reference"))
+
+    prompts, n = code_prompts[:3], 12
+    ctrls = [ctrl() for _ in prompts]
+    be = ReferenceBatchBackend(default_model, 3, "shadow_commit", max_len=64, max_k=ctrls[0].k_max)
+    got = speculative_generate_batch(be, prompts, n, ctrls, [SamplingParams()] * 3)
+    for p, r in zip(prompts, got):
+        alone = speculative_generate(ReferenceBackend(default_model, "shadow_commit", max_len=64), p, n, ctrl())
+        assert (r.tokens, r.stats.accepted, r.stats.depths) == (alone.tokens, alone.stats.accepted, alone.stats.depths)
+    assert len({k for r in got for k in r.stats.depths}) > 1  # K differed between users / steps
