@@ -13,6 +13,9 @@ For K in {1, 2, 3, 7}, a in [0, K], every mechanism in ``mechanisms.MECHANISMS``
      draft's MTP reseed and 16 more single-row greedy decode steps from the committed state match the oracle's.
 Step counters are checked against the mechanism's expected formula.
 
+``--batch B`` (B >= 2) runs the batched transaction instead: B users in one packed verify, each checked against
+its own single-user oracle (``gdn_transaction_batch.py``).
+
 Tolerances. Where the oracle and the backend run the same kernels on the same rows (the abort leg;
 snapshot/recompute at a = 0, which re-advance one row exactly like a decode step) equality must be bitwise.
 Elsewhere the committed rows came from a multi-row forward: on CPU, nn.Linear over T rows and over 1 row
