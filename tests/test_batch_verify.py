@@ -295,3 +295,28 @@ def test_packed_speculative_with_depth_controllers(default_model, code_prompts):
         alone = speculative_generate(ReferenceBackend(default_model, "shadow_commit", max_len=64), p, n, ctrl())
         assert (r.tokens, r.stats.accepted, r.stats.depths) == (alone.tokens, alone.stats.accepted, alone.stats.depths)
     assert len({k for r in got for k in r.stats.depths}) > 1  # K differed between users / steps
+
+
+def test_plan_next_depths_is_called_between_accept_and_commit(ci_model):
+    """A batched backend that drafts the next step inside its commit is told the next depths first: one call per
+    step, after accept and before commit, naming every user that goes on (not the ones that just finished)."""
+    calls: list[tuple[str, dict]] = []
+
+    class Planning(ReferenceBatchBackend):
+        def accept(self, draft, verify):
+            calls.append(("accept", {}))
+            return super().accept(draft, verify)
+
+        def plan_next_depths(self, depths):
+            calls.append(("plan", dict(depths)))
+
+        def commit(self, acceptances):
+            calls.append(("commit", {}))
+            super().commit(acceptances)
+
+    be = Planning(ci_model, 2, max_len=32, max_k=2)
+    got = speculative_generate_batch(be, [[1, 2, 3], [4, 5]], 6, [2, 1], [SamplingParams()] * 2)
+    assert [c[0] for c in calls] == ["accept", "plan", "commit"] * be.counters.steps
+    plans = [c[1] for c in calls if c[0] == "plan"]
+    assert all(set(p.values()) <= {1, 2} and p.get(0, 2) == 2 and p.get(1, 1) == 1 for p in plans)
+    assert plans[-1] == {} and all(len(r.tokens) == 6 for r in got)  # the last step finishes whoever was left
