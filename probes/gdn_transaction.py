@@ -13,6 +13,9 @@ For K in {1, 2, 3, 7}, a in [0, K], every mechanism in ``mechanisms.MECHANISMS``
      draft's MTP reseed and 16 more single-row greedy decode steps from the committed state match the oracle's.
 Step counters are checked against the mechanism's expected formula.
 
+``--batch B`` (B >= 2) runs the batched transaction instead: B users in one packed verify, each checked against
+its own single-user oracle (``gdn_transaction_batch.py``).
+
 Tolerances. Where the oracle and the backend run the same kernels on the same rows (the abort leg;
 snapshot/recompute at a = 0, which re-advance one row exactly like a decode step) equality must be bitwise.
 Elsewhere the committed rows came from a multi-row forward: on CPU, nn.Linear over T rows and over 1 row
@@ -45,6 +48,7 @@ KS = (1, 2, 3, 7)
 DRIVE_STEPS = 2
 CONTINUATION_STEPS = 16
 PROMPT_LEN = 12
+BATCH_KS = (2, 3)  # --batch: K = 1 leaves no room for a user with fewer valid drafts than the step's K
 
 # name -> (max abs error, min PCC) for multi-row-vs-single-row comparisons (fp32). Measured worst cases over all
 # 51 cells (torch 2.14 CPU): ci preset max abs 2.9e-6 (KV) / 4.1e-6 (continuation logits); 27b-ratios (--full)
@@ -67,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", type=Path, default=None, help="use this checkpoint (needs mtp.*) instead of a generated one")
     p.add_argument("--ks", default=",".join(map(str, KS)), help="draft depths, comma-separated (gate: 1,2,3,7)")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated checkpoint and the prompt")
+    p.add_argument("--batch", type=int, default=1,
+                   help="B >= 2: the batched transaction (B users in one packed verify, each against its own "
+                        "single-user oracle; --ks defaults to 2,3 there); 1: the single-user matrix")
 
 
 # ---- comparisons ----------------------------------------------------------------------------------
@@ -226,24 +233,34 @@ def load_model(args):
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    ks = tuple(int(x) for x in args.ks.split(","))
+    batch = getattr(args, "batch", 1)
+    if batch < 1:
+        raise UserError(f"--batch must be >= 1, got {batch}")
+    ks_arg = args.ks
+    if batch > 1 and ks_arg == ",".join(map(str, KS)):  # the default: the batched matrix has its own
+        ks_arg = ",".join(map(str, BATCH_KS))
+    ks = tuple(int(x) for x in ks_arg.split(","))
     if any(k < 1 for k in ks):
         raise UserError(f"--ks must be positive draft depths, got {args.ks!r}")
     t0 = time.perf_counter()
     model, source = load_model(args)
-    cells, totals = run_matrix(model, ks=ks, seed=args.seed)
+    if batch > 1:
+        from .gdn_transaction_batch import run_batch_matrix
+        cells, totals = run_batch_matrix(model, batch=batch, ks=ks, seed=args.seed)
+    else:
+        cells, totals = run_matrix(model, ks=ks, seed=args.seed)
     cfg = model.config
     backend = ReferenceBackend(model).label
     return ProbeReport(
         probe=NAME, backend=backend,
         config={"checkpoint": source, "full": bool(args.full), "ks": list(ks), "mechanisms": list(MECHANISMS),
-                "seed": args.seed, "prompt_len": PROMPT_LEN, "drive_steps": DRIVE_STEPS,
+                "seed": args.seed, "batch": batch, "prompt_len": PROMPT_LEN, "drive_steps": DRIVE_STEPS,
                 "continuation_steps": CONTINUATION_STEPS, "tolerances": TOLERANCES,
                 "model": {"hidden": cfg.hidden_size, "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size,
                           "gdn_value_heads": cfg.linear_num_value_heads, "gdn_key_heads": cfg.linear_num_key_heads,
                           "gdn_head_dims": [cfg.linear_key_head_dim, cfg.linear_value_head_dim]}},
         cells=cells, counters=totals,
-        gate_complete=set(ks) >= set(KS),
+        gate_complete=set(ks) >= set(KS) if batch == 1 else set(ks) >= set(BATCH_KS),
         notes={"wall_s_measured": round(time.perf_counter() - t0, 2),
                "peak_rss_mib_measured": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)},
     )

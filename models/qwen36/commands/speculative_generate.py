@@ -13,8 +13,8 @@ from .backends import REFERENCE_DEVICES
 
 def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, depth=None, users: int = 1):
     """The speculative backend for --device: the torch reference, or the TT target + device MTP. ``depth``: the
-    depth policy (the TT backend allocates every depth a controller may pick). ``users`` > 1 (reference only): a
-    list of that many backends, one per user, sharing one model's weights."""
+    depth policy (the TT backend allocates every depth a controller may pick). ``users`` > 1 (reference only): one
+    ``ReferenceBatchBackend`` with that many slots (one packed verify per step for all users)."""
     if device not in REFERENCE_DEVICES:
         if users != 1:
             raise UserError(f"batched speculative decoding ({users} users) runs on the reference backend only for now")
@@ -31,7 +31,12 @@ def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, d
                                         require_mtp=True)
     if users == 1:
         return ReferenceBackend(model, mechanism, max_len=max_len)
-    return [ReferenceBackend(model, mechanism, max_len=max_len) for _ in range(users)]
+    from ..speculative.reference_batch_backend import ReferenceBatchBackend
+
+    if depth is None:
+        raise ValueError("a batched backend needs the depth policy (it sizes its verify for the largest K)")
+    k_max = depth if isinstance(depth, int) else depth.k_max
+    return ReferenceBatchBackend(model, users, mechanism, max_len=max_len, max_k=k_max)
 
 
 def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, precision: str = "accuracy",
@@ -99,8 +104,8 @@ def config_of(ckpt: Path):
 
 def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list[list[int]], texts: list[str] | None,
                              tok) -> int:
-    """Speculative generation of one or several users (several: one backend per user, stepped together by
-    ``speculative_generate_batch``; user i samples with seed ``--seed`` + i)."""
+    """Speculative generation of one or several users (several: one batched backend, every step one packed verify
+    over all users, driven by ``speculative_generate_batch``; user i samples with seed ``--seed`` + i)."""
     from loguru import logger
 
     from ..checkpoint import CheckpointError
@@ -121,8 +126,8 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
         loaded = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len, depth, users=b)
     except CheckpointError as e:
         raise UserError(str(e)) from None
-    backends = [loaded] if b == 1 else loaded
-    backend = backends[0]
+    backends = [loaded] if b == 1 else loaded  # b > 1: one BatchSpecBackend for all users
+    backend = loaded
     vocab = backend_config(backend).vocab_size
     if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
@@ -145,8 +150,7 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
             print_logprobs(r.logprobs, tok)
         print(format_stats(r))
     c = MechanismCounters()
-    for be in backends:
-        c.add(be.counters)
+    c.add(backend.counters)  # b > 1: the batch's (a packed forward counts once)
     print(f"counters: state copies {c.state_copies}, state bytes moved {c.state_bytes_moved}, "
           f"GDN recurrence steps {c.recurrence_steps}, target forwards {c.target_forwards}, MTP forwards {c.mtp_forwards}")
     return 0

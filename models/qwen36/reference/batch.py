@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from .model import Qwen36Model
+from .model import ForwardOutput, Qwen36Model
 from .state import GDNState, KVCache, ModelState
 
 
@@ -81,6 +81,12 @@ class SlotDecoder:
     def join(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
         """Prefill ``prompt`` into the free ``slot`` (the batch-1 prefill, alone: no other slot is read or
         written). Returns the last prompt row's logits [V] fp32."""
+        return self.prefill(slot, prompt).logits[0, -1]
+
+    @torch.no_grad()
+    def prefill(self, slot: int, prompt: Sequence[int]) -> ForwardOutput:
+        """:meth:`join`, returning the whole prefill output (logits and post-norm hiddens of every prompt row:
+        the speculative backend seeds its MTP from them)."""
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot} outside [0, {self.slots})")
         if bool(self.active[slot]):
@@ -93,7 +99,7 @@ class SlotDecoder:
         out = self.model(torch.tensor([list(prompt)], device=self.device), view)
         self._write_slot(slot, view)
         self.active = self.active.index_fill(0, torch.tensor([slot], device=self.device), True)
-        return out.logits[0, -1]
+        return out
 
     def leave(self, slot: int) -> None:
         """Free ``slot``: its GDN state, position and KV rows are reset."""
@@ -119,6 +125,47 @@ class SlotDecoder:
             s.conv = torch.where(keep[:, None, None], s.conv, conv)
         self.state.pos = torch.where(keep, self.state.pos, before_pos)
         return out.logits[:, -1]
+
+
+@torch.no_grad()
+def packed_forward(model: Qwen36Model, state: ModelState, tokens: torch.Tensor, n_valid: torch.Tensor,
+                   occupied: torch.Tensor) -> ForwardOutput:
+    """One forward over rows of several users at once, each user's trailing rows masked inert.
+
+    ``state`` is a batch-B state whose ``pos`` is a LongTensor [B] (user b's next position); ``tokens`` [B, T]:
+    row b holds user b's rows at positions pos[b]..pos[b]+T-1, of which only the first ``n_valid[b]`` are real
+    (0 <= n_valid[b] <= T; 0 = the user takes no part). ``occupied`` [B] bool: slots that hold a user.
+
+    After the call user b's GDN recurrent + conv state is the state after its row n_valid[b]-1 (unchanged when
+    n_valid[b] = 0) and its position is pos[b] + n_valid[b]: the rows past n_valid[b] leave no GDN or conv trace
+    (the recurrence is causal, so the state after row j never saw a later row). Their KV rows sit at positions
+    >= the user's new position, which no query of that user reads before its own later rows overwrite them.
+    Free slots run at position 0 (a free slot's position may be anything: what a leaving user left, or poison);
+    their KV rows are zeroed when a user joins. The cache needs room for T rows past every occupied slot's
+    position. Returns the model output with the per-row GDN states (``gdn_per_token``: layer -> state after
+    every row, what shadow_commit selects from)."""
+    b, t = tokens.shape
+    if n_valid.shape != (b,) or int(n_valid.min()) < 0 or int(n_valid.max()) > t:
+        raise ValueError(f"n_valid must be [{b}] counts in [0, {t}], got {n_valid.tolist()}")
+    if bool((n_valid > 0)[~occupied].any()):
+        raise ValueError("a free slot cannot have valid rows")
+    kept = state.pos
+    pos = torch.where(occupied, kept, 0)
+    max_len = state.kv_caches()[0].max_len if state.kv_caches() else None
+    if max_len is not None and int(pos.max()) + t > max_len:
+        raise ValueError(f"KV cache full: a slot is at position {int(pos.max())}, {t} rows > max_len {max_len}")
+    before = {i: (s.recurrent, s.conv) for i, s in enumerate(state.layers) if isinstance(s, GDNState)}
+    state.pos = pos
+    out = model(tokens, state, gdn_mode="recurrent", per_token_states=True)
+    rows = torch.arange(b, device=tokens.device)
+    last = (n_valid - 1).clamp(min=0).to(tokens.device)
+    moved = (n_valid > 0).to(tokens.device)
+    for i, (rec, conv) in before.items():
+        s, per_row = state.layers[i], out.gdn_per_token[i]
+        s.recurrent = torch.where(moved[:, None, None, None], per_row.recurrent[rows, last], rec)
+        s.conv = torch.where(moved[:, None, None], per_row.conv[rows, last], conv)
+    state.pos = torch.where(occupied, pos + n_valid.to(pos.device), kept)
+    return out
 
 
 @torch.no_grad()

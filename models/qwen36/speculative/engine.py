@@ -176,7 +176,7 @@ def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_to
     return speculative_generate_batch([backend], [prompt], max_new_tokens, [k], [params], eos_ids)[0]
 
 
-def speculative_generate_batch(backends: Sequence[SpecBackend], prompts: Sequence[Sequence[int]],
+def speculative_generate_batch(backends: "Sequence[SpecBackend] | BatchSpecBackend", prompts: Sequence[Sequence[int]],
                                max_new_tokens: int, depths: "Sequence[int | FixedDepth | DepthController]",
                                params: Sequence[SamplingParams], eos_ids: Sequence[int] = (),
                                arrivals: Sequence[int] | None = None) -> list[GenerationResult]:
@@ -186,7 +186,15 @@ def speculative_generate_batch(backends: Sequence[SpecBackend], prompts: Sequenc
     Every round prefills or steps each unfinished user once, in user order, so users advance in lockstep and each
     accepts its own number of drafts; a user that reaches EOS or ``max_new_tokens`` stops while the others go on.
     ``arrivals[i]`` (default 0) is the round in which user i joins (its prefill), for users arriving mid-run.
-    A user's result depends on its own inputs only: the same as decoding it alone."""
+    A user's result depends on its own inputs only: the same as decoding it alone.
+
+    ``backends`` may instead be one batched backend (``batch_backend.BatchSpecBackend``, e.g. the reference's
+    ``ReferenceBatchBackend``): then every round's steps run as one packed verify over all users
+    (``batch_backend.speculative_generate_slots``), with the same rounds and per-user results."""
+    from .batch_backend import BatchSpecBackend, speculative_generate_slots  # it builds on this module
+
+    if isinstance(backends, BatchSpecBackend):
+        return speculative_generate_slots(backends, prompts, max_new_tokens, depths, params, eos_ids, arrivals)
     n = len(backends)
     arrivals = [0] * n if arrivals is None else list(arrivals)
     if not (len(prompts) == len(depths) == len(params) == len(arrivals) == n) or n == 0:

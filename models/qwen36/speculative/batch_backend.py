@@ -1,0 +1,160 @@
+"""The batched speculative contract: one backend object for a batch of user slots, one packed verify per step.
+
+    step:  draft(depths) -> verify (ONE forward, B x (K+1) rows) -> accept (per user) -> commit (per user)
+
+A :class:`BatchSpecBackend` owns ``slots`` user slots. A user enters with :meth:`~BatchSpecBackend.join` (its
+prefill, alone in its slot) and leaves with :meth:`~BatchSpecBackend.leave`. Each step names the users that take
+part and the draft depth of each (``depths``: slot -> k_b >= 1); K = max k_b. The verify runs every slot's K+1
+rows in one forward: user b's rows ``[pending_b, d_1..d_{k_b}]`` are real, its rows past k_b and every row of a
+slot not in ``depths`` (a free slot, or a user sitting this step out) are inert: they leave no GDN, conv or
+position change, and their KV rows lie past the user's position (scratch by design, like rejected rows).
+Acceptance is per user (greedy or rejection sampling with the user's own params and sampler), and so is the
+commit: each user keeps the state after its own accepted row a_b, through the backend's commit mechanism object
+(resolved once from ``mechanisms.MECHANISMS``). Only per-user counts and tokens cross to the host, so a device
+backend can accept on device.
+
+:func:`speculative_generate_slots` drives such a backend; ``engine.speculative_generate_batch`` hands it a
+``BatchSpecBackend`` when given one instead of a list of per-user backends. ``reference_batch_backend.py``
+implements the contract on the torch reference (the oracle).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+from .depth import DepthController, FixedDepth
+from .engine import Acceptance, AcceptanceStats, GenerationResult, MechanismCounters, _cut
+from .sampling import SamplingParams, TokenLogprobs
+
+
+@runtime_checkable
+class BatchSpecBackend(Protocol):
+    """The contract a batched backend implements. Handles are backend-private; depths map slot -> k_b >= 1.
+
+    label: what actually runs, derived from the live objects. slots: how many users it holds at once.
+    mechanism: the commit mechanism object (``.name`` in ``mechanisms.MECHANISMS``), fixed at construction.
+    counters: a MechanismCounters over the whole batch, updated in place (``steps`` counts batched steps).
+    """
+
+    label: str
+    slots: int
+    mechanism: Any
+    counters: MechanismCounters
+
+    def join(self, slot: int, prompt: Sequence[int], params: SamplingParams) -> int:
+        """Prefill ``prompt`` into the free ``slot`` (no other slot read or written), seed the user's sampler from
+        ``params``, return its first token (pending)."""
+
+    def first_logprobs(self, slot: int) -> TokenLogprobs | None:
+        """The joined user's first token's logprobs when its params asked for them, else None."""
+
+    def leave(self, slot: int) -> None:
+        """Free ``slot`` (no open step may be running)."""
+
+    def draft(self, depths: Mapping[int, int]) -> Any:
+        """Per user in ``depths``: MTP reseed of its verified rows, then a chain of k_b drafts. Returns a handle."""
+
+    def verify(self, draft: Any) -> Any:
+        """ONE target forward over B x (K+1) rows, the rows past each user's k_b and every row of the slots not
+        in the step masked inert. Returns a handle."""
+
+    def accept(self, draft: Any, verify: Any) -> dict[int, Acceptance]:
+        """Per user in the step: greedy or rejection sampling (its own params) -> slot -> Acceptance."""
+
+    def commit(self, acceptances: Mapping[int, Acceptance]) -> None:
+        """Per user: publish the state after its row a_b; its last emitted token becomes pending. Every user of
+        the step must be in ``acceptances``."""
+
+    def abort(self) -> None:
+        """Discard the open step: every slot's state and sampler exactly as before draft()."""
+
+
+def speculative_generate_slots(backend: BatchSpecBackend, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                               depths: "Sequence[int | FixedDepth | DepthController]",
+                               params: Sequence[SamplingParams], eos_ids: Sequence[int] = (),
+                               arrivals: Sequence[int] | None = None) -> list[GenerationResult]:
+    """Several users decoded as one batch on ``backend``: round r first lets the users with ``arrivals[i] == r``
+    join (each takes the lowest free slot), then runs one batched step for every user that joined in an earlier
+    round and is not done (users that joined this round sit the step out, their rows inert). A user that reaches
+    EOS or ``max_new_tokens`` leaves its slot. Round structure, per-user depths and results are those of the
+    per-user scheduler in ``engine.speculative_generate_batch``."""
+    n = len(prompts)
+    arrivals = [0] * n if arrivals is None else list(arrivals)
+    if not (len(depths) == len(params) == len(arrivals) == n) or n == 0:
+        raise ValueError(f"one prompt, depth, params and arrival per user: got {n}, {len(depths)}, {len(params)}, "
+                         f"{len(arrivals)}")
+    if min(arrivals) < 0:
+        raise ValueError(f"arrival rounds must be >= 0, got {arrivals}")
+    ctrls = [FixedDepth(k) if isinstance(k, int) else k for k in depths]
+    if len({id(c) for c in ctrls}) != n:
+        raise ValueError("each user needs its own depth policy object (a policy tracks one user's acceptance)")
+    users = [_SlotUser(c, p, max_new_tokens, eos_ids) for c, p in zip(ctrls, params)]
+    free = list(range(backend.slots))
+    plan_next = getattr(backend, "plan_next_depths", None)
+    round_ = 0
+    while not all(u.done for u in users):
+        for i, u in enumerate(users):
+            if arrivals[i] == round_:
+                if not free:
+                    raise ValueError(f"user {i} arrives in round {round_} but no slot is free (the backend has {backend.slots})")
+                u.slot = free.pop(0)
+                u.join(backend, prompts[i])
+                if u.done:
+                    backend.leave(u.slot)
+                    free = sorted(free + [u.slot])
+        stepping = [u for i, u in enumerate(users) if not u.done and arrivals[i] < round_]
+        if stepping:
+            step = {u.slot: u.step_k for u in stepping}
+            draft = backend.draft(step)
+            verify = backend.verify(draft)
+            accepted = backend.accept(draft, verify)
+            for u in stepping:
+                u.record(backend, accepted[u.slot])
+            if plan_next is not None:
+                plan_next({u.slot: u.step_k for u in stepping if not u.done})
+            backend.commit(accepted)
+            for u in stepping:
+                if u.done:
+                    backend.leave(u.slot)
+                    free = sorted(free + [u.slot])
+        round_ += 1
+    return [u.result() for u in users]
+
+
+class _SlotUser:
+    """One user of a batched run: its slot, depth policy, tokens and statistics (the bookkeeping of
+    ``engine._UserRun``, with the backend calls made once per batch by the driver)."""
+
+    def __init__(self, depth, params: SamplingParams, max_new_tokens: int, eos_ids: Sequence[int]):
+        self.depth, self.params = depth, params
+        self.max_new_tokens, self.eos_ids = max_new_tokens, eos_ids
+        self.stats = AcceptanceStats(depth.k_max)
+        self.tokens: list[int] = []
+        self.done = False
+        self.want_lp = params.logprobs is not None
+        self.logprobs: list[TokenLogprobs] = []
+        self.slot = -1
+        self.step_k = 0
+
+    def join(self, backend: BatchSpecBackend, prompt: Sequence[int]) -> None:
+        self.tokens, self.done = _cut([backend.join(self.slot, prompt, self.params)], self.max_new_tokens,
+                                      self.eos_ids)
+        if self.want_lp:
+            lp = backend.first_logprobs(self.slot)
+            if lp is None:
+                raise RuntimeError(f"{backend.label}: logprobs were asked for but the join recorded none")
+            self.logprobs.append(lp)
+        self.step_k = 0 if self.done else self.depth.choose()
+
+    def record(self, backend: BatchSpecBackend, acceptance: Acceptance) -> None:
+        k = self.step_k
+        self.depth.observe(k, acceptance.num_accepted)
+        self.stats.record(acceptance, k)
+        self.tokens, self.done = _cut(self.tokens + acceptance.tokens, self.max_new_tokens, self.eos_ids)
+        if self.want_lp:
+            if acceptance.logprobs is None or len(acceptance.logprobs) != len(acceptance.tokens):
+                raise RuntimeError(f"{backend.label}: logprobs were asked for but the step returned none per token")
+            self.logprobs += acceptance.logprobs
+        self.step_k = k if self.done else self.depth.choose()
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(self.tokens, self.stats, self.logprobs[: len(self.tokens)] if self.want_lp else None)

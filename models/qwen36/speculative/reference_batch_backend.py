@@ -1,0 +1,428 @@
+"""The batched speculative backend on the torch reference model: B user slots, one packed verify per step.
+
+State: a batch-``slots`` target ModelState (``reference.batch.SlotDecoder``: slot b is row b of every GDN, conv
+and KV tensor, ``pos`` a LongTensor [slots]) and a batch-``slots`` MTPState (``pos`` per slot too); per user the
+pending token, its MTP reseed rows, its sampler (own generator, params, token history). Every forward of a step
+is packed over all slots: the MTP reseed ([B, max reseed rows]), each MTP chain step ([B, 1]), the verify
+([B, K+1]) and the re-advance of snapshot / recompute ([B, max accepted rows]); a user's rows past its own count
+and all rows of slots outside the step are inert (``reference.batch.packed_forward``). The commit mechanisms
+mirror ``reference_mechanisms.py`` per user: one object per name in ``mechanisms.MECHANISMS``.
+
+The KV caches hold ``max_len + max_k + 1`` rows: ``max_len`` bounds a user's prompt + generated tokens + the
+K+1 verify rows (as for ``ReferenceBackend``); the extra rows are scratch room for inert rows of a user sitting
+near ``max_len`` (they are written past its position, never read).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
+
+import torch
+
+from ..reference.batch import SlotDecoder, packed_forward
+from ..reference.model import Qwen36Model
+from ..reference.state import GDNState, KVCache, ModelState, MTPState
+from .acceptance import ONE_HOT_DRAFT, greedy_accept, rejection_sample
+from .engine import Acceptance, MechanismCounters
+from .mechanisms import DEFAULT_MECHANISM, resolve
+from .reference_backend import ReferenceLive, Reseed, reference_backend_label
+from .sampling import (Penalties, SamplingParams, TokenHistory, TokenLogprobs, penalize, pick_token,
+                       probs_from_logits, sample, token_logprobs)
+
+
+@dataclass
+class _User:
+    params: SamplingParams
+    generator: torch.Generator
+    history: TokenHistory
+    pending: int
+    reseed: Reseed
+    first_logprobs: TokenLogprobs | None
+
+    def penalties_rows(self, tokens: torch.Tensor, rows: int) -> Penalties | None:
+        """Penalty contexts [1, rows, V]: row j counts tokens[:j] on top of the history (None: penalties off)."""
+        if not self.params.penalized:
+            return None
+        pen = self.history.rows(tokens.reshape(-1)[: rows - 1])
+        return Penalties(pen.seen[None], pen.counts[None])
+
+    def pick(self, chain: list[torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
+        """The next draft from MTP logits [1, V]; draft i's penalties count d_1..d_{i-1} (``chain``)."""
+        p = self.params
+        if not p.penalized:
+            pen = None
+        elif not chain:
+            pen = self.history.now()
+        else:
+            rows = self.penalties_rows(torch.cat(chain), len(chain) + 1)
+            pen = Penalties(rows.seen[:, -1], rows.counts[:, -1])
+        tok = sample(probs_from_logits(logits, p, pen), self.generator) if p.sampled_drafts \
+            else penalize(logits, p, pen).argmax(-1)
+        chain.append(tok)
+        return tok
+
+
+@dataclass
+class BatchDraft:
+    depths: dict[int, int]  # slot -> k_b
+    tokens: dict[int, torch.Tensor]  # slot -> [1, k_b] int64
+    probs: dict[int, torch.Tensor | None]  # slot -> [1, k_b, V] draft distribution, None = one-hot
+
+    @property
+    def k(self) -> int:
+        return max(self.depths.values())
+
+
+@dataclass
+class BatchVerify:
+    rows: torch.Tensor  # [B, K+1] int64: user b's [pending, d_1..d_{k_b}] then inert padding
+    n_valid: torch.Tensor  # [B] real rows per slot (k_b + 1; 0 outside the step)
+    logits: torch.Tensor  # [B, K+1, V] fp32
+    hidden: torch.Tensor  # [B, K+1, H]
+    slots: dict[int, Any] | None = None  # layer -> GDN state after every row (shadow_commit)
+
+
+@dataclass
+class _BatchTxn:
+    depths: dict[int, int]
+    pos: torch.Tensor  # [B] target positions before the step
+    mtp_pos: torch.Tensor  # [B]
+    rng: dict[int, torch.Tensor]
+    k: int = 0
+    part: torch.Tensor | None = None  # [B] bool: slots in the step
+    kvec: torch.Tensor | None = None  # [B] k_b (0 outside the step)
+    verified: bool = False
+    saved: Any = None
+    verify: BatchVerify | None = None
+
+
+class BatchReferenceMechanism:
+    """Routes the batch's GDN state through a packed verify and commits each user at its own accepted row."""
+
+    name: ClassVar[str]
+
+    def verify(self, be: "ReferenceBatchBackend", txn: _BatchTxn, rows: torch.Tensor, n_valid: torch.Tensor):
+        raise NotImplementedError
+
+    def commit(self, be: "ReferenceBatchBackend", txn: _BatchTxn, a: torch.Tensor) -> None:
+        """``a`` [B]: accepted drafts per slot (0 outside the step). Leave every user of the step at the state
+        after its row a_b with position pos_b + a_b + 1; slots outside the step unchanged."""
+        raise NotImplementedError
+
+    def abort(self, be: "ReferenceBatchBackend", txn: _BatchTxn) -> None:
+        """Undo a verify: GDN state of every slot exactly as before it (positions are the backend's)."""
+
+
+def _where_rows(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask.view(-1, *([1] * (new.dim() - 1))), new, old)
+
+
+class BatchSnapshot(BatchReferenceMechanism):
+    """Copy the batch's GDN state, verify on live; users with a_b < k_b get their rows restored from the copy and
+    re-advanced over their a_b + 1 accepted rows in one packed forward (the others inert)."""
+
+    name = "snapshot"
+
+    def verify(self, be, txn, rows, n_valid):
+        txn.saved = [g.clone() for g in be.gdn()]
+        be.counters.state_copies += len(txn.saved)
+        be.counters.state_bytes_moved += be.gdn_bytes()
+        return packed_forward(be.model, be.state, rows, n_valid, be.occupied)
+
+    def commit(self, be, txn, a):
+        redo = txn.part & (a < txn.kvec)
+        if not bool(redo.any()):
+            return
+        for g, s in zip(be.gdn(), txn.saved):
+            g.recurrent, g.conv = _where_rows(redo, s.recurrent, g.recurrent), _where_rows(redo, s.conv, g.conv)
+        be.counters.state_copies += len(txn.saved)
+        be.counters.state_bytes_moved += be.gdn_bytes() // be.slots * int(redo.sum())
+        be.state.pos = torch.where(redo, txn.pos, be.state.pos)
+        n = torch.where(redo, a + 1, 0)
+        be.advance(txn.verify.rows[:, : int(n.max())], n)
+
+    def abort(self, be, txn):
+        for g, s in zip(be.gdn(), txn.saved):
+            g.recurrent, g.conv = s.recurrent, s.conv
+        be.counters.state_copies += len(txn.saved)
+        be.counters.state_bytes_moved += be.gdn_bytes()
+
+
+class BatchShadowCommit(BatchReferenceMechanism):
+    """Verify keeps every slot's state after every row; commit points each user at its own row a_b: no copies."""
+
+    name = "shadow_commit"
+
+    def verify(self, be, txn, rows, n_valid):
+        txn.saved = [(g.recurrent, g.conv) for g in be.gdn()]  # references, not copies
+        out = packed_forward(be.model, be.state, rows, n_valid, be.occupied)
+        be.counters.slot_bytes_written += rows.shape[1] * be.gdn_bytes()
+        return out
+
+    def commit(self, be, txn, a):
+        rows = torch.arange(be.slots, device=a.device)
+        for i in be.gdn_ids:
+            g, s = be.state.layers[i], txn.verify.slots[i]
+            g.recurrent = _where_rows(txn.part, s.recurrent[rows, a], g.recurrent)
+            g.conv = _where_rows(txn.part, s.conv[rows, a], g.conv)
+        be.state.pos = torch.where(txn.part, txn.pos + a + 1, be.state.pos)
+
+    def abort(self, be, txn):
+        for g, (rec, conv) in zip(be.gdn(), txn.saved):
+            g.recurrent, g.conv = rec, conv
+
+
+class BatchRecompute(BatchReferenceMechanism):
+    """Verify on a scratch copy of the batch's GDN state (KV shared: rows past each position are scratch); commit
+    re-runs every user's a_b + 1 accepted rows on live in one packed forward."""
+
+    name = "recompute"
+
+    def verify(self, be, txn, rows, n_valid):
+        scratch = ModelState([s.clone() if isinstance(s, GDNState) else s for s in be.state.layers], be.state.pos)
+        be.counters.state_copies += len(be.gdn_ids)
+        be.counters.state_bytes_moved += be.gdn_bytes()
+        return packed_forward(be.model, scratch, rows, n_valid, be.occupied)
+
+    def commit(self, be, txn, a):
+        n = torch.where(txn.part, a + 1, 0)
+        be.advance(txn.verify.rows[:, : int(n.max())], n)
+
+
+BATCH_REFERENCE_MECHANISMS: dict[str, type[BatchReferenceMechanism]] = {
+    m.name: m for m in (BatchSnapshot, BatchShadowCommit, BatchRecompute)}
+
+
+class ReferenceBatchBackend:
+    """BatchSpecBackend on the torch reference model. ``slots`` users at once; ``max_len`` bounds each user's
+    prompt + generated tokens + K+1 verify rows; ``max_k`` the largest draft depth a step may use."""
+
+    def __init__(self, model: Qwen36Model, slots: int, mechanism: str | BatchReferenceMechanism = DEFAULT_MECHANISM,
+                 max_len: int = 2048, max_k: int = 8):
+        if model.mtp is None:
+            raise ValueError("speculative decoding needs the MTP head: the checkpoint has no 'mtp.*' tensors")
+        if max_k < 1:
+            raise ValueError(f"max_k must be >= 1, got {max_k}")
+        self.mechanism = resolve(BATCH_REFERENCE_MECHANISMS, mechanism)
+        self.model, self.slots, self.max_len, self.max_k = model, slots, max_len, max_k
+        self.label = reference_backend_label(model)
+        self.counters = MechanismCounters()
+        self.dec = SlotDecoder(model, slots, max_len + max_k + 1)
+        self.mtp = model.new_mtp_state(slots, max_len + max_k + 1)
+        self.mtp.pos = torch.zeros(slots, dtype=torch.long, device=self.device)
+        self.users: dict[int, _User] = {}
+        self.gdn_ids = [i for i, s in enumerate(self.state.layers) if isinstance(s, GDNState)]
+        self._txn: _BatchTxn | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def state(self) -> ModelState:
+        return self.dec.state
+
+    @property
+    def occupied(self) -> torch.Tensor:
+        return self.dec.active
+
+    def gdn(self) -> list[GDNState]:
+        return [self.state.layers[i] for i in self.gdn_ids]
+
+    def gdn_bytes(self) -> int:
+        return sum(g.nbytes() for g in self.gdn())
+
+    def advance(self, rows: torch.Tensor, n_valid: torch.Tensor) -> None:
+        """Run each slot's first n_valid[b] ``rows`` through the target on live state (re-advance / recompute)."""
+        packed_forward(self.model, self.state, rows, n_valid, self.occupied)
+        self.counters.target_forwards += 1
+        self.counters.recurrence_steps += rows.numel() * len(self.gdn_ids)
+
+    def _slot(self, slot: int) -> _User:
+        if slot not in self.users:
+            raise ValueError(f"slot {slot} holds no user")
+        return self.users[slot]
+
+    # ---- the contract ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def join(self, slot: int, prompt: Sequence[int], params: SamplingParams = SamplingParams()) -> int:
+        if self._txn is not None:
+            raise RuntimeError("join() inside an open step: commit() or abort() first")
+        if len(prompt) >= self.max_len:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit max_len {self.max_len}")
+        out = self.dec.prefill(slot, prompt)  # checks the slot and the prompt; writes this slot only
+        self.mtp.kv.k[slot].zero_()  # a packed MTP forward reads rows up to the longest user's: no garbage here
+        self.mtp.kv.v[slot].zero_()
+        self.mtp.pos[slot] = 0
+        gen = params.generator(self.device)
+        history = TokenHistory(prompt, self.model.config.vocab_size, self.device)
+        first = int(pick_token(out.logits[:, -1], params, gen, history.now()))
+        lp = token_logprobs(out.logits[0, -1], first, params.logprobs) if params.logprobs is not None else None
+        history.add([first])
+        ids = torch.tensor([list(prompt)], device=self.device)
+        tokens = torch.cat([ids[:, 1:], ids.new_tensor([[first]])], dim=1)  # x_{t+1} for t = 0..n-1
+        self.users[slot] = _User(params, gen, history, first, Reseed(tokens, out.hidden, 0), lp)
+        return first
+
+    def first_logprobs(self, slot: int) -> TokenLogprobs | None:
+        return self._slot(slot).first_logprobs
+
+    def leave(self, slot: int) -> None:
+        if self._txn is not None:
+            raise RuntimeError("leave() inside an open step: commit() or abort() first")
+        self._slot(slot)
+        self.dec.leave(slot)
+        self.mtp.pos[slot] = 0
+        del self.users[slot]
+
+    def live(self, slot: int) -> ReferenceLive:
+        """A batch-1 copy of one user's live state (what the single-user backend would hold): the probes compare
+        it with the single-user oracle."""
+        u = self._slot(slot)
+        layers = [KVCache(s.k[slot:slot + 1].clone(), s.v[slot:slot + 1].clone()) if isinstance(s, KVCache)
+                  else GDNState(s.recurrent[slot:slot + 1].clone(), s.conv[slot:slot + 1].clone())
+                  for s in self.state.layers]
+        kv = self.mtp.kv
+        mtp = MTPState(KVCache(kv.k[slot:slot + 1].clone(), kv.v[slot:slot + 1].clone()), int(self.mtp.pos[slot]))
+        return ReferenceLive(ModelState(layers, int(self.state.pos[slot])), mtp, u.pending, u.reseed.clone(),
+                             u.history.clone())
+
+    @torch.no_grad()
+    def draft(self, depths: Mapping[int, int]) -> BatchDraft:
+        if self._txn is not None:
+            raise RuntimeError("draft() inside an open step: commit() or abort() first")
+        depths = dict(depths)
+        if not depths:
+            raise ValueError("draft() with no user in the step")
+        for slot, k in depths.items():
+            self._slot(slot)
+            if not 1 <= k <= self.max_k:
+                raise ValueError(f"slot {slot}: draft depth must be in [1, {self.max_k}], got {k}")
+            if int(self.state.pos[slot]) + k + 1 > self.max_len:
+                raise ValueError(f"slot {slot}: KV cache full: position {int(self.state.pos[slot])} + {k + 1} rows "
+                                 f"> max_len {self.max_len}")
+        b, dev, big_k = self.slots, self.device, max(depths.values())
+        part = torch.zeros(b, dtype=torch.bool, device=dev)
+        kvec = torch.zeros(b, dtype=torch.long, device=dev)
+        for slot, k in depths.items():
+            part[slot], kvec[slot] = True, k
+        txn = _BatchTxn(depths, self.state.pos.clone(), self.mtp.pos.clone(),
+                        {s: self.users[s].generator.get_state() for s in depths}, big_k, part, kvec)
+        self._txn = txn
+
+        # MTP reseed, packed: user b's verified rows at its own positions, the rest inert (scratch rows)
+        m = torch.zeros(b, dtype=torch.long, device=dev)
+        for slot in depths:
+            m[slot] = self.users[slot].reseed.tokens.shape[1]
+        width = max(1, int(m.max()))
+        hdim = self.model.config.hidden_size
+        toks = torch.zeros(b, width, dtype=torch.long, device=dev)
+        hid = torch.zeros(b, width, hdim, dtype=self.model.embed_tokens.weight.dtype, device=dev)
+        for slot in depths:
+            r = self.users[slot].reseed
+            if r.pos0 != int(self.mtp.pos[slot]):
+                raise AssertionError(f"slot {slot}: reseed rows start at {r.pos0}, MTP position {int(self.mtp.pos[slot])}")
+            toks[slot, : r.tokens.shape[1]] = r.tokens[0]
+            hid[slot, : r.tokens.shape[1]] = r.hidden[0].to(hid.dtype)
+        base = torch.where(self.occupied, self.mtp.pos, 0)
+        logits, h = self.model.mtp_forward(toks, hid, base, self.mtp)
+        self.mtp.pos = torch.where(part, base + m, self.mtp.pos)
+        rows = torch.arange(b, device=dev)
+        last = (m - 1).clamp(min=0)
+        lg, hh = logits[rows, last], h[rows, last][:, None]
+        chain_base = torch.where(self.occupied, self.mtp.pos, 0)  # participants: right after their reseed rows
+        chains: dict[int, list[torch.Tensor]] = {s: [] for s in depths}
+        lgs: dict[int, list[torch.Tensor]] = {s: [] for s in depths}
+        for i in range(big_k):
+            tok = torch.zeros(b, dtype=torch.long, device=dev)
+            for slot, k in depths.items():
+                if i < k:
+                    lgs[slot].append(lg[slot:slot + 1])
+                    tok[slot] = self.users[slot].pick(chains[slot], lg[slot:slot + 1])[0]
+            if i + 1 < big_k:
+                lg3, hh = self.model.mtp_forward(tok[:, None], hh, chain_base + i, self.mtp)
+                lg = lg3[:, -1]
+        self.counters.mtp_forwards += big_k
+        tokens, probs = {}, {}
+        for slot, k in depths.items():
+            u = self.users[slot]
+            tokens[slot] = torch.stack(chains[slot], 1)  # [1, k]
+            probs[slot] = (probs_from_logits(torch.stack(lgs[slot], 1), u.params, u.penalties_rows(tokens[slot], k))
+                           if u.params.sampled_drafts else ONE_HOT_DRAFT)
+        return BatchDraft(depths, tokens, probs)
+
+    @torch.no_grad()
+    def verify(self, draft: BatchDraft) -> BatchVerify:
+        txn = self._txn
+        if txn is None or txn.verified:
+            raise RuntimeError("verify() needs exactly one draft() before it")
+        if draft.depths != txn.depths:
+            raise ValueError("verify() of a draft from another step")
+        rows = torch.zeros(self.slots, txn.k + 1, dtype=torch.long, device=self.device)
+        for slot, k in txn.depths.items():
+            rows[slot, 0] = self.users[slot].pending
+            rows[slot, 1: k + 1] = draft.tokens[slot][0]
+        n_valid = torch.where(txn.part, txn.kvec + 1, 0)
+        out = self.mechanism.verify(self, txn, rows, n_valid)
+        self.counters.target_forwards += 1
+        self.counters.recurrence_steps += rows.numel() * len(self.gdn_ids)
+        txn.verified = True
+        txn.verify = BatchVerify(rows, n_valid, out.logits, out.hidden, out.gdn_per_token)
+        return txn.verify
+
+    @torch.no_grad()
+    def accept(self, draft: BatchDraft, verify: BatchVerify) -> dict[int, Acceptance]:
+        out: dict[int, Acceptance] = {}
+        for slot, k in draft.depths.items():
+            u, d = self.users[slot], draft.tokens[slot]
+            p, logits = u.params, verify.logits[slot:slot + 1, : k + 1]
+            pen = u.penalties_rows(d, k + 1)  # row j is used only when d_1..d_j were accepted
+            if p.greedy:
+                toks, n = greedy_accept(d, penalize(logits, p, pen))
+            else:
+                toks, n = rejection_sample(d, draft.probs[slot], probs_from_logits(logits, p, pen), u.generator)
+            a = int(n[0])
+            emitted = toks[0, : a + 1].tolist()
+            lps = ([token_logprobs(logits[0, j], t, p.logprobs) for j, t in enumerate(emitted)]
+                   if p.logprobs is not None else None)
+            out[slot] = Acceptance(a, emitted, lps)
+        return out
+
+    @torch.no_grad()
+    def commit(self, acceptances: Mapping[int, Acceptance]) -> None:
+        txn = self._txn
+        if txn is None or not txn.verified:
+            raise RuntimeError("commit() needs draft() and verify() first")
+        if set(acceptances) != set(txn.depths):
+            raise ValueError(f"commit() needs one acceptance per user of the step: {sorted(txn.depths)}, "
+                             f"got {sorted(acceptances)}")
+        a = torch.zeros(self.slots, dtype=torch.long, device=self.device)
+        for slot, acc in acceptances.items():
+            if not 0 <= acc.num_accepted <= txn.depths[slot]:
+                raise ValueError(f"slot {slot}: num_accepted {acc.num_accepted} outside [0, {txn.depths[slot]}]")
+            a[slot] = acc.num_accepted
+        self.mechanism.commit(self, txn, a)
+        expected = torch.where(txn.part, txn.pos + a + 1, txn.pos)
+        if not torch.equal(self.state.pos, expected):
+            raise AssertionError(f"positions after commit {self.state.pos.tolist()}, expected {expected.tolist()}")
+        for slot, acc in acceptances.items():
+            u, n = self.users[slot], int(txn.pos[slot])
+            toks = torch.tensor([acc.tokens], device=self.device)  # x_{t+1} for t = n..n+a
+            u.reseed = Reseed(toks, txn.verify.hidden[slot:slot + 1, : acc.num_accepted + 1], n)
+            u.pending = acc.tokens[-1]
+            u.history.add(acc.tokens)
+        self.counters.steps += 1
+        self._txn = None
+
+    @torch.no_grad()
+    def abort(self) -> None:
+        txn = self._txn
+        if txn is None:
+            raise RuntimeError("abort() outside a step")
+        if txn.verified:
+            self.mechanism.abort(self, txn)
+        self.state.pos, self.mtp.pos = txn.pos, txn.mtp_pos  # MTP rows >= pos are rewritten by the next reseed
+        for slot, rng in txn.rng.items():
+            self.users[slot].generator.set_state(rng)
+        self.counters.aborts += 1
+        self._txn = None
