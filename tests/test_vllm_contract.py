@@ -52,7 +52,7 @@ class PluginReplay:
     """One engine launch: the calls, in the plugin's order, for one request at a time (max_num_seqs = 1)."""
 
     def __init__(self, ckpt, mesh_device, *, spec_k: int | None, freed=(7, 3, 5), spec_depth: str | None = None,
-                 **model_kwargs):
+                 sample_on_device: str | None = None, **model_kwargs):
         hf = json.loads((ckpt / "config.json").read_text())
         # additional_config: vLLM's per-platform dict (VllmConfig.additional_config, --additional-config JSON); the
         # plugin's user options live under its "tt" key (vllm_tt_plugin/config.py get_tt_config)
@@ -85,8 +85,11 @@ class PluginReplay:
         self.kv = self.m.allocate_kv_cache_per_layer(specs)
         self.pool = BlockPool(self.num_blocks, freed)
         # model_runner.warmup_model: compile pass, then trace pass
-        pre = dict(kv_cache=self.kv, can_sample_on_device=False)
-        dec = dict(kv_cache=self.kv, max_batch_size=1, num_blocks=self.max_blocks, can_sample_on_device=False)
+        # (the tt option sample_on_device_mode: "all" samples prefill and decode on device, "decode_only" decode)
+        self.sample_on_device = sample_on_device
+        pre = dict(kv_cache=self.kv, can_sample_on_device=sample_on_device == "all")
+        dec = dict(kv_cache=self.kv, max_batch_size=1, num_blocks=self.max_blocks,
+                   can_sample_on_device=sample_on_device in ("all", "decode_only"))
         self.m.warmup_model_prefill(enable_trace=False, **pre)
         self.m.warmup_model_decode(enable_trace=False, **dec)
         self.m.already_warmed_up_prefill = False
