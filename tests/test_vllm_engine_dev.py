@@ -28,6 +28,9 @@ from qwen36.tt_ops.device import open_mesh  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = list(range(5, 45))
 N_NEW = 16
+# vLLM's --block-size must equal the model's KV block size: the e3fc849 loader passes no vllm_config to
+# initialize_vllm_model, so the model keeps its default (64) and allocate_kv_cache_per_layer refuses any other
+BLOCK = 64
 
 
 STOCHASTIC = dict(temperature=0.8, top_k=20, top_p=0.9, presence_penalty=0.4, frequency_penalty=0.3,
@@ -42,7 +45,7 @@ def test_vllm_llm_equals_generate(tmp_path, monkeypatch, spec_k, on_device):
     # vLLM reads _name_or_path = the model directory; the adapter loads weights from it
     assert json.loads((ck / "config.json").read_text())["architectures"]
     ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
-                             block_size=32, prefill_chunk=64)
+                             block_size=BLOCK, prefill_chunk=64)
     ref = (ref_gen.generate(PROMPT, N_NEW, SamplingParams(**STOCHASTIC)).tokens if on_device
            else ref_gen.greedy(PROMPT, N_NEW))
     ref_gen.close()
@@ -61,7 +64,7 @@ def test_vllm_llm_equals_generate(tmp_path, monkeypatch, spec_k, on_device):
     if on_device:
         tt["sample_on_device_mode"] = "all"
         kw["generation_config"] = "vllm"  # vLLM's defaults, no checkpoint generation_config.json overrides
-    llm = vllm.LLM(model=str(ck), max_num_seqs=1, max_model_len=256, block_size=32, skip_tokenizer_init=True,
+    llm = vllm.LLM(model=str(ck), max_num_seqs=1, max_model_len=256, block_size=BLOCK, skip_tokenizer_init=True,
                    enable_prefix_caching=False, enable_chunked_prefill=False, max_num_batched_tokens=256,
                    async_scheduling=False, additional_config={"tt": tt}, **kw)
     try:

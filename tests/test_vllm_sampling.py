@@ -117,9 +117,11 @@ def test_conversion_reads_the_runners_encodings(as_lists):
     assert (one.top_k, one.top_p) == (1, 1.0)
     # no seed: the per-request seed the adapter drew (None in the lists, the sentinel -1 in the tensors)
     assert sampling_from_plugin(runner_payload(vllm_request(seed=None), V, as_lists=as_lists), V, 1234).seed == 1234
-    # greedy stays greedy
+    # greedy stays greedy; below vLLM's epsilon a temperature means greedy (vLLM's sampling_type), copied verbatim
     g = sampling_from_plugin(runner_payload(vllm_request(temperature=0.0), V), V, 0)
     assert g.greedy and not g.penalized
+    assert sampling_from_plugin(runner_payload(vllm_request(temperature=5e-6), V), V, 0).greedy
+    assert not sampling_from_plugin(runner_payload(vllm_request(temperature=2e-5), V), V, 0).greedy
 
 
 @pytest.mark.parametrize("field,value,msg", [
@@ -253,6 +255,22 @@ def test_device_sampling_equals_generate(reference, on_device):
     assert _run_all_mode(r, vllm_request(temperature=0.0), N_NEW, history=False) == reference["greedy"]
     assert _run_all_mode(r, STOCHASTIC, N_NEW, history=True) == reference["stochastic"]
     assert r.null_block_untouched()
+
+
+@pytest.mark.slow
+def test_device_sampling_through_prefill_continuations(reference, on_device):
+    """The synchronous runner's form of the decode steps (one-token prefill continuations carrying
+    sampling_params, ids back in the prefill's form) samples on device too and equals TTGenerator.generate."""
+    r = on_device
+    vocab = r.m.model.args.cfg.vocab_size
+    sp = runner_payload(STOCHASTIC, vocab)
+    seq = list(PROMPT) + [r.prefill_tokens(PROMPT, sp)]
+    while len(seq) < P + N_NEW:
+        toks = r.continue_prefill(seq, sp)
+        assert toks.dtype == torch.int32 and toks.reshape(-1).shape == (1,)
+        seq.append(int(toks.reshape(-1)[0]))
+    assert seq[P:] == reference["stochastic"]
+    r.finish()
 
 
 @pytest.mark.slow

@@ -19,6 +19,8 @@ platform.py at tenstorrent/vllm-tt-plugin e3fc849; spec_decode.py and docs/SPEC_
     out = model.decode_forward(tokens=[B,1], page_table=..., kv_cache=kv, start_pos=[B],
                                rope_deltas_all_users=..., enable_trace=True, read_from_device=False)
     logits = model.process_decode_output_host(out, is_tokens=False)                           # [B, 1, V]
+    # the synchronous runner (no async scheduling) sends the decode step as a one-token prefill continuation:
+    logits, rope_deltas = model.prefill_forward(tokens[:, :n+1], ..., prompt_lens=[n+1], start_pos=[n])
     # speculative launch (method custom_class, no narrow decode: every decode step is a verify)
     v = model.decode_forward(tokens=[B,1+K], start_pos=[B,1+K], num_valid_drafts=[B], accepted_counts=[B],
                              spec_mode="argmax_ids", ...)                      # VerifyOutput(argmax_ids [B,1+K])
@@ -96,6 +98,7 @@ MAX_BATCH = 1
 MAX_K = UNIFORMS_PER_ROW - 1  # the device acceptor draws K accept uniforms + 1 per row (one tile row)
 DEPTH_MODES = ("fixed", "auto")
 DEPTH_COSTS = "p150x2"  # the step-cost table the controller uses on cards (speculative/depth.py cost_key)
+VLLM_SAMPLING_EPS = 1e-5  # vllm.sampling_params._SAMPLING_EPS: a temperature below it means greedy
 ONE_USER = ("the Qwen3.6 TT port serves one sequence at a time (one GDN state slot): start vLLM with "
             "--max-num-seqs 1")
 
@@ -159,7 +162,8 @@ def sampling_from_plugin(sp, vocab: int, fresh_seed: int, row: int = 0) -> Sampl
     input batch normalises 0 / -1 / >= V to V) and becomes 0; ``top_k`` 1 arrives with ``top_p`` 0 (the input
     batch forces it, so that a fixed-candidate device sampler degenerates to argmax) and becomes top_p 1 (top_k 1
     alone already keeps one token); a request without a seed (None, or the tensors' sentinel -1) samples with
-    ``fresh_seed`` (the caller draws one per request, so the request is not reproducible, as in vLLM). Values
+    ``fresh_seed`` (the caller draws one per request, so the request is not reproducible, as in vLLM); a
+    temperature below vLLM's epsilon is greedy, as vLLM classifies the request (the runner copies it verbatim). Values
     outside their range raise :class:`SamplingParamsError` naming the parameter; logprobs asked of the device raise
     NotImplementedError (the runner asks a model for them only on 8- and 32-device meshes, and samples on the host
     otherwise)."""
@@ -179,6 +183,8 @@ def sampling_from_plugin(sp, vocab: int, fresh_seed: int, row: int = 0) -> Sampl
             top_k = 0  # the runner's "consider every token"
         if top_k == 1 and top_p == 0.0:
             top_p = 1.0  # the runner's argmax encoding of top_k=1
+        if isinstance(temperature, (int, float)) and 0 <= temperature < VLLM_SAMPLING_EPS:
+            temperature = 0.0  # vLLM's SamplingParams.sampling_type: GREEDY below its epsilon
         if seed is None or seed == vt.SEED_NONE:
             seed = int(fresh_seed)
         return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
@@ -568,11 +574,12 @@ class Qwen36ForCausalLM:
             raise ValueError(f"tokens [B, T] and prompt_lens [B] disagree: {tuple(tokens.shape)}, {tuple(lens.shape)}")
         if tokens.shape[0] > MAX_BATCH:
             raise NotImplementedError(f"prefill of {tokens.shape[0]} requests in one call: {ONE_USER}")
-        if start_pos is not None and int(torch.as_tensor(start_pos).reshape(-1)[0]) != 0:
-            raise NotImplementedError(f"prefill start_pos={torch.as_tensor(start_pos).tolist()}: a prefill continues "
-                                      f"no cached prefix here (run vLLM without prefix caching / chunked prefill)")
+        start = 0 if start_pos is None else int(torch.as_tensor(start_pos).reshape(-1)[0])
         if empty_slots is not None and list(empty_slots) != [0]:
             raise NotImplementedError(f"empty_slots={list(empty_slots)}: the only state slot is 0; {ONE_USER}")
+        if start != 0:
+            return self._one_token_continuation(tokens, start, int(lens[0]), page_table, enable_trace,
+                                                sampling_params)
         self._bind_page_table(page_table)
         prompt = tokens[0, : int(lens[0])].tolist()
         logits = self._prefill(prompt)
@@ -581,6 +588,31 @@ class Qwen36ForCausalLM:
             out = torch.tensor([[self._first_token(prompt, logits, sampling_params)]], dtype=torch.int32)
         if self.uses_mrope:
             return out, torch.zeros(1, dtype=torch.int64)
+        return out
+
+    def _one_token_continuation(self, tokens, start: int, end: int, page_table, enable_trace: bool,
+                                sampling_params):
+        """A prefill call that continues the live sequence by exactly one token is that sequence's next decode step.
+
+        The plugin's synchronous runner sends decode steps this way: its ``_prepare_model_inputs`` classifies a
+        request as "still prefilling" while ``num_computed_tokens < num_tokens``, and after a step's token is
+        applied to its input batch that holds for the next step too (the scheduler counts the new token as not
+        yet computed), so the step arrives as ``prefill_forward(tokens[:, :n+1], start_pos=[n], prompt_lens=[n+1])``
+        and expects the prefill's return form. Anything else that starts past 0 (a cached prefix, a real chunked
+        prefill) is refused."""
+        if self._mode not in ("new", "plain") or start != self.state.pos or end != start + 1:
+            raise NotImplementedError(f"prefill start_pos=[{start}], prompt_lens=[{end}]: a prefill continues no cached "
+                                      f"prefix here (run vLLM without prefix caching / chunked prefill); only the "
+                                      f"one-token continuation of the live sequence (its next decode step) is served")
+        if tokens[0, : len(self._prompt)].tolist() != self._prompt:
+            raise ValueError("prefill continuation: its tokens do not start with the live sequence's prompt")
+        self._bind_page_table(page_table)
+        step = tokens[:, start: start + 1]
+        out = self.decode_forward(step, None, None, torch.full((tokens.shape[0],), -1).index_fill_(0, torch.tensor([0]),
+                                                                                                   start),
+                                  enable_trace=enable_trace, read_from_device=True, sampling_params=sampling_params)
+        if self.uses_mrope:
+            return out, torch.zeros(tokens.shape[0], dtype=torch.int64)
         return out
 
     def _prefill(self, prompt: list[int]) -> torch.Tensor:
@@ -942,6 +974,11 @@ class Qwen36ForCausalLM:
         self.release_request(0)
 
     # ---- shutdown ------------------------------------------------------------------------------------------
+    def modules(self):
+        """No torch modules (the weights live on the mesh). vLLM's engine walks ``model.modules()`` when it is
+        garbage-collected (``LLMEngine._cleanup_instance_caches``) and raised AttributeError at exit without this."""
+        return iter(())
+
     def release_persistent_capture(self) -> None:
         """Called once by the runner before the mesh closes: release every trace."""
         self._release_traces()
