@@ -75,3 +75,40 @@ def test_vllm_llm_equals_generate(tmp_path, monkeypatch, spec_k, on_device):
     finally:
         del llm
         ctx.close()
+
+
+def test_vllm_llm_host_logprobs_equal_generate(tmp_path, monkeypatch):
+    """Logprobs through vLLM: the runner samples a logprobs request on the host (below 8 devices it never asks the
+    model), from the logits the adapter returns; each emitted token's logprob and the top-3 equal the raw logprobs
+    of ``TTGenerator.generate`` (greedy, so both emit the same tokens) to float tolerance."""
+    n_top = 3
+    ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
+    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+                             block_size=BLOCK, prefill_chunk=64)
+    ref = ref_gen.generate(PROMPT, N_NEW, SamplingParams(logprobs=n_top))
+    ref_gen.close()
+
+    ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
+    monkeypatch.setattr(plugin_worker, "open_mesh_device", lambda *a, **k: ctx.mesh_device)
+    monkeypatch.setattr(plugin_worker, "close_mesh_device", lambda *a, **k: None)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(REPO / "vllm_models"))
+    monkeypatch.setenv("MESH_DEVICE", "P150x2")
+    llm = vllm.LLM(model=str(ck), max_num_seqs=1, max_model_len=256, block_size=BLOCK, skip_tokenizer_init=True,
+                   enable_prefix_caching=False, enable_chunked_prefill=False, max_num_batched_tokens=256,
+                   async_scheduling=False, additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy",
+                                                                     "sample_on_device_mode": "all"}})
+    try:
+        out = llm.generate([{"prompt_token_ids": PROMPT}],
+                           vllm.SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True, logprobs=n_top))
+        o = out[0].outputs[0]
+        assert list(o.token_ids) == ref.tokens
+        assert len(o.logprobs) == N_NEW
+        for tok, got, want in zip(o.token_ids, o.logprobs, ref.logprobs):
+            assert abs(got[tok].logprob - want.logprob) < 1e-3 and got[tok].rank == want.rank
+            top = sorted(((lp.rank, t, lp.logprob) for t, lp in got.items() if lp.rank <= n_top))
+            assert [t for _, t, _ in top] == [t for t, _ in want.top]
+            assert max(abs(v - w) for (_, _, v), (_, w) in zip(top, want.top)) < 1e-3
+    finally:
+        del llm
+        ctx.close()
