@@ -118,8 +118,8 @@ def test_conversion_reads_the_runners_encodings(as_lists):
     # no seed: the per-request seed the adapter drew (None in the lists, the sentinel -1 in the tensors)
     assert sampling_from_plugin(runner_payload(vllm_request(seed=None), V, as_lists=as_lists), V, 1234).seed == 1234
     # greedy stays greedy; below vLLM's epsilon a temperature means greedy (vLLM's sampling_type), copied verbatim
-    g = sampling_from_plugin(runner_payload(vllm_request(temperature=0.0), V), V, 0)
-    assert g.greedy and not g.penalized
+    g = sampling_from_plugin(runner_payload(vllm_request(temperature=0.0), V), V, 1234)
+    assert g.greedy and not g.penalized and g.seed == 0  # nothing is drawn: one greedy params value per request
     assert sampling_from_plugin(runner_payload(vllm_request(temperature=5e-6), V), V, 0).greedy
     assert not sampling_from_plugin(runner_payload(vllm_request(temperature=2e-5), V), V, 0).greedy
 

@@ -185,7 +185,9 @@ def sampling_from_plugin(sp, vocab: int, fresh_seed: int, row: int = 0) -> Sampl
             top_p = 1.0  # the runner's argmax encoding of top_k=1
         if isinstance(temperature, (int, float)) and 0 <= temperature < VLLM_SAMPLING_EPS:
             temperature = 0.0  # vLLM's SamplingParams.sampling_type: GREEDY below its epsilon
-        if seed is None or seed == vt.SEED_NONE:
+        if temperature == 0.0:
+            seed = 0  # greedy draws nothing; one value keeps the device sampler of a greedy request reusable
+        elif seed is None or seed == vt.SEED_NONE:
             seed = int(fresh_seed)
         return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                               repetition_penalty=_row_value(sp, "repetition_penalty", row),
@@ -607,10 +609,10 @@ class Qwen36ForCausalLM:
         if tokens[0, : len(self._prompt)].tolist() != self._prompt:
             raise ValueError("prefill continuation: its tokens do not start with the live sequence's prompt")
         self._bind_page_table(page_table)
-        step = tokens[:, start: start + 1]
-        out = self.decode_forward(step, None, None, torch.full((tokens.shape[0],), -1).index_fill_(0, torch.tensor([0]),
-                                                                                                   start),
-                                  enable_trace=enable_trace, read_from_device=True, sampling_params=sampling_params)
+        pos = torch.full((tokens.shape[0],), -1, dtype=torch.int32)  # rows past 0: padding (position -1)
+        pos[0] = start
+        out = self.decode_forward(tokens[:, start: start + 1], None, None, pos, enable_trace=enable_trace,
+                                  read_from_device=True, sampling_params=sampling_params)
         if self.uses_mrope:
             return out, torch.zeros(tokens.shape[0], dtype=torch.int64)
         return out
