@@ -272,7 +272,8 @@ class Qwen36ForCausalLM:
     # there); absent keys default to False / () / 1 on the plugin side. "max_batch_size" is ours (the plugin does not
     # read it): one sequence, enforced at load.
     model_capabilities = {
-        "supports_chunked_prefill": False,  # a prompt is prefilled in one call (start_pos > 0 is refused)
+        # a prompt is prefilled in one call (start_pos > 0 is refused, but for the one-token decode continuation)
+        "supports_chunked_prefill": False,
         "supports_prefix_caching": False,
         # with "sample_on_device_mode" in the launch's tt options the plain decode samples on device (DeviceSampler);
         # without it (the default) vLLM samples on host from the returned logits
@@ -603,8 +604,8 @@ class Qwen36ForCausalLM:
         and expects the prefill's return form. Anything else that starts past 0 (a cached prefix, a real chunked
         prefill) is refused."""
         if self._mode not in ("new", "plain") or start != self.state.pos or end != start + 1:
-            raise NotImplementedError(f"prefill start_pos=[{start}], prompt_lens=[{end}]: a prefill continues no cached "
-                                      f"prefix here (run vLLM without prefix caching / chunked prefill); only the "
+            raise NotImplementedError(f"prefill start_pos=[{start}], prompt_lens=[{end}]: a prefill continues no "
+                                      f"cached prefix here (run vLLM without prefix caching / chunked prefill); only the "
                                       f"one-token continuation of the live sequence (its next decode step) is served")
         if tokens[0, : len(self._prompt)].tolist() != self._prompt:
             raise ValueError("prefill continuation: its tokens do not start with the live sequence's prompt")
