@@ -52,7 +52,7 @@ class PluginReplay:
     """One engine launch: the calls, in the plugin's order, for one request at a time (max_num_seqs = 1)."""
 
     def __init__(self, ckpt, mesh_device, *, spec_k: int | None, freed=(7, 3, 5), spec_depth: str | None = None,
-                 **model_kwargs):
+                 sample_on_device: str | None = None, **model_kwargs):
         hf = json.loads((ckpt / "config.json").read_text())
         # additional_config: vLLM's per-platform dict (VllmConfig.additional_config, --additional-config JSON); the
         # plugin's user options live under its "tt" key (vllm_tt_plugin/config.py get_tt_config)
@@ -85,8 +85,11 @@ class PluginReplay:
         self.kv = self.m.allocate_kv_cache_per_layer(specs)
         self.pool = BlockPool(self.num_blocks, freed)
         # model_runner.warmup_model: compile pass, then trace pass
-        pre = dict(kv_cache=self.kv, can_sample_on_device=False)
-        dec = dict(kv_cache=self.kv, max_batch_size=1, num_blocks=self.max_blocks, can_sample_on_device=False)
+        # (the tt option sample_on_device_mode: "all" samples prefill and decode on device, "decode_only" decode)
+        self.sample_on_device = sample_on_device
+        pre = dict(kv_cache=self.kv, can_sample_on_device=sample_on_device == "all")
+        dec = dict(kv_cache=self.kv, max_batch_size=1, num_blocks=self.max_blocks,
+                   can_sample_on_device=sample_on_device in ("all", "decode_only"))
         self.m.warmup_model_prefill(enable_trace=False, **pre)
         self.m.warmup_model_decode(enable_trace=False, **dec)
         self.m.already_warmed_up_prefill = False
@@ -113,6 +116,20 @@ class PluginReplay:
         assert logits.shape == (1, 1, self.m.model.args.cfg.vocab_size) and logits.dtype == torch.float32
         self.first_decode = True
         return int(logits[0, -1].argmax())
+
+    def continue_prefill(self, seq: list[int], sp=None):
+        """A decode step the way the synchronous runner sends it: ``prefill_forward`` over the whole sequence so far
+        with ``start_pos`` = n - 1 and ``prompt_lens`` = n (its ``_prepare_model_inputs`` counts the last token as
+        not yet computed, hence "still prefilling"); returns the prefill's form (logits, or ids with ``sp``)."""
+        n = len(seq)
+        kw = {} if sp is None else {"sampling_params": sp}
+        out, rope_deltas = self.m.prefill_forward(tokens=torch.tensor([seq], dtype=torch.int32),
+                                                  page_table=self.table(n), kv_cache=self.kv, enable_trace=True,
+                                                  prompt_lens=torch.tensor([n], dtype=torch.int32),
+                                                  start_pos=torch.tensor([n - 1], dtype=torch.int32),
+                                                  empty_slots=[0], **kw)
+        assert rope_deltas[0].item() == 0
+        return out
 
     def _rope(self):
         d = {"rope_deltas_all_users": [0] if self.first_decode else None}
@@ -272,6 +289,29 @@ def test_plain_sequence_equals_greedy(reference, plain):
     assert r.blocks[:2] == [5, 1]
     assert r.m.state.pos == P + 7
     r.finish()
+
+
+def test_plain_decode_as_one_token_prefill_continuation(reference, plain):
+    """The plugin's synchronous runner (e3fc849) sends every decode step as a prefill of the sequence so far that
+    starts at its last token (checked end to end through vLLM by tests/test_vllm_engine_dev.py): those steps
+    equal greedy decoding, and any other prefill past position 0 is refused by name."""
+    r, (reference, _) = plain, reference
+    seq = list(PROMPT) + [r.prefill(PROMPT)]
+    while len(seq) < P + N_NEW:
+        logits = r.continue_prefill(seq)
+        assert logits.shape == (1, 1, r.m.model.args.cfg.vocab_size) and logits.dtype == torch.float32
+        seq.append(int(logits[0, -1].argmax()))
+    assert seq[P:] == reference[:N_NEW]
+    assert r.m.state.pos == P + N_NEW - 1
+    with pytest.raises(NotImplementedError, match="only the one-token continuation"):
+        r.continue_prefill(seq[:-2])  # starts before the live sequence's end: a cached prefix
+    with pytest.raises(NotImplementedError, match="only the one-token continuation"):
+        r.m.prefill_forward(tokens=torch.tensor([seq], dtype=torch.int32), page_table=r.table(len(seq)),
+                            kv_cache=r.kv, prompt_lens=torch.tensor([len(seq)], dtype=torch.int32),
+                            start_pos=torch.tensor([len(seq) - 2], dtype=torch.int32))  # a two-token chunk
+    r.finish()
+    with pytest.raises(NotImplementedError, match="only the one-token continuation"):
+        r.continue_prefill(seq)  # no live sequence
 
 
 def test_plain_decode_read_paths(plain):

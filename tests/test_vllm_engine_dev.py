@@ -6,7 +6,9 @@ installs neither and runs tests/test_vllm_contract.py instead.
 The plugin's worker opens a hardware mesh with ``ttnn.open_mesh_device``; here its ``open_mesh_device`` /
 ``close_mesh_device`` are replaced by this project's emulated mesh (in-process engine,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and the model class is found through the repository's bundle directory
-(``EXTRA_MODELS_DIR=vllm_models``)."""
+(``EXTRA_MODELS_DIR=vllm_models``). The device-sampling case launches with ``sample_on_device_mode`` "all" and a
+seeded stochastic request with penalties: the plugin's runner builds the payload and the adapter samples on device,
+so the tokens equal ``TTGenerator.generate`` with the same parameters and seed."""
 from __future__ import annotations
 
 import json
@@ -18,6 +20,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (dev-only check
 plugin_worker = pytest.importorskip("vllm_tt_plugin.worker",
                                     reason="the vllm-tt plugin is not installed (dev-only check; see docs/serving.md)")
 
+from qwen36.speculative.sampling import SamplingParams  # noqa: E402
 from qwen36.tt.generator import DEFAULT_TRACE_REGION, load_tt_target  # noqa: E402
 from qwen36.testing.tt import make_bf16_checkpoint  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
@@ -25,18 +28,26 @@ from qwen36.tt_ops.device import open_mesh  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = list(range(5, 45))
 N_NEW = 16
+# vLLM's --block-size must equal the model's KV block size: the e3fc849 loader passes no vllm_config to
+# initialize_vllm_model, so the model keeps its default (64) and allocate_kv_cache_per_layer refuses any other
+BLOCK = 64
 
 
-@pytest.mark.parametrize("spec_k", [None, 3])
-def test_vllm_llm_greedy_equals_generate(tmp_path, monkeypatch, spec_k):
+STOCHASTIC = dict(temperature=0.8, top_k=20, top_p=0.9, presence_penalty=0.4, frequency_penalty=0.3,
+                  repetition_penalty=1.3, seed=7)
+
+
+@pytest.mark.parametrize("spec_k,on_device", [(None, False), (3, False), (None, True)])
+def test_vllm_llm_equals_generate(tmp_path, monkeypatch, spec_k, on_device):
     if spec_k:
         pytest.importorskip("vllm_tt_plugin.spec_decode", reason="this plugin version has no speculative contract")
     ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
     # vLLM reads _name_or_path = the model directory; the adapter loads weights from it
     assert json.loads((ck / "config.json").read_text())["architectures"]
     ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
-                             block_size=32, prefill_chunk=64)
-    ref = ref_gen.greedy(PROMPT, N_NEW)
+                             block_size=BLOCK, prefill_chunk=64)
+    ref = (ref_gen.generate(PROMPT, N_NEW, SamplingParams(**STOCHASTIC)).tokens if on_device
+           else ref_gen.greedy(PROMPT, N_NEW))
     ref_gen.close()
 
     ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
@@ -49,14 +60,55 @@ def test_vllm_llm_greedy_equals_generate(tmp_path, monkeypatch, spec_k):
     if spec_k:
         kw["speculative_config"] = {"method": "custom_class", "model": "vllm_tt_plugin.model_owned_drafter",
                                     "num_speculative_tokens": spec_k}
-    llm = vllm.LLM(model=str(ck), max_num_seqs=1, max_model_len=256, block_size=32, skip_tokenizer_init=True,
+    tt = {"trace_mode": "all", "optimizations": "accuracy"}
+    if on_device:
+        tt["sample_on_device_mode"] = "all"
+        kw["generation_config"] = "vllm"  # vLLM's defaults, no checkpoint generation_config.json overrides
+    llm = vllm.LLM(model=str(ck), max_num_seqs=1, max_model_len=256, block_size=BLOCK, skip_tokenizer_init=True,
                    enable_prefix_caching=False, enable_chunked_prefill=False, max_num_batched_tokens=256,
-                   async_scheduling=False, additional_config={"tt": {"trace_mode": "all",
-                                                                     "optimizations": "accuracy"}}, **kw)
+                   async_scheduling=False, additional_config={"tt": tt}, **kw)
+    try:
+        sp = (vllm.SamplingParams(**STOCHASTIC, max_tokens=N_NEW, ignore_eos=True) if on_device
+              else vllm.SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True))
+        out = llm.generate([{"prompt_token_ids": PROMPT}], sp)
+        assert list(out[0].outputs[0].token_ids) == ref
+    finally:
+        del llm
+        ctx.close()
+
+
+def test_vllm_llm_host_logprobs_equal_generate(tmp_path, monkeypatch):
+    """Logprobs through vLLM: the runner samples a logprobs request on the host (below 8 devices it never asks the
+    model), from the logits the adapter returns; each emitted token's logprob and the top-3 equal the raw logprobs
+    of ``TTGenerator.generate`` (greedy, so both emit the same tokens) to float tolerance."""
+    n_top = 3
+    ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
+    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+                             block_size=BLOCK, prefill_chunk=64)
+    ref = ref_gen.generate(PROMPT, N_NEW, SamplingParams(logprobs=n_top))
+    ref_gen.close()
+
+    ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
+    monkeypatch.setattr(plugin_worker, "open_mesh_device", lambda *a, **k: ctx.mesh_device)
+    monkeypatch.setattr(plugin_worker, "close_mesh_device", lambda *a, **k: None)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(REPO / "vllm_models"))
+    monkeypatch.setenv("MESH_DEVICE", "P150x2")
+    llm = vllm.LLM(model=str(ck), max_num_seqs=1, max_model_len=256, block_size=BLOCK, skip_tokenizer_init=True,
+                   enable_prefix_caching=False, enable_chunked_prefill=False, max_num_batched_tokens=256,
+                   async_scheduling=False, additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy",
+                                                                     "sample_on_device_mode": "all"}})
     try:
         out = llm.generate([{"prompt_token_ids": PROMPT}],
-                           vllm.SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True))
-        assert list(out[0].outputs[0].token_ids) == ref
+                           vllm.SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True, logprobs=n_top))
+        o = out[0].outputs[0]
+        assert list(o.token_ids) == ref.tokens
+        assert len(o.logprobs) == N_NEW
+        for tok, got, want in zip(o.token_ids, o.logprobs, ref.logprobs):
+            assert abs(got[tok].logprob - want.logprob) < 1e-3 and got[tok].rank == want.rank
+            top = sorted(((lp.rank, t, lp.logprob) for t, lp in got.items() if lp.rank <= n_top))
+            assert [t for _, t, _ in top] == [t for t, _ in want.top]
+            assert max(abs(v - w) for (_, _, v), (_, w) in zip(top, want.top)) < 1e-3
     finally:
         del llm
         ctx.close()

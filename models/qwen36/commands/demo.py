@@ -2,7 +2,9 @@
 
 Prints the prompt and the generated text, the acceptance figures (mean accepted drafts and mean emitted
 tokens per verify step, per-position acceptance, histogram) and tok/s of speculative vs plain decoding, both
-measured in this run on the named backend. The embedded default (models/qwen36/default_checkpoint) is a small
+measured in this run on the named backend. With ``--logprobs N`` it also prints, for both runs, every emitted
+token's raw logprob and rank and the N most likely tokens, and how far the two runs' logprobs of the tokens they
+share (the common prefix) lie apart. The embedded default (models/qwen36/default_checkpoint) is a small
 model trained on Python standard-library sources (see its MODEL_CARD.md), so prompts should be Python code.
 """
 from __future__ import annotations
@@ -11,7 +13,7 @@ import argparse
 
 from ..errors import UserError
 from .common import DEFAULT_CHECKPOINT, positive_int
-from .generate import add_spec_args, sampling_params
+from .generate import add_spec_args, print_logprobs, sampling_params
 
 DEFAULT_PROMPT = '''class Counter:
     """Count hashable items."""
@@ -40,6 +42,22 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def logprob_gap(a, b) -> tuple[int, float]:
+    """(n, max |difference|) over the common prefix of two runs' emitted tokens: every number a TokenLogprobs
+    carries for a token both runs emitted at the same index after the same history (its own logprob and the top-n
+    values; the top-n ids are compared too, a different id there counts as an infinite gap)."""
+    n, worst = 0, 0.0
+    for x, y in zip(a, b):
+        if x.token != y.token:
+            break
+        n += 1
+        worst = max(worst, abs(x.logprob - y.logprob))
+        if [t for t, _ in x.top] != [t for t, _ in y.top]:
+            return n, float("inf")
+        worst = max([worst] + [abs(u - v) for (_, u), (_, v) in zip(x.top, y.top)])
+    return n, worst
 
 
 def plain_target(backend):
@@ -101,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     t_spec = time.perf_counter() - t0
     release()
     t0 = time.perf_counter()
-    plain = target.generate(ids, args.max_new_tokens, params, eos).tokens  # same sampling parameters
+    plain_result = target.generate(ids, args.max_new_tokens, params, eos)  # same sampling parameters
+    plain = plain_result.tokens
     t_plain = time.perf_counter() - t0
 
     mode = params.describe()
@@ -126,6 +145,16 @@ def run(args: argparse.Namespace) -> int:
     if "emulated" in backend.label:
         print("note       : emulated mesh = ttnn golden functions on the host CPU; these tok/s are emulator wall-clock, "
               "not a card figure (see `qwen36 probe decode-cost` / `gate-0b` for modelled P150a numbers)")
+    if params.logprobs is not None:
+        print(bar)
+        print("speculative ", end="")
+        print_logprobs(result.logprobs, tok)
+        print("plain ", end="")
+        print_logprobs(plain_result.logprobs, tok)
+        n, gap = logprob_gap(result.logprobs, plain_result.logprobs)
+        print(f"logprobs check: {n} shared leading tokens, max |speculative - plain| = {gap:.3g} (the verify's K+1-row "
+              f"forward vs the 1-row decode: rounding only)")
+        print(bar)
     if params.greedy:
         d = _first_difference(result.tokens, plain)
         print("greedy check: speculative output == plain greedy output" if d is None else

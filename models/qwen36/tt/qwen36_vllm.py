@@ -19,6 +19,8 @@ platform.py at tenstorrent/vllm-tt-plugin e3fc849; spec_decode.py and docs/SPEC_
     out = model.decode_forward(tokens=[B,1], page_table=..., kv_cache=kv, start_pos=[B],
                                rope_deltas_all_users=..., enable_trace=True, read_from_device=False)
     logits = model.process_decode_output_host(out, is_tokens=False)                           # [B, 1, V]
+    # the synchronous runner (no async scheduling) sends the decode step as a one-token prefill continuation:
+    logits, rope_deltas = model.prefill_forward(tokens[:, :n+1], ..., prompt_lens=[n+1], start_pos=[n])
     # speculative launch (method custom_class, no narrow decode: every decode step is a verify)
     v = model.decode_forward(tokens=[B,1+K], start_pos=[B,1+K], num_valid_drafts=[B], accepted_counts=[B],
                              spec_mode="argmax_ids", ...)                      # VerifyOutput(argmax_ids [B,1+K])
@@ -49,6 +51,18 @@ columns after them); the runner's next verify then carries ``num_valid_drafts`` 
 rows (the backend's per-depth traces). ``spec_plan`` reports K as ``effective_k`` (the widest block the runner
 must reserve) and :meth:`Qwen36ForCausalLM.depth_plan` the depths and the K' of the next step.
 
+Sampling: by default the plugin samples on the host from the returned logits (vLLM's own sampler: every
+parameter, logprobs, seeds). With ``"sample_on_device_mode"`` in the launch's ``tt`` options it hands each call
+``sampling_params`` (the plugin's ``TTSamplingParams``, per-row lists) and expects token ids back:
+:func:`sampling_from_plugin` turns row 0 into our :class:`SamplingParams` (one validation, one error), the prefill's
+token is picked on the host from the prompt's last row (as ``TTGenerator.generate`` does) and every decode token on
+device inside the traced step (:class:`.sampler.DeviceSampler`, penalty counts updated in place), so a sequence
+equals ``TTGenerator.generate`` with the same parameters and seed. What the plugin does not send this way it
+samples on the host anyway (min_p, logit_bias, allowed/bad words, structured output, and logprobs below 8 devices:
+``check_perform_device_sampling``); logprobs asked of the device are refused. Under speculation the plugin admits
+greedy requests only (accept mode ``argmax_ids``), so a verify's ``sampling_params`` must be greedy without
+penalties.
+
 Batch: the TT model serves one sequence (one GDN state slot, slot 0). Rows past the first are accepted only as
 the padding rows the runner sends (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert
 outputs; a real second user fails fast naming ``--max-num-seqs 1`` (``initialize_vllm_model`` already refuses
@@ -57,6 +71,7 @@ outputs; a real second user fails fast naming ``--max-num-seqs 1`` (``initialize
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 import torch
@@ -66,7 +81,7 @@ from ..checkpoint import load_checkpoint
 from ..config import FULL, LINEAR, Qwen36Config
 from ..speculative.depth import DepthPolicy, cost_key
 from ..speculative.mechanisms import DEFAULT_MECHANISM
-from ..speculative.sampling import SamplingParams
+from ..speculative.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
 from ..tt_ops.device import ttnn_for_mesh
 from . import vllm_types as vt
 from .accept import UNIFORMS_PER_ROW
@@ -83,6 +98,7 @@ MAX_BATCH = 1
 MAX_K = UNIFORMS_PER_ROW - 1  # the device acceptor draws K accept uniforms + 1 per row (one tile row)
 DEPTH_MODES = ("fixed", "auto")
 DEPTH_COSTS = "p150x2"  # the step-cost table the controller uses on cards (speculative/depth.py cost_key)
+VLLM_SAMPLING_EPS = 1e-5  # vllm.sampling_params._SAMPLING_EPS: a temperature below it means greedy
 ONE_USER = ("the Qwen3.6 TT port serves one sequence at a time (one GDN state slot): start vLLM with "
             "--max-num-seqs 1")
 
@@ -121,6 +137,64 @@ def spec_depth_mode(vllm_config) -> str:
     if mode not in DEPTH_MODES:
         raise ValueError(f"additional_config tt.spec_depth={mode!r}: choose one of {DEPTH_MODES}")
     return mode
+
+
+def _row_value(sp, name: str, row: int):
+    """Row ``row`` of one TTSamplingParams field: a per-row list / tuple / tensor, or one value for every row."""
+    v = getattr(sp, name)
+    if v is None or isinstance(v, (bool, int, float)):
+        return v
+    if isinstance(v, torch.Tensor):
+        v = v.reshape(-1).tolist() if v.dim() else v.item()
+        if not isinstance(v, list):
+            return v
+    v = list(v)
+    if row >= len(v):
+        raise SamplingParamsError(f"sampling_params.{name} has {len(v)} rows, row {row} was asked for")
+    return v[row]
+
+
+def sampling_from_plugin(sp, vocab: int, fresh_seed: int, row: int = 0) -> SamplingParams:
+    """The plugin's per-row sampling payload (``TTSamplingParams``: lists from the runner's ``submit_prefill`` /
+    ``submit_decode``, or its tensors) -> our :class:`SamplingParams` for batch row ``row``.
+
+    Reads the runner's encodings back into vLLM's meanings: ``top_k`` "off" arrives as the vocabulary size (the
+    input batch normalises 0 / -1 / >= V to V) and becomes 0; ``top_k`` 1 arrives with ``top_p`` 0 (the input
+    batch forces it, so that a fixed-candidate device sampler degenerates to argmax) and becomes top_p 1 (top_k 1
+    alone already keeps one token); a request without a seed (None, or the tensors' sentinel -1) samples with
+    ``fresh_seed`` (the caller draws one per request, so the request is not reproducible, as in vLLM); a
+    temperature below vLLM's epsilon is greedy, as vLLM classifies the request (the runner copies it verbatim). Values
+    outside their range raise :class:`SamplingParamsError` naming the parameter; logprobs asked of the device raise
+    NotImplementedError (the runner asks a model for them only on 8- and 32-device meshes, and samples on the host
+    otherwise)."""
+    num_lp = _row_value(sp, "num_logprobs", row)
+    enable_lp = _row_value(sp, "enable_log_probs", row)
+    if bool(enable_lp) if enable_lp is not None else num_lp is not None and int(num_lp) >= 0:
+        raise NotImplementedError(f"sampling_params asks for logprobs on device (num_logprobs={num_lp}): this model "
+                                  f"returns sampled ids only; run without sample_on_device_mode, or let the runner "
+                                  f"sample logprob requests on the host (it does below 8 devices)")
+    temperature = _row_value(sp, "temperature", row)
+    top_k, top_p = _row_value(sp, "top_k", row), _row_value(sp, "top_p", row)
+    seed = _row_value(sp, "seed", row)
+    try:
+        if isinstance(top_k, float) and top_k.is_integer():
+            top_k = int(top_k)
+        if isinstance(top_k, int) and not isinstance(top_k, bool) and (top_k <= 0 or top_k >= vocab):
+            top_k = 0  # the runner's "consider every token"
+        if top_k == 1 and top_p == 0.0:
+            top_p = 1.0  # the runner's argmax encoding of top_k=1
+        if isinstance(temperature, (int, float)) and 0 <= temperature < VLLM_SAMPLING_EPS:
+            temperature = 0.0  # vLLM's SamplingParams.sampling_type: GREEDY below its epsilon
+        if temperature == 0.0:
+            seed = 0  # greedy draws nothing; one value keeps the device sampler of a greedy request reusable
+        elif seed is None or seed == vt.SEED_NONE:
+            seed = int(fresh_seed)
+        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                              repetition_penalty=_row_value(sp, "repetition_penalty", row),
+                              presence_penalty=_row_value(sp, "presence_penalty", row),
+                              frequency_penalty=_row_value(sp, "frequency_penalty", row))
+    except SamplingParamsError as e:
+        raise SamplingParamsError(f"vllm-tt sampling_params row {row}: {e}") from None
 
 
 def _rows(x, what: str) -> torch.Tensor:
@@ -173,15 +247,22 @@ class _VllmSpecBackend(TTSpecBackend):
 
 
 class DecodeHandle:
-    """What ``decode_forward(read_from_device=False)`` returns: the step's logits [B, 1, V] fp32.
+    """What ``decode_forward(read_from_device=False)`` returns: the step's logits [B, 1, V] fp32, or with
+    ``sampling_params`` the sampled ids [B, 1] int32 (``tokens``; ``logits`` is then None).
 
     The generator reads the logits to host inside its step (one readback per step either way), so this split
     defers nothing yet; it exists so the plugin's synchronous path (which always asks for ``read_from_device=
     False`` and then calls :meth:`Qwen36ForCausalLM.process_decode_output_host`) runs. ``supports_async_decode``
     stays False: no readback overlaps the next step."""
 
-    def __init__(self, logits: torch.Tensor):
-        self.logits = logits
+    def __init__(self, logits: torch.Tensor | None = None, tokens: torch.Tensor | None = None):
+        if (logits is None) == (tokens is None):
+            raise ValueError("DecodeHandle holds logits or tokens, exactly one")
+        self.logits, self.tokens = logits, tokens
+
+    @property
+    def host(self) -> torch.Tensor:
+        return self.logits if self.tokens is None else self.tokens
 
 
 class Qwen36ForCausalLM:
@@ -191,9 +272,12 @@ class Qwen36ForCausalLM:
     # there); absent keys default to False / () / 1 on the plugin side. "max_batch_size" is ours (the plugin does not
     # read it): one sequence, enforced at load.
     model_capabilities = {
-        "supports_chunked_prefill": False,  # a prompt is prefilled in one call (start_pos > 0 is refused)
+        # a prompt is prefilled in one call (start_pos > 0 is refused, but for the one-token decode continuation)
+        "supports_chunked_prefill": False,
         "supports_prefix_caching": False,
-        "supports_sample_on_device": False,  # vLLM samples on host from the returned logits
+        # with "sample_on_device_mode" in the launch's tt options the plain decode samples on device (DeviceSampler);
+        # without it (the default) vLLM samples on host from the returned logits
+        "supports_sample_on_device": True,
         "supports_async_decode": False,  # the logits are read inside the step (DecodeHandle)
         "output_tokens_per_step": 1,
         "supports_spec_decode": True,  # spec_plan still rejects a checkpoint without an MTP head
@@ -225,8 +309,12 @@ class Qwen36ForCausalLM:
         self._kv_cache = None
         self._mode = None  # None (no sequence) | "new" (after prefill) | "plain" | "spec"
         self._accepted_count = None  # tokens committed by the last spec call (1 right after prefill)
+        self._prompt: list[int] | None = None  # the live sequence's prefilled tokens
+        self._request_seed = None  # the seed of a live request that carries none (drawn at its prefill)
+        self._sampling: SamplingParams | None = None  # the device-sampled sequence's params (None: logits)
+        self._emitted: list[int] = []  # tokens the device-sampled sequence emitted (the plugin's output tokens)
         self.already_warmed_up_prefill = False
-        logger.info(f"vllm-tt contract types from {vt.SOURCE}")
+        logger.info(f"vllm-tt contract types from {vt.SOURCE}; sampling payload from {vt.SAMPLING_SOURCE}")
 
     # ---- configuration-time classmethods -------------------------------------------------------------------
     @classmethod
@@ -423,10 +511,7 @@ class Qwen36ForCausalLM:
             self.spec_backend.release()
 
     # ---- per-call argument handling ------------------------------------------------------------------------
-    def _check_common(self, kv_cache, sampling_params, kwargs: dict) -> None:
-        if sampling_params is not None:
-            raise NotImplementedError("on-device sampling (sampling_params) is not offered: run the plugin without "
-                                      "sample-on-device; vLLM samples on host from the returned logits")
+    def _check_common(self, kv_cache, kwargs: dict) -> None:
         if kv_cache is not None and self._kv_cache is not None and kv_cache is not self._kv_cache:
             raise ValueError("kv_cache must be the list returned by this model's allocate_kv_cache[_per_layer]()")
         if kwargs.get("page_tables_per_layer") is not None or kwargs.get("page_tables_per_group") is not None:
@@ -485,24 +570,52 @@ class Qwen36ForCausalLM:
         """Prefill the sequence ``tokens[0, :prompt_lens[0]]`` into the blocks of ``page_table[0]``; returns fp32
         last-token logits [B, 1, V], or ``(logits, rope_deltas [B])`` when the config uses mrope (text only: every
         delta is 0). Prefill runs eagerly (``enable_trace`` is accepted and has no effect)."""
-        self._check_common(kv_cache, sampling_params, kwargs)
+        self._check_common(kv_cache, kwargs)
         tokens = _rows(tokens, "tokens")
         lens = torch.as_tensor(prompt_lens).reshape(-1)
         if tokens.dim() != 2 or lens.numel() != tokens.shape[0]:
             raise ValueError(f"tokens [B, T] and prompt_lens [B] disagree: {tuple(tokens.shape)}, {tuple(lens.shape)}")
         if tokens.shape[0] > MAX_BATCH:
             raise NotImplementedError(f"prefill of {tokens.shape[0]} requests in one call: {ONE_USER}")
-        if start_pos is not None and int(torch.as_tensor(start_pos).reshape(-1)[0]) != 0:
-            raise NotImplementedError(f"prefill start_pos={torch.as_tensor(start_pos).tolist()}: a prefill continues "
-                                      f"no cached prefix here (run vLLM without prefix caching / chunked prefill)")
+        start = 0 if start_pos is None else int(torch.as_tensor(start_pos).reshape(-1)[0])
         if empty_slots is not None and list(empty_slots) != [0]:
             raise NotImplementedError(f"empty_slots={list(empty_slots)}: the only state slot is 0; {ONE_USER}")
+        if start != 0:
+            return self._one_token_continuation(tokens, start, int(lens[0]), page_table, enable_trace,
+                                                sampling_params)
         self._bind_page_table(page_table)
         prompt = tokens[0, : int(lens[0])].tolist()
         logits = self._prefill(prompt)
         out = logits.reshape(1, 1, -1)
+        if sampling_params is not None:  # sample_on_device_mode "all": the runner expects the first token
+            out = torch.tensor([[self._first_token(prompt, logits, sampling_params)]], dtype=torch.int32)
         if self.uses_mrope:
             return out, torch.zeros(1, dtype=torch.int64)
+        return out
+
+    def _one_token_continuation(self, tokens, start: int, end: int, page_table, enable_trace: bool,
+                                sampling_params):
+        """A prefill call that continues the live sequence by exactly one token is that sequence's next decode step.
+
+        The plugin's synchronous runner sends decode steps this way: its ``_prepare_model_inputs`` classifies a
+        request as "still prefilling" while ``num_computed_tokens < num_tokens``, and after a step's token is
+        applied to its input batch that holds for the next step too (the scheduler counts the new token as not
+        yet computed), so the step arrives as ``prefill_forward(tokens[:, :n+1], start_pos=[n], prompt_lens=[n+1])``
+        and expects the prefill's return form. Anything else that starts past 0 (a cached prefix, a real chunked
+        prefill) is refused."""
+        if self._mode not in ("new", "plain") or start != self.state.pos or end != start + 1:
+            raise NotImplementedError(f"prefill start_pos=[{start}], prompt_lens=[{end}]: a prefill continues no "
+                                      f"cached prefix here (run vLLM without prefix caching / chunked prefill); only the "
+                                      f"one-token continuation of the live sequence (its next decode step) is served")
+        if tokens[0, : len(self._prompt)].tolist() != self._prompt:
+            raise ValueError("prefill continuation: its tokens do not start with the live sequence's prompt")
+        self._bind_page_table(page_table)
+        pos = torch.full((tokens.shape[0],), -1, dtype=torch.int32)  # rows past 0: padding (position -1)
+        pos[0] = start
+        out = self.decode_forward(tokens[:, start: start + 1], None, None, pos, enable_trace=enable_trace,
+                                  read_from_device=True, sampling_params=sampling_params)
+        if self.uses_mrope:
+            return out, torch.zeros(tokens.shape[0], dtype=torch.int64)
         return out
 
     def _prefill(self, prompt: list[int]) -> torch.Tensor:
@@ -514,7 +627,54 @@ class Qwen36ForCausalLM:
         else:
             logits = self.gen.prefill(prompt)
         self._mode, self._accepted_count = "new", 1
+        self._prompt, self._sampling, self._emitted = list(prompt), None, []
+        self._request_seed = secrets.randbits(31)  # used only if the request carries no seed
         return logits
+
+    # ---- sampling (sample_on_device_mode) ------------------------------------------------------------------
+    def _request_params(self, sampling_params) -> SamplingParams:
+        """Row 0 of the plugin's payload as our params; within one sequence they must stay the same."""
+        params = sampling_from_plugin(sampling_params, self.model.args.cfg.vocab_size, self._request_seed)
+        if self._sampling is not None and params != self._sampling:
+            raise ValueError(f"sampling_params changed within one sequence ({self._sampling.describe()} -> "
+                             f"{params.describe()}): a new request starts with a prefill")
+        if self.spec_k and (not params.greedy or params.penalized):
+            raise NotImplementedError(f"speculative launch: {params.describe()} requested, but the verify serves "
+                                      f"greedy requests without penalties only (accept mode argmax_ids; the plugin "
+                                      f"admits no other request under speculation)")
+        return params
+
+    def _first_token(self, prompt: list[int], logits: torch.Tensor, sampling_params) -> int:
+        """The prefill's token from the prompt's last row, picked on the host with the request's params (as
+        ``TTGenerator.generate`` picks it); a plain launch then starts the device sampler for the decode steps."""
+        params = self._request_params(sampling_params)
+        gen = params.generator() if not params.greedy else None
+        tok = int(pick_token(logits.reshape(1, -1), params, gen,
+                             TokenHistory(prompt, self.model.args.cfg.vocab_size).now()))
+        if not self.spec_k:
+            self._start_sampler(params, tok)
+        return tok
+
+    def _start_sampler(self, params: SamplingParams, first: int) -> None:
+        """Device sampling for the live sequence: the sampler of ``params`` (re)allocated while no trace is live
+        (the prefill released them), penalty state from the prompt and ``first``, the seeded stream restarted."""
+        self.gen.release_trace()  # the sample trace reads the sampler's buffers: never live across a swap
+        self.gen.sampler = self.gen._sampler_for(params)
+        self.gen.sampler.start(self._prompt, first)
+        self._sampling, self._emitted = params, [first]
+
+    def _check_history(self, prompt_tokens, output_tokens) -> None:
+        """The plugin's token history (sent with device sampling when a penalty is on) must be the sequence the
+        device penalty state was built from."""
+        if prompt_tokens is None and output_tokens is None:
+            return
+        pt = [int(t) for t in torch.as_tensor(prompt_tokens)[0].tolist() if int(t) != -1]
+        ot = [int(t) for t in torch.as_tensor(output_tokens)[0].tolist() if int(t) != -1]
+        if pt != self._prompt or ot != self._emitted:
+            raise ValueError(f"the runner's token history (prompt {len(pt)} tokens, output {len(ot)}) differs from the "
+                             f"sequence the device penalty state holds (prompt {len(self._prompt)}, output "
+                             f"{len(self._emitted)}): a request resumed after preemption re-prefills its output as "
+                             f"prompt, which the penalty state cannot tell apart")
 
     # ---- decode / verify -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -525,7 +685,7 @@ class Qwen36ForCausalLM:
         ``read_from_device=False``). With ``spec_mode="argmax_ids"`` (tokens / start_pos [B, 1+K]) -> the verify:
         ``VerifyOutput(argmax_ids [B, 1+K] int32)``; column j < n is the choice draft j must match, column n the
         correction/bonus (n = num_valid_drafts of the row)."""
-        self._check_common(kv_cache, sampling_params, kwargs)
+        self._check_common(kv_cache, kwargs)
         tokens = _rows(tokens, "tokens")
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be [B, T], got shape {tuple(tokens.shape)}")
@@ -539,6 +699,8 @@ class Qwen36ForCausalLM:
             raise RuntimeError("decode_forward with no live sequence (prefill_forward first)")
         self._bind_page_table(page_table)
         if spec_mode is not None:
+            if sampling_params is not None:
+                self._request_params(sampling_params)  # greedy without penalties, or refused
             out = self._verify(tokens, pos, num_valid_drafts, accepted_counts, spec_mode, enable_trace)
             return out
         if num_valid_drafts is not None or accepted_counts is not None:
@@ -551,22 +713,51 @@ class Qwen36ForCausalLM:
             raise ValueError(f"start_pos {start} != the sequence's next position {self.state.pos} (decode continues "
                              f"the prefilled sequence; a resumed request is prefilled again)")
         self.gen.use_trace = bool(enable_trace)
+        if sampling_params is not None:
+            return self._sampled_decode(tokens, sampling_params, read_from_device, kwargs)
+        if self._sampling is not None:
+            raise RuntimeError("decode without sampling_params in a sequence sampled on device: one sequence is "
+                               "sampled on device or on the host throughout")
         logits, _ = self.gen.decode_step(int(tokens[0, 0]))
         out = torch.zeros(tokens.shape[0], 1, logits.shape[-1], dtype=torch.float32)
         out[0, 0] = logits
         return out if read_from_device else DecodeHandle(out)
 
+    def _sampled_decode(self, tokens, sampling_params, read_from_device: bool, kwargs: dict):
+        """Plain decode step whose token the device picks (the traced decode + DeviceSampler step)."""
+        params = self._request_params(sampling_params)
+        tok_in = int(tokens[0, 0])
+        if self._sampling is None:
+            # sample_on_device_mode "decode_only": vLLM sampled the prefill's token on the host; it is this input
+            if self.state.pos != len(self._prompt):
+                raise RuntimeError("sampling_params on a sequence whose earlier decode steps returned logits: one "
+                                   "sequence is sampled on device or on the host throughout")
+            self._start_sampler(params, tok_in)
+        elif tok_in != self._emitted[-1]:
+            raise ValueError(f"decode input token {tok_in} != the token this model sampled last ({self._emitted[-1]})")
+        self._check_history(kwargs.get("prompt_tokens"), kwargs.get("output_tokens"))
+        tok, _ = self.gen.sample_step(tok_in)
+        self._emitted.append(tok)
+        out = torch.zeros(tokens.shape[0], 1, dtype=torch.int32)  # padding rows: token 0, never read
+        out[0, 0] = tok
+        return out if read_from_device else DecodeHandle(tokens=out)
+
     def read_decode_output(self, tt_out, async_read: bool = False):
         """Host copy of a decode output; with ``async_read`` the plugin's ``(output, events)`` pair (no events:
         the logits are already on host, see :class:`DecodeHandle`)."""
-        host = tt_out.logits if isinstance(tt_out, DecodeHandle) else tt_out
+        host = tt_out.host if isinstance(tt_out, DecodeHandle) else tt_out
         return (host, []) if async_read else host
 
     def process_decode_output_host(self, tt_out, is_tokens: bool = False):
-        """[B, 1, V] fp32 logits from what decode_forward / read_decode_output returned."""
-        if is_tokens:
-            raise NotImplementedError("is_tokens=True means device sampling, which this model does not offer")
-        return tt_out.logits if isinstance(tt_out, DecodeHandle) else tt_out
+        """[B, 1, V] fp32 logits, or with ``is_tokens`` (the runner sampled on device) the ids [B, 1] int32, from
+        what decode_forward / read_decode_output returned."""
+        if not isinstance(tt_out, DecodeHandle):
+            return tt_out
+        if is_tokens != (tt_out.tokens is not None):
+            raise ValueError(f"process_decode_output_host(is_tokens={is_tokens}) but the decode "
+                             f"{'sampled on device' if tt_out.tokens is not None else 'returned logits'}: the runner "
+                             f"passes sampling_params exactly when it expects tokens")
+        return tt_out.host
 
     def _enter(self, mode: str) -> None:
         if self._mode not in ("new", mode):
@@ -696,6 +887,7 @@ class Qwen36ForCausalLM:
         if self.spec_backend is not None and self.spec_backend._phase == "drafted":
             self.spec_backend.abort()  # the outstanding proposal belongs to the released request
         self._mode, self._accepted_count = None, None
+        self._prompt, self._sampling, self._emitted, self._request_seed = None, None, [], None
 
     def note_state_slots_moved(self, old_to_new: dict) -> None:
         moved = {int(a): int(b) for a, b in dict(old_to_new).items() if int(a) != int(b)}
@@ -733,7 +925,8 @@ class Qwen36ForCausalLM:
                             num_blocks: int | None = None, can_sample_on_device: bool = False, **_) -> None:
         """Compile (``enable_trace=False``: one eager step) and then capture (``True``: eager step + capture +
         one replay) the decode step of this launch: plain decode, or the K-draft verify + commit + MTP chain when
-        the launch speculates. A prefill re-captures (it allocates), so the request's own capture on its second
+        the launch speculates (``can_sample_on_device`` in a plain launch: also the device-sampled step, greedy and
+        stochastic with penalties). A prefill re-captures (it allocates), so the request's own capture on its second
         step reuses the programs compiled here and allocates no new program-cache entries."""
         if int(max_batch_size) > MAX_BATCH:
             raise NotImplementedError(f"warmup max_batch_size={max_batch_size}: {ONE_USER}")
@@ -767,9 +960,28 @@ class Qwen36ForCausalLM:
                 logits = self.decode_forward(torch.tensor([[tok]]), None, None, torch.tensor([len(prompt) + i]),
                                              enable_trace=enable_trace)
                 tok = int(logits[0, -1].argmax())
+            if can_sample_on_device:
+                # the device-sampled step, greedy and stochastic with every penalty (all of the sampler's programs)
+                for sp in (vt.TTSamplingParams(temperature=[0.0], top_k=[1], top_p=[0.0], seed=[None],
+                                               num_logprobs=[vt.LOGPROBS_NONE], enable_log_probs=[False]),
+                           vt.TTSamplingParams(temperature=[1.0], top_k=[8], top_p=[0.9], presence_penalty=[0.5],
+                                               frequency_penalty=[0.5], repetition_penalty=[1.1], seed=[0],
+                                               num_logprobs=[vt.LOGPROBS_NONE], enable_log_probs=[False])):
+                    self.release_request(0)
+                    tok = int(self._first_token(prompt, self._prefill(prompt), sp))
+                    for i in range(steps):
+                        out = self.decode_forward(torch.tensor([[tok]]), None, None,
+                                                  torch.tensor([len(prompt) + i]), enable_trace=enable_trace,
+                                                  sampling_params=sp)
+                        tok = int(out[0, 0])
         self.release_request(0)
 
     # ---- shutdown ------------------------------------------------------------------------------------------
+    def modules(self):
+        """No torch modules (the weights live on the mesh). vLLM's engine walks ``model.modules()`` when it is
+        garbage-collected (``LLMEngine._cleanup_instance_caches``) and raised AttributeError at exit without this."""
+        return iter(())
+
     def release_persistent_capture(self) -> None:
         """Called once by the runner before the mesh closes: release every trace."""
         self._release_traces()

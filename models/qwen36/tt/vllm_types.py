@@ -1,5 +1,5 @@
 """The value types of the vllm-tt plugin's speculative contract (``SpecPlan``, ``SpecReject``, ``VerifyOutput``,
-``DraftOutput``, ``PLACEHOLDER_TOKEN_ID``).
+``DraftOutput``, ``PLACEHOLDER_TOKEN_ID``) and of its on-device sampling (``TTSamplingParams``).
 
 When the plugin is importable its own classes are used: the runner checks what the model returns with
 ``isinstance`` against them, so an adapter must hand back exactly those. Without the plugin (CI, a host without
@@ -101,5 +101,37 @@ except ImportError:
 
 ACCEPT_MODE_ARGMAX_IDS = "argmax_ids"
 
-__all__ = ["ACCEPT_MODE_ARGMAX_IDS", "PLACEHOLDER_TOKEN_ID", "DraftOutput", "SOURCE", "SpecPlan", "SpecReject",
-           "VerifyOutput"]
+try:  # the plugin's per-step sampling payload (model_input.py; imports vLLM, hence a separate guard)
+    from vllm_tt_plugin.model_input import TTSamplingParams  # type: ignore[import-not-found]
+
+    SAMPLING_SOURCE = "vllm_tt_plugin.model_input"
+except ImportError:
+    SAMPLING_SOURCE = "qwen36.tt.vllm_types (plugin not installed)"
+
+    @dataclass(frozen=True)
+    class TTSamplingParams:  # type: ignore[no-redef]
+        """Per-row sampling values of one prefill / decode call when the launch samples on device: one entry per
+        row of the (padded) batch. The runner hands the model Python lists (``.tolist()`` of its tensors), with a
+        request without a seed as None; same field names, order and defaults as the plugin's
+        ``vllm_tt_plugin.model_input.TTSamplingParams`` (checked against a vendored copy of that file by
+        tests/test_vllm_sampling.py)."""
+
+        temperature: Any
+        top_k: Any
+        top_p: Any
+        presence_penalty: Any = 0.0
+        frequency_penalty: Any = 0.0
+        repetition_penalty: Any = 1.0
+        seed: Any = 0
+        num_logprobs: Any = None
+        enable_log_probs: Any = None
+
+#: how the runner encodes "no logprobs" in ``num_logprobs`` (input_batch.py LOGPROBS_NONE_SENTINEL; 0 = only the
+#: sampled token's logprob, n = also the top n)
+LOGPROBS_NONE = -2
+#: how the runner's tensors encode "no seed" (input_batch.py SEED_NONE_SENTINEL); the lists it hands the model
+#: carry None instead, but a tensor-form payload may still hold it
+SEED_NONE = -1
+
+__all__ = ["ACCEPT_MODE_ARGMAX_IDS", "LOGPROBS_NONE", "PLACEHOLDER_TOKEN_ID", "SAMPLING_SOURCE", "SEED_NONE",
+           "DraftOutput", "SOURCE", "SpecPlan", "SpecReject", "TTSamplingParams", "VerifyOutput"]
