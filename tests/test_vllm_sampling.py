@@ -8,15 +8,15 @@ logprobs -> -2), ``TTModelRunner._sampling_params_for_padded_decode`` pads the r
 ``TTAsyncDecodeController.submit_decode`` hand the model ``TTSamplingParams`` of ``.tolist()`` lists with the seed
 sentinel turned back into None, plus ``prompt_tokens`` / ``output_tokens`` (-1 padded) when a penalty is on;
 ``finalize_decode`` then calls ``process_decode_output_host(out, is_tokens=True)``. The payload type is the
-plugin's own when installed, else our stand-in, whose fields are checked against a vendored copy of the plugin's
-``model_input.py`` (tests/vendor/vllm_tt_plugin).
+plugin's own when installed, else our stand-in, whose fields are checked against the plugin's ``TTSamplingParams``
+fields as recorded in tests/data/vllm_tt_plugin_sampling_params.json (names, order, defaults and ``frozen``, read
+from ``src/vllm_tt_plugin/model_input.py`` at the commit the file names; re-record them to follow a newer plugin).
 
 Exactness: a device-sampled sequence equals ``TTGenerator.generate`` (the engine of ``qwen36 generate --device
 emulated-p150x2``) with the same parameters and seed, token for token; greedy equals ``TTGenerator.greedy``.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 from pathlib import Path
@@ -33,7 +33,7 @@ from qwen36.tt.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM, sampling_from
 from qwen36.tt_ops.device import open_mesh
 from test_vllm_contract import BLOCK, MAX_LEN, PROMPT, PluginReplay
 
-VENDORED = Path(__file__).resolve().parent / "vendor" / "vllm_tt_plugin" / "model_input.py"
+PLUGIN_FIELDS = Path(__file__).resolve().parent / "data" / "vllm_tt_plugin_sampling_params.json"
 P = len(PROMPT)
 N_NEW = 12
 # SamplingInputBatch.DEFAULTS (input_batch.py): the values of the padding rows
@@ -76,23 +76,16 @@ def ours(req: SimpleNamespace) -> SamplingParams:
 
 
 # ---- the payload type and its conversion (no mesh) ---------------------------------------------------------
-def _vendored_fields() -> list[tuple[str, object]]:
-    tree = ast.parse(VENDORED.read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TTSamplingParams")
-    deco = cls.decorator_list[0]
-    assert isinstance(deco, ast.Call) and deco.func.id == "dataclass"
-    assert any(k.arg == "frozen" and k.value.value is True for k in deco.keywords)
-    out = []
-    for node in cls.body:
-        if isinstance(node, ast.AnnAssign):
-            out.append((node.target.id, dataclasses.MISSING if node.value is None else ast.literal_eval(node.value)))
-    return out
+def _plugin_fields() -> list[tuple[str, object]]:
+    rec = json.loads(PLUGIN_FIELDS.read_text())
+    assert rec["class"] == "TTSamplingParams" and rec["dataclass_frozen"] is True
+    return [(f["name"], f.get("default", dataclasses.MISSING)) for f in rec["fields"]]
 
 
 def test_payload_type_matches_the_plugins():
-    """The stand-in (or the installed plugin's class) has the vendored TTSamplingParams' fields, order, defaults."""
+    """The stand-in (or the installed plugin's class) has the plugin's TTSamplingParams fields, order, defaults."""
     ours_ = [(f.name, f.default) for f in dataclasses.fields(vt.TTSamplingParams)]
-    assert ours_ == _vendored_fields()
+    assert ours_ == _plugin_fields()
     assert dataclasses.fields(vt.TTSamplingParams)[0].name == "temperature"
     with pytest.raises(dataclasses.FrozenInstanceError):
         vt.TTSamplingParams(temperature=[0.0], top_k=[1], top_p=[1.0]).temperature = [1.0]
