@@ -78,7 +78,9 @@ def summarize(rows: list[dict], ks: list[int]) -> dict[str, dict]:
         out[c] = {"prompts": len(rs), "best_fixed_k": kbest, "best_fixed": fixed[kbest], "auto": auto,
                   "ratio": auto / fixed[kbest], "replay_auto": statistics.fmean(r["replay_auto_tokens_per_cost"] for r in rs),
                   "steps_equal_replay": sum(r["steps_equal"] for r in rs),
-                  "lossless": all(r["tt_equals_reference_greedy"] for r in rs)}
+                  "equal_reference_greedy": sum(r["tt_equals_reference_greedy"] for r in rs),
+                  "lossless": all(r["tt_equals_reference_greedy"] or r.get("tt_equals_tt_plain_greedy", False)
+                                  for r in rs)}
         goal = 1.0 if c == "mixed" else GOAL_CLASS_RATIO
         out[c]["goal_met"] = out[c]["ratio"] > goal if c == "mixed" else out[c]["ratio"] >= goal
     return out
@@ -136,14 +138,32 @@ def main(argv=None) -> int:
         if args.out:
             atomic_write_json(args.out, report)
 
+    def backend():
+        nonlocal be
+        if be is None:
+            be = load_tt_backend(DEFAULT_CHECKPOINT, args.device, "shadow_commit", max_len, depths=make().depths)
+        return be
+
+    def check_tt_plain(row: dict, auto_tokens: list[int]) -> None:
+        """Where TT differs from the reference's greedy (bf16 TT vs fp32 reference at a near tie), the speculative
+        run must still equal TT's own plain greedy: that is the losslessness claim on TT."""
+        if not row["tt_equals_reference_greedy"] and "tt_equals_tt_plain_greedy" not in row:
+            gen = backend().gen
+            row["tt_equals_tt_plain_greedy"] = auto_tokens == gen.greedy(row["ids"], n_new)
+            gen.release_trace()
+
+    for row in rows:  # resumed rows recorded before this check existed
+        if not row["tt_equals_reference_greedy"] and "tt_equals_tt_plain_greedy" not in row:
+            res = speculative_generate(backend(), row["ids"], n_new, make())
+            check_tt_plain(row, res.tokens)
+            write()
     for it in chosen:
         if it["key"] in done:
             continue
         if args.time_budget_s is not None and time.perf_counter() - t_start > args.time_budget_s:
             print(f"time budget reached: {len(rows)} prompts done", flush=True)
             break
-        if be is None:
-            be = load_tt_backend(DEFAULT_CHECKPOINT, args.device, "shadow_commit", max_len, depths=make().depths)
+        backend()
         trace, ref_plain = fit.acceptance_trace(ref, it["ids"], n_new)
         t0 = time.perf_counter()
         res = speculative_generate(be, it["ids"], n_new, make())
@@ -161,6 +181,7 @@ def main(argv=None) -> int:
                "tt_auto_tokens_per_cost": steps_tokens_per_cost(tt_steps, costs),
                "replay_auto_tokens_per_cost": steps_tokens_per_cost(replay_steps, costs),
                "fixed_tokens_per_cost": fixed, "emulator_wall_s": wall}
+        check_tt_plain(row, res.tokens)
         rows.append(row)
         write()
         best = max(fixed, key=fixed.get)
