@@ -9,7 +9,9 @@
 * the fitted depth controller with the device MTP on the shipped checkpoint: greedy output == TT plain greedy ==
   the torch reference's greedy, every commit mechanism, and the controller really switched depth;
 * stochastic acceptance with the depth changing every step: chi-square of the emitted tokens against the target's
-  own distribution (the end-to-end test of tests/test_tt_spec_stochastic.py, shorter);
+  own distribution (the end-to-end test of tests/test_tt_spec_stochastic.py, shorter), also with penalties;
+* penalties under auto K: every depth's acceptor reads and commits one token-count buffer; greedy with penalties
+  == plain greedy with penalties (TT and reference), and the device counts == the host token history;
 * refusals: a depth outside ``depths``, a draft at a depth the last commit did not prepare, a depth change
   without ``depths``.
 """
@@ -35,9 +37,13 @@ CKPT = "models/qwen36/default_checkpoint"
 
 
 @pytest.fixture(scope="module")
-def ci_gen(tmp_path_factory):
-    ck = make_bf16_checkpoint(tmp_path_factory.mktemp("depth") / "ci", "ci")
-    g = TTGenerator.from_checkpoint(ck, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
+def ci_ck(tmp_path_factory):
+    return make_bf16_checkpoint(tmp_path_factory.mktemp("depth") / "ci", "ci")
+
+
+@pytest.fixture(scope="module")
+def ci_gen(ci_ck):
+    g = TTGenerator.from_checkpoint(ci_ck, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
                                     block_size=32, prefill_chunk=64)
     yield g
     g.close()
@@ -149,19 +155,55 @@ def test_refuses_depths_it_was_not_built_for(ci_gen, ci_plain):
     fixed.close()
 
 
-def test_penalties_with_a_changing_depth_are_refused(ci_gen, ci_plain):
-    """The token-count buffers live in each depth's acceptor: with several depths a switch would read counts that
-    missed the other depths' commits, so the TT backend refuses the combination before touching any state."""
-    from qwen36.errors import UserError
+PENALTIES = dict(repetition_penalty=1.3, presence_penalty=-1.5, frequency_penalty=0.7)  # as tests/test_tt_sampling.py
 
-    be = TTSpecBackend(ci_gen, "snapshot", drafter=oracle_drafter(PROMPT, ci_plain), depths=(1, 2), use_trace=False)
-    with pytest.raises(UserError, match="penalties with a changing draft depth"):
-        be.prefill(PROMPT, SamplingParams(repetition_penalty=1.3))
-    be.prefill(PROMPT)  # the same backend without penalties still runs
+
+def _counts_match(be: TTSpecBackend, hist) -> None:
+    """The device's one penalty context (shared by every depth's acceptor) == the host's token history."""
+    shared = {id(b.acceptor.token_counts) for b in be._by_k.values()}
+    assert len(shared) == 1, "every depth must read and commit the same token counts"
+    seen, counts = be.acceptor.token_counts.read()
+    assert torch.equal(counts, hist.counts), (counts.nonzero().flatten(), hist.counts.nonzero().flatten())
+    assert torch.equal(seen > 0, hist.now().seen)
+
+
+@pytest.mark.slow  # reference + TT plain + a traced auto-depth run per mechanism
+@pytest.mark.parametrize("mech", MECHANISMS)
+def test_auto_depth_greedy_with_penalties_is_plain_greedy_with_penalties(ci_ck, ci_gen, mech):
+    """Penalties under ``--spec-k auto`` on TT: the fitted controller changes K between steps, every depth's
+    acceptor reads and commits one token-count buffer (updated in place inside the commit traces), and the output
+    equals plain greedy with penalties on TT and on the reference. Drafts are the answer with 30% wrong tokens, so
+    that acceptance lengths (and so the controller's choices) vary."""
+    from qwen36.reference.model import Qwen36Model
+    from qwen36.speculative.plain import plain_generate
+    from qwen36.speculative.sampling import TokenHistory
+
+    n, params = 24, SamplingParams(**PENALTIES)
+    ref = Qwen36Model.from_checkpoint(ci_ck)
+    want = plain_generate(ref, PROMPT, n, params).tokens
+    assert want != plain_generate(ref, PROMPT, n).tokens, "the penalties must decide something on this prompt"
+    assert ci_gen.generate(PROMPT, n, params).tokens == want  # TT plain greedy with penalties
+    ci_gen.release_trace()
+    g = torch.Generator().manual_seed(0)
+    vocab = ref.config.vocab_size
+
+    def drafter(history, k):
+        i = len(history) - len(PROMPT)
+        toks = (want[i:i + k] + [0] * k)[:k]
+        return [(t + 1) % vocab if torch.rand(1, generator=g).item() < 0.3 else t for t in toks]
+
+    controller = _controller()
+    be = TTSpecBackend(ci_gen, mech, drafter=drafter, depths=controller.depths)
+    r = speculative_generate(be, PROMPT, n, controller, params)
+    assert r.tokens == want
+    hist = TokenHistory(PROMPT, vocab)
+    hist.add(be.history[len(PROMPT):])  # every emitted token, the last step's past n included
+    _counts_match(be, hist)
+    captures = dict(be._traces.captures)
     be.close()
-    one = TTSpecBackend(ci_gen, "snapshot", drafter=oracle_drafter(PROMPT, ci_plain), depths=(2,), use_trace=False)
-    one.prefill(PROMPT, SamplingParams(repetition_penalty=1.3))  # one depth: one acceptor, one count buffer
-    one.close()
+    assert len(set(r.stats.depths)) > 1, f"the controller never changed K: {r.stats.depths}"
+    assert len(set(r.stats.accepted)) >= 3, r.stats.accepted
+    assert all(c == 1 for c in captures.values()), captures
 
 
 # ---- the fitted controller with the device MTP, shipped checkpoint -------------------------------------------
@@ -220,6 +262,27 @@ def test_auto_depth_greedy_equals_plain_and_reference(gen, drafter, auto_plain, 
     assert {f"verify:{k}" for k in used} <= set(captures) and {f"chain:{k}" for k in used} <= set(captures)
 
 
+@pytest.mark.slow  # device MTP + every depth's traces
+def test_auto_depth_greedy_with_penalties_device_mtp(gen, drafter):
+    """The CLI's ``--spec-k auto --repetition-penalty ...`` path on the shipped checkpoint: device MTP drafts, the
+    fitted controller, the shared token counts; output == TT plain greedy with penalties == the reference's."""
+    from qwen36.reference.model import Qwen36Model
+    from qwen36.speculative.plain import plain_generate
+
+    params = SamplingParams(**PENALTIES)
+    ref = plain_generate(Qwen36Model.from_checkpoint(CKPT, dtype=torch.float32), AUTO_PROMPT, AUTO_NEW, params).tokens
+    tt = gen.generate(AUTO_PROMPT, AUTO_NEW, params).tokens
+    gen.release_trace()
+    assert tt == ref
+    controller = _controller()
+    be = TTSpecBackend(gen, "shadow_commit", drafter=drafter, depths=controller.depths)
+    r = speculative_generate(be, AUTO_PROMPT, AUTO_NEW, controller, params)
+    be.close()
+    assert r.tokens == tt
+    assert len(set(r.stats.depths)) > 1, f"the controller never changed K: {r.stats.depths}"
+    assert max(r.stats.accepted) >= 1, r.stats.accepted  # (penalised text accepts fewer of the MTP's drafts)
+
+
 # ---- stochastic acceptance with the depth changing every step --------------------------------------------------
 STOCH_PROMPTS = [[5, 100, 7, 300, 12], [44, 901, 17, 3, 250], [201, 5, 4064, 273]]
 STOCH_DEPTHS = (1, 2, 3)
@@ -227,20 +290,27 @@ TOP_K = 3
 
 
 @pytest.mark.slow  # chi-square over ~100 seeded TT steps
-@pytest.mark.parametrize("draft,seed", [("sample", 5), ("greedy", 6)])
-def test_auto_depth_stochastic_chi_square(gen, drafter, draft, seed):
+@pytest.mark.parametrize("draft,seed,penalties", [("sample", 5, False), ("greedy", 6, False), ("sample", 7, True)],
+                         ids=["sample", "greedy", "sample+penalties"])
+def test_auto_depth_stochastic_chi_square(gen, drafter, draft, seed, penalties):
     """Depth cycles 1, 2, 3 step after step (every step switches). First emitted token's rank cell vs the target's
     T=1 top-3 distribution of verify row 0, second (given a >= 1) vs row 1, summed over steps (as in
-    tests/test_tt_spec_stochastic.py); P(a >= 1) vs the sum of the per-step closed forms."""
+    tests/test_tt_spec_stochastic.py); P(a >= 1) vs the sum of the per-step closed forms. With penalties the
+    target distribution of row j is the one plain sampling would use there (host token history of the committed
+    tokens plus d_1..d_j), and after every step the device's shared token counts equal the host history's."""
     from test_tt_spec_stochastic import P_MIN, _rank_cell, chi2_p
 
-    params = SamplingParams(1.0, TOP_K, 1.0, seed, draft=draft)
+    from qwen36.speculative.sampling import TokenHistory
+
+    params = SamplingParams(1.0, TOP_K, 1.0, seed, draft=draft, **(PENALTIES if penalties else {}))
     be = TTSpecBackend(gen, "shadow_commit", drafter=drafter, depths=STOCH_DEPTHS)
     obs1, exp1, obs2, exp2 = (torch.zeros(TOP_K + 1) for _ in range(4))
     a_ge1, alpha_sum, alpha_var, seen = 0, 0.0, 0.0, set()
     done, seg, steps, max_len = 0, 0, 96, gen.model.args.max_seq_len
     while done < steps:
-        be.prefill(STOCH_PROMPTS[seg % len(STOCH_PROMPTS)], params)
+        prompt = STOCH_PROMPTS[seg % len(STOCH_PROMPTS)]
+        hist = TokenHistory(prompt, gen.model.args.cfg.vocab_size)
+        hist.add([be.prefill(prompt, params)])
         seg += 1
         k = STOCH_DEPTHS[done % len(STOCH_DEPTHS)]
         while done < steps and be.n + 2 * (max(STOCH_DEPTHS) + 1) < max_len:
@@ -249,11 +319,15 @@ def test_auto_depth_stochastic_chi_square(gen, drafter, draft, seed):
             q = (gen.model.to_host(be.drafter.sampler.draft_probs).float().reshape(k, -1) if draft == "sample"
                  else None)
             v = be.verify(d)
-            p = probs_from_logits(gen.model.to_host(v.out.logits).float().reshape(k + 1, -1), params)
+            pen = hist.rows(torch.as_tensor(dr)) if penalties else None
+            p = probs_from_logits(gen.model.to_host(v.out.logits).float().reshape(k + 1, -1), params, pen)
             acc = be.accept(d, v)
             nxt = STOCH_DEPTHS[(done + 1) % len(STOCH_DEPTHS)]
             be.plan_next_depth(nxt)
             be.commit(acc)
+            hist.add(acc.tokens)
+            if penalties:
+                _counts_match(be, hist)
             seen.add((k, acc.num_accepted))
             done, k = done + 1, nxt
             srt = p.sort(dim=-1, descending=True).values[:, :TOP_K]

@@ -42,7 +42,7 @@ from qwen36.speculative.sampling import SamplingParams
 
 from .ccl import ccl_for
 from .model_config import compute_config_exact_count
-from .sampler import UniformTable, inverse_cdf_draw, penalize, probs_from_logits
+from .sampler import TokenCounts, UniformTable, inverse_cdf_draw, penalize, probs_from_logits
 
 RESULT_EXTRA_COLS = 2  # accepted count, RNG row
 MAX_EXACT_FP32_INT = 1 << 24  # token ids / counts are carried in fp32: exact below 2**24
@@ -85,7 +85,8 @@ class DeviceAcceptor:
 
     def __init__(self, ttnn, mesh_device, k: int, vocab: int, sampling_params: SamplingParams | None = None,
                  seed: int | None = None, *, batch: int = 1, logits_layout: str = "replicated",
-                 rng: str = "device", rng_rows: int = 1024, ring_heads: int | None = None):
+                 rng: str = "device", rng_rows: int = 1024, ring_heads: int | None = None,
+                 token_counts: TokenCounts | None = None):
         if not isinstance(k, int) or k < 1:
             raise DraftDepthError(f"k (draft depth) must be an int >= 1, got {k!r}")
         if k + 1 > UNIFORMS_PER_ROW:
@@ -110,6 +111,10 @@ class DeviceAcceptor:
         if (self.params.penalized or self.params.logprobs is not None) and batch != 1:
             raise ValueError("penalties and logprobs on the device acceptor are implemented for batch 1")
         self.seed = int(self.params.seed if seed is None else seed)
+        if token_counts is not None and token_counts.vocab != vocab:
+            raise ValueError(f"token_counts are over vocab {token_counts.vocab}, the acceptor's is {vocab}")
+        # the penalty context; passed in when several acceptors (one per draft depth) serve one generation
+        self.token_counts = token_counts
         self.logits_layout = logits_layout
         self.rng = rng
         self.rng_rows = rng_rows
@@ -170,8 +175,9 @@ class DeviceAcceptor:
             self.logprobs = self._replicated(torch.zeros(1, 1, r, 2 + 2 * self.params.logprobs), f32,
                                              ttnn.ROW_MAJOR_LAYOUT)
         if self.params.penalized:
-            self.seen = self._replicated(torch.zeros(1, b, 1, v), f32)
-            self.counts = self._replicated(torch.zeros(1, b, 1, v), f32)
+            if self.token_counts is None:
+                self.token_counts = TokenCounts(ttnn, self.mesh, v)
+            self.token_counts.allocate()
             self.c_zero_vocab_row = self._replicated(torch.zeros(1, b, 1, v), f32)
         # RNG: table of uniforms + device-side row counter (fp32, exact below 2**24 rows); first fill
         self.uniforms.allocate()
@@ -316,17 +322,18 @@ class DeviceAcceptor:
         """Write the penalty state of a generation: ``history`` = prompt then every emitted token (the pending one
         included); the first ``prompt_len`` are the prompt. Host writes, outside any capture."""
         self._require_allocated()
-        if not self.params.penalized:
-            return
-        ttnn, v = self.ttnn, self.vocab
-        seen = torch.zeros(1, 1, 1, v)
-        seen[..., torch.as_tensor(list(history), dtype=torch.long)] = 1.0
-        counts = torch.zeros(1, 1, 1, v)
-        out = torch.as_tensor(list(history[prompt_len:]), dtype=torch.long)
-        counts[0, 0, 0].index_add_(0, out, torch.ones(out.numel()))
-        for host, dev in ((seen, self.seen), (counts, self.counts)):
-            ttnn.copy_host_to_device_tensor(ttnn.from_torch(host, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
-                                                            mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh)), dev)
+        if self.params.penalized:
+            self.token_counts.start(prompt_len, history)
+
+    @property
+    def seen(self):
+        """``[1, 1, 1, V]`` fp32 0/1: in the prompt or the output (the :class:`.sampler.TokenCounts` buffer)."""
+        return self.token_counts.seen
+
+    @property
+    def counts(self):
+        """``[1, 1, 1, V]`` fp32: occurrences in the output (the :class:`.sampler.TokenCounts` buffer)."""
+        return self.token_counts.counts
 
     def row_penalties(self, drafts_col):
         """(seen, counts) ``[1, 1, R, V]`` of the verify rows: row j adds d_1..d_j to the committed counts (it is
@@ -343,13 +350,13 @@ class DeviceAcceptor:
 
     def commit_counts(self):
         """Add the step's emitted tokens (the result's token columns; placeholders match nothing) to the counts,
-        in place: part of the commit, inside its trace."""
+        in place: part of the commit, inside its trace. Acceptors sharing one :class:`.sampler.TokenCounts` see each
+        other's commits."""
         ttnn, r = self.ttnn, self.rows
         toks = ttnn.typecast(ttnn.slice(self.result, [0, 0, 0, 0], [1, 1, 1, r]), ttnn.float32)
         onehot = ttnn.eq(self.c_vocab_idx, ttnn.reshape(toks, [1, 1, r, 1]))  # [1, 1, R, V]
         added = ttnn.sum(onehot, dim=2, keepdim=True, compute_kernel_config=self._ckc)  # [1, 1, 1, V]
-        ttnn.copy(ttnn.add(self.counts, added), self.counts)
-        ttnn.copy(ttnn.maximum(self.seen, ttnn.gt(added, 0.0)), self.seen)
+        self.token_counts.add(added)
 
     def _uniforms(self):
         """-> (u_accept [1,B,K,1], u_final [1,B,1,1], rng_row [1,B,1,1]); advances the device counter in place."""

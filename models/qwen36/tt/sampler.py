@@ -6,6 +6,8 @@
   any capture: seeded ``ttnn.uniform`` in place (``source="device"``) or a seeded torch generator written with
   ``copy_host_to_device_tensor`` (``source="host"``: bit-identical on cards and the emulator).
 * :func:`inverse_cdf_draw`: one categorical draw per row from unnormalised weights and one uniform.
+* :class:`TokenCounts`: the penalty context (seen / output counts) on device, one per generation, shared by every
+  reader and updated in place by the commit.
 * :func:`penalize` and :func:`probs_from_logits`: the device twin of ``speculative.sampling``'s transform
   (penalties -> temperature -> min_p -> top-k -> top-p -> softmax), the one implementation the acceptor, the draft
   pick and the plain-decode sampler share.
@@ -107,6 +109,58 @@ def inverse_cdf_draw(ttnn, weights, u):
     total = ttnn.max(cdf, dim=3, keepdim=True)
     below = ttnn.multiply(ttnn.le(cdf, ttnn.multiply(u, total)), ttnn.lt(cdf, total))
     return ttnn.sum(below, dim=3, keepdim=True, compute_kernel_config=compute_config_exact_count(ttnn))
+
+
+class TokenCounts:
+    """The penalty context of one generation on device: ``seen`` (1 where a token is in the prompt or the output)
+    and ``counts`` (occurrences in the output), ``[1, 1, 1, V]`` fp32 each, replicated, persistent.
+
+    One object per generation, shared by everything that reads or commits the context: every depth's acceptor
+    under ``--spec-k auto`` (a step of any depth must see the tokens every earlier step committed, whatever its
+    depth), and the sampled draft pick through its acceptor. :meth:`start` writes it from the host once per
+    generation (outside capture); :meth:`add` is the traced in-place update a commit makes."""
+
+    def __init__(self, ttnn, mesh_device, vocab: int):
+        if vocab >= 1 << 24:
+            raise ValueError(f"vocab={vocab} >= 2**24: token counts are carried in fp32 and would not be exact")
+        self.ttnn, self.mesh, self.vocab = ttnn, mesh_device, vocab
+        self.seen = self.counts = None
+
+    def _host(self, x: torch.Tensor, device=None):
+        ttnn = self.ttnn
+        return ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=device,
+                               mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+
+    def allocate(self) -> "TokenCounts":
+        """Both buffers (before any capture), zero."""
+        if self.seen is None:
+            zeros = torch.zeros(1, 1, 1, self.vocab)
+            self.seen, self.counts = self._host(zeros, self.mesh), self._host(zeros, self.mesh)
+        return self
+
+    def start(self, prompt_len: int, history: Sequence[int]) -> None:
+        """``history`` = the prompt then every token emitted so far; the first ``prompt_len`` are the prompt.
+        Host writes into the persistent buffers, outside any capture."""
+        if self.seen is None:
+            raise RuntimeError("TokenCounts.allocate() first")
+        seen = torch.zeros(1, 1, 1, self.vocab)
+        seen[..., torch.as_tensor(list(history), dtype=torch.long)] = 1.0
+        counts = torch.zeros(1, 1, 1, self.vocab)
+        out = torch.as_tensor(list(history[prompt_len:]), dtype=torch.long)
+        counts[0, 0, 0].index_add_(0, out, torch.ones(out.numel()))
+        self.ttnn.copy_host_to_device_tensor(self._host(seen), self.seen)
+        self.ttnn.copy_host_to_device_tensor(self._host(counts), self.counts)
+
+    def add(self, added_111V) -> None:
+        """Traced, in place: ``added`` ``[1, 1, 1, V]`` fp32 = how many times each token was just emitted."""
+        ttnn = self.ttnn
+        ttnn.copy(ttnn.add(self.counts, added_111V), self.counts)
+        ttnn.copy(ttnn.maximum(self.seen, ttnn.gt(added_111V, 0.0)), self.seen)
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host copies (device 0's replica) of (seen, counts), each ``[V]`` fp32: for tests and checks."""
+        ttnn = self.ttnn
+        return tuple(ttnn.to_torch(ttnn.get_device_tensors(t)[0]).reshape(self.vocab) for t in (self.seen, self.counts))
 
 
 def penalize(ttnn, x, params: SamplingParams, seen, counts):

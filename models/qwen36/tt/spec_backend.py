@@ -23,11 +23,14 @@ The engine decides it on the host between accept() and commit() (``plan_next_dep
 accept() just read back (the step's one device->host transfer), so choosing K adds no device sync. Every depth
 has its own acceptor, drafts buffer, row constants, MTP head view and (shadow_commit) ring, all allocated at the
 first step of a generation, and all of them are views of ONE device state: position, pending token, KV caches,
-conv windows, live GDN state (snapshot/recompute buffers) and the MTP KV cache are shared. Per step:
+conv windows, live GDN state (snapshot/recompute buffers), the MTP KV cache, the acceptance RNG stream and the
+penalty token counts (``tt/sampler.py`` ``TokenCounts``: every depth's acceptor reads and commits the same
+buffers) are shared. Per step:
 
     trace verify:K            verify + acceptance at depth K (as above)
     host                      read the result; the engine picks K'
     trace commit:K            MTP reseed over the K+1 rows, row a -> persistent buffers; then the commit
+                              (+ the emitted tokens into the shared token counts, with penalties)
     [K' != K, shadow_commit:  trace leave:K  (ring slot a -> live recurrent state),
                               trace enter:K' (live -> ring K' slot 0, ring index -> slot 0)]
     trace chain:K'            the K'-draft MTP chain into depth K''s drafts buffer
@@ -44,7 +47,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..errors import UserError
 from ..speculative.engine import Acceptance, MechanismCounters
 from ..speculative.mechanisms import DEFAULT_MECHANISM
 from ..speculative.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
@@ -133,8 +135,10 @@ class TTSpecBackend:
         self._by_k = {}
         shared: _DepthBuffers | None = None
         for d in self.depths:
+            # one penalty context (token counts) for every depth: a step reads what every earlier step committed
             acc = DeviceAcceptor(self.ttnn, self.mesh, k=d, vocab=v, sampling_params=self.params, rng=self.rng,
-                                 ring_heads=self.model.args.gdn_hv_d)
+                                 ring_heads=self.model.args.gdn_hv_d,
+                                 token_counts=shared.acceptor.token_counts if shared is not None else None)
             if shared is not None:
                 acc.uniforms = shared.acceptor.uniforms  # one acceptance RNG stream whatever the depth
             acc.allocate()
@@ -150,6 +154,8 @@ class TTSpecBackend:
         if self.use_trace:
             self._compile_depths()
             first.start(self.n, self.history[-1])
+        # the shared token counts so far (after the compile pass, whose commits added to them; no-op without penalties)
+        first.acceptor.start_penalties(self._prompt_len, self.history)
         if self.device_drafter:
             self.drafter.start(first, self.history, self._prompt_hidden)
         self._traces.warmup_steps = 0  # compiled: each name is captured on its first use
@@ -190,11 +196,6 @@ class TTSpecBackend:
     def prefill(self, prompt: Sequence[int], params: SamplingParams = SamplingParams()) -> int:
         if len(prompt) == 0:
             raise ValueError("empty prompt")
-        if params.penalized and self.depths is not None and len(self.depths) > 1:
-            # every depth has its own acceptor, and the token-count buffers live in the acceptor: a depth switch
-            # would read counts that missed the other depths' commits
-            raise UserError("penalties with a changing draft depth (--spec-k auto) are not supported on the TT path "
-                            "yet: use a fixed --spec-k, or no penalty")
         self.release()
         self.params = params
         self._host_gen = params.generator(torch.device("cpu"))
@@ -314,6 +315,8 @@ class TTSpecBackend:
         if self.device_drafter:
             self.drafter.device_reseed(self.step_state, self._vout)
         commit(self.step_state, self._vout, self._result)
+        if self.params.penalized:
+            self.acceptor.commit_counts()  # into the counts every depth shares, before the next step's chain reads them
         return None
 
     def commit(self, acceptance: Acceptance) -> None:
