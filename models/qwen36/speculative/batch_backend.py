@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from .depth import DepthController, FixedDepth
-from .engine import Acceptance, AcceptanceStats, GenerationResult, MechanismCounters, _cut
+from .engine import Acceptance, GenerationResult, MechanismCounters, _UserBook, _per_user_inputs
 from .sampling import SamplingParams, TokenLogprobs
 
 
@@ -77,16 +77,7 @@ def speculative_generate_slots(backend: BatchSpecBackend, prompts: Sequence[Sequ
     round and is not done (users that joined this round sit the step out, their rows inert). A user that reaches
     EOS or ``max_new_tokens`` leaves its slot. Round structure, per-user depths and results are those of the
     per-user scheduler in ``engine.speculative_generate_batch``."""
-    n = len(prompts)
-    arrivals = [0] * n if arrivals is None else list(arrivals)
-    if not (len(depths) == len(params) == len(arrivals) == n) or n == 0:
-        raise ValueError(f"one prompt, depth, params and arrival per user: got {n}, {len(depths)}, {len(params)}, "
-                         f"{len(arrivals)}")
-    if min(arrivals) < 0:
-        raise ValueError(f"arrival rounds must be >= 0, got {arrivals}")
-    ctrls = [FixedDepth(k) if isinstance(k, int) else k for k in depths]
-    if len({id(c) for c in ctrls}) != n:
-        raise ValueError("each user needs its own depth policy object (a policy tracks one user's acceptance)")
+    arrivals, ctrls = _per_user_inputs({"prompt": len(prompts)}, depths, params, arrivals)
     users = [_SlotUser(c, p, max_new_tokens, eos_ids) for c, p in zip(ctrls, params)]
     free = list(range(backend.slots))
     plan_next = getattr(backend, "plan_next_depths", None)
@@ -108,7 +99,7 @@ def speculative_generate_slots(backend: BatchSpecBackend, prompts: Sequence[Sequ
             verify = backend.verify(draft)
             accepted = backend.accept(draft, verify)
             for u in stepping:
-                u.record(backend, accepted[u.slot])
+                u.record(backend.label, accepted[u.slot])
             if plan_next is not None:
                 plan_next({u.slot: u.step_k for u in stepping if not u.done})
             backend.commit(accepted)
@@ -120,41 +111,19 @@ def speculative_generate_slots(backend: BatchSpecBackend, prompts: Sequence[Sequ
     return [u.result() for u in users]
 
 
-class _SlotUser:
-    """One user of a batched run: its slot, depth policy, tokens and statistics (the bookkeeping of
-    ``engine._UserRun``, with the backend calls made once per batch by the driver)."""
+class _SlotUser(_UserBook):
+    """One user of a batched run: its slot and its bookkeeping (``engine._UserBook``); the driver makes the backend
+    calls once per batch."""
 
     def __init__(self, depth, params: SamplingParams, max_new_tokens: int, eos_ids: Sequence[int]):
-        self.depth, self.params = depth, params
-        self.max_new_tokens, self.eos_ids = max_new_tokens, eos_ids
-        self.stats = AcceptanceStats(depth.k_max)
-        self.tokens: list[int] = []
-        self.done = False
-        self.want_lp = params.logprobs is not None
-        self.logprobs: list[TokenLogprobs] = []
+        super().__init__(depth, params, max_new_tokens, eos_ids)
         self.slot = -1
-        self.step_k = 0
 
     def join(self, backend: BatchSpecBackend, prompt: Sequence[int]) -> None:
-        self.tokens, self.done = _cut([backend.join(self.slot, prompt, self.params)], self.max_new_tokens,
-                                      self.eos_ids)
-        if self.want_lp:
-            lp = backend.first_logprobs(self.slot)
-            if lp is None:
-                raise RuntimeError(f"{backend.label}: logprobs were asked for but the join recorded none")
-            self.logprobs.append(lp)
-        self.step_k = 0 if self.done else self.depth.choose()
+        self.start(backend.join(self.slot, prompt, self.params), lambda: self._first_logprobs(backend))
 
-    def record(self, backend: BatchSpecBackend, acceptance: Acceptance) -> None:
-        k = self.step_k
-        self.depth.observe(k, acceptance.num_accepted)
-        self.stats.record(acceptance, k)
-        self.tokens, self.done = _cut(self.tokens + acceptance.tokens, self.max_new_tokens, self.eos_ids)
-        if self.want_lp:
-            if acceptance.logprobs is None or len(acceptance.logprobs) != len(acceptance.tokens):
-                raise RuntimeError(f"{backend.label}: logprobs were asked for but the step returned none per token")
-            self.logprobs += acceptance.logprobs
-        self.step_k = k if self.done else self.depth.choose()
-
-    def result(self) -> GenerationResult:
-        return GenerationResult(self.tokens, self.stats, self.logprobs[: len(self.tokens)] if self.want_lp else None)
+    def _first_logprobs(self, backend: BatchSpecBackend) -> TokenLogprobs:
+        lp = backend.first_logprobs(self.slot)
+        if lp is None:
+            raise RuntimeError(f"{backend.label}: logprobs were asked for but the join recorded none")
+        return lp

@@ -196,17 +196,9 @@ def speculative_generate_batch(backends: "Sequence[SpecBackend] | BatchSpecBacke
     if isinstance(backends, BatchSpecBackend):
         return speculative_generate_slots(backends, prompts, max_new_tokens, depths, params, eos_ids, arrivals)
     n = len(backends)
-    arrivals = [0] * n if arrivals is None else list(arrivals)
-    if not (len(prompts) == len(depths) == len(params) == len(arrivals) == n) or n == 0:
-        raise ValueError(f"one backend, prompt, depth, params and arrival per user: got {n}, {len(prompts)}, "
-                         f"{len(depths)}, {len(params)}, {len(arrivals)}")
-    if min(arrivals) < 0:
-        raise ValueError(f"arrival rounds must be >= 0, got {arrivals}")
     if len({id(b) for b in backends}) != n:
         raise ValueError("each user needs its own backend (a backend holds one user's state)")
-    ctrls = [FixedDepth(k) if isinstance(k, int) else k for k in depths]
-    if len({id(c) for c in ctrls}) != n:
-        raise ValueError("each user needs its own depth policy object (a policy tracks one user's acceptance)")
+    arrivals, ctrls = _per_user_inputs({"backend": n, "prompt": len(prompts)}, depths, params, arrivals)
     users = [_UserRun(b, c, p, max_new_tokens, eos_ids) for b, c, p in zip(backends, ctrls, params)]
     round_ = 0
     while not all(u.done for u in users):
@@ -221,7 +213,65 @@ def speculative_generate_batch(backends: "Sequence[SpecBackend] | BatchSpecBacke
     return [u.result() for u in users]
 
 
-class _UserRun:
+def _per_user_inputs(counts: dict[str, int], depths, params, arrivals) -> tuple[list[int], list]:
+    """Check one depth, params and arrival per user (and each of ``counts``: name -> how many were given, the first
+    being the number of users); returns the arrival rounds (default 0) and one depth policy object per user."""
+    n = next(iter(counts.values()))
+    arrivals = [0] * n if arrivals is None else list(arrivals)
+    given = {**counts, "depth": len(depths), "params": len(params), "arrival": len(arrivals)}
+    if n == 0 or any(c != n for c in given.values()):
+        names = list(given)
+        raise ValueError(f"one {', '.join(names[:-1])} and {names[-1]} per user: got "
+                         f"{', '.join(str(c) for c in given.values())}")
+    if min(arrivals) < 0:
+        raise ValueError(f"arrival rounds must be >= 0, got {arrivals}")
+    ctrls = [FixedDepth(k) if isinstance(k, int) else k for k in depths]
+    if len({id(c) for c in ctrls}) != n:
+        raise ValueError("each user needs its own depth policy object (a policy tracks one user's acceptance)")
+    return arrivals, ctrls
+
+
+class _UserBook:
+    """One user's bookkeeping, whatever runs the backend calls: emitted tokens (cut at EOS / ``max_new_tokens``),
+    logprobs, acceptance statistics and the depth of its next step. Used by the per-user scheduler
+    (:class:`_UserRun`) and the batched driver (``batch_backend._SlotUser``)."""
+
+    def __init__(self, depth, params: SamplingParams, max_new_tokens: int, eos_ids: Sequence[int]):
+        self.depth, self.params = depth, params
+        self.max_new_tokens, self.eos_ids = max_new_tokens, eos_ids
+        self.stats = AcceptanceStats(depth.k_max)
+        self.tokens: list[int] = []
+        self.done = False
+        self.want_lp = params.logprobs is not None
+        self.logprobs: list[TokenLogprobs] = []
+        self.step_k = 0
+
+    def start(self, first: int, first_logprobs) -> None:
+        """The prefill's token; ``first_logprobs()`` gives its logprobs (called only when they were asked for)."""
+        self.tokens, self.done = _cut([first], self.max_new_tokens, self.eos_ids)
+        if self.want_lp:
+            self.logprobs.append(first_logprobs())
+        self.step_k = 0 if self.done else self.depth.choose()
+
+    def record(self, label: str, acceptance: Acceptance) -> int:
+        """One step's outcome at depth ``step_k``; returns (and keeps) the depth of the next step."""
+        k = self.step_k
+        self.depth.observe(k, acceptance.num_accepted)
+        self.stats.record(acceptance, k)
+        self.tokens, self.done = _cut(self.tokens + acceptance.tokens, self.max_new_tokens, self.eos_ids)
+        if self.want_lp:
+            if acceptance.logprobs is None or len(acceptance.logprobs) != len(acceptance.tokens):
+                raise RuntimeError(f"{label}: logprobs were asked for but the step returned none per token")
+            self.logprobs += acceptance.logprobs
+        self.step_k = k if self.done else self.depth.choose()
+        return self.step_k
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(self.tokens, self.stats,
+                                self.logprobs[: len(self.tokens)] if self.want_lp else None)
+
+
+class _UserRun(_UserBook):
     """One user's speculative decoding: prefill, then one step per call until EOS or ``max_new_tokens``.
 
     The depth of the next step is chosen between accept and commit: a backend that drafts the next step inside
@@ -231,43 +281,21 @@ class _UserRun:
 
     def __init__(self, backend: SpecBackend, depth, params: SamplingParams, max_new_tokens: int,
                  eos_ids: Sequence[int]):
-        self.backend, self.depth, self.params = backend, depth, params
-        self.max_new_tokens, self.eos_ids = max_new_tokens, eos_ids
-        self.stats = AcceptanceStats(depth.k_max)
-        self.tokens: list[int] = []
-        self.done = False
-        self.want_lp = params.logprobs is not None
-        self.logprobs: list[TokenLogprobs] = []
+        super().__init__(depth, params, max_new_tokens, eos_ids)
+        self.backend = backend
         self.plan_next = getattr(backend, "plan_next_depth", None)
-        self.step_k = 0
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        self.tokens, self.done = _cut([self.backend.prefill(prompt, self.params)], self.max_new_tokens, self.eos_ids)
-        if self.want_lp:
-            self.logprobs.append(_first_logprobs(self.backend))
-        self.step_k = 0 if self.done else self.depth.choose()
+        self.start(self.backend.prefill(prompt, self.params), lambda: _first_logprobs(self.backend))
 
     def step(self) -> None:
-        backend, k = self.backend, self.step_k
-        draft = backend.draft(k)
-        verify = backend.verify(draft)
-        acceptance = backend.accept(draft, verify)
-        self.depth.observe(k, acceptance.num_accepted)
-        self.stats.record(acceptance, k)
-        self.tokens, self.done = _cut(self.tokens + acceptance.tokens, self.max_new_tokens, self.eos_ids)
-        if self.want_lp:
-            if acceptance.logprobs is None or len(acceptance.logprobs) != len(acceptance.tokens):
-                raise RuntimeError(f"{backend.label}: logprobs were asked for but the step returned none per token")
-            self.logprobs += acceptance.logprobs
-        next_k = k if self.done else self.depth.choose()
+        backend = self.backend
+        draft = backend.draft(self.step_k)
+        acceptance = backend.accept(draft, backend.verify(draft))
+        next_k = self.record(backend.label, acceptance)
         if self.plan_next is not None:
             self.plan_next(next_k)
         backend.commit(acceptance)
-        self.step_k = next_k
-
-    def result(self) -> GenerationResult:
-        return GenerationResult(self.tokens, self.stats,
-                                self.logprobs[: len(self.tokens)] if self.want_lp else None)
 
 
 def _first_logprobs(backend) -> TokenLogprobs:
