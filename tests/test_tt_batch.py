@@ -14,6 +14,7 @@ from qwen36.tt.generator import TTGenerator
 from qwen36.tt.pcc import comp_pcc
 from qwen36.tt.state import GDNLayerState, KVLayerState
 from qwen36.testing.tt import make_bf16_checkpoint
+from test_reference_batch import cli
 
 # Batched vs batch-1 on the same TT graph: every op is row-wise (a row of a [B, H] matmul sees the same tiles and
 # accumulation order as the [1, H] one in the emulator's tile arithmetic), so the logits agree to this bound
@@ -240,18 +241,6 @@ def test_join_rejects_a_held_slot(gen):
         dec.join(0, prompt(3, 52))
     with pytest.raises(ValueError, match="no user"):
         dec.step({1: 5})
-
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    from qwen36.cli import main
-
-    capsys.readouterr()
-    try:
-        rc = main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
 
 
 @pytest.mark.slow

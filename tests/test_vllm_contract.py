@@ -205,11 +205,17 @@ class PluginReplay:
         return all(float(m.to_host(t)[0].abs().max()) == 0.0 for kv in self.kv for t in kv)
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    ck = make_bf16_checkpoint(tmp_path_factory.mktemp("vllm") / "ci", "ci")
+def open_env(tmp_path_factory, name: str):
+    """A CI checkpoint and an emulated mesh with the list of models loaded on it (also used by test_vllm_sampling)."""
+    ck = make_bf16_checkpoint(tmp_path_factory.mktemp(name) / "ci", "ci")
     ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
     ctx.models = []  # models sharing this mesh: their traces are released before another model loads weights
+    return ck, ctx
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    ck, ctx = open_env(tmp_path_factory, "vllm")
     yield ck, ctx
     ctx.close()
 

@@ -37,6 +37,17 @@ STOCHASTIC = dict(temperature=0.8, top_k=20, top_p=0.9, presence_penalty=0.4, fr
                   repetition_penalty=1.3, seed=7)
 
 
+def _engine_mesh(monkeypatch):
+    """An emulated mesh the plugin's worker opens instead of cards, and the environment vLLM's engine reads."""
+    ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
+    monkeypatch.setattr(plugin_worker, "open_mesh_device", lambda *a, **k: ctx.mesh_device)
+    monkeypatch.setattr(plugin_worker, "close_mesh_device", lambda *a, **k: None)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("EXTRA_MODELS_DIR", str(REPO / "vllm_models"))
+    monkeypatch.setenv("MESH_DEVICE", "P150x2")
+    return ctx
+
+
 @pytest.mark.parametrize("spec_k,on_device", [(None, False), (3, False), (None, True)])
 def test_vllm_llm_equals_generate(tmp_path, monkeypatch, spec_k, on_device):
     if spec_k:
@@ -50,12 +61,7 @@ def test_vllm_llm_equals_generate(tmp_path, monkeypatch, spec_k, on_device):
            else ref_gen.greedy(PROMPT, N_NEW))
     ref_gen.close()
 
-    ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
-    monkeypatch.setattr(plugin_worker, "open_mesh_device", lambda *a, **k: ctx.mesh_device)
-    monkeypatch.setattr(plugin_worker, "close_mesh_device", lambda *a, **k: None)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.setenv("EXTRA_MODELS_DIR", str(REPO / "vllm_models"))
-    monkeypatch.setenv("MESH_DEVICE", "P150x2")
+    ctx = _engine_mesh(monkeypatch)
     kw = {}
     if spec_k:
         kw["speculative_config"] = {"method": "custom_class", "model": "vllm_tt_plugin.model_owned_drafter",
@@ -88,12 +94,7 @@ def test_vllm_llm_host_logprobs_equal_generate(tmp_path, monkeypatch):
     ref = ref_gen.generate(PROMPT, N_NEW, SamplingParams(logprobs=n_top))
     ref_gen.close()
 
-    ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
-    monkeypatch.setattr(plugin_worker, "open_mesh_device", lambda *a, **k: ctx.mesh_device)
-    monkeypatch.setattr(plugin_worker, "close_mesh_device", lambda *a, **k: None)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.setenv("EXTRA_MODELS_DIR", str(REPO / "vllm_models"))
-    monkeypatch.setenv("MESH_DEVICE", "P150x2")
+    ctx = _engine_mesh(monkeypatch)
     llm = vllm.LLM(model=str(ck), max_num_seqs=1, max_model_len=256, block_size=BLOCK, skip_tokenizer_init=True,
                    enable_prefix_caching=False, enable_chunked_prefill=False, max_num_batched_tokens=256,
                    async_scheduling=False, additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy",

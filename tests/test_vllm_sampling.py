@@ -26,12 +26,9 @@ import pytest
 import torch
 
 from qwen36.speculative.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
-from qwen36.testing.tt import make_bf16_checkpoint
 from qwen36.tt import vllm_types as vt
-from qwen36.tt.generator import DEFAULT_TRACE_REGION
 from qwen36.tt.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM, sampling_from_plugin
-from qwen36.tt_ops.device import open_mesh
-from test_vllm_contract import BLOCK, MAX_LEN, PROMPT, PluginReplay
+from test_vllm_contract import BLOCK, MAX_LEN, PROMPT, PluginReplay, _load, open_env
 
 PLUGIN_FIELDS = Path(__file__).resolve().parent / "data" / "vllm_tt_plugin_sampling_params.json"
 P = len(PROMPT)
@@ -182,19 +179,9 @@ class SamplingReplay(PluginReplay):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    ck = make_bf16_checkpoint(tmp_path_factory.mktemp("vllm_sampling") / "ci", "ci")
-    ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
-    ctx.models = []
+    ck, ctx = open_env(tmp_path_factory, "vllm_sampling")
     yield ck, ctx
     ctx.close()
-
-
-def _load(ctx, make):
-    for other in ctx.models:
-        other.release_persistent_capture()
-    m = make()
-    ctx.models.append(m)
-    return m
 
 
 STOCHASTIC = vllm_request(temperature=0.8, top_k=20, top_p=0.9, presence_penalty=0.4, frequency_penalty=0.3,
