@@ -100,6 +100,23 @@ def _split(x: torch.Tensor, hi_bits: int, total_bits: int) -> tuple[torch.Tensor
     return hi, full - hi  # exact: both are representable in fp32
 
 
+# torch's CPU fp32 matmul computes fewer than MIN_ROWS rows with another kernel (a matrix-vector path) whose sums
+# round differently; from MIN_ROWS rows up, a row's result does not depend on how many rows share the call
+# (tests/test_emulator_numerics_rows.py checks both on this machine's torch). On the card a row's result does not
+# depend on the other rows either: every row of a 32-row tile goes through the same FPU sequence. Without this a
+# 1-row decode and a (K+1)-row verify round the same row differently, which no card does.
+MIN_ROWS = 4
+
+
+def matmul_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``torch.matmul(x, w)`` whose every row is bit-identical whatever the row count of ``x`` (dim -2)."""
+    m = x.shape[-2] if x.dim() >= 2 else 1
+    if x.dim() < 2 or m >= MIN_ROWS:
+        return torch.matmul(x, w)
+    pad = x.new_zeros(*x.shape[:-2], MIN_ROWS - m, x.shape[-1])
+    return torch.matmul(torch.cat([x, pad], dim=-2), w)[..., :m, :]
+
+
 def fpu_matmul(a: torch.Tensor, b: torch.Tensor, a_dtype: str, b_dtype: str, cfg: KernelConfig) -> torch.Tensor:
     """``a @ b`` as the FPU computes it: operand formats, fidelity phases and Dst accumulation.
 
@@ -132,7 +149,7 @@ def fpu_matmul(a: torch.Tensor, b: torch.Tensor, a_dtype: str, b_dtype: str, cfg
     if cfg.fp32_dest_acc_en:
         out = None
         for x, w in terms:
-            y = torch.matmul(x, w)
+            y = matmul_rows(x, w)
             out = y if out is None else out + y
         return out
     k = a32.shape[-1]
@@ -140,7 +157,7 @@ def fpu_matmul(a: torch.Tensor, b: torch.Tensor, a_dtype: str, b_dtype: str, cfg
     for k0 in range(0, k, 32):
         part = None
         for x, w in terms:
-            y = torch.matmul(x[..., k0:k0 + 32], w[..., k0:k0 + 32, :])
+            y = matmul_rows(x[..., k0:k0 + 32], w[..., k0:k0 + 32, :])
             part = y if part is None else part + y
         out = round_bf16(part if out is None else out + part)
     return out

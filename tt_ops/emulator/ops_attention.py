@@ -45,6 +45,7 @@ import math
 
 import torch
 
+from . import numerics
 from .errors import EmulatorError, NotEmulatedError
 from .goldens import golden_impl
 from .registry import device_op
@@ -386,14 +387,14 @@ def fill_cache(cache_tensor, input_tensor, batch_idx, *, update_idx=0):
 # ------------------------------------------------------------------------------------------------
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: torch.Tensor, scale: float) -> torch.Tensor:
     """q [B, nkv, R, dh], k/v [B, nkv, S, dh], bound [B, R] (inclusive KV bound, <0 = skip) -> [B, nkv, R, dh]."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, nkv, R, S]
+    scores = numerics.matmul_rows(q, k.transpose(-1, -2)) * scale  # [B, nkv, R, S]
     pos = torch.arange(k.shape[2])
     mask = pos.view(1, 1, 1, -1) > bound.view(bound.shape[0], 1, bound.shape[1], 1)
     scores = scores.masked_fill(mask, float("-inf"))
     skip = bound < 0  # [B, R]
     scores = scores.masked_fill(skip.view(skip.shape[0], 1, skip.shape[1], 1), 0.0)
     p = torch.softmax(scores, dim=-1)
-    out = torch.matmul(p, v)
+    out = numerics.matmul_rows(p, v)
     return out.masked_fill(skip.view(skip.shape[0], 1, skip.shape[1], 1), 0.0)
 
 
@@ -534,7 +535,7 @@ def rotary_embedding_llama(input_tensor, cos_cache, sin_cache, trans_mat, *, is_
             blocks = tm.reshape(n_tm, 32, 32)
             xb = x.reshape(*x.shape[:-1], dh // 32, 32)
             if n_tm == 1:
-                rot = torch.matmul(xb, blocks[0]).reshape(x.shape)
+                rot = numerics.matmul_rows(xb, blocks[0]).reshape(x.shape)
             elif is_decode_mode and n_tm == x.shape[1]:
                 # decode: one 32x32 tile per user ([1, 1, B*32, 32], height-sharded over the B user cores on cards)
                 rot = torch.einsum("obhkc,bcd->obhkd", xb, blocks).reshape(x.shape)
@@ -542,7 +543,7 @@ def rotary_embedding_llama(input_tensor, cos_cache, sin_cache, trans_mat, *, is_
                 raise EmulatorError(f"{op}: trans_mat holds {n_tm} 32x32 tiles; expected 1, or one per user "
                                     f"({x.shape[1]}) in decode mode")
         elif list(tm.shape[-2:]) == [dh, dh] and tm.numel() == dh * dh:
-            rot = torch.matmul(x, tm.reshape(dh, dh))
+            rot = numerics.matmul_rows(x, tm.reshape(dh, dh))
         else:
             raise EmulatorError(f"{op}: trans_mat must be [.., 32, 32] (decode: [1, 1, B*32, 32]) or "
                                 f"[.., {dh}, {dh}], got {list(tm.shape)}")

@@ -62,7 +62,7 @@ def _mm(a: EmuTensor, b: EmuTensor, i: int, transpose_a: bool, transpose_b: bool
             f"{op}: inner dimensions differ: input_tensor_a {list(x.shape)} x input_tensor_b {list(w.shape)}"
         )
     if not numerics.is_strict(a):
-        return torch.matmul(x, w)
+        return numerics.matmul_rows(x, w)
     y = numerics.fpu_matmul(x, w, dtype_name(a.dtype), dtype_name(b.dtype), numerics.kernel_config(ckc))
     extra = numerics.padded_k_contribution(x.shape[-1], a.pad_fill, b.pad_fill)
     if extra is None:

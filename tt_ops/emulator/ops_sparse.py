@@ -111,7 +111,7 @@ def _block(x: torch.Tensor, w: torch.Tensor, a: EmuTensor, b: EmuTensor, cfg) ->
     if x.shape[-1] != w.shape[-2]:
         raise EmulatorError(f"{OP}: inner dimensions differ: {list(x.shape)} x {list(w.shape)}")
     if not numerics.is_strict(a):
-        return torch.matmul(x, w)
+        return numerics.matmul_rows(x, w)
     y = numerics.fpu_matmul(x, w, dtype_name(a.dtype), dtype_name(b.dtype), cfg)
     extra = numerics.padded_k_contribution(x.shape[-1], a.pad_fill, b.pad_fill)
     if extra is None:
