@@ -79,7 +79,8 @@ def test_like_for_like_scores_fixed_k_on_the_tt_trace():
     assert row["tt_steps_equal_tt_replay"] and row["tt_trace_tokens_equal_reference_greedy"]
     assert row["tt_trace_positions_differing_from_reference"] == 0  # the run's "reference" trace here is tt_trace
     for k in ks:
-        assert row["tt_fixed_tokens_per_cost"][str(k)] == pytest.approx(fit.tokens_per_cost(tt_trace, 64, FixedDepth(k), costs))
+        want = fit.tokens_per_cost(tt_trace, 64, FixedDepth(k), costs)
+        assert row["tt_fixed_tokens_per_cost"][str(k)] == pytest.approx(want)
     assert row["tt_replay_auto_tokens_per_cost"] == pytest.approx(row["tt_auto_tokens_per_cost"])
 
     other, _, _ = _auto_row(ref_trace, "code")  # its TT run followed the reference trace, not its TT trace
@@ -93,7 +94,8 @@ def test_like_for_like_scores_fixed_k_on_the_tt_trace():
     assert s["mixed"]["steps_equal_tt_replay"] == 1
     best = max(ks, key=lambda k: row["tt_fixed_tokens_per_cost"][str(k)])
     assert s["prose"]["best_fixed_k"] == best
-    assert s["prose"]["ratio"] == pytest.approx(row["tt_auto_tokens_per_cost"] / row["tt_fixed_tokens_per_cost"][str(best)])
+    want = row["tt_auto_tokens_per_cost"] / row["tt_fixed_tokens_per_cost"][str(best)]
+    assert s["prose"]["ratio"] == pytest.approx(want)
 
 
 def test_a_refit_invalidates_resumed_rows(monkeypatch):
@@ -141,3 +143,20 @@ def test_tt_acceptance_trace_commits_one_token_per_step_and_predicts_the_engine(
         be.close()
     finally:
         gen.close()
+
+
+def test_first_difference_reports_where_and_how_close_the_tie_was():
+    import torch
+
+    from qwen36.commands.common import DEFAULT_CHECKPOINT
+    from qwen36.reference.model import Qwen36Model
+
+    model = Qwen36Model.from_checkpoint(DEFAULT_CHECKPOINT, dtype=torch.float32)
+    prompt = [1734, 4064, 17, 279]
+    plain, _ = fit.plain_greedy(model, prompt, 6)  # the reference's own greedy: its argmax at every position
+    assert ev.first_difference(model, prompt, plain, plain) is None
+    spec = plain[:3] + [(plain[3] + 1) % 50] + plain[4:]
+    d = ev.first_difference(model, prompt, spec, plain)
+    assert d["position"] == 3 and d["plain_token"] == plain[3] and d["speculative_token"] == spec[3]
+    assert d["reference_argmax"] == plain[3]
+    assert d["reference_logit_plain_token"] - d["reference_logit_speculative_token"] >= d["reference_top2_margin"] >= 0
