@@ -206,6 +206,8 @@ def add_tt_trace(row: dict, trace: list[int], trace_tokens: list[int], ref_plain
                 "tt_replay_steps": steps, "tt_steps_equal_tt_replay": row["tt_steps"] == steps,
                 "tt_replay_auto_tokens_per_cost": steps_tokens_per_cost(steps, costs),
                 "tt_trace_positions_differing_from_reference": differing})
+    if trace_tokens != ref_plain[: len(trace_tokens)]:
+        row["tt_trace_tokens"] = trace_tokens
 
 
 def controller_fingerprint(device: str, controller: str) -> dict:
@@ -353,6 +355,13 @@ def main(argv=None) -> int:
                                                                       row["tt_plain_greedy_tokens"])
             print(f"{row['class']:16s} #{row['key']:3d} TT auto != TT plain greedy: "
                   f"{row['tt_vs_tt_plain_first_difference']}", flush=True)
+    for row in rows:  # where the TT trace's tokens leave the reference's greedy: how close a tie it was
+        if "tt_trace_tokens" in row and "tt_trace_vs_reference_first_difference" not in row:
+            ref_plain, _ = fit.plain_greedy(ref, row["ids"], n_new)
+            row["tt_trace_vs_reference_first_difference"] = first_difference(ref, row["ids"], row["tt_trace_tokens"],
+                                                                             ref_plain)
+            print(f"{row['class']:16s} #{row['key']:3d} TT trace tokens != reference greedy: "
+                  f"{row['tt_trace_vs_reference_first_difference']}", flush=True)
     if be is not None:
         be.close()
     write()
