@@ -1,5 +1,7 @@
-"""scripts/eval_depth_tt.py's bookkeeping (no TT run): which prompts it takes, how it scores a run and how it picks
-the best fixed K per class."""
+"""scripts/eval_depth_tt.py: its bookkeeping without a TT run (which prompts it takes and in what order, how it scores
+a run, how it picks the best fixed K per class, the like-for-like scoring on TT traces, what invalidates a resumed
+report, where a speculative run and plain greedy part), and, on the emulated mesh (slow), the TT acceptance trace
+itself: one token committed per step, and real TT runs take exactly the steps of their replay on it."""
 from __future__ import annotations
 
 import json
