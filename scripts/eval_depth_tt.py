@@ -244,10 +244,12 @@ def main(argv=None) -> int:
     k_max = make().k_max
     ks = [k for k in costs.depths if k <= k_max]
     done: dict[int, dict] = {}
+    resumed_device = None  # the label of the backend that made the resumed rows
     if args.out and args.out.exists():
         old = json.loads(args.out.read_text())
         if old.get("controller_fingerprint") == fingerprint and old.get("max_new_tokens") == n_new:
             done = {r["key"]: r for r in old.get("prompts", []) if "key" in r and items[r["key"]]["ids"] == r["ids"]}
+            resumed_device = old.get("device") if done else None
     ref = Qwen36Model.from_checkpoint(DEFAULT_CHECKPOINT, dtype=torch.float32, require_mtp=True)
     max_len = max(len(it["ids"]) for it in chosen) + n_new + k_max + 2
     be = None
@@ -255,7 +257,7 @@ def main(argv=None) -> int:
 
     def write() -> None:
         summary = summarize(rows, ks) if rows else {}
-        report = {"device": be.label if be is not None else args.device,
+        report = {"device": be.label if be is not None else resumed_device or args.device,
                   "costs": {"table": cost_key(args.device), "source": costs.source, "note": costs.note,
                             "per_k": costs.costs},
                   "controller": controller, "controller_fingerprint": fingerprint, "max_new_tokens": n_new,
