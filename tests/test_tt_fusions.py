@@ -114,6 +114,41 @@ def test_mlp_programs_interleaved_decode(tmp_path):
         assert not any("@" in k for k in c.bytes_read), dict(c.bytes_read)
 
 
+def test_lm_head_dram_sharded_decode(tmp_path):
+    """The LM head (target and MTP share ``lm_head_logits``): for <= 32 rows a DRAM-sharded matmul on weights placed
+    over the 8 banks, bracketed by two reshards; the logits equal the interleaved layout's (same bf8 weight, same
+    contraction); prefill-size row counts keep the default matmul on the same weight."""
+    from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
+    from qwen36.tt.model import lm_head_logits
+    from qwen36.tt.model_config import PrecisionSetting
+    from qwen36.tt.pcc import comp_pcc
+    from qwen36.tt_ops.device import open_mesh
+
+    ckpt = make_bf16_checkpoint(tmp_path / "ckpt", "ci", seed=0)
+    got = {}
+    with open_mesh("emulated-p150x2") as ctx:
+        for layout in ("dram_sharded", "interleaved"):
+            h = LayerHarness(ckpt, ctx, PrecisionSetting.named("performance"), 0, decode_matmuls=layout)
+            ttnn = ctx.ttnn
+            assert h.model.w.lm_head.memory_config().is_sharded() == (layout == "dram_sharded")
+            for rows in (1, 3, 40):
+                x = h.to_device(torch.randn(1, rows, 64, generator=torch.Generator().manual_seed(rows)))
+                c = _count(ctx, "lm head", lambda: lm_head_logits(ttnn, h.args, h.model.w.lm_head, x, ttnn.float32))
+                out = lm_head_logits(ttnn, h.args, h.model.w.lm_head, x, ttnn.float32)
+                assert not out.memory_config().is_sharded()  # DRAM-interleaved for the all_gather
+                got[layout, rows] = h.model.to_host(out).float()
+                sharded = layout == "dram_sharded" and rows <= 32
+                assert c.programs == (3 if sharded else 1), dict(c.per_op)
+                assert dict(c.per_op).get("ttnn.to_memory_config", 0) == (2 if sharded else 0), dict(c.per_op)
+                placed = any(k.startswith("BFLOAT8_B@dram_sharded/8") for k in c.bytes_read)
+                assert placed == (layout == "dram_sharded"), dict(c.bytes_read)
+    for rows in (1, 3, 40):
+        a, b = got["dram_sharded", rows], got["interleaved", rows]
+        ok, msg = comp_pcc(b, a, 0.99999)
+        assert ok, msg
+        assert (a - b).abs().max().item() <= 1e-3 * b.abs().max().item()
+
+
 def test_rope_rows_layouts(harness):
     """decode cos/sin are height-sharded [1, T, 1, D] (what the decode-mode op validates), prefill [1, 1, T, D]."""
     ctx, h = harness
