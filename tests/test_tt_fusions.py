@@ -99,6 +99,22 @@ def test_mlp_programs(harness):
     assert any(k.startswith("BFLOAT8_B@dram_sharded/8") for k in c.bytes_read), dict(c.bytes_read)
 
 
+def test_decoder_layer_norm_writes_the_mlp_input_shards(harness):
+    """Decode rows: the post-attention RMSNorm writes the L1 width shards the DRAM-sharded gate/up matmuls read, so
+    the MLP inside the layer is 6 programs (one reshard: the down output back to DRAM); prefill rows keep DRAM."""
+    ctx, h = harness
+    mlp = h.layer.mlp
+    assert mlp.input_memory_config(40) is None
+    mc = mlp.input_memory_config(1)
+    assert mc.is_sharded() and mc.buffer_type == ctx.ttnn.BufferType.L1
+    x = h.to_device(torch.randn(1, 1, 64))
+    xs = ctx.ttnn.rms_norm(x, epsilon=1e-6, weight=h.layer.w.post_norm, memory_config=mc)
+    c = _count(ctx, "mlp", lambda: mlp.forward(xs))
+    assert c.programs == 6 and dict(c.per_op).get("ttnn.to_memory_config") == 1, dict(c.per_op)
+    torch.testing.assert_close(h.model.to_host(mlp.forward(xs)), h.model.to_host(mlp.forward(
+        ctx.ttnn.rms_norm(x, epsilon=1e-6, weight=h.layer.w.post_norm))), rtol=0, atol=0)
+
+
 def test_mlp_programs_interleaved_decode(tmp_path):
     """decode_matmuls="interleaved" keeps the five-program decode MLP on DRAM-interleaved weights."""
     from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint

@@ -81,7 +81,10 @@ class TTDecoderLayer:
         else:
             h = self.mixer.forward(h, state, ctx.mode, verify_plan=ctx.verify_plan)
         x = ttnn.add(x, h, dtype=res)
-        h = ttnn.rms_norm(x, epsilon=self.eps, weight=self.w.post_norm, compute_kernel_config=ncfg)
+        # decode rows: the norm writes the L1 width shards the MLP's DRAM-sharded matmuls read (no reshard program)
+        mlp_in = getattr(self.mlp, "input_memory_config", lambda rows: None)(x.shape[-2])
+        h = ttnn.rms_norm(x, epsilon=self.eps, weight=self.w.post_norm, compute_kernel_config=ncfg,
+                          memory_config=mlp_in)
         return ttnn.add(x, self.mlp.forward(h), dtype=res)
 
 
