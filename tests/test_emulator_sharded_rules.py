@@ -128,3 +128,19 @@ def test_all_reduce_async_charges_its_internal_reshards(case):
     ref = _host(ctx, outs["interleaved"])
     for name in counts:
         torch.testing.assert_close(_host(ctx, outs[name]), ref, rtol=0, atol=0)
+
+
+def test_interleaved_rms_norm_writes_height_shards(case):
+    """The attention decode's q/k norms write the decode RoPE's height-sharded layout (one [32, D] shard per row
+    core) from an interleaved input: accepted (height sharding is only refused for the input) and value-exact."""
+    ctx, x, w, want = case
+    ttnn = ctx.ttnn
+    mc = ttnn.create_sharded_memory_config(shape=(32, H), core_grid=ttnn.CoreGrid(y=1, x=1),
+                                           strategy=ttnn.ShardStrategy.HEIGHT,
+                                           orientation=ttnn.ShardOrientation.ROW_MAJOR,
+                                           use_height_and_width_as_shard_shape=True)
+    y = ttnn.rms_norm(x, epsilon=1e-6, weight=w, memory_config=mc)
+    assert y.memory_config().memory_layout == ttnn.TensorMemoryLayout.HEIGHT_SHARDED
+    torch.testing.assert_close(_host(ctx, y), _host(ctx, ttnn.rms_norm(x, epsilon=1e-6, weight=w)), rtol=0, atol=0)
+    ok, msg = comp_pcc(want, _host(ctx, y), 0.9999)
+    assert ok, msg
