@@ -248,8 +248,9 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
                     static[f"mixer{i}"] = _weights(lw.mixer, ATTN_FIELDS, "AttentionWeights").plus(
                         Cost({"s:kv_cache": bench.kv_read_bytes()}))
                 static[f"mlp{i}"] = _weights(lw.mlp, MLP_FIELDS, "MLPWeights")
-            static["lm_head"] = Cost({"w:norm": w.final_norm.bytes_per_device(), "w:lm_head": w.lm_head.bytes_per_device()})
-            static["logits"] = Cost({"w:lm_head": w.lm_head.bytes_per_device()})
+            head_key = f"w:lm_head{_dram_placement(w.lm_head)}"  # DRAM-sharded for <= 32 rows (model.lm_head_logits)
+            static["lm_head"] = Cost({"w:norm": w.final_norm.bytes_per_device(), head_key: w.lm_head.bytes_per_device()})
+            static["logits"] = Cost({head_key: w.lm_head.bytes_per_device()})
             ml = mtp_w.layer
             mtp_static = total(((_weights(mtp_w, MTP_FIELDS, "MTPWeights", skip=("layer",)), 1),
                                 (Cost({"w:norm": ml.input_norm.bytes_per_device() + ml.post_norm.bytes_per_device()}), 1),

@@ -154,6 +154,22 @@ def test_decode_plan_at_27b_mlp_shapes():
         _args("l1")
 
 
+def test_decode_plan_at_27b_lm_head_shapes():
+    """27B LM head per device at TP=2: [5120, 124160] (160 x 3880 tiles): 40 cores (8 x 5), 4 K tiles and 97 N tiles
+    each; 485 tiles per DRAM bank, no padding. The interleaved layout keeps ttnn's default config."""
+    pytest.importorskip("ttnn")
+    from qwen36.tt.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
+    from qwen36.tt_ops.emulator.ttnn_import import ttnn
+
+    p = decode_matmul_plan(ttnn, _args(), TensorGroup.LM_HEAD, 1, 5120, 124160)
+    assert (p.cores, p.grid) == (40, (8, 5))
+    assert (p.program_config.in0_block_w, p.program_config.per_core_M, p.program_config.per_core_N) == (4, 1, 97)
+    assert list(p.output_memory_config.shard_spec.shape) == [32, 3104]
+    assert list(dram_sharded_weight_memory_config(ttnn, 5120, 124160, 8).shard_spec.shape) == [5120, 15520]
+    assert decode_matmul_plan(ttnn, _args(), TensorGroup.LM_HEAD, 33, 5120, 124160) is None
+    assert decode_matmul_plan(ttnn, _args("interleaved"), TensorGroup.LM_HEAD, 1, 5120, 124160) is None
+
+
 @pytest.fixture(scope="module")
 def dram_sharded_case():
     pytest.importorskip("ttnn")

@@ -287,11 +287,30 @@ def fill_implicit_tile_padding(input_tensor, fill_value, *, memory_config=None):
 # ------------------------------------------------------------------------------------------------
 # Norms: the golden, behind the device op's memory-layout validation
 # ------------------------------------------------------------------------------------------------
-def _check_norm_layout(op: str, input_tensor, memory_config):
-    """ttnn's layernorm device op (rms_norm included; tt-metal ``layernorm_device_operation.cpp``, read for facts)
-    rejects HEIGHT_SHARDED inputs ("Height sharded inputs are not supported") and requires a sharded, non-height
-    output for a sharded input (default output memory config: the input's)."""
-    if not isinstance(input_tensor, EmuTensor) or not input_tensor.is_sharded():
+def _check_norm_layout(op: str, input_tensor, memory_config, program_config=None, residual=None):
+    """ttnn's layernorm device op (rms_norm included; tt-metal ``layernorm_device_operation.cpp``, read for facts).
+    The program factory is chosen by the input alone: a sharded input runs the sharded factory, which reads a
+    ``LayerNormShardedMultiCoreProgramConfig``. The validation, restated:
+
+    * a sharded input may not be HEIGHT_SHARDED, and needs a sharded, non-height output (default: the input's);
+    * a sharded input needs the sharded program config (newer ttnn derives one from the shard spec when none is
+      given; whether 0.81.1 does was not verified, so the emulator asks for it explicitly), with block_h x 32 ==
+      the shard height, block_w x 32 == the shard width, subblock_w dividing block_w, the shard grid's bounding box
+      inside compute_with_storage_grid_size, and, for one row block (M == block_h x 32), block_w == ceil(K tiles /
+      shard cores); the output's memory layout and buffer type equal the input's;
+    * the sharded program config with an interleaved input has no shard spec to check against: rejected;
+    * a residual_input_tensor of a sharded input is sharded with the same shard spec.
+
+    An interleaved input with a sharded output memory config is accepted (no rule forbids it; the 0.81.1 writer
+    kernel of the interleaved factory addresses the output through a TensorAccessor, which resolves sharded pages;
+    not yet run on cards)."""
+    if not isinstance(input_tensor, EmuTensor):
+        return
+    sharded_pc = isinstance(program_config, ttnn.LayerNormShardedMultiCoreProgramConfig)
+    if not input_tensor.is_sharded():
+        if sharded_pc:
+            raise EmulatorError(f"{op}: LayerNormShardedMultiCoreProgramConfig needs a sharded input (got an "
+                                "interleaved one)")
         return
     mc = input_tensor.memory_config()
     if mc.memory_layout == ttnn.TensorMemoryLayout.HEIGHT_SHARDED:
@@ -300,15 +319,45 @@ def _check_norm_layout(op: str, input_tensor, memory_config):
     out = mc if memory_config is None else memory_config
     if not out.is_sharded() or out.memory_layout == ttnn.TensorMemoryLayout.HEIGHT_SHARDED:
         raise EmulatorError(f"{op}: a sharded input requires a sharded (not height-sharded) output memory_config")
+    if residual is not None and isinstance(residual, EmuTensor):
+        if not residual.is_sharded() or residual.memory_config().shard_spec != mc.shard_spec:
+            raise EmulatorError(f"{op}: residual_input_tensor must be sharded with the input's shard spec")
+    if not sharded_pc:
+        raise EmulatorError(f"{op}: a sharded input runs the sharded program factory: pass "
+                            "program_config=ttnn.LayerNormShardedMultiCoreProgramConfig(...) matching its shards")
+    pc, spec = program_config, mc.shard_spec
+    if out.memory_layout != mc.memory_layout or out.buffer_type != mc.buffer_type:
+        raise EmulatorError(f"{op}: output memory layout/buffer type ({out.memory_layout}, {out.buffer_type}) must "
+                            f"match the input's ({mc.memory_layout}, {mc.buffer_type})")
+    padded = list(input_tensor.padded_shape)
+    k_t = padded[-1] // 32
+    m = 1
+    for d in padded[:-1]:
+        m *= d
+    sh, sw = spec.shape
+    if pc.subblock_w == 0 or pc.block_w % pc.subblock_w:
+        raise EmulatorError(f"{op}: block_w ({pc.block_w}) must be divisible by subblock_w ({pc.subblock_w})")
+    if pc.block_h * 32 != sh or pc.block_w * 32 != sw:
+        raise EmulatorError(f"{op}: block_h x 32 / block_w x 32 ({pc.block_h * 32}, {pc.block_w * 32}) must equal "
+                            f"the shard shape ({sh}, {sw})")
+    bbox = spec.grid.bounding_box()
+    gx, gy = pc.compute_with_storage_grid_size.x, pc.compute_with_storage_grid_size.y
+    if bbox.end.x - bbox.start.x >= gx or bbox.end.y - bbox.start.y >= gy:
+        raise EmulatorError(f"{op}: the shard grid's bounding box must fit compute_with_storage_grid_size ({gx}, {gy})")
+    if m == pc.block_h * 32 and -(-k_t // spec.grid.num_cores()) != pc.block_w:
+        raise EmulatorError(f"{op}: block_w ({pc.block_w}) must equal K ({k_t} tiles) / shard cores "
+                            f"({spec.grid.num_cores()})")
 
 
 @device_op("ttnn.rms_norm")
 def rms_norm(input_tensor, **kwargs):
-    _check_norm_layout("ttnn.rms_norm", input_tensor, kwargs.get("memory_config"))
+    _check_norm_layout("ttnn.rms_norm", input_tensor, kwargs.get("memory_config"), kwargs.get("program_config"),
+                       kwargs.get("residual_input_tensor"))
     return golden_impl("ttnn.rms_norm", ttnn.rms_norm)(input_tensor, **kwargs)
 
 
 @device_op("ttnn.layer_norm")
 def layer_norm(input_tensor, **kwargs):
-    _check_norm_layout("ttnn.layer_norm", input_tensor, kwargs.get("memory_config"))
+    _check_norm_layout("ttnn.layer_norm", input_tensor, kwargs.get("memory_config"), kwargs.get("program_config"),
+                       kwargs.get("residual_input_tensor"))
     return golden_impl("ttnn.layer_norm", ttnn.layer_norm)(input_tensor, **kwargs)

@@ -12,6 +12,11 @@ Default: one program per op call. Exceptions, each with its reason:
   program per input plus the op.
 * ``all_reduce`` (synchronous): two programs, reduce_scatter then all_gather (the composite the ring
   all-reduce is built from); every other collective is one program.
+* ``experimental.all_reduce_async`` (the composite form, reduce-scatter / all-gather semaphores): a sharded input
+  is converted to interleaved (same buffer type) inside the op first, and the result is then converted to the
+  requested memory config (``all_reduce_async.cpp``, read for facts): one program more for a sharded input, one
+  more again unless the requested output is interleaved in the input's buffer type. Handing it an L1-sharded
+  tensor therefore never saves a reshard program.
 """
 
 from __future__ import annotations
@@ -90,4 +95,11 @@ def programs_for(op_name: str, args: tuple, kwargs: dict, out) -> int:
         return 1
     if op_name == "ttnn.all_reduce":
         return 2
+    if op_name == "ttnn.experimental.all_reduce_async":
+        t = args[0] if args else kwargs.get("input_tensor")
+        if isinstance(t, EmuTensor) and t.is_sharded():
+            out_mc = kwargs.get("memory_config") or t.memory_config()
+            back = out_mc.is_sharded() or out_mc.buffer_type != t.memory_config().buffer_type
+            return 1 + 1 + int(back)
+        return 1
     return 1

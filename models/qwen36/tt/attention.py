@@ -62,7 +62,8 @@ class TTGatedAttention:
         ttnn = self.ttnn
         cfg = compute_config_norm(ttnn)
         if ctx.mode == "decode":
-            x = ttnn.to_memory_config(x, rope_decode_memory_config(ttnn, x.shape[1], x.shape[2], self.d))
+            mc = rope_decode_memory_config(ttnn, x.shape[1], x.shape[2], self.d)
+            x = x if x.memory_config() == mc else ttnn.to_memory_config(x, mc)  # the q/k norms write it already
             return ttnn.experimental.rotary_embedding_hf(x, ctx.cos, ctx.sin, is_decode_mode=True,
                                                          compute_kernel_config=cfg)
         x = ttnn.permute(x, (0, 2, 1, 3))
@@ -76,7 +77,8 @@ class TTGatedAttention:
         op's users): ONE experimental.nlp_create_qkv_heads_decode splits the heads, height-sharded one row per core
         on core row 1 (v stays there: the fused cache update wants it on cores apart from the rotated K, which
         :meth:`rope` puts on row 0); q and k go back to interleaved for their RMSNorm (ttnn's layernorm rejects
-        height-sharded inputs). Prefill: three tile-aligned slices and reshapes."""
+        height-sharded inputs), and each norm writes its output straight into the decode RoPE's height-sharded
+        layout. Prefill: three tile-aligned slices and reshapes."""
         ttnn, a = self.ttnn, self.args
         rows = x.shape[2]
         qd, kvd = self.hq * self.d, self.hkv * self.d
@@ -95,8 +97,11 @@ class TTGatedAttention:
             v = ttnn.reshape(ttnn.slice(qkv, [0, 0, 0, qd + kvd], [1, 1, rows, qd + 2 * kvd]),
                              [1, rows, self.hkv, self.d])
         ncfg = compute_config_norm(ttnn)
-        q = ttnn.rms_norm(q, epsilon=self.eps, weight=self.w.q_norm, compute_kernel_config=ncfg)
-        k = ttnn.rms_norm(k, epsilon=self.eps, weight=self.w.k_norm, compute_kernel_config=ncfg)
+        # decode: each norm writes the height-sharded layout the decode RoPE takes (no reshard program between them)
+        qmc, kmc = ((rope_decode_memory_config(ttnn, rows, heads, self.d) if mode == "decode" else None)
+                    for heads in (self.hq, self.hkv))
+        q = ttnn.rms_norm(q, epsilon=self.eps, weight=self.w.q_norm, compute_kernel_config=ncfg, memory_config=qmc)
+        k = ttnn.rms_norm(k, epsilon=self.eps, weight=self.w.k_norm, compute_kernel_config=ncfg, memory_config=kmc)
         return q, gate, k, v
 
     def attend_decode(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):

@@ -12,8 +12,15 @@ input_tensor dtype"), so bf8/bf4 weights would need bf8/bf4 activations (or a ty
 Decode (T <= 32 rows; ``model_config.decode_matmul_plan``): the three matmuls are DRAM-sharded, as tt_transformers
 runs its decode MLP: the weights width-sharded over the DRAM banks (one bank per reading core, all banks streaming
 in parallel), x width-sharded in L1 over the compute cores, gate/up/silu-multiply/down outputs staying in L1 on the
-same cores (gate/up's output shard is down's input shard: both split I_d over the same cores). Two reshards
-bracket it: x into L1 and the down output back to DRAM for the collective, so seven programs instead of five.
+same cores (gate/up's output shard is down's input shard: both split I_d over the same cores). The decoder layer's
+post-attention RMSNorm writes x straight into the L1 width shards the gate/up matmuls read (``input_memory_config``;
+an x in any other layout is resharded here), and the down output goes back to DRAM for the collective (one reshard):
+six programs per layer instead of five (seven when x arrives DRAM-interleaved).
+
+Why the down output is not handed to the all-reduce in L1: ``ttnn.experimental.all_reduce_async`` (the composite
+form with reduce-scatter / all-gather semaphores) converts a sharded input to interleaved itself and converts its
+result to the requested memory config afterwards (``all_reduce_async.cpp``, read for facts), so a sharded input
+costs the same program plus one more; the emulator charges those internal programs (``programs.py``).
 
 x [1, 1, T, H] -> [1, 1, T, H] (replicated after the reduce).
 """
@@ -45,6 +52,12 @@ class TTMLP:
             raise ValueError(f"MLP decode: gate/up on {gu.cores} cores {gu.grid}, down on {dn.cores} {dn.grid}")
         return gu, dn
 
+    def input_memory_config(self, rows: int):
+        """The layout the decode matmuls read x in (L1 width shards over the gate/up cores), or None (interleaved
+        x: prefill rows, interleaved weights). The decoder layer's norm writes its output there directly."""
+        plans = self.decode_plans(rows)
+        return None if plans is None else plans[0].input_memory_config
+
     def partial(self, x):
         """This device's h @ down_d before the reduce: [1, 1, T, H] (the MoE block adds it to its routed part)."""
         ttnn, a = self.ttnn, self.args
@@ -55,7 +68,7 @@ class TTMLP:
         plans = self.decode_plans(x.shape[-2])
         if plans is not None:
             gu, dn = plans
-            xs = ttnn.to_memory_config(x, gu.input_memory_config)
+            xs = x if x.memory_config() == gu.input_memory_config else ttnn.to_memory_config(x, gu.input_memory_config)
             gate = ttnn.linear(xs, self.w.gate, dtype=act, memory_config=gu.output_memory_config,
                                program_config=gu.program_config, compute_kernel_config=cfg)
             up = ttnn.linear(xs, self.w.up, dtype=act, memory_config=gu.output_memory_config,

@@ -51,7 +51,7 @@ import torch
 from ..config import FULL
 from .attention import AttentionContext, TTGatedAttention
 from .ccl import ccl_for
-from .model import TTDecoderLayer, TTQwen36Model
+from .model import TTDecoderLayer, TTQwen36Model, lm_head_logits
 from .model_config import (TensorGroup, activation_memory_config, compute_config_matmul, compute_config_norm,
                            kv_update_input_memory_config, sdpa_decode_program_config, state_memory_config)
 from .sampler import argmax_pick
@@ -242,8 +242,7 @@ class TTMTPHead:
         ttnn, a = self.ttnn, self.args
         act = a.dtype(TensorGroup.ACTIVATION, ttnn)
         h = h if h.dtype == act else ttnn.typecast(h, act)
-        lg = ttnn.linear(h, self.target.w.lm_head, dtype=ttnn.float32, memory_config=activation_memory_config(ttnn),
-                         compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.LM_HEAD)))
+        lg = lm_head_logits(ttnn, a, self.target.w.lm_head, h, ttnn.float32)
         if a.num_devices > 1:
             lg = ccl_for(ttnn, self.mesh).all_gather(lg, dim=3)
         return lg

@@ -1,0 +1,146 @@
+"""Sharded-layout rules the emulator enforces as the device ops do (tt-metal's validation, read for facts): RMSNorm
+on width-sharded L1 inputs (the sharded program factory and its program config), RMSNorm writing a sharded output
+from an interleaved input, and the programs a composite async all-reduce spends on a sharded input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("ttnn")
+
+from qwen36.tt.pcc import comp_pcc  # noqa: E402
+from qwen36.tt_ops.device import open_mesh  # noqa: E402
+from qwen36.tt_ops.emulator import EmulatorError  # noqa: E402
+
+H, CORES = 256, 4  # [32, 256] width-sharded over 4 cores (4 x 2 grid row-major: x 4, y 1): 64 columns, 2 tiles each
+
+
+@pytest.fixture(scope="module")
+def case():
+    with open_mesh("emulated-p150x2") as ctx:
+        ttnn, mesh = ctx.ttnn, ctx.mesh_device
+        g = torch.Generator().manual_seed(0)
+        xt = torch.randn(1, 1, 32, H, generator=g)
+        wt = 1 + 0.1 * torch.randn(H, generator=g)
+        x = ttnn.from_torch(xt, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh,
+                            memory_config=ttnn.DRAM_MEMORY_CONFIG)
+        w = ttnn.from_torch(wt.reshape(1, 1, H // 32, 32), dtype=ttnn.bfloat16, layout=ttnn.ROW_MAJOR_LAYOUT,
+                            device=mesh, memory_config=ttnn.DRAM_MEMORY_CONFIG)
+        want = xt * torch.rsqrt(xt.pow(2).mean(-1, keepdim=True) + 1e-6) * wt
+        yield ctx, x, w, want
+
+
+def _width(ttnn, cores=CORES, width=H, rows=32, buffer=None):
+    mc = ttnn.create_sharded_memory_config(shape=(rows, width // cores), core_grid=ttnn.CoreGrid(y=1, x=cores),
+                                           strategy=ttnn.ShardStrategy.WIDTH,
+                                           orientation=ttnn.ShardOrientation.ROW_MAJOR,
+                                           use_height_and_width_as_shard_shape=True)
+    return mc
+
+
+def _pc(ttnn, block_w=H // 32 // CORES, block_h=1, subblock_w=None, grid=(8, 8)):
+    return ttnn.LayerNormShardedMultiCoreProgramConfig(
+        compute_with_storage_grid_size=ttnn.CoreCoord(*grid), subblock_w=subblock_w or block_w, block_h=block_h,
+        block_w=block_w, inplace=False)
+
+
+def _host(ctx, t):
+    return ctx.ttnn.to_torch(ctx.ttnn.get_device_tensors(t)[0]).float()
+
+
+def test_sharded_rms_norm_with_its_program_config(case):
+    ctx, x, w, want = case
+    ttnn = ctx.ttnn
+    xs = ttnn.to_memory_config(x, _width(ttnn))
+    y = ttnn.rms_norm(xs, epsilon=1e-6, weight=w, program_config=_pc(ttnn), memory_config=_width(ttnn))
+    assert y.memory_config().is_sharded() and y.memory_config().buffer_type == ttnn.BufferType.L1
+    ok, msg = comp_pcc(want, _host(ctx, y), 0.9999)
+    assert ok, msg
+
+
+def test_interleaved_rms_norm_writes_width_shards(case):
+    """The decoder layer's post-attention norm writes the MLP's L1 input shards directly (one program, no reshard)."""
+    ctx, x, w, want = case
+    ttnn = ctx.ttnn
+    with ctx.counters.scope("norm") as c:
+        y = ttnn.rms_norm(x, epsilon=1e-6, weight=w, memory_config=_width(ttnn))
+    assert c.programs == 1 and y.memory_config().is_sharded()
+    ok, msg = comp_pcc(want, _host(ctx, y), 0.9999)
+    assert ok, msg
+
+
+@pytest.mark.parametrize("rule", ["no_program_config", "height_sharded", "interleaved_output", "dram_output",
+                                  "block_w", "block_h", "subblock_w", "grid", "sharded_config_interleaved_input",
+                                  "residual_interleaved"])
+def test_sharded_rms_norm_rules(case, rule):
+    """Each rule of the device op's validation broken once."""
+    ctx, x, w, _ = case
+    ttnn = ctx.ttnn
+    xs = ttnn.to_memory_config(x, _width(ttnn))
+    kw = dict(epsilon=1e-6, weight=w, program_config=_pc(ttnn), memory_config=_width(ttnn))
+    inp, match = xs, None
+    if rule == "no_program_config":
+        kw.pop("program_config"); match = "LayerNormShardedMultiCoreProgramConfig"
+    elif rule == "height_sharded":
+        inp = ttnn.to_memory_config(x, ttnn.create_sharded_memory_config(
+            shape=(32, H), core_grid=ttnn.CoreGrid(y=1, x=1), strategy=ttnn.ShardStrategy.HEIGHT,
+            orientation=ttnn.ShardOrientation.ROW_MAJOR, use_height_and_width_as_shard_shape=True))
+        match = "HEIGHT_SHARDED"
+    elif rule == "interleaved_output":
+        kw["memory_config"] = ttnn.L1_MEMORY_CONFIG; match = "sharded"
+    elif rule == "dram_output":
+        kw["memory_config"] = ttnn.MemoryConfig(ttnn.TensorMemoryLayout.WIDTH_SHARDED, ttnn.BufferType.DRAM,
+                                                _width(ttnn).shard_spec)
+        match = "buffer type"
+    elif rule == "block_w":
+        kw["program_config"] = _pc(ttnn, block_w=1); match = "block_w"
+    elif rule == "block_h":
+        kw["program_config"] = _pc(ttnn, block_h=2); match = "block_h"
+    elif rule == "subblock_w":
+        kw["program_config"] = _pc(ttnn, subblock_w=3); match = "subblock_w"
+    elif rule == "grid":
+        kw["program_config"] = _pc(ttnn, grid=(2, 1)); match = "compute_with_storage_grid_size"
+    elif rule == "sharded_config_interleaved_input":
+        inp = x; match = "needs a sharded input"
+    else:
+        kw["residual_input_tensor"] = x; match = "residual_input_tensor"
+    with pytest.raises(EmulatorError, match=match):
+        ttnn.rms_norm(inp, **kw)
+
+
+def test_all_reduce_async_charges_its_internal_reshards(case):
+    """The composite async all-reduce converts a sharded input to interleaved itself and its result back to the
+    requested layout: a sharded input costs one program more, a sharded output one more again; values unchanged."""
+    from qwen36.tt.ccl import ccl_for
+
+    ctx, x, _, _ = case
+    ttnn = ctx.ttnn
+    ccl = ccl_for(ttnn, ctx.mesh_device)
+    xs = ttnn.to_memory_config(x, _width(ttnn))
+    counts = {}
+    outs = {}
+    for name, inp, out_mc in (("interleaved", x, ttnn.DRAM_MEMORY_CONFIG), ("sharded_in", xs, ttnn.DRAM_MEMORY_CONFIG),
+                              ("sharded_in_l1_out", xs, ttnn.L1_MEMORY_CONFIG), ("sharded_both", xs, _width(ttnn))):
+        with ctx.counters.scope(name) as c:
+            outs[name] = ccl.all_reduce(inp, memory_config=out_mc)
+        counts[name] = c.programs
+    assert counts == {"interleaved": 1, "sharded_in": 3, "sharded_in_l1_out": 2, "sharded_both": 3}
+    ref = _host(ctx, outs["interleaved"])
+    for name in counts:
+        torch.testing.assert_close(_host(ctx, outs[name]), ref, rtol=0, atol=0)
+
+
+def test_interleaved_rms_norm_writes_height_shards(case):
+    """The attention decode's q/k norms write the decode RoPE's height-sharded layout (one [32, D] shard per row
+    core) from an interleaved input: accepted (height sharding is only refused for the input) and value-exact."""
+    ctx, x, w, want = case
+    ttnn = ctx.ttnn
+    mc = ttnn.create_sharded_memory_config(shape=(32, H), core_grid=ttnn.CoreGrid(y=1, x=1),
+                                           strategy=ttnn.ShardStrategy.HEIGHT,
+                                           orientation=ttnn.ShardOrientation.ROW_MAJOR,
+                                           use_height_and_width_as_shard_shape=True)
+    y = ttnn.rms_norm(x, epsilon=1e-6, weight=w, memory_config=mc)
+    assert y.memory_config().memory_layout == ttnn.TensorMemoryLayout.HEIGHT_SHARDED
+    torch.testing.assert_close(_host(ctx, y), _host(ctx, ttnn.rms_norm(x, epsilon=1e-6, weight=w)), rtol=0, atol=0)
+    ok, msg = comp_pcc(want, _host(ctx, y), 0.9999)
+    assert ok, msg
