@@ -113,3 +113,93 @@ def test_vllm_llm_host_logprobs_equal_generate(tmp_path, monkeypatch):
     finally:
         del llm
         ctx.close()
+
+
+# several sequences at once: prompts of different lengths and token budgets, one more request than state slots
+# (the fifth waits for a slot and takes over one a finished request leaves)
+BATCH_PROMPTS = [list(range(5, 45)), [7, 3, 11, 2, 9, 30, 4], list(range(60, 83)), [13] * 5 + list(range(90, 98)),
+                 [41, 42, 43]]
+BATCH_NEW = [12, 16, 6, 14, 9]
+BATCH_SEQS = 4
+TRACE = REPO / "tests/data/vllm_tt_plugin_batch_trace.json"
+
+
+def _summ(x):
+    """A call argument as JSON: tensors as {"shape", "dtype", "values"} (every value: the replay feeds them back)."""
+    import numpy as np
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return {"shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""), "values": x.tolist()}
+    if isinstance(x, np.ndarray):
+        return {"ndarray": True, "shape": list(x.shape), "dtype": str(x.dtype), "values": x.tolist()}
+    if isinstance(x, (list, tuple)) and x and all(isinstance(v, torch.Tensor) for v in x):
+        return [_summ(v) for v in x]
+    if isinstance(x, (bool, int, float, str)) or x is None:
+        return x
+    if isinstance(x, (list, tuple)) and all(isinstance(v, (bool, int, float)) or v is None for v in x):
+        return list(x)
+    return {"type": type(x).__name__}
+
+
+def _recording(monkeypatch, calls: list):
+    """Record every call the plugin makes on the model class's serving methods (name, arguments by keyword)."""
+    import inspect
+
+    from qwen36.tt.qwen36_vllm import Qwen36ForCausalLM
+
+    for name in ("prefill_forward", "decode_forward", "process_decode_output_host", "read_decode_output",
+                 "allocate_kv_cache_per_layer", "allocate_kv_cache", "warmup_model_prefill", "warmup_model_decode",
+                 "release_request", "note_state_slots_moved"):
+        fn = getattr(Qwen36ForCausalLM, name)
+        sig = inspect.signature(fn)
+
+        def wrap(self, *a, __fn=fn, __sig=sig, __name=name, **k):
+            bound = __sig.bind(self, *a, **k)
+            args = {key: _summ(v) for key, v in bound.arguments.items() if key not in ("self", "kv_cache", "kwargs")}
+            args.update({key: _summ(v) for key, v in bound.arguments.get("kwargs", {}).items()})
+            if __name == "allocate_kv_cache_per_layer":
+                args = {"per_layer_specs": [[list(s[0]), str(s[1]), s[2]] for s in a[0]]}
+            calls.append({"call": __name, "args": args})
+            out = __fn(self, *a, **k)
+            if __name == "prefill_forward":  # what the runner reads: [B, 1, V] logits (+ rope deltas)
+                lg = out[0] if isinstance(out, tuple) else out
+                calls[-1]["returned"] = {"shape": list(lg.shape), "argmax": lg[:, -1].argmax(-1).tolist()}
+            return out
+
+        monkeypatch.setattr(Qwen36ForCausalLM, name, wrap)
+
+
+def test_vllm_llm_batch_equals_batch1_generate(tmp_path, monkeypatch):
+    """``max_num_seqs=4`` through the real plugin: five greedy prompts of different lengths and budgets decode
+    together (the fifth joining when a slot frees), each request's tokens == its own batch-1 ``TTGenerator.greedy``
+    output. The plugin's calls are recorded; they must equal ``tests/data/vllm_tt_plugin_batch_trace.json``, which
+    ``tests/test_vllm_contract.py`` replays without vLLM (a changed plugin or vLLM shows up here first)."""
+    ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
+    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+                             block_size=BLOCK, prefill_chunk=64)
+    refs = [ref_gen.greedy(p, n) for p, n in zip(BATCH_PROMPTS, BATCH_NEW)]
+    ref_gen.close()
+
+    calls: list = []
+    _recording(monkeypatch, calls)
+    ctx = _engine_mesh(monkeypatch)
+    llm = vllm.LLM(model=str(ck), max_num_seqs=BATCH_SEQS, max_model_len=256, block_size=BLOCK,
+                   skip_tokenizer_init=True, enable_prefix_caching=False, enable_chunked_prefill=False,
+                   max_num_batched_tokens=256, async_scheduling=False,
+                   additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy"}})
+    try:
+        sps = [vllm.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in BATCH_NEW]
+        out = llm.generate([{"prompt_token_ids": p} for p in BATCH_PROMPTS], sps)
+        got = [list(o.outputs[0].token_ids) for o in out]
+        rec = {"vllm": vllm.__version__, "max_num_seqs": BATCH_SEQS, "block_size": BLOCK, "max_model_len": 256,
+               "prompts": BATCH_PROMPTS, "max_tokens": BATCH_NEW, "outputs": got, "calls": calls}
+        (tmp_path / TRACE.name).write_text(json.dumps(rec))
+        assert got == refs
+        assert max(len(c["args"]["tokens"]["values"]) for c in calls if c["call"] == "prefill_forward") > 1
+        want = json.loads(TRACE.read_text())
+        assert rec == want, (f"the engine's calls differ from {TRACE}; if the plugin / vLLM changed on purpose, "
+                             f"replace it with {tmp_path / TRACE.name}")
+    finally:
+        del llm
+        ctx.close()
