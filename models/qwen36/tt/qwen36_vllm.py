@@ -85,7 +85,8 @@ from ..speculative.sampling import SamplingParams, SamplingParamsError, TokenHis
 from ..tt_ops.device import ttnn_for_mesh
 from . import vllm_types as vt
 from .accept import UNIFORMS_PER_ROW
-from .batch import DEFAULT_BUCKETS, FREE, TTBatchDecoder
+from .batch import DEFAULT_BUCKETS, FREE
+from .batch_buckets import BucketedBatchDecoder
 from .generator import TTGenerator
 from .model import TTQwen36Model
 from .model_config import PrecisionSetting, TTModelArgs
@@ -499,11 +500,7 @@ class Qwen36ForCausalLM:
             self.gen.ttnn.deallocate(old.v)
             self.state.layers[i] = self._kv_state(num_blocks)
             if self.batch is not None:  # the batched decoder reads and writes the same pool
-                own = self.batch.dec.state.layers[i]
-                if own is not old:
-                    self.gen.ttnn.deallocate(own.k)
-                    self.gen.ttnn.deallocate(own.v)
-                self.batch.dec.state.layers[i] = self.state.layers[i]
+                self.batch.dec.replace_kv(i, self.state.layers[i])
         self.num_blocks = num_blocks
         if dtype is not None:
             logger.info(f"KV cache: {num_blocks} blocks of {a.block_size} tokens; vLLM's dtype {dtype} noted, the "
@@ -1048,7 +1045,10 @@ class _BatchServer:
 
     def __init__(self, owner: "Qwen36ForCausalLM", slots: int):
         self.owner = owner
-        self.dec = TTBatchDecoder(owner.model, slots, use_trace=True)
+        # the decode buckets below max_num_seqs, and max_num_seqs itself: a step runs the smallest that holds the
+        # live sequences (the runner pads every decode to max_num_seqs rows; the padding costs nothing here)
+        buckets = tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
+        self.dec = BucketedBatchDecoder(owner.model, buckets, use_trace=True)
         self.fed: list[list[int] | None] = [None] * slots  # tokens whose state each slot holds (None: free)
 
     # ---- helpers ---------------------------------------------------------------------------------------------
@@ -1061,7 +1061,7 @@ class _BatchServer:
             raise ValueError(f"page_table must be [B >= {len(slots)}, max_blocks], got shape {tuple(pt.shape)}")
         a = self.owner.model.args
         bps, limit = a.blocks_per_seq, getattr(self.owner, "num_blocks", a.num_blocks)
-        table = self.dec.state.page_table_host.clone()
+        table = self.dec.page_table_host
         for i, slot in enumerate(slots):
             row = pt[i].to(torch.int32)
             if row.numel() > bps and bool((row[bps:] != 0).any()):
@@ -1192,6 +1192,7 @@ class _BatchServer:
     # ---- warmup ----------------------------------------------------------------------------------------------
     def _warm_table(self) -> None:
         self._page_rows(self.owner._warm_page_table().expand(self.dec.slots, -1), list(range(self.dec.slots)))
+        self.dec.warm()
 
     def warmup_prefill(self, lens: list[int]) -> None:
         self._warm_table()
