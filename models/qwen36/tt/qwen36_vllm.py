@@ -63,10 +63,12 @@ samples on the host anyway (min_p, logit_bias, allowed/bad words, structured out
 greedy requests only (accept mode ``argmax_ids``), so a verify's ``sampling_params`` must be greedy without
 penalties.
 
-Batch: the TT model serves one sequence (one GDN state slot, slot 0). Rows past the first are accepted only as
-the padding rows the runner sends (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert
-outputs; a real second user fails fast naming ``--max-num-seqs 1`` (``initialize_vllm_model`` already refuses
-``max_batch_size > 1``).
+Batch: loaded with ``max_batch_size`` 1 (``--max-num-seqs 1``, what speculation and device sampling need) the
+model serves one sequence (one GDN state slot, slot 0); rows past the first are accepted only as the padding rows
+the runner sends (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert outputs, and a real
+second user fails fast naming ``--max-num-seqs 1``. Loaded with ``max_batch_size`` N in 2..32 (a plain launch with
+host sampling) it serves N sequences through :class:`_BatchServer` (the batched TT decoder, vLLM state slot j =
+decoder slot j; how the plugin's calls map onto it is in that class and docs/serving.md, "Several sequences").
 """
 from __future__ import annotations
 
@@ -269,11 +271,11 @@ class DecodeHandle:
 
 
 class Qwen36ForCausalLM:
-    """The vllm-tt plugin's model class for Qwen3.6 (+ MTP speculative decoding), one sequence, TP over the mesh."""
+    """The vllm-tt plugin's model class for Qwen3.6 (+ MTP speculative decoding at one sequence), TP over the mesh."""
 
     # Keys as the plugin reads them (platform.py / spec_admission.py / async_decode.py; docs/MODEL_CAPABILITIES.md
     # there); absent keys default to False / () / 1 on the plugin side. "max_batch_size" is ours (the plugin does not
-    # read it): one sequence, enforced at load.
+    # read it): the most sequences a plain launch decodes per step, enforced at load.
     model_capabilities = {
         # a prompt is prefilled in one call (start_pos > 0 is refused, but for the one-token decode continuation)
         "supports_chunked_prefill": False,
@@ -327,7 +329,7 @@ class Qwen36ForCausalLM:
     @classmethod
     def get_max_tokens_all_users(cls, model_name=None, num_devices=None, tt_data_parallel: int = 1,
                                  max_model_len: int = 0, max_num_seqs: int = 1, **_) -> int:
-        """KV tokens vLLM may hand out: one sequence of ``max_model_len`` (the worker adds a block per user and
+        """KV tokens vLLM may hand out: ``max_num_seqs`` sequences of ``max_model_len`` (the worker adds a block per user and
         sizes ``num_blocks`` from this; vLLM's null block 0 comes out of the same pool)."""
         return int(max_model_len) * max(1, min(int(max_num_seqs), MAX_BATCH))
 
