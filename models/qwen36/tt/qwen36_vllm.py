@@ -1043,7 +1043,8 @@ class _BatchServer:
     destination, so the source is the slot whose fed tokens are the row's ``tokens[:start_pos]`` (two slots with
     the same tokens hold the same state), and the continuing states are moved to their destinations by one
     on-device permutation before the step. The plugin does not tell a model when a request finishes (a finished
-    request's slot is simply named again by a later prefill), so a prefill into a held slot replaces it."""
+    request's slot is simply named again by a later prefill), so a prefill into a held slot replaces it, and until
+    then a finished request's slot counts as held (the decoder shrinks to a smaller bucket only below that)."""
 
     def __init__(self, owner: "Qwen36ForCausalLM", slots: int):
         self.owner = owner
@@ -1054,17 +1055,19 @@ class _BatchServer:
         self.fed: list[list[int] | None] = [None] * slots  # tokens whose state each slot holds (None: free)
 
     # ---- helpers ---------------------------------------------------------------------------------------------
-    def _page_rows(self, page_table, slots: list[int]) -> None:
-        """Row i of vLLM's block table -> decoder slot ``slots[i]``'s page-table row (others unchanged)."""
+    def _page_rows(self, page_table, slots: dict[int, int]) -> None:
+        """Row i of vLLM's block table -> decoder slot ``slots[i]``'s page-table row, for the rows in ``slots`` (the
+        rows that carry a sequence in this call; the other slots keep theirs)."""
         if page_table is None:
             return
         pt = torch.as_tensor(page_table)
-        if pt.dim() != 2 or pt.shape[0] < len(slots):
-            raise ValueError(f"page_table must be [B >= {len(slots)}, max_blocks], got shape {tuple(pt.shape)}")
+        if pt.dim() != 2 or pt.shape[0] <= max(slots, default=-1):
+            raise ValueError(f"page_table must be [B > {max(slots, default=-1)}, max_blocks], got shape "
+                             f"{tuple(pt.shape)}")
         a = self.owner.model.args
         bps, limit = a.blocks_per_seq, getattr(self.owner, "num_blocks", a.num_blocks)
         table = self.dec.page_table_host
-        for i, slot in enumerate(slots):
+        for i, slot in slots.items():
             row = pt[i].to(torch.int32)
             if row.numel() > bps and bool((row[bps:] != 0).any()):
                 raise ValueError(f"page_table row {i} names blocks past blocks_per_seq={bps} (max_seq_len "
@@ -1136,7 +1139,7 @@ class _BatchServer:
             if remap[t] is None:
                 remap[t] = spare.pop(0)
         self._remap(remap)
-        self._page_rows(page_table, slots)
+        self._page_rows(page_table, dict(enumerate(slots)))
         got = {}
         for i in new:
             slot, prompt = slots[i], tokens[i, : int(lens[i])].tolist()
@@ -1177,7 +1180,7 @@ class _BatchServer:
             if self.dec.pos[i] != int(p[i]):
                 raise ValueError(f"decode row {i} at position {int(p[i])}, but state slot {i} holds "
                                  f"{'no sequence' if self.dec.pos[i] == FREE else f'one at {self.dec.pos[i]}'}")
-        self._page_rows(page_table, list(range(rows)) if page_table is not None else [])
+        self._page_rows(page_table, {i: i for i in live})
         self.dec.use_trace = bool(enable_trace)
         feed = {i: int(tokens[i, 0]) for i in live}
         logits, _ = self.dec.step(feed)
@@ -1193,7 +1196,7 @@ class _BatchServer:
 
     # ---- warmup ----------------------------------------------------------------------------------------------
     def _warm_table(self) -> None:
-        self._page_rows(self.owner._warm_page_table().expand(self.dec.slots, -1), list(range(self.dec.slots)))
+        self._page_rows(self.owner._warm_page_table().expand(self.dec.slots, -1), {i: i for i in range(self.dec.slots)})
         self.dec.warm()
 
     def warmup_prefill(self, lens: list[int]) -> None:
