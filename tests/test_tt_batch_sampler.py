@@ -93,3 +93,48 @@ def test_generate_cli_sampled_batch_on_tt(capsys, tmp_path, monkeypatch):
     assert "batch 2" in err
     rc, _, err = cli(capsys, *base, "--prompt", texts[0], "--prompt", texts[1], "--logprobs", "2")
     assert rc == 2 and "--logprobs" in err
+
+
+def test_sampling_users_move_between_buckets(gen):
+    """The batched sampler inside the bucketed decoder: five users with their own parameters and seeds join and
+    leave buckets 1 / 2 / 4 (grow, shrink, grow again); their sampler rows (parameters, penalty rows, uniform
+    streams) move with them, and every user's tokens are its batch-1 ``TTGenerator.generate`` tokens."""
+    from qwen36.speculative.sampling import TokenHistory, pick_token
+    from qwen36.tt.batch_buckets import BucketedBatchDecoder
+
+    prompts = [prompt(n, 300 + n) for n in (4, 9, 6, 12, 3)]
+    params = [USERS[0], USERS[2], USERS[1], USERS[3], USERS[2]]
+    limits = [4, 11, 3, 12, 6]
+    arrivals = [0, 1, 1, 2, 7]
+    want = batch1(gen, prompts, params, max(limits))
+    dec = BucketedBatchDecoder(gen.model, (1, 2, 4), shrink_after=2, sampling=True)
+    out: list[list[int]] = [[] for _ in prompts]
+    active: dict[int, int] = {}  # user -> slot
+    try:
+        step = 0
+        while step <= max(arrivals) or active:
+            for u in [u for u in range(len(prompts)) if arrivals[u] == step]:
+                slot = dec.free_slots()[0]
+                ids = prompts[u].tolist()
+                logits = dec.join(slot, ids)
+                p = params[u]
+                tok = int(pick_token(logits.reshape(1, -1), p, p.generator() if not p.greedy else None,
+                                     TokenHistory(ids, gen.config.vocab_size).now()))
+                dec.start_sampling(slot, p, ids, tok)
+                out[u].append(tok)
+                active[u] = slot
+            if active:
+                got = dec.sample_step({s: out[u][-1] for u, s in active.items()})
+                for u, s in list(active.items()):
+                    out[u].append(got[s])
+                    if len(out[u]) >= limits[u]:
+                        dec.leave(s)
+                        del active[u]
+            step += 1
+        caps = {b: d.captures for b, d in dec.decs.items()}
+    finally:
+        dec.release()
+    assert dec.moves[:2] == [(1, 2), (2, 4)] and (4, 2) in dec.moves, dec.moves
+    assert max(caps.values()) == 1, caps
+    for u in range(len(prompts)):
+        assert out[u] == want[u][: limits[u]], u

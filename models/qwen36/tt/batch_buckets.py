@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from .batch import DEFAULT_BUCKETS, FREE, TTBatchDecoder
+from .batch_sampler import BatchDeviceSampler, sampled_step
 from .model import TTQwen36Model
 from .state import GDNLayerState, KVLayerState
 
@@ -39,7 +40,7 @@ SHRINK_AFTER = 16  # steps the users must fit a smaller bucket before they move 
 
 class BucketedBatchDecoder:
     def __init__(self, model: TTQwen36Model, buckets=DEFAULT_BUCKETS, *, use_trace: bool = True,
-                 shrink_after: int = SHRINK_AFTER):
+                 shrink_after: int = SHRINK_AFTER, sampling: bool = False, rng: str = "device"):
         buckets = tuple(sorted({int(b) for b in buckets}))
         if not buckets or buckets[0] < 1:
             raise ValueError(f"buckets must be positive slot counts, got {buckets}")
@@ -57,6 +58,9 @@ class BucketedBatchDecoder:
                     self.ttnn.deallocate(st.k)
                     self.ttnn.deallocate(st.v)
                     dec.state.layers[i] = top.state.layers[i]
+        # with ``sampling``: one batched device sampler per bucket (tt/batch_sampler.py), its rows follow the users
+        self.samplers = ({b: BatchDeviceSampler(self.ttnn, model.mesh, model.args.cfg.vocab_size, b, rng=rng).allocate()
+                          for b in buckets} if sampling else None)
         # slot s's pages: row s of the largest bucket's identity table, until set_page_table says otherwise
         self._pages = top.state.page_table_host.clone()
         self.cur = buckets[0]
@@ -119,9 +123,11 @@ class BucketedBatchDecoder:
         before the first traced step; :meth:`step` calls it when no trace is live). Every row of such a step is
         padded, and a padded row rewrites its GDN slot with values nobody reads: harmless in a bucket nobody
         holds, a user's state lost in the current one, whose own first step is its eager step instead."""
-        for d in self.decs.values():
+        for b, d in self.decs.items():
             if d.traces.completed == 0 and not d.traces.steps and all(p == FREE for p in d.pos):
                 d.step({})
+                if self.samplers is not None:  # the sampled step's programs too (its own trace later)
+                    sampled_step(d, self.samplers[b], {}, traced=False)
 
     def _move(self, to: int) -> None:
         """Every held slot to bucket ``to`` (rows 0..n-1 in the order of their current rows), on device."""
@@ -148,6 +154,9 @@ class BucketedBatchDecoder:
                     if out_buf.layout != rm:
                         out = ttnn.to_layout(out, out_buf.layout)
                     ttnn.copy(out, out_buf)
+        if self.samplers is not None:  # sampler rows via the host (parameters, penalty rows, uniform streams)
+            self.samplers[to].import_rows(list(range(len(held))),
+                                          self.samplers[self.cur].export_rows([self.row[s] for s in held]))
         dst.pos = [src.pos[self.row[s]] for s in held] + [FREE] * (to - len(held))
         src.pos = [FREE] * src.slots
         self.moves.append((self.cur, to))
@@ -234,6 +243,46 @@ class BucketedBatchDecoder:
         for d in self.decs.values():
             d.state.layers[layer] = kv
 
+    # ---- sampling (constructed with ``sampling=True``) -----------------------------------------------------------
+    def _sampler(self) -> BatchDeviceSampler:
+        if self.samplers is None:
+            raise RuntimeError("this decoder was built without sampling=True")
+        return self.samplers[self.cur]
+
+    def start_sampling(self, slot: int, params, prompt, first: int) -> None:
+        """Slot ``slot``'s user samples with ``params`` from now on (its first token ``first`` was picked on the
+        host from the prompt's last row)."""
+        self._sampler().start(self.row[slot], params, prompt, first)
+
+    def resync_sampling(self, slot: int, prompt_len: int, history) -> None:
+        self._sampler().resync(self.row[slot], prompt_len, history)
+
+    @torch.no_grad()
+    def sample_step(self, tokens: dict[int, int]) -> dict[int, int]:
+        """One decode step with every fed slot's token picked on device by its own parameters (the bucket's
+        sampled trace); moves down first like :meth:`step`. Returns {slot: token}."""
+        sampler = self._sampler()
+        for s in tokens:
+            self._check_slot(s)
+            if s not in self.row:
+                raise ValueError(f"slot {s} has no user (join it first)")
+        if self.dec.use_trace and self.dec.traces.completed == 0:
+            if any(d.traces.steps for d in self.decs.values()):
+                raise RuntimeError(f"bucket {self.cur} has not been warmed while another bucket's trace is live: "
+                                   f"call warm() before the first traced step (and after a release)")
+            self.warm()
+        smaller = self._smallest_holding(max(1, len(self.row)))
+        self.fits_smaller = self.fits_smaller + 1 if smaller < self.cur else 0
+        if smaller < self.cur and self.fits_smaller >= self.shrink_after:
+            self._move(smaller)
+            sampler = self._sampler()
+        out = sampled_step(self.dec, sampler, {self.row[s]: t for s, t in tokens.items()})
+        return {s: out[self.row[s]] for s in tokens}
+
     def release(self) -> None:
         for d in self.decs.values():
             d.release()
+        if self.samplers is not None:
+            for smp in self.samplers.values():
+                smp.release()
+            self.samplers = None

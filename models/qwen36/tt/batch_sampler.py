@@ -117,6 +117,53 @@ class BatchDeviceSampler:
         self.rows_used[slot] = 0
         self.params[slot] = params
 
+    def resync(self, slot: int, prompt_len: int, history: Sequence[int]) -> None:
+        """Rewrite slot ``slot``'s penalty rows from its whole ``history`` (prompt then every emitted token) after
+        tokens it did not sample (a step sampled elsewhere); the parameters and the uniform stream go on."""
+        ttnn, v = self.ttnn, self.vocab
+        seen, counts = (ttnn.to_torch(ttnn.get_device_tensors(t)[0]).reshape(1, 1, self.slots, v).float()
+                        for t in (self.seen, self.counts))
+        seen[0, 0, slot] = 0.0
+        seen[0, 0, slot, torch.as_tensor(list(history), dtype=torch.long)] = 1.0
+        counts[0, 0, slot] = 0.0
+        out = torch.as_tensor(list(history[prompt_len:]), dtype=torch.long)
+        counts[0, 0, slot].index_add_(0, out, torch.ones(out.numel()))
+        ttnn.copy_host_to_device_tensor(self._replicated(seen, device=False), self.seen)
+        ttnn.copy_host_to_device_tensor(self._replicated(counts, device=False), self.counts)
+
+    def export_rows(self, slots: list[int]) -> list[dict]:
+        """Everything of the given slots (parameter rows, penalty rows, uniform table, counter and host stream
+        state) on the host, for :meth:`import_rows` into another sampler (a bucket move). Outside any capture."""
+        ttnn, v = self.ttnn, self.vocab
+        dev0 = lambda t: ttnn.to_torch(ttnn.get_device_tensors(t)[0]).float()  # noqa: E731
+        seen, counts = (dev0(t).reshape(self.slots, v) for t in (self.seen, self.counts))
+        rows = []
+        for s in slots:
+            u = self.uniforms[s]
+            rows.append({"params": self.params[s], "host": {k: float(t[0, 0, s, 0]) for k, t in self.host.items()},
+                         "seen": seen[s].clone(), "counts": counts[s].clone(), "table": dev0(u.table),
+                         "counter": dev0(u.counter), "rng": (u.device_seed, u.host_seed, u.refills, u._host_gen),
+                         "rows_used": self.rows_used[s]})
+        return rows
+
+    def import_rows(self, slots: list[int], rows: list[dict]) -> None:
+        ttnn, v = self.ttnn, self.vocab
+        dev0 = lambda t: ttnn.to_torch(ttnn.get_device_tensors(t)[0]).float()  # noqa: E731
+        seen, counts = (dev0(t).reshape(1, 1, self.slots, v) for t in (self.seen, self.counts))
+        for s, r in zip(slots, rows):
+            for k, val in r["host"].items():
+                self.host[k][0, 0, s, 0] = val
+            seen[0, 0, s], counts[0, 0, s] = r["seen"], r["counts"]
+            u = self.uniforms[s]
+            ttnn.copy_host_to_device_tensor(self._replicated(r["table"], device=False), u.table)
+            ttnn.copy_host_to_device_tensor(self._replicated(r["counter"], device=False), u.counter)
+            u.device_seed, u.host_seed, u.refills, u._host_gen = r["rng"]
+            self.rows_used[s], self.params[s] = r["rows_used"], r["params"]
+        for k, t in self.host.items():
+            ttnn.copy_host_to_device_tensor(self._replicated(t, device=False), self.dev[k])
+        ttnn.copy_host_to_device_tensor(self._replicated(seen, device=False), self.seen)
+        ttnn.copy_host_to_device_tensor(self._replicated(counts, device=False), self.counts)
+
     def before_step(self) -> None:
         """Host bookkeeping before each step execution (outside capture): every slot's counter advances once per
         step; a table used up is refilled (the batch-1 sampler refills at the same count)."""
@@ -175,7 +222,8 @@ class BatchDeviceSampler:
         return toks
 
 
-def sampled_step(dec: TTBatchDecoder, sampler: BatchDeviceSampler, tokens: dict[int, int]) -> list[int]:
+def sampled_step(dec: TTBatchDecoder, sampler: BatchDeviceSampler, tokens: dict[int, int],
+                 traced: bool | None = None) -> list[int]:
     """One decode forward over ``dec``'s slots followed by the batched device pick, as one traced step (its own
     trace name, captured once like the greedy step); returns the token of every slot (rows of slots not in
     ``tokens`` are meaningless)."""
@@ -193,7 +241,7 @@ def sampled_step(dec: TTBatchDecoder, sampler: BatchDeviceSampler, tokens: dict[
     m.copy_host_to_device(m.prepare_decode_inputs_host(toks, pos), dec.inputs)
     sampler.before_step()
     dec.traces.run(f"decode+sample/B{dec.slots}", lambda: sampler.pick(m.decode_forward(dec.inputs, dec.state).logits),
-                   traced=dec.use_trace)
+                   traced=dec.use_trace if traced is None else traced)
     dec.traces.step_done()
     out = sampler.read()
     for s in tokens:
