@@ -133,7 +133,7 @@ def test_sampling_users_move_between_buckets(gen):
             step += 1
         caps = {b: d.captures for b, d in dec.decs.items()}
     finally:
-        dec.release()
+        dec.close()
     assert dec.moves[:2] == [(1, 2), (2, 4)] and (4, 2) in dec.moves, dec.moves
     assert max(caps.values()) == 1, caps
     for u in range(len(prompts)):

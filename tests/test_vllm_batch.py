@@ -22,15 +22,20 @@ import numpy as np
 import pytest
 import torch
 
+from qwen36.speculative.sampling import SamplingParams
+from qwen36.tt import vllm_types as vt
 from qwen36.tt.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
 from test_vllm_contract import _load, open_env
 
 TRACE = json.loads((Path(__file__).parent / "data/vllm_tt_plugin_batch_trace.json").read_text())
+SAMPLED = json.loads((Path(__file__).parent / "data/vllm_tt_plugin_batch_sampled_trace.json").read_text())
 LOGITS_TOL = 1e-4
 
 
 def _arg(v):
     """A recorded argument back into what the runner passed: torch tensors, numpy arrays, plain values."""
+    if isinstance(v, dict) and v.get("dataclass") == "TTSamplingParams":
+        return vt.TTSamplingParams(**{k: _arg(x) for k, x in v["fields"].items()})
     if isinstance(v, dict) and "values" in v:
         if v.get("ndarray"):
             return np.array(v["values"], dtype=v["dtype"]).reshape(v["shape"])
@@ -75,14 +80,14 @@ def _served(ck, ctx, seqs: int) -> Qwen36ForCausalLM:
         optimizations="accuracy"))
 
 
-def test_replay_of_the_engines_calls(env, batch1):
-    ck, ctx = env
-    assert [t for t, _ in batch1] == TRACE["outputs"]  # the engine's own output was each prompt's batch-1 output
-    m = _served(ck, ctx, TRACE["max_num_seqs"])
-    prompts = TRACE["prompts"]
-    got = [[] for _ in prompts]  # per request: (token, logits row) in emission order
+def replay(m: Qwen36ForCausalLM, trace: dict) -> list[list[tuple[int, torch.Tensor | None]]]:
+    """Feed ``trace``'s calls to ``m`` with their recorded arguments; every prefill's return must have the recorded
+    shape, dtype and tokens (argmax of the logits, or the device-sampled ids). Returns per request the (token,
+    logits row or None) of every step, in emission order."""
+    prompts = trace["prompts"]
+    got = [[] for _ in prompts]
     kv = None
-    for c in TRACE["calls"]:
+    for c in trace["calls"]:
         name, args = c["call"], {k: _arg(v) for k, v in c["args"].items()}
         if name == "allocate_kv_cache_per_layer":
             specs = [(tuple(s), getattr(torch, d.replace("torch.", "")), i) for s, d, i in c["args"]["per_layer_specs"]]
@@ -91,14 +96,24 @@ def test_replay_of_the_engines_calls(env, batch1):
         out = getattr(m, name)(kv_cache=kv, **args) if name != "release_request" else m.release_request(**args)
         if name != "prefill_forward":
             continue
-        logits = out[0] if isinstance(out, tuple) else out
-        assert list(logits.shape) == c["returned"]["shape"] and logits.dtype == torch.float32
-        assert logits[:, -1].argmax(-1).tolist() == c["returned"]["argmax"]
+        res = out[0] if isinstance(out, tuple) else out
+        want = c["returned"]
+        assert list(res.shape) == want["shape"] and str(res.dtype) == f"torch.{want['dtype']}"
+        toks = (res[:, -1].argmax(-1) if res.dim() == 3 else res[:, -1]).tolist()
+        assert toks == want["tokens"]
         tokens, lens = args["tokens"], args["prompt_lens"]
         for i in range(tokens.shape[0]):
             user = next(u for u, p in enumerate(prompts) if tokens[i, : len(p)].tolist() == p)
             assert int(lens[i]) == len(prompts[user]) + len(got[user])  # the row is this request's next step
-            got[user].append((int(logits[i, -1].argmax()), logits[i, -1].clone()))
+            got[user].append((toks[i], res[i, -1].clone() if res.dim() == 3 else None))
+    return got
+
+
+def test_replay_of_the_engines_calls(env, batch1):
+    ck, ctx = env
+    assert [t for t, _ in batch1] == TRACE["outputs"]  # the engine's own output was each prompt's batch-1 output
+    m = _served(ck, ctx, TRACE["max_num_seqs"])
+    got = replay(m, TRACE)
     worst = 0.0
     for user, (toks, ref_logits) in enumerate(batch1):
         assert [t for t, _ in got[user]] == toks, user
@@ -108,6 +123,27 @@ def test_replay_of_the_engines_calls(env, batch1):
     # the decoder grew from bucket 1 (warmup) to the launch's 4 when the prompts arrived; each bucket's step was
     # captured once: users joined, left and moved between slots and buckets without a new capture
     assert m.batch.dec.moves[:1] == [(1, 4)]
+    caps = [c for d in m.batch.dec.decs.values() for c in d.traces.captures.values()]
+    assert caps and max(caps) == 1, caps
+    m.release_persistent_capture()
+
+
+def test_replay_of_the_engines_device_sampled_calls(env):
+    """``sample_on_device_mode`` "all" with four requests of different sampling parameters and seeds (recorded
+    from the real engine): the runner's per-row ``sampling_params`` in every call, the adapter sampling all rows
+    in one traced step; the returned ids equal the recorded ones and every request's tokens its own batch-1
+    ``TTGenerator.generate`` with the same parameters and seed."""
+    ck, ctx = env
+    hf = json.loads((ck / "config.json").read_text())
+    ref = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
+        hf, ctx.mesh_device, 1, SAMPLED["max_model_len"], optimizations="accuracy", checkpoint=ck))
+    want = [ref.gen.generate(p, n, SamplingParams(**r)).tokens
+            for p, n, r in zip(SAMPLED["prompts"], SAMPLED["max_tokens"], SAMPLED["requests"])]
+    ref.close()
+    assert want == SAMPLED["outputs"]
+    m = _served(ck, ctx, SAMPLED["max_num_seqs"])
+    got = replay(m, SAMPLED)
+    assert [[t for t, _ in g] for g in got] == want
     caps = [c for d in m.batch.dec.decs.values() for c in d.traces.captures.values()]
     assert caps and max(caps) == 1, caps
     m.release_persistent_capture()
@@ -167,8 +203,6 @@ def test_refusals_of_a_multi_sequence_launch(env):
         Qwen36ForCausalLM.initialize_vllm_model(hf, ctx.mesh_device, 2, max_seq_len=256, checkpoint=ck, spec_k=2)
     m = _served(ck, ctx, 2)
     kv = m.allocate_kv_cache_per_layer([((12, 1, 64, m.model.args.cfg.head_dim), torch.bfloat16, 0)])
-    with pytest.raises(NotImplementedError, match="sample_on_device"):
-        m.warmup_model_decode(kv_cache=kv, enable_trace=False, max_batch_size=2, can_sample_on_device=True)
     table = torch.tensor([[1, 0, 0, 0]], dtype=torch.int32)
     m.prefill_forward(torch.tensor([[5, 6, 7]]), table, kv, np.array([3]), start_pos=np.array([0]), empty_slots=[1])
     # a continuation of a sequence no slot holds, and a real chunked prefill, fail by name

@@ -280,8 +280,13 @@ class BucketedBatchDecoder:
         return {s: out[self.row[s]] for s in tokens}
 
     def release(self) -> None:
+        """Release every bucket's traces (buffers stay: the decoder can go on, capturing again)."""
         for d in self.decs.values():
             d.release()
+
+    def close(self) -> None:
+        """Release the traces and free the samplers' buffers."""
+        self.release()
         if self.samplers is not None:
             for smp in self.samplers.values():
                 smp.release()

@@ -967,9 +967,7 @@ class Qwen36ForCausalLM:
             raise NotImplementedError(f"warmup max_batch_size={max_batch_size} > the {slots} sequence(s) this model "
                                       f"was loaded for" + ("" if self.batch is not None else f": {ONE_USER}"))
         if self.batch is not None:
-            if can_sample_on_device:
-                raise NotImplementedError(f"sample_on_device_mode with {slots} sequences: {ONE_USER}")
-            self.batch.warmup_decode(3 if enable_trace else 1, bool(enable_trace))
+            self.batch.warmup_decode(3 if enable_trace else 1, bool(enable_trace), bool(can_sample_on_device))
             return
         self._bind_page_table(self._warm_page_table())
         steps = 3 if enable_trace else 1
@@ -1051,8 +1049,12 @@ class _BatchServer:
         # the decode buckets below max_num_seqs, and max_num_seqs itself: a step runs the smallest that holds the
         # live sequences (the runner pads every decode to max_num_seqs rows; the padding costs nothing here)
         buckets = tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
-        self.dec = BucketedBatchDecoder(owner.model, buckets, use_trace=True)
+        self.dec = BucketedBatchDecoder(owner.model, buckets, use_trace=True, sampling=True)
         self.fed: list[list[int] | None] = [None] * slots  # tokens whose state each slot holds (None: free)
+        # per slot: prompt length, the request's seed if it carries none (drawn at its prefill), the params its device
+        # sampler row holds (None: never sampled on device), the token the device sampled last (None: the last token
+        # came from vLLM's host sampler, so the penalty row must be rewritten before the next device step)
+        self.meta: list[dict | None] = [None] * slots
 
     # ---- helpers ---------------------------------------------------------------------------------------------
     def _page_rows(self, page_table, slots: dict[int, int]) -> None:
@@ -1083,11 +1085,39 @@ class _BatchServer:
     def _remap(self, remap: list[int]) -> None:
         self.dec.slot_remap(remap)  # validates; identity does nothing
         self.fed = [self.fed[j] for j in remap]
+        self.meta = [self.meta[j] for j in remap]
 
     def _free(self, slot: int) -> None:
         if self.dec.pos[slot] != FREE:
             self.dec.leave(slot)
-        self.fed[slot] = None
+        self.fed[slot], self.meta[slot] = None, None
+
+    def _row_params(self, sampling_params, row: int, slot: int) -> SamplingParams:
+        vocab = self.owner.model.args.cfg.vocab_size
+        params = sampling_from_plugin(sampling_params, vocab, self.meta[slot]["seed"], row=row)
+        held = self.meta[slot]["params"]
+        if held is not None and params != held:
+            raise ValueError(f"sampling_params row {row} changed within one sequence ({held.describe()} -> "
+                             f"{params.describe()}): a new request starts with a prefill")
+        return params
+
+    def _device_tokens(self, sampling_params, feed: dict[int, tuple[int, int]]) -> dict[int, int]:
+        """One device-sampled step: ``feed`` = {slot: (row, token)}; each slot's sampler row is (re)started or
+        resynced first when its last token did not come from it."""
+        for slot, (row, tok) in feed.items():
+            m = self.meta[slot]
+            params = self._row_params(sampling_params, row, slot)
+            history = self.fed[slot] + [tok]
+            if m["params"] is None:  # first device step of this sequence: its prompt and emitted tokens so far
+                self.dec.start_sampling(slot, params, history[: m["prompt_len"]], history[m["prompt_len"]])
+                self.dec.resync_sampling(slot, m["prompt_len"], history)
+                m["params"] = params
+            elif m["last"] != tok:
+                self.dec.resync_sampling(slot, m["prompt_len"], history)
+        got = self.dec.sample_step({slot: tok for slot, (_, tok) in feed.items()})
+        for slot, t in got.items():
+            self.meta[slot]["last"] = t
+        return got
 
     def _logits_out(self, rows: int, got: dict[int, torch.Tensor], read: bool = True):
         vocab = self.owner.model.args.cfg.vocab_size
@@ -1098,9 +1128,6 @@ class _BatchServer:
 
     # ---- the plugin's calls ----------------------------------------------------------------------------------
     def prefill(self, tokens, lens, start_pos, page_table, empty_slots, sampling_params):
-        if sampling_params is not None:
-            raise NotImplementedError(f"sampling_params (sample_on_device_mode) with {self.dec.slots} sequences: "
-                                      f"{ONE_USER}")
         rows = tokens.shape[0]
         starts = (torch.zeros(rows, dtype=torch.int64) if start_pos is None
                   else torch.as_tensor(start_pos).reshape(-1).to(torch.int64))
@@ -1140,12 +1167,20 @@ class _BatchServer:
                 remap[t] = spare.pop(0)
         self._remap(remap)
         self._page_rows(page_table, dict(enumerate(slots)))
-        got = {}
+        got, ids = {}, {}
+        vocab = self.owner.model.args.cfg.vocab_size
         for i in new:
             slot, prompt = slots[i], tokens[i, : int(lens[i])].tolist()
             self._free(slot)  # a finished request's slot named again: the plugin never said it finished
             got[i] = self.dec.join(slot, prompt)
             self.fed[slot] = prompt
+            self.meta[slot] = {"prompt_len": len(prompt), "seed": secrets.randbits(31), "params": None, "last": None}
+            if sampling_params is not None:  # the first token from the prompt's last row, on the host
+                params = self._row_params(sampling_params, i, slot)
+                gen = params.generator() if not params.greedy else None
+                ids[i] = int(pick_token(got[i].reshape(1, -1), params, gen, TokenHistory(prompt, vocab).now()))
+                self.dec.start_sampling(slot, params, prompt, ids[i])
+                self.meta[slot].update(params=params, last=ids[i])
         if cont:
             feed = {}
             for i in cont:
@@ -1153,11 +1188,22 @@ class _BatchServer:
                 if self.dec.pos[slot] != start:
                     raise RuntimeError(f"slot {slot} is at position {self.dec.pos[slot]}, row {i} continues at {start}")
                 feed[slot] = int(tokens[i, start])
-            logits, _ = self.dec.step(feed)
+            if sampling_params is not None:
+                picked = self._device_tokens(sampling_params, {slots[i]: (i, feed[slots[i]]) for i in cont})
+                ids.update({i: picked[slots[i]] for i in cont})
+            else:
+                logits, _ = self.dec.step(feed)
+                for i in cont:
+                    got[i] = logits[slots[i]]
+                    self.meta[slots[i]]["last"] = None  # vLLM samples this step's token on the host
             for i in cont:
-                got[i] = logits[slots[i]]
                 self.fed[slots[i]].append(feed[slots[i]])
-        out = self._logits_out(rows, got)
+        if sampling_params is not None:
+            out = torch.zeros(rows, 1, dtype=torch.int32)
+            for i, t in ids.items():
+                out[i, 0] = t
+        else:
+            out = self._logits_out(rows, got)
         if self.owner.uses_mrope:
             return out, torch.zeros(rows, dtype=torch.int64)
         return out
@@ -1197,7 +1243,6 @@ class _BatchServer:
     # ---- warmup ----------------------------------------------------------------------------------------------
     def _warm_table(self) -> None:
         self._page_rows(self.owner._warm_page_table().expand(self.dec.slots, -1), {i: i for i in range(self.dec.slots)})
-        self.dec.warm()
 
     def warmup_prefill(self, lens: list[int]) -> None:
         self._warm_table()
@@ -1207,14 +1252,20 @@ class _BatchServer:
             self.dec.join(0, [i % vocab for i in range(1, n + 1)])
         self._free(0)
 
-    def warmup_decode(self, steps: int, enable_trace: bool) -> None:
+    def warmup_decode(self, steps: int, enable_trace: bool, sampled: bool = False) -> None:
         """Compile (and with ``enable_trace`` capture and replay) the B-slot step: one user in slot 0, every other
-        row padded (the same program whichever rows are live)."""
+        row padded (the same program whichever rows are live); with ``sampled`` also the device-sampled step."""
         self._warm_table()
         self._free(0)
+        self.dec.warm()
         tok = int(self.dec.join(0, [1, 2]).argmax())
         self.dec.use_trace = enable_trace
         for _ in range(steps):
             _, ids = self.dec.step({0: tok})
             tok = int(ids[0])
+        if sampled:
+            self.dec.start_sampling(0, SamplingParams(temperature=1.0, top_k=8, top_p=0.9, repetition_penalty=1.1,
+                                                      seed=0), [1, 2], tok)
+            for _ in range(steps):
+                tok = self.dec.sample_step({0: tok})[0]
         self._free(0)
