@@ -63,11 +63,11 @@ samples on the host anyway (min_p, logit_bias, allowed/bad words, structured out
 greedy requests only (accept mode ``argmax_ids``), so a verify's ``sampling_params`` must be greedy without
 penalties.
 
-Batch: loaded with ``max_batch_size`` 1 (``--max-num-seqs 1``, what speculation and device sampling need) the
+Batch: loaded with ``max_batch_size`` 1 (``--max-num-seqs 1``, what speculation needs) the
 model serves one sequence (one GDN state slot, slot 0); rows past the first are accepted only as the padding rows
 the runner sends (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert outputs, and a real
-second user fails fast naming ``--max-num-seqs 1``. Loaded with ``max_batch_size`` N in 2..32 (a plain launch with
-host sampling) it serves N sequences through :class:`_BatchServer` (the batched TT decoder, vLLM state slot j =
+second user fails fast naming ``--max-num-seqs 1``. Loaded with ``max_batch_size`` N in 2..32 (a plain launch, host
+or device sampling) it serves N sequences through :class:`_BatchServer` (the batched TT decoder, vLLM state slot j =
 decoder slot j; how the plugin's calls map onto it is in that class and docs/serving.md, "Several sequences").
 """
 from __future__ import annotations
@@ -103,9 +103,9 @@ MAX_K = UNIFORMS_PER_ROW - 1  # the device acceptor draws K accept uniforms + 1 
 DEPTH_MODES = ("fixed", "auto")
 DEPTH_COSTS = "p150x2"  # the step-cost table the controller uses on cards (speculative/depth.py cost_key)
 VLLM_SAMPLING_EPS = 1e-5  # vllm.sampling_params._SAMPLING_EPS: a temperature below it means greedy
-ONE_USER = ("this model was loaded for one sequence (one GDN state slot; speculative decoding and device sampling "
-            "serve one sequence): start vLLM with --max-num-seqs 1, or without speculation and device sampling "
-            f"with --max-num-seqs up to {MAX_BATCH}")
+ONE_USER = ("this model was loaded for one sequence (one GDN state slot; speculative decoding serves one "
+            "sequence): start vLLM with --max-num-seqs 1, or without speculation with --max-num-seqs up to "
+            f"{MAX_BATCH}")
 
 
 def _hf_dict(hf_config) -> dict:
