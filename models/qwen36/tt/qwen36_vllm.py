@@ -1232,6 +1232,7 @@ class _BatchServer:
         logits, _ = self.dec.step(feed)
         for i in live:
             self.fed[i].append(feed[i])
+            self.meta[i]["last"] = None  # vLLM samples this step's token on the host
         out = self._logits_out(rows, {i: logits[i] for i in live})
         return out if read_from_device else DecodeHandle(out)
 
