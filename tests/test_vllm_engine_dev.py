@@ -8,7 +8,13 @@ The plugin's worker opens a hardware mesh with ``ttnn.open_mesh_device``; here i
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and the model class is found through the repository's bundle directory
 (``EXTRA_MODELS_DIR=vllm_models``). The device-sampling case launches with ``sample_on_device_mode`` "all" and a
 seeded stochastic request with penalties: the plugin's runner builds the payload and the adapter samples on device,
-so the tokens equal ``TTGenerator.generate`` with the same parameters and seed."""
+so the tokens equal ``TTGenerator.generate`` with the same parameters and seed. The ``max_num_seqs=4`` cases run
+several requests at once (greedy with host sampling, and seeded requests sampled on device) and record the
+plugin's calls: they must equal ``tests/data/vllm_tt_plugin_batch_trace.json`` and
+``vllm_tt_plugin_batch_sampled_trace.json``, which ``tests/test_vllm_batch.py`` replays in CI.
+
+Run with this worktree's package importable in the vLLM environment (e.g. ``PYTHONPATH`` pointing at a
+``sitecustomize`` that maps ``qwen36`` here, when that environment has another checkout installed editable)."""
 from __future__ import annotations
 
 import json
