@@ -23,6 +23,10 @@ pool shared by all buckets (the largest bucket's; slot s owns the pages of page-
 recurrent and conv rows move with one ``ttnn.embedding`` row gather per state tensor, from the old bucket's
 rows (plus one zero row for the new bucket's free rows) into the new bucket's persistent buffers.
 
+Sampling (``sampling=True``): every bucket also has a :class:`BatchDeviceSampler` (tt/batch_sampler.py) whose row
+r samples for the user in row r; a move carries the moving users' sampler rows (parameters, penalty rows, uniform
+tables and counters, host stream state) through the host, from the old bucket's sampler into the new one's.
+
 Memory: every bucket holds its own GDN state (the sum of the bucket sizes, 1 + 8 + 32 = 41 slots with the
 default buckets, against 32 for the largest alone).
 """
