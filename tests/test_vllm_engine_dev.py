@@ -8,7 +8,13 @@ The plugin's worker opens a hardware mesh with ``ttnn.open_mesh_device``; here i
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and the model class is found through the repository's bundle directory
 (``EXTRA_MODELS_DIR=vllm_models``). The device-sampling case launches with ``sample_on_device_mode`` "all" and a
 seeded stochastic request with penalties: the plugin's runner builds the payload and the adapter samples on device,
-so the tokens equal ``TTGenerator.generate`` with the same parameters and seed."""
+so the tokens equal ``TTGenerator.generate`` with the same parameters and seed. The ``max_num_seqs=4`` cases run
+several requests at once (greedy with host sampling, and seeded requests sampled on device) and record the
+plugin's calls: they must equal ``tests/data/vllm_tt_plugin_batch_trace.json`` and
+``vllm_tt_plugin_batch_sampled_trace.json``, which ``tests/test_vllm_batch.py`` replays in CI.
+
+Run with this worktree's package importable in the vLLM environment (e.g. ``PYTHONPATH`` pointing at a
+``sitecustomize`` that maps ``qwen36`` here, when that environment has another checkout installed editable)."""
 from __future__ import annotations
 
 import json
@@ -110,6 +116,147 @@ def test_vllm_llm_host_logprobs_equal_generate(tmp_path, monkeypatch):
             top = sorted(((lp.rank, t, lp.logprob) for t, lp in got.items() if lp.rank <= n_top))
             assert [t for _, t, _ in top] == [t for t, _ in want.top]
             assert max(abs(v - w) for (_, _, v), (_, w) in zip(top, want.top)) < 1e-3
+    finally:
+        del llm
+        ctx.close()
+
+
+# several sequences at once: prompts of different lengths and token budgets, one more request than state slots
+# (the fifth waits for a slot and takes over one a finished request leaves)
+BATCH_PROMPTS = [list(range(5, 45)), [7, 3, 11, 2, 9, 30, 4], list(range(60, 83)), [13] * 5 + list(range(90, 98)),
+                 [41, 42, 43]]
+BATCH_NEW = [12, 16, 6, 14, 9]
+BATCH_SEQS = 4
+TRACE = REPO / "tests/data/vllm_tt_plugin_batch_trace.json"
+SAMPLED_TRACE = REPO / "tests/data/vllm_tt_plugin_batch_sampled_trace.json"
+
+
+def _summ(x):
+    """A call argument as JSON: tensors as {"shape", "dtype", "values"} (every value: the replay feeds them back)."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):  # the plugin's TTSamplingParams
+        return {"dataclass": type(x).__name__, "fields": {f.name: _summ(getattr(x, f.name))
+                                                          for f in dataclasses.fields(x)}}
+    if isinstance(x, torch.Tensor):
+        return {"shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""), "values": x.tolist()}
+    if isinstance(x, np.ndarray):
+        return {"ndarray": True, "shape": list(x.shape), "dtype": str(x.dtype), "values": x.tolist()}
+    if isinstance(x, (list, tuple)) and x and all(isinstance(v, torch.Tensor) for v in x):
+        return [_summ(v) for v in x]
+    if isinstance(x, (bool, int, float, str)) or x is None:
+        return x
+    if isinstance(x, (list, tuple)) and all(isinstance(v, (bool, int, float)) or v is None for v in x):
+        return list(x)
+    return {"type": type(x).__name__}
+
+
+def _recording(monkeypatch, calls: list):
+    """Record every call the plugin makes on the model class's serving methods (name, arguments by keyword)."""
+    import inspect
+
+    from qwen36.tt.qwen36_vllm import Qwen36ForCausalLM
+
+    for name in ("prefill_forward", "decode_forward", "process_decode_output_host", "read_decode_output",
+                 "allocate_kv_cache_per_layer", "allocate_kv_cache", "warmup_model_prefill", "warmup_model_decode",
+                 "release_request", "note_state_slots_moved"):
+        fn = getattr(Qwen36ForCausalLM, name)
+        sig = inspect.signature(fn)
+
+        def wrap(self, *a, __fn=fn, __sig=sig, __name=name, **k):
+            bound = __sig.bind(self, *a, **k)
+            args = {key: _summ(v) for key, v in bound.arguments.items() if key not in ("self", "kv_cache", "kwargs")}
+            args.update({key: _summ(v) for key, v in bound.arguments.get("kwargs", {}).items()})
+            if __name == "allocate_kv_cache_per_layer":
+                args = {"per_layer_specs": [[list(s[0]), str(s[1]), s[2]] for s in a[0]]}
+            calls.append({"call": __name, "args": args})
+            out = __fn(self, *a, **k)
+            if __name == "prefill_forward":  # what the runner reads: [B, 1, V] logits or [B, 1] ids (+ rope deltas)
+                lg = out[0] if isinstance(out, tuple) else out
+                toks = lg[:, -1].argmax(-1) if lg.dim() == 3 else lg[:, -1]
+                calls[-1]["returned"] = {"shape": list(lg.shape), "dtype": str(lg.dtype).replace("torch.", ""),
+                                         "tokens": toks.tolist()}
+            return out
+
+        monkeypatch.setattr(Qwen36ForCausalLM, name, wrap)
+
+
+def test_vllm_llm_batch_equals_batch1_generate(tmp_path, monkeypatch):
+    """``max_num_seqs=4`` through the real plugin: five greedy prompts of different lengths and budgets decode
+    together (the fifth joining when a slot frees), each request's tokens == its own batch-1 ``TTGenerator.greedy``
+    output. The plugin's calls are recorded; they must equal ``tests/data/vllm_tt_plugin_batch_trace.json``, which
+    ``tests/test_vllm_contract.py`` replays without vLLM (a changed plugin or vLLM shows up here first)."""
+    ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
+    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+                             block_size=BLOCK, prefill_chunk=64)
+    refs = [ref_gen.greedy(p, n) for p, n in zip(BATCH_PROMPTS, BATCH_NEW)]
+    ref_gen.close()
+
+    calls: list = []
+    _recording(monkeypatch, calls)
+    ctx = _engine_mesh(monkeypatch)
+    llm = vllm.LLM(model=str(ck), max_num_seqs=BATCH_SEQS, max_model_len=256, block_size=BLOCK,
+                   skip_tokenizer_init=True, enable_prefix_caching=False, enable_chunked_prefill=False,
+                   max_num_batched_tokens=256, async_scheduling=False,
+                   additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy"}})
+    try:
+        sps = [vllm.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in BATCH_NEW]
+        out = llm.generate([{"prompt_token_ids": p} for p in BATCH_PROMPTS], sps)
+        got = [list(o.outputs[0].token_ids) for o in out]
+        rec = {"vllm": vllm.__version__, "max_num_seqs": BATCH_SEQS, "block_size": BLOCK, "max_model_len": 256,
+               "prompts": BATCH_PROMPTS, "max_tokens": BATCH_NEW, "outputs": got, "calls": calls}
+        (tmp_path / TRACE.name).write_text(json.dumps(rec))
+        assert got == refs
+        assert max(len(c["args"]["tokens"]["values"]) for c in calls if c["call"] == "prefill_forward") > 1
+        want = json.loads(TRACE.read_text())
+        assert rec == want, (f"the engine's calls differ from {TRACE}; if the plugin / vLLM changed on purpose, "
+                             f"replace it with {tmp_path / TRACE.name}")
+    finally:
+        del llm
+        ctx.close()
+
+
+def test_vllm_llm_batch_sampled_on_device_equals_generate(tmp_path, monkeypatch):
+    """``max_num_seqs=4`` with ``sample_on_device_mode`` "all": four seeded requests with different sampling
+    parameters (top-k / top-p, min_p-free penalties, greedy) decode together and the runner hands every step's
+    ``sampling_params`` rows to the adapter, which samples all rows on device in one traced step; each request's
+    tokens equal its own batch-1 ``TTGenerator.generate`` with the same parameters and seed."""
+    reqs = [dict(temperature=0.8, top_k=20, top_p=0.9, seed=7),
+            dict(temperature=1.0, presence_penalty=0.4, frequency_penalty=0.3, repetition_penalty=1.3, seed=11),
+            dict(temperature=0.0),
+            dict(temperature=1.2, top_k=50, seed=7)]
+    prompts, n_new = BATCH_PROMPTS[:4], BATCH_NEW[:4]
+    ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
+    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+                             block_size=BLOCK, prefill_chunk=64)
+    refs = [ref_gen.generate(p, n, SamplingParams(**r)).tokens for p, n, r in zip(prompts, n_new, reqs)]
+    ref_gen.close()
+
+    calls: list = []
+    _recording(monkeypatch, calls)
+    ctx = _engine_mesh(monkeypatch)
+    llm = vllm.LLM(model=str(ck), max_num_seqs=BATCH_SEQS, max_model_len=256, block_size=BLOCK,
+                   skip_tokenizer_init=True, enable_prefix_caching=False, enable_chunked_prefill=False,
+                   max_num_batched_tokens=256, async_scheduling=False, generation_config="vllm",
+                   additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy",
+                                             "sample_on_device_mode": "all"}})
+    try:
+        sps = [vllm.SamplingParams(**r, max_tokens=n, ignore_eos=True) for r, n in zip(reqs, n_new)]
+        out = llm.generate([{"prompt_token_ids": p} for p in prompts], sps)
+        got = [list(o.outputs[0].token_ids) for o in out]
+        rec = {"vllm": vllm.__version__, "max_num_seqs": BATCH_SEQS, "block_size": BLOCK, "max_model_len": 256,
+               "prompts": prompts, "max_tokens": n_new, "requests": reqs, "outputs": got, "calls": calls}
+        (tmp_path / SAMPLED_TRACE.name).write_text(json.dumps(rec))
+        assert got == refs
+        # the steps really were sampled on device, several rows at once
+        sampled = [c for c in calls if c["call"] == "prefill_forward" and c["args"].get("sampling_params")]
+        assert sampled and max(len(c["args"]["tokens"]["values"]) for c in sampled) == 4
+        assert rec == json.loads(SAMPLED_TRACE.read_text()), (
+            f"the engine's calls differ from {SAMPLED_TRACE}; if the plugin / vLLM changed on purpose, replace it "
+            f"with {tmp_path / SAMPLED_TRACE.name}")
     finally:
         del llm
         ctx.close()

@@ -181,10 +181,16 @@ def run(args: argparse.Namespace) -> int:
         result = target.generate(prompts[0], args.max_new_tokens, params, target.config.eos_token_id)
         outputs, logprobs = [result.tokens], result.logprobs
     else:
-        if not params.greedy or params.penalized or params.logprobs is not None:
-            raise UserError(f"several prompts (batch {len(prompts)}) decode plain greedy only for now (no "
-                            "temperature, penalties or --logprobs); pass one prompt, or add --spec-k")
-        outputs, logprobs = target.greedy_batch(prompts, args.max_new_tokens, target.config.eos_token_id), None
+        sampled = not params.greedy or params.penalized
+        if params.logprobs is not None or sampled and not hasattr(target, "sample_batch"):
+            raise UserError(f"several prompts (batch {len(prompts)}) on {args.device} decode plain greedy only (no "
+                            f"{'--logprobs' if params.logprobs is not None else 'temperature or penalties'}; "
+                            f"sampled batches run on the TT devices); pass one prompt, or add --spec-k")
+        if sampled:
+            outputs = target.sample_batch(prompts, args.max_new_tokens, params, target.config.eos_token_id)
+        else:
+            outputs = target.greedy_batch(prompts, args.max_new_tokens, target.config.eos_token_id)
+        logprobs = None
     dt = time.perf_counter() - t0
     n = sum(map(len, outputs))
     batch = "" if len(prompts) == 1 else f" batch {len(prompts)}:"

@@ -185,6 +185,18 @@ class TTBatchDecoder:
         self.state.page_table_host = table
         self._write(table, self.state.page_table)
 
+    def set_page_table(self, table: torch.Tensor) -> None:
+        """Replace the host page table [slots, blocks_per_seq] (a server's block table: vLLM hands every user its
+        own blocks of a shared pool) and write it to the device buffer the step reads, if it changed. Between
+        steps only (a host -> device copy into a persistent buffer; a captured step keeps reading that buffer)."""
+        table = torch.as_tensor(table, dtype=torch.int32)
+        if tuple(table.shape) != tuple(self.state.page_table_host.shape):
+            raise ValueError(f"page table {tuple(table.shape)}: expected {tuple(self.state.page_table_host.shape)}")
+        if torch.equal(table, self.state.page_table_host):
+            return
+        self.state.page_table_host = table.clone()
+        self._write(self.state.page_table_host, self.state.page_table)
+
     # ---- the step ---------------------------------------------------------------------------------------------
     def _decode_device(self):
         return self.model.decode_forward(self.inputs, self.state)

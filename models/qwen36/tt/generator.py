@@ -207,6 +207,24 @@ class TTGenerator:
         finally:
             dec.release()
 
+    @torch.no_grad()
+    def sample_batch(self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
+                     eos_ids: tuple[int, ...] = (), buckets=None) -> list[list[int]]:
+        """Plain decoding of several users as one TT batch with the full sampling transform on device
+        (tt/batch_sampler.py; every user with ``params``, each its own uniform stream of ``params.seed``): each
+        user's tokens are its own batch-1 ``generate`` tokens. No logprobs (the batch-1 path serves them)."""
+        from .batch import DEFAULT_BUCKETS, TTBatchDecoder, bucket_for
+        from .batch_sampler import BatchDeviceSampler, batched_generate
+
+        self.release_trace()
+        dec = TTBatchDecoder(self.model, bucket_for(len(prompts), buckets or DEFAULT_BUCKETS), use_trace=self.use_trace)
+        sampler = BatchDeviceSampler(self.ttnn, self.mesh, self.config.vocab_size, dec.slots, rng=self.rng).allocate()
+        try:
+            return batched_generate(dec, sampler, prompts, [params] * len(prompts), max_new_tokens, eos_ids)
+        finally:
+            dec.release()
+            sampler.release()
+
     def close(self) -> None:
         self.release_trace()
         if self.ctx is not None:

@@ -63,10 +63,12 @@ samples on the host anyway (min_p, logit_bias, allowed/bad words, structured out
 greedy requests only (accept mode ``argmax_ids``), so a verify's ``sampling_params`` must be greedy without
 penalties.
 
-Batch: the TT model serves one sequence (one GDN state slot, slot 0). Rows past the first are accepted only as
-the padding rows the runner sends (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert
-outputs; a real second user fails fast naming ``--max-num-seqs 1`` (``initialize_vllm_model`` already refuses
-``max_batch_size > 1``).
+Batch: loaded with ``max_batch_size`` 1 (``--max-num-seqs 1``, what speculation needs) the
+model serves one sequence (one GDN state slot, slot 0); rows past the first are accepted only as the padding rows
+the runner sends (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert outputs, and a real
+second user fails fast naming ``--max-num-seqs 1``. Loaded with ``max_batch_size`` N in 2..32 (a plain launch, host
+or device sampling) it serves N sequences through :class:`_BatchServer` (the batched TT decoder, vLLM state slot j =
+decoder slot j; how the plugin's calls map onto it is in that class and docs/serving.md, "Several sequences").
 """
 from __future__ import annotations
 
@@ -85,6 +87,8 @@ from ..speculative.sampling import SamplingParams, SamplingParamsError, TokenHis
 from ..tt_ops.device import ttnn_for_mesh
 from . import vllm_types as vt
 from .accept import UNIFORMS_PER_ROW
+from .batch import DEFAULT_BUCKETS, FREE
+from .batch_buckets import BucketedBatchDecoder
 from .generator import TTGenerator
 from .model import TTQwen36Model
 from .model_config import PrecisionSetting, TTModelArgs
@@ -94,13 +98,14 @@ from .state import KVLayerState, allocate_state, new_layer_state
 from .verify import max_spec_tiles
 from .weights import WeightLoader
 
-MAX_BATCH = 1
+MAX_BATCH = max(DEFAULT_BUCKETS)  # plain decode: one TTBatchDecoder slot per vLLM sequence
 MAX_K = UNIFORMS_PER_ROW - 1  # the device acceptor draws K accept uniforms + 1 per row (one tile row)
 DEPTH_MODES = ("fixed", "auto")
 DEPTH_COSTS = "p150x2"  # the step-cost table the controller uses on cards (speculative/depth.py cost_key)
 VLLM_SAMPLING_EPS = 1e-5  # vllm.sampling_params._SAMPLING_EPS: a temperature below it means greedy
-ONE_USER = ("the Qwen3.6 TT port serves one sequence at a time (one GDN state slot): start vLLM with "
-            "--max-num-seqs 1")
+ONE_USER = ("this model was loaded for one sequence (one GDN state slot; speculative decoding serves one "
+            "sequence): start vLLM with --max-num-seqs 1, or without speculation with --max-num-seqs up to "
+            f"{MAX_BATCH}")
 
 
 def _hf_dict(hf_config) -> dict:
@@ -266,11 +271,11 @@ class DecodeHandle:
 
 
 class Qwen36ForCausalLM:
-    """The vllm-tt plugin's model class for Qwen3.6 (+ MTP speculative decoding), one sequence, TP over the mesh."""
+    """The vllm-tt plugin's model class for Qwen3.6 (+ MTP speculative decoding at one sequence), TP over the mesh."""
 
     # Keys as the plugin reads them (platform.py / spec_admission.py / async_decode.py; docs/MODEL_CAPABILITIES.md
     # there); absent keys default to False / () / 1 on the plugin side. "max_batch_size" is ours (the plugin does not
-    # read it): one sequence, enforced at load.
+    # read it): the most sequences a plain launch decodes per step, enforced at load.
     model_capabilities = {
         # a prompt is prefilled in one call (start_pos > 0 is refused, but for the one-token decode continuation)
         "supports_chunked_prefill": False,
@@ -289,8 +294,12 @@ class Qwen36ForCausalLM:
 
     def __init__(self, gen: TTGenerator, reader, mechanism: str = DEFAULT_MECHANISM, cache_dir=None, *,
                  uses_mrope: bool = False, spec_k: int | None = None, spec_depth: str = "fixed",
-                 depth_costs: str = DEPTH_COSTS):
+                 depth_costs: str = DEPTH_COSTS, max_batch_size: int = 1):
         self.gen, self.model, self.state = gen, gen.model, gen.state
+        if max_batch_size > 1 and spec_k:
+            raise NotImplementedError(f"speculative K={spec_k} with max_batch_size={max_batch_size}: {ONE_USER}")
+        # several sequences: plain decode through the batched decoder, one slot per vLLM state slot
+        self.batch = _BatchServer(self, max_batch_size) if max_batch_size > 1 else None
         self.reader = reader
         self.has_mtp = reader.config.has_mtp
         if spec_depth not in DEPTH_MODES:
@@ -320,7 +329,7 @@ class Qwen36ForCausalLM:
     @classmethod
     def get_max_tokens_all_users(cls, model_name=None, num_devices=None, tt_data_parallel: int = 1,
                                  max_model_len: int = 0, max_num_seqs: int = 1, **_) -> int:
-        """KV tokens vLLM may hand out: one sequence of ``max_model_len`` (the worker adds a block per user and
+        """KV tokens vLLM may hand out: ``max_num_seqs`` sequences of ``max_model_len`` (the worker adds a block per user and
         sizes ``num_blocks`` from this; vLLM's null block 0 comes out of the same pool)."""
         return int(max_model_len) * max(1, min(int(max_num_seqs), MAX_BATCH))
 
@@ -340,7 +349,7 @@ class Qwen36ForCausalLM:
             return vt.SpecReject(f"cannot read the model config from vllm_config: {e}")
         if not cfg.has_mtp:
             return vt.SpecReject("the checkpoint has no MTP head (mtp_num_hidden_layers = 0): nothing drafts")
-        if int(max_num_seqs) != MAX_BATCH:
+        if int(max_num_seqs) != 1:
             return vt.SpecReject(f"max_num_seqs={max_num_seqs}: {ONE_USER}")
         k, k_max = int(requested_k), max_depth(cfg)
         supported = tuple(range(1, k_max + 1))
@@ -400,8 +409,10 @@ class Qwen36ForCausalLM:
         ``{"tt": {"spec_depth": "auto"}}``) the depth mode, unless given explicitly. ``depth_costs``: the device
         name whose step-cost table the depth controller uses (``speculative.depth.cost_key``; the P150a table by
         default)."""
-        if int(max_batch_size) > MAX_BATCH:
-            raise NotImplementedError(f"max_batch_size={max_batch_size}: {ONE_USER}")
+        if not 1 <= int(max_batch_size) <= MAX_BATCH:
+            raise NotImplementedError(f"max_batch_size={max_batch_size}: this model decodes 1..{MAX_BATCH} sequences "
+                                      f"per step (the largest decode bucket); start vLLM with --max-num-seqs <= "
+                                      f"{MAX_BATCH}")
         if int(tt_data_parallel) != 1:
             raise NotImplementedError(f"tt_data_parallel={tt_data_parallel}: only 1 is supported (one TP=N model)")
         prec_name = "performance" if optimizations is None else optimizations
@@ -426,6 +437,8 @@ class Qwen36ForCausalLM:
         reader = load_checkpoint(path)
         if reader.config != cfg:
             raise ValueError(f"hf_config does not match the checkpoint's config.json at {path}")
+        if spec_k is not None and int(max_batch_size) > 1:
+            raise NotImplementedError(f"speculative K={spec_k} with max_batch_size={max_batch_size}: {ONE_USER}")
         if spec_k is not None and not cfg.has_mtp:
             raise ValueError(f"speculative K={spec_k} requested but the checkpoint has no MTP head")
         if spec_k is not None and not 1 <= int(spec_k) <= max_depth(cfg):
@@ -441,7 +454,7 @@ class Qwen36ForCausalLM:
         logger.info(f"vllm-tt Qwen3.6: tp={n}, precision={prec_name}, max_seq_len={max_seq_len}, "
                     f"block_size={args.block_size}, mtp={cfg.has_mtp}, spec_k={spec_k}, spec_depth={spec_depth}")
         return cls(gen, reader, mechanism, cache_dir, uses_mrope=_uses_mrope(raw), spec_k=spec_k,
-                   spec_depth=spec_depth, depth_costs=depth_costs)
+                   spec_depth=spec_depth, depth_costs=depth_costs, max_batch_size=int(max_batch_size))
 
     # ---- KV cache ------------------------------------------------------------------------------------------
     def _attn_layers(self) -> list[int]:
@@ -488,6 +501,8 @@ class Qwen36ForCausalLM:
             self.gen.ttnn.deallocate(old.k)  # the model's own one-sequence cache: vLLM's pool replaces it
             self.gen.ttnn.deallocate(old.v)
             self.state.layers[i] = self._kv_state(num_blocks)
+            if self.batch is not None:  # the batched decoder reads and writes the same pool
+                self.batch.dec.replace_kv(i, self.state.layers[i])
         self.num_blocks = num_blocks
         if dtype is not None:
             logger.info(f"KV cache: {num_blocks} blocks of {a.block_size} tokens; vLLM's dtype {dtype} noted, the "
@@ -507,6 +522,8 @@ class Qwen36ForCausalLM:
 
     def _release_traces(self) -> None:
         self.gen.release_trace()
+        if self.batch is not None:
+            self.batch.dec.release()
         if self.spec_backend is not None:
             self.spec_backend.release()
 
@@ -519,7 +536,7 @@ class Qwen36ForCausalLM:
             if any(not torch.equal(torch.as_tensor(p), torch.as_tensor(pts[0])) for p in pts):
                 raise NotImplementedError("per-layer block tables differ; every Qwen3.6 attention layer shares one")
         remap = kwargs.get("slot_remap")
-        if remap is not None:
+        if remap is not None and self.batch is None:
             r = torch.as_tensor(remap).reshape(-1)
             if r.numel() and int(r[0]) != 0:
                 raise NotImplementedError(f"slot_remap {r.tolist()}: row 0 must read slot 0 ({ONE_USER})")
@@ -575,7 +592,9 @@ class Qwen36ForCausalLM:
         lens = torch.as_tensor(prompt_lens).reshape(-1)
         if tokens.dim() != 2 or lens.numel() != tokens.shape[0]:
             raise ValueError(f"tokens [B, T] and prompt_lens [B] disagree: {tuple(tokens.shape)}, {tuple(lens.shape)}")
-        if tokens.shape[0] > MAX_BATCH:
+        if self.batch is not None:
+            return self.batch.prefill(tokens, lens, start_pos, page_table, empty_slots, sampling_params)
+        if tokens.shape[0] > 1:
             raise NotImplementedError(f"prefill of {tokens.shape[0]} requests in one call: {ONE_USER}")
         start = 0 if start_pos is None else int(torch.as_tensor(start_pos).reshape(-1)[0])
         if empty_slots is not None and list(empty_slots) != [0]:
@@ -694,6 +713,11 @@ class Qwen36ForCausalLM:
         pos = torch.as_tensor(start_pos)
         if pos.shape[0] != tokens.shape[0]:
             raise ValueError(f"start_pos rows {pos.shape[0]} != tokens rows {tokens.shape[0]}")
+        if self.batch is not None:
+            if spec_mode is not None or num_valid_drafts is not None or accepted_counts is not None:
+                raise NotImplementedError(f"a speculative step in a launch of several sequences: {ONE_USER}")
+            return self.batch.decode(tokens, pos, page_table, kwargs.get("slot_remap"), enable_trace,
+                                     read_from_device, sampling_params)
         self._live_rows(pos, "decode_forward")
         if self._mode is None:
             raise RuntimeError("decode_forward with no live sequence (prefill_forward first)")
@@ -882,6 +906,9 @@ class Qwen36ForCausalLM:
     # ---- request lifecycle ---------------------------------------------------------------------------------
     def release_request(self, slot: int) -> None:
         """A finished / preempted request: forget the sequence (its GDN state is zeroed by the next prefill)."""
+        if self.batch is not None:
+            self.batch.release(int(slot))
+            return
         if int(slot) != 0:
             raise ValueError(f"release_request(slot={slot}): the only state slot is 0")
         if self.spec_backend is not None and self.spec_backend._phase == "drafted":
@@ -891,6 +918,9 @@ class Qwen36ForCausalLM:
 
     def note_state_slots_moved(self, old_to_new: dict) -> None:
         moved = {int(a): int(b) for a, b in dict(old_to_new).items() if int(a) != int(b)}
+        if moved and self.batch is not None:
+            raise NotImplementedError(f"state slots moved {moved} outside a decode call: this model moves state "
+                                      f"with decode_forward's slot_remap (a permutation applied on device)")
         if moved:
             raise NotImplementedError(f"state slots moved {moved}: the only state slot is 0 ({ONE_USER})")
 
@@ -914,6 +944,10 @@ class Qwen36ForCausalLM:
         is scratch). Prefill is not traced, so the ``enable_trace=True`` pass has nothing to capture."""
         if enable_trace or self.already_warmed_up_prefill:
             return
+        if self.batch is not None:
+            self.batch.warmup_prefill(self._warm_prompt_lens())
+            self.already_warmed_up_prefill = True
+            return
         self._bind_page_table(self._warm_page_table())
         for n in self._warm_prompt_lens():
             self._prefill([i % self.model.args.cfg.vocab_size for i in range(1, n + 1)])
@@ -928,8 +962,13 @@ class Qwen36ForCausalLM:
         the launch speculates (``can_sample_on_device`` in a plain launch: also the device-sampled step, greedy and
         stochastic with penalties). A prefill re-captures (it allocates), so the request's own capture on its second
         step reuses the programs compiled here and allocates no new program-cache entries."""
-        if int(max_batch_size) > MAX_BATCH:
-            raise NotImplementedError(f"warmup max_batch_size={max_batch_size}: {ONE_USER}")
+        slots = self.batch.dec.slots if self.batch is not None else 1
+        if int(max_batch_size) > slots:
+            raise NotImplementedError(f"warmup max_batch_size={max_batch_size} > the {slots} sequence(s) this model "
+                                      f"was loaded for" + ("" if self.batch is not None else f": {ONE_USER}"))
+        if self.batch is not None:
+            self.batch.warmup_decode(3 if enable_trace else 1, bool(enable_trace), bool(can_sample_on_device))
+            return
         self._bind_page_table(self._warm_page_table())
         steps = 3 if enable_trace else 1
         self.gen.use_trace = bool(enable_trace)
@@ -989,4 +1028,245 @@ class Qwen36ForCausalLM:
     def close(self) -> None:
         if self.spec_backend is not None:
             self.spec_backend.close()
-        self.gen.release_trace()
+        self._release_traces()
+
+
+class _BatchServer:
+    """Several vLLM sequences on one :class:`TTBatchDecoder` (plain decode, logits to vLLM's host sampler).
+
+    vLLM state slot j is decoder slot j. The plugin names each prefilling row's slot (``empty_slots``) and, before
+    a decode call, the permutation that takes every request's state to its row (``slot_remap``, applied on
+    device). Its synchronous runner sends every decode step as a one-token prefill continuation (see
+    :meth:`Qwen36ForCausalLM._one_token_continuation`); a continuation row names no source slot, only a
+    destination, so the source is the slot whose fed tokens are the row's ``tokens[:start_pos]`` (two slots with
+    the same tokens hold the same state), and the continuing states are moved to their destinations by one
+    on-device permutation before the step. The plugin does not tell a model when a request finishes (a finished
+    request's slot is simply named again by a later prefill), so a prefill into a held slot replaces it, and until
+    then a finished request's slot counts as held (the decoder shrinks to a smaller bucket only below that)."""
+
+    def __init__(self, owner: "Qwen36ForCausalLM", slots: int):
+        self.owner = owner
+        # the decode buckets below max_num_seqs, and max_num_seqs itself: a step runs the smallest that holds the
+        # live sequences (the runner pads every decode to max_num_seqs rows; the padding costs nothing here)
+        buckets = tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
+        self.dec = BucketedBatchDecoder(owner.model, buckets, use_trace=True, sampling=True)
+        self.fed: list[list[int] | None] = [None] * slots  # tokens whose state each slot holds (None: free)
+        # per slot: prompt length, the request's seed if it carries none (drawn at its prefill), the params its device
+        # sampler row holds (None: never sampled on device), the token the device sampled last (None: the last token
+        # came from vLLM's host sampler, so the penalty row must be rewritten before the next device step)
+        self.meta: list[dict | None] = [None] * slots
+
+    # ---- helpers ---------------------------------------------------------------------------------------------
+    def _page_rows(self, page_table, slots: dict[int, int]) -> None:
+        """Row i of vLLM's block table -> decoder slot ``slots[i]``'s page-table row, for the rows in ``slots`` (the
+        rows that carry a sequence in this call; the other slots keep theirs)."""
+        if page_table is None:
+            return
+        pt = torch.as_tensor(page_table)
+        if pt.dim() != 2 or pt.shape[0] <= max(slots, default=-1):
+            raise ValueError(f"page_table must be [B > {max(slots, default=-1)}, max_blocks], got shape "
+                             f"{tuple(pt.shape)}")
+        a = self.owner.model.args
+        bps, limit = a.blocks_per_seq, getattr(self.owner, "num_blocks", a.num_blocks)
+        table = self.dec.page_table_host
+        for i, slot in slots.items():
+            row = pt[i].to(torch.int32)
+            if row.numel() > bps and bool((row[bps:] != 0).any()):
+                raise ValueError(f"page_table row {i} names blocks past blocks_per_seq={bps} (max_seq_len "
+                                 f"{a.max_seq_len}): {row[bps:].tolist()}")
+            if int(row.min()) < 0 or int(row.max()) >= limit:
+                raise ValueError(f"page_table row {i} has block ids outside [0, {limit}): {row.tolist()}")
+            new = torch.zeros(bps, dtype=torch.int32)
+            w = min(bps, row.numel())
+            new[:w] = row[:w]
+            table[slot] = new
+        self.dec.set_page_table(table)
+
+    def _remap(self, remap: list[int]) -> None:
+        self.dec.slot_remap(remap)  # validates; identity does nothing
+        self.fed = [self.fed[j] for j in remap]
+        self.meta = [self.meta[j] for j in remap]
+
+    def _free(self, slot: int) -> None:
+        if self.dec.pos[slot] != FREE:
+            self.dec.leave(slot)
+        self.fed[slot], self.meta[slot] = None, None
+
+    def _row_params(self, sampling_params, row: int, slot: int) -> SamplingParams:
+        vocab = self.owner.model.args.cfg.vocab_size
+        params = sampling_from_plugin(sampling_params, vocab, self.meta[slot]["seed"], row=row)
+        held = self.meta[slot]["params"]
+        if held is not None and params != held:
+            raise ValueError(f"sampling_params row {row} changed within one sequence ({held.describe()} -> "
+                             f"{params.describe()}): a new request starts with a prefill")
+        return params
+
+    def _device_tokens(self, sampling_params, feed: dict[int, tuple[int, int]]) -> dict[int, int]:
+        """One device-sampled step: ``feed`` = {slot: (row, token)}; each slot's sampler row is (re)started or
+        resynced first when its last token did not come from it."""
+        for slot, (row, tok) in feed.items():
+            m = self.meta[slot]
+            params = self._row_params(sampling_params, row, slot)
+            history = self.fed[slot] + [tok]
+            if m["params"] is None:  # first device step of this sequence: its prompt and emitted tokens so far
+                self.dec.start_sampling(slot, params, history[: m["prompt_len"]], history[m["prompt_len"]])
+                self.dec.resync_sampling(slot, m["prompt_len"], history)
+                m["params"] = params
+            elif m["last"] != tok:
+                self.dec.resync_sampling(slot, m["prompt_len"], history)
+        got = self.dec.sample_step({slot: tok for slot, (_, tok) in feed.items()})
+        for slot, t in got.items():
+            self.meta[slot]["last"] = t
+        return got
+
+    def _logits_out(self, rows: int, got: dict[int, torch.Tensor], read: bool = True):
+        vocab = self.owner.model.args.cfg.vocab_size
+        out = torch.zeros(rows, 1, vocab, dtype=torch.float32)  # rows not served: zeros, never read
+        for i, lg in got.items():
+            out[i, 0] = lg
+        return out
+
+    # ---- the plugin's calls ----------------------------------------------------------------------------------
+    def prefill(self, tokens, lens, start_pos, page_table, empty_slots, sampling_params):
+        rows = tokens.shape[0]
+        starts = (torch.zeros(rows, dtype=torch.int64) if start_pos is None
+                  else torch.as_tensor(start_pos).reshape(-1).to(torch.int64))
+        slots = list(range(rows)) if empty_slots is None else [int(x) for x in empty_slots]
+        if starts.numel() != rows or len(slots) != rows:
+            raise ValueError(f"prefill of {rows} rows with start_pos {starts.tolist()} and empty_slots {slots}")
+        if len(set(slots)) != rows or any(not 0 <= x < self.dec.slots for x in slots):
+            raise ValueError(f"empty_slots {slots}: distinct slots in [0, {self.dec.slots}) expected")
+        new, cont = [], {}  # rows prefilled from position 0; row -> source slot of a one-token continuation
+        taken: set[int] = set()
+        for i in range(rows):
+            start, end = int(starts[i]), int(lens[i])
+            if start == 0:
+                new.append(i)
+                continue
+            if end != start + 1:
+                raise NotImplementedError(f"prefill row {i}: start_pos={start}, prompt_lens={end}: a prefill continues "
+                                          f"no cached prefix here (run vLLM without prefix caching / chunked prefill); "
+                                          f"only the one-token continuation of a live sequence is served")
+            seq = tokens[i, :start].tolist()
+            src = next((j for j in range(self.dec.slots) if j not in taken and self.fed[j] == seq), None)
+            if src is None:
+                raise ValueError(f"prefill row {i} continues a sequence of {start} tokens that no state slot holds")
+            taken.add(src)
+            cont[i] = src
+        # one permutation moves every continuing state to its destination slot (sources of nothing stay put when
+        # they can); a new prompt's destination then receives whatever was left there and is overwritten
+        dest = {slots[i]: src for i, src in cont.items()}
+        remap = [dest.get(t) for t in range(self.dec.slots)]
+        spare = [j for j in range(self.dec.slots) if j not in taken]
+        for t in range(self.dec.slots):
+            if remap[t] is None and t in spare:
+                remap[t] = t
+                spare.remove(t)
+        for t in range(self.dec.slots):
+            if remap[t] is None:
+                remap[t] = spare.pop(0)
+        self._remap(remap)
+        self._page_rows(page_table, dict(enumerate(slots)))
+        got, ids = {}, {}
+        vocab = self.owner.model.args.cfg.vocab_size
+        for i in new:
+            slot, prompt = slots[i], tokens[i, : int(lens[i])].tolist()
+            self._free(slot)  # a finished request's slot named again: the plugin never said it finished
+            got[i] = self.dec.join(slot, prompt)
+            self.fed[slot] = prompt
+            self.meta[slot] = {"prompt_len": len(prompt), "seed": secrets.randbits(31), "params": None, "last": None}
+            if sampling_params is not None:  # the first token from the prompt's last row, on the host
+                params = self._row_params(sampling_params, i, slot)
+                gen = params.generator() if not params.greedy else None
+                ids[i] = int(pick_token(got[i].reshape(1, -1), params, gen, TokenHistory(prompt, vocab).now()))
+                self.dec.start_sampling(slot, params, prompt, ids[i])
+                self.meta[slot].update(params=params, last=ids[i])
+        if cont:
+            feed = {}
+            for i in cont:
+                slot, start = slots[i], int(starts[i])
+                if self.dec.pos[slot] != start:
+                    raise RuntimeError(f"slot {slot} is at position {self.dec.pos[slot]}, row {i} continues at {start}")
+                feed[slot] = int(tokens[i, start])
+            if sampling_params is not None:
+                picked = self._device_tokens(sampling_params, {slots[i]: (i, feed[slots[i]]) for i in cont})
+                ids.update({i: picked[slots[i]] for i in cont})
+            else:
+                logits, _ = self.dec.step(feed)
+                for i in cont:
+                    got[i] = logits[slots[i]]
+                    self.meta[slots[i]]["last"] = None  # vLLM samples this step's token on the host
+            for i in cont:
+                self.fed[slots[i]].append(feed[slots[i]])
+        if sampling_params is not None:
+            out = torch.zeros(rows, 1, dtype=torch.int32)
+            for i, t in ids.items():
+                out[i, 0] = t
+        else:
+            out = self._logits_out(rows, got)
+        if self.owner.uses_mrope:
+            return out, torch.zeros(rows, dtype=torch.int64)
+        return out
+
+    def decode(self, tokens, pos, page_table, slot_remap, enable_trace: bool, read_from_device: bool,
+               sampling_params):
+        if sampling_params is not None:
+            raise NotImplementedError(f"sampling_params (sample_on_device_mode) with {self.dec.slots} sequences: "
+                                      f"{ONE_USER}")
+        if tokens.shape[1] != 1:
+            raise ValueError(f"plain decode takes tokens [B, 1], got {tuple(tokens.shape)}")
+        rows = tokens.shape[0]
+        if rows > self.dec.slots:
+            raise ValueError(f"decode of {rows} rows, this model holds {self.dec.slots} sequences")
+        if slot_remap is not None:  # row i reads (and from now on owns) the state of slot remap[i]
+            self._remap([int(x) for x in torch.as_tensor(slot_remap).reshape(-1).tolist()])
+        p = pos.reshape(-1)
+        live = [i for i in range(rows) if int(p[i]) >= 0]
+        for i in live:
+            if self.dec.pos[i] != int(p[i]):
+                raise ValueError(f"decode row {i} at position {int(p[i])}, but state slot {i} holds "
+                                 f"{'no sequence' if self.dec.pos[i] == FREE else f'one at {self.dec.pos[i]}'}")
+        self._page_rows(page_table, {i: i for i in live})
+        self.dec.use_trace = bool(enable_trace)
+        feed = {i: int(tokens[i, 0]) for i in live}
+        logits, _ = self.dec.step(feed)
+        for i in live:
+            self.fed[i].append(feed[i])
+            self.meta[i]["last"] = None  # vLLM samples this step's token on the host
+        out = self._logits_out(rows, {i: logits[i] for i in live})
+        return out if read_from_device else DecodeHandle(out)
+
+    def release(self, slot: int) -> None:
+        if not 0 <= slot < self.dec.slots:
+            raise ValueError(f"release_request(slot={slot}): state slots are 0..{self.dec.slots - 1}")
+        self._free(slot)
+
+    # ---- warmup ----------------------------------------------------------------------------------------------
+    def _warm_table(self) -> None:
+        self._page_rows(self.owner._warm_page_table().expand(self.dec.slots, -1), {i: i for i in range(self.dec.slots)})
+
+    def warmup_prefill(self, lens: list[int]) -> None:
+        self._warm_table()
+        vocab = self.owner.model.args.cfg.vocab_size
+        for n in lens:
+            self._free(0)
+            self.dec.join(0, [i % vocab for i in range(1, n + 1)])
+        self._free(0)
+
+    def warmup_decode(self, steps: int, enable_trace: bool, sampled: bool = False) -> None:
+        """Compile (and with ``enable_trace`` capture and replay) the B-slot step: one user in slot 0, every other
+        row padded (the same program whichever rows are live); with ``sampled`` also the device-sampled step."""
+        self._warm_table()
+        self._free(0)
+        self.dec.warm()
+        tok = int(self.dec.join(0, [1, 2]).argmax())
+        self.dec.use_trace = enable_trace
+        for _ in range(steps):
+            _, ids = self.dec.step({0: tok})
+            tok = int(ids[0])
+        if sampled:
+            self.dec.start_sampling(0, SamplingParams(temperature=1.0, top_k=8, top_p=0.9, repetition_penalty=1.1,
+                                                      seed=0), [1, 2], tok)
+            for _ in range(steps):
+                tok = self.dec.sample_step({0: tok})[0]
+        self._free(0)

@@ -306,6 +306,15 @@ class SampledDraftPick:
         self._row, self._probs = None, []
 
 
+def plain_sampler_seeds(seed: int):
+    """(device_seed(refill), host_seed) of plain decoding's uniform stream for ``seed``: nonzero, deterministic per
+    (seed, refill), an affine map of its own (not the acceptor's or the draft pick's). Shared by the batch-1
+    :class:`DeviceSampler` and the batched sampler (tt/batch_sampler.py), so a user's draws are the same in both."""
+    s = int(seed)
+    return ((lambda refill: (s * 1_597_334_677 + refill * 2_654_435_761 + 0x5A3D) % 0x7FFFFFFF or 1),
+            (s * 0x85EBCA6B + 0x5A3D) % (1 << 62))
+
+
 SAMPLER_HEAD_COLS = 3  # result columns before the top-n: token id, its raw logprob, its rank
 
 
@@ -332,12 +341,10 @@ class DeviceSampler:
         self.ttnn, self.mesh, self.vocab, self.params = ttnn, mesh_device, vocab, params
         self.n_top = params.logprobs if params.logprobs is not None else None
         self.width = 1 if self.n_top is None else SAMPLER_HEAD_COLS + 2 * self.n_top
-        s = params.seed
-        # nonzero, deterministic per (seed, refill); an affine map of its own (not the acceptor's or the draft pick's)
+        device_seed, host_seed = plain_sampler_seeds(params.seed)
         self.uniforms = None if params.greedy else UniformTable(
-            ttnn, mesh_device, rng_rows, DRAFT_UNIFORMS_PER_ROW, source=rng,
-            device_seed=lambda refill: (s * 1_597_334_677 + refill * 2_654_435_761 + 0x5A3D) % 0x7FFFFFFF or 1,
-            host_seed=(s * 0x85EBCA6B + 0x5A3D) % (1 << 62))
+            ttnn, mesh_device, rng_rows, DRAFT_UNIFORMS_PER_ROW, source=rng, device_seed=device_seed,
+            host_seed=host_seed)
         self.rng_rows = rng_rows
         self.rows_used = 0  # host mirror of the device counter
         self.allocated = False
