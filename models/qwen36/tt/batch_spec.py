@@ -60,7 +60,9 @@ from .accept import DeviceAcceptor
 from .batch import TTBatchDecoder
 from .commit import abort_after_verify, commit_gdn_layers
 from .generator import TTGenerator
+from .gdn import TILE_ROWS
 from .mechanisms import GDNStateBytes, TTMechanism, tt_mechanism
+from .model_config import user_core_grid
 from .trace import StepTraces
 from .verify import SpecDeviceState, VerifyOutputs, VerifyPlan
 
@@ -163,6 +165,14 @@ class TTBatchSpecBackend:
         if drafter is None or hasattr(drafter, "device_draft"):
             raise BatchSpecError("TTBatchSpecBackend takes a host drafter (history, k) -> k ids; the device MTP "
                                  "chain is wired to the single-user backend only")
+        rows = slots * (k + 1)
+        if rows > TILE_ROWS:
+            raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) = {rows} verify rows: the decode-path attention "
+                                 f"takes at most {TILE_ROWS} rows (one per core); use fewer slots or a smaller K")
+        try:
+            user_core_grid(rows)
+        except ValueError as e:
+            raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) verify rows: {e}") from None
         self.gen, self.model = gen, gen.model
         self.ttnn, self.mesh = gen.ttnn, gen.mesh
         self.mechanism = tt_mechanism(mechanism)
