@@ -47,6 +47,10 @@ def slots_for(b: int, k: int) -> int:
     raise ValueError(f"no slot count above {b} fits B x (K+1 = {t}) verify rows in 32")
 
 
+class Diverged(RuntimeError):
+    """A user's tokens left its plain greedy sequence (the batched run is not lossless)."""
+
+
 class _Drafts:
     """The host drafter of every user: the oracle (plain greedy with deliberate misses) or forced drafts."""
 
@@ -65,7 +69,7 @@ class _Drafts:
         """The plain greedy tokens after ``hist`` (which must be a prefix of the user's greedy sequence)."""
         full = self.full[u]
         if full[: len(hist)] != list(hist):
-            raise RuntimeError(f"user {u}: history left the plain greedy sequence (lossless broken)")
+            raise Diverged(f"user {u}: history left the plain greedy sequence (lossless broken)")
         return full[len(hist): len(hist) + n]
 
     def __call__(self, hist, k):
@@ -232,7 +236,7 @@ def run_tp_batch_cell(gen, mechanism: str, k: int, b: int, prompts, plains) -> d
                 be.commit(be.accept(d, be.verify(d)))
                 for s in range(b):
                     drafts.cont(s, be.users[s].history, 0)  # raises when a user left its greedy sequence
-        except RuntimeError as e:
+        except Diverged as e:
             cont_ok = False
             failed.append(f"continuation:{e}")
         consumed = {s: list(be.users[s].history[:-1]) for s in range(b)}
@@ -278,7 +282,11 @@ def run_tp_batch_matrix(gen, *, batch: int, ks, mechanisms=MECHANISMS, seed: int
     cells, totals = [], {m: {} for m in mechanisms}
     for k in ks:
         for mech in mechanisms:
-            cell = run_tp_batch_cell(gen, mech, k, batch, prompts, plains)
+            try:
+                cell = run_tp_batch_cell(gen, mech, k, batch, prompts, plains)
+            except Diverged as e:  # before the forced step: nothing else of the cell is meaningful
+                cell = {"cell": f"B={batch} K={k} {mech}", "batch": batch, "k": k, "mechanism": mech, "users": [],
+                        "counters": {}, "failed": [f"lossless:{e}"], "pass": False}
             cells.append(cell)
             for key, x in cell["counters"].items():
                 totals[mech][key] = totals[mech].get(key, 0) + x
