@@ -84,14 +84,15 @@ def _gdn_host(be, slot):
     return [(r, c) for r, c in be.committed_gdn(slot)]
 
 
-def _kv_host(ttnn, state, row: int, end: int) -> list[torch.Tensor]:
+def kv_host(ttnn, state, row: int, end: int) -> list[torch.Tensor]:
+    """Every attention layer's K and V rows [0, end) of page-table row ``row``, heads of all devices: [Hkv, end, D]."""
     table = state.page_table_host[row]
     return [kv_logical(per_device(ttnn, c), table, end) for s in kv_states(state) for c in (s.k, s.v)]
 
 
 def _state(be, slot: int) -> dict:
     n = be.position(slot)
-    return {"n": n, "gdn": _gdn_host(be, slot), "kv": _kv_host(be.ttnn, be.decoder.state, slot, n)}
+    return {"n": n, "gdn": _gdn_host(be, slot), "kv": kv_host(be.ttnn, be.decoder.state, slot, n)}
 
 
 def _equal(x: dict, y: dict) -> bool:
@@ -152,6 +153,13 @@ def _poison_past(be, slot: int) -> None:
             write_per_device(ttnn, mesh, c, poison_kv(per_device(ttnn, c), table, end))
 
 
+def gdn_host_batch1(ttnn, state) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A batch-1 state's GDN layers as (recurrent [Hv, Dk, Dv], conv [K-1, Cd]) over all devices, the layout of
+    ``TTBatchSpecBackend.committed_gdn``."""
+    return [(torch.cat([p.float() for p in per_device(ttnn, s.recurrent)], 0),
+             torch.cat([p.float()[0, 0] for p in per_device(ttnn, s.conv)], -1)) for s in state.gdn_states()]
+
+
 def _oracle(gen, tokens: list[int], prompt_len: int) -> dict:
     """TT batch-1 plain greedy decode of ``tokens`` (prefill of the prompt, then one single-row decode per token)."""
     ttnn = gen.ttnn
@@ -159,9 +167,7 @@ def _oracle(gen, tokens: list[int], prompt_len: int) -> dict:
     for tok in tokens[prompt_len:]:
         gen.decode_step(tok)
     st = gen.state
-    gdn = [(torch.cat([p.float() for p in per_device(ttnn, s.recurrent)], 0),
-            torch.cat([p.float()[0, 0] for p in per_device(ttnn, s.conv)], -1)) for s in st.gdn_states()]
-    out = {"n": len(tokens), "gdn": gdn, "kv": _kv_host(ttnn, st, 0, len(tokens))}
+    out = {"n": len(tokens), "gdn": gdn_host_batch1(ttnn, st), "kv": kv_host(ttnn, st, 0, len(tokens))}
     gen.release_trace()
     return out
 

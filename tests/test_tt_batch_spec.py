@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 
+from qwen36.probes.gdn_transaction_tp_batch import gdn_host_batch1, kv_host
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.batch_backend import BatchSpecBackend, speculative_generate_slots
 from qwen36.speculative.mechanisms import MECHANISMS
@@ -28,7 +29,6 @@ from qwen36.tt.batch_spec import BatchSpecError, TTBatchSpecBackend
 from qwen36.tt.generator import TTGenerator
 from qwen36.tt.pcc import comp_pcc, pcc
 from qwen36.tt.spec_backend import TTSpecBackend
-from qwen36.tt.state import KVLayerState
 from test_tt_batch import poison_slot
 
 # Batched vs batch-1 on the same TT graph: row-wise ops see the same tiles (measured: bit-equal); a cross-user
@@ -108,21 +108,6 @@ def test_batched_speculative_greedy_is_lossless(gen, plain, mech, b):
 
 
 # ---- committed state vs the single-user TT run ------------------------------------------------------------------
-def kv_rows(state, slot: int, n: int, ttnn) -> list[torch.Tensor]:
-    """Every attention layer's K and V rows 0..n-1 of page-table row ``slot``, per device concatenated: [G, n, D]."""
-    out = []
-    pages = state.page_table_host[slot].tolist()
-    for st in state.layers:
-        if not isinstance(st, KVLayerState):
-            continue
-        for cache in (st.k, st.v):
-            shards = [ttnn.to_torch(x).float() for x in ttnn.get_device_tensors(cache)]
-            blk = shards[0].shape[2]  # rows per page
-            rows = [torch.cat([s[pages[p // blk], :, p % blk] for s in shards], 0) for p in range(n)]
-            out.append(torch.stack(rows, 1))
-    return out
-
-
 def single_user_state(gen, plain, p, k, steps):
     """TTSpecBackend (snapshot: the committed state is the live state) run ``steps`` steps at depth k with the
     oracle drafts: (history, [(recurrent, conv)] per GDN layer, KV rows)."""
@@ -133,11 +118,7 @@ def single_user_state(gen, plain, p, k, steps):
             d = be.draft(k)
             v = be.verify(d)
             be.commit(be.accept(d, v))
-        ttnn = gen.ttnn
-        gdn = [(torch.cat([ttnn.to_torch(x).float() for x in ttnn.get_device_tensors(s.recurrent)], 0),
-                torch.cat([ttnn.to_torch(x).float()[0, 0] for x in ttnn.get_device_tensors(s.conv)], -1))
-               for s in gen.state.gdn_states()]
-        return list(be.history), gdn, kv_rows(gen.state, 0, be.n, ttnn)
+        return list(be.history), gdn_host_batch1(gen.ttnn, gen.state), kv_host(gen.ttnn, gen.state, 0, be.n)
     finally:
         be.close()
         gen.reset()
@@ -178,7 +159,7 @@ def test_committed_state_equals_single_user_run(gen, plain, mech):
             for st in be.decoder.state.gdn_states():
                 assert ttnn.to_torch(ttnn.get_device_tensors(st.recurrent)[0])[3 * hv:].isnan().all()
         got = {s: (list(be.users[s].history), be.position(s), be.committed_gdn(s),
-                   kv_rows(be.decoder.state, s, be.position(s), ttnn)) for s in depths}
+                   kv_host(ttnn, be.decoder.state, s, be.position(s))) for s in depths}
     finally:
         be.close()  # its traces are released before the single-user runs allocate
     for s, steps in ((0, 4), (1, 4), (2, 2)):
