@@ -324,3 +324,15 @@ def test_probe_tp_batch_cell_passes_and_catches_a_broken_commit(gen, monkeypatch
     # the drive steps already diverge from the plain greedy output (or, if not, the state check fails)
     assert not broken[0]["pass"], broken[0]
     assert any(f.startswith(("lossless:", "user0:gdn_recurrent", "continuation:")) for f in broken[0]["failed"])
+
+
+def test_batch_verify_cost_script_ci():
+    """scripts/batch_verify_cost.py at CI size: labelled modelled, the packed B x (K+1) verify costs more than the
+    B-row decode and reads more bytes (its rows' activations and the per-row GDN ring), but far less than K+1
+    decode steps (the weights are read once)."""
+    from script_loader import load_script
+
+    fig = load_script("batch_verify_cost").measure(2, 3, "ci", "performance", 4096, 4096)
+    assert fig["label"] == "modelled" and fig["verify_rows"] == 8
+    assert 1.0 < fig["verify_cost_ratio"] < 4.0, fig
+    assert fig["verify_bytes_read_per_device"] > fig["decode_bytes_read_per_device"]
