@@ -93,6 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="acceptance lengths to run per K (comma-separated; default every a in [0, K])")
     p.add_argument("--precision", default="accuracy")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=1,
+                   help="B >= 2: the batched transaction (B users in one packed B x (K+1) verify on the TT path, each "
+                        "against its own batch-1 TT oracle; gdn_transaction_tp_batch.py); default K in {2, 3}")
 
 
 def full_config():
@@ -430,6 +433,11 @@ def open_probe(ckpt: Path, device: str, precision: str, seed: int, backend_facto
 def run(args: argparse.Namespace) -> ProbeReport:
     from qwen36.testing.tt import make_bf16_checkpoint
 
+    batch = getattr(args, "batch", 1)
+    if batch < 1:
+        raise UserError(f"--batch must be >= 1, got {batch}")
+    if batch > 1:
+        return run_batch(args, batch)
     ks = tuple(int(x) for x in args.ks.split(","))
     mechs = tuple(args.mechanisms.split(","))
     accepts = None if args.accepts is None else {int(x) for x in args.accepts.split(",")}
@@ -473,3 +481,52 @@ def run(args: argparse.Namespace) -> ProbeReport:
                "peak_rss_mib_measured": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                "worst_max_abs_measured": worst, "worst_pcc_measured": worst_pcc,
                "counters_formula": "TTMechanism.expected_step_counters (fixed device shapes; independent of a)"})
+
+
+def run_batch(args: argparse.Namespace, batch: int) -> ProbeReport:
+    """``--batch B``: the batched matrix of ``gdn_transaction_tp_batch`` (mechanisms x K, default K in {2, 3})."""
+    from qwen36.testing.tt import make_bf16_checkpoint
+    from qwen36.tt.generator import TTGenerator
+
+    from .gdn_transaction import BATCH_KS
+    from .gdn_transaction_tp_batch import CONTINUATION_BATCH_STEPS, run_tp_batch_matrix, worst
+
+    ks_arg = ",".join(map(str, BATCH_KS)) if args.ks == ",".join(map(str, KS)) else args.ks
+    ks = tuple(int(x) for x in ks_arg.split(","))
+    mechs = tuple(args.mechanisms.split(","))
+    if any(k < 1 for k in ks) or any(m not in MECHANISMS for m in mechs):
+        raise UserError(f"--ks must be positive and --mechanisms in {MECHANISMS}; got {ks_arg!r} {args.mechanisms!r}")
+    if args.accepts is not None:
+        raise UserError("--accepts is for the single-user matrix; the batched cells force their own per-user plan")
+    if args.device.startswith("reference"):
+        raise UserError(f"probe {NAME} runs the TT path (--device emulated-p150x2 or p150x2); "
+                        "for the reference backend use `qwen36 probe gdn-transaction --batch B`")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="qwen36-gdn-tp-batch-") as tmp:
+        if args.checkpoint is not None:
+            ckpt, source = args.checkpoint, str(args.checkpoint)
+        else:
+            ckpt = make_bf16_checkpoint(Path(tmp) / "ckpt", full_config() if args.full else "ci", seed=args.seed)
+            source = f"generated bf16 {'full (27B per-device GDN shapes)' if args.full else 'ci'} (seed {args.seed})"
+        gen = TTGenerator.from_checkpoint(ckpt, args.device, precision=args.precision, max_seq_len=MAX_SEQ_LEN,
+                                          use_trace=True, progress=False, block_size=32, prefill_chunk=64)
+        try:
+            cells, totals = run_tp_batch_matrix(gen, batch=batch, ks=ks, mechanisms=mechs, seed=args.seed,
+                                                prompt_len=PROMPT_LEN)
+            label = f"tt ({gen.label or 'mesh'}) + host drafter"
+            a = gen.model.args
+        finally:
+            gen.close()
+    return ProbeReport(
+        probe=NAME, backend=label,
+        config={"checkpoint": source, "full": bool(args.full), "batch": batch, "ks": list(ks),
+                "mechanisms": list(mechs), "precision": args.precision, "seed": args.seed, "prompt_len": PROMPT_LEN,
+                "drive_steps": DRIVE_STEPS, "continuation_batch_steps": CONTINUATION_BATCH_STEPS,
+                "oracle": "per user: TT batch-1 plain greedy decode (prefill + single-row decode) of its tokens",
+                "drafts": "host (oracle / forced); the batched backend has no device MTP drafter",
+                "tolerances": TOLERANCES, "tp": a.num_devices},
+        cells=cells, counters=totals,
+        gate_complete=set(ks) >= set(BATCH_KS) and set(mechs) >= set(MECHANISMS) and batch in (2, 4),
+        notes={"wall_s_measured": round(time.perf_counter() - t0, 2),
+               "peak_rss_mib_measured": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+               "worst_measured": worst(cells)})

@@ -261,4 +261,4 @@ def test_generate_cli_several_prompts_on_tt(capsys, tmp_path, monkeypatch):
     assert [l for l in lines if l.startswith("ids[")] == [f"ids[{i}]: {a}" for i, a in enumerate(alone)]
     assert sum(l.startswith("text[") for l in lines) == 2 and "batch 2" in err
     rc, _, err = cli(capsys, *base, "--prompt", texts[0], "--prompt", texts[1], "--spec-k", "2")
-    assert rc == 2 and "TT batched speculative verify is not built" in err
+    assert rc == 2 and "per-user device MTP draft chain it needs here is not built" in err

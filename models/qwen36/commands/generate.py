@@ -166,8 +166,9 @@ def run(args: argparse.Namespace) -> int:
     speculative = args.spec_k == "auto" or args.spec_k > 0
     if len(prompts) > 1 and speculative and args.device not in REFERENCE_DEVICES:
         raise UserError(f"several prompts (batch {len(prompts)}) with --spec-k run on the reference backend only for "
-                        f"now: the TT batched speculative verify is not built; pass one prompt, or drop --spec-k for "
-                        f"a batched plain decode on {args.device}")
+                        f"now: the TT batched speculative verify (qwen36.tt.batch_spec) drafts on the host only, and "
+                        f"the per-user device MTP draft chain it needs here is not built; pass one prompt, or drop "
+                        f"--spec-k for a batched plain decode on {args.device}")
     if speculative:
         from .speculative_generate import run_speculative_generate
 

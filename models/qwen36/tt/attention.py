@@ -141,21 +141,35 @@ class TTGatedAttention:
         * group h holds that head's g = Hq_d/G query heads (GQA: q heads h*g..h*g+g-1 share KV head h), candidate
           j in row-tile j of q [1, G, T*32, D]; bounds ``ctx.verify_plan.bounds`` [G*T] = n..n+K per group.
         Name suffixes: T rows, G local KV heads, g query heads per KV head (padded to 32), R = T*32, D head dim.
-        At G = 1 the view and the table are the plain ones."""
+        At G = 1 the view and the table are the plain ones.
+
+        Batched verify (``plan.users`` = B > 1, tt/batch_spec.py): the rows are B users x T candidates (user b's at
+        b*T..), the groups are the B*G (user, KV head) pairs (group b*G + h: that user's page table ``pt_b*G + h``
+        and its own bounds), phys_rows [1, B*T] (a negative row is not written: inert rows) and bounds [B*G*T]."""
         ttnn, plan = self.ttnn, ctx.verify_plan
+        users = getattr(plan, "users", 1)
         rows, g, heads = q.shape[1], self.hq // self.hkv, self.hkv
-        k_1GTD, v_1GTD = (ttnn.permute(ttnn.to_memory_config(t, activation_memory_config(ttnn)), (0, 2, 1, 3))
-                          for t in (k, v))
+        t = rows // users
+        k_1GTD, v_1GTD = (ttnn.permute(ttnn.to_memory_config(x, activation_memory_config(ttnn)), (0, 2, 1, 3))
+                          for x in (k, v))
         ttnn.experimental.indexed_fused_update_cache(kv.k, k_1GTD, kv.v, v_1GTD, plan.phys_rows)
-        q_GTgD = ttnn.permute(ttnn.reshape(q, [rows, heads, g, self.d]), (1, 0, 2, 3))
+        if users == 1:
+            q_GTgD = ttnn.permute(ttnn.reshape(q, [rows, heads, g, self.d]), (1, 0, 2, 3))
+        else:  # [B, T, G, g D] -> [B, G, T, g D] -> [B*G, T, g, D]: group b*G + h
+            q_BGTx = ttnn.permute(ttnn.reshape(q, [users, t, heads, g * self.d]), (0, 2, 1, 3))
+            q_GTgD = ttnn.reshape(q_BGTx, [users * heads, t, g, self.d])
         q_GT32D = q_GTgD if g >= 32 else ttnn.pad(q_GTgD, [(0, 0), (0, 0), (0, 32 - g), (0, 0)], 0.0)
-        q_1GRD = ttnn.reshape(q_GT32D, [1, heads, rows * 32, self.d])
+        q_1GRD = ttnn.reshape(q_GT32D, [1, users * heads, t * 32, self.d])
         o_1GRD = ttnn.transformer.paged_scaled_dot_product_attention_decode(
             q_1GRD, self.head_view(kv.k), self.head_view(kv.v), plan.head_page_table, cur_pos_tensor=plan.bounds,
-            scale=self.scale, spec_multi_pos_tiles=rows, program_config=sdpa_decode_program_config(ttnn),
+            scale=self.scale, spec_multi_pos_tiles=t, program_config=sdpa_decode_program_config(ttnn),
             compute_kernel_config=compute_config_norm(ttnn), memory_config=activation_memory_config(ttnn))
-        o_GTgD = ttnn.slice(ttnn.reshape(o_1GRD, [heads, rows, 32, self.d]), [0, 0, 0, 0], [heads, rows, g, self.d])
-        o_TGgD = ttnn.permute(o_GTgD, (1, 0, 2, 3))
+        o_GTgD = ttnn.slice(ttnn.reshape(o_1GRD, [users * heads, t, 32, self.d]), [0, 0, 0, 0],
+                            [users * heads, t, g, self.d])
+        if users == 1:
+            o_TGgD = ttnn.permute(o_GTgD, (1, 0, 2, 3))
+        else:  # back to [B, T, G, g D]: row b*T + j
+            o_TGgD = ttnn.permute(ttnn.reshape(o_GTgD, [users, heads, t, g * self.d]), (0, 2, 1, 3))
         return ttnn.reshape(o_TGgD, [1, 1, rows, self.hq * self.d])
 
     def head_view(self, cache):

@@ -33,19 +33,8 @@ def commit(step_state: SpecDeviceState, vout: VerifyOutputs, result) -> None:
     kc1 = step_state.kc - 1
     idx = ttnn.typecast(ttnn.add(step_state.c_conv_rows, a), ttnn.uint32)  # [1,1,1,Kc-1]
     idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, kc1])
-    mech = step_state.mechanism
-    mask = ttnn.le(step_state.c_rows, a) if mech.readvance else None  # [1,T,1]: 1 for rows <= a
-    for r in vout.plan.records:
-        rows_cd = list(r.window.shape)[-2:]  # [Kc-1+T, Cd]
-        table = ttnn.reshape(r.window, rows_cd)  # the window is ROW_MAJOR (tt/gdn.py causal_conv): a view
-        conv = ttnn.embedding(idx, table, layout=r.state.conv.layout, dtype=r.state.conv.dtype)  # [1, Kc-1, Cd]
-        ttnn.copy(ttnn.reshape(conv, list(r.state.conv.shape)), r.state.conv)
-        if mask is not None:
-            g = ttnn.reshape(ttnn.multiply(r.g, mask), list(r.g.shape))
-            beta = ttnn.reshape(ttnn.multiply(r.beta, mask), list(r.beta.shape))
-            initial = mech.readvance_initial(r.state, step_state.layer_bufs[id(r.state)])
-            r.gdn.recurrence(r.q, r.k, r.v, g, beta, r.state, "decode", initial=initial, final=r.state.recurrent)
-    mech.after_commit(step_state)
+    mask = ttnn.le(step_state.c_rows, a) if step_state.mechanism.readvance else None  # [1,T,1]: 1 for rows <= a
+    commit_gdn_layers(step_state, vout.plan.records, idx, mask)
     # positions and the pending token
     ttnn.copy(ttnn.add(step_state.n, ttnn.add(a, step_state.c_one)), step_state.n)
     toks = ttnn.typecast(ttnn.slice(result, [0, 0, 0, 0], [1, 1, 1, step_state.t]), ttnn.float32)
@@ -54,6 +43,28 @@ def commit(step_state: SpecDeviceState, vout: VerifyOutputs, result) -> None:
     pend = ttnn.sum(ttnn.multiply(toks, ttnn.eq(step_state.c_tok_cols, a)), dim=3, keepdim=True,
                     compute_kernel_config=compute_config_exact_count(ttnn))
     ttnn.copy(pend, step_state.pending)
+
+
+def commit_gdn_layers(step_state, records, conv_idx, mask) -> None:
+    """The GDN part of a commit, shared by the single-user and the batched (tt/batch_spec.py) commit: per layer,
+    conv state = window rows ``conv_idx`` (uint32 ROW_MAJOR [1, B*(Kc-1)], rows of the window viewed as
+    [B*(Kc-1+T), Cd]); for the re-advance mechanisms, the K+1 rows re-run with g and beta multiplied by ``mask``
+    (1 for the rows to keep); then the mechanism's own commit work (``after_commit``)."""
+    ttnn, mech = step_state.ttnn, step_state.mechanism
+    for r in records:
+        shape = list(r.window.shape)  # [B, 1, Kc-1+T, Cd]
+        rows = 1
+        for d in shape[:-1]:
+            rows *= d
+        table = ttnn.reshape(r.window, [rows, shape[-1]])  # the window is ROW_MAJOR (tt/gdn.py causal_conv): a view
+        conv = ttnn.embedding(conv_idx, table, layout=r.state.conv.layout, dtype=r.state.conv.dtype)
+        ttnn.copy(ttnn.reshape(conv, list(r.state.conv.shape)), r.state.conv)
+        if mask is not None:
+            g = ttnn.reshape(ttnn.multiply(r.g, mask), list(r.g.shape))
+            beta = ttnn.reshape(ttnn.multiply(r.beta, mask), list(r.beta.shape))
+            initial = mech.readvance_initial(r.state, step_state.layer_bufs[id(r.state)])
+            r.gdn.recurrence(r.q, r.k, r.v, g, beta, r.state, "decode", initial=initial, final=r.state.recurrent)
+    mech.after_commit(step_state)
 
 
 def abort_after_verify(step_state: SpecDeviceState) -> None:

@@ -23,7 +23,13 @@ Batched plain decode (B user slots, tt/batch.py): x [1, 1, B, H] holds one row p
 slot b of the state (conv [B, 1, K-1, Cd], recurrent [B*Hv, Dk, Dv]). The same ops run: the conv window becomes
 [B, 1, K, Cd] (each user's own shift register), q/k/v/g/beta are viewed as [B, 1, heads, D] and the recurrence is
 the ring mode with B slots (head h of user b reads and rewrites block b*Hv + h in place). B = 1 is the plain
-decode. Several rows of several users at once (a batched verify) is not supported.
+decode.
+
+Batched verify (B users x T = K+1 rows, tt/batch_spec.py): x [1, 1, B*T, H] holds user b's T rows at b*T..b*T+T-1.
+The conv window is [B, 1, K-1+T, Cd] (each user's state then its T inputs), unfolded by one embedding whose index
+reads user b's window rows only; q/k/v/g/beta are [B, T, heads, D] and the recurrence runs every user's T rows in
+one call (ring mode: user b's head h starts from block idx[b*Hv + h] and leaves the state after row t in block
+t*B*Hv + b*Hv + h; otherwise from and into the [B*Hv, Dk, Dv] buffer).
 """
 from __future__ import annotations
 
@@ -65,6 +71,7 @@ class TTGatedDeltaNet:
         # prepare_batch before capture
         self.batch_head_idx: dict[int, object] = {1: self.head_idx}
         self.batch_unfold_idx: dict[int, object] = {}
+        self.verify_unfold_idx: dict[tuple[int, int], object] = {}  # (B, T) -> index of a batched verify's conv
         self.taps_by_tap = None  # conv taps as [1, K, 1, Cd] (batched decode), made by prepare_batch
 
     def _ring_index(self, users: int):
@@ -82,6 +89,18 @@ class TTGatedDeltaNet:
             self.batch_unfold_idx[users] = self._batch_unfold_index(users)
         if users > 1 and self.taps_by_tap is None:
             self.taps_by_tap = self.ttnn.reshape(self.w.conv_taps, [1, self.kernel, 1, self.cd])
+
+    def prepare_batch_verify(self, users: int, rows: int) -> None:
+        """Allocate the conv unfold index of a B-user x T-row verify (call before capturing its trace): entry
+        (b*T + t)*K + j = window row b*(K-1+T) + t + j (tap j of user b's row t, inside user b's own window)."""
+        if (users, rows) in self.verify_unfold_idx:
+            return
+        ttnn, k = self.ttnn, self.kernel
+        per_user = torch.arange(rows)[:, None] + torch.arange(k)[None, :]  # [T, K]
+        idx = (per_user[None] + torch.arange(users)[:, None, None] * (k - 1 + rows)).reshape(1, -1).to(torch.int32)
+        self.verify_unfold_idx[(users, rows)] = ttnn.from_torch(
+            idx, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT, device=self.mesh,
+            mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh), memory_config=state_memory_config(ttnn))
 
     def _batch_unfold_index(self, users: int):
         """uint32 ROW_MAJOR [1, K*B], tap-major: entry j*B + b = window row b*K + j (tap j of user b's [K, Cd]
@@ -117,18 +136,25 @@ class TTGatedDeltaNet:
         ttnn, k = self.ttnn, self.kernel
         mc = activation_memory_config(ttnn)
         users = conv_state.shape[0]
-        if users > 1 and rows != users:
-            raise NotImplementedError(f"GDN conv: {rows} rows over {users} user slots; a batched step is one row "
-                                      "per user (a batched multi-row verify is not supported)")
         per_user = rows // users
+        if users > 1 and rows != users and (users, per_user) not in self.verify_unfold_idx:
+            raise NotImplementedError(f"GDN conv: {rows} rows over {users} user slots needs prepare_batch_verify("
+                                      f"{users}, {per_user}) before the step (a batched verify of T rows per user)")
         mixed_rm = ttnn.to_layout(mixed, ttnn.ROW_MAJOR_LAYOUT)
         if users > 1:
-            mixed_rm = ttnn.reshape(mixed_rm, [users, 1, 1, self.cd])  # ROW_MAJOR, last dim kept: a view
+            mixed_rm = ttnn.reshape(mixed_rm, [users, 1, per_user, self.cd])  # ROW_MAJOR, last dim kept: a view
         window = ttnn.concat([conv_state, mixed_rm], dim=2, memory_config=mc)  # [B, 1, K-1+T, Cd] RM
         if write_state is not None:
             ttnn.slice(window, [0, 0, per_user, 0], [users, 1, per_user + k - 1, self.cd],
                        output_tensor=conv_state if write_state is True else write_state)
-        if users > 1:  # one row per user: tap-major unfold, taps summed over an outer dim
+        if users > 1 and per_user > 1:  # batched verify: every user's T rows from its own window
+            table = ttnn.reshape(window, [users * (k - 1 + per_user), self.cd])  # ROW_MAJOR, last dim kept: a view
+            unf = ttnn.embedding(self.verify_unfold_idx[(users, per_user)], table, layout=ttnn.TILE_LAYOUT,
+                                 dtype=mixed.dtype, memory_config=mc)  # [1, B*T*K, Cd]: row (b, t, j)
+            unf = ttnn.reshape(unf, [1, rows, k, self.cd])
+            acc = ttnn.sum(ttnn.multiply(unf, self.w.conv_taps, memory_config=mc), dim=2, keepdim=True,
+                           memory_config=mc, compute_kernel_config=compute_config_fp32_state(ttnn))  # [1, B*T, 1, Cd]
+        elif users > 1:  # one row per user: tap-major unfold, taps summed over an outer dim
             table = ttnn.reshape(window, [users * k, self.cd])  # ROW_MAJOR, last dim kept: a view
             unf = ttnn.embedding(self.batch_unfold_idx[users], table, layout=ttnn.TILE_LAYOUT, dtype=mixed.dtype,
                                  memory_config=mc)  # [1, K*B, Cd]: row (j, b) = window[b][j]
@@ -216,7 +242,7 @@ class TTGatedDeltaNet:
                 q, k, v, g, beta, initial_state=initial, initial_state_block_idx=ring_idx,
                 output_per_token_state=True, compute_kernel_config=cfg)
             return o
-        initial = ttnn.reshape(initial, [1, self.hv, self.dk, self.dv])  # [B, HV, K, V] for the kernels: a view
+        initial = ttnn.reshape(initial, [v.shape[0], self.hv, self.dk, self.dv])  # [B, HV, K, V] for the kernels: a view
         if mode == "decode":
             o, s = ttnn.transformer.fused_recurrent_gated_delta_rule(
                 q, k, v, g, beta, initial_state=initial, output_final_state=True, compute_kernel_config=cfg)
@@ -250,10 +276,11 @@ class TTGatedDeltaNet:
         recurrent state go for a K+1-row verify (ring / snapshot / scratch) and records what the commit needs."""
         rows = x.shape[2]
         users = state.conv.shape[0]  # user slots of the state: a batched decode feeds one row per slot
-        if users > 1 and (mode != "decode" or verify_plan is not None):
+        plan_users = getattr(verify_plan, "users", 1)  # a batched verify plan (tt/batch_spec.py) covers every slot
+        if users > 1 and (mode != "decode" or (verify_plan is not None and plan_users != users)):
             raise NotImplementedError(f"GDN {mode}{' verify' if verify_plan is not None else ''} over a {users}-slot "
-                                      "state: prefill runs on a batch-1 view of one slot, and a batched verify is not "
-                                      "supported")
+                                      "state: prefill runs on a batch-1 view of one slot, and a verify over B slots "
+                                      "needs a batched verify plan of B users")
         mixed, z, b, a_in = self.project(x)
         conv_write = True if verify_plan is None else verify_plan.conv_write(state)
         conv_out, window = self.causal_conv(mixed, state.conv, rows, write_state=conv_write, return_window=True)

@@ -112,6 +112,8 @@ class VerifyOutputs:
 class SpecDeviceState:
     """Persistent device buffers of the speculative step for one model state and one K (see module doc)."""
 
+    plan_class = VerifyPlan  # what a verify records into (tt/batch_spec.py plugs in its batched plan)
+
     def __init__(self, model: TTQwen36Model, state: TTModelState, k: int, mechanism: str | TTMechanism,
                  shared: "SpecDeviceState | None" = None):
         """``shared``: the step state of another depth of the same generation. This one then uses its position,
@@ -229,7 +231,7 @@ class SpecDeviceState:
         m = self.model
         self.pre_verify()
         tokens_1T, rope_idx_1T, bounds_GT, phys_1T, head_pt_GP = self.verify_rows()
-        verify_plan = VerifyPlan(self, phys_1T, bounds_GT, head_pt_GP)
+        verify_plan = self.plan_class(self, phys_1T, bounds_GT, head_pt_GP)
         with m.region("embed"):
             x_11TH = m.embed(tokens_1T)
             cos_1T1D, sin_1T1D = m.rope_rows(rope_idx_1T)

@@ -1,0 +1,420 @@
+"""TTBatchSpecBackend: the batched speculative contract (``speculative.batch_backend.BatchSpecBackend``) on the TT
+model, over the user slots of a :class:`~.batch.TTBatchDecoder` (B slots: GDN recurrent blocks b*Hv_d.., conv row
+b, page-table row b).
+
+One step, K fixed per backend (the verify width; a user drafts k_b <= K):
+
+    host:             per user: drafts from the host drafter; the step's row inputs (tokens, RoPE rows, physical
+                      KV rows, SDPA bounds, row mask, active flags) into persistent buffers
+    trace verify:     ONE target forward over B x (K+1) rows (user b's rows at b*(K+1)..), on-device acceptance of
+                      every user ([1, B, K+1, V] logits -> per-user count + tokens)
+    host:             read the acceptor's result (the step's one device->host transfer)
+    trace commit:     per user, on device: conv window rows a_b+1.., the commit mechanism's per-user state select,
+                      masked re-advance from the user's own rows (``tt/commit.py`` ``commit_gdn_layers``)
+
+Rows. User b's rows are ``[pending_b, d_1..d_{k_b}]`` at positions n_b..n_b+k_b. Its rows past k_b, and every
+row of a slot not in the step (a free slot, or a user sitting out), are inert:
+* GDN: the verify multiplies g and beta by the row mask (g = 0: decay exactly 1, beta = 0: no update), so the
+  recurrent state after an inert row is the state before it, bit for bit; the commit selects per user
+  (a_b = -1 for a user not in the step: conv rows 0.., nothing re-advanced, ring slot 0 = its unchanged state).
+* Attention: an inert row's physical KV row is -1 (``indexed_fused_update_cache`` skips it: no cache write), a
+  slot not in the step has bounds -1 (the SDPA skips the group); the inert rows of a stepping user attend up to
+  their own (scratch) positions and their outputs are ignored.
+* Acceptance: the acceptor's draft past k_b is the id V, which no argmax equals and which has probability 0
+  (so a_b <= k_b, and a_b = k_b draws the bonus token from row k_b, as the reference does).
+No op mixes users: matmuls, norms and the LM head are row-wise, the conv unfold reads each user's own window, the
+recurrence has one batch entry per user, and each SDPA group is one (user, KV head) pair.
+
+Mechanisms (the same ``tt/mechanisms.py`` objects the single-user backend uses, on B-slot shapes):
+* snapshot: live recurrent + conv of every slot copied before the verify; the commit re-advances each user's rows
+  <= a_b from the copy.
+* recompute: the verify runs on a scratch copy; the commit re-advances live the same masked way.
+* shadow_commit: the verify runs the ring mode over a [T*B*Hv_d, Dk, Dv] ring (the state after user b's row t in
+  block t*B*Hv_d + b*Hv_d + h); the commit points user b's heads at ring slot a_b. The committed state lives in
+  the ring, so a join or a leave (which write the decoder's live state) is bracketed by the mechanism's leave
+  (ring slots -> live) and enter (live -> ring slot 0): 2 state copies per GDN layer, counted.
+
+Traces: one "verify" and one "commit" per backend (i.e. per (bucket, K)); the first step runs eagerly, the second
+captures, every later step replays. Joins and leaves run eagerly between replays inside the decoder's
+``corruptible_allocation_scope`` (no retrace).
+
+Drafting: a host drafter ``(history, k) -> k ids`` per user (written to device between replays). The device MTP
+reseed + draft chain of the single-user backend is not wired to the batched slots: the label says
+"+ host drafter". Sampling: every user of one backend shares the backend's ``SamplingParams`` (apart from the
+seed, which picks its first token on the host); stochastic acceptance draws each user's uniforms from its own
+columns of one device table (exact in distribution per user, not the same draws as a batch-1 run). Penalties
+and logprobs are batch-1 only on the device acceptor and refused here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from ..errors import UserError
+from ..speculative.engine import Acceptance, MechanismCounters
+from ..speculative.mechanisms import DEFAULT_MECHANISM
+from ..speculative.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
+from .accept import DeviceAcceptor
+from .batch import TTBatchDecoder
+from .commit import abort_after_verify, commit_gdn_layers
+from .generator import TTGenerator
+from .gdn import TILE_ROWS
+from .mechanisms import GDNStateBytes, TTMechanism, tt_mechanism
+from .model_config import user_core_grid
+from .trace import StepTraces
+from .verify import SpecDeviceState, VerifyOutputs, VerifyPlan
+
+
+class BatchSpecError(UserError, ValueError):
+    """A batched speculative request this backend cannot serve (named in the message)."""
+
+
+class BatchVerifyPlan(VerifyPlan):
+    """The verify plan of B users x T rows: inert rows masked out of the GDN recurrence (g = beta = 0)."""
+
+    @property
+    def users(self) -> int:
+        return self.step_state.users
+
+    def gdn_recurrence(self, gdn, state, q, k, v, g, beta, window):
+        ttnn, mask = self.step_state.ttnn, self.step_state.row_mask  # [B, T, 1]
+        return super().gdn_recurrence(gdn, state, q, k, v, ttnn.multiply(g, mask), ttnn.multiply(beta, mask), window)
+
+
+class BatchSpecDeviceState(SpecDeviceState):
+    """The step state of a batched verify over a decoder's B slots: the row inputs are persistent buffers the host
+    writes before each verify (see the module doc); the mechanism buffers are B-slot shaped (``hv`` counts the
+    ring heads of all users, B*Hv_d, which is what the ring mechanism sizes its ring by)."""
+
+    plan_class = BatchVerifyPlan
+
+    def __init__(self, decoder: TTBatchDecoder, k: int, mechanism: str | TTMechanism):
+        self.users = decoder.slots
+        super().__init__(decoder.model, decoder.state, k, mechanism)
+        per_user = GDNStateBytes.of(self.model.args, len(self.state.gdn_states()))
+        self.state_bytes = GDNStateBytes(per_user.recurrent * self.users, per_user.conv * self.users)
+
+    def allocate(self) -> None:
+        ttnn, t, kc, b, a = self.ttnn, self.t, self.kc, self.users, self.model.args
+        rm, i32 = ttnn.ROW_MAJOR_LAYOUT, torch.int32
+        self.hv = b * a.gdn_hv_d
+        heads, pages = a.hkv_d, int(self.state.page_table.shape[-1])
+        self.tokens = self._dev(torch.zeros(1, b * t, dtype=i32), ttnn.uint32, rm)
+        self.rope_idx = self._dev(torch.zeros(1, b * t, dtype=i32), ttnn.uint32, rm)
+        self.phys_rows = self._dev(torch.full((1, b * t), -1, dtype=i32), ttnn.int32, rm)
+        self.bounds = self._dev(torch.full((b * heads * t,), -1, dtype=i32), ttnn.int32, rm)
+        self.head_page_table = self._dev(torch.zeros(b * heads, pages, dtype=i32), ttnn.int32, rm)
+        self.drafts = self._dev(torch.zeros(1, b, 1, self.k, dtype=i32), ttnn.uint32, rm)
+        self.row_mask = self._dev(torch.zeros(b, t, 1))
+        self.active = self._dev(torch.zeros(1, b, 1, 1))
+        self.c_zero = self._dev(torch.zeros(1, b, 1, 1))
+        self.c_rows = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, t, 1))
+        # conv commit: user b's new state row i = window row b*(Kc-1+T) + 1 + i + a_b of the [B*(Kc-1+T), Cd] table
+        base = torch.arange(b)[:, None] * (kc - 1 + t) + torch.arange(1, kc)[None, :]
+        self.c_conv_rows = self._dev(base.to(torch.float32).reshape(1, b, 1, kc - 1))
+        for s in self.state.gdn_states():
+            self.layer_bufs[id(s)] = self.mechanism.buffers(self, s)
+        for layer in self.model.layers:
+            if hasattr(layer.mixer, "prepare_batch_verify"):
+                layer.mixer.prepare_batch_verify(b, t)
+
+    def start(self, n: int = 0, pending: int = 0) -> None:
+        """The mechanism's start (ring: every slot's live state into ring slot 0). Positions and pending tokens
+        are host inputs of each step here, not device state."""
+        self.mechanism.start(self)
+
+    def write(self, name: str, host: torch.Tensor) -> None:
+        buf = getattr(self, name)
+        self.ttnn.copy_host_to_device_tensor(self.host(host, buf), buf)
+
+    def verify_rows(self):
+        return self.tokens, self.rope_idx, self.bounds, self.phys_rows, self.head_page_table
+
+    def commit(self) -> None:
+        """Device-only per-user commit (traceable): a_b = count_b for users in the step, -1 for the others."""
+        ttnn, b, acc = self.ttnn, self.users, self.acceptor
+        ttnn.copy(ttnn.multiply(acc.count, self.active), acc.count)  # 0 for slots outside the step (ring slot 0)
+        a_B111 = ttnn.add(acc.count, ttnn.subtract(self.active, 1.0))
+        idx = ttnn.typecast(ttnn.add(self.c_conv_rows, a_B111), ttnn.uint32)  # [1, B, 1, Kc-1]
+        idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, b * (self.kc - 1)])
+        mask = ttnn.le(self.c_rows, ttnn.reshape(a_B111, [b, 1, 1])) if self.mechanism.readvance else None
+        commit_gdn_layers(self, self._vout.plan.records, idx, mask)
+
+
+@dataclass
+class _User:
+    params: SamplingParams
+    history: list[int]  # prompt + every emitted token; the last one is pending
+    first_logprobs: TokenLogprobs | None
+
+
+@dataclass
+class BatchDraft:
+    depths: dict[int, int]  # slot -> k_b
+    drafts: dict[int, list[int]]  # slot -> d_1..d_{k_b}
+
+
+class TTBatchSpecBackend:
+    """``BatchSpecBackend`` on the TT model: ``slots`` users, verify width ``k`` (every step runs B x (k+1) rows)."""
+
+    def __init__(self, gen: TTGenerator, slots: int, k: int, mechanism: str | TTMechanism = DEFAULT_MECHANISM,
+                 drafter: Callable[[list[int], int], list[int]] | None = None,
+                 params: SamplingParams = SamplingParams(), use_trace: bool = True, rng: str = "device"):
+        if drafter is None or hasattr(drafter, "device_draft"):
+            raise BatchSpecError("TTBatchSpecBackend takes a host drafter (history, k) -> k ids; the device MTP "
+                                 "chain is wired to the single-user backend only")
+        rows = slots * (k + 1)
+        if rows > TILE_ROWS:
+            raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) = {rows} verify rows: the decode-path attention "
+                                 f"takes at most {TILE_ROWS} rows (one per core); use fewer slots or a smaller K")
+        try:
+            user_core_grid(rows)
+        except ValueError as e:
+            raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) verify rows: {e}") from None
+        self.gen, self.model = gen, gen.model
+        self.ttnn, self.mesh = gen.ttnn, gen.mesh
+        self.mechanism = tt_mechanism(mechanism)
+        self.slots, self.k, self.drafter, self.use_trace, self.params = slots, k, drafter, use_trace, params
+        self.label = f"tt ({gen.label or 'mesh'}) + host drafter"
+        self.counters = MechanismCounters()
+        self.decoder = TTBatchDecoder(self.model, slots, use_trace=use_trace)
+        a = self.model.args
+        self.vocab = a.cfg.vocab_size
+        self.acceptor = DeviceAcceptor(self.ttnn, self.mesh, k=k, vocab=self.vocab, sampling_params=params,
+                                       batch=slots, rng=rng, ring_heads=a.gdn_hv_d).allocate()
+        self.step_state = BatchSpecDeviceState(self.decoder, k, self.mechanism)
+        self.step_state.attach_acceptor(self.acceptor)
+        st = self.step_state
+        heads = a.hkv_d
+        pt = self.decoder.state.page_table_host.to(torch.int32)  # [B, pages]
+        st.write("head_page_table", (pt[:, None, :] * heads + torch.arange(heads)[None, :, None]).reshape(slots * heads, -1))
+        st.start()  # ring: live (zeros) -> ring slot 0, every head pointed at it
+        self.users: dict[int, _User] = {}
+        self._traces = StepTraces(self.ttnn, self.mesh, warmup_steps=1)
+        self._phase = "idle"
+        self._draft: BatchDraft | None = None
+        self._vout: VerifyOutputs | None = None
+        self._result = None
+        self._n_gdn = len(self.decoder.state.gdn_states())
+
+    # ---- helpers ------------------------------------------------------------------------------------------------
+    @property
+    def config(self):
+        return self.model.args.cfg
+
+    def _scope(self):
+        return self.decoder._scratch_scope()
+
+    def _run(self, name: str, fn):
+        return self._traces.run(f"{name}/B{self.slots}K{self.k}", fn, traced=self.use_trace)
+
+    def _with_live_state(self, fn) -> None:
+        """Run a decoder call that reads/writes the live GDN state of the slots (join, leave): the ring mechanism
+        first moves every user's committed ring slot into live, and afterwards live back into ring slot 0."""
+        st, ring = self.step_state, self.mechanism.ring
+        if ring:
+            with self._scope():
+                self.mechanism.leave(st)
+            self.mechanism.count_switch(self.counters, self._n_gdn, st.state_bytes)
+        fn()
+        if ring:
+            with self._scope():
+                self.mechanism.enter(st)
+
+    def _check_idle(self, what: str) -> None:
+        if self._phase != "idle":
+            raise RuntimeError(f"{what} inside an open step: commit() or abort() first")
+
+    @property
+    def captures(self) -> int:
+        return sum(self._traces.captures.values())
+
+    def position(self, slot: int) -> int:
+        return self.decoder.pos[slot]
+
+    # ---- users --------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def join(self, slot: int, prompt: Sequence[int], params: SamplingParams = SamplingParams()) -> int:
+        self._check_idle("join()")
+        if replace(params, seed=self.params.seed) != self.params:
+            raise BatchSpecError(f"slot {slot}: sampling params {params} differ from the backend's {self.params} "
+                                 "(one device acceptor serves every slot with one set of params; only the seed may "
+                                 "differ)")
+        logits: list[torch.Tensor] = []
+        self._with_live_state(lambda: logits.append(self.decoder.join(slot, prompt)))
+        row = logits[0]
+        gen = params.generator(torch.device("cpu"))
+        first = int(pick_token(row.reshape(1, -1), params, gen, TokenHistory(list(prompt), self.vocab).now()))
+        lp = token_logprobs(row, first, params.logprobs) if params.logprobs is not None else None
+        self.users[slot] = _User(params, list(int(t) for t in prompt) + [first], lp)
+        return first
+
+    def first_logprobs(self, slot: int) -> TokenLogprobs | None:
+        return self.users[slot].first_logprobs
+
+    def leave(self, slot: int) -> None:
+        self._check_idle("leave()")
+        if slot not in self.users:
+            raise ValueError(f"slot {slot} has no user")
+        self._with_live_state(lambda: self.decoder.leave(slot))
+        del self.users[slot]
+
+    # ---- the step -----------------------------------------------------------------------------------------------
+    def draft(self, depths: Mapping[int, int]) -> BatchDraft:
+        self._check_idle("draft()")
+        if not depths:
+            raise ValueError("draft() needs at least one user")
+        max_len = self.model.args.max_seq_len
+        for slot, kb in depths.items():
+            if slot not in self.users:
+                raise ValueError(f"slot {slot} has no user (join it first)")
+            if not 1 <= kb <= self.k:
+                raise BatchSpecError(f"slot {slot}: draft depth {kb} outside 1..{self.k} (this backend verifies "
+                                     f"{self.k + 1} rows per user; build it with a larger k)")
+            if self.decoder.pos[slot] + kb + 1 > max_len:
+                raise ValueError(f"slot {slot}: KV cache full: position {self.decoder.pos[slot]} + {kb + 1} rows > "
+                                 f"max_seq_len {max_len}")
+        drafts = {s: [int(x) for x in self.drafter(list(self.users[s].history), kb)] for s, kb in depths.items()}
+        for s, d in drafts.items():
+            if len(d) != depths[s]:
+                raise ValueError(f"slot {s}: the drafter returned {len(d)} drafts, {depths[s]} asked")
+        self._write_rows(depths, drafts)
+        self.counters.mtp_forwards += max(depths.values())
+        self._draft = BatchDraft(dict(depths), drafts)
+        self._phase = "drafted"
+        return self._draft
+
+    def _write_rows(self, depths: Mapping[int, int], drafts: Mapping[int, list[int]]) -> None:
+        """The step's row inputs (module doc) into the persistent buffers (between replays)."""
+        st, b, t, k = self.step_state, self.slots, self.k + 1, self.k
+        a = self.model.args
+        heads, bs, last = a.hkv_d, a.block_size, a.max_seq_len - 1
+        pt = self.decoder.state.page_table_host
+        tokens = torch.zeros(b, t, dtype=torch.int32)
+        rope = torch.zeros(b, t, dtype=torch.int32)
+        phys = torch.full((b, t), -1, dtype=torch.int32)
+        bounds = torch.full((b, heads, t), -1, dtype=torch.int32)
+        acc_drafts = torch.full((1, b, 1, k), self.vocab, dtype=torch.int32)  # id V: never accepted
+        mask = torch.zeros(b, t, 1)
+        active = torch.zeros(1, b, 1, 1)
+        for s, kb in depths.items():
+            n = self.decoder.pos[s]
+            real = [self.users[s].history[-1]] + drafts[s]
+            pos = [min(n + j, last) for j in range(t)]
+            tokens[s, : kb + 1] = torch.tensor(real, dtype=torch.int32)
+            rope[s] = torch.tensor(pos, dtype=torch.int32)
+            for j in range(kb + 1):
+                phys[s, j] = int(pt[s, pos[j] // bs]) * bs + pos[j] % bs
+            bounds[s] = torch.tensor(pos, dtype=torch.int32)[None, :]
+            acc_drafts[0, s, 0, :kb] = torch.tensor(drafts[s], dtype=torch.int32)
+            mask[s, : kb + 1] = 1.0
+            active[0, s] = 1.0
+        st.write("tokens", tokens.reshape(1, b * t))
+        st.write("rope_idx", rope.reshape(1, b * t))
+        st.write("phys_rows", phys.reshape(1, b * t))
+        st.write("bounds", bounds.reshape(-1))
+        st.write("drafts", acc_drafts)
+        st.write("row_mask", mask)
+        st.write("active", active)
+
+    def _verify_and_accept(self):
+        st = self.step_state
+        vout = st.verify()
+        logits = self.ttnn.reshape(vout.out.logits, [1, self.slots, self.k + 1, self.vocab])
+        if self.params.greedy:
+            res = self.acceptor.greedy(logits, st.drafts)
+        else:
+            res = self.acceptor.stochastic(logits, st.drafts, None)  # host drafts: one-hot draft distribution
+        return vout, res
+
+    def verify(self, draft: BatchDraft) -> VerifyOutputs:
+        if self._phase != "drafted" or draft is not self._draft:
+            raise RuntimeError("verify() needs exactly one draft() before it (and that draft's handle)")
+        self._vout, self._result = self._run("verify", self._verify_and_accept)
+        self.step_state._vout = self._vout
+        self._phase = "verified"
+        c, t = self.counters, self.k + 1
+        c.target_forwards += 1
+        c.recurrence_steps += self.slots * t * self._n_gdn
+        self.mechanism.count_verify(c, t, self._n_gdn, self.step_state.state_bytes)
+        return self._vout
+
+    def verify_logits(self) -> torch.Tensor:
+        """Host copy of the last verify's logits, fp32 [B, K+1, V] (tests; not part of a step)."""
+        if self._vout is None:
+            raise RuntimeError("no verify has run")
+        return self.model.to_host(self._vout.out.logits).float().reshape(self.slots, self.k + 1, -1)
+
+    def accept(self, draft: BatchDraft, verify) -> dict[int, Acceptance]:
+        if self._phase != "verified":
+            raise RuntimeError("accept() needs verify() first")
+        results = self.acceptor.read_results(self._result)  # the one readback: tokens + counts of every slot
+        out = {}
+        for s, kb in draft.depths.items():
+            r = results[s]
+            if r.num_accepted > kb:
+                raise RuntimeError(f"slot {s}: device acceptance a={r.num_accepted} past the user's {kb} drafts")
+            out[s] = Acceptance(r.num_accepted, r.emitted)
+        self._phase = "accepted"
+        return out
+
+    def commit(self, acceptances: Mapping[int, Acceptance]) -> None:
+        if self._phase != "accepted":
+            raise RuntimeError("commit() needs accept() first")
+        depths = self._draft.depths
+        if set(acceptances) != set(depths):
+            raise ValueError(f"commit() needs the acceptance of every user of the step: got slots "
+                             f"{sorted(acceptances)}, the step has {sorted(depths)}")
+        self._run("commit", self.step_state.commit)
+        c = self.counters
+        # the re-advance runs every slot's K+1 rows (B*(K+1) recurrence rows per GDN layer)
+        self.mechanism.count_commit(c, self.slots * (self.k + 1), self._n_gdn, self.step_state.state_bytes)
+        c.steps += 1
+        for s, acc in acceptances.items():
+            self.decoder.pos[s] += acc.num_accepted + 1
+            self.users[s].history += list(acc.tokens)
+        self._traces.step_done()
+        self._draft, self._phase = None, "idle"
+
+    def abort(self) -> None:
+        if self._phase == "idle":
+            raise RuntimeError("abort() outside a step")
+        if self._phase in ("verified", "accepted"):
+            with self._scope():
+                abort_after_verify(self.step_state)  # shadow_commit refuses here (see mechanisms.ShadowCommit)
+            if not self.params.greedy:
+                self.acceptor.uniforms.step_back()  # the acceptor advanced its RNG row counter on device
+        self.counters.aborts += 1
+        self._draft, self._phase = None, "idle"
+
+    # ---- state views (tests and probes) -------------------------------------------------------------------------
+    def committed_gdn(self, slot: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Host copies of user ``slot``'s committed GDN state per GDN layer: (recurrent [Hv, Dk, Dv] per device
+        concatenated over the mesh, conv [K-1, Cd] likewise). Ring: read through the ring index. Between steps."""
+        self._check_idle("committed_gdn()")
+        ttnn, a = self.ttnn, self.model.args
+        hv = a.gdn_hv_d
+        out = []
+        idx = None
+        if self.mechanism.ring:
+            idx = [ttnn.to_torch(x).reshape(-1).to(torch.int64) for x in ttnn.get_device_tensors(self.acceptor.block_idx)]
+        for s in self.decoder.state.gdn_states():
+            if self.mechanism.ring:
+                ring = self.step_state.layer_bufs[id(s)].ring
+                recs = [ttnn.to_torch(x)[i[slot * hv:(slot + 1) * hv]] for x, i in zip(ttnn.get_device_tensors(ring), idx)]
+            else:
+                recs = [ttnn.to_torch(x)[slot * hv:(slot + 1) * hv] for x in ttnn.get_device_tensors(s.recurrent)]
+            convs = [ttnn.to_torch(x)[slot, 0] for x in ttnn.get_device_tensors(s.conv)]
+            out.append((torch.cat([r.float() for r in recs], 0), torch.cat([c.float() for c in convs], -1)))
+        return out
+
+    def release(self) -> None:
+        self._traces.release()
+        self.decoder.release()
+
+    close = release
+
+
+__all__ = ["TTBatchSpecBackend", "BatchSpecDeviceState", "BatchVerifyPlan", "BatchSpecError"]
