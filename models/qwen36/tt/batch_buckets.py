@@ -207,10 +207,9 @@ class BucketedBatchDecoder:
         self._sync_pages()
 
     @torch.no_grad()
-    def step(self, tokens: dict[int, int], read_logits: bool = True):
-        """One decode step of the current bucket; moves down first when the users have fitted a smaller bucket for
-        ``shrink_after`` steps. Returns (logits [capacity, V] or None, ids [capacity]) in slot numbers; rows of
-        slots not fed are zeros."""
+    def _before_step(self, tokens: dict[int, int]) -> None:
+        """Checks the fed slots, warms the current bucket if its trace is not captured yet, and moves down first
+        when the users have fitted a smaller bucket for ``shrink_after`` steps."""
         for s in tokens:
             self._check_slot(s)
             if s not in self.row:
@@ -224,6 +223,12 @@ class BucketedBatchDecoder:
         self.fits_smaller = self.fits_smaller + 1 if smaller < self.cur else 0
         if smaller < self.cur and self.fits_smaller >= self.shrink_after:
             self._move(smaller)
+
+    def step(self, tokens: dict[int, int], read_logits: bool = True):
+        """One decode step of the current bucket; moves down first when the users have fitted a smaller bucket for
+        ``shrink_after`` steps. Returns (logits [capacity, V] or None, ids [capacity]) in slot numbers; rows of
+        slots not fed are zeros."""
+        self._before_step(tokens)
         logits, ids = self.dec.step({self.row[s]: t for s, t in tokens.items()}, read_logits=read_logits)
         out_ids = torch.zeros(self.slots, dtype=ids.dtype)
         out_logits = torch.zeros(self.slots, logits.shape[-1]) if logits is not None else None
@@ -265,22 +270,9 @@ class BucketedBatchDecoder:
     def sample_step(self, tokens: dict[int, int]) -> dict[int, int]:
         """One decode step with every fed slot's token picked on device by its own parameters (the bucket's
         sampled trace); moves down first like :meth:`step`. Returns {slot: token}."""
-        sampler = self._sampler()
-        for s in tokens:
-            self._check_slot(s)
-            if s not in self.row:
-                raise ValueError(f"slot {s} has no user (join it first)")
-        if self.dec.use_trace and self.dec.traces.completed == 0:
-            if any(d.traces.steps for d in self.decs.values()):
-                raise RuntimeError(f"bucket {self.cur} has not been warmed while another bucket's trace is live: "
-                                   f"call warm() before the first traced step (and after a release)")
-            self.warm()
-        smaller = self._smallest_holding(max(1, len(self.row)))
-        self.fits_smaller = self.fits_smaller + 1 if smaller < self.cur else 0
-        if smaller < self.cur and self.fits_smaller >= self.shrink_after:
-            self._move(smaller)
-            sampler = self._sampler()
-        out = sampled_step(self.dec, sampler, {self.row[s]: t for s, t in tokens.items()})
+        self._sampler()  # refuses a decoder built without sampling before anything moves
+        self._before_step(tokens)
+        out = sampled_step(self.dec, self._sampler(), {self.row[s]: t for s, t in tokens.items()})
         return {s: out[self.row[s]] for s in tokens}
 
     def release(self) -> None:
