@@ -243,13 +243,12 @@ def test_join_rejects_a_held_slot(gen):
         dec.step({1: 5})
 
 
-@pytest.mark.slow
-def test_generate_cli_several_prompts_on_tt(capsys, tmp_path, monkeypatch):
-    """`qwen36 generate --device emulated-p150x2` with two prompts decodes them as one TT batch: `ids[i]` equal
-    each prompt's own single-prompt TT run; speculative with several prompts on TT stays refused in one line."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
-    texts = ["def add(a, b):\n", "import os\nimport sys\n"]
-    base = ["generate", "--max-new-tokens", "5", "--device", "emulated-p150x2"]
+CLI_TEXTS = ["def add(a, b):\n", "import os\nimport sys\n"]
+
+
+def batch_cli_equals_alone(capsys, base: list[str], texts: list[str] = CLI_TEXTS) -> list[str]:
+    """Runs ``qwen36 <base>`` once per prompt, then with every prompt as one batch; asserts the batch's ``ids[i]``
+    lines equal each prompt's own run and that stderr names the batch. Returns the batch run's stdout lines."""
     alone = []
     for t in texts:
         rc, out, err = cli(capsys, *base, "--prompt", t)
@@ -259,6 +258,17 @@ def test_generate_cli_several_prompts_on_tt(capsys, tmp_path, monkeypatch):
     assert rc == 0, err
     lines = out.splitlines()
     assert [l for l in lines if l.startswith("ids[")] == [f"ids[{i}]: {a}" for i, a in enumerate(alone)]
-    assert sum(l.startswith("text[") for l in lines) == 2 and "batch 2" in err
-    rc, _, err = cli(capsys, *base, "--prompt", texts[0], "--prompt", texts[1], "--spec-k", "2")
+    assert f"batch {len(texts)}" in err
+    return lines
+
+
+@pytest.mark.slow
+def test_generate_cli_several_prompts_on_tt(capsys, tmp_path, monkeypatch):
+    """`qwen36 generate --device emulated-p150x2` with two prompts decodes them as one TT batch: `ids[i]` equal
+    each prompt's own single-prompt TT run; speculative with several prompts on TT stays refused in one line."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
+    base = ["generate", "--max-new-tokens", "5", "--device", "emulated-p150x2"]
+    lines = batch_cli_equals_alone(capsys, base)
+    assert sum(l.startswith("text[") for l in lines) == 2
+    rc, _, err = cli(capsys, *base, *[a for t in CLI_TEXTS for a in ("--prompt", t)], "--spec-k", "2")
     assert rc == 2 and "per-user device MTP draft chain it needs here is not built" in err

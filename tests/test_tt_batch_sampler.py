@@ -77,21 +77,13 @@ def test_generate_cli_sampled_batch_on_tt(capsys, tmp_path, monkeypatch):
     """`qwen36 generate --device emulated-p150x2` with two prompts and --temperature: `ids[i]` equal each prompt's
     own single-prompt run with the same settings and seed; --logprobs with several prompts is refused in one line."""
     from test_reference_batch import cli
+    from test_tt_batch import CLI_TEXTS, batch_cli_equals_alone
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
-    texts = ["def add(a, b):\n", "import os\nimport sys\n"]
     base = ["generate", "--max-new-tokens", "6", "--device", "emulated-p150x2", "--temperature", "0.8",
             "--top-k", "40", "--presence-penalty", "0.5", "--seed", "5"]
-    alone = []
-    for t in texts:
-        rc, out, err = cli(capsys, *base, "--prompt", t)
-        assert rc == 0, err
-        alone.append(out.splitlines()[0].removeprefix("ids: "))
-    rc, out, err = cli(capsys, *base, *[a for t in texts for a in ("--prompt", t)])
-    assert rc == 0, err
-    assert [l for l in out.splitlines() if l.startswith("ids[")] == [f"ids[{i}]: {a}" for i, a in enumerate(alone)]
-    assert "batch 2" in err
-    rc, _, err = cli(capsys, *base, "--prompt", texts[0], "--prompt", texts[1], "--logprobs", "2")
+    batch_cli_equals_alone(capsys, base)
+    rc, _, err = cli(capsys, *base, "--prompt", CLI_TEXTS[0], "--prompt", CLI_TEXTS[1], "--logprobs", "2")
     assert rc == 2 and "--logprobs" in err
 
 

@@ -184,6 +184,25 @@ def _recording(monkeypatch, calls: list):
         monkeypatch.setattr(Qwen36ForCausalLM, name, wrap)
 
 
+def _batch_engine_run(ck, monkeypatch, prompts, sps, tt_config: dict, **llm_kw) -> tuple[list, list]:
+    """``prompts`` through ``vllm.LLM(max_num_seqs=BATCH_SEQS)`` and the real plugin (``tt_config`` added to its
+    additional_config); returns each request's token ids and the plugin's recorded calls."""
+    calls: list = []
+    _recording(monkeypatch, calls)
+    ctx = _engine_mesh(monkeypatch)
+    llm = vllm.LLM(model=str(ck), max_num_seqs=BATCH_SEQS, max_model_len=256, block_size=BLOCK,
+                   skip_tokenizer_init=True, enable_prefix_caching=False, enable_chunked_prefill=False,
+                   max_num_batched_tokens=256, async_scheduling=False,
+                   additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy", **tt_config}},
+                   **llm_kw)
+    try:
+        out = llm.generate([{"prompt_token_ids": p} for p in prompts], sps)
+        return [list(o.outputs[0].token_ids) for o in out], calls
+    finally:
+        del llm
+        ctx.close()
+
+
 def test_vllm_llm_batch_equals_batch1_generate(tmp_path, monkeypatch):
     """``max_num_seqs=4`` through the real plugin: five greedy prompts of different lengths and budgets decode
     together (the fifth joining when a slot frees), each request's tokens == its own batch-1 ``TTGenerator.greedy``
@@ -195,28 +214,16 @@ def test_vllm_llm_batch_equals_batch1_generate(tmp_path, monkeypatch):
     refs = [ref_gen.greedy(p, n) for p, n in zip(BATCH_PROMPTS, BATCH_NEW)]
     ref_gen.close()
 
-    calls: list = []
-    _recording(monkeypatch, calls)
-    ctx = _engine_mesh(monkeypatch)
-    llm = vllm.LLM(model=str(ck), max_num_seqs=BATCH_SEQS, max_model_len=256, block_size=BLOCK,
-                   skip_tokenizer_init=True, enable_prefix_caching=False, enable_chunked_prefill=False,
-                   max_num_batched_tokens=256, async_scheduling=False,
-                   additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy"}})
-    try:
-        sps = [vllm.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in BATCH_NEW]
-        out = llm.generate([{"prompt_token_ids": p} for p in BATCH_PROMPTS], sps)
-        got = [list(o.outputs[0].token_ids) for o in out]
-        rec = {"vllm": vllm.__version__, "max_num_seqs": BATCH_SEQS, "block_size": BLOCK, "max_model_len": 256,
-               "prompts": BATCH_PROMPTS, "max_tokens": BATCH_NEW, "outputs": got, "calls": calls}
-        (tmp_path / TRACE.name).write_text(json.dumps(rec))
-        assert got == refs
-        assert max(len(c["args"]["tokens"]["values"]) for c in calls if c["call"] == "prefill_forward") > 1
-        want = json.loads(TRACE.read_text())
-        assert rec == want, (f"the engine's calls differ from {TRACE}; if the plugin / vLLM changed on purpose, "
-                             f"replace it with {tmp_path / TRACE.name}")
-    finally:
-        del llm
-        ctx.close()
+    sps = [vllm.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in BATCH_NEW]
+    got, calls = _batch_engine_run(ck, monkeypatch, BATCH_PROMPTS, sps, {})
+    rec = {"vllm": vllm.__version__, "max_num_seqs": BATCH_SEQS, "block_size": BLOCK, "max_model_len": 256,
+           "prompts": BATCH_PROMPTS, "max_tokens": BATCH_NEW, "outputs": got, "calls": calls}
+    (tmp_path / TRACE.name).write_text(json.dumps(rec))
+    assert got == refs
+    assert max(len(c["args"]["tokens"]["values"]) for c in calls if c["call"] == "prefill_forward") > 1
+    want = json.loads(TRACE.read_text())
+    assert rec == want, (f"the engine's calls differ from {TRACE}; if the plugin / vLLM changed on purpose, "
+                         f"replace it with {tmp_path / TRACE.name}")
 
 
 def test_vllm_llm_batch_sampled_on_device_equals_generate(tmp_path, monkeypatch):
@@ -235,28 +242,16 @@ def test_vllm_llm_batch_sampled_on_device_equals_generate(tmp_path, monkeypatch)
     refs = [ref_gen.generate(p, n, SamplingParams(**r)).tokens for p, n, r in zip(prompts, n_new, reqs)]
     ref_gen.close()
 
-    calls: list = []
-    _recording(monkeypatch, calls)
-    ctx = _engine_mesh(monkeypatch)
-    llm = vllm.LLM(model=str(ck), max_num_seqs=BATCH_SEQS, max_model_len=256, block_size=BLOCK,
-                   skip_tokenizer_init=True, enable_prefix_caching=False, enable_chunked_prefill=False,
-                   max_num_batched_tokens=256, async_scheduling=False, generation_config="vllm",
-                   additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy",
-                                             "sample_on_device_mode": "all"}})
-    try:
-        sps = [vllm.SamplingParams(**r, max_tokens=n, ignore_eos=True) for r, n in zip(reqs, n_new)]
-        out = llm.generate([{"prompt_token_ids": p} for p in prompts], sps)
-        got = [list(o.outputs[0].token_ids) for o in out]
-        rec = {"vllm": vllm.__version__, "max_num_seqs": BATCH_SEQS, "block_size": BLOCK, "max_model_len": 256,
-               "prompts": prompts, "max_tokens": n_new, "requests": reqs, "outputs": got, "calls": calls}
-        (tmp_path / SAMPLED_TRACE.name).write_text(json.dumps(rec))
-        assert got == refs
-        # the steps really were sampled on device, several rows at once
-        sampled = [c for c in calls if c["call"] == "prefill_forward" and c["args"].get("sampling_params")]
-        assert sampled and max(len(c["args"]["tokens"]["values"]) for c in sampled) == 4
-        assert rec == json.loads(SAMPLED_TRACE.read_text()), (
-            f"the engine's calls differ from {SAMPLED_TRACE}; if the plugin / vLLM changed on purpose, replace it "
-            f"with {tmp_path / SAMPLED_TRACE.name}")
-    finally:
-        del llm
-        ctx.close()
+    sps = [vllm.SamplingParams(**r, max_tokens=n, ignore_eos=True) for r, n in zip(reqs, n_new)]
+    got, calls = _batch_engine_run(ck, monkeypatch, prompts, sps, {"sample_on_device_mode": "all"},
+                                   generation_config="vllm")
+    rec = {"vllm": vllm.__version__, "max_num_seqs": BATCH_SEQS, "block_size": BLOCK, "max_model_len": 256,
+           "prompts": prompts, "max_tokens": n_new, "requests": reqs, "outputs": got, "calls": calls}
+    (tmp_path / SAMPLED_TRACE.name).write_text(json.dumps(rec))
+    assert got == refs
+    # the steps really were sampled on device, several rows at once
+    sampled = [c for c in calls if c["call"] == "prefill_forward" and c["args"].get("sampling_params")]
+    assert sampled and max(len(c["args"]["tokens"]["values"]) for c in sampled) == 4
+    assert rec == json.loads(SAMPLED_TRACE.read_text()), (
+        f"the engine's calls differ from {SAMPLED_TRACE}; if the plugin / vLLM changed on purpose, replace it "
+        f"with {tmp_path / SAMPLED_TRACE.name}")
