@@ -110,9 +110,9 @@ MIN_ROWS = 4
 
 def matmul_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``torch.matmul(x, w)`` whose every row is bit-identical whatever the row count of ``x`` (dim -2)."""
-    m = x.shape[-2] if x.dim() >= 2 else 1
-    if x.dim() < 2 or m >= MIN_ROWS:
+    if x.dim() < 2 or x.shape[-2] >= MIN_ROWS:
         return torch.matmul(x, w)
+    m = x.shape[-2]
     pad = x.new_zeros(*x.shape[:-2], MIN_ROWS - m, x.shape[-1])
     return torch.matmul(torch.cat([x, pad], dim=-2), w)[..., :m, :]
 
