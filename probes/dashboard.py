@@ -5,7 +5,11 @@ What feeds what (the latest record of each probe is used; report.md lists every 
   gate-0a      step time by component and by cost term (stacked bars: decode, speculative step at each K),
                programs per layer by op (decode step), tok/s vs K at the record's acceptance rates
   decode-cost  programs per layer by op when no gate-0a record is given; its per-token summary in the table
-  gate-0b      verify_cost_ratio and phase costs per K in the table
+  gate-0b      verify_cost_ratio and phase costs per K in the table (the batch-1 record)
+  batch        decode-cost and gate-0b records at several batch sizes B (``--batch``; a record without one is B = 1):
+               per B, plain decode ms/step and per-user / aggregate tok/s (decode-cost), and per admitted K the
+               packed verify's verify_cost_ratio and MTP tok/s per user and aggregate (gate-0b; at B > 1 a range
+               between its two draft-cost bounds); a plot of aggregate tok/s vs B
   lossless     acceptance per draft position and emitted tokens per verify step vs K (the probe's greedy runs of
                the checkpoint it names, per commit mechanism)
 
@@ -56,8 +60,14 @@ def load(files) -> list[tuple[Path, dict]]:
     return out
 
 
-def latest(records: list[tuple[Path, dict]], probe: str) -> tuple[Path, dict] | None:
-    rs = [x for x in records if x[1]["probe"] == probe]
+def batch_of(r: dict) -> int:
+    """Users per step of a decode-cost / gate-0b record (records made before ``--batch`` existed are B = 1)."""
+    return int((r.get("config") or {}).get("batch", 1))
+
+
+def latest(records: list[tuple[Path, dict]], probe: str, batch: int | None = None) -> tuple[Path, dict] | None:
+    """The latest record of ``probe`` (of that batch size when ``batch`` is given)."""
+    rs = [x for x in records if x[1]["probe"] == probe and (batch is None or batch_of(x[1]) == batch)]
     return max(rs, key=lambda x: (x[1].get("time_utc") or "", x[1].get("run_id") or "")) if rs else None
 
 
@@ -291,6 +301,120 @@ def plot_tok_s(plt, r: dict, out: Path) -> Path:
     return out
 
 
+# ---- several users per step ----------------------------------------------------------------------------------------
+BATCH_SCENARIO = "0.8"  # the acceptance scenario of the batch plot
+
+
+def _tok_range(lo: float | None, hi: float | None) -> str:
+    if lo is None or hi is None:
+        return "-"
+    return f"{lo:.1f}" if abs(hi - lo) < 0.05 else f"{lo:.1f}-{hi:.1f}"
+
+
+def batch_rows(records: list[tuple[Path, dict]]) -> tuple[list[dict], list[dict], list[tuple[Path, dict]]]:
+    """-> (decode rows per B from decode-cost, speculative rows per (B, K) from gate-0b, records used), the latest
+    record of each (probe, B). MTP tok/s are (low, high): at B = 1 both are the record's one figure; at B > 1 the
+    step's two draft-cost bounds (per_user_chains: low, packed_chain_floor: high). A B whose every K the packed
+    verify refused gives one row with ``refused`` set."""
+    used, dec, spec = [], [], []
+    for b in sorted({batch_of(r) for _, r in records if r["probe"] == "decode-cost"}):
+        path, r = latest(records, "decode-cost", b)
+        p = r["performance"]
+        used.append((path, r))
+        dec.append({"batch": b, "label": p["label"], "ms": p["modelled_ms_per_step"], "per_user": p["modelled_tok_s"],
+                    "aggregate": p.get("modelled_aggregate_tok_s", p["modelled_tok_s"])})
+    for b in sorted({batch_of(r) for _, r in records if r["probe"] == "gate-0b"}):
+        path, r = latest(records, "gate-0b", b)
+        p = r["performance"]
+        used.append((path, r))
+        d_ms = p["decode"]["ms"]
+        base = {"batch": b, "label": p["label"], "decode_ms": d_ms, "plain_per_user": 1e3 / d_ms,
+                "plain_aggregate": b * 1e3 / d_ms}
+        ks = sorted(p["verify_cost_ratio"], key=int)
+        if not ks:
+            spec.append({**base, "k": None, "refused": "; ".join(f"K={k}: {why}" for k, why in
+                                                                (p.get("ks_refused") or {}).items()) or "no K asked"})
+            continue
+        tok = p["mtp_tok_s_shadow_commit"]
+        for k in ks:
+            if b == 1:
+                mtp = {sc: (by[k], by[k]) for sc, by in tok.items() if by.get(k) is not None}
+            else:
+                lo, hi = tok["per_user"]["per_user_chains"], tok["per_user"]["packed_chain_floor"]
+                mtp = {sc: (lo[sc][k], hi[sc][k]) for sc in lo if lo[sc].get(k) is not None}
+            spec.append({**base, "k": int(k), "rows": p["verify"][k]["rows"], "verify_ms": p["verify"][k]["ms"],
+                         "ratio": p["verify_cost_ratio"][k], "mtp_per_user": mtp, "refused": None})
+    return dec, spec, used
+
+
+def plot_batch(plt, dec: list[dict], spec: list[dict], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    labels = sorted({x["label"] for x in dec + spec})
+    if dec:
+        ax.plot([x["batch"] for x in dec], [x["aggregate"] for x in dec], marker="o", color="black",
+                label="plain decode (decode-cost)")
+    for k in sorted({x["k"] for x in spec if x["k"] is not None}):
+        rows = [x for x in spec if x["k"] == k and BATCH_SCENARIO in x["mtp_per_user"]]
+        if not rows:
+            continue
+        bs = [x["batch"] for x in rows]
+        lo = [x["batch"] * x["mtp_per_user"][BATCH_SCENARIO][0] for x in rows]
+        hi = [x["batch"] * x["mtp_per_user"][BATCH_SCENARIO][1] for x in rows]
+        line, = ax.plot(bs, hi, marker="s", ls="--", label=f"MTP K={k}, acceptance {BATCH_SCENARIO} per draft "
+                                                            "(packed draft floor)")
+        ax.plot(bs, lo, marker="v", ls=":", color=line.get_color(), label=f"MTP K={k} (per-user draft chains)")
+    ax.set_xscale("log", base=2)
+    bs_all = sorted({x["batch"] for x in dec + spec})
+    ax.set_xticks(bs_all, [str(b) for b in bs_all])
+    ax.set_xlabel("users per step B")
+    ax.set_ylabel("aggregate tokens per second (all users)")
+    ax.set_ylim(0, None)
+    ax.set_title(f"[{', '.join(labels)}] aggregate tok/s vs batch", fontsize=11)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def batch_section(plt, records: list[tuple[Path, dict]], out_dir: Path) -> tuple[list[str], list[Path], list[list[str]]]:
+    """Markdown, plots and source lines of the batch tables; nothing unless some record has B > 1."""
+    if not any(r["probe"] in ("decode-cost", "gate-0b") and batch_of(r) > 1 for _, r in records):
+        return [], [], []
+    dec, spec, used = batch_rows(records)
+    md: list[str] = []
+    if dec:
+        one = next((x["aggregate"] for x in dec if x["batch"] == 1), None)
+        md += ["", f"## Plain decode vs batch ({', '.join(sorted({x['label'] for x in dec}))}; decode-cost)", ""]
+        md.append(_table(["B", "ms/step", "tok/s per user", "aggregate tok/s", "aggregate vs B=1"],
+                         [[str(x["batch"]), _ms(x["ms"]), f"{x['per_user']:.1f}", f"{x['aggregate']:.1f}",
+                           "-" if one is None else f"{x['aggregate'] / one:.1f}x"] for x in dec]))
+    if spec:
+        scens = sorted({sc for x in spec if x["k"] is not None for sc in x["mtp_per_user"]},
+                       key=lambda p: ("/" in p, [-float(v) for v in p.split("/")]))
+        md += ["", f"## Speculative step vs batch ({', '.join(sorted({x['label'] for x in spec}))}; gate-0b)", ""]
+        rows = []
+        for x in spec:
+            head = [str(x["batch"]), _ms(x["decode_ms"]), f"{x['plain_per_user']:.1f}", f"{x['plain_aggregate']:.1f}"]
+            if x["k"] is None:
+                rows.append(head + ["-", "-", "-", "-"] + ["-"] * (2 * len(scens)) + [f"refused: {x['refused']}"])
+                continue
+            mtp = x["mtp_per_user"]
+            rows.append(head + [str(x["k"]), str(x["rows"]), _ms(x["verify_ms"]), f"{x['ratio']:.3f}"]
+                        + [_tok_range(*mtp.get(sc, (None, None))) for sc in scens]
+                        + [_tok_range(*(None if v is None else x["batch"] * v for v in mtp.get(sc, (None, None))))
+                           for sc in scens] + [""])
+        md.append(_table(["B", "decode ms", "plain tok/s per user", "plain aggregate", "K", "verify rows", "verify ms",
+                          "verify_cost_ratio"] + [f"MTP tok/s per user @ {sc}" for sc in scens]
+                         + [f"MTP aggregate @ {sc}" for sc in scens] + ["note"], rows))
+        md += ["", "MTP tok/s at B > 1 is a range: the batched verify is counted, the drafting is bracketed "
+               "between B single-user MTP draft chains (low) and one chain (high, the floor of a chain packed over "
+               "B users); acceptance scenarios are assumptions (every user at the same rate)."]
+    plots = [plot_batch(plt, dec, spec, out_dir / "batch_tok_s.png")]
+    return md, plots, [_source_line(f"batch table (B={batch_of(r)})", p, r) for p, r in used]
+
+
 # ---- the report ----------------------------------------------------------------------------------------------------
 def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
     """-> {"markdown": path, "plots": [paths]}; raises ReportError on unusable input."""
@@ -351,18 +475,19 @@ def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
                                      sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))]
                           for layer, d in lists.items()]))
 
-    dc = latest(records, "decode-cost")
+    dc = latest(records, "decode-cost", 1) or latest(records, "decode-cost")
     if dc:
         path, r = dc
         p = r["performance"]
         used.append(_source_line("decode-cost summary", path, r))
         md += ["", f"## decode-cost ({p['label']})", "", _setup(r), ""]
-        md.append(_table(["programs/token", "GDN layer", "attention layer", "ms/step", "tok/s", "weight-stream floor ms"],
+        md.append(_table(["programs/token", "GDN layer", "attention layer", "ms/step", "tok/s", "weight-stream floor ms",
+                          "batch"],
                          [[str(p["programs"]["per_token"]), str(p["programs"]["gdn_layer"]),
                            str(p["programs"]["attention_layer"]), _ms(p["modelled_ms_per_step"]),
-                           f"{p['modelled_tok_s']:.1f}", _ms(p["weight_stream_floor_ms"])]]))
+                           f"{p['modelled_tok_s']:.1f}", _ms(p["weight_stream_floor_ms"]), str(batch_of(r))]]))
 
-    g0b = latest(records, "gate-0b")
+    g0b = latest(records, "gate-0b", 1)
     if g0b:
         path, r = g0b
         p = r["performance"]
@@ -373,6 +498,11 @@ def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
                          [[k, _ms(p["verify"][k]["ms"]), f"{p['verify_cost_ratio'][k]:.3f}", _ms(p["accept"][k]["ms"]),
                            _ms(p["draft"][k]["total"]["ms"]), _ms(p["commit_shadow_commit_by_k"][k]["ms"]),
                            _ms(p["step_ms_shadow_commit"][k])] for k in ks]))
+
+    batch_md, batch_plots, batch_used = batch_section(plt, records, out_dir)
+    md += batch_md
+    plots += batch_plots
+    used += batch_used
 
     ll = latest(records, "lossless")
     if ll:

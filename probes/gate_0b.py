@@ -51,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-sample", type=int, default=None,
                    help="vocabulary built (emulator default 4096, extrapolated to the real vocab; cards: the real one)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=1,
+                   help="users per step: B > 1 costs the batched plain decode (B rows) and the packed batched verify "
+                        "(B x (K+1) rows, tt/batch_spec.py) at each K of --ks that verify admits; 1: the single-user "
+                        "step above")
 
 
 class Cost(dict):
@@ -352,6 +356,258 @@ def mtp_tok_s(fig: dict, ks) -> dict:
             for scen in ACCEPTANCE_SCENARIOS}
 
 
+# ---- batch B > 1: the batched plain decode and the packed B x (K+1) verify (tt/batch_spec.py) ----------------------
+DRAFT_BOUNDS = ("per_user_chains", "packed_chain_floor")
+DRAFT_MODEL = (
+    "the batched backend drafts on the host (no batched device MTP chain is counted here): the step is bracketed by "
+    "two draft costs built from one user's device MTP chain (TTMTPHead, reseed over K+1 rows + K-1 chain steps) "
+    "counted on this bench: per_user_chains = B such chains one after another (what drafting each user with the "
+    "batch-1 head costs); packed_chain_floor = one chain (a chain packed over B users reads the MTP weights and the "
+    "LM head once, as one user's chain does; its per-user activation and KV reads are not added, so it is a floor)")
+
+
+def batch_verify_refusal(batch: int, k: int) -> str | None:
+    """Why the packed verify of ``batch`` users x (K+1) rows cannot run, or None. The bound is the one
+    ``tt/batch_spec.py`` ``TTBatchSpecBackend`` refuses by, read from the same sources: at most ``TILE_ROWS`` rows
+    (the decode-path attention puts one row per core) and, above one row of cores, whole rows of cores
+    (``model_config.user_core_grid``)."""
+    from qwen36.tt.gdn import TILE_ROWS
+    from qwen36.tt.model_config import user_core_grid
+
+    rows = batch * (k + 1)
+    if rows > TILE_ROWS:
+        return f"{batch} x (K+1 = {k + 1}) = {rows} verify rows: the decode-path attention takes at most {TILE_ROWS}"
+    try:
+        user_core_grid(rows)
+    except ValueError as e:
+        return f"{batch} x (K+1 = {k + 1}) = {rows} verify rows: {e}"
+    return None
+
+
+def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: int, seed: int, real_vocab: int,
+                  batch: int, real_cfg=None) -> dict:
+    """gate-0b at ``batch`` users per step: the B-row plain decode (tt/batch.py) and, per admitted K, the packed
+    B x (K+1)-row verify, the batched acceptor, the per-user commit (tt/batch_spec.py ``BatchSpecDeviceState``,
+    every user at position ``context - 1`` with its own KV pages and GDN slot) and one user's MTP draft chain
+    (``DRAFT_MODEL``). Counted and extrapolated exactly as :func:`measure` counts the single-user step."""
+    from types import SimpleNamespace
+
+    from qwen36.tt_ops.cost_model import LABEL, P150aCostModel
+
+    from qwen36.tt.accept import DeviceAcceptor
+    from qwen36.tt.batch_spec import BatchSpecDeviceState
+    from qwen36.tt.model_config import TensorGroup
+    from qwen36.tt.mtp import TTMTPHead
+    from qwen36.tt.state import allocate_decode_inputs
+    from qwen36.tt.weights import WeightLoader, load_mtp_weights
+
+    refused = {str(k): r for k in ks if (r := batch_verify_refusal(batch, k)) is not None}
+    admitted = [k for k in ks if str(k) not in refused]
+    bench = build_bench(device, cfg, precision, context, seed, probe=NAME, emulated_only=False, slots=batch)
+    try:
+        ttnn, mesh, model, state, a = bench.ttnn, bench.mesh, bench.model, bench.state, bench.args
+        meter = Meter(bench)
+        emulated = meter.emulated
+        model.region = meter.region
+        meter.instrument(model, "embed", gather="embed")
+        meter.instrument(model, "rope_rows", region_name=lambda idx: f"rope{int(idx.shape[-1])}", gather="rope")
+        ratio = real_vocab / cfg.vocab_size
+        if not emulated and ratio != 1:
+            raise UserError("gate-0b on cards measures wall-clock: build the real vocabulary (omit --vocab-sample)")
+        n_gdn, n_attn = len(cfg.gdn_layer_ids), len(cfg.attention_layer_ids)
+        pos = context - 1
+
+        real = real_cfg or cfg
+        router_corr = Cost()
+        if cfg.is_moe and emulated:  # every step here has <= 32 rows: the router's extra tiles are those of 1 row
+            rc = router_correction(cfg, real, 1, bench.dtype_name(TensorGroup.MOE_ROUTER),
+                                   bench.dtype_name(TensorGroup.MOE_ROUTING))
+            router_corr = Cost({f"read:{k}": v for k, v in rc.items()})
+
+        def layers(regs) -> Cost:
+            return total(((regs["embed"], 1), (regs["layer0"], n_gdn), (regs["layer1"], n_attn),
+                          (router_corr, n_gdn + n_attn), (regs["head"].vocab_scaled(ratio), 1)))
+
+        # ---- B-row plain decode (every user at pos) ---------------------------------------------------------
+        for layer in model.layers:
+            if hasattr(layer.mixer, "prepare_batch"):
+                layer.mixer.prepare_batch(batch)
+        inputs = allocate_decode_inputs(ttnn, mesh, batch=batch)
+        model.copy_host_to_device(model.prepare_decode_inputs_host([1] * batch, [pos] * batch), inputs)
+        meter.run("decode", lambda: model.decode_forward(inputs, state))
+        regs, corr = meter.take()
+        decode = layers(regs).plus(corr)
+        per_layer = {"decode": {"gdn": regs["layer0"], "attention": regs["layer1"]}}
+
+        decoder = SimpleNamespace(slots=batch, model=model, state=state)  # what BatchSpecDeviceState reads of one
+        heads, bs = a.hkv_d, a.block_size
+        pt = state.page_table_host
+
+        def spec_state(k, mech):
+            """The step state of a K-wide batched verify with every user stepping k drafts from position pos (the
+            row inputs the backend's host side writes between replays, here written once)."""
+            t = k + 1
+            st = BatchSpecDeviceState(decoder, k, mech)
+            acc = DeviceAcceptor(ttnn, mesh, k=k, vocab=cfg.vocab_size, batch=batch, ring_heads=a.gdn_hv_d).allocate()
+            st.attach_acceptor(acc)
+            st.start()
+            ps = [pos + j for j in range(t)]
+            drafts = [(7 * j + 3) % cfg.vocab_size for j in range(k)]
+            st.write("tokens", torch.tensor([[1] + drafts] * batch, dtype=torch.int32).reshape(1, -1))
+            st.write("rope_idx", torch.tensor([ps] * batch, dtype=torch.int32).reshape(1, -1))
+            st.write("phys_rows", torch.tensor([[int(pt[b, p // bs]) * bs + p % bs for p in ps] for b in range(batch)],
+                                               dtype=torch.int32).reshape(1, -1))
+            st.write("bounds", torch.tensor(ps, dtype=torch.int32).repeat(batch * heads))
+            st.write("head_page_table", (pt.to(torch.int32)[:, None, :] * heads
+                                         + torch.arange(heads, dtype=torch.int32)[None, :, None]).reshape(batch * heads, -1))
+            st.write("drafts", torch.tensor([drafts] * batch, dtype=torch.int32).reshape(1, batch, 1, k))
+            st.write("row_mask", torch.ones(batch, t, 1))
+            st.write("active", torch.ones(1, batch, 1, 1))
+            meter.instrument(st, "pre_verify", region_name=lambda: "pre_verify")
+            meter.take()
+            return st, acc
+
+        def verify_phase(st, acc, k):
+            vout = meter.run("verify", st.verify)
+            regs, corr = meter.take()
+            inner = total(((regs["verify"], 1), (regs["embed"], -1), (regs["layer0"], -1), (regs["layer1"], -1),
+                           (regs["head"], -1), (regs["pre_verify"], -1)))  # row-input layouts, plan setup
+            cost = layers(regs).plus(inner).plus(corr)
+            logits = lambda: ttnn.reshape(vout.out.logits, [1, batch, k + 1, cfg.vocab_size])  # noqa: E731
+            meter.run("accept", lambda: acc.greedy(logits(), st.drafts))
+            accept = meter.take()[0]["accept"].vocab_scaled(ratio)
+            return vout, cost, accept, regs["pre_verify"], {"gdn": regs["layer0"], "attention": regs["layer1"]}
+
+        def commit_phase(st, vout, pre):
+            no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
+            st._vout = vout
+            meter.run("commit", st.commit)
+            st._vout = no_layers
+            meter.run("commit_fixed", st.commit)
+            regs, _ = meter.take()
+            gdn_part = regs["commit"].plus(regs["commit_fixed"], -1)
+            return total(((regs["commit_fixed"], 1), (gdn_part, n_gdn), (pre, n_gdn))), gdn_part.plus(pre)
+
+        cm = P150aCostModel()
+        fig = lambda c: _phase_figures(c, cm, emulated)  # noqa: E731
+        verify, accept, commit_shadow, draft = {}, {}, {}, {}
+        mtp_w = None
+        if admitted:
+            mtp_w = load_mtp_weights(WeightLoader(RandomCheckpoint(cfg, seed), a, ttnn, mesh, progress=False))
+        for k in admitted:
+            st, acc = spec_state(k, "shadow_commit")
+            vout, v_cost, acc_cost, pre, v_layers = verify_phase(st, acc, k)
+            verify[k], accept[k] = v_cost, acc_cost
+            commit_shadow[k], commit_gdn = commit_phase(st, vout, pre)
+            per_layer[f"verify_k{k}"] = {**v_layers, "commit_per_gdn_layer": commit_gdn}
+            draft[k] = draft_phase(meter, model, mtp_w, TTMTPHead, k, pos, ratio)
+        commits, commit_refused = {}, batch_verify_refusal(batch, commit_k)
+        if commit_refused is None:
+            for mech in MECHANISMS:
+                st, acc = spec_state(commit_k, mech)
+                vout, _, _, pre, _ = verify_phase(st, acc, commit_k)
+                commits[mech] = commit_phase(st, vout, pre)[0]
+
+        d_ms = fig(decode)["ms"]
+        out = {
+            "label": LABEL if emulated else ("measured on ttsim (simulator)" if bench.ctx.is_simulated else "measured"),
+            "backend": bench.ctx.label,
+            "precision": precision,
+            "tp": bench.ctx.num_devices,
+            "kv_heads_per_device": a.hkv_d,
+            "layers": {"gdn": n_gdn, "attention": n_attn},
+            "vocab": {"built": cfg.vocab_size, "extrapolated_to": real_vocab},
+            "context_tokens": context,
+            "batch": batch,
+            "ks_refused": refused,
+            "decode": {"rows": batch, **fig(decode)},
+            "plain_decode_tok_s": {"per_user": 1e3 / d_ms, "aggregate": batch * 1e3 / d_ms},
+            "verify": {str(k): {"rows": batch * (k + 1), **fig(v)} for k, v in verify.items()},
+            "verify_cost_ratio": {str(k): fig(v)["ms"] / d_ms for k, v in verify.items()},
+            "accept": {str(k): fig(v) for k, v in accept.items()},
+            "draft_model": DRAFT_MODEL,
+            "draft_single_user_chain": {
+                str(k): {"total": fig(v["total"]), "reseed": fig(v["reseed"]),
+                         "per_drafted_token_ms": (fig(v["total"])["ms"] - fig(v["reseed"])["ms"]) / k}
+                for k, v in draft.items()},
+            "commit_shadow_commit_by_k": {str(k): fig(v) for k, v in commit_shadow.items()},
+            "commit_k": commit_k,
+            "commit": {m: fig(v) for m, v in commits.items()},
+            **({"commit_refused": commit_refused} if commit_refused else {}),
+            "per_layer": {step: {part: fig(c) for part, c in parts.items()} for step, parts in per_layer.items()},
+        }
+        fixed = {str(k): out["verify"][str(k)]["ms"] + out["accept"][str(k)]["ms"]
+                 + out["commit_shadow_commit_by_k"][str(k)]["ms"] for k in admitted}
+        chain = {str(k): out["draft_single_user_chain"][str(k)]["total"]["ms"] for k in admitted}
+        out["step_ms_shadow_commit"] = {bound: {k: fixed[k] + chain[k] * (batch if bound == "per_user_chains" else 1)
+                                                for k in fixed} for bound in DRAFT_BOUNDS}
+        if emulated:
+            out["cost_model_constants"] = dataclasses.asdict(cm)
+        return out
+    finally:
+        bench.close()
+
+
+def batch_mtp_tok_s(fig: dict, ks) -> dict:
+    """Per-user and aggregate (B x per-user) MTP tok/s per draft bound, acceptance scenario and admitted K, every
+    user accepting at the scenario's rate: expected tokens per step (:func:`mtp_tok_s`'s rule) over the step."""
+    per_user = {bound: mtp_tok_s({"step_ms_shadow_commit": fig["step_ms_shadow_commit"][bound]}, ks)
+                for bound in DRAFT_BOUNDS}
+    b = fig["batch"]
+    return {"per_user": per_user,
+            "aggregate": {bound: {scen: {k: None if v is None else b * v for k, v in by_k.items()}
+                                  for scen, by_k in scens.items()} for bound, scens in per_user.items()}}
+
+
+def run_batch(args: argparse.Namespace, device: str, ks, cfg, base) -> ProbeReport:
+    fig = measure_batch(device, cfg, args.precision, args.context, ks, args.commit_k, args.seed, base.vocab_size,
+                        args.batch, real_cfg=base)
+    admitted = [k for k in ks if str(k) not in fig["ks_refused"]]
+    fig["mtp_tok_s_shadow_commit"] = batch_mtp_tok_s(fig, admitted)
+    ratios = [fig["verify_cost_ratio"][str(k)] for k in admitted]
+    phases = [fig["decode"], *fig["verify"].values(), *fig["accept"].values(), *fig["commit"].values(),
+              *fig["commit_shadow_commit_by_k"].values(), *(d["reseed"] for d in fig["draft_single_user_chain"].values())]
+    cells = [{"cell": "every phase costed", "pass": all(v["ms"] > 0 for v in phases)
+              and all(d["per_drafted_token_ms"] > 0 for d in fig["draft_single_user_chain"].values())}]
+    if admitted:
+        cells.insert(0, {"cell": "verify_cost_ratio >= 1 and increasing with K", "ratios": ratios,
+                         "pass": all(r >= 1 for r in ratios) and all(x < y for x, y in zip(ratios, ratios[1:]))})
+    lab, b = fig["label"], args.batch
+    print(f"[{lab}] gate-0b {args.preset} {args.precision} tp{fig['tp']} batch {b} ({fig['kv_heads_per_device']} KV "
+          f"heads/device) on {fig['backend']}, context {args.context}:")
+    pd = fig["plain_decode_tok_s"]
+    print(f"  [{lab}] plain decode {b} rows: {fig['decode']['ms']:.2f} ms/step, {pd['per_user']:.1f} tok/s per user, "
+          f"{pd['aggregate']:.1f} aggregate")
+    for k, why in fig["ks_refused"].items():
+        print(f"  K={k}: refused ({why})")
+    if not admitted:
+        print(f"  no K of --ks {','.join(map(str, ks))} fits the packed verify at batch {b}: plain decode only")
+    for k in map(str, admitted):
+        steps = fig["step_ms_shadow_commit"]
+        print(f"  K={k}: verify {fig['verify'][k]['rows']} rows {fig['verify'][k]['ms']:.2f} ms (ratio "
+              f"{fig['verify_cost_ratio'][k]:.3f}), accept {fig['accept'][k]['ms']:.3f}, commit(shadow) "
+              f"{fig['commit_shadow_commit_by_k'][k]['ms']:.3f}, one user's draft chain "
+              f"{fig['draft_single_user_chain'][k]['total']['ms']:.2f}; step {steps['packed_chain_floor'][k]:.2f} "
+              f"(packed chain floor) .. {steps['per_user_chains'][k]:.2f} ms ({b} per-user chains)")
+    for scen in ACCEPTANCE_SCENARIOS:
+        cols = []
+        for k in map(str, admitted):
+            lo = fig["mtp_tok_s_shadow_commit"]["per_user"]["per_user_chains"][scen][k]
+            hi = fig["mtp_tok_s_shadow_commit"]["per_user"]["packed_chain_floor"][scen][k]
+            if lo is not None:
+                cols.append(f"K={k} {lo:.1f}..{hi:.1f} ({b * lo:.1f}..{b * hi:.1f} aggregate)")
+        if cols:
+            print(f"  [{lab}] MTP tok/s per user, acceptance {scen}: " + ", ".join(cols))
+    if fig["commit"]:
+        print(f"  commit at K={fig['commit_k']}: " + ", ".join(f"{m} {v['ms']:.3f} ms" for m, v in fig["commit"].items()))
+    return ProbeReport(probe=NAME, backend=fig["backend"],
+                       config={"preset": args.preset, "precision": args.precision, "context": args.context,
+                               "ks": ks, "commit_k": args.commit_k, "batch": b, "vocab_built": cfg.vocab_size,
+                               "real_vocab": base.vocab_size, "seed": args.seed},
+                       cells=cells, counters={"decode": {k: v for k, v in fig["decode"].items() if k != "bytes_read_per_device"}},
+                       gate_complete=True, performance=fig)
+
+
 def run(args: argparse.Namespace) -> ProbeReport:
     device = args.device if args.device != "reference" else "emulated-p150x2"
     ks = sorted({int(x) for x in str(args.ks).split(",") if x.strip()})
@@ -361,6 +617,17 @@ def run(args: argparse.Namespace) -> ProbeReport:
     cfg, base = build_config(args.preset, vocab)
     if cfg.num_experts != base.num_experts and not device.startswith("emulated"):
         raise UserError("gate-0b on cards measures wall-clock: build the real expert count")
+    if args.batch != 1:
+        from qwen36.tt.gdn import TILE_ROWS
+        from qwen36.tt.model_config import user_core_grid
+
+        try:
+            if not 1 <= args.batch <= TILE_ROWS:
+                raise ValueError(f"the batched decode takes 1..{TILE_ROWS} users")
+            user_core_grid(args.batch)
+        except ValueError as e:
+            raise UserError(f"--batch {args.batch}: {e}") from None
+        return run_batch(args, device, ks, cfg, base)
     fig = measure(device, cfg, args.precision, args.context, ks, args.commit_k, args.seed, base.vocab_size,
                   real_cfg=base)
     fig["mtp_tok_s_shadow_commit"] = mtp_tok_s(fig, ks)

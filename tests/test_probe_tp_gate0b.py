@@ -84,3 +84,91 @@ def test_mtp_tok_s_per_scenario():
     assert out["0.5"]["3"] == pytest.approx((1 + 0.5 + 0.25 + 0.125) * 1e3 / 60)
     assert out["0.8/0.6/0.5"]["3"] == pytest.approx((1 + 0.8 + 0.6 + 0.5) * 1e3 / 60)
     assert out["0.8/0.6/0.5"]["7"] is None  # the profile has 3 positions
+
+
+# ---- batch B > 1: the batched plain decode and the packed B x (K+1) verify ----------------------------------------
+@pytest.fixture(scope="module")
+def batch4_record(tmp_path_factory):
+    from qwen36.cli import main
+
+    rec = tmp_path_factory.mktemp("g0b-batch") / "g0b.jsonl"
+    assert main(["probe", "gate-0b", "--device", "emulated-p150x2", "--preset", "ci", "--batch", "4",
+                 "--ks", "1,2,3", "--records", str(rec)]) == 0
+    (r,) = read_records(rec)
+    return r
+
+
+@pytest.mark.slow  # the probe end to end at B = 4 (~10 s)
+def test_gate0b_batch_probe_ci(batch4_record):
+    """B = 4 at CI size: K = 2 (12 rows, not whole rows of 8 cores) is listed as refused with the reason, K = 1 and
+    3 (8 and 16 rows) are costed; verify_cost_ratio > 1 and increasing but below K+1 (the packed verify reads the
+    weights once for every row), its bytes above the decode's (the rows' activations and the per-row ring); tok/s
+    per user and aggregate follow from the step times; every figure labelled modelled."""
+    r = batch4_record
+    perf, b = r["performance"], 4
+    assert r["verdict"] == "pass" and r["config"]["batch"] == b and perf["batch"] == b
+    assert perf["label"] == "modelled" and r["backend"].startswith("emulated-p150x2")
+    assert list(perf["ks_refused"]) == ["2"] and "multiple of 8" in perf["ks_refused"]["2"]
+    assert set(perf["verify"]) == {"1", "3"} and perf["decode"]["rows"] == b
+    ratios = [perf["verify_cost_ratio"][k] for k in ("1", "3")]
+    assert 1 < ratios[0] < ratios[1] < 4, ratios
+    d_ms = perf["decode"]["ms"]
+    assert perf["plain_decode_tok_s"]["per_user"] == pytest.approx(1e3 / d_ms)
+    assert perf["plain_decode_tok_s"]["aggregate"] == pytest.approx(b * 1e3 / d_ms)
+    dec_bytes = sum(perf["decode"]["bytes_read_per_device"].values())
+    for k in ("1", "3"):
+        v = perf["verify"][k]
+        assert v["rows"] == b * (int(k) + 1) and abs(v["ms"] / d_ms - perf["verify_cost_ratio"][k]) < 1e-9
+        assert sum(v["bytes_read_per_device"].values()) > dec_bytes
+        chain = perf["draft_single_user_chain"][k]["total"]["ms"]
+        fixed = v["ms"] + perf["accept"][k]["ms"] + perf["commit_shadow_commit_by_k"][k]["ms"]
+        steps = perf["step_ms_shadow_commit"]
+        assert steps["packed_chain_floor"][k] == pytest.approx(fixed + chain)
+        assert steps["per_user_chains"][k] == pytest.approx(fixed + b * chain)
+        tok = perf["mtp_tok_s_shadow_commit"]
+        for bound in ("packed_chain_floor", "per_user_chains"):
+            want = (1 + 0.8 + 0.8 ** 2 + 0.8 ** 3 if k == "3" else 1.8) * 1e3 / steps[bound][k]
+            assert tok["per_user"][bound]["0.8"][k] == pytest.approx(want)
+            assert tok["aggregate"][bound]["0.8"][k] == pytest.approx(b * want)
+    c = perf["commit"]
+    assert set(c) == {"shadow_commit", "snapshot", "recompute"} and perf["commit_k"] == 3
+    assert c["shadow_commit"]["ms"] < c["recompute"]["ms"] <= c["snapshot"]["ms"]
+    assert "per_user_chains" in perf["draft_model"] and "packed_chain_floor" in perf["draft_model"]
+
+
+@pytest.mark.slow
+def test_gate0b_batch32_is_plain_decode_only(tmp_path):
+    """B = 32: no K fits 32 x (K+1) <= 32 rows, so every K is refused by name and the record holds the plain
+    decode only (no verify-ratio cell that could not fail)."""
+    from qwen36.cli import main
+
+    rec = tmp_path / "g0b.jsonl"
+    assert main(["probe", "gate-0b", "--device", "emulated-p150x2", "--preset", "ci", "--batch", "32",
+                 "--ks", "1,3", "--records", str(rec)]) == 0
+    (r,) = read_records(rec)
+    perf = r["performance"]
+    assert set(perf["ks_refused"]) == {"1", "3"} and all("at most 32" in v for v in perf["ks_refused"].values())
+    assert perf["verify"] == {} and perf["commit"] == {} and "at most 32" in perf["commit_refused"]
+    assert perf["plain_decode_tok_s"]["aggregate"] == pytest.approx(32 * 1e3 / perf["decode"]["ms"])
+    assert [c["cell"] for c in r["cells"]] == ["every phase costed"] and r["verdict"] == "pass"
+
+
+@pytest.mark.parametrize("b", [2, 3, 4, 8, 16, 32])
+def test_batch_verify_refusal_is_the_backends_bound(b):
+    """The probe's admission of B x (K+1) rows is the one TTBatchSpecBackend refuses by: refused (B, K) raise the
+    backend's BatchSpecError before it touches the generator; admitted ones get past that check."""
+    from qwen36.probes.gate_0b import batch_verify_refusal
+    from qwen36.tt.batch_spec import BatchSpecError, TTBatchSpecBackend
+
+    for k in range(1, 8):
+        with pytest.raises(Exception) as e:
+            TTBatchSpecBackend(None, b, k, drafter=lambda hist, n: [0] * n)  # no generator: only the checks run
+        assert isinstance(e.value, BatchSpecError) == (batch_verify_refusal(b, k) is not None), (b, k, e.value)
+
+
+def test_gate0b_batch_refuses_a_batch_the_decoder_cannot_run(capsys):
+    from qwen36.cli import main
+
+    assert main(["probe", "gate-0b", "--device", "emulated-p150x2", "--preset", "ci", "--batch", "12"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --batch 12:") and "multiple of 8" in err[-1], err
