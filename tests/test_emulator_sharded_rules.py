@@ -109,22 +109,24 @@ def test_sharded_rms_norm_rules(case, rule):
 
 
 def test_all_reduce_async_charges_its_internal_reshards(case):
-    """The composite async all-reduce converts a sharded input to interleaved itself and its result back to the
-    requested layout: a sharded input costs one program more, a sharded output one more again; values unchanged."""
+    """The composite async all-reduce is a reduce-scatter plus an all-gather (2 programs, 2 collectives); it converts
+    a sharded input to interleaved itself and its result back to the requested layout: a sharded input costs one
+    program more, a sharded output one more again; values unchanged."""
     from qwen36.tt.ccl import ccl_for
 
     ctx, x, _, _ = case
     ttnn = ctx.ttnn
     ccl = ccl_for(ttnn, ctx.mesh_device)
     xs = ttnn.to_memory_config(x, _width(ttnn))
-    counts = {}
+    counts, collectives = {}, {}
     outs = {}
     for name, inp, out_mc in (("interleaved", x, ttnn.DRAM_MEMORY_CONFIG), ("sharded_in", xs, ttnn.DRAM_MEMORY_CONFIG),
                               ("sharded_in_l1_out", xs, ttnn.L1_MEMORY_CONFIG), ("sharded_both", xs, _width(ttnn))):
         with ctx.counters.scope(name) as c:
             outs[name] = ccl.all_reduce(inp, memory_config=out_mc)
-        counts[name] = c.programs
-    assert counts == {"interleaved": 1, "sharded_in": 3, "sharded_in_l1_out": 2, "sharded_both": 3}
+        counts[name], collectives[name] = c.programs, c.collectives
+    assert counts == {"interleaved": 2, "sharded_in": 4, "sharded_in_l1_out": 3, "sharded_both": 4}
+    assert set(collectives.values()) == {2}
     ref = _host(ctx, outs["interleaved"])
     for name in counts:
         torch.testing.assert_close(_host(ctx, outs[name]), ref, rtol=0, atol=0)
@@ -144,3 +146,31 @@ def test_interleaved_rms_norm_writes_height_shards(case):
     torch.testing.assert_close(_host(ctx, y), _host(ctx, ttnn.rms_norm(x, epsilon=1e-6, weight=w)), rtol=0, atol=0)
     ok, msg = comp_pcc(want, _host(ctx, y), 0.9999)
     assert ok, msg
+
+
+@pytest.mark.parametrize("shape,dtype,programs,collectives", [
+    ((1, 1, 1, 64), "bfloat16", 2, 2),     # 2 tiles wide: one per device -> reduce-scatter + all-gather
+    ((1, 1, 32, 32), "bfloat16", 2, 1),    # 1 tile: nothing splits -> all-gather + moreh_sum
+    ((1, 1, 32, 32), "float32", 3, 1),     # fp32 local sum: transpose + sum
+    ((1, 1, 32, 32), "bfloat8_b", 4, 1),   # moreh_sum needs bf16: typecast in and out
+    ((1, 1, 32, 96), "bfloat16", 2, 1),    # 3 tiles do not split over 2; 1 row tile neither
+    ((1, 2, 32, 96), "bfloat16", 2, 2),    # ... but dim 1 does: reduce-scatter + all-gather over it
+])
+def test_all_reduce_async_program_plan_follows_the_scatter_dim(shape, dtype, programs, collectives):
+    """How ``experimental.all_reduce_async`` is built on cards (tt-metal ``all_reduce_async.cpp``): the last dim
+    whose tile count splits over the devices is scattered (reduce-scatter + all-gather: 2 programs, 2 collectives);
+    when none does, or the scattered extent would pad a tile, it all-gathers and sums locally (1 collective, the
+    sum's programs by dtype). Values are the sum either way."""
+    from qwen36.tt.ccl import ccl_for
+    from qwen36.tt_ops.device import open_mesh
+
+    with open_mesh("emulated-p150x2") as ctx:
+        ttnn, mesh = ctx.ttnn, ctx.mesh_device
+        parts = [torch.randn(*shape, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+        x = ttnn.from_torch(torch.cat(parts, 0), dtype=getattr(ttnn, dtype), layout=ttnn.TILE_LAYOUT, device=mesh,
+                            mesh_mapper=ttnn.ShardTensorToMesh(mesh, dim=0))
+        with ctx.counters.scope("ar") as c:
+            out = ccl_for(ttnn, mesh).all_reduce(x, memory_config=ttnn.DRAM_MEMORY_CONFIG)
+        assert (c.programs, c.collectives) == (programs, collectives), dict(c.programs_per_op)
+        got = ttnn.to_torch(ttnn.get_device_tensors(out)[0])
+        torch.testing.assert_close(got.float(), (parts[0] + parts[1]).float(), rtol=0.05, atol=0.05)

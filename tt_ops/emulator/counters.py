@@ -62,9 +62,10 @@ class Counts:
         self.trace_replays += other.trace_replays * times
 
     def add_op(self, op_name: str, read: dict, written: dict, collective_bytes: int | None = None,
-               programs: int = 1) -> None:
+               programs: int = 1, collectives: int = 1) -> None:
         """Count one op call: ``programs`` device programs (``programs.py``: 0 for a view, several for ops that
-        run as untilize + op + tilize) and one collective when ``collective_bytes`` is given."""
+        run as untilize + op + tilize) and ``collectives`` collective launches when ``collective_bytes`` is given
+        (``programs.collectives_for``: two for an all-reduce built from a reduce-scatter and an all-gather)."""
         self.programs += programs
         self.per_op[op_name] += 1
         self.programs_per_op[op_name] += programs
@@ -73,7 +74,7 @@ class Counts:
         for k, v in written.items():
             self.bytes_written[k] += v
         if collective_bytes is not None:
-            self.collectives += 1
+            self.collectives += collectives
             self.collective_bytes += collective_bytes
 
     def copy(self, name: str | None = None) -> "Counts":
@@ -134,11 +135,11 @@ class Counters:
             yield from self._sinks
 
     def record_op(self, op_name: str, read: dict, written: dict, *, collective_bytes: int | None = None, live=True,
-                  programs: int = 1):
+                  programs: int = 1, collectives: int = 1):
         """Record one op call. ``live=False`` records only into capture sinks (the op was recorded, not run)."""
         targets = list(self._targets()) if live else list(self._sinks)
         for c in targets:
-            c.add_op(op_name, read, written, collective_bytes, programs)
+            c.add_op(op_name, read, written, collective_bytes, programs, collectives)
 
     def record_replay(self, trace_counts: Counts) -> None:
         for c in self._targets(include_sinks=False):

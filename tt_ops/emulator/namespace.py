@@ -31,7 +31,7 @@ import torch
 from . import registry
 from .errors import EmulatorError, NotEmulatedError, TraceRuleError
 from .goldens import golden_impl
-from .programs import programs_for
+from .programs import collectives_for, programs_for
 from .signatures import dtype_layout_table, signature_of
 from .tensor import EmuMeshBase, EmuTensor, dtype_name, iter_tensors, map_shards, shard_bytes, write_inplace
 from .trace import TraceStep
@@ -200,11 +200,11 @@ class Dispatcher:
             # accounting after the call, so that invalid calls fail with the op's own message first
             n = programs_for(op_name, args, kwargs, out)
             if n == 0:  # a view: no program, no data moved
-                return {}, {}, None, 0
+                return {}, {}, None, 0, 0
             read = read_bytes(args, kwargs) if read_bytes else bytes_read_by_placement(iter_tensors((args, kwargs)))
             written = written_bytes(args, kwargs) if written_bytes else bytes_by_dtype(iter_tensors(out))
             cb = collective_bytes(args, kwargs, out) if collective_bytes else None
-            return read, written, cb, n
+            return read, written, cb, n, collectives_for(op_name, args, kwargs) if cb is not None else 0
 
         if capturing is not None:
             trace.dry = True
@@ -213,13 +213,14 @@ class Dispatcher:
             finally:
                 trace.dry = False
             capturing.steps.append(_make_step(op_name, impl, args, kwargs, out, account))
-            read, written, cb, n = account(out)
+            read, written, cb, n, nc = account(out)
             with mesh.counters._sink(capturing.counts):
-                mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False, programs=n)
+                mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False, programs=n,
+                                        collectives=nc)
             return out
         out = impl(*args, **kwargs)
-        read, written, cb, n = account(out)
-        mesh.counters.record_op(op_name, read, written, collective_bytes=cb, programs=n)
+        read, written, cb, n, nc = account(out)
+        mesh.counters.record_op(op_name, read, written, collective_bytes=cb, programs=n, collectives=nc)
         return out
 
 

@@ -12,18 +12,25 @@ Default: one program per op call. Exceptions, each with its reason:
   program per input plus the op.
 * ``all_reduce`` (synchronous): two programs, reduce_scatter then all_gather (the composite the ring
   all-reduce is built from); every other collective is one program.
-* ``experimental.all_reduce_async`` (the composite form, reduce-scatter / all-gather semaphores): a sharded input
-  is converted to interleaved (same buffer type) inside the op first, and the result is then converted to the
-  requested memory config (``all_reduce_async.cpp``, read for facts): one program more for a sharded input, one
-  more again unless the requested output is interleaved in the input's buffer type. Handing it an L1-sharded
-  tensor therefore never saves a reshard program.
+* ``experimental.all_reduce_async`` (the composite form, reduce-scatter / all-gather semaphores): what
+  ``all_reduce_async.cpp`` (tt-metal, read for facts) launches. It picks the scatter dim (the last dim whose tile
+  count splits evenly over the devices). On the common path it is a ``reduce_scatter_minimal_async`` then an
+  ``all_gather_async``: 2 programs and 2 collectives (each with its own handshake). When the scatter would pad a
+  tile (row-major input, or a scattered extent that is not a tile multiple), or no dim splits, it is an all-gather
+  then a local sum over the gathered copies (fp32: a transpose and a ``sum``; bfloat8_b: typecast, ``moreh_sum``,
+  typecast; otherwise ``moreh_sum``; row-major input adds a to_layout each way): 1 collective. A sharded input is
+  converted to interleaved (same buffer type) inside the op first, and the result is then converted to the
+  requested memory config: one program more for a sharded input, one more again unless the requested output is
+  interleaved in the input's buffer type. Handing it an L1-sharded tensor therefore never saves a reshard
+  program. The form with ``multi_device_global_semaphore`` (a persistent buffer tensor, sharded in and out) is one
+  device op: 1 program, 1 collective.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from .tensor import EmuTensor, is_tile
+from .tensor import EmuTensor, dtype_name, is_tile
 
 TILE = 32
 
@@ -96,10 +103,66 @@ def programs_for(op_name: str, args: tuple, kwargs: dict, out) -> int:
     if op_name == "ttnn.all_reduce":
         return 2
     if op_name == "ttnn.experimental.all_reduce_async":
-        t = args[0] if args else kwargs.get("input_tensor")
-        if isinstance(t, EmuTensor) and t.is_sharded():
-            out_mc = kwargs.get("memory_config") or t.memory_config()
-            back = out_mc.is_sharded() or out_mc.buffer_type != t.memory_config().buffer_type
-            return 1 + 1 + int(back)
-        return 1
+        return _all_reduce_async_plan(args, kwargs)[0]
     return 1
+    return 1
+
+
+def collectives_for(op_name: str, args: tuple, kwargs: dict) -> int:
+    """Collective launches of a CCL call (each pays its own fixed cost on cards; see the module doc)."""
+    if op_name == "ttnn.all_reduce":
+        return 2
+    if op_name == "ttnn.experimental.all_reduce_async":
+        return _all_reduce_async_plan(args, kwargs)[1]
+    return 1
+
+
+def _input_of(args: tuple, kwargs: dict):
+    return args[0] if args else kwargs.get("input_tensor")
+
+
+def _scatter_dim(shape: Sequence[int], tiled: bool, n: int) -> int | None:
+    """The dim ``all_reduce_async`` scatters over: the last whose extent (in tiles for the last two dims of a TILE
+    tensor) splits evenly over ``n`` devices; None when none does."""
+    dims = [int(d) for d in shape]
+    if tiled:
+        for i in (-1, -2):
+            if len(dims) >= -i:
+                dims[i] = -(-dims[i] // TILE)
+    for d in range(len(dims) - 1, -1, -1):
+        if dims[d] % n == 0:
+            return d
+    return None
+
+
+def _all_reduce_async_plan(args: tuple, kwargs: dict) -> tuple[int, int]:
+    """(programs, collectives) of one ``experimental.all_reduce_async`` call (module doc)."""
+    t = _input_of(args, kwargs)
+    if not isinstance(t, EmuTensor):
+        return 2, 2
+    if kwargs.get("multi_device_global_semaphore") is not None:
+        return 1, 1  # the single-op form over a persistent buffer tensor
+    shape = t.logical_shape_list
+    tiled = is_tile(t.layout)
+    n = 1 if kwargs.get("cluster_axis") == 0 else max(int(t.num_shards), 1)
+    dim = _scatter_dim(shape, tiled, n)
+    rank = len(shape)
+    composite = dim is None or not tiled
+    if not composite and dim >= rank - 2 and (shape[dim] // n) % TILE != 0:
+        composite = True  # scattering a padded tile
+    convert = 0
+    if t.is_sharded():
+        out_mc = kwargs.get("memory_config") or t.memory_config()
+        back = out_mc.is_sharded() or out_mc.buffer_type != t.memory_config().buffer_type
+        convert = 1 + int(back)
+    if not composite:
+        return 2 + convert, 2
+    dtype = dtype_name(t.dtype)
+    if dtype == "FLOAT32":
+        local_sum = 2  # transpose + sum
+    elif dtype == "BFLOAT8_B":
+        local_sum = 3  # typecast + moreh_sum + typecast
+    else:
+        local_sum = 1
+    layout = 0 if tiled else 2
+    return 1 + local_sum + layout + convert, 1

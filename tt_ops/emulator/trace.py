@@ -60,7 +60,7 @@ class TraceStep:
     args: tuple
     kwargs: dict
     outputs: Any
-    account: Callable | None = None  # fn(outputs) -> (read, written, collective_bytes, programs), per replay
+    account: Callable | None = None  # fn(outputs) -> (read, written, collective_bytes, programs, collectives), per replay
 
 
 @dataclasses.dataclass
@@ -207,8 +207,8 @@ class TraceState:
                 fresh = step.impl(*step.args, **step.kwargs)
                 _write_back(step.outputs, fresh, step.op_name)
                 if step.account is not None:
-                    read, written, cb, n = step.account(step.outputs)
-                    counts.add_op(step.op_name, read, written, cb, n)
+                    read, written, cb, n, nc = step.account(step.outputs)
+                    counts.add_op(step.op_name, read, written, cb, n, nc)
         finally:
             self.replaying = False
         self.mesh.counters.record_replay(counts)
