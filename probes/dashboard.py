@@ -314,8 +314,8 @@ def _tok_range(lo: float | None, hi: float | None) -> str:
 def batch_rows(records: list[tuple[Path, dict]]) -> tuple[list[dict], list[dict], list[tuple[Path, dict]]]:
     """-> (decode rows per B from decode-cost, speculative rows per (B, K) from gate-0b, records used), the latest
     record of each (probe, B). MTP tok/s are (low, high): at B = 1 both are the record's one figure; at B > 1 the
-    step's two draft-cost bounds (per_user_chains: low, packed_chain_floor: high). A B whose every K the packed
-    verify refused gives one row with ``refused`` set."""
+    step's two draft-cost bounds (per_user_chains: low, packed_chain_floor: high). A K the packed verify refused
+    has its row with ``refused`` set (the reason), not dropped."""
     used, dec, spec = [], [], []
     for b in sorted({batch_of(r) for _, r in records if r["probe"] == "decode-cost"}):
         path, r = latest(records, "decode-cost", b)
@@ -330,20 +330,23 @@ def batch_rows(records: list[tuple[Path, dict]]) -> tuple[list[dict], list[dict]
         d_ms = p["decode"]["ms"]
         base = {"batch": b, "label": p["label"], "decode_ms": d_ms, "plain_per_user": 1e3 / d_ms,
                 "plain_aggregate": b * 1e3 / d_ms}
+        refused = p.get("ks_refused") or {}
         ks = sorted(p["verify_cost_ratio"], key=int)
-        if not ks:
-            spec.append({**base, "k": None, "refused": "; ".join(f"K={k}: {why}" for k, why in
-                                                                (p.get("ks_refused") or {}).items()) or "no K asked"})
-            continue
-        tok = p["mtp_tok_s_shadow_commit"]
+        tok = p.get("mtp_tok_s_shadow_commit") or {}
+        mine = []
+        for k in sorted(refused, key=int):
+            mine.append({**base, "k": int(k), "refused": refused[k]})
         for k in ks:
             if b == 1:
                 mtp = {sc: (by[k], by[k]) for sc, by in tok.items() if by.get(k) is not None}
             else:
                 lo, hi = tok["per_user"]["per_user_chains"], tok["per_user"]["packed_chain_floor"]
                 mtp = {sc: (lo[sc][k], hi[sc][k]) for sc in lo if lo[sc].get(k) is not None}
-            spec.append({**base, "k": int(k), "rows": p["verify"][k]["rows"], "verify_ms": p["verify"][k]["ms"],
+            mine.append({**base, "k": int(k), "rows": p["verify"][k]["rows"], "verify_ms": p["verify"][k]["ms"],
                          "ratio": p["verify_cost_ratio"][k], "mtp_per_user": mtp, "refused": None})
+        if not mine:
+            mine.append({**base, "k": None, "refused": "no K asked"})
+        spec += sorted(mine, key=lambda x: x["k"] or 0)
     return dec, spec, used
 
 
@@ -353,8 +356,8 @@ def plot_batch(plt, dec: list[dict], spec: list[dict], out: Path) -> Path:
     if dec:
         ax.plot([x["batch"] for x in dec], [x["aggregate"] for x in dec], marker="o", color="black",
                 label="plain decode (decode-cost)")
-    for k in sorted({x["k"] for x in spec if x["k"] is not None}):
-        rows = [x for x in spec if x["k"] == k and BATCH_SCENARIO in x["mtp_per_user"]]
+    for k in sorted({x["k"] for x in spec if x["refused"] is None}):
+        rows = [x for x in spec if x["k"] == k and x["refused"] is None and BATCH_SCENARIO in x["mtp_per_user"]]
         if not rows:
             continue
         bs = [x["batch"] for x in rows]
@@ -391,14 +394,15 @@ def batch_section(plt, records: list[tuple[Path, dict]], out_dir: Path) -> tuple
                          [[str(x["batch"]), _ms(x["ms"]), f"{x['per_user']:.1f}", f"{x['aggregate']:.1f}",
                            "-" if one is None else f"{x['aggregate'] / one:.1f}x"] for x in dec]))
     if spec:
-        scens = sorted({sc for x in spec if x["k"] is not None for sc in x["mtp_per_user"]},
+        scens = sorted({sc for x in spec if x["refused"] is None for sc in x["mtp_per_user"]},
                        key=lambda p: ("/" in p, [-float(v) for v in p.split("/")]))
         md += ["", f"## Speculative step vs batch ({', '.join(sorted({x['label'] for x in spec}))}; gate-0b)", ""]
         rows = []
         for x in spec:
             head = [str(x["batch"]), _ms(x["decode_ms"]), f"{x['plain_per_user']:.1f}", f"{x['plain_aggregate']:.1f}"]
-            if x["k"] is None:
-                rows.append(head + ["-", "-", "-", "-"] + ["-"] * (2 * len(scens)) + [f"refused: {x['refused']}"])
+            if x["refused"] is not None:
+                rows.append(head + ["-" if x["k"] is None else str(x["k"]), "-", "-", "-"] + ["-"] * (2 * len(scens))
+                            + [f"refused: {x['refused']}"])
                 continue
             mtp = x["mtp_per_user"]
             rows.append(head + [str(x["k"]), str(x["rows"]), _ms(x["verify_ms"]), f"{x['ratio']:.3f}"]

@@ -142,3 +142,63 @@ def test_report_keeps_a_measured_label(runs, tmp_path):
     assert (out / "step_time_by_component.png").exists() and (out / "tok_s_vs_k.png").exists()
     header, rows = _table(md, "Step time by component")
     assert dict(zip(header, rows[0]))["programs"] == "-"
+
+
+@pytest.fixture(scope="module")
+def batch_runs(tmp_path_factory):
+    """decode-cost at B = 1 and 4, gate-0b at B = 1 (K = 1, 3), B = 4 (K = 1, 3 costed, K = 2 refused: 12 rows) and
+    B = 32 (every K refused: plain decode only), CI size."""
+    from qwen36.cli import main
+
+    d = tmp_path_factory.mktemp("batch-runs")
+    for name, probe, extra in (("dc1", "decode-cost", []), ("dc4", "decode-cost", ["--batch", "4"]),
+                               ("g0b1", "gate-0b", ["--ks", "1,3"]), ("g0b4", "gate-0b", ["--batch", "4", "--ks", "1,2,3"]),
+                               ("g0b32", "gate-0b", ["--batch", "32", "--ks", "1"])):
+        assert main(["probe", probe, "--device", "emulated-p150x2", "--preset", "ci", *extra,
+                     "--records", str(d / f"{name}.jsonl")]) == 0
+    return d
+
+
+@pytest.mark.slow
+def test_report_batch_tables(batch_runs, tmp_path):
+    """Records at several B: the plain-decode table has one row per B with the record's per-user / aggregate tok/s and
+    the aggregate against B = 1; the speculative table one row per (B, K) with verify rows, verify_cost_ratio and MTP
+    tok/s (a range between the draft bounds at B > 1), a refused K keeps its row with the probe's reason; the
+    batch-1 gate-0b table still shows the batch-1 record; the batch plot is written."""
+    from qwen36.cli import main
+
+    out = tmp_path / "report"
+    assert main(["report", *sorted(map(str, batch_runs.glob("*.jsonl"))), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    data = (out / "batch_tok_s.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and "(batch_tok_s.png)" in md
+    rec = {n: read_records(batch_runs / f"{n}.jsonl")[0]["performance"] for n in ("dc1", "dc4", "g0b1", "g0b4", "g0b32")}
+
+    header, rows = _table(md, "Plain decode vs batch")
+    by_b = {r[0]: dict(zip(header, r)) for r in rows}
+    assert set(by_b) == {"1", "4"}
+    agg1, agg4 = rec["dc1"]["modelled_aggregate_tok_s"], rec["dc4"]["modelled_aggregate_tok_s"]
+    assert by_b["4"]["aggregate tok/s"] == f"{agg4:.1f}" and by_b["4"]["tok/s per user"] == f"{rec['dc4']['modelled_tok_s']:.1f}"
+    assert by_b["4"]["aggregate vs B=1"] == f"{agg4 / agg1:.1f}x" and by_b["1"]["aggregate vs B=1"] == "1.0x"
+
+    header, rows = _table(md, "Speculative step vs batch")
+    by_bk = {(r[0], r[4]): dict(zip(header, r)) for r in rows}
+    assert list(by_bk) == [("1", "1"), ("1", "3"), ("4", "1"), ("4", "2"), ("4", "3"), ("32", "1")]
+    g1, g4 = rec["g0b1"], rec["g0b4"]
+    row = by_bk[("1", "3")]
+    assert row["verify_cost_ratio"] == f"{g1['verify_cost_ratio']['3']:.3f}" and row["verify rows"] == "4"
+    assert row["MTP tok/s per user @ 0.8"] == f"{g1['mtp_tok_s_shadow_commit']['0.8']['3']:.1f}"
+    row = by_bk[("4", "3")]
+    assert row["verify_cost_ratio"] == f"{g4['verify_cost_ratio']['3']:.3f}" and row["verify rows"] == "16"
+    lo = g4["mtp_tok_s_shadow_commit"]["per_user"]["per_user_chains"]["0.8"]["3"]
+    hi = g4["mtp_tok_s_shadow_commit"]["per_user"]["packed_chain_floor"]["0.8"]["3"]
+    assert lo < hi and row["MTP tok/s per user @ 0.8"] == f"{lo:.1f}-{hi:.1f}"
+    assert row["MTP aggregate @ 0.8"] == f"{4 * lo:.1f}-{4 * hi:.1f}"
+    assert row["plain aggregate"] == f"{4e3 / g4['decode']['ms']:.1f}"
+    assert by_bk[("4", "2")]["note"] == f"refused: {g4['ks_refused']['2']}" and by_bk[("4", "2")]["verify_cost_ratio"] == "-"
+    assert by_bk[("32", "1")]["note"].startswith("refused: ") and "at most 32" in by_bk[("32", "1")]["note"]
+
+    header, rows = _table(md, "gate-0b")  # the batch-1 record's phase table
+    assert [r[0] for r in rows] == ["1", "3"] and rows[1][2] == f"{g1['verify_cost_ratio']['3']:.3f}"
+    header, rows = _table(md, "Sources")
+    assert sum(r[0].startswith("batch table") for r in rows) == 5
