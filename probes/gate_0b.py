@@ -20,6 +20,17 @@ RoPE lookup reads one row per token, not the table (the verify's per-KV-head cac
 counted as none). The MTP head (one full layer + fc, shared LM head) is built once and not extrapolated.
 ``per_layer``: one GDN and one attention layer of the decode and of each verify, with the commit's per-GDN-layer
 part beside the verify's (the verify defers its GDN state writes to the commit).
+
+``--batch B`` (B > 1; 1, the default, is everything above): B users per step, every user at position
+``--context - 1`` with its own KV pages and GDN slot. Costed the same way: the B-row plain decode (tt/batch.py),
+and per K of ``--ks`` that the packed verify admits (``batch_verify_refusal``: B x (K+1) <= 32 rows, whole rows
+of 8 cores above 8; the others are listed in ``ks_refused`` with the reason) the ONE B x (K+1)-row verify, the
+batched acceptor and the per-user commit of tt/batch_spec.py (``BatchSpecDeviceState``), plus every mechanism's
+commit at ``--commit-k``. verify_cost_ratio = packed verify / B-row decode. Plain decode tok/s per user = 1000 /
+ms per step, aggregate = B x that. The batched backend drafts on the host, so the MTP step is bracketed by two
+draft costs (``DRAFT_MODEL``): B single-user device draft chains one after another (``per_user_chains``) and one
+chain (``packed_chain_floor``, what a chain packed over B users costs at least); MTP tok/s per user and aggregate
+are given for both. B = 32 admits no K (32 x 2 > 32 rows): its record is the plain decode only.
 """
 from __future__ import annotations
 
