@@ -48,9 +48,10 @@ demo: $(STAMP)
 	$(VENV)/bin/qwen36 demo
 	$(VENV)/bin/qwen36 demo --device emulated-p150x2 --max-new-tokens 48
 
-# Everything, cards-only tests skipped with a reason: what CI runs (.ci/run).
+# Everything, cards-only tests skipped with a reason: what CI runs (.ci/run). The 25 slowest test phases are listed
+# at the end, so the CI time budget can be watched from any run's log.
 test: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS) $(TEST_PATHS)
+	$(PY) -m pytest -q $(XDIST) --durations=25 $(PYTEST_ARGS) $(TEST_PATHS)
 
 test-cards: $(STAMP)
 	$(PY) -m qwen36.cli cards-check --device $(DEVICE) $(CARDS_ARGS)
