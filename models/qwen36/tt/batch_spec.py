@@ -153,7 +153,11 @@ class _User:
 @dataclass
 class BatchDraft:
     depths: dict[int, int]  # slot -> k_b
-    drafts: dict[int, list[int]]  # slot -> d_1..d_{k_b}
+    drafts: dict[int, list[int]] | None  # slot -> d_1..d_{k_b} (host drafter); None: the drafts live on device only
+
+
+def _is_batch_device_drafter(drafter) -> bool:
+    return all(hasattr(drafter, m) for m in ("allocate", "join", "write_inputs", "device_chain", "device_reseed"))
 
 
 class TTBatchSpecBackend:
@@ -162,9 +166,13 @@ class TTBatchSpecBackend:
     def __init__(self, gen: TTGenerator, slots: int, k: int, mechanism: str | TTMechanism = DEFAULT_MECHANISM,
                  drafter: Callable[[list[int], int], list[int]] | None = None,
                  params: SamplingParams = SamplingParams(), use_trace: bool = True, rng: str = "device"):
-        if drafter is None or hasattr(drafter, "device_draft"):
-            raise BatchSpecError("TTBatchSpecBackend takes a host drafter (history, k) -> k ids; the device MTP "
-                                 "chain is wired to the single-user backend only")
+        self.device_drafter = _is_batch_device_drafter(drafter)
+        if drafter is None or (not self.device_drafter and not callable(drafter)):
+            raise BatchSpecError("TTBatchSpecBackend needs a drafter: the batched device MTP "
+                                 "(tt/mtp_drafter.py TTBatchMTPDrafter) or a host drafter (history, k) -> k ids")
+        if self.device_drafter and params.sampled_drafts:
+            raise BatchSpecError("sampled drafts (temperature > 0 with draft='sample') are not built for the batched "
+                                 "device MTP drafter (it drafts argmax); use draft='greedy' (--draft greedy) or one user")
         rows = slots * (k + 1)
         if rows > TILE_ROWS:
             raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) = {rows} verify rows: the decode-path attention "
@@ -177,7 +185,7 @@ class TTBatchSpecBackend:
         self.ttnn, self.mesh = gen.ttnn, gen.mesh
         self.mechanism = tt_mechanism(mechanism)
         self.slots, self.k, self.drafter, self.use_trace, self.params = slots, k, drafter, use_trace, params
-        self.label = f"tt ({gen.label or 'mesh'}) + host drafter"
+        self.label = f"tt ({gen.label or 'mesh'})" + ("" if self.device_drafter else " + host drafter")
         self.counters = MechanismCounters()
         self.decoder = TTBatchDecoder(self.model, slots, use_trace=use_trace)
         a = self.model.args
@@ -191,6 +199,8 @@ class TTBatchSpecBackend:
         pt = self.decoder.state.page_table_host.to(torch.int32)  # [B, pages]
         st.write("head_page_table", (pt[:, None, :] * heads + torch.arange(heads)[None, :, None]).reshape(slots * heads, -1))
         st.start()  # ring: live (zeros) -> ring slot 0, every head pointed at it
+        if self.device_drafter:
+            drafter.allocate(self.model, slots, k)  # the B-slot MTP head, before any capture
         self.users: dict[int, _User] = {}
         self._traces = StepTraces(self.ttnn, self.mesh, warmup_steps=1)
         self._phase = "idle"
@@ -243,12 +253,18 @@ class TTBatchSpecBackend:
                                  "(one device acceptor serves every slot with one set of params; only the seed may "
                                  "differ)")
         logits: list[torch.Tensor] = []
-        self._with_live_state(lambda: logits.append(self.decoder.join(slot, prompt)))
+        hidden: list | None = [] if self.device_drafter else None
+        self._with_live_state(lambda: logits.append(self.decoder.join(slot, prompt, hidden_out=hidden)))
         row = logits[0]
         gen = params.generator(torch.device("cpu"))
         first = int(pick_token(row.reshape(1, -1), params, gen, TokenHistory(list(prompt), self.vocab).now()))
         lp = token_logprobs(row, first, params.logprobs) if params.logprobs is not None else None
-        self.users[slot] = _User(params, list(int(t) for t in prompt) + [first], lp)
+        history = list(int(t) for t in prompt) + [first]
+        if self.device_drafter:  # the user's MTP prefill: its own MTP pages and its row of the chain start
+            with self._scope():
+                h = hidden[0] if len(hidden) == 1 else self.ttnn.concat(hidden, dim=2)
+                self.drafter.join(slot, history, h)
+        self.users[slot] = _User(params, history, lp)
         return first
 
     def first_logprobs(self, slot: int) -> TokenLogprobs | None:
@@ -276,18 +292,27 @@ class TTBatchSpecBackend:
             if self.decoder.pos[slot] + kb + 1 > max_len:
                 raise ValueError(f"slot {slot}: KV cache full: position {self.decoder.pos[slot]} + {kb + 1} rows > "
                                  f"max_seq_len {max_len}")
-        drafts = {s: [int(x) for x in self.drafter(list(self.users[s].history), kb)] for s, kb in depths.items()}
-        for s, d in drafts.items():
-            if len(d) != depths[s]:
-                raise ValueError(f"slot {s}: the drafter returned {len(d)} drafts, {depths[s]} asked")
-        self._write_rows(depths, drafts)
-        self.counters.mtp_forwards += max(depths.values())
+        if self.device_drafter:
+            drafts = None
+            self._write_rows(depths, None)
+            self.drafter.write_inputs(dict(depths), {s: self.decoder.pos[s] for s in depths},
+                                      {s: self.users[s].history[-1] for s in depths})
+            self._run("draft", lambda: self.drafter.device_chain(self.step_state))
+            self.counters.mtp_forwards += self.k  # the packed chain runs K steps whatever each k_b
+        else:
+            drafts = {s: [int(x) for x in self.drafter(list(self.users[s].history), kb)] for s, kb in depths.items()}
+            for s, d in drafts.items():
+                if len(d) != depths[s]:
+                    raise ValueError(f"slot {s}: the drafter returned {len(d)} drafts, {depths[s]} asked")
+            self._write_rows(depths, drafts)
+            self.counters.mtp_forwards += max(depths.values())
         self._draft = BatchDraft(dict(depths), drafts)
         self._phase = "drafted"
         return self._draft
 
-    def _write_rows(self, depths: Mapping[int, int], drafts: Mapping[int, list[int]]) -> None:
-        """The step's row inputs (module doc) into the persistent buffers (between replays)."""
+    def _write_rows(self, depths: Mapping[int, int], drafts: Mapping[int, list[int]] | None) -> None:
+        """The step's row inputs (module doc) into the persistent buffers (between replays). ``drafts`` None: the
+        device drafter's chain writes the token rows and the acceptor's drafts on device."""
         st, b, t, k = self.step_state, self.slots, self.k + 1, self.k
         a = self.model.args
         heads, bs, last = a.hkv_d, a.block_size, a.max_seq_len - 1
@@ -301,21 +326,23 @@ class TTBatchSpecBackend:
         active = torch.zeros(1, b, 1, 1)
         for s, kb in depths.items():
             n = self.decoder.pos[s]
-            real = [self.users[s].history[-1]] + drafts[s]
             pos = [min(n + j, last) for j in range(t)]
-            tokens[s, : kb + 1] = torch.tensor(real, dtype=torch.int32)
+            if drafts is not None:
+                real = [self.users[s].history[-1]] + drafts[s]
+                tokens[s, : kb + 1] = torch.tensor(real, dtype=torch.int32)
+                acc_drafts[0, s, 0, :kb] = torch.tensor(drafts[s], dtype=torch.int32)
             rope[s] = torch.tensor(pos, dtype=torch.int32)
             for j in range(kb + 1):
                 phys[s, j] = int(pt[s, pos[j] // bs]) * bs + pos[j] % bs
             bounds[s] = torch.tensor(pos, dtype=torch.int32)[None, :]
-            acc_drafts[0, s, 0, :kb] = torch.tensor(drafts[s], dtype=torch.int32)
             mask[s, : kb + 1] = 1.0
             active[0, s] = 1.0
-        st.write("tokens", tokens.reshape(1, b * t))
+        if drafts is not None:
+            st.write("tokens", tokens.reshape(1, b * t))
+            st.write("drafts", acc_drafts)
         st.write("rope_idx", rope.reshape(1, b * t))
         st.write("phys_rows", phys.reshape(1, b * t))
         st.write("bounds", bounds.reshape(-1))
-        st.write("drafts", acc_drafts)
         st.write("row_mask", mask)
         st.write("active", active)
 
@@ -367,7 +394,7 @@ class TTBatchSpecBackend:
         if set(acceptances) != set(depths):
             raise ValueError(f"commit() needs the acceptance of every user of the step: got slots "
                              f"{sorted(acceptances)}, the step has {sorted(depths)}")
-        self._run("commit", self.step_state.commit)
+        self._run("commit", self._commit_device)
         c = self.counters
         # the re-advance runs every slot's K+1 rows (B*(K+1) recurrence rows per GDN layer)
         self.mechanism.count_commit(c, self.slots * (self.k + 1), self._n_gdn, self.step_state.state_bytes)
@@ -377,6 +404,12 @@ class TTBatchSpecBackend:
             self.users[s].history += list(acc.tokens)
         self._traces.step_done()
         self._draft, self._phase = None, "idle"
+
+    def _commit_device(self) -> None:
+        """The commit trace: per-user state commit, then (device drafter) the MTP reseed over the verified rows."""
+        self.step_state.commit()  # also zeroes the count of slots outside the step
+        if self.device_drafter:
+            self.drafter.device_reseed(self.step_state, self.step_state._vout)
 
     def abort(self) -> None:
         if self._phase == "idle":
