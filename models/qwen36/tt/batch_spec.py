@@ -4,13 +4,18 @@ b, page-table row b).
 
 One step, K fixed per backend (the verify width; a user drafts k_b <= K):
 
-    host:             per user: drafts from the host drafter; the step's row inputs (tokens, RoPE rows, physical
-                      KV rows, SDPA bounds, row mask, active flags) into persistent buffers
+    host:             the step's row inputs (RoPE rows, physical KV rows, SDPA bounds, row mask, active flags,
+                      and the MTP's reseed and chain positions) into persistent buffers
+    trace draft:      the device MTP chain (``tt/mtp.py`` ``TTBatchMTPHead``): K argmax drafts for every user, B rows
+                      per chain step, written into the verify's token rows and the acceptor's drafts
+                      [with a host drafter instead: its drafts written from the host, no draft trace]
     trace verify:     ONE target forward over B x (K+1) rows (user b's rows at b*(K+1)..), on-device acceptance of
                       every user ([1, B, K+1, V] logits -> per-user count + tokens)
     host:             read the acceptor's result (the step's one device->host transfer)
     trace commit:     per user, on device: conv window rows a_b+1.., the commit mechanism's per-user state select,
-                      masked re-advance from the user's own rows (``tt/commit.py`` ``commit_gdn_layers``)
+                      masked re-advance from the user's own rows (``tt/commit.py`` ``commit_gdn_layers``);
+                      then the MTP reseed over every stepping user's verified rows (its own positions, its own
+                      MTP pages), row a_b of each user kept as the start of its next chain
 
 Rows. User b's rows are ``[pending_b, d_1..d_{k_b}]`` at positions n_b..n_b+k_b. Its rows past k_b, and every
 row of a slot not in the step (a free slot, or a user sitting out), are inert:
@@ -34,13 +39,19 @@ Mechanisms (the same ``tt/mechanisms.py`` objects the single-user backend uses, 
   the ring, so a join or a leave (which write the decoder's live state) is bracketed by the mechanism's leave
   (ring slots -> live) and enter (live -> ring slot 0): 2 state copies per GDN layer, counted.
 
-Traces: one "verify" and one "commit" per backend (i.e. per (bucket, K)); the first step runs eagerly, the second
-captures, every later step replays. Joins and leaves run eagerly between replays inside the decoder's
+Traces: one "draft" (device drafter), one "verify" and one "commit" per backend (i.e. per (bucket, K)); the first
+step runs eagerly, the second captures, every later step replays. Joins and leaves run eagerly between replays inside the decoder's
 ``corruptible_allocation_scope`` (no retrace).
 
-Drafting: a host drafter ``(history, k) -> k ids`` per user (written to device between replays). The device MTP
-reseed + draft chain of the single-user backend is not wired to the batched slots: the label says
-"+ host drafter". Sampling: every user of one backend shares the backend's ``SamplingParams`` (apart from the
+Drafting: the batched device MTP (``tt/mtp_drafter.py`` ``TTBatchMTPDrafter``), every user's reseed and chain packed
+into the same device ops; or a host drafter ``(history, k) -> k ids`` per user (tests and probes; written to
+device between replays, the label then says "+ host drafter"). Unlike the single-user backend, the chain runs in
+its own trace at draft() rather than at the end of the commit: the next step's per-user depths (which rows of the
+chain each user writes) are only known at draft(); the reseed, which needs the accepted counts, stays in the
+commit, and nothing is read back between the three traces but the acceptor's result. The MTP KV cache has B
+slots of its own pages; a joining user's MTP prefill zeroes and fills only its slot's pages. Device drafts are
+argmax (greedy runs, and sampled runs with ``draft="greedy"``: one-hot draft distributions); sampled drafts
+(``draft="sample"`` at temperature > 0) are refused. Sampling: every user of one backend shares the backend's ``SamplingParams`` (apart from the
 seed, which picks its first token on the host); stochastic acceptance draws each user's uniforms from its own
 columns of one device table (exact in distribution per user, not the same draws as a batch-1 run). Penalties
 and logprobs are batch-1 only on the device acceptor and refused here.
