@@ -9,8 +9,11 @@ the shipped trained checkpoint (its MTP head drafts well enough that steps accep
   different lengths, per-user depths, a user joining mid-run), every commit mechanism across the file;
 * isolation: a user drafting k_b < K, a user sitting a step out and a free slot whose MTP KV pages are NaN leave
   the other users' drafts bit-identical; the user sitting out keeps its MTP pages and its next drafts;
+* sampled drafts: the draft distributions are the acceptor's transform of the MTP logits (zero past k_b) and each
+  draft is the inverse-CDF draw with its user's own uniform column;
 * the CLI: ``qwen36 generate`` on emulated-p150x2 with two prompts and --spec-k 2 runs one batched TT backend,
-  prints each prompt's batch-1 plain ids and per-user acceptance stats; what it cannot serve is refused in one line.
+  prints each prompt's batch-1 plain ids and per-user acceptance stats (greedy; a sampled run completes);
+  --spec-k auto with several prompts is refused in one line.
 """
 from __future__ import annotations
 
@@ -254,11 +257,64 @@ def test_rejoined_slot_and_abort(gen, reader):
     assert torch.isfinite(first[1][1]).all()
 
 
+# ---- sampled drafts ------------------------------------------------------------------------------------------------
+def _inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """Host twin of tt/sampler.py inverse_cdf_draw for one row."""
+    cdf = torch.cumsum(probs, 0)
+    total = cdf.max()
+    return int(((cdf <= u * total) & (cdf < total)).sum())
+
+
+@pytest.mark.slow
+def test_sampled_drafts_follow_the_acceptors_transform(gen, reader):
+    """B = 2, K = 2, temperature 1, top-k 6, draft="sample", host-seeded uniforms; user 0 drafts 2, user 1 drafts 1.
+    Per chain: the persistent draft distributions equal the host transform (speculative.sampling.probs_from_logits)
+    of the MTP draft logits (max abs <= 1e-6), the row past user 1's k_b is zero, and every draft is the inverse-CDF
+    draw of its own distribution with uniform column b*32 + i of the chain's table row; draft, abort, draft
+    reproduces the drafts (the abort gives the uniform row back) and a refilled table gives new ones. Then a
+    sampled two-user run completes, with the draft distributions handed to the acceptor."""
+    from qwen36.speculative.sampling import probs_from_logits
+
+    sp = SamplingParams(temperature=1.0, top_k=6, seed=3)
+    be = TTBatchSpecBackend(gen, 2, 2, "snapshot", drafter=TTBatchMTPDrafter(reader), params=sp, rng="host")
+    head = be.drafter.head
+    try:
+        be.join(0, PROMPTS[0], sp)
+        be.join(1, PROMPTS[1], sp)
+        depths, seen = {0: 2, 1: 1}, set()
+        for chain in range(4):
+            be.draft(depths)
+            ids, logits = be.drafter.read_drafts()
+            row = head.rows_used - 1
+            u = gen.model.to_host(head.uniforms.table).float()[row].reshape(2, -1)
+            dp = gen.model.to_host(be.drafter.draft_probs()).float().reshape(2, 2, -1)
+            assert dp[1, 1].abs().max() == 0  # past user 1's k_b
+            for s, kb in depths.items():
+                for i in range(kb):
+                    want = probs_from_logits(logits[s, i].reshape(1, 1, -1), sp, None).reshape(-1)
+                    assert float((dp[s, i] - want).abs().max()) <= 1e-6, (chain, s, i)
+                    assert int(ids[s, i]) == _inverse_cdf(dp[s, i], float(u[s, i])), (chain, s, i)
+            be.abort()
+            be.draft(depths)
+            assert torch.equal(be.drafter.read_drafts()[0], ids)  # the aborted chain's row was given back
+            be.abort()
+            seen.add(tuple(ids[:, 0].tolist()))
+            head.uniforms.refill()  # a fresh table: the next chain draws new uniforms from the same state
+            head.rows_used = 0
+        assert len(seen) > 1, seen  # the draws moved with the uniforms
+    finally:
+        be.close()
+    be = TTBatchSpecBackend(gen, 2, 2, "snapshot", drafter=TTBatchMTPDrafter(reader), params=sp)
+    try:
+        got = speculative_generate_slots(be, PROMPTS[:2], 6, [2, 1], [sp, SamplingParams(temperature=1.0, top_k=6,
+                                                                                         seed=4)])
+    finally:
+        be.close()
+    assert [len(r.tokens) for r in got] == [6, 6] and all(0 <= t < 4096 for r in got for t in r.tokens)
+
+
 # ---- construction refusals (fast) -------------------------------------------------------------------------------
-def test_refuses_sampled_drafts_and_the_single_user_drafter(gen, reader):
-    with pytest.raises(BatchSpecError, match="sampled drafts"):
-        TTBatchSpecBackend(gen, 2, 2, drafter=TTBatchMTPDrafter(reader),
-                           params=SamplingParams(temperature=0.8, draft="sample"))
+def test_refuses_the_single_user_drafter(gen, reader):
     with pytest.raises(BatchSpecError, match="TTBatchMTPDrafter"):
         TTBatchSpecBackend(gen, 2, 2, drafter=TTMTPDrafter(reader))
 
@@ -271,7 +327,8 @@ CLI_PROMPTS = ["1734,4064,17,279,1076", "17,279,1076,5,99,1734,201"]
 def test_generate_cli_several_prompts_spec_on_tt(capsys, tmp_path, monkeypatch):
     """`qwen36 generate --device emulated-p150x2 --ids A --ids B --spec-k 2` runs ONE batched TT
     backend with the device MTP: `ids[i]` equal each prompt's own plain TT run, per-user acceptance stats are
-    printed, the backend label names no host drafter; --spec-k auto with several prompts is refused in one line."""
+    printed, the backend label names no host drafter; a sampled run (device-sampled drafts) completes; --spec-k auto
+    with several prompts is refused in one line."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
     base = ["generate", "--max-new-tokens", "6", "--device", "emulated-p150x2"]
     alone = []
@@ -290,5 +347,8 @@ def test_generate_cli_several_prompts_spec_on_tt(capsys, tmp_path, monkeypatch):
     assert [l for l in lines if l.startswith("user ")] == ["user 0:", "user 1:"]
     assert sum(l.startswith("per-position acceptance (d1..d2)") for l in lines) == 2
     print("\n".join(lines))
+    rc, out, err = cli(capsys, *base, *many, "--spec-k", "2", "--temperature", "0.8", "--top-k", "6")
+    assert rc == 0, err
+    assert sum(l.startswith("ids[") for l in out.splitlines()) == 2 and "drafts=sample" in err
     rc, _, err = cli(capsys, *base, *many, "--spec-k", "auto")
     assert rc == 2 and err.count("\n") == 1 and "--spec-k auto" in err

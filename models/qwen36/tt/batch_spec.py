@@ -6,8 +6,8 @@ One step, K fixed per backend (the verify width; a user drafts k_b <= K):
 
     host:             the step's row inputs (RoPE rows, physical KV rows, SDPA bounds, row mask, active flags,
                       and the MTP's reseed and chain positions) into persistent buffers
-    trace draft:      the device MTP chain (``tt/mtp.py`` ``TTBatchMTPHead``): K argmax drafts for every user, B rows
-                      per chain step, written into the verify's token rows and the acceptor's drafts
+    trace draft:      the device MTP chain (``tt/mtp.py`` ``TTBatchMTPHead``): K drafts (argmax or sampled) for every
+                      user, B rows per chain step, written into the verify's token rows and the acceptor's drafts
                       [with a host drafter instead: its drafts written from the host, no draft trace]
     trace verify:     ONE target forward over B x (K+1) rows (user b's rows at b*(K+1)..), on-device acceptance of
                       every user ([1, B, K+1, V] logits -> per-user count + tokens)
@@ -49,9 +49,11 @@ device between replays, the label then says "+ host drafter"). Unlike the single
 its own trace at draft() rather than at the end of the commit: the next step's per-user depths (which rows of the
 chain each user writes) are only known at draft(); the reseed, which needs the accepted counts, stays in the
 commit, and nothing is read back between the three traces but the acceptor's result. The MTP KV cache has B
-slots of its own pages; a joining user's MTP prefill zeroes and fills only its slot's pages. Device drafts are
-argmax (greedy runs, and sampled runs with ``draft="greedy"``: one-hot draft distributions); sampled drafts
-(``draft="sample"`` at temperature > 0) are refused. Sampling: every user of one backend shares the backend's ``SamplingParams`` (apart from the
+slots of its own pages; a joining user's MTP prefill zeroes and fills only its slot's pages. Device drafts follow
+the params as the single-user drafter's do: argmax (greedy, or ``draft="greedy"``: one-hot draft distributions),
+or sampled on device (temperature > 0, ``draft="sample"``) from the acceptor's transform of the MTP logits, user b
+drawing from its own columns of one uniform row per chain, the draft distributions handed to the stochastic
+acceptance (zero past k_b). Sampling: every user of one backend shares the backend's ``SamplingParams`` (apart from the
 seed, which picks its first token on the host); stochastic acceptance draws each user's uniforms from its own
 columns of one device table (exact in distribution per user, not the same draws as a batch-1 run). Penalties
 and logprobs are batch-1 only on the device acceptor and refused here.
@@ -181,9 +183,6 @@ class TTBatchSpecBackend:
         if drafter is None or (not self.device_drafter and not callable(drafter)):
             raise BatchSpecError("TTBatchSpecBackend needs a drafter: the batched device MTP "
                                  "(tt/mtp_drafter.py TTBatchMTPDrafter) or a host drafter (history, k) -> k ids")
-        if self.device_drafter and params.sampled_drafts:
-            raise BatchSpecError("sampled drafts (temperature > 0 with draft='sample') are not built for the batched "
-                                 "device MTP drafter (it drafts argmax); use draft='greedy' (--draft greedy) or one user")
         rows = slots * (k + 1)
         if rows > TILE_ROWS:
             raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) = {rows} verify rows: the decode-path attention "
@@ -211,7 +210,7 @@ class TTBatchSpecBackend:
         st.write("head_page_table", (pt[:, None, :] * heads + torch.arange(heads)[None, :, None]).reshape(slots * heads, -1))
         st.start()  # ring: live (zeros) -> ring slot 0, every head pointed at it
         if self.device_drafter:
-            drafter.allocate(self.model, slots, k)  # the B-slot MTP head, before any capture
+            drafter.allocate(self.model, slots, k, self.acceptor)  # the B-slot MTP head, before any capture
         self.users: dict[int, _User] = {}
         self._traces = StepTraces(self.ttnn, self.mesh, warmup_steps=1)
         self._phase = "idle"
@@ -308,6 +307,7 @@ class TTBatchSpecBackend:
             self._write_rows(depths, None)
             self.drafter.write_inputs(dict(depths), {s: self.decoder.pos[s] for s in depths},
                                       {s: self.users[s].history[-1] for s in depths})
+            self.drafter.before_device_draft()
             self._run("draft", lambda: self.drafter.device_chain(self.step_state))
             self.counters.mtp_forwards += self.k  # the packed chain runs K steps whatever each k_b
         else:
@@ -363,8 +363,9 @@ class TTBatchSpecBackend:
         logits = self.ttnn.reshape(vout.out.logits, [1, self.slots, self.k + 1, self.vocab])
         if self.params.greedy:
             res = self.acceptor.greedy(logits, st.drafts)
-        else:
-            res = self.acceptor.stochastic(logits, st.drafts, None)  # host drafts: one-hot draft distribution
+        else:  # argmax or host drafts: one-hot draft distribution (None)
+            probs = self.drafter.draft_probs() if self.device_drafter else None
+            res = self.acceptor.stochastic(logits, st.drafts, probs)
         return vout, res
 
     def verify(self, draft: BatchDraft) -> VerifyOutputs:
@@ -430,6 +431,8 @@ class TTBatchSpecBackend:
                 abort_after_verify(self.step_state)  # shadow_commit refuses here (see mechanisms.ShadowCommit)
             if not self.params.greedy:
                 self.acceptor.uniforms.step_back()  # the acceptor advanced its RNG row counter on device
+        if self.device_drafter:
+            self.drafter.step_back()  # the chain's uniform row (sampled drafts; no-op otherwise)
         self.counters.aborts += 1
         self._draft, self._phase = None, "idle"
 

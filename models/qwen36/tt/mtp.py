@@ -54,7 +54,7 @@ from .ccl import ccl_for
 from .model import TTDecoderLayer, TTQwen36Model, lm_head_logits
 from .model_config import (TensorGroup, activation_memory_config, compute_config_matmul, compute_config_norm,
                            kv_update_input_memory_config, sdpa_decode_program_config, state_memory_config)
-from .sampler import argmax_pick
+from .sampler import DRAFT_UNIFORMS_PER_ROW, UniformTable, argmax_pick, draft_uniform_seeds, inverse_cdf_draw
 from .state import KVLayerState, new_layer_state
 from .weights import MTPWeights
 
@@ -397,7 +397,8 @@ class TTBatchMTPHead(TTMTPHead):
     """The MTP head packed over the B user slots of the batched speculative backend (tt/batch_spec.py): one MTP
     KV cache of B slots (slot b's pages = row b of :attr:`page_table`), the reseed over every user's K+1 verify
     rows in ONE body forward of B*(K+1) rows, row a_b of each user selected by one row gather, and a chain of K
-    steps of B rows each (one row per user). Argmax drafts only.
+    steps of B rows each (one row per user). Argmax drafts, or (:meth:`enable_sampling`) drafts sampled on device
+    from the acceptor's own transform of the MTP logits, each user with its own uniform columns.
 
     Per step (all device ops, traceable; the host only writes the positions below between replays, as it writes
     the verify's row inputs):
@@ -423,6 +424,9 @@ class TTBatchMTPHead(TTMTPHead):
             raise ValueError(f"slots must be an int >= 1, got {slots!r}")
         self.slots = slots
         super().__init__(target, weights, k)
+        self.sampler_acceptor = None  # the DeviceAcceptor whose transform sampled drafts follow (enable_sampling)
+        self.uniforms = self.draft_probs = None
+        self.rows_used = 0  # host mirror of the draft uniform table's row counter
 
     def for_depth(self, k: int) -> "TTMTPHead":
         raise NotImplementedError("the batched MTP head drafts at one depth K (users draft k_b <= K through masks)")
@@ -461,6 +465,39 @@ class TTBatchMTPHead(TTMTPHead):
         self.draft_logits = self._dev(torch.zeros(1, 1, k * b, a.cfg.vocab_size), ttnn.float32, tile)  # [i*B + b]
         self.allocated = True
         return self
+
+    def enable_sampling(self, acceptor, rng_rows: int = 1024) -> None:
+        """Sampled drafts (before any capture): draft i of user b drawn by inverse CDF from
+        ``acceptor.probs_from_logits`` of its MTP logits (the target's temperature / top-k / top-p / min-p transform,
+        so rejection sampling is exact) with uniform column b*32 + i of one table row per chain (a stream of its own,
+        seeded from the acceptor's seed like the single-user draft pick's); the K draft distributions of every
+        user go to the persistent :attr:`draft_probs` [1, B, K, V] (zero past k_b), what
+        ``DeviceAcceptor.stochastic`` takes."""
+        self._require()
+        if self.k > DRAFT_UNIFORMS_PER_ROW:
+            raise ValueError(f"sampled drafts take at most {DRAFT_UNIFORMS_PER_ROW} drafts per chain, K = {self.k}")
+        ttnn, b = self.ttnn, self.slots
+        device_seed, host_seed = draft_uniform_seeds(acceptor.seed)
+        self.uniforms = UniformTable(ttnn, self.mesh, rng_rows, b * DRAFT_UNIFORMS_PER_ROW, source=acceptor.rng,
+                                     device_seed=device_seed, host_seed=host_seed).allocate()
+        self.draft_probs = self._dev(torch.zeros(1, b, self.k, self.args.cfg.vocab_size), ttnn.float32,
+                                     ttnn.TILE_LAYOUT)
+        self.sampler_acceptor, self.rows_used = acceptor, 0
+
+    def before_chain(self) -> None:
+        """Host side, outside any capture, before every chain execution: refill the draft uniforms when used up."""
+        if self.uniforms is None:
+            return
+        if self.rows_used >= self.uniforms.rows:
+            self.uniforms.refill()
+            self.rows_used = 0
+        self.rows_used += 1
+
+    def chain_step_back(self) -> None:
+        """Give the last chain's uniform row back (an aborted step)."""
+        if self.uniforms is not None and self.rows_used > 0:
+            self.uniforms.step_back()
+            self.rows_used -= 1
 
     # ---- host inputs (between replays) -------------------------------------------------------------------------
     def _write(self, host: torch.Tensor, buf) -> None:
@@ -547,9 +584,19 @@ class TTBatchMTPHead(TTMTPHead):
         self._require()
         ttnn, b, k, rm = self.ttnn, self.slots, self.k, self.ttnn.ROW_MAJOR_LAYOUT
         h, lg = self.h_sel, self.logits(self.h_sel)
-        toks, lgs = [], []
+        toks, lgs, probs = [], [], []
+        acc = self.sampler_acceptor
+        u_11B32 = None
+        if acc is not None:  # one uniform row per chain: user b's draft i reads column b*32 + i
+            u_11B32, _ = self.uniforms.next_row([1, 1, b, DRAFT_UNIFORMS_PER_ROW])
         for i in range(k):
-            t = ttnn.argmax(lg, dim=3, keepdim=True)  # [1, 1, B, 1] (lowest index on ties)
+            if acc is None:
+                t = ttnn.argmax(lg, dim=3, keepdim=True)  # [1, 1, B, 1] (lowest index on ties)
+            else:
+                p_11BV = acc.probs_from_logits(lg)
+                t = ttnn.typecast(inverse_cdf_draw(ttnn, p_11BV, ttnn.slice(u_11B32, [0, 0, 0, i], [1, 1, b, i + 1])),
+                                  ttnn.uint32)
+                probs.append(ttnn.reshape(p_11BV, [1, b, 1, self.args.cfg.vocab_size]))
             t = t if t.layout == rm else ttnn.to_layout(t, rm)
             toks.append(t)
             lgs.append(lg)
@@ -571,6 +618,9 @@ class TTBatchMTPHead(TTMTPHead):
         rows = ttnn.concat([self.pending, ttnn.multiply(d_f, mask)], dim=3)  # [1, 1, B, K+1]
         rows = ttnn.reshape(ttnn.to_layout(ttnn.typecast(rows, ttnn.uint32), rm), [1, b * (k + 1)])
         ttnn.copy(rows, verify_tokens)
+        if probs:  # zero past k_b: a user accepting all its k_b drafts then draws the bonus from p_target alone
+            p_1BKV = probs[0] if k == 1 else ttnn.concat(probs, dim=2)
+            ttnn.copy(ttnn.multiply(p_1BKV, ttnn.reshape(mask, [1, b, k, 1])), self.draft_probs)
 
     # ---- a joining user (eager, between replays) -------------------------------------------------------------
     def join_slot(self, slot: int, next_tokens: torch.Tensor, hidden) -> None:

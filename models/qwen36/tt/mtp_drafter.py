@@ -148,9 +148,10 @@ class TTMTPDrafter:
 class TTBatchMTPDrafter:
     """Device drafter of the batched backend (tt/batch_spec.py ``TTBatchSpecBackend``): one
     :class:`~.mtp.TTBatchMTPHead` over the backend's B slots at the backend's verify depth K, every user's reseed and
-    chain packed into the same device ops (per-user positions, per-slot MTP pages). Argmax drafts only (greedy
-    runs, and sampled runs with ``draft="greedy"``: one-hot draft distributions); sampled drafts are refused by
-    the backend.
+    chain packed into the same device ops (per-user positions, per-slot MTP pages). Draft choice follows the
+    backend's SamplingParams as the single-user drafter's does: argmax (greedy, or ``draft="greedy"``: one-hot
+    draft distributions for stochastic acceptance), or sampled on device (temperature > 0 with ``draft="sample"``)
+    from the acceptor's own transform of the MTP logits, each user drawing from its own uniform columns.
 
     Hooks the backend calls: :meth:`allocate` (construction, before any capture), :meth:`join` (a user's MTP
     prefill, eager), :meth:`write_inputs` (host positions before the draft trace), :meth:`device_chain` (the
@@ -161,9 +162,13 @@ class TTBatchMTPDrafter:
         self.reader, self.cache_dir = reader, cache_dir
         self.head: TTBatchMTPHead | None = None
 
-    def allocate(self, model, slots: int, k: int) -> None:
-        if self.head is None or self.head.target is not model or (self.head.slots, self.head.k) != (slots, k):
-            self.head = load_tt_batch_mtp(model, self.reader, k, slots, cache_dir=self.cache_dir)
+    def allocate(self, model, slots: int, k: int, acceptor=None) -> None:
+        """The B-slot head (before any capture); ``acceptor`` whose params ask for sampled drafts switches them on."""
+        if self.head is not None:
+            raise RuntimeError("TTBatchMTPDrafter serves one backend: make one per TTBatchSpecBackend")
+        self.head = load_tt_batch_mtp(model, self.reader, k, slots, cache_dir=self.cache_dir)
+        if acceptor is not None and acceptor.params.sampled_drafts:
+            self.head.enable_sampling(acceptor)
 
     def join(self, slot: int, history: list[int], prompt_hidden) -> None:
         """``history`` = prompt + first token; ``prompt_hidden`` the prefill's post-norm rows [1, 1, P, H]."""
@@ -173,8 +178,20 @@ class TTBatchMTPDrafter:
         self.head.write_reseed_inputs(depths, pos)
         self.head.write_chain_inputs(depths, pos, pending)
 
+    def before_device_draft(self) -> None:
+        """Host side, outside any capture, before every chain execution (eager or replayed)."""
+        self.head.before_chain()
+
+    def step_back(self) -> None:
+        """An aborted step gives its chain's uniform row back (sampled drafts)."""
+        self.head.chain_step_back()
+
     def device_chain(self, step_state) -> None:
         self.head.chain_batch(step_state.tokens, step_state.drafts)
+
+    def draft_probs(self):
+        """[1, B, K, V] fp32 draft distributions (persistent) for sampled drafts; None = one-hot (argmax drafts)."""
+        return self.head.draft_probs
 
     def device_reseed(self, step_state, vout) -> None:
         acc = step_state.acceptor
