@@ -72,7 +72,8 @@ def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int,
     block = 32
     gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,
                          max_seq_len=max(2 * block, -(-max_len // block) * block), block_size=block)
-    return TTBatchSpecBackend(gen, users, k, mechanism, drafter=TTBatchMTPDrafter(load_checkpoint(ckpt, require_mtp=True)),
+    drafter = TTBatchMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
+    return TTBatchSpecBackend(gen, users, k, mechanism, drafter=drafter,
                               params=params if params is not None else SamplingParams())
 
 

@@ -40,8 +40,8 @@ Mechanisms (the same ``tt/mechanisms.py`` objects the single-user backend uses, 
   (ring slots -> live) and enter (live -> ring slot 0): 2 state copies per GDN layer, counted.
 
 Traces: one "draft" (device drafter), one "verify" and one "commit" per backend (i.e. per (bucket, K)); the first
-step runs eagerly, the second captures, every later step replays. Joins and leaves run eagerly between replays inside the decoder's
-``corruptible_allocation_scope`` (no retrace).
+step runs eagerly, the second captures, every later step replays. Joins and leaves run eagerly between replays
+inside the decoder's ``corruptible_allocation_scope`` (no retrace).
 
 Drafting: the batched device MTP (``tt/mtp_drafter.py`` ``TTBatchMTPDrafter``), every user's reseed and chain packed
 into the same device ops; or a host drafter ``(history, k) -> k ids`` per user (tests and probes; written to
@@ -53,8 +53,8 @@ slots of its own pages; a joining user's MTP prefill zeroes and fills only its s
 the params as the single-user drafter's do: argmax (greedy, or ``draft="greedy"``: one-hot draft distributions),
 or sampled on device (temperature > 0, ``draft="sample"``) from the acceptor's transform of the MTP logits, user b
 drawing from its own columns of one uniform row per chain, the draft distributions handed to the stochastic
-acceptance (zero past k_b). Sampling: every user of one backend shares the backend's ``SamplingParams`` (apart from the
-seed, which picks its first token on the host); stochastic acceptance draws each user's uniforms from its own
+acceptance (zero past k_b). Sampling: every user of one backend shares the backend's ``SamplingParams`` (apart
+from the seed, which picks its first token on the host); stochastic acceptance draws each user's uniforms from its own
 columns of one device table (exact in distribution per user, not the same draws as a batch-1 run). Penalties
 and logprobs are batch-1 only on the device acceptor and refused here.
 """

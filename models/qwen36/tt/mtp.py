@@ -39,6 +39,10 @@ Host/device boundary of the traced step (all buffers persistent, allocated by :m
     select  [1, 1, 1, 1] fp32 TILE: a (the acceptor's ``count``)
  -> draft_tokens [1, 1, 1, K] uint32 ROW_MAJOR, draft_logits [1, 1, K, V] fp32 TILE (persistent outputs;
     ``DeviceAcceptor.greedy/stochastic(logits, draft_tokens, probs_from_logits(draft_logits))`` take them).
+
+:class:`TTBatchMTPHead` is the same layer packed over the B user slots of the batched backend (tt/batch_spec.py):
+a B-slot MTP KV cache, the reseed over every user's verify rows in one forward (user b's rows as virtual users on
+its own pages) and a chain of B rows per step; its class doc gives the layout.
 """
 from __future__ import annotations
 
