@@ -328,7 +328,7 @@ def test_generate_cli_several_prompts_spec_on_tt(capsys, tmp_path, monkeypatch):
     """`qwen36 generate --device emulated-p150x2 --ids A --ids B --spec-k 2` runs ONE batched TT
     backend with the device MTP: `ids[i]` equal each prompt's own plain TT run, per-user acceptance stats are
     printed, the backend label names no host drafter; a sampled run (device-sampled drafts) completes; --spec-k auto
-    with several prompts is refused in one line."""
+    with several prompts, and a batch whose verify rows the core grid cannot hold, are refused in one line."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
     base = ["generate", "--max-new-tokens", "6", "--device", "emulated-p150x2"]
     alone = []
@@ -352,3 +352,5 @@ def test_generate_cli_several_prompts_spec_on_tt(capsys, tmp_path, monkeypatch):
     assert sum(l.startswith("ids[") for l in out.splitlines()) == 2 and "drafts=sample" in err
     rc, _, err = cli(capsys, *base, *many, "--spec-k", "auto")
     assert rc == 2 and err.count("\n") == 1 and "--spec-k auto" in err
+    rc, _, err = cli(capsys, *base, *many, "--ids", "5,6", "--spec-k", "3")  # 3 x 4 = 12 verify rows
+    assert rc == 2 and err.strip().splitlines()[-1].startswith("error: 3 slots x (K+1 = 4) verify rows"), err
