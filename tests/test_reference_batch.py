@@ -262,8 +262,9 @@ def test_generate_cli_batch_errors(capsys, tmp_path):
     assert rc == 2 and "line 2: not a JSON string" in err
     rc, _, err = cli(capsys, "generate", "--prompts-file", str(tmp_path / "missing"))
     assert rc == 2 and "cannot read" in err
-    rc, _, err = cli(capsys, "generate", "--ids", "1,2", "--ids", "3", "--device", "emulated-p150x2", "--spec-k", "2")
-    assert rc == 2 and "reference backend only" in err and "TT batched speculative verify" in err
+    rc, _, err = cli(capsys, "generate", "--ids", "1,2", "--ids", "3", "--device", "emulated-p150x2",
+                     "--spec-k", "auto")
+    assert rc == 2 and "--spec-k auto with several prompts" in err and "pass an integer --spec-k" in err
 
 
 def test_batched_greedy_fp64_model(ci_ckpt):

@@ -164,11 +164,10 @@ def run(args: argparse.Namespace) -> int:
     ckpt = resolve_checkpoint(args.checkpoint)
     prompts, texts, tok = encode_prompts(args, ckpt)
     speculative = args.spec_k == "auto" or args.spec_k > 0
-    if len(prompts) > 1 and speculative and args.device not in REFERENCE_DEVICES:
-        raise UserError(f"several prompts (batch {len(prompts)}) with --spec-k run on the reference backend only for "
-                        f"now: the TT batched speculative verify (qwen36.tt.batch_spec) drafts on the host only, and "
-                        f"the per-user device MTP draft chain it needs here is not built; pass one prompt, or drop "
-                        f"--spec-k for a batched plain decode on {args.device}")
+    if len(prompts) > 1 and args.spec_k == "auto" and args.device not in REFERENCE_DEVICES:
+        raise UserError(f"--spec-k auto with several prompts (batch {len(prompts)}) on {args.device}: the batched TT "
+                        f"verify runs K+1 rows for every user every step, so a per-user depth policy saves no verify "
+                        f"work there; pass an integer --spec-k (or one prompt)")
     if speculative:
         from .speculative_generate import run_speculative_generate
 

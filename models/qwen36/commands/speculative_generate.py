@@ -11,13 +11,18 @@ from ..speculative.engine import GenerationResult, MechanismCounters, SpecBacken
 from .backends import REFERENCE_DEVICES
 
 
-def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, depth=None, users: int = 1):
+def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, depth=None, users: int = 1,
+                 params=None):
     """The speculative backend for --device: the torch reference, or the TT target + device MTP. ``depth``: the
-    depth policy (the TT backend allocates every depth a controller may pick). ``users`` > 1 (reference only): one
-    ``ReferenceBatchBackend`` with that many slots (one packed verify per step for all users)."""
+    depth policy (the TT backend allocates every depth a controller may pick). ``users`` > 1: one batched backend
+    with that many slots (one packed verify per step for all users): ``ReferenceBatchBackend``, or on TT
+    ``TTBatchSpecBackend`` with the batched device MTP drafter (fixed K; ``params``: the users' shared sampling
+    parameters, seeds aside)."""
     if device not in REFERENCE_DEVICES:
         if users != 1:
-            raise UserError(f"batched speculative decoding ({users} users) runs on the reference backend only for now")
+            if not isinstance(depth, int):
+                raise UserError("batched speculative decoding on a TT device takes a fixed integer --spec-k")
+            return load_tt_batch_backend(ckpt, device, mechanism, max_len, users, depth, params)
         depths = None if depth is None or isinstance(depth, int) else depth.depths
         return load_tt_backend(ckpt, device, mechanism, max_len, depths=depths)
     import torch
@@ -52,6 +57,24 @@ def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, preci
     gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,
                          max_seq_len=max(2 * block, -(-max_len // block) * block), block_size=block)
     return TTSpecBackend(gen, mechanism, drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)), depths=depths)
+
+
+def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int, users: int, k: int, params=None,
+                          precision: str = "accuracy"):
+    """TTBatchSpecBackend over ``users`` slots on ``device``: traced draft (the packed device MTP chain) / verify +
+    accept / commit + MTP reseed, every user verifying K+1 rows per step."""
+    from ..checkpoint import load_checkpoint
+    from ..speculative.sampling import SamplingParams
+    from ..tt.batch_spec import TTBatchSpecBackend
+    from ..tt.generator import load_tt_target
+    from ..tt.mtp_drafter import TTBatchMTPDrafter
+
+    block = 32
+    gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,
+                         max_seq_len=max(2 * block, -(-max_len // block) * block), block_size=block)
+    drafter = TTBatchMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
+    return TTBatchSpecBackend(gen, users, k, mechanism, drafter=drafter,
+                              params=params if params is not None else SamplingParams())
 
 
 def backend_config(backend):
@@ -123,7 +146,8 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     k_max = depth if isinstance(depth, int) else depth.k_max
     max_len = max(map(len, prompts)) + args.max_new_tokens + k_max + 2
     try:
-        loaded = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len, depth, users=b)
+        loaded = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len, depth, users=b,
+                              params=first)
     except CheckpointError as e:
         raise UserError(str(e)) from None
     backends = [loaded] if b == 1 else loaded  # b > 1: one BatchSpecBackend for all users

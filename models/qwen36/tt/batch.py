@@ -139,8 +139,10 @@ class TTBatchDecoder:
 
     # ---- users ----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def join(self, slot: int, prompt) -> torch.Tensor:
-        """Prefill ``prompt`` into free ``slot`` (writes only that slot); returns the last row's fp32 logits [V]."""
+    def join(self, slot: int, prompt, hidden_out: list | None = None) -> torch.Tensor:
+        """Prefill ``prompt`` into free ``slot`` (writes only that slot); returns the last row's fp32 logits [V].
+        ``hidden_out`` (a list) receives the prompt's post-final-norm hidden rows per prefill chunk (device
+        [1, 1, rows, H]: what the MTP prefill of a speculative user reads)."""
         self._check_slot(slot)
         if self.pos[slot] != FREE:
             raise ValueError(f"slot {slot} is held (position {self.pos[slot]}); leave() it first")
@@ -158,7 +160,7 @@ class TTBatchDecoder:
                 if isinstance(st, KVLayerState):
                     for cache in (st.k, st.v):
                         ttnn.experimental.paged_fill_cache(cache, self.kv_zeros, self.slot_page_table, batch_idx=0)
-            logits = self.model.prefill_forward(ids, view)
+            logits = self.model.prefill_forward(ids, view, hidden_out=hidden_out)
         self._install_scratch(slot)
         self.pos[slot] = ids.numel()
         return logits[-1]

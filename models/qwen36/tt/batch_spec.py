@@ -4,13 +4,18 @@ b, page-table row b).
 
 One step, K fixed per backend (the verify width; a user drafts k_b <= K):
 
-    host:             per user: drafts from the host drafter; the step's row inputs (tokens, RoPE rows, physical
-                      KV rows, SDPA bounds, row mask, active flags) into persistent buffers
+    host:             the step's row inputs (RoPE rows, physical KV rows, SDPA bounds, row mask, active flags,
+                      and the MTP's reseed and chain positions) into persistent buffers
+    trace draft:      the device MTP chain (``tt/mtp.py`` ``TTBatchMTPHead``): K drafts (argmax or sampled) for every
+                      user, B rows per chain step, written into the verify's token rows and the acceptor's drafts
+                      [with a host drafter instead: its drafts written from the host, no draft trace]
     trace verify:     ONE target forward over B x (K+1) rows (user b's rows at b*(K+1)..), on-device acceptance of
                       every user ([1, B, K+1, V] logits -> per-user count + tokens)
     host:             read the acceptor's result (the step's one device->host transfer)
     trace commit:     per user, on device: conv window rows a_b+1.., the commit mechanism's per-user state select,
-                      masked re-advance from the user's own rows (``tt/commit.py`` ``commit_gdn_layers``)
+                      masked re-advance from the user's own rows (``tt/commit.py`` ``commit_gdn_layers``);
+                      then the MTP reseed over every stepping user's verified rows (its own positions, its own
+                      MTP pages), row a_b of each user kept as the start of its next chain
 
 Rows. User b's rows are ``[pending_b, d_1..d_{k_b}]`` at positions n_b..n_b+k_b. Its rows past k_b, and every
 row of a slot not in the step (a free slot, or a user sitting out), are inert:
@@ -34,14 +39,22 @@ Mechanisms (the same ``tt/mechanisms.py`` objects the single-user backend uses, 
   the ring, so a join or a leave (which write the decoder's live state) is bracketed by the mechanism's leave
   (ring slots -> live) and enter (live -> ring slot 0): 2 state copies per GDN layer, counted.
 
-Traces: one "verify" and one "commit" per backend (i.e. per (bucket, K)); the first step runs eagerly, the second
-captures, every later step replays. Joins and leaves run eagerly between replays inside the decoder's
-``corruptible_allocation_scope`` (no retrace).
+Traces: one "draft" (device drafter), one "verify" and one "commit" per backend (i.e. per (bucket, K)); the first
+step runs eagerly, the second captures, every later step replays. Joins and leaves run eagerly between replays
+inside the decoder's ``corruptible_allocation_scope`` (no retrace).
 
-Drafting: a host drafter ``(history, k) -> k ids`` per user (written to device between replays). The device MTP
-reseed + draft chain of the single-user backend is not wired to the batched slots: the label says
-"+ host drafter". Sampling: every user of one backend shares the backend's ``SamplingParams`` (apart from the
-seed, which picks its first token on the host); stochastic acceptance draws each user's uniforms from its own
+Drafting: the batched device MTP (``tt/mtp_drafter.py`` ``TTBatchMTPDrafter``), every user's reseed and chain packed
+into the same device ops; or a host drafter ``(history, k) -> k ids`` per user (tests and probes; written to
+device between replays, the label then says "+ host drafter"). Unlike the single-user backend, the chain runs in
+its own trace at draft() rather than at the end of the commit: the next step's per-user depths (which rows of the
+chain each user writes) are only known at draft(); the reseed, which needs the accepted counts, stays in the
+commit, and nothing is read back between the three traces but the acceptor's result. The MTP KV cache has B
+slots of its own pages; a joining user's MTP prefill zeroes and fills only its slot's pages. Device drafts follow
+the params as the single-user drafter's do: argmax (greedy, or ``draft="greedy"``: one-hot draft distributions),
+or sampled on device (temperature > 0, ``draft="sample"``) from the acceptor's transform of the MTP logits, user b
+drawing from its own columns of one uniform row per chain, the draft distributions handed to the stochastic
+acceptance (zero past k_b). Sampling: every user of one backend shares the backend's ``SamplingParams`` (apart
+from the seed, which picks its first token on the host); stochastic acceptance draws each user's uniforms from its own
 columns of one device table (exact in distribution per user, not the same draws as a batch-1 run). Penalties
 and logprobs are batch-1 only on the device acceptor and refused here.
 """
@@ -153,7 +166,11 @@ class _User:
 @dataclass
 class BatchDraft:
     depths: dict[int, int]  # slot -> k_b
-    drafts: dict[int, list[int]]  # slot -> d_1..d_{k_b}
+    drafts: dict[int, list[int]] | None  # slot -> d_1..d_{k_b} (host drafter); None: the drafts live on device only
+
+
+def _is_batch_device_drafter(drafter) -> bool:
+    return all(hasattr(drafter, m) for m in ("allocate", "join", "write_inputs", "device_chain", "device_reseed"))
 
 
 class TTBatchSpecBackend:
@@ -162,9 +179,10 @@ class TTBatchSpecBackend:
     def __init__(self, gen: TTGenerator, slots: int, k: int, mechanism: str | TTMechanism = DEFAULT_MECHANISM,
                  drafter: Callable[[list[int], int], list[int]] | None = None,
                  params: SamplingParams = SamplingParams(), use_trace: bool = True, rng: str = "device"):
-        if drafter is None or hasattr(drafter, "device_draft"):
-            raise BatchSpecError("TTBatchSpecBackend takes a host drafter (history, k) -> k ids; the device MTP "
-                                 "chain is wired to the single-user backend only")
+        self.device_drafter = _is_batch_device_drafter(drafter)
+        if drafter is None or (not self.device_drafter and not callable(drafter)):
+            raise BatchSpecError("TTBatchSpecBackend needs a drafter: the batched device MTP "
+                                 "(tt/mtp_drafter.py TTBatchMTPDrafter) or a host drafter (history, k) -> k ids")
         rows = slots * (k + 1)
         if rows > TILE_ROWS:
             raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) = {rows} verify rows: the decode-path attention "
@@ -177,7 +195,7 @@ class TTBatchSpecBackend:
         self.ttnn, self.mesh = gen.ttnn, gen.mesh
         self.mechanism = tt_mechanism(mechanism)
         self.slots, self.k, self.drafter, self.use_trace, self.params = slots, k, drafter, use_trace, params
-        self.label = f"tt ({gen.label or 'mesh'}) + host drafter"
+        self.label = f"tt ({gen.label or 'mesh'})" + ("" if self.device_drafter else " + host drafter")
         self.counters = MechanismCounters()
         self.decoder = TTBatchDecoder(self.model, slots, use_trace=use_trace)
         a = self.model.args
@@ -191,6 +209,8 @@ class TTBatchSpecBackend:
         pt = self.decoder.state.page_table_host.to(torch.int32)  # [B, pages]
         st.write("head_page_table", (pt[:, None, :] * heads + torch.arange(heads)[None, :, None]).reshape(slots * heads, -1))
         st.start()  # ring: live (zeros) -> ring slot 0, every head pointed at it
+        if self.device_drafter:
+            drafter.allocate(self.model, slots, k, self.acceptor)  # the B-slot MTP head, before any capture
         self.users: dict[int, _User] = {}
         self._traces = StepTraces(self.ttnn, self.mesh, warmup_steps=1)
         self._phase = "idle"
@@ -243,12 +263,18 @@ class TTBatchSpecBackend:
                                  "(one device acceptor serves every slot with one set of params; only the seed may "
                                  "differ)")
         logits: list[torch.Tensor] = []
-        self._with_live_state(lambda: logits.append(self.decoder.join(slot, prompt)))
+        hidden: list | None = [] if self.device_drafter else None
+        self._with_live_state(lambda: logits.append(self.decoder.join(slot, prompt, hidden_out=hidden)))
         row = logits[0]
         gen = params.generator(torch.device("cpu"))
         first = int(pick_token(row.reshape(1, -1), params, gen, TokenHistory(list(prompt), self.vocab).now()))
         lp = token_logprobs(row, first, params.logprobs) if params.logprobs is not None else None
-        self.users[slot] = _User(params, list(int(t) for t in prompt) + [first], lp)
+        history = list(int(t) for t in prompt) + [first]
+        if self.device_drafter:  # the user's MTP prefill: its own MTP pages and its row of the chain start
+            with self._scope():
+                h = hidden[0] if len(hidden) == 1 else self.ttnn.concat(hidden, dim=2)
+                self.drafter.join(slot, history, h)
+        self.users[slot] = _User(params, history, lp)
         return first
 
     def first_logprobs(self, slot: int) -> TokenLogprobs | None:
@@ -276,18 +302,28 @@ class TTBatchSpecBackend:
             if self.decoder.pos[slot] + kb + 1 > max_len:
                 raise ValueError(f"slot {slot}: KV cache full: position {self.decoder.pos[slot]} + {kb + 1} rows > "
                                  f"max_seq_len {max_len}")
-        drafts = {s: [int(x) for x in self.drafter(list(self.users[s].history), kb)] for s, kb in depths.items()}
-        for s, d in drafts.items():
-            if len(d) != depths[s]:
-                raise ValueError(f"slot {s}: the drafter returned {len(d)} drafts, {depths[s]} asked")
-        self._write_rows(depths, drafts)
-        self.counters.mtp_forwards += max(depths.values())
+        if self.device_drafter:
+            drafts = None
+            self._write_rows(depths, None)
+            self.drafter.write_inputs(dict(depths), {s: self.decoder.pos[s] for s in depths},
+                                      {s: self.users[s].history[-1] for s in depths})
+            self.drafter.before_device_draft()
+            self._run("draft", lambda: self.drafter.device_chain(self.step_state))
+            self.counters.mtp_forwards += self.k  # the packed chain runs K steps whatever each k_b
+        else:
+            drafts = {s: [int(x) for x in self.drafter(list(self.users[s].history), kb)] for s, kb in depths.items()}
+            for s, d in drafts.items():
+                if len(d) != depths[s]:
+                    raise ValueError(f"slot {s}: the drafter returned {len(d)} drafts, {depths[s]} asked")
+            self._write_rows(depths, drafts)
+            self.counters.mtp_forwards += max(depths.values())
         self._draft = BatchDraft(dict(depths), drafts)
         self._phase = "drafted"
         return self._draft
 
-    def _write_rows(self, depths: Mapping[int, int], drafts: Mapping[int, list[int]]) -> None:
-        """The step's row inputs (module doc) into the persistent buffers (between replays)."""
+    def _write_rows(self, depths: Mapping[int, int], drafts: Mapping[int, list[int]] | None) -> None:
+        """The step's row inputs (module doc) into the persistent buffers (between replays). ``drafts`` None: the
+        device drafter's chain writes the token rows and the acceptor's drafts on device."""
         st, b, t, k = self.step_state, self.slots, self.k + 1, self.k
         a = self.model.args
         heads, bs, last = a.hkv_d, a.block_size, a.max_seq_len - 1
@@ -301,21 +337,23 @@ class TTBatchSpecBackend:
         active = torch.zeros(1, b, 1, 1)
         for s, kb in depths.items():
             n = self.decoder.pos[s]
-            real = [self.users[s].history[-1]] + drafts[s]
             pos = [min(n + j, last) for j in range(t)]
-            tokens[s, : kb + 1] = torch.tensor(real, dtype=torch.int32)
+            if drafts is not None:
+                real = [self.users[s].history[-1]] + drafts[s]
+                tokens[s, : kb + 1] = torch.tensor(real, dtype=torch.int32)
+                acc_drafts[0, s, 0, :kb] = torch.tensor(drafts[s], dtype=torch.int32)
             rope[s] = torch.tensor(pos, dtype=torch.int32)
             for j in range(kb + 1):
                 phys[s, j] = int(pt[s, pos[j] // bs]) * bs + pos[j] % bs
             bounds[s] = torch.tensor(pos, dtype=torch.int32)[None, :]
-            acc_drafts[0, s, 0, :kb] = torch.tensor(drafts[s], dtype=torch.int32)
             mask[s, : kb + 1] = 1.0
             active[0, s] = 1.0
-        st.write("tokens", tokens.reshape(1, b * t))
+        if drafts is not None:
+            st.write("tokens", tokens.reshape(1, b * t))
+            st.write("drafts", acc_drafts)
         st.write("rope_idx", rope.reshape(1, b * t))
         st.write("phys_rows", phys.reshape(1, b * t))
         st.write("bounds", bounds.reshape(-1))
-        st.write("drafts", acc_drafts)
         st.write("row_mask", mask)
         st.write("active", active)
 
@@ -325,8 +363,9 @@ class TTBatchSpecBackend:
         logits = self.ttnn.reshape(vout.out.logits, [1, self.slots, self.k + 1, self.vocab])
         if self.params.greedy:
             res = self.acceptor.greedy(logits, st.drafts)
-        else:
-            res = self.acceptor.stochastic(logits, st.drafts, None)  # host drafts: one-hot draft distribution
+        else:  # argmax or host drafts: one-hot draft distribution (None)
+            probs = self.drafter.draft_probs() if self.device_drafter else None
+            res = self.acceptor.stochastic(logits, st.drafts, probs)
         return vout, res
 
     def verify(self, draft: BatchDraft) -> VerifyOutputs:
@@ -367,7 +406,7 @@ class TTBatchSpecBackend:
         if set(acceptances) != set(depths):
             raise ValueError(f"commit() needs the acceptance of every user of the step: got slots "
                              f"{sorted(acceptances)}, the step has {sorted(depths)}")
-        self._run("commit", self.step_state.commit)
+        self._run("commit", self._commit_device)
         c = self.counters
         # the re-advance runs every slot's K+1 rows (B*(K+1) recurrence rows per GDN layer)
         self.mechanism.count_commit(c, self.slots * (self.k + 1), self._n_gdn, self.step_state.state_bytes)
@@ -378,6 +417,12 @@ class TTBatchSpecBackend:
         self._traces.step_done()
         self._draft, self._phase = None, "idle"
 
+    def _commit_device(self) -> None:
+        """The commit trace: per-user state commit, then (device drafter) the MTP reseed over the verified rows."""
+        self.step_state.commit()  # also zeroes the count of slots outside the step
+        if self.device_drafter:
+            self.drafter.device_reseed(self.step_state, self.step_state._vout)
+
     def abort(self) -> None:
         if self._phase == "idle":
             raise RuntimeError("abort() outside a step")
@@ -386,6 +431,8 @@ class TTBatchSpecBackend:
                 abort_after_verify(self.step_state)  # shadow_commit refuses here (see mechanisms.ShadowCommit)
             if not self.params.greedy:
                 self.acceptor.uniforms.step_back()  # the acceptor advanced its RNG row counter on device
+        if self.device_drafter:
+            self.drafter.step_back()  # the chain's uniform row (sampled drafts; no-op otherwise)
         self.counters.aborts += 1
         self._draft, self._phase = None, "idle"
 

@@ -39,6 +39,10 @@ Host/device boundary of the traced step (all buffers persistent, allocated by :m
     select  [1, 1, 1, 1] fp32 TILE: a (the acceptor's ``count``)
  -> draft_tokens [1, 1, 1, K] uint32 ROW_MAJOR, draft_logits [1, 1, K, V] fp32 TILE (persistent outputs;
     ``DeviceAcceptor.greedy/stochastic(logits, draft_tokens, probs_from_logits(draft_logits))`` take them).
+
+:class:`TTBatchMTPHead` is the same layer packed over the B user slots of the batched backend (tt/batch_spec.py):
+a B-slot MTP KV cache, the reseed over every user's verify rows in one forward (user b's rows as virtual users on
+its own pages) and a chain of B rows per step; its class doc gives the layout.
 """
 from __future__ import annotations
 
@@ -54,7 +58,7 @@ from .ccl import ccl_for
 from .model import TTDecoderLayer, TTQwen36Model, lm_head_logits
 from .model_config import (TensorGroup, activation_memory_config, compute_config_matmul, compute_config_norm,
                            kv_update_input_memory_config, sdpa_decode_program_config, state_memory_config)
-from .sampler import argmax_pick
+from .sampler import DRAFT_UNIFORMS_PER_ROW, UniformTable, argmax_pick, draft_uniform_seeds, inverse_cdf_draw
 from .state import KVLayerState, new_layer_state
 from .weights import MTPWeights
 
@@ -67,6 +71,10 @@ class MTPAttentionContext(AttentionContext):
 
     rows_page_table: Any = None  # [R, blocks] int32: every row = the sequence's pages
     row_pos: list | None = None  # R tensors [1] int32: position of each row (one KV write per row)
+    # packed over B users (the batched drafter): the rows are user-major (user b's row i at b*R + i), row_pos
+    # holds R tensors [B] (row i of every user, -1 = no write) and page_table is [B, blocks]
+    users: int = 1
+    one_row_per_user: bool = False  # a chain step: B rows = B users, the target's own batched decode attention
 
 
 class TTMTPAttention(TTGatedAttention):
@@ -75,18 +83,23 @@ class TTMTPAttention(TTGatedAttention):
     def attend_decode(self, q, k, v, kv: KVLayerState, ctx: AttentionContext):
         ttnn = self.ttnn
         rows = q.shape[1]
-        if rows == 1:
+        if rows == 1 or getattr(ctx, "one_row_per_user", False):
             return super().attend_decode(q, k, v, kv, ctx)
         if not isinstance(ctx, MTPAttentionContext) or ctx.rows_page_table is None or ctx.row_pos is None:
             raise ValueError(f"{rows}-row MTP decode attention needs an MTPAttentionContext with rows_page_table and "
                              "row_pos (one [1] position tensor per row)")
-        if len(ctx.row_pos) != rows or int(ctx.rows_page_table.shape[0]) != rows:
-            raise ValueError(f"{rows} rows but {len(ctx.row_pos)} row positions / "
+        users = ctx.users
+        if rows % users or len(ctx.row_pos) != rows // users or int(ctx.rows_page_table.shape[0]) != rows:
+            raise ValueError(f"{rows} rows of {users} user(s) but {len(ctx.row_pos)} row positions / "
                              f"{int(ctx.rows_page_table.shape[0])} page-table rows")
-        shard = kv_update_input_memory_config(ttnn, 1, self.d)
-        for i in range(rows):
+        per_user = rows // users
+        shard = kv_update_input_memory_config(ttnn, users, self.d)
+        for i in range(per_user):
             for cache, t in ((kv.k, k), (kv.v, v)):
-                row = ttnn.slice(t, [0, i, 0, 0], [1, i + 1, self.hkv, self.d])
+                if users == 1:
+                    row = ttnn.slice(t, [0, i, 0, 0], [1, i + 1, self.hkv, self.d])
+                else:  # row i of every user (user-major rows: stride R), one user per update core
+                    row = ttnn.slice(t, [0, i, 0, 0], [1, rows, self.hkv, self.d], [1, per_user, 1, 1])
                 ttnn.experimental.paged_update_cache(cache, ttnn.to_memory_config(row, shard),
                                                      update_idxs_tensor=ctx.row_pos[i], page_table=ctx.page_table)
         o = ttnn.transformer.paged_scaled_dot_product_attention_decode(
@@ -330,11 +343,17 @@ class TTMTPHead:
         return h_sel_111H, base_1111
 
     # ---- prompt (not traced) -----------------------------------------------------------------------------
-    def prefill(self, next_tokens: torch.Tensor, hidden, all_logits: bool = False) -> torch.Tensor | None:
+    def prefill(self, next_tokens: torch.Tensor, hidden, all_logits: bool = False, page_table=None,
+                page_table_host: torch.Tensor | None = None) -> torch.Tensor | None:
         """MTP rows t = 0..P-1 from x_{t+1} = ``next_tokens`` [P] and h_t = ``hidden`` (torch [P, H] or device
         [1, 1, P, H]), chunked like the target prefill (writes MTP KV 0..P-1). Keeps the last row's post-norm
-        hidden on device (``self.last_hidden``). Returns fp32 logits [P, V] when ``all_logits``."""
+        hidden on device (``self.last_hidden``). Returns fp32 logits [P, V] when ``all_logits``. ``page_table``
+        (device [1, blocks]) with its ``page_table_host``: the pages to fill (default: the head's own sequence)."""
         self._require()
+        if (page_table is None) != (page_table_host is None):
+            raise ValueError("prefill: pass page_table and page_table_host together")
+        if page_table is None:
+            page_table, page_table_host = self.page_table, self.page_table_host
         ttnn, a = self.ttnn, self.args
         ids = torch.as_tensor(next_tokens).reshape(-1).to(torch.int32)
         p, hsz = ids.numel(), a.cfg.hidden_size
@@ -357,7 +376,7 @@ class TTMTPHead:
                                       dtype=act, layout=ttnn.TILE_LAYOUT, device=self.mesh, memory_config=mc)
             else:
                 hid = ttnn.slice(hidden, [0, 0, start, 0], [1, 1, start + rows, hsz])
-            ctx = self.target.prefill_chunk_context(start, rows, self.page_table, self.page_table_host)
+            ctx = self.target.prefill_chunk_context(start, rows, page_table, page_table_host)
             h = self.body(toks, hid, ctx)
             if all_logits:
                 outs.append(self.target.to_host(self.logits(h)).float().reshape(rows, -1))
@@ -376,6 +395,270 @@ class TTMTPHead:
                             mesh_mapper=self.replicate), self.chain_pos)
         self.chain(self.last_hidden, self._pos_f32(self.chain_pos))
         return self.read_drafts()
+
+
+class TTBatchMTPHead(TTMTPHead):
+    """The MTP head packed over the B user slots of the batched speculative backend (tt/batch_spec.py): one MTP
+    KV cache of B slots (slot b's pages = row b of :attr:`page_table`), the reseed over every user's K+1 verify
+    rows in ONE body forward of B*(K+1) rows, row a_b of each user selected by one row gather, and a chain of K
+    steps of B rows each (one row per user). Argmax drafts, or (:meth:`enable_sampling`) drafts sampled on device
+    from the acceptor's own transform of the MTP logits, each user with its own uniform columns.
+
+    Per step (all device ops, traceable; the host only writes the positions below between replays, as it writes
+    the verify's row inputs):
+
+        reseed (in the commit)  rows b*R + i (user-major, R = K+1): token = the acceptor's result[b, i]
+                                (placeholders -> 0), hidden = verify row b*R + i, position n_b + i. A row past
+                                the user's k_b, and every row of a slot not in the step, has position -1: no KV
+                                write (``paged_update_cache`` skips it), no attention (the SDPA skips it), so
+                                such slots' MTP pages are never touched. KV rows are written in R calls, call i
+                                writing row i of every user (B rows, one per update core, each into its own pages).
+                                Row a_b of user b -> row b of the persistent :attr:`h_sel` (a slot not in the step
+                                keeps its row: the gather reads it back from the old buffer).
+        chain (before verify)   step i: row b = user b's draft i at position pos_b + i, written and attended
+                                only when user b needs draft i+1 (i + 1 < k_b); the others get -1. The drafts
+                                become the next verify's inputs on device: tokens [pending_b, d_1..d_K] per user
+                                (rows past k_b zeroed) and the acceptor's drafts (id V past k_b: never accepted).
+
+    A joining user's MTP prefill (:meth:`join_slot`) zeroes and fills only that slot's pages and installs its
+    last row into row b of :attr:`h_sel`. Name suffixes: B users, R rows per user, N = B*R, K drafts, H hidden."""
+
+    def __init__(self, target: TTQwen36Model, weights: MTPWeights, k: int, slots: int):
+        if not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be an int >= 1, got {slots!r}")
+        self.slots = slots
+        super().__init__(target, weights, k)
+        self.sampler_acceptor = None  # the DeviceAcceptor whose transform sampled drafts follow (enable_sampling)
+        self.uniforms = self.draft_probs = None
+        self.rows_used = 0  # host mirror of the draft uniform table's row counter
+
+    def for_depth(self, k: int) -> "TTMTPHead":
+        raise NotImplementedError("the batched MTP head drafts at one depth K (users draft k_b <= K through masks)")
+
+    def allocate(self) -> "TTBatchMTPHead":
+        if self.allocated:
+            return self
+        ttnn, a, b, r, k = self.ttnn, self.args, self.slots, self.rows, self.k
+        rm, tile, i32 = ttnn.ROW_MAJOR_LAYOUT, ttnn.TILE_LAYOUT, torch.int32
+        hsz, bps = a.cfg.hidden_size, a.blocks_per_seq
+        self.kv = new_layer_state(a, ttnn, self.mesh, FULL, slots=b)
+        table = torch.arange(b * bps, dtype=i32).reshape(b, bps)
+        self.page_table_host = table
+        self.page_table = self._dev(table, ttnn.int32, rm)
+        self.rows_page_table = self._dev(table.repeat_interleave(r, dim=0), ttnn.int32, rm)  # row b*R + i -> slot b
+        self.slot_page_table = self._dev(torch.zeros(1, bps, dtype=i32), ttnn.int32, rm)  # a joining slot's row
+        self.kv_zeros = self._dev(torch.zeros(1, a.hkv_d, bps * a.block_size, a.cfg.head_dim),
+                                  a.dtype(TensorGroup.KV_CACHE, ttnn), tile)
+        steps = max(k - 1, 1)
+        # host-written inputs (between replays)
+        self.reseed_pos = self._dev(torch.full((b * r,), -1, dtype=i32), ttnn.int32, rm)  # user-major
+        self.reseed_row_pos = self._dev(torch.full((r * b,), -1, dtype=i32), ttnn.int32, rm)  # row-major: [i*B + b]
+        self.reseed_rope = self._dev(torch.zeros(1, b * r, dtype=i32), ttnn.uint32, rm)
+        self.chain_pos = self._dev(torch.full((steps * b,), -1, dtype=i32), ttnn.int32, rm)  # [i*B + b]
+        self.chain_rope = self._dev(torch.zeros(1, steps * b, dtype=i32), ttnn.uint32, rm)
+        self.pending = self._dev(torch.zeros(1, 1, b, 1), ttnn.float32, tile)
+        self.draft_mask = self._dev(torch.zeros(1, 1, b, k), ttnn.float32, tile)
+        self.install_idx = self._dev(torch.zeros(1, b, dtype=i32), ttnn.uint32, rm)
+        # row select: user b in the step -> reseed row b*R + a_b; otherwise its old h_sel row (table row N + b)
+        slots_f = torch.arange(b, dtype=torch.float32).reshape(1, b, 1, 1)
+        self.c_sel_keep = self._dev(b * r + slots_f, ttnn.float32, tile)
+        self.c_sel_row0 = self._dev(slots_f * r - b * r - slots_f, ttnn.float32, tile)
+        # persistent state and outputs
+        self.h_sel = self._dev(torch.zeros(1, 1, b, hsz), a.dtype(TensorGroup.RESIDUAL, ttnn), tile)
+        self.draft_tokens = self._dev(torch.zeros(1, 1, b, k, dtype=i32), ttnn.uint32, rm)
+        self.draft_logits = self._dev(torch.zeros(1, 1, k * b, a.cfg.vocab_size), ttnn.float32, tile)  # [i*B + b]
+        self.allocated = True
+        return self
+
+    def enable_sampling(self, acceptor, rng_rows: int = 1024) -> None:
+        """Sampled drafts (before any capture): draft i of user b drawn by inverse CDF from
+        ``acceptor.probs_from_logits`` of its MTP logits (the target's temperature / top-k / top-p / min-p transform,
+        so rejection sampling is exact) with uniform column b*32 + i of one table row per chain (a stream of its own,
+        seeded from the acceptor's seed like the single-user draft pick's); the K draft distributions of every
+        user go to the persistent :attr:`draft_probs` [1, B, K, V] (zero past k_b), what
+        ``DeviceAcceptor.stochastic`` takes."""
+        self._require()
+        if self.k > DRAFT_UNIFORMS_PER_ROW:
+            raise ValueError(f"sampled drafts take at most {DRAFT_UNIFORMS_PER_ROW} drafts per chain, K = {self.k}")
+        ttnn, b = self.ttnn, self.slots
+        device_seed, host_seed = draft_uniform_seeds(acceptor.seed)
+        self.uniforms = UniformTable(ttnn, self.mesh, rng_rows, b * DRAFT_UNIFORMS_PER_ROW, source=acceptor.rng,
+                                     device_seed=device_seed, host_seed=host_seed).allocate()
+        self.draft_probs = self._dev(torch.zeros(1, b, self.k, self.args.cfg.vocab_size), ttnn.float32,
+                                     ttnn.TILE_LAYOUT)
+        self.sampler_acceptor, self.rows_used = acceptor, 0
+
+    def before_chain(self) -> None:
+        """Host side, outside any capture, before every chain execution: refill the draft uniforms when used up."""
+        if self.uniforms is None:
+            return
+        if self.rows_used >= self.uniforms.rows:
+            self.uniforms.refill()
+            self.rows_used = 0
+        self.rows_used += 1
+
+    def chain_step_back(self) -> None:
+        """Give the last chain's uniform row back (an aborted step)."""
+        if self.uniforms is not None and self.rows_used > 0:
+            self.uniforms.step_back()
+            self.rows_used -= 1
+
+    # ---- host inputs (between replays) -------------------------------------------------------------------------
+    def _write(self, host: torch.Tensor, buf) -> None:
+        ttnn = self.ttnn
+        h = ttnn.from_torch(host.to(torch.float32 if buf.dtype == ttnn.float32 else torch.int32), dtype=buf.dtype,
+                            layout=buf.layout, mesh_mapper=self.replicate)
+        ttnn.copy_host_to_device_tensor(h, buf)
+
+    def _check_room(self, slot: int, pos: int, kb: int) -> None:
+        last = self.args.max_seq_len - 1
+        if pos + kb > last:  # the verify's own bound: the reseed writes pos..pos+k_b, the chain stays below it
+            raise ValueError(f"slot {slot}: MTP rows up to position {pos + kb} pass max_seq_len {last + 1}")
+
+    def write_reseed_inputs(self, depths: dict[int, int], pos: dict[int, int]) -> None:
+        """Positions of the reseed rows of the step about to be verified: user b in ``depths`` (k_b drafts,
+        verify row 0 at ``pos[b]``) writes rows 0..k_b at pos_b..pos_b+k_b; every other row -1."""
+        b, r = self.slots, self.rows
+        p = torch.full((b, r), -1, dtype=torch.int32)
+        for s, kb in depths.items():
+            self._check_room(s, pos[s], kb)
+            p[s, : kb + 1] = torch.arange(pos[s], pos[s] + kb + 1, dtype=torch.int32)
+        self._write(p.reshape(-1), self.reseed_pos)
+        self._write(p.t().reshape(-1), self.reseed_row_pos)
+        self._write(p.clamp(min=0).reshape(1, -1), self.reseed_rope)
+
+    def write_chain_inputs(self, depths: dict[int, int], pos: dict[int, int], pending: dict[int, int]) -> None:
+        """The chain's inputs for the users of the next verify: user b's draft 1 predicts the token after
+        ``pending[b]`` (at position ``pos[b]``); chain step i writes row pos_b + i while i + 1 < k_b."""
+        b, k = self.slots, self.k
+        steps = max(k - 1, 1)
+        cp = torch.full((steps, b), -1, dtype=torch.int32)
+        pend = torch.zeros(1, 1, b, 1)
+        mask = torch.zeros(1, 1, b, k)
+        for s, kb in depths.items():
+            self._check_room(s, pos[s], kb)
+            for i in range(kb - 1):
+                cp[i, s] = pos[s] + i
+            pend[0, 0, s, 0] = float(pending[s])
+            mask[0, 0, s, :kb] = 1.0
+        self._write(cp.reshape(-1), self.chain_pos)
+        self._write(cp.clamp(min=0).reshape(1, -1), self.chain_rope)
+        self._write(pend, self.pending)
+        self._write(mask, self.draft_mask)
+
+    def read_batch_drafts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (draft ids [B, K] int64, fp32 draft logits [B, K, V]) of the last chain, every slot (device 0)."""
+        b, k = self.slots, self.k
+        toks = self.target.to_host(self.draft_tokens).reshape(b, k).to(torch.int64)
+        logits = self.target.to_host(self.draft_logits).float().reshape(k, b, -1).transpose(0, 1).contiguous()
+        return toks, logits
+
+    # ---- device (traceable) ------------------------------------------------------------------------------------
+    def reseed_select_batch(self, result_dev, hidden_dev, count_dev, active_dev) -> None:
+        """Reseed over every user's verify rows and row a_b of each user into :attr:`h_sel` (class doc).
+        result [1, B, 1, >=R] int32 (the acceptor's), hidden [1, 1, N, H], count / active [1, B, 1, 1] fp32
+        (count already 0 for slots outside the step)."""
+        self._require()
+        ttnn, b, r, hsz = self.ttnn, self.slots, self.rows, self.args.cfg.hidden_size
+        rm, n = ttnn.ROW_MAJOR_LAYOUT, self.slots * self.rows
+        if [int(x) for x in hidden_dev.shape] != [1, 1, n, hsz]:
+            raise ValueError(f"hidden: device shape {list(hidden_dev.shape)} != [1, 1, B*(K+1)={n}, H={hsz}]")
+        t = result_dev if result_dev.layout == ttnn.TILE_LAYOUT else ttnn.to_layout(result_dev, ttnn.TILE_LAYOUT)
+        t = ttnn.relu(ttnn.typecast(ttnn.slice(t, [0, 0, 0, 0], [1, b, 1, r]), ttnn.float32))  # placeholder -1 -> 0
+        tokens_1N = ttnn.reshape(ttnn.to_layout(ttnn.typecast(t, ttnn.uint32), rm), [1, n])
+        row_pos = [ttnn.slice(self.reseed_row_pos, [i * b], [(i + 1) * b]) for i in range(r)]
+        cos, sin = self.target.rope_rows(self.reseed_rope)
+        ctx = MTPAttentionContext("decode", cos, sin, self.page_table, pos=self.reseed_pos,
+                                  rows_page_table=self.rows_page_table, row_pos=row_pos, users=b)
+        h_11NH = self.body(tokens_1N, hidden_dev, ctx)
+        idx = ttnn.add(self.c_sel_keep, ttnn.multiply(active_dev, ttnn.add(self.c_sel_row0, count_dev)))
+        idx_1B = ttnn.reshape(ttnn.to_layout(ttnn.typecast(idx, ttnn.uint32), rm), [1, b])
+        h_sel = self.h_sel
+        if h_11NH.dtype != h_sel.dtype:
+            raise RuntimeError(f"MTP hidden rows are {h_11NH.dtype}, the persistent row buffer {h_sel.dtype}")
+        table = ttnn.concat([ttnn.reshape(h_11NH, [n, hsz]), ttnn.reshape(h_sel, [b, hsz])], dim=0)
+        table = ttnn.to_layout(table, rm)
+        rows = ttnn.embedding(idx_1B, table, layout=ttnn.TILE_LAYOUT, dtype=h_sel.dtype)
+        ttnn.copy(ttnn.reshape(rows, [1, 1, b, hsz]), h_sel)
+
+    def chain_batch(self, verify_tokens, acceptor_drafts) -> None:
+        """K argmax drafts per user from :attr:`h_sel` (B rows per step), into :attr:`draft_tokens` /
+        :attr:`draft_logits`, the verify's token rows ``verify_tokens`` [1, B*(K+1)] uint32 and the acceptor's
+        ``acceptor_drafts`` [1, B, 1, K] uint32 (class doc)."""
+        self._require()
+        ttnn, b, k, rm = self.ttnn, self.slots, self.k, self.ttnn.ROW_MAJOR_LAYOUT
+        h, lg = self.h_sel, self.logits(self.h_sel)
+        toks, lgs, probs = [], [], []
+        acc = self.sampler_acceptor
+        u_11B32 = None
+        if acc is not None:  # one uniform row per chain: user b's draft i reads column b*32 + i
+            u_11B32, _ = self.uniforms.next_row([1, 1, b, DRAFT_UNIFORMS_PER_ROW])
+        for i in range(k):
+            if acc is None:
+                t = ttnn.argmax(lg, dim=3, keepdim=True)  # [1, 1, B, 1] (lowest index on ties)
+            else:
+                p_11BV = acc.probs_from_logits(lg)
+                t = ttnn.typecast(inverse_cdf_draw(ttnn, p_11BV, ttnn.slice(u_11B32, [0, 0, 0, i], [1, 1, b, i + 1])),
+                                  ttnn.uint32)
+                probs.append(ttnn.reshape(p_11BV, [1, b, 1, self.args.cfg.vocab_size]))
+            t = t if t.layout == rm else ttnn.to_layout(t, rm)
+            toks.append(t)
+            lgs.append(lg)
+            if i + 1 < k:
+                cur = ttnn.slice(self.chain_pos, [i * b], [(i + 1) * b])
+                ridx = ttnn.slice(self.chain_rope, [0, i * b], [1, (i + 1) * b])
+                cos, sin = self.target.rope_rows(ridx)
+                ctx = MTPAttentionContext("decode", cos, sin, self.page_table, pos=cur, one_row_per_user=True)
+                h = self.body(ttnn.reshape(t, [1, b]), h, ctx)
+                lg = self.logits(h)
+        ttnn.copy(toks[0] if k == 1 else ttnn.concat(toks, dim=3), self.draft_tokens)
+        ttnn.copy(lgs[0] if k == 1 else ttnn.concat(lgs, dim=2), self.draft_logits)
+        d_f = ttnn.typecast(ttnn.to_layout(self.draft_tokens, ttnn.TILE_LAYOUT), ttnn.float32)  # ids exact below 2**24
+        mask = self.draft_mask
+        acc = ttnn.add(ttnn.multiply(ttnn.subtract(d_f, float(self.args.cfg.vocab_size)), mask),
+                       float(self.args.cfg.vocab_size))  # id V past k_b
+        acc = ttnn.reshape(ttnn.to_layout(ttnn.typecast(acc, ttnn.uint32), rm), [1, b, 1, k])
+        ttnn.copy(acc, acceptor_drafts)
+        rows = ttnn.concat([self.pending, ttnn.multiply(d_f, mask)], dim=3)  # [1, 1, B, K+1]
+        rows = ttnn.reshape(ttnn.to_layout(ttnn.typecast(rows, ttnn.uint32), rm), [1, b * (k + 1)])
+        ttnn.copy(rows, verify_tokens)
+        if probs:  # zero past k_b: a user accepting all its k_b drafts then draws the bonus from p_target alone
+            p_1BKV = probs[0] if k == 1 else ttnn.concat(probs, dim=2)
+            ttnn.copy(ttnn.multiply(p_1BKV, ttnn.reshape(mask, [1, b, k, 1])), self.draft_probs)
+
+    # ---- a joining user (eager, between replays) -------------------------------------------------------------
+    def join_slot(self, slot: int, next_tokens: torch.Tensor, hidden) -> None:
+        """MTP prefill of the user joining ``slot`` (rows t = 0..P-1 from x_{t+1} and h_t, as :meth:`prefill`)
+        into that slot's pages only (zeroed first: a reseed row reads the last page up to its position, and what
+        a previous user left there must not be non-finite), then its last row into row ``slot`` of :attr:`h_sel`.
+        Allocates transient buffers: call inside ttnn's corruptible_allocation_scope when traces are live."""
+        self._require()
+        ttnn, b, hsz = self.ttnn, self.slots, self.args.cfg.hidden_size
+        if not 0 <= slot < b:
+            raise ValueError(f"slot {slot} out of range (the MTP head has {b} slots)")
+        row = self.page_table_host[slot: slot + 1].contiguous()
+        self._write(row, self.slot_page_table)
+        for cache in (self.kv.k, self.kv.v):
+            ttnn.experimental.paged_fill_cache(cache, self.kv_zeros, self.slot_page_table, batch_idx=0)
+        self.prefill(next_tokens, hidden, page_table=self.slot_page_table, page_table_host=row)
+        last = self.last_hidden
+        if last.dtype != self.h_sel.dtype:
+            last = ttnn.typecast(last, self.h_sel.dtype)
+        idx = torch.arange(b, dtype=torch.int32)
+        idx[slot] = b
+        self._write(idx.reshape(1, b), self.install_idx)
+        table = ttnn.to_layout(ttnn.concat([ttnn.reshape(self.h_sel, [b, hsz]), ttnn.reshape(last, [1, hsz])], dim=0),
+                               ttnn.ROW_MAJOR_LAYOUT)
+        rows = ttnn.embedding(self.install_idx, table, layout=ttnn.TILE_LAYOUT, dtype=self.h_sel.dtype)
+        ttnn.copy(ttnn.reshape(rows, [1, 1, b, hsz]), self.h_sel)
+
+
+def load_tt_batch_mtp(target: TTQwen36Model, reader, k: int, slots: int, cache_dir=None) -> TTBatchMTPHead:
+    """Convert ``mtp.*`` of ``reader`` for ``target``'s mesh/precision and allocate the B-slot head."""
+    from .weights import WeightLoader, load_mtp_weights
+
+    loader = WeightLoader(reader, target.args, target.ttnn, target.mesh, cache_dir, progress=False)
+    return TTBatchMTPHead(target, load_mtp_weights(loader), k, slots).allocate()
 
 
 def load_tt_mtp(target: TTQwen36Model, reader, k: int, cache_dir=None, pick=None) -> TTMTPHead:

@@ -1,5 +1,6 @@
-"""The device drafter of the TT speculative step: the MTP head (tt/mtp.py) driven inside the commit trace, with
-argmax or sampled draft picks (tt/sampler.py)."""
+"""The device drafters of the TT speculative step: the MTP head (tt/mtp.py) driven inside the commit trace, with
+argmax or sampled draft picks (tt/sampler.py); :class:`TTBatchMTPDrafter`, the same head packed over the user
+slots of the batched backend (tt/batch_spec.py)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -7,7 +8,7 @@ from typing import Sequence
 import torch
 
 from .model_config import TensorGroup
-from .mtp import TTMTPHead, load_tt_mtp
+from .mtp import TTBatchMTPHead, TTMTPHead, load_tt_batch_mtp, load_tt_mtp
 from .sampler import SampledDraftPick, argmax_pick
 from .verify import SpecDeviceState
 
@@ -142,3 +143,60 @@ class TTMTPDrafter:
         if self._rng_owner is not None:
             self._rng_owner.uniforms.restart()
             self._rng_owner.rows_used = 0
+
+
+class TTBatchMTPDrafter:
+    """Device drafter of the batched backend (tt/batch_spec.py ``TTBatchSpecBackend``): one
+    :class:`~.mtp.TTBatchMTPHead` over the backend's B slots at the backend's verify depth K, every user's reseed and
+    chain packed into the same device ops (per-user positions, per-slot MTP pages). Draft choice follows the
+    backend's SamplingParams as the single-user drafter's does: argmax (greedy, or ``draft="greedy"``: one-hot
+    draft distributions for stochastic acceptance), or sampled on device (temperature > 0 with ``draft="sample"``)
+    from the acceptor's own transform of the MTP logits, each user drawing from its own uniform columns.
+
+    Hooks the backend calls: :meth:`allocate` (construction, before any capture), :meth:`join` (a user's MTP
+    prefill, eager), :meth:`write_inputs` (host positions before the draft trace), :meth:`device_chain` (the
+    draft trace: K drafts per user into the verify's token rows and the acceptor's drafts) and
+    :meth:`device_reseed` (inside the commit trace: the step's verified rows, row a_b of each user kept)."""
+
+    def __init__(self, reader, cache_dir=None):
+        self.reader, self.cache_dir = reader, cache_dir
+        self.head: TTBatchMTPHead | None = None
+
+    def allocate(self, model, slots: int, k: int, acceptor=None) -> None:
+        """The B-slot head (before any capture); ``acceptor`` whose params ask for sampled drafts switches them on."""
+        if self.head is not None:
+            raise RuntimeError("TTBatchMTPDrafter serves one backend: make one per TTBatchSpecBackend")
+        self.head = load_tt_batch_mtp(model, self.reader, k, slots, cache_dir=self.cache_dir)
+        if acceptor is not None and acceptor.params.sampled_drafts:
+            self.head.enable_sampling(acceptor)
+
+    def join(self, slot: int, history: list[int], prompt_hidden) -> None:
+        """``history`` = prompt + first token; ``prompt_hidden`` the prefill's post-norm rows [1, 1, P, H]."""
+        self.head.join_slot(slot, torch.tensor(history[1:]), prompt_hidden)
+
+    def write_inputs(self, depths: dict[int, int], pos: dict[int, int], pending: dict[int, int]) -> None:
+        self.head.write_reseed_inputs(depths, pos)
+        self.head.write_chain_inputs(depths, pos, pending)
+
+    def before_device_draft(self) -> None:
+        """Host side, outside any capture, before every chain execution (eager or replayed)."""
+        self.head.before_chain()
+
+    def step_back(self) -> None:
+        """An aborted step gives its chain's uniform row back (sampled drafts)."""
+        self.head.chain_step_back()
+
+    def device_chain(self, step_state) -> None:
+        self.head.chain_batch(step_state.tokens, step_state.drafts)
+
+    def draft_probs(self):
+        """[1, B, K, V] fp32 draft distributions (persistent) for sampled drafts; None = one-hot (argmax drafts)."""
+        return self.head.draft_probs
+
+    def device_reseed(self, step_state, vout) -> None:
+        acc = step_state.acceptor
+        self.head.reseed_select_batch(acc.result, vout.out.hidden, acc.count, step_state.active)
+
+    def read_drafts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids [B, K], fp32 logits [B, K, V]) of the last chain (tests and probes)."""
+        return self.head.read_batch_drafts()

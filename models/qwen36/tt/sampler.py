@@ -217,6 +217,15 @@ def argmax_pick(ttnn):
 DRAFT_UNIFORMS_PER_ROW = 32  # one tile row of uniforms per chain: draft i uses column i (K <= 32)
 
 
+def draft_uniform_seeds(seed: int):
+    """(device_seed(refill), host_seed) of the draft picks' uniform stream for ``seed``: nonzero, deterministic per
+    (seed, refill), a different affine map than the acceptor's seeds (independent streams). Shared by the
+    single-user :class:`SampledDraftPick` and the batched MTP head's sampled chain (tt/mtp.py)."""
+    s = int(seed)
+    return ((lambda refill: (s * 2_246_822_519 + refill * 3_266_489_917 + 0x5EED) % 0x7FFFFFFF or 1),
+            (s * 0x9E3779B1 + 0x5EED) % (1 << 62))
+
+
 class SampledDraftPick:
     """Sampling ``pick`` for the MTP draft chain: each draft is drawn from ``probs_fn(logits)`` (pass
     ``DeviceAcceptor.probs_from_logits``: the target's temperature/top-k/top-p transform, so rejection sampling
@@ -240,12 +249,9 @@ class SampledDraftPick:
             raise ValueError(f"vocab={vocab} >= 2**24: sampled ids are counted in fp32 and would not be exact")
         self.ttnn, self.mesh, self.k, self.vocab = ttnn, mesh_device, k, vocab
         self.probs_fn, self.seed, self.rng, self.rng_rows = probs_fn, int(seed), rng, rng_rows
-        s = self.seed
-        # nonzero, deterministic per (seed, refill); a different affine map than the acceptor's seeds
-        self.uniforms = UniformTable(
-            ttnn, mesh_device, rng_rows, DRAFT_UNIFORMS_PER_ROW, source=rng,
-            device_seed=lambda refill: (s * 2_246_822_519 + refill * 3_266_489_917 + 0x5EED) % 0x7FFFFFFF or 1,
-            host_seed=(s * 0x9E3779B1 + 0x5EED) % (1 << 62))
+        device_seed, host_seed = draft_uniform_seeds(self.seed)
+        self.uniforms = UniformTable(ttnn, mesh_device, rng_rows, DRAFT_UNIFORMS_PER_ROW, source=rng,
+                                     device_seed=device_seed, host_seed=host_seed)
         self.allocated = False
         self.rows_used = 0  # host mirror of the device counter
         self._row = None
