@@ -27,10 +27,10 @@ and per K of ``--ks`` that the packed verify admits (``batch_verify_refusal``: B
 of 8 cores above 8; the others are listed in ``ks_refused`` with the reason) the ONE B x (K+1)-row verify, the
 batched acceptor and the per-user commit of tt/batch_spec.py (``BatchSpecDeviceState``), plus every mechanism's
 commit at ``--commit-k``. verify_cost_ratio = packed verify / B-row decode. Plain decode tok/s per user = 1000 /
-ms per step, aggregate = B x that. The batched backend drafts on the host, so the MTP step is bracketed by two
-draft costs (``DRAFT_MODEL``): B single-user device draft chains one after another (``per_user_chains``) and one
-chain (``packed_chain_floor``, what a chain packed over B users costs at least); MTP tok/s per user and aggregate
-are given for both. B = 32 admits no K (32 x 2 > 32 rows): its record is the plain decode only.
+ms per step, aggregate = B x that. The draft is the batched device MTP of the backend (``TTBatchMTPHead``): the
+reseed over the B x (K+1) verified rows and the chain of K drafts of B rows each (every user drafting K); the MTP
+step = verify + accept + draft + commit, MTP tok/s per user at each acceptance scenario and aggregate = B x that.
+B = 32 admits no K (32 x 2 > 32 rows): its record is the plain decode only.
 """
 from __future__ import annotations
 
@@ -368,15 +368,6 @@ def mtp_tok_s(fig: dict, ks) -> dict:
 
 
 # ---- batch B > 1: the batched plain decode and the packed B x (K+1) verify (tt/batch_spec.py) ----------------------
-DRAFT_BOUNDS = ("per_user_chains", "packed_chain_floor")
-DRAFT_MODEL = (
-    "the batched backend drafts on the host (no batched device MTP chain is counted here): the step is bracketed by "
-    "two draft costs built from one user's device MTP chain (TTMTPHead, reseed over K+1 rows + K-1 chain steps) "
-    "counted on this bench: per_user_chains = B such chains one after another (what drafting each user with the "
-    "batch-1 head costs); packed_chain_floor = one chain (a chain packed over B users reads the MTP weights and the "
-    "LM head once, as one user's chain does; its per-user activation and KV reads are not added, so it is a floor)")
-
-
 def batch_verify_refusal(batch: int, k: int) -> str | None:
     """Why the packed verify of ``batch`` users x (K+1) rows cannot run, or None. The bound is the one
     ``tt/batch_spec.py`` ``TTBatchSpecBackend`` refuses by, read from the same sources: at most ``TILE_ROWS`` rows
@@ -399,8 +390,8 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
                   batch: int, real_cfg=None) -> dict:
     """gate-0b at ``batch`` users per step: the B-row plain decode (tt/batch.py) and, per admitted K, the packed
     B x (K+1)-row verify, the batched acceptor, the per-user commit (tt/batch_spec.py ``BatchSpecDeviceState``,
-    every user at position ``context - 1`` with its own KV pages and GDN slot) and one user's MTP draft chain
-    (``DRAFT_MODEL``). Counted and extrapolated exactly as :func:`measure` counts the single-user step."""
+    every user at position ``context - 1`` with its own KV pages and GDN slot) and the packed device MTP reseed +
+    chain (:func:`packed_draft_phase`). Counted and extrapolated exactly as :func:`measure` counts the single-user step."""
     from types import SimpleNamespace
 
     from qwen36.tt_ops.cost_model import LABEL, P150aCostModel
@@ -408,7 +399,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
     from qwen36.tt.accept import DeviceAcceptor
     from qwen36.tt.batch_spec import BatchSpecDeviceState
     from qwen36.tt.model_config import TensorGroup
-    from qwen36.tt.mtp import TTMTPHead
+    from qwen36.tt.mtp import TTBatchMTPHead
     from qwen36.tt.state import allocate_decode_inputs
     from qwen36.tt.weights import WeightLoader, load_mtp_weights
 
@@ -511,7 +502,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
             verify[k], accept[k] = v_cost, acc_cost
             commit_shadow[k], commit_gdn = commit_phase(st, vout, pre)
             per_layer[f"verify_k{k}"] = {**v_layers, "commit_per_gdn_layer": commit_gdn}
-            draft[k] = draft_phase(meter, model, mtp_w, TTMTPHead, k, pos, ratio)
+            draft[k] = packed_draft_phase(meter, model, mtp_w, TTBatchMTPHead, st, acc, vout, k, batch, pos, ratio)
         commits, commit_refused = {}, batch_verify_refusal(batch, commit_k)
         if commit_refused is None:
             for mech in MECHANISMS:
@@ -536,22 +527,18 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
             "verify": {str(k): {"rows": batch * (k + 1), **fig(v)} for k, v in verify.items()},
             "verify_cost_ratio": {str(k): fig(v)["ms"] / d_ms for k, v in verify.items()},
             "accept": {str(k): fig(v) for k, v in accept.items()},
-            "draft_model": DRAFT_MODEL,
-            "draft_single_user_chain": {
-                str(k): {"total": fig(v["total"]), "reseed": fig(v["reseed"]),
-                         "per_drafted_token_ms": (fig(v["total"])["ms"] - fig(v["reseed"])["ms"]) / k}
-                for k, v in draft.items()},
+            "draft": {str(k): {"total": fig(v["total"]), "reseed": fig(v["reseed"]), "chain": fig(v["chain"]),
+                               "per_drafted_token_ms": fig(v["chain"])["ms"] / k}
+                      for k, v in draft.items()},
             "commit_shadow_commit_by_k": {str(k): fig(v) for k, v in commit_shadow.items()},
             "commit_k": commit_k,
             "commit": {m: fig(v) for m, v in commits.items()},
             **({"commit_refused": commit_refused} if commit_refused else {}),
             "per_layer": {step: {part: fig(c) for part, c in parts.items()} for step, parts in per_layer.items()},
         }
-        fixed = {str(k): out["verify"][str(k)]["ms"] + out["accept"][str(k)]["ms"]
-                 + out["commit_shadow_commit_by_k"][str(k)]["ms"] for k in admitted}
-        chain = {str(k): out["draft_single_user_chain"][str(k)]["total"]["ms"] for k in admitted}
-        out["step_ms_shadow_commit"] = {bound: {k: fixed[k] + chain[k] * (batch if bound == "per_user_chains" else 1)
-                                                for k in fixed} for bound in DRAFT_BOUNDS}
+        out["step_ms_shadow_commit"] = {
+            str(k): out["verify"][str(k)]["ms"] + out["accept"][str(k)]["ms"] + out["draft"][str(k)]["total"]["ms"]
+            + out["commit_shadow_commit_by_k"][str(k)]["ms"] for k in admitted}
         if emulated:
             out["cost_model_constants"] = dataclasses.asdict(cm)
         return out
@@ -559,27 +546,50 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
         bench.close()
 
 
+def packed_draft_phase(meter: Meter, model, mtp_w, head_cls, st, acc, vout, k: int, batch: int, pos: int,
+                       ratio: float) -> dict:
+    """The batched device MTP (``TTBatchMTPHead``, as ``TTBatchMTPDrafter`` runs it) over every user drafting k:
+    the reseed over the B x (K+1) verified rows with each user's row a_b selected (in the backend's commit trace)
+    and the chain of K drafts, B rows per step (its draft trace). The chain's LM-head-sized parts (logits, picks,
+    logits copies) are scaled in bytes to the real vocabulary; the reseed has none."""
+    head = head_cls(model, mtp_w, k, batch).allocate()
+    users = range(batch)
+    head.write_reseed_inputs({b: k for b in users}, {b: pos for b in users})
+    head.write_chain_inputs({b: k for b in users}, {b: pos for b in users}, {b: 1 for b in users})
+    meter.instrument(head, "body", region_name=lambda tokens, *_: f"body{int(tokens.shape[-1])}")
+    meter.instrument(head, "logits", region_name=lambda *_: "logits")
+    meter.take()
+    meter.run("reseed", lambda: head.reseed_select_batch(acc.result, vout.out.hidden, acc.count, st.active))
+    regs, reseed_corr = meter.take()
+    reseed = regs["reseed"].plus(reseed_corr)
+    meter.run("chain", lambda: head.chain_batch(st.tokens, st.drafts))
+    regs, corr = meter.take()
+    zero = Cost()
+    body, logits = regs.get(f"body{batch}", zero), regs["logits"]
+    rope = total(((c, 1) for n, c in regs.items() if n.startswith("rope")))
+    rest = total(((regs["chain"], 1), (body, -1), (logits, -1), (rope, -1)))  # picks, draft/logits copies, rows
+    chain = total(((body, 1), (rope, 1), (logits.vocab_scaled(ratio), 1), (rest.vocab_scaled(ratio), 1), (corr, 1)))
+    return {"total": reseed.plus(chain), "reseed": reseed, "chain": chain}
+
+
 def batch_mtp_tok_s(fig: dict, ks) -> dict:
-    """Per-user and aggregate (B x per-user) MTP tok/s per draft bound, acceptance scenario and admitted K, every
-    user accepting at the scenario's rate: expected tokens per step (:func:`mtp_tok_s`'s rule) over the step."""
-    per_user = {bound: mtp_tok_s({"step_ms_shadow_commit": fig["step_ms_shadow_commit"][bound]}, ks)
-                for bound in DRAFT_BOUNDS}
+    """Aggregate MTP tok/s (B x :func:`mtp_tok_s`'s per-user figure), every user accepting at the scenario's rate."""
     b = fig["batch"]
-    return {"per_user": per_user,
-            "aggregate": {bound: {scen: {k: None if v is None else b * v for k, v in by_k.items()}
-                                  for scen, by_k in scens.items()} for bound, scens in per_user.items()}}
+    return {scen: {k: None if v is None else b * v for k, v in by_k.items()}
+            for scen, by_k in mtp_tok_s(fig, ks).items()}
 
 
 def run_batch(args: argparse.Namespace, device: str, ks, cfg, base) -> ProbeReport:
     fig = measure_batch(device, cfg, args.precision, args.context, ks, args.commit_k, args.seed, base.vocab_size,
                         args.batch, real_cfg=base)
     admitted = [k for k in ks if str(k) not in fig["ks_refused"]]
-    fig["mtp_tok_s_shadow_commit"] = batch_mtp_tok_s(fig, admitted)
+    fig["mtp_tok_s_shadow_commit"] = mtp_tok_s(fig, admitted)  # per user
+    fig["mtp_aggregate_tok_s_shadow_commit"] = batch_mtp_tok_s(fig, admitted)
     ratios = [fig["verify_cost_ratio"][str(k)] for k in admitted]
     phases = [fig["decode"], *fig["verify"].values(), *fig["accept"].values(), *fig["commit"].values(),
-              *fig["commit_shadow_commit_by_k"].values(), *(d["reseed"] for d in fig["draft_single_user_chain"].values())]
+              *fig["commit_shadow_commit_by_k"].values(), *(d["reseed"] for d in fig["draft"].values())]
     cells = [{"cell": "every phase costed", "pass": all(v["ms"] > 0 for v in phases)
-              and all(d["per_drafted_token_ms"] > 0 for d in fig["draft_single_user_chain"].values())}]
+              and all(d["per_drafted_token_ms"] > 0 for d in fig["draft"].values())}]
     if admitted:
         cells.insert(0, {"cell": "verify_cost_ratio >= 1 and increasing with K", "ratios": ratios,
                          "pass": all(r >= 1 for r in ratios) and all(x < y for x, y in zip(ratios, ratios[1:]))})
@@ -594,19 +604,14 @@ def run_batch(args: argparse.Namespace, device: str, ks, cfg, base) -> ProbeRepo
     if not admitted:
         print(f"  no K of --ks {','.join(map(str, ks))} fits the packed verify at batch {b}: plain decode only")
     for k in map(str, admitted):
-        steps = fig["step_ms_shadow_commit"]
+        d = fig["draft"][k]
         print(f"  K={k}: verify {fig['verify'][k]['rows']} rows {fig['verify'][k]['ms']:.2f} ms (ratio "
-              f"{fig['verify_cost_ratio'][k]:.3f}), accept {fig['accept'][k]['ms']:.3f}, commit(shadow) "
-              f"{fig['commit_shadow_commit_by_k'][k]['ms']:.3f}, one user's draft chain "
-              f"{fig['draft_single_user_chain'][k]['total']['ms']:.2f}; step {steps['packed_chain_floor'][k]:.2f} "
-              f"(packed chain floor) .. {steps['per_user_chains'][k]:.2f} ms ({b} per-user chains)")
-    for scen in ACCEPTANCE_SCENARIOS:
-        cols = []
-        for k in map(str, admitted):
-            lo = fig["mtp_tok_s_shadow_commit"]["per_user"]["per_user_chains"][scen][k]
-            hi = fig["mtp_tok_s_shadow_commit"]["per_user"]["packed_chain_floor"][scen][k]
-            if lo is not None:
-                cols.append(f"K={k} {lo:.1f}..{hi:.1f} ({b * lo:.1f}..{b * hi:.1f} aggregate)")
+              f"{fig['verify_cost_ratio'][k]:.3f}), accept {fig['accept'][k]['ms']:.3f}, packed MTP draft "
+              f"{d['total']['ms']:.2f} (reseed {d['reseed']['ms']:.2f}, chain {d['chain']['ms']:.2f}), commit(shadow) "
+              f"{fig['commit_shadow_commit_by_k'][k]['ms']:.3f}, step {fig['step_ms_shadow_commit'][k]:.2f} ms")
+    for scen, by_k in fig["mtp_tok_s_shadow_commit"].items():
+        cols = [f"K={k} {v:.1f} ({fig['mtp_aggregate_tok_s_shadow_commit'][scen][k]:.1f} aggregate)"
+                for k, v in by_k.items() if v is not None]
         if cols:
             print(f"  [{lab}] MTP tok/s per user, acceptance {scen}: " + ", ".join(cols))
     if fig["commit"]:
