@@ -7,9 +7,9 @@ What feeds what (the latest record of each probe is used; report.md lists every 
   decode-cost  programs per layer by op when no gate-0a record is given; its per-token summary in the table
   gate-0b      verify_cost_ratio and phase costs per K in the table (the batch-1 record)
   batch        decode-cost and gate-0b records at several batch sizes B (``--batch``; a record without one is B = 1):
-               per B, plain decode ms/step and per-user / aggregate tok/s (decode-cost), and per admitted K the
-               packed verify's verify_cost_ratio and MTP tok/s per user and aggregate (gate-0b; at B > 1 a range
-               between its two draft-cost bounds); a plot of aggregate tok/s vs B
+               per B, plain decode ms/step and per-user / aggregate tok/s (decode-cost), and per K the packed
+               verify's verify_cost_ratio and MTP tok/s per user and aggregate (gate-0b; a K the packed verify
+               refused keeps its row with the reason); a plot of aggregate tok/s vs B
   lossless     acceptance per draft position and emitted tokens per verify step vs K (the probe's greedy runs of
                the checkpoint it names, per commit mechanism)
 
@@ -305,17 +305,10 @@ def plot_tok_s(plt, r: dict, out: Path) -> Path:
 BATCH_SCENARIO = "0.8"  # the acceptance scenario of the batch plot
 
 
-def _tok_range(lo: float | None, hi: float | None) -> str:
-    if lo is None or hi is None:
-        return "-"
-    return f"{lo:.1f}" if abs(hi - lo) < 0.05 else f"{lo:.1f}-{hi:.1f}"
-
-
 def batch_rows(records: list[tuple[Path, dict]]) -> tuple[list[dict], list[dict], list[tuple[Path, dict]]]:
     """-> (decode rows per B from decode-cost, speculative rows per (B, K) from gate-0b, records used), the latest
-    record of each (probe, B). MTP tok/s are (low, high): at B = 1 both are the record's one figure; at B > 1 the
-    step's two draft-cost bounds (per_user_chains: low, packed_chain_floor: high). A K the packed verify refused
-    has its row with ``refused`` set (the reason), not dropped."""
+    record of each (probe, B); MTP tok/s per user per acceptance scenario (aggregate = B x that). A K the packed
+    verify refused has its row with ``refused`` set (the reason), not dropped."""
     used, dec, spec = [], [], []
     for b in sorted({batch_of(r) for _, r in records if r["probe"] == "decode-cost"}):
         path, r = latest(records, "decode-cost", b)
@@ -337,11 +330,7 @@ def batch_rows(records: list[tuple[Path, dict]]) -> tuple[list[dict], list[dict]
         for k in sorted(refused, key=int):
             mine.append({**base, "k": int(k), "refused": refused[k]})
         for k in ks:
-            if b == 1:
-                mtp = {sc: (by[k], by[k]) for sc, by in tok.items() if by.get(k) is not None}
-            else:
-                lo, hi = tok["per_user"]["per_user_chains"], tok["per_user"]["packed_chain_floor"]
-                mtp = {sc: (lo[sc][k], hi[sc][k]) for sc in lo if lo[sc].get(k) is not None}
+            mtp = {sc: by[k] for sc, by in tok.items() if by.get(k) is not None}
             mine.append({**base, "k": int(k), "rows": p["verify"][k]["rows"], "verify_ms": p["verify"][k]["ms"],
                          "ratio": p["verify_cost_ratio"][k], "mtp_per_user": mtp, "refused": None})
         if not mine:
@@ -360,12 +349,8 @@ def plot_batch(plt, dec: list[dict], spec: list[dict], out: Path) -> Path:
         rows = [x for x in spec if x["k"] == k and x["refused"] is None and BATCH_SCENARIO in x["mtp_per_user"]]
         if not rows:
             continue
-        bs = [x["batch"] for x in rows]
-        lo = [x["batch"] * x["mtp_per_user"][BATCH_SCENARIO][0] for x in rows]
-        hi = [x["batch"] * x["mtp_per_user"][BATCH_SCENARIO][1] for x in rows]
-        line, = ax.plot(bs, hi, marker="s", ls="--", label=f"MTP K={k}, acceptance {BATCH_SCENARIO} per draft "
-                                                            "(packed draft floor)")
-        ax.plot(bs, lo, marker="v", ls=":", color=line.get_color(), label=f"MTP K={k} (per-user draft chains)")
+        ax.plot([x["batch"] for x in rows], [x["batch"] * x["mtp_per_user"][BATCH_SCENARIO] for x in rows],
+                marker="s", ls="--", label=f"MTP K={k}, assumed acceptance {BATCH_SCENARIO} per draft (gate-0b)")
     ax.set_xscale("log", base=2)
     bs_all = sorted({x["batch"] for x in dec + spec})
     ax.set_xticks(bs_all, [str(b) for b in bs_all])
@@ -406,15 +391,14 @@ def batch_section(plt, records: list[tuple[Path, dict]], out_dir: Path) -> tuple
                 continue
             mtp = x["mtp_per_user"]
             rows.append(head + [str(x["k"]), str(x["rows"]), _ms(x["verify_ms"]), f"{x['ratio']:.3f}"]
-                        + [_tok_range(*mtp.get(sc, (None, None))) for sc in scens]
-                        + [_tok_range(*(None if v is None else x["batch"] * v for v in mtp.get(sc, (None, None))))
-                           for sc in scens] + [""])
+                        + [_opt(mtp.get(sc), 1) for sc in scens]
+                        + [_opt(None if mtp.get(sc) is None else x["batch"] * mtp[sc], 1) for sc in scens] + [""])
         md.append(_table(["B", "decode ms", "plain tok/s per user", "plain aggregate", "K", "verify rows", "verify ms",
                           "verify_cost_ratio"] + [f"MTP tok/s per user @ {sc}" for sc in scens]
                          + [f"MTP aggregate @ {sc}" for sc in scens] + ["note"], rows))
-        md += ["", "MTP tok/s at B > 1 is a range: the batched verify is counted, the drafting is bracketed "
-               "between B single-user MTP draft chains (low) and one chain (high, the floor of a chain packed over "
-               "B users); acceptance scenarios are assumptions (every user at the same rate)."]
+        md += ["", "MTP step = packed verify + acceptance + MTP draft (at B > 1 the batched device MTP: reseed over "
+               "the B x (K+1) rows, chain of B rows per draft) + shadow_commit commit; acceptance scenarios are "
+               "assumptions (every user at the same rate); aggregate = B x per user."]
     plots = [plot_batch(plt, dec, spec, out_dir / "batch_tok_s.png")]
     return md, plots, [_source_line(f"batch table (B={batch_of(r)})", p, r) for p, r in used]
 
