@@ -108,6 +108,42 @@ def test_several_prompts_plain_sampling_refused(capsys, ci_ckpt):
         assert_one_line_error(rc, err, "several prompts (batch 2) on", "decode plain greedy only")
 
 
+def test_precision_is_a_tt_option(capsys, ci_ckpt):
+    """--precision picks the TT preset of plain and speculative decoding alike; on the reference it is refused in
+    one line (the reference's numerics are --dtype), plain and speculative alike."""
+    for extra in ([], ["--spec-k", "2"]):
+        rc, err = run_cli(capsys, "generate", "--checkpoint", str(ci_ckpt), "--ids", "1,2", "--max-new-tokens", "2",
+                          "--precision", "accuracy", *extra)
+        assert_one_line_error(rc, err, "--precision applies to the TT devices", "--dtype")
+
+
+def test_plain_and_speculative_generate_load_the_same_tt_precision(monkeypatch):
+    """Regression: plain `generate` on TT loaded the performance preset and `--spec-k` the accuracy preset, so at a
+    near tie the two CLI paths decoded different models (prompt 5,6,1734 of the shipped checkpoint: the reference's
+    top-2 logits differ by 0.003, and the two presets pick different first tokens). Both now take --precision
+    (default performance)."""
+    import argparse
+
+    from qwen36.commands import generate
+
+    seen = {}
+
+    def fake_target(ckpt, device, dtype=None, precision="performance", **kw):
+        seen.setdefault("plain" if not kw.get("require_mtp") else "spec", []).append(precision)
+        raise SystemExit(0)
+
+    monkeypatch.setattr("qwen36.tt.generator.load_tt_target", fake_target)
+    for extra in ([], ["--spec-k", "2"], ["--precision", "accuracy"], ["--precision", "accuracy", "--spec-k", "2"],
+                  ["--ids", "3,4", "--spec-k", "2"]):
+        ns = argparse.ArgumentParser()
+        sub = ns.add_subparsers()
+        generate.add_parser(sub, "generate")
+        args = ns.parse_args(["generate", "--ids", "1,2", "--device", "emulated-p150x2", *extra])
+        with pytest.raises(SystemExit):
+            args.run(args)
+    assert seen == {"plain": ["performance", "accuracy"], "spec": ["performance", "accuracy", "performance"]}, seen
+
+
 def test_no_cards(capsys, monkeypatch, ci_ckpt, tmp_path):
     from qwen36.tt_ops import device
 

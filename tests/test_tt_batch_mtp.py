@@ -327,8 +327,9 @@ CLI_PROMPTS = ["1734,4064,17,279,1076", "17,279,1076,5,99,1734,201"]
 def test_generate_cli_several_prompts_spec_on_tt(capsys, tmp_path, monkeypatch):
     """`qwen36 generate --device emulated-p150x2 --ids A --ids B --spec-k 2` runs ONE batched TT
     backend with the device MTP: `ids[i]` equal each prompt's own plain TT run, per-user acceptance stats are
-    printed, the backend label names no host drafter; a sampled run (device-sampled drafts) completes; --spec-k auto
-    with several prompts, and a batch whose verify rows the core grid cannot hold, are refused in one line."""
+    printed, the backend label names no host drafter; a sampled run (device-sampled drafts) completes; 3 users at
+    K = 3 (12 rows, not a core-grid layout) run on 4 slots, each equal to its own run; --spec-k auto with several
+    prompts, and 9 users at K = 3 (36 rows), are refused in one line."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
     base = ["generate", "--max-new-tokens", "6", "--device", "emulated-p150x2"]
     alone = []
@@ -352,5 +353,15 @@ def test_generate_cli_several_prompts_spec_on_tt(capsys, tmp_path, monkeypatch):
     assert sum(l.startswith("ids[") for l in out.splitlines()) == 2 and "drafts=sample" in err
     rc, _, err = cli(capsys, *base, *many, "--spec-k", "auto")
     assert rc == 2 and err.count("\n") == 1 and "--spec-k auto" in err
-    rc, _, err = cli(capsys, *base, *many, "--ids", "5,6", "--spec-k", "3")  # 3 x 4 = 12 verify rows
-    assert rc == 2 and err.strip().splitlines()[-1].startswith("error: 3 slots x (K+1 = 4) verify rows"), err
+    # 3 users x 4 rows = 12 rows, which the core grid cannot lay out: padded to 4 slots (16 rows), one free and inert
+    rc, out, err = cli(capsys, *base, "--ids", "5,6,1734")
+    assert rc == 0, err
+    third = out.splitlines()[0].removeprefix("ids: ")
+    rc, out, err = cli(capsys, *base, *many, "--ids", "5,6,1734", "--spec-k", "3")
+    assert rc == 0, err
+    assert [l for l in out.splitlines() if l.startswith("ids[")] == \
+        [f"ids[{i}]: {a}" for i, a in enumerate(alone + [third])]
+    assert "4 slots (16 verify rows" in err and "1 of them free" in err
+    nine = [a for i in range(9) for a in ("--ids", f"{5 + i},6")]  # 9 x 4 = 36 rows > 32: no slot count fits
+    rc, _, err = cli(capsys, *base, *nine, "--spec-k", "3")
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: 9 users x (K+1 = 4) verify rows"), err

@@ -55,8 +55,10 @@ class ReferenceTarget:
         return batched_greedy_generate(self.model, prompts, max_new_tokens, eos_ids)
 
 
-def load_target(ckpt: Path, device: str, dtype: torch.dtype, *, require_mtp: bool = False):
-    """The target model on the requested backend."""
+def load_target(ckpt: Path, device: str, dtype: torch.dtype, *, require_mtp: bool = False,
+                precision: str | None = None):
+    """The target model on the requested backend; ``precision``: the TT precision preset (None: the TT loader's
+    default; not used by the reference)."""
     check_device(device)
     if device in REFERENCE_DEVICES:
         from ..reference.model import Qwen36Model
@@ -68,4 +70,5 @@ def load_target(ckpt: Path, device: str, dtype: torch.dtype, *, require_mtp: boo
         return ReferenceTarget(model, reference_label(device))
     from ..tt.generator import load_tt_target  # TT model (emulated mesh or cards)
 
-    return load_tt_target(ckpt, device, dtype=dtype, require_mtp=require_mtp)
+    kw = {} if precision is None else {"precision": precision}
+    return load_tt_target(ckpt, device, dtype=dtype, require_mtp=require_mtp, **kw)

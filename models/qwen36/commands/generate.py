@@ -25,8 +25,29 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=32)
     p.add_argument("--device", default="reference", help="reference | reference-cuda | emulated-p150x2 | p150x2 | ...")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    p.add_argument("--precision", default=None, choices=TT_PRECISIONS,
+                   help=f"TT devices: the precision preset (docs/tt_model.md) of plain and speculative decoding alike, "
+                        f"so that the two decode the same model (default {DEFAULT_TT_PRECISION}); the reference's "
+                        f"numerics are set by --dtype")
     add_spec_args(p)
     p.set_defaults(run=run)
+
+
+# The TT precision presets (tt/model_config.py PrecisionSetting.named) and the one `generate` uses unless told.
+TT_PRECISIONS = ("accuracy", "performance", "performance-bf4")
+DEFAULT_TT_PRECISION = "performance"
+
+
+def tt_precision(args: argparse.Namespace) -> str | None:
+    """The precision preset of this run: None on the reference devices (refusing --precision there), else
+    --precision or the default preset."""
+    from .backends import REFERENCE_DEVICES
+
+    if args.device in REFERENCE_DEVICES:
+        if args.precision is not None:
+            raise UserError(f"--precision applies to the TT devices; on {args.device} the numerics are set by --dtype")
+        return None
+    return args.precision or DEFAULT_TT_PRECISION
 
 
 def add_spec_args(p: argparse.ArgumentParser, default_k: int = 0) -> None:
@@ -161,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     if args.spec_k != "auto" and args.spec_k < 0:
         raise UserError(f"--spec-k must be >= 0, got {args.spec_k}")
     params = sampling_params(args)  # validated before any model is loaded
+    precision = tt_precision(args)
     ckpt = resolve_checkpoint(args.checkpoint)
     prompts, texts, tok = encode_prompts(args, ckpt)
     speculative = args.spec_k == "auto" or args.spec_k > 0
@@ -172,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         from .speculative_generate import run_speculative_generate
 
         return run_speculative_generate(args, ckpt, prompts, texts, tok)
-    target = load_target(ckpt, args.device, torch_dtype(args.dtype))
+    target = load_target(ckpt, args.device, torch_dtype(args.dtype), precision=precision)
     vocab = target.config.vocab_size
     if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")

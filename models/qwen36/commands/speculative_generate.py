@@ -12,19 +12,20 @@ from .backends import REFERENCE_DEVICES
 
 
 def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, depth=None, users: int = 1,
-                 params=None):
+                 params=None, precision: str = "accuracy"):
     """The speculative backend for --device: the torch reference, or the TT target + device MTP. ``depth``: the
     depth policy (the TT backend allocates every depth a controller may pick). ``users`` > 1: one batched backend
     with that many slots (one packed verify per step for all users): ``ReferenceBatchBackend``, or on TT
     ``TTBatchSpecBackend`` with the batched device MTP drafter (fixed K; ``params``: the users' shared sampling
-    parameters, seeds aside)."""
+    parameters, seeds aside). ``precision``: the TT precision preset (`generate` passes the one its plain path
+    uses, so that speculative and plain decoding run the same model)."""
     if device not in REFERENCE_DEVICES:
         if users != 1:
             if not isinstance(depth, int):
                 raise UserError("batched speculative decoding on a TT device takes a fixed integer --spec-k")
-            return load_tt_batch_backend(ckpt, device, mechanism, max_len, users, depth, params)
+            return load_tt_batch_backend(ckpt, device, mechanism, max_len, users, depth, params, precision=precision)
         depths = None if depth is None or isinstance(depth, int) else depth.depths
-        return load_tt_backend(ckpt, device, mechanism, max_len, depths=depths)
+        return load_tt_backend(ckpt, device, mechanism, max_len, precision=precision, depths=depths)
     import torch
 
     from ..reference.model import Qwen36Model
@@ -61,19 +62,27 @@ def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, preci
 
 def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int, users: int, k: int, params=None,
                           precision: str = "accuracy"):
-    """TTBatchSpecBackend over ``users`` slots on ``device``: traced draft (the packed device MTP chain) / verify +
-    accept / commit + MTP reseed, every user verifying K+1 rows per step."""
+    """TTBatchSpecBackend for ``users`` users on ``device``: traced draft (the packed device MTP chain) / verify +
+    accept / commit + MTP reseed, every user verifying K+1 rows per step. The slot count is padded up to one the
+    verify's core grid can lay out (``verify_slots``: 3 users at K = 3 get 4 slots, 16 rows); the spare slots stay
+    free and their rows inert. Refused before anything loads when no slot count fits."""
+    from loguru import logger
+
     from ..checkpoint import load_checkpoint
     from ..speculative.sampling import SamplingParams
-    from ..tt.batch_spec import TTBatchSpecBackend
+    from ..tt.batch_spec import TTBatchSpecBackend, verify_slots
     from ..tt.generator import load_tt_target
     from ..tt.mtp_drafter import TTBatchMTPDrafter
 
+    slots = verify_slots(users, k)
+    if slots != users:
+        logger.info(f"{users} users at K={k}: {slots} slots ({slots * (k + 1)} verify rows; the verify's core grid "
+                    f"takes whole rows of 8 above 8 rows), {slots - users} of them free and inert")
     block = 32
     gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,
                          max_seq_len=max(2 * block, -(-max_len // block) * block), block_size=block)
     drafter = TTBatchMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
-    return TTBatchSpecBackend(gen, users, k, mechanism, drafter=drafter,
+    return TTBatchSpecBackend(gen, slots, k, mechanism, drafter=drafter,
                               params=params if params is not None else SamplingParams())
 
 
@@ -135,9 +144,10 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     from .common import torch_dtype
     from .generate import print_outputs
 
-    from .generate import print_logprobs, sampling_params
+    from .generate import print_logprobs, sampling_params, tt_precision
 
     b = len(prompts)
+    precision = tt_precision(args)
     first = sampling_params(args)
     params = [dataclasses.replace(first, seed=first.seed + i) for i in range(b)]  # user i samples with seed + i
     cfg_auto = config_of(ckpt) if args.spec_k == "auto" else None
@@ -146,8 +156,9 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     k_max = depth if isinstance(depth, int) else depth.k_max
     max_len = max(map(len, prompts)) + args.max_new_tokens + k_max + 2
     try:
+        kw = {} if precision is None else {"precision": precision}
         loaded = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len, depth, users=b,
-                              params=first)
+                              params=first, **kw)
     except CheckpointError as e:
         raise UserError(str(e)) from None
     backends = [loaded] if b == 1 else loaded  # b > 1: one BatchSpecBackend for all users

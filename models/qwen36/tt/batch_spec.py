@@ -169,6 +169,21 @@ class BatchDraft:
     drafts: dict[int, list[int]] | None  # slot -> d_1..d_{k_b} (host drafter); None: the drafts live on device only
 
 
+def verify_slots(users: int, k: int) -> int:
+    """The fewest slots >= ``users`` whose packed verify (slots x (K+1) rows) the decode path can lay out: at most
+    ``TILE_ROWS`` rows, and above one row of user cores whole rows of them (``model_config.user_core_grid``). The
+    slots past ``users`` stay free (their rows inert). Raises :class:`BatchSpecError` when no slot count fits."""
+    for slots in range(max(users, 1), TILE_ROWS // (k + 1) + 1):
+        try:
+            user_core_grid(slots * (k + 1))
+        except ValueError:
+            continue
+        return slots
+    raise BatchSpecError(f"{users} users x (K+1 = {k + 1}) verify rows: the decode-path attention takes at most "
+                         f"{TILE_ROWS} rows (one per core, whole rows of 8 cores above 8); use fewer prompts or a "
+                         f"smaller --spec-k")
+
+
 def _is_batch_device_drafter(drafter) -> bool:
     return all(hasattr(drafter, m) for m in ("allocate", "join", "write_inputs", "device_chain", "device_reseed"))
 
