@@ -184,13 +184,60 @@ def expected_distinct_experts(num_experts: int, top_k: int, rows: int) -> float:
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** rows)
 
 
+def _instrument(bench, cfg, real_cfg, real_vocab: int):
+    """What the single-user and the batched measurement share before any step: the meter on the model's regions
+    (embedding, RoPE rows), the LM-head vocab ratio (cards measure wall-clock, so they need the real vocabulary),
+    the layer counts, and the MoE router correction. Every step here has <= 32 rows, so the router's extra tiles are
+    those of one row (``decode_cost.router_correction`` at the real expert count).
+    Returns (meter, emulated, ratio, n_gdn, n_attn, router_corr)."""
+    from qwen36.tt.model_config import TensorGroup
+
+    meter = Meter(bench)
+    bench.model.region = meter.region
+    meter.instrument(bench.model, "embed", gather="embed")
+    meter.instrument(bench.model, "rope_rows", region_name=lambda idx: f"rope{int(idx.shape[-1])}", gather="rope")
+    ratio = real_vocab / cfg.vocab_size
+    if not meter.emulated and ratio != 1:
+        raise UserError("gate-0b on cards measures wall-clock: build the real vocabulary (omit --vocab-sample)")
+    router_corr = Cost()
+    if cfg.is_moe and meter.emulated:
+        rc = router_correction(cfg, real_cfg or cfg, 1, bench.dtype_name(TensorGroup.MOE_ROUTER),
+                               bench.dtype_name(TensorGroup.MOE_ROUTING))
+        router_corr = Cost({f"read:{k}": v for k, v in rc.items()})
+    return meter, meter.emulated, ratio, len(cfg.gdn_layer_ids), len(cfg.attention_layer_ids), router_corr
+
+
+def _record_header(bench, precision: str, n_gdn: int, n_attn: int, built_vocab: int, real_vocab: int,
+                   context: int) -> dict:
+    """The record fields that say what ran (both measurements)."""
+    from qwen36.tt_ops.cost_model import LABEL
+
+    return {
+        # ttsim timings are simulator wall-clock: measured, but never card performance
+        "label": LABEL if bench.ctx.is_emulated else (
+            "measured on ttsim (simulator)" if bench.ctx.is_simulated else "measured"),
+        "backend": bench.ctx.label,
+        "precision": precision,
+        "tp": bench.ctx.num_devices,
+        "kv_heads_per_device": bench.args.hkv_d,
+        "layers": {"gdn": n_gdn, "attention": n_attn},
+        "vocab": {"built": built_vocab, "extrapolated_to": real_vocab},
+        "context_tokens": context,
+    }
+
+
+def _step_ms(out: dict, ks) -> dict:
+    """Shadow-commit step time per K: verify + accept + draft + commit."""
+    return {str(k): out["verify"][str(k)]["ms"] + out["accept"][str(k)]["ms"] + out["draft"][str(k)]["total"]["ms"]
+            + out["commit_shadow_commit_by_k"][str(k)]["ms"] for k in ks}
+
+
 def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, seed: int, real_vocab: int,
             real_cfg=None) -> dict:
-    from qwen36.tt_ops.cost_model import LABEL, P150aCostModel
+    from qwen36.tt_ops.cost_model import P150aCostModel
 
     from qwen36.tt.accept import DeviceAcceptor
     from qwen36.tt.commit import commit
-    from qwen36.tt.model_config import TensorGroup
     from qwen36.tt.mtp import TTMTPHead
     from qwen36.tt.state import allocate_decode_inputs
     from qwen36.tt.verify import SpecDeviceState
@@ -199,23 +246,9 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
     bench = build_bench(device, cfg, precision, context, seed, probe=NAME, emulated_only=False)
     try:
         ttnn, mesh, model, state, a = bench.ttnn, bench.mesh, bench.model, bench.state, bench.args
-        meter = Meter(bench)
-        emulated = meter.emulated
-        model.region = meter.region
-        meter.instrument(model, "embed", gather="embed")
-        meter.instrument(model, "rope_rows", region_name=lambda idx: f"rope{int(idx.shape[-1])}", gather="rope")
-        ratio = real_vocab / cfg.vocab_size
-        if not emulated and ratio != 1:
-            raise UserError("gate-0b on cards measures wall-clock: build the real vocabulary (omit --vocab-sample)")
-        n_gdn, n_attn = len(cfg.gdn_layer_ids), len(cfg.attention_layer_ids)
+        meter, emulated, ratio, n_gdn, n_attn, router_corr = _instrument(bench, cfg, real_cfg, real_vocab)
         pos = context - 1
-
         real = real_cfg or cfg
-        router_corr = Cost()
-        if cfg.is_moe and emulated:  # the router bytes of the real expert count (decode_cost.router_correction)
-            rc = router_correction(cfg, real, 1, bench.dtype_name(TensorGroup.MOE_ROUTER),
-                                   bench.dtype_name(TensorGroup.MOE_ROUTING))
-            router_corr = Cost({f"read:{k}": v for k, v in rc.items()})
 
         def layers(regs, view_corr: Cost = Cost()) -> Cost:
             return total(((regs["embed"], 1), (regs["layer0"], n_gdn), (regs["layer1"], n_attn), (view_corr, n_attn),
@@ -283,15 +316,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
 
         d_ms = fig(decode)["ms"]
         out = {
-            # ttsim timings are simulator wall-clock: measured, but never card performance
-            "label": LABEL if emulated else ("measured on ttsim (simulator)" if bench.ctx.is_simulated else "measured"),
-            "backend": bench.ctx.label,
-            "precision": precision,
-            "tp": bench.ctx.num_devices,
-            "kv_heads_per_device": a.hkv_d,
-            "layers": {"gdn": n_gdn, "attention": n_attn},
-            "vocab": {"built": cfg.vocab_size, "extrapolated_to": real_vocab},
-            "context_tokens": context,
+            **_record_header(bench, precision, n_gdn, n_attn, cfg.vocab_size, real_vocab, context),
             "decode": fig(decode),
             "verify": {str(k): {"rows": k + 1, **fig(v)} for k, v in verify.items()},
             "verify_cost_ratio": {str(k): fig(v)["ms"] / d_ms for k, v in verify.items()},
@@ -305,9 +330,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
             "commit": {m: fig(v) for m, v in commits.items()},
             "per_layer": {step: {part: fig(c) for part, c in parts.items()} for step, parts in per_layer.items()},
         }
-        out["step_ms_shadow_commit"] = {
-            str(k): out["verify"][str(k)]["ms"] + out["accept"][str(k)]["ms"] + out["draft"][str(k)]["total"]["ms"]
-            + out["commit_shadow_commit_by_k"][str(k)]["ms"] for k in ks}
+        out["step_ms_shadow_commit"] = _step_ms(out, ks)
         if cfg.is_moe:
             e, k_top = real.num_experts, cfg.num_experts_per_tok
             mw = bench.weights.layers[0].mlp
@@ -394,11 +417,10 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
     chain (:func:`packed_draft_phase`). Counted and extrapolated exactly as :func:`measure` counts the single-user step."""
     from types import SimpleNamespace
 
-    from qwen36.tt_ops.cost_model import LABEL, P150aCostModel
+    from qwen36.tt_ops.cost_model import P150aCostModel
 
     from qwen36.tt.accept import DeviceAcceptor
     from qwen36.tt.batch_spec import BatchSpecDeviceState
-    from qwen36.tt.model_config import TensorGroup
     from qwen36.tt.mtp import TTBatchMTPHead
     from qwen36.tt.state import allocate_decode_inputs
     from qwen36.tt.weights import WeightLoader, load_mtp_weights
@@ -408,23 +430,8 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
     bench = build_bench(device, cfg, precision, context, seed, probe=NAME, emulated_only=False, slots=batch)
     try:
         ttnn, mesh, model, state, a = bench.ttnn, bench.mesh, bench.model, bench.state, bench.args
-        meter = Meter(bench)
-        emulated = meter.emulated
-        model.region = meter.region
-        meter.instrument(model, "embed", gather="embed")
-        meter.instrument(model, "rope_rows", region_name=lambda idx: f"rope{int(idx.shape[-1])}", gather="rope")
-        ratio = real_vocab / cfg.vocab_size
-        if not emulated and ratio != 1:
-            raise UserError("gate-0b on cards measures wall-clock: build the real vocabulary (omit --vocab-sample)")
-        n_gdn, n_attn = len(cfg.gdn_layer_ids), len(cfg.attention_layer_ids)
+        meter, emulated, ratio, n_gdn, n_attn, router_corr = _instrument(bench, cfg, real_cfg, real_vocab)
         pos = context - 1
-
-        real = real_cfg or cfg
-        router_corr = Cost()
-        if cfg.is_moe and emulated:  # every step here has <= 32 rows: the router's extra tiles are those of 1 row
-            rc = router_correction(cfg, real, 1, bench.dtype_name(TensorGroup.MOE_ROUTER),
-                                   bench.dtype_name(TensorGroup.MOE_ROUTING))
-            router_corr = Cost({f"read:{k}": v for k, v in rc.items()})
 
         def layers(regs) -> Cost:
             return total(((regs["embed"], 1), (regs["layer0"], n_gdn), (regs["layer1"], n_attn),
@@ -512,14 +519,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
 
         d_ms = fig(decode)["ms"]
         out = {
-            "label": LABEL if emulated else ("measured on ttsim (simulator)" if bench.ctx.is_simulated else "measured"),
-            "backend": bench.ctx.label,
-            "precision": precision,
-            "tp": bench.ctx.num_devices,
-            "kv_heads_per_device": a.hkv_d,
-            "layers": {"gdn": n_gdn, "attention": n_attn},
-            "vocab": {"built": cfg.vocab_size, "extrapolated_to": real_vocab},
-            "context_tokens": context,
+            **_record_header(bench, precision, n_gdn, n_attn, cfg.vocab_size, real_vocab, context),
             "batch": batch,
             "ks_refused": refused,
             "decode": {"rows": batch, **fig(decode)},
@@ -536,9 +536,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
             **({"commit_refused": commit_refused} if commit_refused else {}),
             "per_layer": {step: {part: fig(c) for part, c in parts.items()} for step, parts in per_layer.items()},
         }
-        out["step_ms_shadow_commit"] = {
-            str(k): out["verify"][str(k)]["ms"] + out["accept"][str(k)]["ms"] + out["draft"][str(k)]["total"]["ms"]
-            + out["commit_shadow_commit_by_k"][str(k)]["ms"] for k in admitted}
+        out["step_ms_shadow_commit"] = _step_ms(out, admitted)
         if emulated:
             out["cost_model_constants"] = dataclasses.asdict(cm)
         return out
