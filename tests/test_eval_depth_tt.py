@@ -118,13 +118,12 @@ def test_tt_acceptance_trace_commits_one_token_per_step_and_predicts_the_engine(
     speculative run on the same backend."""
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
-    from qwen36.tt.generator import TTGenerator
+    from qwen36.testing.tt import small_tt_generator
     from qwen36.tt.mtp_drafter import TTMTPDrafter
     from qwen36.tt.spec_backend import TTSpecBackend
 
     ckpt, prompt, n, k_max = "models/qwen36/default_checkpoint", [1734, 4064, 17, 279, 1076, 4064, 17, 279], 24, 5
-    gen = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
-                                      block_size=32, prefill_chunk=64, require_mtp=True)
+    gen = small_tt_generator(ckpt, prefill_chunk=64, require_mtp=True)
     drafter = TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
     make = lambda: DepthPolicy.load().controller("reference", k_max=k_max)  # noqa: E731  (switches K on this text)
     try:

@@ -24,8 +24,8 @@ from qwen36.checkpoint import load_checkpoint
 from qwen36.speculative.batch_backend import speculative_generate_slots
 from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.sampling import SamplingParams
+from qwen36.testing.tt import small_tt_generator
 from qwen36.tt.batch_spec import BatchSpecError, TTBatchSpecBackend
-from qwen36.tt.generator import TTGenerator
 from qwen36.tt.mtp_drafter import TTBatchMTPDrafter, TTMTPDrafter
 from qwen36.tt.pcc import pcc
 from qwen36.tt.spec_backend import TTSpecBackend
@@ -44,8 +44,7 @@ DRAFT_MAX_ABS = 1e-3
 
 @pytest.fixture(scope="module")
 def gen():
-    g = TTGenerator.from_checkpoint(CKPT, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
-                                    block_size=32, prefill_chunk=64, require_mtp=True)
+    g = small_tt_generator(CKPT, prefill_chunk=64, require_mtp=True)
     yield g
     g.close()
 

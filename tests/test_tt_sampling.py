@@ -11,8 +11,8 @@ from qwen36.speculative.acceptance import greedy_accept
 from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.plain import plain_generate
 from qwen36.speculative.sampling import SamplingParams, TokenHistory, penalize, probs_from_logits
+from qwen36.testing.tt import small_tt_generator
 from qwen36.tt.accept import DeviceAcceptor
-from qwen36.tt.generator import TTGenerator
 from qwen36.tt.spec_backend import TTSpecBackend
 from qwen36.tt.sampler import DeviceSampler
 from qwen36.tt.trace import TracedStep
@@ -128,8 +128,7 @@ def ckpt(ckpt_factory):
 
 @pytest.fixture(scope="module")
 def gen(ckpt):
-    g = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
-                                    block_size=32)
+    g = small_tt_generator(ckpt)
     yield g
     g.close()
 
@@ -230,8 +229,7 @@ def test_acceptor_rows_see_the_drafts_before_them_and_commit_counts(mesh, temper
 
 @pytest.fixture(scope="module")
 def mtp_gen(ckpt):
-    g = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
-                                    block_size=32, require_mtp=True)
+    g = small_tt_generator(ckpt, require_mtp=True)
     yield g
     g.close()
 

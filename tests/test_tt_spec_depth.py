@@ -26,8 +26,7 @@ from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.speculative import oracle_drafter
-from qwen36.testing.tt import device_position, make_bf16_checkpoint, read_scalar
-from qwen36.tt.generator import TTGenerator
+from qwen36.testing.tt import device_position, make_bf16_checkpoint, read_scalar, small_tt_generator
 from qwen36.tt.spec_backend import TTSpecBackend
 
 PROMPT = list(range(5, 17))
@@ -43,8 +42,7 @@ def ci_ck(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ci_gen(ci_ck):
-    g = TTGenerator.from_checkpoint(ci_ck, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
-                                    block_size=32, prefill_chunk=64)
+    g = small_tt_generator(ci_ck, prefill_chunk=64)
     yield g
     g.close()
 
@@ -209,8 +207,7 @@ def test_auto_depth_greedy_with_penalties_is_plain_greedy_with_penalties(ci_ck, 
 # ---- the fitted controller with the device MTP, shipped checkpoint -------------------------------------------
 @pytest.fixture(scope="module")
 def gen():
-    g = TTGenerator.from_checkpoint(CKPT, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
-                                    block_size=32, prefill_chunk=64, require_mtp=True)
+    g = small_tt_generator(CKPT, prefill_chunk=64, require_mtp=True)
     yield g
     g.close()
 

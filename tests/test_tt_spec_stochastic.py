@@ -27,8 +27,8 @@ import pytest
 import torch
 
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+from qwen36.testing.tt import small_tt_generator
 from qwen36.tt.accept import DeviceAcceptor
-from qwen36.tt.generator import TTGenerator
 from qwen36.tt.mtp_drafter import TTMTPDrafter
 from qwen36.tt.sampler import SampledDraftPick
 from qwen36.tt.spec_backend import TTSpecBackend
@@ -59,8 +59,7 @@ def chi2_p(observed, expected) -> float:
 
 @pytest.fixture(scope="module")
 def gen():
-    g = TTGenerator.from_checkpoint(CKPT, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
-                                    block_size=32, prefill_chunk=64)
+    g = small_tt_generator(CKPT, prefill_chunk=64)
     yield g
     g.close()
 

@@ -29,6 +29,16 @@ def tp4_config() -> Qwen36Config:
     return replace(c, num_attention_heads=8, num_key_value_heads=4, linear_num_key_heads=4, linear_num_value_heads=12)
 
 
+def small_tt_generator(ckpt, **kw):
+    """The emulated-mesh TT generator the speculative and sampling tests share: accuracy preset, 128-token
+    sequences in 32-token KV blocks, no progress bars; ``kw`` adds what a test needs (``require_mtp``,
+    ``prefill_chunk``, ...)."""
+    from ..tt.generator import TTGenerator
+
+    return TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=128,
+                                       progress=False, block_size=32, **kw)
+
+
 def make_bf16_checkpoint(out_dir: str | Path, preset: str | Qwen36Config = "ci", seed: int = 0) -> Path:
     cfg = PRESETS[preset] if isinstance(preset, str) else preset
     return write_checkpoint(out_dir, cfg, random_weights(cfg, seed, dtype=torch.bfloat16))
