@@ -166,6 +166,14 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, out: Path) -> Path:
+    """Lay out, write (110 dpi) and close one figure."""
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def _stacked(plt, out: Path, title: str, steps, keys: list[str], value, names: dict | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(10, 6))
     xs = list(range(len(steps)))
@@ -185,10 +193,7 @@ def _stacked(plt, out: Path, title: str, steps, keys: list[str], value, names: d
     ax.set_ylim(0, max(s["ms"] for _, s in steps) * 1.1)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_breakdowns(plt, r: dict, out_dir: Path) -> list[Path]:
@@ -240,10 +245,7 @@ def plot_programs(plt, r: dict, lists: dict, out: Path) -> Path:
     ax.set_title(f"Programs per layer by op (emulator counts, {r['probe']})\n{_setup(r)}", fontsize=11)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False, ncol=1 + len(ops) // 24)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_acceptance(plt, r: dict, rows: list[dict], out: Path) -> Path:
@@ -272,10 +274,7 @@ def plot_acceptance(plt, r: dict, rows: list[dict], out: Path) -> Path:
     ck = Path(str((r.get("config") or {}).get("checkpoint", "?"))).name
     fig.suptitle(f"[measured] greedy acceptance, lossless probe, checkpoint {ck}, {mech}\non {r.get('backend')}",
                  fontsize=11)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_tok_s(plt, r: dict, out: Path) -> Path:
@@ -295,10 +294,7 @@ def plot_tok_s(plt, r: dict, out: Path) -> Path:
     ax.set_title(f"[{label}] tok/s vs K\n{_setup(r)}", fontsize=11)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 # ---- several users per step ----------------------------------------------------------------------------------------
@@ -360,10 +356,7 @@ def plot_batch(plt, dec: list[dict], spec: list[dict], out: Path) -> Path:
     ax.set_title(f"[{', '.join(labels)}] aggregate tok/s vs batch", fontsize=11)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def batch_section(plt, records: list[tuple[Path, dict]], out_dir: Path) -> tuple[list[str], list[Path], list[list[str]]]:
