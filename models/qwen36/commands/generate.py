@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     if speculative:
         from .speculative_generate import run_speculative_generate
 
-        return run_speculative_generate(args, ckpt, prompts, texts, tok)
+        return run_speculative_generate(args, ckpt, prompts, texts, tok, precision)
     target = load_target(ckpt, args.device, torch_dtype(args.dtype), precision=precision)
     vocab = target.config.vocab_size
     if any(i >= vocab for ids in prompts for i in ids):

@@ -135,19 +135,19 @@ def config_of(ckpt: Path):
 
 
 def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list[list[int]], texts: list[str] | None,
-                             tok) -> int:
+                             tok, precision: str | None = None) -> int:
     """Speculative generation of one or several users (several: one batched backend, every step one packed verify
-    over all users, driven by ``speculative_generate_batch``; user i samples with seed ``--seed`` + i)."""
+    over all users, driven by ``speculative_generate_batch``; user i samples with seed ``--seed`` + i).
+    ``precision``: the TT preset `generate` resolved for its plain path too (None on the reference)."""
     from loguru import logger
 
     from ..checkpoint import CheckpointError
     from .common import torch_dtype
     from .generate import print_outputs
 
-    from .generate import print_logprobs, sampling_params, tt_precision
+    from .generate import print_logprobs, sampling_params
 
     b = len(prompts)
-    precision = tt_precision(args)
     first = sampling_params(args)
     params = [dataclasses.replace(first, seed=first.seed + i) for i in range(b)]  # user i samples with seed + i
     cfg_auto = config_of(ckpt) if args.spec_k == "auto" else None
