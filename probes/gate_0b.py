@@ -489,10 +489,8 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
 
         def commit_phase(st, vout, pre):
             no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
-            st._vout = vout
-            meter.run("commit", st.commit)
-            st._vout = no_layers
-            meter.run("commit_fixed", st.commit)
+            meter.run("commit", lambda: st.commit(vout))
+            meter.run("commit_fixed", lambda: st.commit(no_layers))
             regs, _ = meter.take()
             gdn_part = regs["commit"].plus(regs["commit_fixed"], -1)
             return total(((regs["commit_fixed"], 1), (gdn_part, n_gdn), (pre, n_gdn))), gdn_part.plus(pre)

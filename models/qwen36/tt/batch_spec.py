@@ -145,15 +145,16 @@ class BatchSpecDeviceState(SpecDeviceState):
     def verify_rows(self):
         return self.tokens, self.rope_idx, self.bounds, self.phys_rows, self.head_page_table
 
-    def commit(self) -> None:
-        """Device-only per-user commit (traceable): a_b = count_b for users in the step, -1 for the others."""
+    def commit(self, vout: VerifyOutputs) -> None:
+        """Device-only per-user commit (traceable) of the verify ``vout``: a_b = count_b for users in the step, -1
+        for the others."""
         ttnn, b, acc = self.ttnn, self.users, self.acceptor
         ttnn.copy(ttnn.multiply(acc.count, self.active), acc.count)  # 0 for slots outside the step (ring slot 0)
         a_B111 = ttnn.add(acc.count, ttnn.subtract(self.active, 1.0))
         idx = ttnn.typecast(ttnn.add(self.c_conv_rows, a_B111), ttnn.uint32)  # [1, B, 1, Kc-1]
         idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, b * (self.kc - 1)])
         mask = ttnn.le(self.c_rows, ttnn.reshape(a_B111, [b, 1, 1])) if self.mechanism.readvance else None
-        commit_gdn_layers(self, self._vout.plan.records, idx, mask)
+        commit_gdn_layers(self, vout.plan.records, idx, mask)
 
 
 @dataclass
@@ -387,7 +388,6 @@ class TTBatchSpecBackend:
         if self._phase != "drafted" or draft is not self._draft:
             raise RuntimeError("verify() needs exactly one draft() before it (and that draft's handle)")
         self._vout, self._result = self._run("verify", self._verify_and_accept)
-        self.step_state._vout = self._vout
         self._phase = "verified"
         c, t = self.counters, self.k + 1
         c.target_forwards += 1
@@ -434,9 +434,9 @@ class TTBatchSpecBackend:
 
     def _commit_device(self) -> None:
         """The commit trace: per-user state commit, then (device drafter) the MTP reseed over the verified rows."""
-        self.step_state.commit()  # also zeroes the count of slots outside the step
+        self.step_state.commit(self._vout)  # also zeroes the count of slots outside the step
         if self.device_drafter:
-            self.drafter.device_reseed(self.step_state, self.step_state._vout)
+            self.drafter.device_reseed(self.step_state, self._vout)
 
     def abort(self) -> None:
         if self._phase == "idle":
