@@ -84,8 +84,9 @@ def to_tf32(x: torch.Tensor) -> torch.Tensor:
 
 def round_bf16(x: torch.Tensor) -> torch.Tensor:
     """Dst in 16-bit mode ([FP32]). The rounding mode of that conversion is not documented: round-to-nearest-even
-    is assumed (truncation would be up to one bf16 ulp further from the exact value)."""
-    return x.to(torch.bfloat16).to(torch.float32)
+    is assumed (truncation would be up to one bf16 ulp further from the exact value). An fp64 input is rounded to
+    fp32 first (the Dst format conversion starts from an fp32 value), then to bf16."""
+    return x.to(torch.float32).to(torch.bfloat16).to(torch.float32)
 
 
 def src_format_bits(dtype_name: str) -> int:
@@ -100,21 +101,66 @@ def _split(x: torch.Tensor, hi_bits: int, total_bits: int) -> tuple[torch.Tensor
     return hi, full - hi  # exact: both are representable in fp32
 
 
-# torch's CPU fp32 matmul computes fewer than MIN_ROWS rows with another kernel (a matrix-vector path) whose sums
-# round differently; from MIN_ROWS rows up, a row's result does not depend on how many rows share the call
-# (tests/test_emulator_numerics_rows.py checks both on this machine's torch). On the card a row's result does not
-# depend on the other rows either: every row of a 32-row tile goes through the same FPU sequence. Without this a
-# 1-row decode and a (K+1)-row verify round the same row differently, which no card does.
+# Host independence (rule N8). torch's CPU kernels are not row-invariant or host-invariant: an fp32 sum's
+# association follows the SIMD width (AVX2 vs AVX-512) and the thread split, BLAS picks kernels by ISA, row count and
+# CPU vendor, and transcendentals run through Sleef in the vector loop but through libm for the loop's scalar tail
+# (so a value's last bit depends on where it sits in the call). A card computes every element of a tile alike,
+# whatever the row count. The emulator therefore does its arithmetic in fp64 and rounds to the card's format (fp32,
+# bf16, ...) only where the card rounds. fp32/bf16/TF32 operands are exact in fp64, their products too (at most 48
+# significant bits), and what a host's kernel choice changes in an fp64 result is about one fp64 ulp, 2^29 times
+# finer than the fp32 rounding that follows: a rounded result can differ between hosts only when its exact value
+# lies within ~2^-53 (relative) of a rounding boundary of the output format. K-tile sums of bf16/TF32 products are
+# exact in fp64 whenever the tile's 32 products span less than ~2^30 in magnitude, and then no host can differ.
+WIDE = torch.float64
+
+
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """fp64 copy of a floating tensor (integers and booleans unchanged)."""
+    return x.to(WIDE) if x.is_floating_point() and x.dtype != WIDE else x
+
+
+# torch's CPU matmul also takes another kernel (a matrix-vector path) below MIN_ROWS rows. In fp64 that changes an
+# fp64 ulp at most (N8), but the padding keeps even that off the row count (rule N7).
 MIN_ROWS = 4
 
 
 def matmul_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``torch.matmul(x, w)`` whose every row is bit-identical whatever the row count of ``x`` (dim -2)."""
+    """``x @ w`` in fp64 (returns fp64) whose every row is the same whatever the row count of ``x`` (dim -2) and the
+    host (N7, N8); callers round the result to the card's format."""
+    x, w = wide(x), wide(w)
     if x.dim() < 2 or x.shape[-2] >= MIN_ROWS:
         return torch.matmul(x, w)
     m = x.shape[-2]
     pad = x.new_zeros(*x.shape[:-2], MIN_ROWS - m, x.shape[-1])
     return torch.matmul(torch.cat([x, pad], dim=-2), w)[..., :m, :]
+
+
+# Elements (fp64) one chunk of K-tile partial products may hold: bounds the memory of a matmul as wide as the 27B LM
+# head (the partials are [tiles, rows, N]).
+_PARTIAL_ELEMENTS = 1 << 23
+
+
+def _k_tile_partials(x: torch.Tensor, w: torch.Tensor):
+    """Yield the fp64 partial product of every 32-wide K tile of ``x @ w``, in K order: [..., M, N] each.
+
+    ``x`` [..., M, K], ``w`` [..., K, N] (fp64, broadcastable batch dims). K is zero-padded to whole tiles (the
+    padding's own contribution is the caller's business, rule P2)."""
+    k = x.shape[-1]
+    kp = (-k) % 32
+    if kp:
+        x = torch.nn.functional.pad(x, (0, kp))
+        w = torch.nn.functional.pad(w, (0, 0, 0, kp))
+    tiles = x.shape[-1] // 32
+    rank = max(x.dim(), w.dim())  # align the batch dims before the tile axis goes in front
+    x = x.reshape(*([1] * (rank - x.dim())), *x.shape)
+    w = w.reshape(*([1] * (rank - w.dim())), *w.shape)
+    xt = x.reshape(*x.shape[:-1], tiles, 32).movedim(-2, 0)  # [T, ..., M, 32]
+    wt = w.reshape(*w.shape[:-2], tiles, 32, w.shape[-1]).movedim(-3, 0)  # [T, ..., 32, N]
+    lead = torch.broadcast_shapes(xt.shape[1:-2], wt.shape[1:-2])
+    per_tile = max(1, int(torch.Size(lead).numel()) * x.shape[-2] * w.shape[-1])
+    step = max(1, _PARTIAL_ELEMENTS // per_tile)
+    for t0 in range(0, tiles, step):
+        yield from torch.matmul(xt[t0:t0 + step], wt[t0:t0 + step])
 
 
 def fpu_matmul(a: torch.Tensor, b: torch.Tensor, a_dtype: str, b_dtype: str, cfg: KernelConfig) -> torch.Tensor:
@@ -146,20 +192,16 @@ def fpu_matmul(a: torch.Tensor, b: torch.Tensor, a_dtype: str, b_dtype: str, cfg
             terms = [(a_hi, b32)]  # phases 0 + 1 = a_hi @ (b_hi + b_lo)
         else:
             terms = [(a_hi, b32), (a_lo, b_hi)]
-    if cfg.fp32_dest_acc_en:
-        out = None
-        for x, w in terms:
-            y = matmul_rows(x, w)
-            out = y if out is None else out + y
-        return out
-    k = a32.shape[-1]
+    # Every K tile's partial sum in fp64 (exact: N8), then Dst accumulation tile by tile in K order, rounded to the
+    # Dst format after each tile: fp32 with fp32_dest_acc_en, else bf16. Nothing here depends on the host's kernels.
+    rnd = (lambda v: v.to(torch.float32)) if cfg.fp32_dest_acc_en else round_bf16
+    streams = [_k_tile_partials(wide(x), wide(w)) for x, w in terms]
     out = None
-    for k0 in range(0, k, 32):
-        part = None
-        for x, w in terms:
-            y = matmul_rows(x[..., k0:k0 + 32], w[..., k0:k0 + 32, :])
-            part = y if part is None else part + y
-        out = round_bf16(part if out is None else out + part)
+    for parts in zip(*streams):
+        part = parts[0]
+        for extra in parts[1:]:
+            part = part + extra
+        out = rnd(part if out is None else out + part)
     return out
 
 
@@ -174,12 +216,13 @@ def reduce_sum(x: torch.Tensor, dims: list[int], dtype_name: str, cfg: KernelCon
     data operand of the FPU reduce are not modelled (which Src register carries the data is not documented).
     """
     x = x.to(torch.float32)
+    # fp64 sums (N8): the result is rounded to fp32 once, whatever the host's summation order
     if dtype_name == "FLOAT32" and cfg.fp32_dest_acc_en and not fast_and_approximate:
-        return x.sum(dim=dims, keepdim=True) * scale, "sfpu_fp32"
+        return (wide(x).sum(dim=dims, keepdim=True) * scale).to(torch.float32), "sfpu_fp32"
     if dtype_name == "FLOAT32":
         x = to_tf32(x)
     if cfg.fp32_dest_acc_en:
-        return x.sum(dim=dims, keepdim=True) * scale, "fpu_fp32_dest"
+        return (wide(x).sum(dim=dims, keepdim=True) * scale).to(torch.float32), "fpu_fp32_dest"
     # bf16 Dst: fold the reduced dims into one and accumulate 32 at a time
     keep = [d for d in range(x.ndim) if d not in dims]
     perm = keep + list(dims)
@@ -188,7 +231,7 @@ def reduce_sum(x: torch.Tensor, dims: list[int], dtype_name: str, cfg: KernelCon
     xt = xt.reshape(lead + [-1])
     acc = None
     for k0 in range(0, xt.shape[-1], 32):
-        part = xt[..., k0:k0 + 32].sum(dim=-1)
+        part = wide(xt[..., k0:k0 + 32]).sum(dim=-1)  # exact in fp64 (N8)
         acc = round_bf16(part if acc is None else acc + part)
     out_shape = [1 if d in dims else x.shape[d] for d in range(x.ndim)]
     # acc is laid out as the kept dims in order; reshape back with size-1 reduced dims
@@ -225,6 +268,9 @@ def padded_k_contribution(k: int, pad_a, pad_b) -> float | None:
 
 __all__ = [
     "NUMERICS_MODES",
+    "WIDE",
+    "wide",
+    "matmul_rows",
     "KernelConfig",
     "is_strict",
     "kernel_config",

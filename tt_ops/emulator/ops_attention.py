@@ -523,10 +523,8 @@ def rotary_embedding_llama(input_tensor, cos_cache, sin_cache, trans_mat, *, is_
             raise EmulatorError(f"{op}: {name} must be in TILE layout")
     outs = []
     for i in range(input_tensor.num_shards):
-        x = input_tensor.shards[i].to(torch.float32)
-        cos = cos_cache.shards[i].to(torch.float32)
-        sin = sin_cache.shards[i].to(torch.float32)
-        tm = trans_mat.shards[i].to(torch.float32)
+        # fp64 (N8); the result is rounded to the input dtype
+        x, cos, sin, tm = (numerics.wide(t.shards[i]) for t in (input_tensor, cos_cache, sin_cache, trans_mat))
         dh = x.shape[-1]
         n_tm = tm.numel() // (32 * 32) if tm.shape[-1] == 32 else 0
         if tm.shape[-1] == 32 and tm.numel() == n_tm * 32 * 32 and n_tm >= 1:

@@ -42,12 +42,14 @@ def _activation_name(act) -> str | None:
 
 
 def _apply_activation(x: torch.Tensor, act) -> torch.Tensor:
+    """A fused activation on the matmul result, in fp64 (rule N8: torch's fp32 transcendentals differ by host and
+    by an element's place in the call); the caller rounds to the output dtype."""
     name = _activation_name(act)
     if name is None:
         return x
     if name not in _ACTIVATIONS:
         raise NotEmulatedError(f"fused activation '{name}' is not emulated (supported: {sorted(_ACTIVATIONS)})")
-    return _ACTIVATIONS[name](x)
+    return _ACTIVATIONS[name](numerics.wide(x))
 
 
 def _mm(a: EmuTensor, b: EmuTensor, i: int, transpose_a: bool, transpose_b: bool, op: str, ckc=None) -> torch.Tensor:
@@ -349,11 +351,24 @@ def _check_norm_layout(op: str, input_tensor, memory_config, program_config=None
                             f"({spec.grid.num_cores()})")
 
 
+def _rms_norm_wide(input_tensor, weight=None, *, epsilon=1e-12, bias=None, residual_input_tensor=None, **_):
+    """The math of ttnn's rms_norm golden (residual add, x * rsqrt(mean(x^2) + eps), then the per-channel weight and
+    bias sliced to the hidden width) on fp64 shards. The golden itself takes the mean of squares in fp32, whose
+    association follows the host's SIMD width (rule N8)."""
+    x = input_tensor if residual_input_tensor is None else input_tensor + residual_input_tensor
+    y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + epsilon)
+    width = y.shape[-1]
+    for p, combine in ((weight, torch.mul), (bias, torch.add)):
+        if p is not None:
+            y = combine(y, p.reshape(-1)[:width].reshape(*([1] * (y.ndim - 1)), width))
+    return y
+
+
 @device_op("ttnn.rms_norm")
 def rms_norm(input_tensor, **kwargs):
     _check_norm_layout("ttnn.rms_norm", input_tensor, kwargs.get("memory_config"), kwargs.get("program_config"),
                        kwargs.get("residual_input_tensor"))
-    return golden_impl("ttnn.rms_norm", ttnn.rms_norm)(input_tensor, **kwargs)
+    return golden_impl("ttnn.rms_norm", ttnn.rms_norm, golden=_rms_norm_wide)(input_tensor, **kwargs)
 
 
 @device_op("ttnn.layer_norm")

@@ -12,8 +12,10 @@ initial_state_block_idx, output_final_state, output_per_token_state, use_qk_l2no
   ``t*BH + h``; all initial states are read before any write. The returned state is the ring tensor
   itself (same buffer).
 
-Output dtypes: ``o`` takes v's dtype; states are fp32 (the GDN state must stay fp32). The golden's
-math is fp32; cards run it at the configured fidelity (not modelled).
+Output dtypes: ``o`` takes v's dtype; states are fp32 (the GDN state must stay fp32). The math is the
+golden's recurrence (ttnn's ``recurrent_gated_delta_rule``) computed in fp64, one token at a time, with the state
+rounded to fp32 after every token as the kernel keeps it (rule N8: no host's kernels show, and a (K+1)-token verify
+gives token t the same bits as t single-token decodes). Cards run it at the configured fidelity (not modelled).
 """
 
 from __future__ import annotations
@@ -26,7 +28,29 @@ from .registry import device_op
 from .tensor import dtype_name, make_like, new_device_tensor, write_inplace
 from .ttnn_import import ttnn
 
-_golden = ttnn.transformer.fused_recurrent_gated_delta_rule.golden_function
+# the golden's token-by-token recurrence (FLA's naive form), which takes a compute dtype
+_recurrence = ttnn.operations.transformer_golden.recurrent_gated_delta_rule
+
+
+def _recurrent(q, k, v, g, beta, scale, h0, per_token: bool):
+    """The fused op's math (its golden's argument order q, k, v, g, beta): fp64 per token, the state rounded to fp32
+    after each token. Returns (o fp64 [B, T, HV, V], final fp32 state [B, HV, K, V], per-token fp32 states
+    [B, T, HV, K, V] or None)."""
+    q, k, v, g, beta = (numerics.wide(x) for x in (q, k, v, g, beta))
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    state = None if h0 is None else h0.to(torch.float32)
+    outs, states = [], []
+    for t in range(v.shape[1]):
+        sl = slice(t, t + 1)
+        o, st = _recurrence(q[:, sl], k[:, sl], v[:, sl], beta[:, sl], g[:, sl], scale=scale,
+                            initial_state=None if state is None else numerics.wide(state), output_final_state=True,
+                            dtype=numerics.WIDE)
+        state = st.to(torch.float32)
+        outs.append(o)
+        if per_token:
+            states.append(state)
+    return torch.cat(outs, dim=1), state, (torch.stack(states, dim=1) if per_token else None)
 
 
 def _gdn_bind(args, kwargs):
@@ -88,7 +112,7 @@ def fused_recurrent_gated_delta_rule(
             raise EmulatorError(f"{op}: initial_state_block_idx must be uint32/int32 in ROW_MAJOR layout")
     outs, states, new_ring = [], [], []
     for i in range(q.num_shards):
-        qi, ki, vi, gi, bi = (t.shards[i].to(torch.float32) for t in (q, k, v, g, beta))
+        qi, ki, vi, gi, bi = (t.shards[i] for t in (q, k, v, g, beta))
         b_sz, t_len, hv = vi.shape[0], vi.shape[1], vi.shape[2]
         kd, vd = ki.shape[-1], vi.shape[-1]
         bh = b_sz * hv
@@ -106,7 +130,7 @@ def fused_recurrent_gated_delta_rule(
                     f"{op}: caller contract idx[h] % BH == h (and idx < T*BH) violated: idx={idx.tolist()}, BH={bh}"
                 )
             h0 = rt[idx].reshape(b_sz, hv, kd, vd).to(torch.float32).clone()  # read all before writing
-            o, per_tok = _golden(qi, ki, vi, gi, bi, scale=scale, initial_state=h0, output_per_token_state=True)
+            o, _, per_tok = _recurrent(qi, ki, vi, gi, bi, scale, h0, per_token=True)
             ring_new = rt.clone()
             # per_tok [B, T, HV, K, V] -> block t*BH + (b*HV + hv)
             ring_new[:] = per_tok.permute(1, 0, 2, 3, 4).reshape(t_len * bh, kd, vd).to(rt.dtype)
@@ -114,10 +138,9 @@ def fused_recurrent_gated_delta_rule(
             outs.append(o)
         else:
             h0 = None if initial_state is None else initial_state.shards[i].to(torch.float32)
-            o, st = _golden(qi, ki, vi, gi, bi, scale=scale, initial_state=h0,
-                            output_final_state=output_final_state, output_per_token_state=output_per_token_state)
+            o, final, per_tok = _recurrent(qi, ki, vi, gi, bi, scale, h0, per_token=output_per_token_state)
             outs.append(o)
-            states.append(st)
+            states.append(per_tok if output_per_token_state else (final if output_final_state else None))
     o_t = make_like(v, outs, memory_config=memory_config)
     if ring:
         write_inplace(initial_state, new_ring)
@@ -127,9 +150,6 @@ def fused_recurrent_gated_delta_rule(
                                  ttnn.TILE_LAYOUT, memory_config=memory_config)
         return o_t, st_t
     return o_t, None
-
-
-_chunk_golden = ttnn.transformer.chunk_gated_delta_rule.golden_function
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -213,12 +233,18 @@ def chunk_gated_delta_rule(
                 raise EmulatorError(f"{op}: flat q/k width {qw} is not H*K with K == V == {vd}")
             if t_len % 32:
                 raise EmulatorError(f"{op}: the rank-3 flat path needs T a multiple of 32, got {t_len}")
-            qi = _l2norm(qi.reshape(b_sz, t_len, qw // vd, vd))
-            ki = _l2norm(ki.reshape(b_sz, t_len, qw // vd, vd))
+            qi = _l2norm(numerics.wide(qi).reshape(b_sz, t_len, qw // vd, vd))
+            ki = _l2norm(numerics.wide(ki).reshape(b_sz, t_len, qw // vd, vd))
             vi = vi.reshape(b_sz, t_len, hv, vd)
         h0 = None if initial_state is None else initial_state.shards[i].to(torch.float32)
-        o, st = _chunk_golden(qi, ki, vi, gi, bi, scale=op_scale, initial_state=h0, output_final_state=output_final_state,
-                              chunk_size=int(chunk_size), use_qk_l2norm=False, output_head_major=output_head_major)
+        # the chunked form's math is the recurrence's; computed here as the fp64 recurrence over all T tokens, the state
+        # kept in fp64 inside the call and rounded to fp32 once at the end (N8; the chunk kernel's own association of
+        # the same sums is not modelled)
+        q64, k64, v64, g64, b64 = (numerics.wide(x) for x in (qi, ki, vi, gi, bi))
+        o, st = _recurrence(q64, k64, v64, b64, g64, scale=op_scale, initial_state=None if h0 is None else numerics.wide(h0),
+                            output_final_state=output_final_state, dtype=numerics.WIDE)
+        if output_head_major:
+            o = o.permute(0, 2, 1, 3).reshape(-1, o.shape[1], o.shape[-1])
         outs.append(o)
         states.append(st)
     o_dtype = ttnn.bfloat16 if mono else ttnn.float32

@@ -1,0 +1,186 @@
+"""Fingerprints of what the emulated mesh computes, for comparing hosts: ``python -m qwen36.testing.host_fingerprint
+OUT.json [--part ops|model|all]``.
+
+A card computes every element of a tile alike, whatever the host that drives it. The emulator must too (rule N8,
+docs/emulator.md): the same inputs must give the same bits under any ``ATEN_CPU_CAPABILITY`` (scalar, AVX2,
+AVX-512), any torch thread count, and any number of other rows sharing a call. ``tests/test_host_independence.py``
+runs this module in subprocesses under those settings and compares the JSON they write, key by key.
+
+* ``ops``: every elementwise, fused-activation, reduction, norm, matmul, attention and GDN op the model uses, on
+  inputs built from integers (torch's normal sampler is itself host-dependent), each called with 1 row and with
+  24 rows; the record holds both results' SHA-256 and whether row 0 of the 24-row call equals the 1-row call.
+* ``model``: the shipped checkpoint on the emulated P150a x2 mesh: prefill logits, plain greedy decode logits and
+  tokens, a traced greedy speculative run with the device MTP head (tokens, accepted counts) and a batched
+  speculative run of two users (tokens, accepted counts).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from importlib.resources import files
+
+import torch
+
+ROWS = 24
+# not a multiple of any SIMD width: a 1-row call leaves a scalar tail that a 24-row call runs in its vector loop
+WIDTH = 40
+PROMPTS = [[1734, 4064, 17, 279, 1076, 4064, 17, 279], [17, 279, 1076, 5, 99, 1734]]
+
+
+def digest(t: torch.Tensor) -> str:
+    t = t.detach().contiguous()
+    if t.is_floating_point():
+        t = t.to(torch.float32)
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()[:16]
+
+
+def int_tensor(seed: int, *shape: int, scale: float = 2.0 ** -12) -> torch.Tensor:
+    """Values k * scale for integers k in [-2^14, 2^14): exact in bf16-free fp32, the same on every host."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-(2 ** 14), 2 ** 14, shape, generator=g).to(torch.float32) * scale
+
+
+def op_fingerprints() -> dict:
+    from ..tt_ops.device import open_mesh
+
+    out = {}
+    with open_mesh("emulated-p150", trace_region_size=100_000) as ctx:
+        ttnn, mesh = ctx.ttnn, ctx.mesh_device
+
+        def dev(x, dtype=None):
+            return ttnn.from_torch(x, dtype=dtype or ttnn.float32, layout=ttnn.TILE_LAYOUT, device=mesh)
+
+        def host(t):
+            return ttnn.to_torch(t)
+
+        hifi = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,
+                                                fp32_dest_acc_en=True, packer_l1_acc=False)
+        w = dev(int_tensor(90, 256, 96, scale=2.0 ** -16), ttnn.bfloat16)
+        norm_w = dev(int_tensor(91, 1, 1, 1, WIDTH) + 1.0)
+        unary = {
+            "softplus_fused": lambda x: ttnn.multiply(x, x, input_tensor_a_activations=[ttnn.UnaryOpType.SOFTPLUS]),
+            "sigmoid_fused": lambda x: ttnn.multiply(x, x, input_tensor_b_activations=[ttnn.UnaryOpType.SIGMOID]),
+            "silu_fused": lambda x: ttnn.multiply(x, x, input_tensor_a_activations=[ttnn.UnaryOpType.SILU]),
+            "sigmoid_accurate": lambda x: ttnn.sigmoid_accurate(x),
+            "silu": lambda x: ttnn.silu(x),
+            "exp": lambda x: ttnn.exp(x),
+            "log": lambda x: ttnn.log(ttnn.add(ttnn.multiply(x, x), 0.5)),
+            "relu": lambda x: ttnn.relu(x),
+            "divide": lambda x: ttnn.divide(x, ttnn.add(ttnn.multiply(x, x), 1.0)),
+            "softmax": lambda x: ttnn.softmax(x, dim=3, numeric_stable=True),
+            "cumsum": lambda x: ttnn.cumsum(x, dim=3),
+            "sum_sfpu": lambda x: ttnn.sum(x, dim=3, keepdim=True, compute_kernel_config=hifi),
+            "sum_fpu": lambda x: ttnn.sum(x, dim=3, keepdim=True),
+            "rms_norm": lambda x: ttnn.rms_norm(x, epsilon=1e-6, weight=norm_w, compute_kernel_config=hifi),
+        }
+        for name, fn in unary.items():
+            x = int_tensor(1, 1, 1, ROWS, WIDTH)
+            one = host(fn(dev(x[:, :, :1])))
+            many = host(fn(dev(x)))
+            out[f"op:{name}"] = [digest(one), digest(many), bool(torch.equal(one[:, :, 0], many[:, :, 0]))]
+            xb = int_tensor(2, 1, 1, ROWS, WIDTH)  # the bf16 form of the same op
+            one, many = host(fn(dev(xb[:, :, :1], ttnn.bfloat16))), host(fn(dev(xb, ttnn.bfloat16)))
+            out[f"op:{name}:bf16"] = [digest(one), digest(many), bool(torch.equal(one[:, :, 0], many[:, :, 0]))]
+        x = int_tensor(3, 1, 1, ROWS, 256)
+        for name, kw in (("linear_hifi4_fp32dest", {"compute_kernel_config": hifi}), ("linear_default", {})):
+            one = host(ttnn.linear(dev(x[:, :, :1]), w, dtype=ttnn.float32, **kw))
+            many = host(ttnn.linear(dev(x), w, dtype=ttnn.float32, **kw))
+            out[f"op:{name}"] = [digest(one), digest(many), bool(torch.equal(one[:, :, 0], many[:, :, 0]))]
+        one = host(ttnn.linear(dev(x[:, :, :1]), w, dtype=ttnn.float32, activation="silu", compute_kernel_config=hifi))
+        many = host(ttnn.linear(dev(x), w, dtype=ttnn.float32, activation="silu", compute_kernel_config=hifi))
+        out["op:linear_silu"] = [digest(one), digest(many), bool(torch.equal(one[:, :, 0], many[:, :, 0]))]
+        # GDN recurrence: one token vs the same token first in a 4-token call (the verify's per-token states)
+        b, h, kd, vd = 1, 2, 32, 32
+        q, k, v = (int_tensor(10 + i, b, 4, h, kd, scale=2.0 ** -15) for i in range(3))
+        g, beta = -int_tensor(13, b, 4, h).abs() * 8, int_tensor(14, b, 4, h).abs() * 4
+        h0 = int_tensor(15, b, h, kd, vd, scale=2.0 ** -14)
+        res = {}
+        for t_len in (1, 4):
+            o, st = ttnn.transformer.fused_recurrent_gated_delta_rule(
+                *(dev(z[:, :t_len]) for z in (q, k, v, g, beta)), initial_state=dev(h0), output_per_token_state=True)
+            res[t_len] = (host(o), host(st))
+        out["op:gdn_recurrent"] = [digest(res[1][0]), digest(res[1][1]), digest(res[4][0]), digest(res[4][1]),
+                                   bool(torch.equal(res[1][1][:, 0], res[4][1][:, 0]))]
+        # paged SDPA decode: one user vs the same user among four
+        nkv, dh, bs = 1, 64, 32
+        kc, vc = (int_tensor(20 + i, 4, nkv, bs, dh) for i in range(2))
+        qd = int_tensor(22, 1, 4, 8, dh)
+        sd = {}
+        for users in (1, 4):
+            pt = torch.arange(users, dtype=torch.int32).reshape(users, 1)
+            pos = torch.tensor([5, 17, 31, 9][:users], dtype=torch.int32)
+            y = ttnn.transformer.paged_scaled_dot_product_attention_decode(
+                dev(qd[:, :users]), dev(kc, ttnn.bfloat16), dev(vc, ttnn.bfloat16),
+                ttnn.from_torch(pt, dtype=ttnn.int32, device=mesh),
+                cur_pos_tensor=ttnn.from_torch(pos, dtype=ttnn.int32, device=mesh))
+            sd[users] = host(y)
+        out["op:paged_sdpa_decode"] = [digest(sd[1]), digest(sd[4]), bool(torch.equal(sd[1][:, 0], sd[4][:, 0]))]
+    return out
+
+
+def model_fingerprints() -> dict:
+    from ..checkpoint import load_checkpoint
+    from ..speculative.batch_backend import speculative_generate_slots
+    from ..speculative.engine import speculative_generate
+    from ..speculative.sampling import SamplingParams
+    from ..tt.batch_spec import TTBatchSpecBackend
+    from ..tt.generator import TTGenerator
+    from ..tt.mtp_drafter import TTBatchMTPDrafter, TTMTPDrafter
+    from ..tt.spec_backend import TTSpecBackend
+
+    ckpt = files("qwen36") / "default_checkpoint"
+    reader = load_checkpoint(ckpt, require_mtp=True)
+    gen = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="performance", max_seq_len=128,
+                                      progress=False, block_size=32, prefill_chunk=64, require_mtp=True)
+    out = {}
+    try:
+        prompt = PROMPTS[0]
+        out["model:prefill_logits"] = digest(gen.prefill(prompt, all_rows=True))
+        logits, tok, toks = [], None, []
+        last = gen.prefill(prompt)
+        tok = int(last.argmax())
+        for _ in range(6):
+            toks.append(tok)
+            lg, tok = gen.decode_step(tok)
+            logits.append(lg)
+        gen.release_trace()
+        out["model:decode_logits"] = digest(torch.stack(logits))
+        out["model:decode_tokens"] = toks
+        be = TTSpecBackend(gen, "snapshot", drafter=TTMTPDrafter(reader))
+        try:
+            r = speculative_generate(be, prompt, 12, 3)
+        finally:
+            be.release()
+        out["model:spec_tokens"] = r.tokens
+        out["model:spec_accepted"] = list(r.stats.accepted)
+        bb = TTBatchSpecBackend(gen, 2, 3, "shadow_commit", drafter=TTBatchMTPDrafter(reader))
+        try:
+            rs = speculative_generate_slots(bb, PROMPTS, 8, [3, 3], [SamplingParams()] * 2)
+        finally:
+            bb.close()
+        out["model:batch_tokens"] = [x.tokens for x in rs]
+        out["model:batch_accepted"] = [list(x.stats.accepted) for x in rs]
+    finally:
+        gen.close()
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("--part", choices=("ops", "model", "all"), default="all")
+    a = p.parse_args(argv)
+    rec = {"torch_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    if a.part in ("ops", "all"):
+        rec.update(op_fingerprints())
+    if a.part in ("model", "all"):
+        rec.update(model_fingerprints())
+    with open(a.out, "w") as f:
+        json.dump(rec, f, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
