@@ -29,20 +29,36 @@ else
 $(error TESTS must be all or subset, got '$(TESTS)')
 endif
 
-.PHONY: install demo test test-fast test-cards clean-venv
+.PHONY: install lock demo test test-fast test-cards clean-venv
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/find_python.sh
+$(STAMP): pyproject.toml scripts/find_python.sh $(wildcard constraints/*.txt)
 	@set -euo pipefail; \
 	if [ ! -x "$(PY)" ]; then \
 	  BASE=$$(bash scripts/find_python.sh $(PYTHON)); \
 	  echo "[make] creating $(VENV) with $$BASE"; \
 	  "$$BASE" -m venv $(VENV); \
 	fi; \
+	PV=$$($(PY) -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")'); \
 	$(PY) -m pip install -q --upgrade pip; \
-	$(PY) -m pip install -q -e '.[tt,test]'; \
+	$(PY) -m pip install -q -c constraints/py$$PV.txt -e '.[tt,test]'; \
 	touch $(STAMP)
+
+# Refresh constraints/pyXY.txt: resolve the project's dependencies afresh (no constraints) in a throwaway venv and
+# write what pip chose. Commit the result once `make test` passes with it.
+lock:
+	@set -euo pipefail; \
+	BASE=$$(bash scripts/find_python.sh $(PYTHON)); \
+	TMP=$$(mktemp -d); trap 'rm -rf "$$TMP"' EXIT; \
+	"$$BASE" -m venv "$$TMP/venv"; \
+	"$$TMP/venv/bin/python" -m pip install -q --upgrade pip; \
+	"$$TMP/venv/bin/python" -m pip install -q '.[tt,test]'; \
+	PV=$$("$$TMP/venv/bin/python" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")'); \
+	{ echo "# Exact versions CI resolved for Python $${PV:0:1}.$${PV:1} (pip freeze of a fresh install); \`make install\` and .ci/run"; \
+	  echo "# install with these as constraints. Refresh: \`make lock PYTHON=$${PV:0:1}.$${PV:1}\` (README, \"Reproducible installs\")."; \
+	  "$$TMP/venv/bin/python" -m pip freeze --exclude-editable | grep -v '^qwen36-tt'; } > constraints/py$$PV.txt; \
+	echo "[make] wrote constraints/py$$PV.txt"
 
 demo: $(STAMP)
 	$(VENV)/bin/qwen36 demo

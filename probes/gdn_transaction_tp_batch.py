@@ -50,6 +50,22 @@ def slots_for(b: int, k: int) -> int:
 class Diverged(RuntimeError):
     """A user's tokens left its plain greedy sequence (the batched run is not lossless)."""
 
+    def __init__(self, message: str, user: int, prompt, got, want):
+        super().__init__(message)
+        self.user, self.prompt, self.got, self.want = user, list(prompt), list(got), list(want)
+
+
+def _explain(gen, e: Diverged) -> str:
+    """The failure message with the reference model's top-2 margin where the user's tokens first left its plain
+    greedy sequence: a near tie (a last-bit difference flipped it) reads differently from a state bug."""
+    if gen.ckpt is None:
+        return str(e)
+    from qwen36.reference.model import Qwen36Model
+    from qwen36.speculative.oracle import divergence_note
+
+    ref = Qwen36Model.from_checkpoint(gen.ckpt, dtype=torch.float32, with_mtp=False)
+    return f"{e}; {divergence_note(ref, e.prompt, e.got, e.want)}"
+
 
 class _Drafts:
     """The host drafter of every user: the oracle (plain greedy with deliberate misses) or forced drafts."""
@@ -69,7 +85,9 @@ class _Drafts:
         """The plain greedy tokens after ``hist`` (which must be a prefix of the user's greedy sequence)."""
         full = self.full[u]
         if full[: len(hist)] != list(hist):
-            raise Diverged(f"user {u}: history left the plain greedy sequence (lossless broken)")
+            n = len(self.prompts[u])
+            raise Diverged(f"user {u}: history left the plain greedy sequence (lossless broken)", u,
+                           self.prompts[u], list(hist)[n:], full[n:len(hist)])
         return full[len(hist): len(hist) + n]
 
     def __call__(self, hist, k):
@@ -244,7 +262,7 @@ def run_tp_batch_cell(gen, mechanism: str, k: int, b: int, prompts, plains) -> d
                     drafts.cont(s, be.users[s].history, 0)  # raises when a user left its greedy sequence
         except Diverged as e:
             cont_ok = False
-            failed.append(f"continuation:{e}")
+            failed.append(f"continuation:{_explain(gen, e)}")
         consumed = {s: list(be.users[s].history[:-1]) for s in range(b)}
         final = {s: _state(be, s) for s in range(b)}
         captures = be.captures
@@ -292,7 +310,7 @@ def run_tp_batch_matrix(gen, *, batch: int, ks, mechanisms=MECHANISMS, seed: int
                 cell = run_tp_batch_cell(gen, mech, k, batch, prompts, plains)
             except Diverged as e:  # before the forced step: nothing else of the cell is meaningful
                 cell = {"cell": f"B={batch} K={k} {mech}", "batch": batch, "k": k, "mechanism": mech, "users": [],
-                        "counters": {}, "failed": [f"lossless:{e}"], "pass": False}
+                        "counters": {}, "failed": [f"lossless:{_explain(gen, e)}"], "pass": False}
             cells.append(cell)
             for key, x in cell["counters"].items():
                 totals[mech][key] = totals[mech].get(key, 0) + x

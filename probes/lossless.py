@@ -31,7 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_matrix(gen, reader, ref_tokens, prompt, ks, mechs, max_new) -> list[dict]:
+    import torch
+
+    from qwen36.reference.model import Qwen36Model
     from qwen36.speculative.engine import speculative_generate
+    from qwen36.speculative.oracle import divergence_note
     from qwen36.tt.mtp_drafter import TTMTPDrafter
     from qwen36.tt.spec_backend import TTSpecBackend
 
@@ -39,7 +43,14 @@ def run_matrix(gen, reader, ref_tokens, prompt, ks, mechs, max_new) -> list[dict
     plain = gen.greedy(prompt, max_new)
     gen.release_trace()
     drafter = TTMTPDrafter(reader)
-    cells = [{"cell": "TT plain greedy vs reference", "tokens_equal": plain == ref_tokens, "pass": plain == ref_tokens}]
+    ref = Qwen36Model.from_checkpoint(gen.ckpt, dtype=torch.float32, with_mtp=False) if gen.ckpt else None
+
+    def why(got, want) -> dict:
+        """Where a failing cell first differs, with the reference's top-2 margin there (near tie or state bug)."""
+        return {"divergence": divergence_note(ref, prompt, got, want)} if ref is not None and got != want else {}
+
+    cells = [{"cell": "TT plain greedy vs reference", "tokens_equal": plain == ref_tokens, "pass": plain == ref_tokens,
+              **why(plain, ref_tokens)}]
     for k in ks:
         for m in mechs:
             be = TTSpecBackend(gen, m, drafter=drafter, use_trace=True)
@@ -48,7 +59,8 @@ def run_matrix(gen, reader, ref_tokens, prompt, ks, mechs, max_new) -> list[dict
             ok = r.tokens == plain
             cells.append({"cell": f"K={k} {m}", "k": k, "mechanism": m, "tokens_equal_plain": ok,
                           "tokens_equal_reference": r.tokens == ref_tokens, "stats": r.stats.as_dict(),
-                          "counters": be.counters.as_dict(), "pass": ok and r.tokens == ref_tokens})
+                          "counters": be.counters.as_dict(), "pass": ok and r.tokens == ref_tokens,
+                          **why(r.tokens, plain if not ok else ref_tokens)})
     return cells
 
 

@@ -78,7 +78,20 @@ def to_record(report: ProbeReport, *, now: _dt.datetime | None = None, run_id: s
         "performance": report.performance,
         "notes": report.notes,
         "ttnn_version": installed_ttnn_version(),
+        "host": host_environment(),
     }
+
+
+def host_environment() -> dict[str, Any]:
+    """What ran the host side: Python, torch and the CPU capability torch's kernels dispatch to (the emulator's
+    numbers do not depend on it, rule N8 in docs/emulator.md; the reference model's and wall-clock figures do)."""
+    import platform
+
+    import torch
+
+    return {"python": platform.python_version(), "torch_version": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch_threads": torch.get_num_threads(),
+            "machine": platform.machine()}
 
 
 def records_dir(records_dir: str | Path | None = None) -> Path:

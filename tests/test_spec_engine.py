@@ -288,3 +288,22 @@ def test_generate_cli_speculative_matches_greedy(ckpt, capsys):
     assert main(["generate", "-c", str(ckpt), "--ids", "5,6", "--spec-k", "2", "--device", "emulated-p150x2"]) == 0
     out = capsys.readouterr().out
     assert "backend: tt (emulated-p150x2" in out and "mean accepted/step" in out and "histogram" in out
+
+
+def test_divergence_note_gives_the_reference_top2_margin_where_tokens_part(model):
+    """A failing lossless check says where two greedy continuations part and the reference's top-2 logit margin
+    there, so a near-tie flip reads differently from a state bug."""
+    from qwen36.speculative.oracle import divergence_note, first_difference
+
+    prompt = prompts(model.config.vocab_size)[0]
+    want = greedy_generate(model, torch.tensor(prompt), 6)
+    assert divergence_note(model, prompt, want, want) == "" and first_difference(want, want) is None
+    got = want[:3] + [(want[3] + 1) % model.config.vocab_size] + want[4:]
+    note = divergence_note(model, prompt, got, want)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + want[:3]])).logits[0, -1]
+    top = torch.topk(logits, 2)
+    assert int(top.indices[0]) == want[3]
+    assert f"first difference at generated token 3 (got {got[3]}, expected {want[3]})" in note
+    assert f"reference top-2 margin {float(top.values[0] - top.values[1]):.4g}" in note
+    assert first_difference(want[:4], want) == 4  # a shorter run parts where it ends

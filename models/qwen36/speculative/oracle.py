@@ -67,3 +67,29 @@ def serial_decode(model: Qwen36Model, state: ModelState, first: int, steps: int)
 def greedy_continuation(model: Qwen36Model, pre: ReferenceLive, steps: int) -> list[int]:
     """The oracle's own next ``steps`` greedy tokens after the pending token (used to force acceptance lengths)."""
     return serial_decode(model, pre.state.clone(), pre.pending, steps)[0]
+
+
+def first_difference(a, b) -> int | None:
+    """Index of the first position where token lists ``a`` and ``b`` differ (a length difference counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@torch.no_grad()
+def divergence_note(model: Qwen36Model, context, got, want) -> str:
+    """Why two greedy continuations of ``context`` part: the reference model's top-2 logit margin where they first
+    differ. A margin near zero is a near tie (a last-bit difference upstream can flip it); a large margin means the
+    diverging path computed something else (a state bug). Empty when they do not differ."""
+    i = first_difference(list(got), list(want))
+    if i is None:
+        return ""
+    ids = torch.tensor([list(context) + list(want[:i])])
+    logits = model(ids, model.new_state(1, ids.shape[1] + 1)).logits[0, -1].float()
+    top2 = torch.topk(logits, 2)
+    margin = float(top2.values[0] - top2.values[1])
+    g = got[i] if i < len(got) else None
+    w = want[i] if i < len(want) else None
+    return (f"first difference at generated token {i} (got {g}, expected {w}): reference top-2 margin {margin:.4g} "
+            f"(top-2 ids {top2.indices.tolist()}){' - a near tie' if margin < 0.05 else ''}")

@@ -64,6 +64,7 @@ class TTGenerator:
         self.sampler: DeviceSampler | None = None
         self.rng = "device"  # DeviceSampler's uniform source ("host": bit-identical draws on cards and emulator)
         self.ctx = None  # MeshContext when this generator opened the mesh
+        self.ckpt: Path | None = None  # the checkpoint it was loaded from (from_checkpoint), for reference checks
 
     @classmethod
     def from_checkpoint(cls, ckpt: str | Path, device: str, *, precision: str | PrecisionSetting = "performance",
@@ -81,7 +82,7 @@ class TTGenerator:
         weights = WeightLoader(reader, args, ctx.ttnn, ctx.mesh_device, cache_dir, progress=progress).load()
         model = TTQwen36Model(args, weights, ctx.ttnn, ctx.mesh_device)
         gen = cls(model, allocate_state(args, ctx.ttnn, ctx.mesh_device), use_trace=use_trace, label=ctx.label)
-        gen.ctx = ctx
+        gen.ctx, gen.ckpt = ctx, Path(ckpt)
         logger.info(f"[{ctx.label}] TT model loaded: tp={ctx.num_devices}, precision={prec.name}, trace={use_trace}")
         return gen
 
