@@ -143,8 +143,9 @@ _PARTIAL_ELEMENTS = 1 << 23
 def _k_tile_partials(x: torch.Tensor, w: torch.Tensor):
     """Yield the fp64 partial product of every 32-wide K tile of ``x @ w``, in K order: [..., M, N] each.
 
-    ``x`` [..., M, K], ``w`` [..., K, N] (fp64, broadcastable batch dims). K is zero-padded to whole tiles (the
-    padding's own contribution is the caller's business, rule P2)."""
+    ``x`` [..., M, K], ``w`` [..., K, N] (broadcastable batch dims; widened to fp64 a chunk of tiles at a time, so a
+    weight is never copied whole). K is zero-padded to whole tiles (the padding's own contribution is the caller's
+    business, rule P2)."""
     k = x.shape[-1]
     kp = (-k) % 32
     if kp:
@@ -160,7 +161,7 @@ def _k_tile_partials(x: torch.Tensor, w: torch.Tensor):
     per_tile = max(1, int(torch.Size(lead).numel()) * x.shape[-2] * w.shape[-1])
     step = max(1, _PARTIAL_ELEMENTS // per_tile)
     for t0 in range(0, tiles, step):
-        yield from torch.matmul(xt[t0:t0 + step], wt[t0:t0 + step])
+        yield from torch.matmul(wide(xt[t0:t0 + step]), wide(wt[t0:t0 + step]))
 
 
 def fpu_matmul(a: torch.Tensor, b: torch.Tensor, a_dtype: str, b_dtype: str, cfg: KernelConfig) -> torch.Tensor:
@@ -195,7 +196,7 @@ def fpu_matmul(a: torch.Tensor, b: torch.Tensor, a_dtype: str, b_dtype: str, cfg
     # Every K tile's partial sum in fp64 (exact: N8), then Dst accumulation tile by tile in K order, rounded to the
     # Dst format after each tile: fp32 with fp32_dest_acc_en, else bf16. Nothing here depends on the host's kernels.
     rnd = (lambda v: v.to(torch.float32)) if cfg.fp32_dest_acc_en else round_bf16
-    streams = [_k_tile_partials(wide(x), wide(w)) for x, w in terms]
+    streams = [_k_tile_partials(x, w) for x, w in terms]
     out = None
     for parts in zip(*streams):
         part = parts[0]

@@ -43,6 +43,7 @@ def int_tensor(seed: int, *shape: int, scale: float = 2.0 ** -12) -> torch.Tenso
 
 
 def op_fingerprints() -> dict:
+    from ..tt.model_config import compute_config_norm
     from ..tt_ops.device import open_mesh
 
     out = {}
@@ -55,8 +56,7 @@ def op_fingerprints() -> dict:
         def host(t):
             return ttnn.to_torch(t)
 
-        hifi = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,
-                                                fp32_dest_acc_en=True, packer_l1_acc=False)
+        hifi = compute_config_norm(ttnn)  # HiFi4, fp32 Dst: the last bits survive to the output
         w = dev(int_tensor(90, 256, 96, scale=2.0 ** -16), ttnn.bfloat16)
         norm_w = dev(int_tensor(91, 1, 1, 1, WIDTH) + 1.0)
         unary = {

@@ -413,7 +413,7 @@ def compute_config_fp32_state(ttnn):
 
 def compute_config_matmul(ttnn, weight_dtype_name: str):
     """Fidelity by weight format (tt_transformers convention): bf16 -> HiFi4, bfloat8_b -> HiFi2, bfloat4_b -> LoFi.
-    fp32 dest accumulation on: K is up to 17408 at 27B. (The emulator computes in fp32 regardless.)"""
+    fp32 dest accumulation on: K is up to 17408 at 27B. (The emulator models both: docs/emulator.md N1-N3.)"""
     fid = {"bfloat16": ttnn.MathFidelity.HiFi4, "float32": ttnn.MathFidelity.HiFi4,
            "bfloat8_b": ttnn.MathFidelity.HiFi2, "bfloat4_b": ttnn.MathFidelity.LoFi}[weight_dtype_name]
     return ttnn.WormholeComputeKernelConfig(math_fidelity=fid, math_approx_mode=False, fp32_dest_acc_en=True,
