@@ -206,12 +206,12 @@ def _spec_straddles(t, p, groups=1):
 
 def _spec_case(t, p, seq=2048, groups=1, bit_exact=False):
     """Spec (``spec_multi_pos_tiles``) vs batched paged SDPA decode, compared the way Tenstorrent's
-    ``tests/ttnn/unit_tests/operations/sdpa/test_sdpa_decode_spec_multi_pos.py`` does: ``test_spec_multi_pos_is_bit_exact``
-    (p = 1024 at 2k and p = 5000 at 8k, bounds inside one k-chunk, matched reduction tree) and
-    ``test_spec_multi_pos_groups_is_bit_exact`` assert bit-identical outputs (``bit_exact=True`` here); the sweep
-    (``test_spec_multi_pos_matches_batched``, ``_check``) asserts PCC >= 0.9999 (0.999 when the bounds straddle a
-    k-chunk boundary) and ``allclose(rtol=2e-2, atol=2e-2)``. Both forms are also held to an fp32 per-candidate
-    reference at PCC >= 0.99."""
+    ``tests/ttnn/unit_tests/operations/sdpa/test_sdpa_decode_spec_multi_pos.py`` does:
+    ``test_spec_multi_pos_is_bit_exact`` (p = 1024 at 2k and p = 5000 at 8k, bounds inside one k-chunk, matched
+    reduction tree) and ``test_spec_multi_pos_groups_is_bit_exact`` assert bit-identical outputs (``bit_exact=True``
+    here); the sweep (``test_spec_multi_pos_matches_batched``, ``_check``) asserts PCC >= 0.9999 (0.999 when the
+    bounds straddle a k-chunk boundary) and ``allclose(rtol=2e-2, atol=2e-2)``. Both forms are also held to an fp32
+    per-candidate reference at PCC >= 0.99."""
     def run(ttnn, mesh):
         d = _spec_inputs(ttnn, mesh, groups, t, p, seq, seed=t * 1000 + p)
         scale = 1.0 / math.sqrt(_SPEC_DH)
@@ -1052,8 +1052,9 @@ for _nq, _nkv, _dh, _b in ((8, 1, 128, 32), (8, 4, 96, 32), (16, 2, 64, 32), (8,
                       SRC_CREATE_HEADS, _create_heads_tt_form(_nq, _nkv, _dh, _b, "max"),
                       ci=(_nq, _nkv, _b) == (8, 1, 8)))
 for _nq, _nkv, _dh in ((8, 1, 128), (8, 4, 96), (16, 2, 64)):
-    CASES.append(Case("experimental.nlp_create_qkv_heads_decode", f"min_width_shard_unspecified_grid_q{_nq}_kv{_nkv}_d{_dh}",
-                      SRC_CREATE_HEADS, _create_heads_tt_form(_nq, _nkv, _dh, 32, "min"), ci=_dh == 96))
+    CASES.append(Case("experimental.nlp_create_qkv_heads_decode",
+                      f"min_width_shard_unspecified_grid_q{_nq}_kv{_nkv}_d{_dh}", SRC_CREATE_HEADS,
+                      _create_heads_tt_form(_nq, _nkv, _dh, 32, "min"), ci=_dh == 96))
 CASES += [
     Case("experimental.nlp_create_qkv_heads_decode", "rejects_bad_heads_and_partial_head_shards", SRC_CREATE_HEADS,
          _create_heads_rejects),

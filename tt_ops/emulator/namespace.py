@@ -33,7 +33,8 @@ from .errors import EmulatorError, NotEmulatedError, TraceRuleError
 from .goldens import golden_impl
 from .programs import collectives_for, programs_for
 from .signatures import dtype_layout_table, signature_of
-from .tensor import EmuMeshBase, EmuTensor, describe_tile, dtype_name, iter_tensors, map_shards, shard_bytes, write_inplace
+from .tensor import (EmuMeshBase, EmuTensor, describe_tile, dtype_name, iter_tensors, map_shards, shard_bytes,
+                     write_inplace)
 from .trace import TraceStep
 from .ttnn_import import ttnn
 

@@ -786,7 +786,8 @@ def _check_indexed_topology(op, named) -> None:
     data = [(n, d) for n, d in dists.items() if n != "physical_update_idxs_tensor"]
     for n, d in data[1:]:
         if d != data[0][1]:
-            raise EmulatorError(f"{op}: {data[0][0]} and {n} must use identical mesh topology (got {data[0][1]} vs {d})")
+            raise EmulatorError(f"{op}: {data[0][0]} and {n} must use identical mesh topology (got {data[0][1]} "
+                                f"vs {d})")
 
 
 @device_op("ttnn.experimental.indexed_fused_update_cache", read_bytes=_indexed_read, written_bytes=_indexed_written)
