@@ -667,7 +667,8 @@ def nlp_create_qkv_heads_decode(input_tensor, *, num_heads, num_kv_heads=None, o
     * the outputs are always HEIGHT_SHARDED in L1 (the host wrapper builds that config itself): the shard grid is
       ``memory_config``'s when it carries a shard spec, else the device's whole compute grid (``MemoryConfig(
       HEIGHT_SHARDED, L1)`` without a spec, as Tenstorrent's test passes it, or no ``memory_config``); the grid needs
-      at least B cores (2 B without overlap); nq <= 32 and nq >= nkv;
+      at least B cores (2 B without overlap); nq <= 32 and nq >= nkv (both rules read in two versions of the host
+      wrapper, the QueueId-era one and the current one; not checked against the 0.81.1 binary on cards);
     * output placement: q and v on the first B cores of that grid (row-major from its start core); k on the same
       cores, or, without overlap, on the B cores after the first B + 1. Shards are ``[pad32(nq), D]`` for q and
       (as the device op computes them, from nq) for k and v.

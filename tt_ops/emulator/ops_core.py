@@ -513,8 +513,9 @@ def interleaved_to_sharded(input_tensor, *args, **kwargs):
 
 @device_op("ttnn.sharded_to_interleaved")
 def sharded_to_interleaved(input_tensor, memory_config=None, output_dtype=None):
-    """A sharded tensor copied to an interleaved buffer (``memory_config`` must be interleaved; None = DRAM). As
-    ttnn's host wrapper: an input without a shard spec comes back unchanged."""
+    """A sharded tensor copied to an interleaved buffer (``memory_config`` must be interleaved; None = DRAM, the
+    binding's ``operation::DEFAULT_OUTPUT_MEMORY_CONFIG``). As ttnn's host wrapper: an input without a shard spec comes
+    back unchanged."""
     op = "ttnn.sharded_to_interleaved"
     mc = ttnn.DRAM_MEMORY_CONFIG if memory_config is None else memory_config
     if mc.is_sharded():
