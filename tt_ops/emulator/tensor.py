@@ -358,7 +358,7 @@ class EmuTensor:
             f"dtype={dtype_name(self.dtype)}, layout={self.layout.name}, shards={len(self._shards)}, {where}{state})"
         )
 
-    # ttnn.Tensor has `.to(device, memory_config)`, `.to(layout)`, `.cpu()`, `.to_torch()`.
+    # ttnn.Tensor has `.to(device, mem_config, cq_id)`, `.to(layout)`, `.cpu()`, `.to_torch()`.
     def _home(self):
         if self.mesh is None:
             raise EmulatorError("this tensor is not attached to an emulated mesh")
