@@ -1,8 +1,9 @@
 """Probe emu-conformance: the emulator against cases taken from Tenstorrent's own tests for the hand-emulated ops.
 
 Runs every case of ``qwen36.tt_ops.conformance`` (paged caches, paged SDPA decode incl. spec_multi_pos_tiles,
-fused recurrent / chunked GDN, rotary_embedding_llama, async collectives) on an emulated mesh and records, per op,
-the cases passed, failed and skipped (each skip carries the reason the emulator cannot express it).
+fused recurrent / chunked GDN, both rotary ops, the decode head split, the fused and indexed cache updates,
+sparse_matmul, rms_norm, async collectives) on an emulated mesh and records, per op, the cases passed, failed and
+skipped (each skip carries the reason the emulator cannot express it).
 """
 from __future__ import annotations
 

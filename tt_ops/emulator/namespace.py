@@ -33,7 +33,8 @@ from .errors import EmulatorError, NotEmulatedError, TraceRuleError
 from .goldens import golden_impl
 from .programs import collectives_for, programs_for
 from .signatures import dtype_layout_table, signature_of
-from .tensor import EmuMeshBase, EmuTensor, dtype_name, iter_tensors, map_shards, shard_bytes, write_inplace
+from .tensor import (EmuMeshBase, EmuTensor, describe_tile, dtype_name, iter_tensors, map_shards, shard_bytes,
+                     write_inplace)
 from .trace import TraceStep
 from .ttnn_import import ttnn
 
@@ -68,6 +69,11 @@ REFUSED = {
     "ttnn.create_global_semaphore",
     "ttnn.create_global_circular_buffer",
 }
+
+
+# Ops that check their inputs' tiles themselves, with the device op's own message (Tenstorrent's tests expect it);
+# every other op refuses a non-default tile by name in Dispatcher.check_inputs.
+TILE_VALIDATING_OPS = {"ttnn.experimental.indexed_fused_update_cache"}
 
 
 def bytes_by_dtype(tensors) -> dict:
@@ -145,6 +151,10 @@ class Dispatcher:
                 raise EmulatorError(
                     f"{op_name}: input tensor has {t.num_shards} shards, mesh has {mesh.num_devices} devices"
                 )
+            if t._tile is not None and op_name not in TILE_VALIDATING_OPS:
+                raise NotEmulatedError(
+                    f"{op_name}: input tensor {t.logical_shape_list} uses a {describe_tile(t._tile)}; the emulator "
+                    "computes only the default 32x32 tile (faces in order), so it refuses non-default tiles")
         if real_op is not None:
             table = dtype_layout_table(op_name, real_op)
             if table:

@@ -49,7 +49,7 @@ from . import numerics
 from .errors import EmulatorError, NotEmulatedError
 from .goldens import golden_impl
 from .registry import device_op
-from .tensor import EmuTensor, dtype_name, make_like, quantize_via_ttnn, shard_bytes, write_inplace
+from .tensor import EmuTensor, describe_tile, dtype_name, make_like, quantize_via_ttnn, shard_bytes, write_inplace
 from .ttnn_import import ttnn
 
 
@@ -662,10 +662,13 @@ def nlp_create_qkv_heads_decode(input_tensor, *, num_heads, num_kv_heads=None, o
     * head_dim = last dim / (nq + 2 nkv) (exact), last dim a tile multiple; input TILE, FLOAT32 or BFLOAT16,
       shape ``[1, 1, B <= 32, .]``;
     * a sharded input must be WIDTH_SHARDED, ROW_MAJOR, one shard row block holding every (padded) row; with
-      ``overlap_qk_coregrid=False`` every shard must hold whole heads. An interleaved input needs
-      ``overlap_qk_coregrid=True`` (its program factory places q, k and v on the same cores);
-    * ``memory_config`` (default: the input's) must be HEIGHT_SHARDED with a shard grid of at least B cores
-      (2 B without overlap); nq <= 32 and nq >= nkv;
+      ``overlap_qk_coregrid=False`` every shard must hold whole heads. For an interleaved input the host wrapper
+      (``nlp_create_qkv_heads_decode.cpp``) forces ``overlap_qk_coregrid`` to true: q, k and v share cores;
+    * the outputs are always HEIGHT_SHARDED in L1 (the host wrapper builds that config itself): the shard grid is
+      ``memory_config``'s when it carries a shard spec, else the device's whole compute grid (``MemoryConfig(
+      HEIGHT_SHARDED, L1)`` without a spec, as Tenstorrent's test passes it, or no ``memory_config``); the grid needs
+      at least B cores (2 B without overlap); nq <= 32 and nq >= nkv (both rules read in two versions of the host
+      wrapper, the QueueId-era one and the current one; not checked against the 0.81.1 binary on cards);
     * output placement: q and v on the first B cores of that grid (row-major from its start core); k on the same
       cores, or, without overlap, on the B cores after the first B + 1. Shards are ``[pad32(nq), D]`` for q and
       (as the device op computes them, from nq) for k and v.
@@ -688,8 +691,9 @@ def nlp_create_qkv_heads_decode(input_tensor, *, num_heads, num_kv_heads=None, o
         raise EmulatorError(f"{op}: last dim {shape[3]} is not (num_heads + 2 num_kv_heads) = {nq + 2 * nkv} heads")
     d = shape[3] // (nq + 2 * nkv)
     users = shape[2]
-    overlap = True if overlap_qk_coregrid is None else bool(overlap_qk_coregrid)
     in_mc = input_tensor.memory_config()
+    # the host wrapper: `input.is_sharded() ? overlap_qk_coregrid.value_or(true) : true`
+    overlap = (True if overlap_qk_coregrid is None else bool(overlap_qk_coregrid)) if in_mc.is_sharded() else True
     if in_mc.is_sharded():
         spec = in_mc.shard_spec
         if in_mc.memory_layout != ttnn.TensorMemoryLayout.WIDTH_SHARDED:
@@ -699,15 +703,14 @@ def nlp_create_qkv_heads_decode(input_tensor, *, num_heads, num_kv_heads=None, o
                                 f"{_pad32(users)} (every row)")
         if not overlap and d % spec.shape[1]:
             raise EmulatorError(f"{op}: without overlap_qk_coregrid every input shard must hold whole heads")
-    elif not overlap:
-        raise EmulatorError(f"{op}: overlap_qk_coregrid must be true for an interleaved input")
-    out_mc = in_mc if memory_config is None else memory_config
-    if not (out_mc.is_sharded() and out_mc.memory_layout == ttnn.TensorMemoryLayout.HEIGHT_SHARDED
-            and out_mc.shard_spec is not None):
-        raise EmulatorError(f"{op}: the output memory_config must be HEIGHT_SHARDED with a shard grid")
+    if memory_config is not None and memory_config.shard_spec is not None:
+        grid = memory_config.shard_spec.grid
+    else:  # no spec given: the whole compute grid, as the host wrapper derives it
+        size = input_tensor.mesh.compute_with_storage_grid_size()
+        grid = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(size.x - 1, size.y - 1))})
+    out_mc = ttnn.MemoryConfig(ttnn.TensorMemoryLayout.HEIGHT_SHARDED, ttnn.BufferType.L1)
     if nq > 32 or nq < nkv:
         raise EmulatorError(f"{op}: need num_kv_heads {nkv} <= num_heads {nq} <= 32")
-    grid = out_mc.shard_spec.grid
     if grid.num_cores() < (users if overlap else 2 * users):
         raise EmulatorError(f"{op}: output grid has {grid.num_cores()} cores; needs "
                             f"{users if overlap else 2 * users} for {users} users")
@@ -760,6 +763,34 @@ def _indexed_written(args, kwargs):
     return d
 
 
+def _check_indexed_topology(op, named) -> None:
+    """The mesh rules of the 0.81.1 docstring and Tenstorrent's test (``test_indexed_fused_update_cache.py``): the four
+    cache/input tensors share one mesh topology, sharded over heads (dim 1) and/or head_dim (dim 3) or replicated;
+    cache page/row sharding (dims 0 and 2) is refused (the op would need per-device index remapping); the indices are
+    replicated. Checked where the emulator knows a tensor's distribution (``EmuTensor.dist``: from_torch / as_tensor /
+    allocations); the index check by value below covers indices computed on device."""
+    dists = {}
+    for name, t in named:
+        if t.dist is None:
+            continue
+        shape, placements = t.dist
+        rank = len(t.logical_shape_list)
+        dims = tuple(p[1] % rank if p[0] == "shard" else None for p in placements)
+        dists[name] = (tuple(shape), dims)
+        if name == "physical_update_idxs_tensor":
+            if any(d is not None for d in dims):
+                raise EmulatorError(f"{op}: physical_update_idxs_tensor must be replicated across mesh axes")
+        elif any(d in (0, 2) for d in dims):
+            raise EmulatorError(f"{op}: {name} is sharded over the mesh by cache pages/rows (dim "
+                                f"{[d for d in dims if d in (0, 2)][0]}); cache page/row sharding requires "
+                                "physical-index remapping, which the op does not support")
+    data = [(n, d) for n, d in dists.items() if n != "physical_update_idxs_tensor"]
+    for n, d in data[1:]:
+        if d != data[0][1]:
+            raise EmulatorError(f"{op}: {data[0][0]} and {n} must use identical mesh topology (got {data[0][1]} "
+                                f"vs {d})")
+
+
 @device_op("ttnn.experimental.indexed_fused_update_cache", read_bytes=_indexed_read, written_bytes=_indexed_written)
 def indexed_fused_update_cache(cache_tensor1, input_tensor1, cache_tensor2, input_tensor2,
                                physical_update_idxs_tensor):
@@ -772,13 +803,26 @@ def indexed_fused_update_cache(cache_tensor1, input_tensor1, cache_tensor2, inpu
     shards the four tensors alike (heads or head_dim) and replicates the indices; shards are updated per device."""
     op = "ttnn.experimental.indexed_fused_update_cache"
     idx = physical_update_idxs_tensor
-    for name, t in (("cache_tensor1", cache_tensor1), ("input_tensor1", input_tensor1),
-                    ("cache_tensor2", cache_tensor2), ("input_tensor2", input_tensor2)):
+    named = (("cache_tensor1", cache_tensor1), ("input_tensor1", input_tensor1),
+             ("cache_tensor2", cache_tensor2), ("input_tensor2", input_tensor2),
+             ("physical_update_idxs_tensor", idx))
+    for i, (a_name, a) in enumerate(named):  # Tenstorrent's test: every pair of bound tensors, rejected by name
+        for b_name, b in named[i + 1:]:
+            if a is b or (isinstance(a, EmuTensor) and isinstance(b, EmuTensor)
+                          and (a if a._base is None else a._base) is (b if b._base is None else b._base)):
+                raise EmulatorError(f"{op}: {a_name} and {b_name} must not alias the same device buffer")
+    for name, t in named[:4]:
         if not isinstance(t, EmuTensor) or not t.on_device:
             raise EmulatorError(f"{op}: {name} must be a device tensor")
-        if dtype_name(t.dtype) != "BFLOAT16" or t.layout != ttnn.TILE_LAYOUT or t.memory_config().is_sharded():
-            raise EmulatorError(f"{op}: {name} must be an interleaved BFLOAT16 TILE tensor (got "
-                                f"{dtype_name(t.dtype)}, {t.layout}, {t.memory_config().memory_layout})")
+        if dtype_name(t.dtype) != "BFLOAT16":
+            raise EmulatorError(f"{op}: {name} must use BFLOAT16 (got {dtype_name(t.dtype)})")
+        if t.layout != ttnn.TILE_LAYOUT or t.memory_config().is_sharded():
+            raise EmulatorError(f"{op}: {name} must be an interleaved TILE tensor (got {t.layout}, "
+                                f"{t.memory_config().memory_layout})")
+        if t._tile is not None:
+            raise EmulatorError(f"{op}: {name} must use the default non-transposed 32x32 tile (got "
+                                f"{describe_tile(t._tile)})")
+    _check_indexed_topology(op, named)
     if (not isinstance(idx, EmuTensor) or dtype_name(idx.dtype) != "INT32" or idx.layout != ttnn.ROW_MAJOR_LAYOUT
             or len(idx.logical_shape_list) != 2 or idx.logical_shape_list[0] != 1):
         raise EmulatorError(f"{op}: physical_update_idxs_tensor must be a ROW_MAJOR INT32 [1, N] tensor")
@@ -790,8 +834,8 @@ def indexed_fused_update_cache(cache_tensor1, input_tensor1, cache_tensor2, inpu
     if len(cache_tensor1.logical_shape_list) == 4 and cache_tensor1.logical_shape_list[2] % 32:
         raise EmulatorError(f"{op}: cache rows per physical page must be tile aligned")
     if any(list(sh.shape) != list(idx.shards[0].shape) or not torch.equal(sh, idx.shards[0]) for sh in idx.shards):
-        raise EmulatorError(f"{op}: physical_update_idxs_tensor must be replicated over the mesh (the same physical "
-                            "rows on every device)")
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor must be replicated across mesh axes (the same "
+                            "physical rows on every device)")
     new = []
     for cache_t, x_t in ((cache_tensor1, input_tensor1), (cache_tensor2, input_tensor2)):
         cs, xs = cache_t.logical_shape_list, x_t.logical_shape_list

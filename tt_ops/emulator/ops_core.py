@@ -23,6 +23,7 @@ from .tensor import (
     check_dtype_layout,
     dtype_name,
     is_block_float,
+    is_default_tile,
     make_like,
     new_device_tensor,
     view_of,
@@ -120,8 +121,8 @@ def from_torch(
         return None
     if spec is not None:
         raise NotEmulatedError("ttnn.from_torch(spec=...) is not emulated; pass dtype/layout/memory_config")
-    if tile is not None and list(getattr(tile, "tile_shape", [32, 32])) != [32, 32]:
-        raise NotEmulatedError("ttnn.from_torch: only 32x32 tiles are emulated")
+    if tile is not None and not is_default_tile(tile) and layout != ttnn.TILE_LAYOUT:
+        raise EmulatorError("ttnn.from_torch: a non-default tile needs layout=ttnn.TILE_LAYOUT")
     if col_tilize:
         raise NotEmulatedError("ttnn.from_torch(col_tilize=True) is not emulated")
     if not isinstance(tensor, torch.Tensor):
@@ -138,7 +139,26 @@ def from_torch(
     else:
         t = EmuTensor(shards, dtype, layout, mesh=mesh, on_device=False, memory_config=memory_config)
     t.placements = placements
+    # The tile is recorded, not emulated: values are stored by element either way, and every op refuses a
+    # non-default tile unless it validates tiles itself (namespace.Dispatcher.check_inputs).
+    t._tile = None if is_default_tile(tile) else tile
+    t.dist = _distribution(mesh_mapper, target if target is not None else mesh)
     return t
+
+
+def _distribution(mesh_mapper, mesh):
+    """(mesh_shape, placements) of a from_torch result: the mapper's, or replicated when no mapper is given."""
+    if mesh_mapper is not None:
+        return tuple(mesh_mapper.mesh_shape), tuple(tuple(p) for p in mesh_mapper.placements)
+    if mesh is None:
+        return None
+    return (1, mesh.num_devices), (("replicate",), ("replicate",))
+
+
+def _keep_host_metadata(dst: EmuTensor, src: EmuTensor) -> EmuTensor:
+    """Transfers move the same buffer contents: mapping, tile and distribution come along."""
+    dst.placements, dst._tile, dst.dist = src.placements, src._tile, src.dist
+    return dst
 
 
 @host_fn("ttnn.to_torch")
@@ -220,6 +240,7 @@ def as_tensor(
                 memory_config=memory_config,
             )
             host.placements = mapper_key
+            host.dist = _distribution(mesh_mapper, mesh)
         else:
             host = convert()
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -279,8 +300,7 @@ def to_device(mesh, tensor, device, memory_config=None, *, queue_id=None):
         target, [s.clone() for s in shards], tensor.dtype, tensor.layout, memory_config=memory_config or tensor.memory_config(),
         pad_fill=tensor.pad_fill,
     )
-    t.placements = tensor.placements
-    return t
+    return _keep_host_metadata(t, tensor)
 
 
 @host_fn("ttnn.from_device")
@@ -290,8 +310,7 @@ def from_device(mesh, tensor, blocking=True, *, queue_id=None):
     mesh.trace.forbid_in_capture("ttnn.from_device (a device-to-host read)")
     t = EmuTensor([s.clone() for s in tensor.shards], tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=False,
                   pad_fill=tensor.pad_fill)
-    t.placements = tensor.placements
-    return t
+    return _keep_host_metadata(t, tensor)
 
 
 @host_fn("ttnn.copy_host_to_device_tensor")
@@ -362,6 +381,7 @@ def get_device_tensors(mesh, tensor):
     for s in tensor.shards:
         t = EmuTensor([s], tensor.dtype, tensor.layout, mesh=tensor.mesh, on_device=tensor.on_device,
                       memory_config=tensor.memory_config(), pad_fill=tensor.pad_fill)
+        t._tile = tensor._tile
         out.append(t)
     return out
 
@@ -392,7 +412,9 @@ def allocate_tensor_on_device(mesh, *args, **kwargs):
     # uninitialised device memory: NaN / -1 so reads before a write show up
     fill = float("nan") if sdt.is_floating_point else -1
     shards = [torch.full(shape, fill, dtype=sdt) for _ in range(target.num_devices)]
-    return new_device_tensor(target, shards, dtype, layout, memory_config=bound.get("memory_config"), pad_fill=None)
+    t = new_device_tensor(target, shards, dtype, layout, memory_config=bound.get("memory_config"), pad_fill=None)
+    t.dist = _distribution(None, target)  # the same allocation on every device
+    return t
 
 
 # ------------------------------------------------------------------------------------------------
@@ -451,6 +473,58 @@ def typecast(input_tensor, *args, dtype=None, memory_config=None, output_tensor=
 def to_memory_config(tensor, memory_config, dtype=None, output_tensor=None):
     dtype = dtype if dtype is not None else tensor.dtype
     return make_like(tensor, list(tensor.shards), dtype=dtype, memory_config=memory_config, pad_fill=tensor.pad_fill)
+
+
+def _sharded_config(op, args, kwargs):
+    """The target MemoryConfig of ``interleaved_to_sharded``'s two overloads (0.81.1 signature): a sharded
+    MemoryConfig, or (grid, shard_shape, shard_scheme, shard_orientation) with the grid a CoreRangeSet or a grid size
+    (CoreCoord, cores (0, 0) .. (x-1, y-1)); the grid form shards into L1, as ttnn's host wrapper builds it."""
+    names_cfg = ("sharded_memory_config", "output_dtype")
+    names_grid = ("grid", "shard_shape", "shard_scheme", "shard_orientation", "output_dtype")
+    if (args and isinstance(args[0], ttnn.MemoryConfig)) or "sharded_memory_config" in kwargs:
+        b = dict(zip(names_cfg, args), **kwargs)
+        mc = b["sharded_memory_config"]
+    else:
+        b = dict(zip(names_grid, args), **kwargs)
+        grid = b["grid"]
+        if isinstance(grid, ttnn.CoreCoord):
+            grid = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(grid.x - 1, grid.y - 1))})
+        mc = ttnn.MemoryConfig(b["shard_scheme"], ttnn.BufferType.L1,
+                               ttnn.ShardSpec(grid, list(b["shard_shape"]), b["shard_orientation"]))
+    if not mc.is_sharded():
+        raise EmulatorError(f"{op}: the target memory config must be sharded (got {mc.memory_layout})")
+    return mc, b.get("output_dtype"), b.get("preallocated_output")
+
+
+@device_op("ttnn.interleaved_to_sharded")
+def interleaved_to_sharded(input_tensor, *args, **kwargs):
+    """Same values in a sharded buffer, with the target memory config recorded on the output (the golden runs the
+    copy, but the golden path would keep the input's INTERLEAVED config: every later sharding check then saw an
+    interleaved tensor)."""
+    op = "ttnn.interleaved_to_sharded"
+    mc, out_dtype, prealloc = _sharded_config(op, args, kwargs)
+    dtype = out_dtype if out_dtype is not None else input_tensor.dtype
+    if prealloc is not None:
+        write_inplace(prealloc, [quantize_via_ttnn(s, prealloc.dtype) for s in input_tensor.shards])
+        return prealloc
+    return make_like(input_tensor, list(input_tensor.shards), dtype=dtype, memory_config=mc,
+                     pad_fill=input_tensor.pad_fill)
+
+
+@device_op("ttnn.sharded_to_interleaved")
+def sharded_to_interleaved(input_tensor, memory_config=None, output_dtype=None):
+    """A sharded tensor copied to an interleaved buffer (``memory_config`` must be interleaved; None = DRAM, the
+    binding's ``operation::DEFAULT_OUTPUT_MEMORY_CONFIG``). As ttnn's host wrapper: an input without a shard spec comes
+    back unchanged."""
+    op = "ttnn.sharded_to_interleaved"
+    mc = ttnn.DRAM_MEMORY_CONFIG if memory_config is None else memory_config
+    if mc.is_sharded():
+        raise EmulatorError(f"{op}: memory_config must be interleaved (got {mc.memory_layout})")
+    if input_tensor.memory_config().shard_spec is None:
+        return input_tensor
+    dtype = output_dtype if output_dtype is not None else input_tensor.dtype
+    return make_like(input_tensor, list(input_tensor.shards), dtype=dtype, memory_config=mc,
+                     pad_fill=input_tensor.pad_fill)
 
 
 @device_op("ttnn.reshape")

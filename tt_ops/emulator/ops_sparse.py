@@ -5,17 +5,24 @@ Semantics follow the ttnn 0.81.1 docstring (modes table and the ``indices`` para
 * dense A / sparse B (``is_input_a_sparse=False``): a ``[A, B, M, K]``, b ``[1, E, K, N]`` -> ``[A, B, 1, E, M, N]``;
   pair (a_i, b_e) is computed where ``sparsity[a, b, 0, e] != 0`` and zero-filled elsewhere;
 * both sparse: a ``[1, E, M, K]``, b ``[1, E, K, N]`` -> ``[1, E, M, N]``, group e where ``sparsity[0, 0, 0, e]``;
-* sparse A / dense B: a ``[A, E, M, K]``, b ``[1, E, K, N]`` -> ``[A, E, M, N]``, row a where ``sparsity[0, 0, 0, a]``
-  (every expert of that row);
+* sparse A / dense B: a ``[A, E, M, K]``, b ``[1, E, K, N]`` -> ``[A, E, M, N]``, block (a, e) where
+  ``sparsity[0, 0, a, e]`` (sparsity ``[1, 1, A, E]``, nnz <= A * E, as the modes table). Tenstorrent's
+  ``test_sparse_matmul_inputA_with_nnz`` runs another form (a ``[B, S, M, K]`` with S != E, sparsity ``[1, 1, B, S]``,
+  output indexed ``[B, S, 1, E, M, N]``); the table and the test disagree, so that form is refused by name;
 * indexed (``indices`` given, B sparse): only groups ``indices[i]`` are computed, the group axis of the output is
   compact (slot i holds group ``indices[i]``); ``sparsity`` is not read. With a sparse A, a is already compact
-  (one block per listed group).
+  (one block per listed group). ``bias`` (indexed mode only): a BFLOAT16 TILE ``[E, <=32, N]`` tensor, row 0 of group
+  ``indices[i]``'s tile row added to slot i's Dst value before packing (rounded to the Dst format: "applied at bf16
+  precision" without fp32 Dst);
+* compact output: with ``nnz`` and an ``optional_output_tensor`` of shape ``[1, nnz, M, N]``, the nnz computed
+  blocks are packed in sparsity scan order (row-major over the sparsity tensor), skipped blocks omitted.
 
 Each computed block is one FPU matmul with the same strict numerics as ``ttnn.matmul`` (TF32 operands, fidelity
 phases, Dst accumulation, K padding rule P2). Accounting: the op reads a, the sparsity/indices tensors and only the
 groups of b it computes (``nnz`` or the non-zero count in scan mode, ``len(indices)`` in indexed mode: on a card the
 reader never fetches a skipped group's tiles); a trace records that count at capture, like the card's program,
-which is fixed at capture too. ``bias`` (indexed-mode fused bias) is not emulated.
+which is fixed at capture too. Tiles other than 32x32 (``output_tile``, or inputs built with another ``tile``) are
+refused by name; fused activations too.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import torch
 from . import numerics
 from .errors import EmulatorError, NotEmulatedError
 from .registry import device_op
-from .tensor import EmuTensor, dtype_name, make_like, quantize_via_ttnn, write_inplace
+from .tensor import EmuTensor, describe_tile, dtype_name, is_default_tile, make_like, quantize_via_ttnn, write_inplace
 from .ttnn_import import ttnn
 
 OP = "ttnn.sparse_matmul"
@@ -47,14 +54,10 @@ def _groups_read(b: dict) -> int:
     if idx is not None:
         return int(idx.logical_shape_list[-1])
     nnz = b.get("nnz")
-    a_sparse = bool(b.get("is_input_a_sparse", False))
-    b_sparse = bool(b.get("is_input_b_sparse", True))
     e = int(b["input_tensor_b"].logical_shape_list[1])
     if nnz is None:
         nnz = int((b["sparsity"].shards[0] != 0).sum())
-    if a_sparse and not b_sparse:
-        return min(e, int(nnz) * e)  # every expert of each active row; b is read at most once per group
-    return min(e, int(nnz))
+    return min(e, int(nnz))  # b is read at most once per group
 
 
 def _read(args, kwargs):
@@ -88,9 +91,46 @@ def _check(b: dict) -> None:
         raise EmulatorError(f"{OP}: program_config.mcast_in0 must be True")
     if not (b.get("is_input_a_sparse", False) or b.get("is_input_b_sparse", True)):
         raise EmulatorError(f"{OP}: at least one input must be sparse (both-dense is invalid)")
-    if b.get("bias") is not None:
-        raise NotEmulatedError(f"{OP}(bias=...) is not emulated")
+    out_tile = b.get("output_tile")
+    if out_tile is not None and not is_default_tile(out_tile):
+        raise NotEmulatedError(f"{OP}: output_tile {describe_tile(out_tile)} is not emulated (only 32x32 tiles)")
+    a_sparse, b_sparse = bool(b.get("is_input_a_sparse", False)), bool(b.get("is_input_b_sparse", True))
+    e = int(w.logical_shape_list[1])
+    if w.logical_shape_list[0] != 1:
+        raise EmulatorError(f"{OP}: input_tensor_b must be [1, E, K, N], got {w.logical_shape_list}")
+    if a.logical_shape_list[-1] != w.logical_shape_list[-2]:
+        raise EmulatorError(f"{OP}: inner dimensions differ: a {a.logical_shape_list} x b {w.logical_shape_list}")
     idx = b.get("indices")
+    if idx is None:  # the modes table's shapes (indexed mode is checked below)
+        sps = sp.logical_shape_list
+        if a_sparse and b_sparse:
+            want_a, want_sp = f"[1, {e}, M, K]", [1, 1, 1, e]
+            ok = a.logical_shape_list[:2] == [1, e]
+        elif b_sparse:
+            want_a, want_sp = "[A, B, M, K]", [1] + a.logical_shape_list[:2] + [e]
+            ok = True
+        else:
+            want_a, want_sp = f"[A, {e}, M, K]", [1, 1, a.logical_shape_list[0], e]
+            ok = a.logical_shape_list[1] == e
+        if not ok:
+            raise EmulatorError(
+                f"{OP}: with is_input_a_sparse={a_sparse}, is_input_b_sparse={b_sparse} input_tensor_a must be "
+                f"{want_a} for input_tensor_b {w.logical_shape_list} (the docstring's modes table), got "
+                f"{a.logical_shape_list}" + ("" if b_sparse else "; Tenstorrent's test_sparse_matmul_inputA_with_nnz "
+                                             "form (a [B, S, M, K], output [B, S, 1, E, M, N]) is not emulated"))
+        if list(sps) != list(want_sp):
+            raise EmulatorError(f"{OP}: sparsity must be {want_sp} in this mode (the docstring's modes table), got "
+                                f"{list(sps)}")
+    bias = b.get("bias")
+    if bias is not None:
+        bs = bias.logical_shape_list
+        if idx is None:
+            raise EmulatorError(f"{OP}: bias is supported in indexed/gather mode only (pass indices)")
+        if dtype_name(bias.dtype) != "BFLOAT16" or bias.layout != ttnn.TILE_LAYOUT:
+            raise EmulatorError(f"{OP}: bias must be a BFLOAT16 TILE tensor")
+        if len(bs) != 3 or bs[0] != e or bs[1] > 32 or bs[2] != w.logical_shape_list[-1]:
+            raise EmulatorError(f"{OP}: bias must have padded shape [E={e}, 32, N={w.logical_shape_list[-1]}] "
+                                f"(one tile row per group), got logical {bs}")
     if idx is not None:
         shape = idx.logical_shape_list
         if idx.layout != ttnn.ROW_MAJOR_LAYOUT or dtype_name(idx.dtype) != "UINT16":
@@ -101,7 +141,6 @@ def _check(b: dict) -> None:
             raise EmulatorError(f"{OP}: indices needs is_input_b_sparse=True")
         if b.get("nnz") is not None:
             raise EmulatorError(f"{OP}: nnz must not be given together with indices")
-        e = int(w.logical_shape_list[1])
         if shape[-1] > e:
             raise EmulatorError(f"{OP}: {shape[-1]} indices for {e} groups")
 
@@ -132,12 +171,19 @@ def _shard(b: dict, i: int, cfg) -> torch.Tensor:
         if bool(((ids < 0) | (ids >= e)).any()):
             raise EmulatorError(f"{OP}: an index is outside [0, {e}) (cards assert under watcher, else read garbage)")
         sel = w[0, ids]  # [n, K, N]
+        bias = b.get("bias")
         if a_sparse:
             if a.shape[1] != ids.numel():
                 raise EmulatorError(f"{OP}: sparse input_tensor_a has {a.shape[1]} blocks for {ids.numel()} indices")
-            return _block(a[0], sel, a_t, w_t, cfg).unsqueeze(0)  # [1, n, M, N]
-        # every (a, b) batch pair against every listed group: [A, B, 1, n, M, N]
-        return _block(a[:, :, None, None], sel[None, None, None], a_t, w_t, cfg)
+            y = _block(a[0], sel, a_t, w_t, cfg).unsqueeze(0)  # [1, n, M, N]
+        else:  # every (a, b) batch pair against every listed group: [A, B, 1, n, M, N]
+            y = _block(a[:, :, None, None], sel[None, None, None], a_t, w_t, cfg)
+        if bias is not None:  # row 0 of group indices[i]'s tile row, added in Dst before packing
+            rows = bias.shards[i][:, 0, :].to(torch.float64)[ids]  # [n, N]
+            y = y + rows.reshape(*([1] * (y.dim() - 3)), ids.numel(), 1, -1)
+            if numerics.is_strict(a_t):
+                y = numerics.dst_output(y, cfg)
+        return y
     sp = b["sparsity"].shards[i].to(torch.float32)
     if a_sparse and b_sparse:
         y = _block(a, w, a_t, w_t, cfg)  # [1, E, M, N]
@@ -146,9 +192,19 @@ def _shard(b: dict, i: int, cfg) -> torch.Tensor:
         y = _block(a[:, :, None, None], w[None, None], a_t, w_t, cfg)  # [A, B, 1, E, M, N]
         mask = (sp != 0).reshape(*y.shape[:-2], 1, 1)
     else:
-        y = _block(a, w, a_t, w_t, cfg)  # [A, E, M, N]
-        mask = (sp.reshape(-1) != 0).reshape(-1, 1, 1, 1)
+        y = _block(a, w[0][None], a_t, w_t, cfg)  # [A, E, M, N]: block (a, e) = a[a, e] @ b[0, e]
+        mask = (sp.reshape(a.shape[0], -1) != 0).reshape(*y.shape[:2], 1, 1)
     return torch.where(mask, y, torch.zeros((), dtype=y.dtype))
+
+
+def _compact(b: dict, i: int, y: torch.Tensor) -> torch.Tensor:
+    """The ``[1, nnz, M, N]`` form: the computed blocks in sparsity scan order (row-major), skipped ones omitted."""
+    flags = (b["sparsity"].shards[i].reshape(-1) != 0)
+    blocks = y.reshape(-1, *y.shape[-2:])
+    if blocks.shape[0] != flags.numel():
+        raise EmulatorError(f"{OP}: the compact output needs one sparsity flag per block ({blocks.shape[0]}), "
+                            f"sparsity has {flags.numel()}")
+    return blocks[flags].unsqueeze(0)
 
 
 @device_op(OP, read_bytes=_read)
@@ -162,9 +218,17 @@ def sparse_matmul(input_tensor_a, input_tensor_b, **kwargs):
     outs = [_shard(b, i, cfg) for i in range(input_tensor_a.num_shards)]
     out_t = b.get("optional_output_tensor")
     if out_t is not None:
-        if list(out_t.logical_shape_list) != list(outs[0].shape):
-            raise NotEmulatedError(f"{OP}: optional_output_tensor of shape {out_t.logical_shape_list} (the compact "
-                                   f"nnz form) is not emulated; expected {list(outs[0].shape)}")
+        nnz = b.get("nnz")
+        compact = None if nnz is None or b.get("indices") is not None else [1, int(nnz)] + list(outs[0].shape[-2:])
+        if compact is not None and list(out_t.logical_shape_list) == compact:
+            counts = [int((b["sparsity"].shards[i] != 0).sum()) for i in range(input_tensor_a.num_shards)]
+            if any(c != int(nnz) for c in counts):
+                raise EmulatorError(f"{OP}: nnz={nnz} but the sparsity has {counts} non-zero entries per device "
+                                    "(a card hangs on this mismatch; the docstring makes exactness the caller's duty)")
+            outs = [_compact(b, i, o) for i, o in enumerate(outs)]
+        elif list(out_t.logical_shape_list) != list(outs[0].shape):
+            raise EmulatorError(f"{OP}: optional_output_tensor has shape {out_t.logical_shape_list}; expected the "
+                                f"expanded {list(outs[0].shape)}" + (f" or the compact {compact}" if compact else ""))
         write_inplace(out_t, [quantize_via_ttnn(o, out_t.dtype) for o in outs])
         return out_t
     dtype = b.get("dtype")

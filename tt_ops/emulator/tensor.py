@@ -211,6 +211,8 @@ class EmuTensor:
         "_address",
         "pad_fill",
         "_base",
+        "_tile",
+        "dist",
         "__weakref__",
     )
 
@@ -244,6 +246,13 @@ class EmuTensor:
         # garbage (whatever the op that wrote the tiles left there).
         self.pad_fill = pad_fill
         self._base = None  # the tensor whose device buffer this one views (see module doc), else None
+        # The ttnn.Tile the tensor was created with (None = the default 32x32 tile, faces in order). Ops refuse a
+        # non-default tile unless they validate it themselves (namespace.Dispatcher, docs/emulator.md "Tensors").
+        self._tile = None
+        # How the tensor is distributed over the mesh, where the emulator knows it: (mesh_shape, placements) with
+        # one ("shard", dim) or ("replicate",) per mesh axis; set by from_torch/as_tensor/allocate_tensor_on_device
+        # and kept by transfers, views and in-place ops; None for other op outputs (tensor_topology() refuses).
+        self.dist = None
 
     # ---- data access -------------------------------------------------------------------------
     @property
@@ -290,6 +299,27 @@ class EmuTensor:
     def get_layout(self):
         return self.layout
 
+    @property
+    def tile(self):
+        return self._tile if self._tile is not None else ttnn.Tile((TILE, TILE))
+
+    def get_tile(self):
+        return self.tile
+
+    def tensor_topology(self):
+        """A real ``ttnn.TensorTopology`` (distribution shape, placements, mesh coordinates) where the emulator knows
+        how the tensor was distributed (see ``dist``); op outputs other than in-place ones are refused by name."""
+        if self.dist is None:
+            from .errors import NotEmulatedError
+
+            raise NotEmulatedError(
+                "Tensor.tensor_topology(): the emulator tracks the topology of tensors built by from_torch/as_tensor/"
+                "allocate_tensor_on_device (and in-place op results, transfers, views), not of other op outputs")
+        shape, placements = self.dist
+        pl = [ttnn.PlacementShard(p[1]) if p[0] == "shard" else ttnn.PlacementReplicate() for p in placements]
+        coords = [ttnn.MeshCoordinate(r, c) for r in range(shape[0]) for c in range(shape[1])]
+        return ttnn.TensorTopology(ttnn.MeshShape(*shape), pl, coords)
+
     def memory_config(self):
         return self._memory_config
 
@@ -328,7 +358,7 @@ class EmuTensor:
             f"dtype={dtype_name(self.dtype)}, layout={self.layout.name}, shards={len(self._shards)}, {where}{state})"
         )
 
-    # ttnn.Tensor has `.to(device, memory_config)`, `.to(layout)`, `.cpu()`, `.to_torch()`.
+    # ttnn.Tensor has `.to(device, mem_config, cq_id)`, `.to(layout)`, `.cpu()`, `.to_torch()`.
     def _home(self):
         if self.mesh is None:
             raise EmulatorError("this tensor is not attached to an emulated mesh")
@@ -336,10 +366,29 @@ class EmuTensor:
 
     # They call the registered host functions directly (the override table sits below this module, so the
     # tensor never imports the op modules that are built on top of it).
-    def to(self, device_or_layout: Any, memory_config=None, *args, **kwargs):
-        if isinstance(device_or_layout, type(ttnn.TILE_LAYOUT)):
-            return registry.host_impl("ttnn.to_layout")(self._home(), self, device_or_layout)
-        return registry.host_impl("ttnn.to_device")(self._home(), self, device_or_layout, memory_config=memory_config)
+    def to(self, *args, **kwargs):
+        """The two 0.81.1 overloads (``ttnn.Tensor.to.__doc__``): ``to(device, mem_config=None, cq_id=None)`` and
+        ``to(target_layout)``. Anything else raises TypeError as the nanobind overload resolution does."""
+        sig = ("Tensor.to(): supported overloads are to(device, mem_config=None, cq_id=None) and "
+               "to(target_layout)")
+        layout_kw = "target_layout" in kwargs
+        first = args[0] if args else kwargs.get("target_layout", kwargs.get("device"))
+        if layout_kw or (args and isinstance(first, type(ttnn.TILE_LAYOUT))):
+            if len(args) + len(kwargs) != 1:
+                raise TypeError(f"{sig}; got {len(args)} positional and keywords {sorted(kwargs)}")
+            return registry.host_impl("ttnn.to_layout")(self._home(), self, first)
+        names = ("device", "mem_config", "cq_id")
+        if len(args) > len(names) or set(kwargs) - set(names):
+            raise TypeError(f"{sig}; got {len(args)} positional and keywords {sorted(kwargs)}")
+        bound = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k in bound:
+                raise TypeError(f"Tensor.to(): {k} given twice")
+            bound[k] = v
+        if "device" not in bound:
+            raise TypeError(f"{sig}; the device is missing")
+        return registry.host_impl("ttnn.to_device")(self._home(), self, bound["device"],
+                                                     memory_config=bound.get("mem_config"))
 
     def cpu(self, blocking: bool = True, cq_id=None):
         return registry.host_impl("ttnn.from_device")(self._home(), self)
@@ -395,6 +444,20 @@ class EmuTensor:
 _NEXT_ADDRESS = 1 << 20
 
 
+def is_default_tile(tile) -> bool:
+    """True for ``None`` or a 32x32 ``ttnn.Tile`` with faces and values in order (``ttnn.Tile.__eq__`` ignores the
+    transpose flag in 0.81.1, so the face flags are read directly)."""
+    if tile is None:
+        return True
+    return (list(tile.tile_shape) == [TILE, TILE] and not bool(getattr(tile, "transpose_of_faces", False))
+            and not bool(getattr(tile, "transpose_within_face", False)))
+
+
+def describe_tile(tile) -> str:
+    shape = "x".join(str(int(x)) for x in tile.tile_shape)
+    return f"{shape}{' transposed' if getattr(tile, 'transpose_of_faces', False) else ''} tile"
+
+
 def make_like(
     ref: EmuTensor, shards: list[torch.Tensor], *, dtype=None, layout=None, memory_config=None,
     pad_fill: float | None = None,
@@ -424,6 +487,8 @@ def view_of(t: EmuTensor, shape: Sequence[int], memory_config=None) -> EmuTensor
                   placements=t.placements, pad_fill=t.pad_fill)
     v._base = base
     v.persistent, v.trace_owner = base.persistent, base.trace_owner
+    v._tile = t._tile
+    v.dist = t.dist if list(shape) == t.logical_shape_list else None  # a reshape may move the sharded dim
     return v
 
 
