@@ -36,6 +36,33 @@ MAX_LEN = 256
 BLOCK = 32
 
 
+def greedy_accept(argmax_ids: torch.Tensor, drafts: torch.Tensor, num_valid: torch.Tensor):
+    """The runner's accept walk over a verify's ``argmax_ids`` [B, 1+K] (the plugin's
+    ``spec_decode.accept_greedy_drafts``, read at tenstorrent/vllm-tt-plugin 23f0fcbe): row i accepts drafts while
+    they equal the column's argmax, up to its ``num_valid`` count; the count is accepted + 1 (the correction or
+    bonus), never 0; the committed block is that row's first ``count`` ids, then ``PLACEHOLDER_TOKEN_ID``. Checked
+    against the plugin's own function by tests/test_vllm_spec_plugin_dev.py."""
+    rows, width = argmax_ids.shape
+    committed = torch.full((rows, width), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+    counts = torch.ones(rows, dtype=torch.int32)
+    for i in range(rows):
+        a = 0
+        while a < int(num_valid[i]) and int(argmax_ids[i, a]) == int(drafts[i, a]):
+            a += 1
+        counts[i] = a + 1
+        committed[i, : a + 1] = argmax_ids[i, : a + 1].to(torch.int32)
+    return committed, counts
+
+
+def committed_positions(verify_positions: torch.Tensor, width: int) -> torch.Tensor:
+    """Positions the runner hands ``propose_draft_tokens`` (model_runner ``_committed_positions`` at 23f0fcbe): the
+    committed block starts one past the verify's column 0 and runs on for the whole width, whatever each row
+    accepted; padding rows (column 0 at -1) stay -1."""
+    first = verify_positions[:, 0].to(torch.int32)
+    pos = first.unsqueeze(1) + torch.arange(1, width + 1, dtype=torch.int32).unsqueeze(0)
+    return pos.masked_fill((first < 0).unsqueeze(1), -1)
+
+
 class BlockPool:
     """vLLM's block pool as the runner sees it: block 0 is the null block, free blocks are handed out from a queue;
     ``freed`` are put at the front (as after another request finished), so tables are never the identity."""
@@ -167,24 +194,34 @@ class PluginReplay:
         assert isinstance(out, vt.VerifyOutput) and out.spec_mode == "argmax_ids"
         ids = out.argmax_ids
         assert ids.shape == (b, 1 + k) and ids.dtype == torch.int32
-        a = 0  # spec_accept.accept_greedy_drafts: column j is the choice draft j must match, bonus at column a
-        while a < nv and int(ids[0, a]) == drafts[a]:
-            a += 1
-        return ids[0, : a + 1].tolist()
+        # the runner's drafts block (placeholder tail and padding rows) and its accept walk over every row
+        dt = torch.full((b, k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+        dt[0, :nv] = torch.tensor(drafts, dtype=torch.int32)
+        committed, counts = greedy_accept(ids, dt, nvd)
+        self.last = (committed, counts, positions)  # what the runner hands the next propose_draft_tokens
+        return committed[0, : int(counts[0])].tolist()
 
     def propose(self, block: list[int], pos_last: int, pad_rows: int = 0) -> list[int]:
-        k, b, ac = self.k, 1 + pad_rows, len(block)
-        ct = torch.full((b, 1 + k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
-        cp = torch.full((b, 1 + k), -1, dtype=torch.int32)
-        ct[0, :ac] = torch.tensor(block, dtype=torch.int32)
-        cp[0, :ac] = torch.arange(pos_last - ac + 1, pos_last + 1, dtype=torch.int32)
-        acc = torch.ones(b, dtype=torch.int32)
-        acc[0] = ac
+        """``propose_draft_tokens`` as the runner calls it after a verify (commit_spec_acceptance): the committed
+        block and counts of the accept walk over every verify row, the positions of ``committed_positions``;
+        ``block`` / ``pos_last`` (the last committed token's position) are what the caller expects it to be."""
+        k, ac = self.k, len(block)
+        committed, counts, vpos = self.last
+        assert committed[0, :ac].tolist() == block and int(counts[0]) == ac
+        ct, acc = committed, counts
+        if pad_rows + 1 > ct.shape[0]:  # padding rows the verify did not have: count 1, placeholder ids
+            extra = pad_rows + 1 - ct.shape[0]
+            ct = torch.cat([ct, torch.full((extra, 1 + k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)])
+            acc = torch.cat([acc, torch.ones(extra, dtype=torch.int32)])
+            vpos = torch.cat([vpos, torch.full((extra, 1 + k), -1, dtype=torch.int32)])
+        b = ct.shape[0]
+        cp = committed_positions(vpos, 1 + k)
+        assert int(cp[0, ac - 1]) == pos_last
         d = self.m.propose_draft_tokens(k, ct, cp, acc, hidden=None)
         assert isinstance(d, vt.DraftOutput)
         assert d.draft_token_ids.shape == (b, k) and d.draft_token_ids.dtype == torch.int32
         nv = int(d.num_valid[0])
-        assert d.num_valid.dtype == torch.int32 and d.num_valid.tolist() == [nv] + [0] * pad_rows
+        assert d.num_valid.dtype == torch.int32 and d.num_valid.tolist() == [nv] + [0] * (b - 1)
         assert nv == k or (self.auto and 1 <= nv <= k), (nv, k)
         self.proposed.append(nv)
         assert all(int(t) == vt.PLACEHOLDER_TOKEN_ID for t in d.draft_token_ids[0, nv:])
@@ -335,7 +372,7 @@ def test_plain_decode_read_paths(plain):
 def test_spec_sequence_equals_greedy(reference, spec):
     r, (reference, _) = spec, reference
     caps = r.m.model_capabilities
-    assert caps["supports_spec_decode"] and caps["spec_requirements"] == ("device_propose",)
+    assert caps["supports_spec_decode"] and caps["spec_requirements"] == ("device_propose", "hidden_feed")
     assert caps["spec_hidden_handoff"] == ("on_device",) and caps["output_tokens_per_step"] == 1
     emitted = [r.prefill(PROMPT)]
     pos = P  # position of the pending token (the last committed one)
@@ -370,6 +407,8 @@ def test_spec_plan_and_rejects(spec):
     vc = spec.vllm_config
     plan = Qwen36ForCausalLM.spec_plan(vc, 1, 4)
     assert isinstance(plan, vt.SpecPlan) and plan.block_width == 5 and plan.extra_bytes_per_seq > 0
+    # the verify occupies 1+K decoder rows for the one request; one cap for every live batch (draft_cap)
+    assert plan.lanes_per_request == plan.block_width and plan.draft_cap(1) == 4
     assert plan.supports_narrow_decode is False and plan.accept_modes == ("argmax_ids",)
     rej = Qwen36ForCausalLM.spec_plan(vc, 2, 3)
     assert isinstance(rej, vt.SpecReject) and "max-num-seqs 1" in rej.reason
@@ -454,10 +493,39 @@ def test_lifecycle_hooks_and_refusals(spec):
         Qwen36ForCausalLM.initialize_vllm_model({}, None, max_batch_size=33, max_seq_len=256)
     with pytest.raises(ValueError, match="block_size"):
         m.allocate_kv_cache((8, 1, 64, m.model.args.cfg.head_dim), torch.bfloat16, 1)
-    # accepted_counts naming a slot the device did not commit is refused, not silently rolled back
     block = r.verify(first, P, [], 1)
+    committed, counts, vpos = r.last
+    cp = committed_positions(vpos, 1 + K)
+    # accepted_counts naming a slot the device did not commit is refused, not silently rolled back
     with pytest.raises(ValueError, match="accepted_counts"):
-        r.propose(block + [block[0]], P + 2)
+        m.propose_draft_tokens(K, committed, cp, counts + 1)
+    # the contract's domain for the side tensors (spec_decode.check_spec_side_tensors), each violation on its own:
+    # int32 only, one entry per row, [1, 1+K] on every row (a padding row too), and a uniform 1+K wide block
+    for bad, what in ((counts.to(torch.int64), "int32"), (torch.ones(2, dtype=torch.int32), r"must be \[1\]"),
+                      (torch.zeros(1, dtype=torch.int32), r"\[1, 4\]")):
+        with pytest.raises(ValueError, match=what):
+            m.propose_draft_tokens(K, committed, cp, bad)
+    with pytest.raises(ValueError, match=r"\[B, 1\+K\]"):
+        m.propose_draft_tokens(K, committed[:, :K], cp[:, :K], counts)
+    with pytest.raises(ValueError, match=r"\[B, 1\+K\]"):
+        m.propose_draft_tokens(K, committed[:0], cp[:0], counts[:0])
+    tok = torch.tensor([[block[0]] + [vt.PLACEHOLDER_TOKEN_ID] * K, [0] * (K + 1)], dtype=torch.int32)
+    pos = torch.tensor([[P + 1] + [-1] * K, [-1] * (K + 1)], dtype=torch.int32)
+    side = dict(num_valid_drafts=torch.zeros(2, dtype=torch.int32), accepted_counts=torch.ones(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"accepted_counts entries must lie in \[1, 4\]"):  # padding row at 0
+        m.decode_forward(tokens=tok, start_pos=pos, spec_mode="argmax_ids",
+                         **{**side, "accepted_counts": torch.tensor([1, 0], dtype=torch.int32)})
+    with pytest.raises(ValueError, match="num_valid_drafts must be int32"):
+        m.decode_forward(tokens=tok, start_pos=pos, spec_mode="argmax_ids",
+                         **{**side, "num_valid_drafts": torch.zeros(2, dtype=torch.int64)})
+    with pytest.raises(ValueError, match="at least one row"):
+        m.decode_forward(tokens=tok[:0], start_pos=pos[:0], spec_mode="argmax_ids",
+                         num_valid_drafts=torch.zeros(0, dtype=torch.int32),
+                         accepted_counts=torch.zeros(0, dtype=torch.int32))
+    with pytest.raises(TypeError, match="together with spec_mode"):  # side tensors without the mode: no plain decode
+        m.decode_forward(tokens=tok[:, :1], start_pos=pos[:, 0], **side)
+    # the same step, well formed, still runs after every refusal above (they changed no state)
+    assert len(r.verify(block[0], P + 1, [], 1)) == 1
     r.finish()
     assert m._mode is None
     with pytest.raises(RuntimeError, match="prefill_forward first"):
