@@ -3,8 +3,9 @@
 
 ``PluginReplay`` issues the calls the plugin's runner makes (tenstorrent/vllm-tt-plugin e3fc849: worker.py
 get_max_tokens_all_users / num_blocks, model_runner.py _allocate_kv_caches / warmup_model / submit_prefill,
-async_decode.py submit_decode + finalize_decode; the speculative contract of spec_decode.py and
-docs/SPEC_DECODE_CONTRACT.md at 02f45e5 / 00d6258), with their argument names, kinds, shapes and dtypes: int32
+async_decode.py submit_decode + finalize_decode; the speculative side as model_runner.py and spec_decode.py build it
+at 23f0fcbe: the candidate block, the accept walk over every row, the committed block and positions handed to
+``propose_draft_tokens``), with their argument names, kinds, shapes and dtypes: int32
 token / position / block-table tensors, vLLM's block pool with block 0 reserved as the null block, tables padded
 with 0, padding rows (token 0, position -1), mrope's ``(logits, rope_deltas)`` unpacking and
 ``rope_deltas_all_users``, ``read_from_device=False`` + ``process_decode_output_host``, and for speculation the

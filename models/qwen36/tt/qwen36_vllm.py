@@ -4,8 +4,8 @@ on-device greedy acceptance + commit + next drafts). vLLM is not imported here (
 contract value types come from :mod:`qwen36.tt.vllm_types`.
 
 Written against the plugin's runner as it calls a model (model_runner.py, async_decode.py, worker.py, loader.py,
-platform.py at tenstorrent/vllm-tt-plugin e3fc849; spec_decode.py and docs/SPEC_DECODE_CONTRACT.md at 02f45e5 /
-00d6258), in the order the engine calls it:
+platform.py at tenstorrent/vllm-tt-plugin e3fc849; the speculative side from spec_decode.py, spec_admission.py,
+model_runner.py and scheduler.py at 23f0fcbe), in the order the engine calls it:
 
     Qwen36ForCausalLM.get_max_tokens_all_users(...)          # worker: sizes vLLM's KV block pool
     Qwen36ForCausalLM.spec_plan(vllm_config, max_num_seqs, k)  # platform, when speculative_config is set
