@@ -95,7 +95,9 @@ def test_stand_in_side_tensor_check_matches_the_plugins():
 
 def test_spec_loop_with_the_plugins_accept_walk(reference, spec, monkeypatch):
     """The runner's speculative loop (verify -> accept walk -> propose, the first verify draftless) on the emulated
-    mesh, the walk done by the plugin's ``accept_greedy_drafts``: tokens == ``TTGenerator.greedy``."""
+    mesh, the walk done by the plugin's ``accept_greedy_drafts``: tokens == ``TTGenerator.greedy``. The CI
+    checkpoint's MTP drafts are (almost) never accepted, so two steps carry drafts the scheduler could have sent
+    from elsewhere: the greedy continuation (all K accepted) and one with its second draft wrong (one accepted)."""
     monkeypatch.setattr(contract, "greedy_accept", spec_decode.accept_greedy_drafts)
     r, (ref, _) = spec, reference
     emitted = [r.prefill(PROMPT)]
@@ -103,15 +105,20 @@ def test_spec_loop_with_the_plugins_accept_walk(reference, spec, monkeypatch):
     block = r.verify(emitted[-1], pos, [], 1)
     emitted += block
     pos += 1
-    counts = []
+    counts, v = [], r.m.model.args.cfg.vocab_size
     while len(emitted) < N_NEW:
         drafts = r.propose(block, pos)
+        i = len(emitted)
+        if len(counts) == 1:
+            drafts = ref[i: i + K]
+        if len(counts) == 3:
+            drafts = [ref[i], (ref[i + 1] + 1) % v] + ref[i + 2: i + K]
         block = r.verify(emitted[-1], pos, drafts, len(block))
         counts.append(len(block))
         emitted += block
         pos += len(block)
     assert emitted[:N_NEW] == ref[:N_NEW]
-    assert all(1 <= c <= 1 + K for c in counts)
+    assert counts[1] == 1 + K and counts[3] == 2 and all(1 <= c <= 1 + K for c in counts), counts
     r.finish()
 
 
@@ -177,3 +184,52 @@ def test_plugins_admission_resolves_our_plan(spec):
     lane = adm.classify_spec_decode_lane
     assert lane(SimpleNamespace(temperature=0.0))[0] == adm.SPEC_DECODE_LANE_SPECULATIVE
     assert lane(SimpleNamespace(temperature=0.7))[0] == adm.SPEC_DECODE_LANE_ORDINARY  # refused for our class
+
+
+def test_runner_builds_what_the_ci_replay_builds(reference, spec):
+    """With the plugin's whole runner installed: the speculative loop for one request with every runner-side tensor
+    built by ``TTModelRunner``'s own helpers (``_spec_row_state`` with the plan's ``draft_cap``,
+    ``_spec_candidate_block``, ``_committed_positions``) and the walk by ``accept_greedy_drafts``, one step keeping
+    a single scheduled draft; each block equals what the CI replay builds and the tokens equal
+    ``TTGenerator.greedy``."""
+    mr = pytest.importorskip("vllm_tt_plugin.model_runner",
+                             reason="the plugin's runner is not installed (only its contract modules are)")
+    runner = mr.TTModelRunner
+    for name in ("_spec_row_state", "_spec_candidate_block", "_committed_positions"):
+        if not hasattr(runner, name):
+            pytest.skip(f"this plugin's runner has no {name}")
+    r, m, ref = spec, spec.m, reference[0]
+    plan = Qwen36ForCausalLM.spec_plan(r.vllm_config, 1, K)
+    emitted = [r.prefill(PROMPT)]
+    accepted, proposed, step, seen, v = {}, [], 0, [], m.model.args.cfg.vocab_size
+    while len(emitted) < N_NEW:
+        n = P + len(emitted)  # tokens so far; the pending one sits at n - 1
+        i = len(emitted)
+        if step == 2:  # drafts from elsewhere (the CI MTP's are rarely accepted): the greedy continuation
+            proposed = ref[i: i + K]
+        if step == 4:  # its second draft wrong
+            proposed = [ref[i], (ref[i + 1] + 1) % v] + ref[i + 2: i + K]
+        sched = {"r": proposed[: 1 if step == 6 else K]}  # the scheduler keeps fewer than proposed
+        drafts, nv, counts = runner._spec_row_state(accepted, sched, ["r"], K, plan.draft_cap(1))
+        tokens, positions = runner._spec_candidate_block(drafts, nv, torch.tensor([[emitted[-1]]], dtype=torch.int32),
+                                                         torch.tensor([n - 1]))
+        nvi = int(nv[0])
+        want = [emitted[-1]] + sched["r"][:nvi] + [vt.PLACEHOLDER_TOKEN_ID] * (K - nvi)
+        assert tokens[0].tolist() == want
+        assert positions[0].tolist() == [n - 1 + j if j <= nvi else -1 for j in range(K + 1)]
+        out = m.decode_forward(tokens=tokens, start_pos=positions, page_table=r.table(n + 2 * K + 2), kv_cache=r.kv,
+                               **r._rope(), enable_trace=True, read_from_device=True, num_valid_drafts=nv,
+                               accepted_counts=counts, spec_mode="argmax_ids")
+        committed, counts = spec_decode.accept_greedy_drafts(out.argmax_ids, drafts, nv)
+        cp = runner._committed_positions(positions, K + 1)
+        assert torch.equal(cp, contract.committed_positions(positions.to(torch.int32), K + 1))
+        a = int(counts[0])
+        seen.append(a)
+        emitted += committed[0, :a].tolist()
+        accepted["r"] = a
+        d = m.propose_draft_tokens(K, committed, cp, counts, hidden=out.hidden)
+        proposed = d.draft_token_ids[0, : int(d.num_valid[0])].tolist()
+        step += 1
+    assert emitted[:N_NEW] == ref[:N_NEW]
+    assert seen[2] == 1 + K and seen[4] == 2, seen
+    r.finish()
