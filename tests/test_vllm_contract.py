@@ -18,6 +18,7 @@ on the same weights and mesh, with no tolerance.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -29,6 +30,7 @@ from qwen36.testing.tt import make_bf16_checkpoint
 from qwen36.tt import vllm_types as vt
 from qwen36.tt_ops.device import open_mesh
 
+HELPER_TRACE = Path(__file__).parent / "data" / "vllm_tt_plugin_spec_helpers.json"
 PROMPT = list(range(5, 45))  # 40 tokens: crosses a 32-token block
 P = len(PROMPT)
 K = 3
@@ -62,6 +64,25 @@ def committed_positions(verify_positions: torch.Tensor, width: int) -> torch.Ten
     first = verify_positions[:, 0].to(torch.int32)
     pos = first.unsqueeze(1) + torch.arange(1, width + 1, dtype=torch.int32).unsqueeze(0)
     return pos.masked_fill((first < 0).unsqueeze(1), -1)
+
+
+def verify_block(tok: int, pos: int, drafts: list[int], k: int, accepted: int, pad_rows: int = 0):
+    """A verify's inputs as the runner builds them for one live request in row 0 (model_runner ``_spec_row_state``
+    + ``_spec_candidate_block`` + the decode padding at 23f0fcbe): ``(tokens, positions, drafts, num_valid_drafts,
+    accepted_counts)``. Columns past the row's drafts hold ``PLACEHOLDER_TOKEN_ID`` at position -1, padding rows
+    token 0 at position -1 with no drafts and a count of 1."""
+    nv, b = len(drafts), 1 + pad_rows
+    tokens = torch.zeros(b, 1 + k, dtype=torch.int32)
+    positions = torch.full((b, 1 + k), -1, dtype=torch.int32)
+    tokens[0] = torch.tensor([tok] + drafts + [vt.PLACEHOLDER_TOKEN_ID] * (k - nv), dtype=torch.int32)
+    positions[0, : nv + 1] = torch.arange(pos, pos + nv + 1, dtype=torch.int32)
+    dt = torch.full((b, k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+    dt[0, :nv] = torch.tensor(drafts, dtype=torch.int32)
+    nvd = torch.zeros(b, dtype=torch.int32)
+    nvd[0] = nv
+    acc = torch.ones(b, dtype=torch.int32)
+    acc[0] = accepted
+    return tokens, positions, dt, nvd, acc
 
 
 class BlockPool:
@@ -179,15 +200,8 @@ class PluginReplay:
 
     def verify(self, tok: int, pos: int, drafts: list[int], accepted: int, pad_rows: int = 0) -> list[int]:
         """One verify step + the host greedy accept walk; returns the committed block (accepted drafts + 1)."""
-        k, nv, b = self.k, len(drafts), 1 + pad_rows
-        tokens = torch.zeros(b, 1 + k, dtype=torch.int32)
-        positions = torch.full((b, 1 + k), -1, dtype=torch.int32)
-        tokens[0] = torch.tensor([tok] + drafts + [vt.PLACEHOLDER_TOKEN_ID] * (k - nv), dtype=torch.int32)
-        positions[0, : nv + 1] = torch.arange(pos, pos + nv + 1, dtype=torch.int32)
-        nvd = torch.zeros(b, dtype=torch.int32)
-        nvd[0] = nv
-        acc = torch.ones(b, dtype=torch.int32)
-        acc[0] = accepted
+        k, b = self.k, 1 + pad_rows
+        tokens, positions, dt, nvd, acc = verify_block(tok, pos, drafts, k, accepted, pad_rows)
         # the scheduler reserves the block's 1+K tokens plus K+1 lookahead for a model-owned drafter
         out = self.m.decode_forward(tokens=tokens, start_pos=positions, page_table=self.table(pos + 2 * k + 2, b),
                                     kv_cache=self.kv, **self._rope(), enable_trace=True, read_from_device=True,
@@ -195,10 +209,7 @@ class PluginReplay:
         assert isinstance(out, vt.VerifyOutput) and out.spec_mode == "argmax_ids"
         ids = out.argmax_ids
         assert ids.shape == (b, 1 + k) and ids.dtype == torch.int32
-        # the runner's drafts block (placeholder tail and padding rows) and its accept walk over every row
-        dt = torch.full((b, k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
-        dt[0, :nv] = torch.tensor(drafts, dtype=torch.int32)
-        committed, counts = greedy_accept(ids, dt, nvd)
+        committed, counts = greedy_accept(ids, dt, nvd)  # the runner's accept walk over every row
         self.last = (committed, counts, positions)  # what the runner hands the next propose_draft_tokens
         return committed[0, : int(counts[0])].tolist()
 
@@ -531,6 +542,30 @@ def test_lifecycle_hooks_and_refusals(spec):
     assert m._mode is None
     with pytest.raises(RuntimeError, match="prefill_forward first"):
         m.decode_forward(tokens=torch.tensor([[first]]), start_pos=torch.tensor([P]))
+
+
+def test_replay_builds_what_the_plugin_helpers_built():
+    """The speculative inputs this replay builds (``verify_block``, ``committed_positions``, ``greedy_accept``) equal
+    what the plugin's own code returned on the same cases, recorded by tests/test_vllm_spec_plugin_dev.py in
+    tests/data/vllm_tt_plugin_spec_helpers.json (its ``source`` says which code ran)."""
+    rec = json.loads(HELPER_TRACE.read_text())
+    assert "23f0fcbe" in rec["source"]
+    cases = rec["cases"]
+    assert len(cases["blocks"]) >= 5
+    for c in cases["blocks"]:
+        kept = c["drafts"][: c["draft_cap"]]  # the runner cuts a row's drafts to the plan's cap
+        tokens, positions, dt, nvd, acc = verify_block(c["tok"], c["pos"], kept, c["k"], c["accepted"])
+        assert tokens.tolist() == c["tokens"] and positions.tolist() == c["positions"], c
+        assert dt.tolist() == c["draft_token_ids"] and nvd.tolist() == c["num_valid_drafts"], c
+        assert acc.tolist() == c["accepted_counts"], c
+    cp = cases["committed_positions"]
+    got = committed_positions(torch.tensor(cp["verify_positions"], dtype=torch.int32), cp["width"])
+    assert got.tolist() == cp["out"]
+    for w in cases["accept_walks"]:
+        committed, counts = greedy_accept(*(torch.tensor(w[n], dtype=torch.int32)
+                                            for n in ("argmax_ids", "draft_token_ids", "num_valid_drafts")))
+        assert committed.tolist() == w["committed"] and counts.tolist() == w["counts"]
+    assert sorted({n for w in cases["accept_walks"] for n in w["counts"]}) == [1, 2, 3, 4]  # every stop column
 
 
 def test_model_bundles_resolve_like_the_plugin_registry():

@@ -233,3 +233,50 @@ def test_runner_builds_what_the_ci_replay_builds(reference, spec):
     assert emitted[:N_NEW] == ref[:N_NEW]
     assert seen[2] == 1 + K and seen[4] == 2, seen
     r.finish()
+
+
+HELPER_TRACE = contract.HELPER_TRACE
+
+
+def _helper_cases(runner) -> dict:
+    """Inputs -> outputs of the plugin's pure speculative helpers, on cases the CI replay also builds: a draftless
+    verify, short / full / truncated proposals (``draft_cap``), padding rows for the drafter positions, and accept
+    walks that stop at every column."""
+    def t(x):
+        return x.tolist()
+
+    blocks = []
+    for tok, pos, drafts, k, accepted, cap in ((9, 40, [], 3, 1, 3), (11, 41, [5, 6], 3, 1, 3),
+                                               (12, 43, [7, 8, 9], 3, 2, 3), (13, 47, [1, 2, 3], 3, 4, 2),
+                                               (14, 50, [4, 5, 6, 7, 8], 5, 3, 5)):
+        d, nv, counts = runner._spec_row_state({"r": accepted}, {"r": drafts}, ["r"], k, cap)
+        tokens, positions = runner._spec_candidate_block(d, nv, torch.tensor([[tok]], dtype=torch.int32),
+                                                         torch.tensor([pos]))
+        blocks.append({"tok": tok, "pos": pos, "drafts": drafts, "k": k, "accepted": accepted, "draft_cap": cap,
+                       "tokens": t(tokens), "positions": t(positions), "draft_token_ids": t(d),
+                       "num_valid_drafts": t(nv), "accepted_counts": t(counts)})
+    positions = torch.tensor([[40, 41, 42, -1], [-1, -1, -1, -1]], dtype=torch.int32)
+    committed = {"verify_positions": t(positions), "width": 4, "out": t(runner._committed_positions(positions, 4))}
+    walks = []
+    ids = torch.tensor([[5, 6, 7, 8], [5, 9, 7, 8], [1, 6, 7, 8], [5, 6, 7, 8], [0, 0, 0, 0]], dtype=torch.int32)
+    drafts = torch.tensor([[5, 6, 7], [5, 6, 7], [5, 6, 7], [5, 6, -1], [-1, -1, -1]], dtype=torch.int32)
+    nv = torch.tensor([3, 3, 3, 2, 0], dtype=torch.int32)
+    c, n = spec_decode.accept_greedy_drafts(ids, drafts, nv)
+    walks.append({"argmax_ids": t(ids), "draft_token_ids": t(drafts), "num_valid_drafts": t(nv),
+                  "committed": t(c), "counts": t(n)})
+    return {"blocks": blocks, "committed_positions": committed, "accept_walks": walks}
+
+
+def test_plugin_helper_cases_equal_the_recorded_trace(tmp_path):
+    """Records what the plugin's runner helpers and accept walk return on fixed cases and compares it with
+    tests/data/vllm_tt_plugin_spec_helpers.json, which tests/test_vllm_contract.py replays against the CI
+    replay's own constructors (a changed plugin shows up here first)."""
+    import json
+
+    mr = pytest.importorskip("vllm_tt_plugin.model_runner",
+                             reason="the plugin's runner is not installed (only its contract modules are)")
+    got = _helper_cases(mr.TTModelRunner)
+    (tmp_path / HELPER_TRACE.name).write_text(json.dumps(got))
+    want = json.loads(HELPER_TRACE.read_text())
+    assert got == want["cases"], (f"the plugin's helpers return something else than {HELPER_TRACE}; if the plugin "
+                                  f"changed on purpose, replace its cases with {tmp_path / HELPER_TRACE.name}")
