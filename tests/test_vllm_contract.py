@@ -3,8 +3,9 @@
 
 ``PluginReplay`` issues the calls the plugin's runner makes (tenstorrent/vllm-tt-plugin e3fc849: worker.py
 get_max_tokens_all_users / num_blocks, model_runner.py _allocate_kv_caches / warmup_model / submit_prefill,
-async_decode.py submit_decode + finalize_decode; the speculative contract of spec_decode.py and
-docs/SPEC_DECODE_CONTRACT.md at 02f45e5 / 00d6258), with their argument names, kinds, shapes and dtypes: int32
+async_decode.py submit_decode + finalize_decode; the speculative side as model_runner.py and spec_decode.py build it
+at 23f0fcbe: the candidate block, the accept walk over every row, the committed block and positions handed to
+``propose_draft_tokens``), with their argument names, kinds, shapes and dtypes: int32
 token / position / block-table tensors, vLLM's block pool with block 0 reserved as the null block, tables padded
 with 0, padding rows (token 0, position -1), mrope's ``(logits, rope_deltas)`` unpacking and
 ``rope_deltas_all_users``, ``read_from_device=False`` + ``process_decode_output_host``, and for speculation the
@@ -17,6 +18,7 @@ on the same weights and mesh, with no tolerance.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -28,12 +30,59 @@ from qwen36.testing.tt import make_bf16_checkpoint
 from qwen36.tt import vllm_types as vt
 from qwen36.tt_ops.device import open_mesh
 
+HELPER_TRACE = Path(__file__).parent / "data" / "vllm_tt_plugin_spec_helpers.json"
 PROMPT = list(range(5, 45))  # 40 tokens: crosses a 32-token block
 P = len(PROMPT)
 K = 3
 N_NEW = 24
 MAX_LEN = 256
 BLOCK = 32
+
+
+def greedy_accept(argmax_ids: torch.Tensor, drafts: torch.Tensor, num_valid: torch.Tensor):
+    """The runner's accept walk over a verify's ``argmax_ids`` [B, 1+K] (the plugin's
+    ``spec_decode.accept_greedy_drafts``, read at tenstorrent/vllm-tt-plugin 23f0fcbe): row i accepts drafts while
+    they equal the column's argmax, up to its ``num_valid`` count; the count is accepted + 1 (the correction or
+    bonus), never 0; the committed block is that row's first ``count`` ids, then ``PLACEHOLDER_TOKEN_ID``. Checked
+    against the plugin's own function by tests/test_vllm_spec_plugin_dev.py."""
+    rows, width = argmax_ids.shape
+    committed = torch.full((rows, width), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+    counts = torch.ones(rows, dtype=torch.int32)
+    for i in range(rows):
+        a = 0
+        while a < int(num_valid[i]) and int(argmax_ids[i, a]) == int(drafts[i, a]):
+            a += 1
+        counts[i] = a + 1
+        committed[i, : a + 1] = argmax_ids[i, : a + 1].to(torch.int32)
+    return committed, counts
+
+
+def committed_positions(verify_positions: torch.Tensor, width: int) -> torch.Tensor:
+    """Positions the runner hands ``propose_draft_tokens`` (model_runner ``_committed_positions`` at 23f0fcbe): the
+    committed block starts one past the verify's column 0 and runs on for the whole width, whatever each row
+    accepted; padding rows (column 0 at -1) stay -1."""
+    first = verify_positions[:, 0].to(torch.int32)
+    pos = first.unsqueeze(1) + torch.arange(1, width + 1, dtype=torch.int32).unsqueeze(0)
+    return pos.masked_fill((first < 0).unsqueeze(1), -1)
+
+
+def verify_block(tok: int, pos: int, drafts: list[int], k: int, accepted: int, pad_rows: int = 0):
+    """A verify's inputs as the runner builds them for one live request in row 0 (model_runner ``_spec_row_state``
+    + ``_spec_candidate_block`` + the decode padding at 23f0fcbe): ``(tokens, positions, drafts, num_valid_drafts,
+    accepted_counts)``. Columns past the row's drafts hold ``PLACEHOLDER_TOKEN_ID`` at position -1, padding rows
+    token 0 at position -1 with no drafts and a count of 1."""
+    nv, b = len(drafts), 1 + pad_rows
+    tokens = torch.zeros(b, 1 + k, dtype=torch.int32)
+    positions = torch.full((b, 1 + k), -1, dtype=torch.int32)
+    tokens[0] = torch.tensor([tok] + drafts + [vt.PLACEHOLDER_TOKEN_ID] * (k - nv), dtype=torch.int32)
+    positions[0, : nv + 1] = torch.arange(pos, pos + nv + 1, dtype=torch.int32)
+    dt = torch.full((b, k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+    dt[0, :nv] = torch.tensor(drafts, dtype=torch.int32)
+    nvd = torch.zeros(b, dtype=torch.int32)
+    nvd[0] = nv
+    acc = torch.ones(b, dtype=torch.int32)
+    acc[0] = accepted
+    return tokens, positions, dt, nvd, acc
 
 
 class BlockPool:
@@ -151,15 +200,8 @@ class PluginReplay:
 
     def verify(self, tok: int, pos: int, drafts: list[int], accepted: int, pad_rows: int = 0) -> list[int]:
         """One verify step + the host greedy accept walk; returns the committed block (accepted drafts + 1)."""
-        k, nv, b = self.k, len(drafts), 1 + pad_rows
-        tokens = torch.zeros(b, 1 + k, dtype=torch.int32)
-        positions = torch.full((b, 1 + k), -1, dtype=torch.int32)
-        tokens[0] = torch.tensor([tok] + drafts + [vt.PLACEHOLDER_TOKEN_ID] * (k - nv), dtype=torch.int32)
-        positions[0, : nv + 1] = torch.arange(pos, pos + nv + 1, dtype=torch.int32)
-        nvd = torch.zeros(b, dtype=torch.int32)
-        nvd[0] = nv
-        acc = torch.ones(b, dtype=torch.int32)
-        acc[0] = accepted
+        k, b = self.k, 1 + pad_rows
+        tokens, positions, dt, nvd, acc = verify_block(tok, pos, drafts, k, accepted, pad_rows)
         # the scheduler reserves the block's 1+K tokens plus K+1 lookahead for a model-owned drafter
         out = self.m.decode_forward(tokens=tokens, start_pos=positions, page_table=self.table(pos + 2 * k + 2, b),
                                     kv_cache=self.kv, **self._rope(), enable_trace=True, read_from_device=True,
@@ -167,24 +209,31 @@ class PluginReplay:
         assert isinstance(out, vt.VerifyOutput) and out.spec_mode == "argmax_ids"
         ids = out.argmax_ids
         assert ids.shape == (b, 1 + k) and ids.dtype == torch.int32
-        a = 0  # spec_accept.accept_greedy_drafts: column j is the choice draft j must match, bonus at column a
-        while a < nv and int(ids[0, a]) == drafts[a]:
-            a += 1
-        return ids[0, : a + 1].tolist()
+        committed, counts = greedy_accept(ids, dt, nvd)  # the runner's accept walk over every row
+        self.last = (committed, counts, positions)  # what the runner hands the next propose_draft_tokens
+        return committed[0, : int(counts[0])].tolist()
 
     def propose(self, block: list[int], pos_last: int, pad_rows: int = 0) -> list[int]:
-        k, b, ac = self.k, 1 + pad_rows, len(block)
-        ct = torch.full((b, 1 + k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
-        cp = torch.full((b, 1 + k), -1, dtype=torch.int32)
-        ct[0, :ac] = torch.tensor(block, dtype=torch.int32)
-        cp[0, :ac] = torch.arange(pos_last - ac + 1, pos_last + 1, dtype=torch.int32)
-        acc = torch.ones(b, dtype=torch.int32)
-        acc[0] = ac
+        """``propose_draft_tokens`` as the runner calls it after a verify (commit_spec_acceptance): the committed
+        block and counts of the accept walk over every verify row, the positions of ``committed_positions``;
+        ``block`` / ``pos_last`` (the last committed token's position) are what the caller expects it to be."""
+        k, ac = self.k, len(block)
+        committed, counts, vpos = self.last
+        assert committed[0, :ac].tolist() == block and int(counts[0]) == ac
+        ct, acc = committed, counts
+        if pad_rows + 1 > ct.shape[0]:  # padding rows the verify did not have: count 1, placeholder ids
+            extra = pad_rows + 1 - ct.shape[0]
+            ct = torch.cat([ct, torch.full((extra, 1 + k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)])
+            acc = torch.cat([acc, torch.ones(extra, dtype=torch.int32)])
+            vpos = torch.cat([vpos, torch.full((extra, 1 + k), -1, dtype=torch.int32)])
+        b = ct.shape[0]
+        cp = committed_positions(vpos, 1 + k)
+        assert int(cp[0, ac - 1]) == pos_last
         d = self.m.propose_draft_tokens(k, ct, cp, acc, hidden=None)
         assert isinstance(d, vt.DraftOutput)
         assert d.draft_token_ids.shape == (b, k) and d.draft_token_ids.dtype == torch.int32
         nv = int(d.num_valid[0])
-        assert d.num_valid.dtype == torch.int32 and d.num_valid.tolist() == [nv] + [0] * pad_rows
+        assert d.num_valid.dtype == torch.int32 and d.num_valid.tolist() == [nv] + [0] * (b - 1)
         assert nv == k or (self.auto and 1 <= nv <= k), (nv, k)
         self.proposed.append(nv)
         assert all(int(t) == vt.PLACEHOLDER_TOKEN_ID for t in d.draft_token_ids[0, nv:])
@@ -335,7 +384,7 @@ def test_plain_decode_read_paths(plain):
 def test_spec_sequence_equals_greedy(reference, spec):
     r, (reference, _) = spec, reference
     caps = r.m.model_capabilities
-    assert caps["supports_spec_decode"] and caps["spec_requirements"] == ("device_propose",)
+    assert caps["supports_spec_decode"] and caps["spec_requirements"] == ("device_propose", "hidden_feed")
     assert caps["spec_hidden_handoff"] == ("on_device",) and caps["output_tokens_per_step"] == 1
     emitted = [r.prefill(PROMPT)]
     pos = P  # position of the pending token (the last committed one)
@@ -370,6 +419,8 @@ def test_spec_plan_and_rejects(spec):
     vc = spec.vllm_config
     plan = Qwen36ForCausalLM.spec_plan(vc, 1, 4)
     assert isinstance(plan, vt.SpecPlan) and plan.block_width == 5 and plan.extra_bytes_per_seq > 0
+    # the verify occupies 1+K decoder rows for the one request; one cap for every live batch (draft_cap)
+    assert plan.lanes_per_request == plan.block_width and plan.draft_cap(1) == 4
     assert plan.supports_narrow_decode is False and plan.accept_modes == ("argmax_ids",)
     rej = Qwen36ForCausalLM.spec_plan(vc, 2, 3)
     assert isinstance(rej, vt.SpecReject) and "max-num-seqs 1" in rej.reason
@@ -454,14 +505,67 @@ def test_lifecycle_hooks_and_refusals(spec):
         Qwen36ForCausalLM.initialize_vllm_model({}, None, max_batch_size=33, max_seq_len=256)
     with pytest.raises(ValueError, match="block_size"):
         m.allocate_kv_cache((8, 1, 64, m.model.args.cfg.head_dim), torch.bfloat16, 1)
-    # accepted_counts naming a slot the device did not commit is refused, not silently rolled back
     block = r.verify(first, P, [], 1)
+    committed, counts, vpos = r.last
+    cp = committed_positions(vpos, 1 + K)
+    # accepted_counts naming a slot the device did not commit is refused, not silently rolled back
     with pytest.raises(ValueError, match="accepted_counts"):
-        r.propose(block + [block[0]], P + 2)
+        m.propose_draft_tokens(K, committed, cp, counts + 1)
+    # the contract's domain for the side tensors (spec_decode.check_spec_side_tensors), each violation on its own:
+    # int32 only, one entry per row, [1, 1+K] on every row (a padding row too), and a uniform 1+K wide block
+    for bad, what in ((counts.to(torch.int64), "int32"), (torch.ones(2, dtype=torch.int32), r"must be \[1\]"),
+                      (torch.zeros(1, dtype=torch.int32), r"\[1, 4\]")):
+        with pytest.raises(ValueError, match=what):
+            m.propose_draft_tokens(K, committed, cp, bad)
+    with pytest.raises(ValueError, match=r"\[B, 1\+K\]"):
+        m.propose_draft_tokens(K, committed[:, :K], cp[:, :K], counts)
+    with pytest.raises(ValueError, match=r"\[B, 1\+K\]"):
+        m.propose_draft_tokens(K, committed[:0], cp[:0], counts[:0])
+    tok = torch.tensor([[block[0]] + [vt.PLACEHOLDER_TOKEN_ID] * K, [0] * (K + 1)], dtype=torch.int32)
+    pos = torch.tensor([[P + 1] + [-1] * K, [-1] * (K + 1)], dtype=torch.int32)
+    side = dict(num_valid_drafts=torch.zeros(2, dtype=torch.int32), accepted_counts=torch.ones(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"accepted_counts entries must lie in \[1, 4\]"):  # padding row at 0
+        m.decode_forward(tokens=tok, start_pos=pos, spec_mode="argmax_ids",
+                         **{**side, "accepted_counts": torch.tensor([1, 0], dtype=torch.int32)})
+    with pytest.raises(ValueError, match="num_valid_drafts must be int32"):
+        m.decode_forward(tokens=tok, start_pos=pos, spec_mode="argmax_ids",
+                         **{**side, "num_valid_drafts": torch.zeros(2, dtype=torch.int64)})
+    with pytest.raises(ValueError, match="at least one row"):
+        m.decode_forward(tokens=tok[:0], start_pos=pos[:0], spec_mode="argmax_ids",
+                         num_valid_drafts=torch.zeros(0, dtype=torch.int32),
+                         accepted_counts=torch.zeros(0, dtype=torch.int32))
+    with pytest.raises(TypeError, match="together with spec_mode"):  # side tensors without the mode: no plain decode
+        m.decode_forward(tokens=tok[:, :1], start_pos=pos[:, 0], **side)
+    # the same step, well formed, still runs after every refusal above (they changed no state)
+    assert len(r.verify(block[0], P + 1, [], 1)) == 1
     r.finish()
     assert m._mode is None
     with pytest.raises(RuntimeError, match="prefill_forward first"):
         m.decode_forward(tokens=torch.tensor([[first]]), start_pos=torch.tensor([P]))
+
+
+def test_replay_builds_what_the_plugin_helpers_built():
+    """The speculative inputs this replay builds (``verify_block``, ``committed_positions``, ``greedy_accept``) equal
+    what the plugin's own code returned on the same cases, recorded by tests/test_vllm_spec_plugin_dev.py in
+    tests/data/vllm_tt_plugin_spec_helpers.json (its ``source`` says which code ran)."""
+    rec = json.loads(HELPER_TRACE.read_text())
+    assert "23f0fcbe" in rec["source"]
+    cases = rec["cases"]
+    assert len(cases["blocks"]) >= 5
+    for c in cases["blocks"]:
+        kept = c["drafts"][: c["draft_cap"]]  # the runner cuts a row's drafts to the plan's cap
+        tokens, positions, dt, nvd, acc = verify_block(c["tok"], c["pos"], kept, c["k"], c["accepted"])
+        assert tokens.tolist() == c["tokens"] and positions.tolist() == c["positions"], c
+        assert dt.tolist() == c["draft_token_ids"] and nvd.tolist() == c["num_valid_drafts"], c
+        assert acc.tolist() == c["accepted_counts"], c
+    cp = cases["committed_positions"]
+    got = committed_positions(torch.tensor(cp["verify_positions"], dtype=torch.int32), cp["width"])
+    assert got.tolist() == cp["out"]
+    for w in cases["accept_walks"]:
+        committed, counts = greedy_accept(*(torch.tensor(w[n], dtype=torch.int32)
+                                            for n in ("argmax_ids", "draft_token_ids", "num_valid_drafts")))
+        assert committed.tolist() == w["committed"] and counts.tolist() == w["counts"]
+    assert sorted({n for w in cases["accept_walks"] for n in w["counts"]}) == [1, 2, 3, 4]  # every stop column
 
 
 def test_model_bundles_resolve_like_the_plugin_registry():

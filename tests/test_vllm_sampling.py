@@ -28,7 +28,7 @@ import torch
 from qwen36.speculative.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
 from qwen36.tt import vllm_types as vt
 from qwen36.tt.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM, sampling_from_plugin
-from test_vllm_contract import BLOCK, MAX_LEN, PROMPT, PluginReplay, _load, open_env
+from test_vllm_contract import BLOCK, MAX_LEN, PROMPT, PluginReplay, _load, greedy_accept, open_env
 
 PLUGIN_FIELDS = Path(__file__).resolve().parent / "data" / "vllm_tt_plugin_sampling_params.json"
 P = len(PROMPT)
@@ -341,11 +341,12 @@ def test_speculative_launch_serves_greedy_payloads_only(reference, spec_on_devic
                                num_valid_drafts=torch.tensor([nv], dtype=torch.int32),
                                accepted_counts=torch.tensor([accepted], dtype=torch.int32), spec_mode="argmax_ids",
                                sampling_params=greedy, reset_batch=False)
-        ids = v.argmax_ids[0]
-        a = 0
-        while a < nv and int(ids[a]) == drafts[a]:
-            a += 1
-        block = ids[: a + 1].tolist()
+        dt = torch.full((1, k), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+        dt[0, :nv] = torch.tensor(drafts, dtype=torch.int32)
+        committed, counts = greedy_accept(v.argmax_ids, dt, torch.tensor([nv], dtype=torch.int32))
+        r.last = (committed, counts, positions)  # the runner's next propose_draft_tokens reads these
+        a = int(counts[0]) - 1
+        block = committed[0, : a + 1].tolist()
         emitted += block
         pos += a + 1
         accepted = a + 1

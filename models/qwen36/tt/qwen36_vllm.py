@@ -4,8 +4,8 @@ on-device greedy acceptance + commit + next drafts). vLLM is not imported here (
 contract value types come from :mod:`qwen36.tt.vllm_types`.
 
 Written against the plugin's runner as it calls a model (model_runner.py, async_decode.py, worker.py, loader.py,
-platform.py at tenstorrent/vllm-tt-plugin e3fc849; spec_decode.py and docs/SPEC_DECODE_CONTRACT.md at 02f45e5 /
-00d6258), in the order the engine calls it:
+platform.py at tenstorrent/vllm-tt-plugin e3fc849; the speculative side from spec_decode.py, spec_admission.py,
+model_runner.py and scheduler.py at 23f0fcbe), in the order the engine calls it:
 
     Qwen36ForCausalLM.get_max_tokens_all_users(...)          # worker: sizes vLLM's KV block pool
     Qwen36ForCausalLM.spec_plan(vllm_config, max_num_seqs, k)  # platform, when speculative_config is set
@@ -286,8 +286,10 @@ class Qwen36ForCausalLM:
         "supports_async_decode": False,  # the logits are read inside the step (DecodeHandle)
         "output_tokens_per_step": 1,
         "supports_spec_decode": True,  # spec_plan still rejects a checkpoint without an MTP head
-        "spec_requirements": ("device_propose",),  # custom_class: the model's MTP drafts on device
-        "spec_hidden_handoff": ("on_device",),  # the MTP reads the verify hidden on device; no handle crosses
+        # custom_class: the model's MTP drafts on device (device_propose) from the target's hidden state
+        # (hidden_feed: what an MTP head declares, spec_admission.py), which stays on device (no handle crosses)
+        "spec_requirements": ("device_propose", "hidden_feed"),
+        "spec_hidden_handoff": ("on_device",),
         "supports_async_spec_decode": False,
         "max_batch_size": MAX_BATCH,
     }
@@ -358,7 +360,9 @@ class Qwen36ForCausalLM:
                                  f"<= {MAX_K}; K+1-row SDPA verify <= {max_spec_tiles(cfg.head_dim)} rows at head_dim "
                                  f"{cfg.head_dim})", supported)
         depths = cls._controller(k).depths if mode == "auto" else (k,)
-        return vt.SpecPlan(effective_k=max(depths), lanes_per_request=1,
+        # lanes_per_request: decode rows one speculating request occupies while verifying (spec_decode.SpecPlan);
+        # the verify runs the 1+K candidates as 1+K rows of the decoder
+        return vt.SpecPlan(effective_k=max(depths), lanes_per_request=1 + max(depths),
                            extra_bytes_per_seq=cls._spec_bytes(cfg, depths, max_len), extra_bytes_per_token=0,
                            accept_modes=(vt.ACCEPT_MODE_ARGMAX_IDS,), drafter_state="internal",
                            supports_narrow_decode=False)
@@ -706,8 +710,8 @@ class Qwen36ForCausalLM:
         correction/bonus (n = num_valid_drafts of the row)."""
         self._check_common(kv_cache, kwargs)
         tokens = _rows(tokens, "tokens")
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must be [B, T], got shape {tuple(tokens.shape)}")
+        if tokens.dim() != 2 or tokens.shape[0] < 1:
+            raise ValueError(f"tokens must be [B, T] with at least one row, got shape {tuple(tokens.shape)}")
         if start_pos is None:
             raise ValueError("decode_forward needs start_pos")
         pos = torch.as_tensor(start_pos)
@@ -728,7 +732,9 @@ class Qwen36ForCausalLM:
             out = self._verify(tokens, pos, num_valid_drafts, accepted_counts, spec_mode, enable_trace)
             return out
         if num_valid_drafts is not None or accepted_counts is not None:
-            raise ValueError("num_valid_drafts / accepted_counts arrive together with spec_mode, never without")
+            # a TypeError, as the plugin's reference model raises: a caller that sends the side tensors and forgets
+            # the mode called this wrong and must not get a plain decode back
+            raise TypeError("num_valid_drafts / accepted_counts arrive together with spec_mode, never without")
         if tokens.shape[1] != 1:
             raise ValueError(f"plain decode takes tokens [B, 1], got {tuple(tokens.shape)}")
         self._enter("plain")
@@ -808,9 +814,11 @@ class Qwen36ForCausalLM:
         if spec_mode != vt.ACCEPT_MODE_ARGMAX_IDS:
             raise NotImplementedError(f"spec_mode={spec_mode!r}: this model serves {vt.ACCEPT_MODE_ARGMAX_IDS!r}")
         b, k = tokens.shape[0], tokens.shape[1] - 1
-        if k < 1 or tuple(pos.shape) != tuple(tokens.shape):
-            raise ValueError(f"verify needs tokens and start_pos [B, 1+K] with K >= 1, got {tuple(tokens.shape)} and "
-                             f"{tuple(pos.shape)}")
+        if k < 1 or b < 1 or tuple(pos.shape) != tuple(tokens.shape):
+            raise ValueError(f"verify needs tokens and start_pos [B, 1+K] with at least one row and K >= 1, got "
+                             f"{tuple(tokens.shape)} and {tuple(pos.shape)}")
+        # the contract's domain for the side tensors, on every row (padding rows too): both sides check the same
+        vt.check_spec_side_tensors(num_valid_drafts, accepted_counts, b, k)
         self._enter("spec")
         self._check_accepted(accepted_counts, b)
         if num_valid_drafts is None:
@@ -886,10 +894,14 @@ class Qwen36ForCausalLM:
             raise NotImplementedError("hidden must be None: the MTP reads the verify's hidden state on device "
                                       "(spec_hidden_handoff on_device)")
         ct = _rows(committed_tokens, "committed_tokens")
-        b = ct.shape[0]
+        cp = torch.as_tensor(committed_positions)
+        b, width = ct.shape[0], int(num_drafts)
+        if ct.dim() != 2 or tuple(cp.shape) != tuple(ct.shape) or b < 1 or ct.shape[1] != width + 1:
+            raise ValueError(f"propose needs committed tokens and positions of one shape [B, 1+K] (K = num_drafts "
+                             f"= {width}, at least one row), got {tuple(ct.shape)} and {tuple(cp.shape)}")
+        vt.check_spec_side_tensors(torch.zeros(b, dtype=torch.int32), accepted_counts, b, width, call="propose")
         self._enter("spec")
         self._check_accepted(accepted_counts, b)
-        width = int(num_drafts)
         k = self._step_depth(width)
         pending = int(ct.reshape(b, -1)[0, self._accepted_count - 1])
         if pending != self.spec_backend.history[-1]:
@@ -982,14 +994,17 @@ class Qwen36ForCausalLM:
                 nv, drafts = 0, [vt.PLACEHOLDER_TOKEN_ID] * k
                 if i:
                     pad = [vt.PLACEHOLDER_TOKEN_ID] * (k + 1 - len(block))
-                    d = self.propose_draft_tokens(k, torch.tensor([block + pad]),
-                                                  torch.tensor([list(range(pos - ac + 1, pos + 1)) + [-1] * len(pad)]),
-                                                  torch.tensor([ac]))
+                    d = self.propose_draft_tokens(k, torch.tensor([block + pad], dtype=torch.int32),
+                                                  torch.tensor([list(range(pos - ac + 1, pos + 1)) + [-1] * len(pad)],
+                                                               dtype=torch.int32),
+                                                  torch.tensor([ac], dtype=torch.int32))
                     nv, drafts = int(d.num_valid[0]), d.draft_token_ids[0].tolist()  # auto: nv <= k
                 v = self.decode_forward(torch.tensor([[tok] + drafts]), None, None,
                                         torch.tensor([[pos + j if j <= nv else -1 for j in range(k + 1)]]),
-                                        enable_trace=enable_trace, num_valid_drafts=torch.tensor([nv]),
-                                        accepted_counts=torch.tensor([ac]), spec_mode=vt.ACCEPT_MODE_ARGMAX_IDS)
+                                        enable_trace=enable_trace,
+                                        num_valid_drafts=torch.tensor([nv], dtype=torch.int32),
+                                        accepted_counts=torch.tensor([ac], dtype=torch.int32),
+                                        spec_mode=vt.ACCEPT_MODE_ARGMAX_IDS)
                 a = self._accepted_count - 1
                 block = v.argmax_ids[0, : a + 1].tolist()
                 tok, pos, ac = block[-1], pos + a + 1, a + 1

@@ -1,5 +1,6 @@
 """The value types of the vllm-tt plugin's speculative contract (``SpecPlan``, ``SpecReject``, ``VerifyOutput``,
-``DraftOutput``, ``PLACEHOLDER_TOKEN_ID``) and of its on-device sampling (``TTSamplingParams``).
+``DraftOutput``, ``PLACEHOLDER_TOKEN_ID``, the side-tensor check ``check_spec_side_tensors``) and of its on-device
+sampling (``TTSamplingParams``).
 
 When the plugin is importable its own classes are used: the runner checks what the model returns with
 ``isinstance`` against them, so an adapter must hand back exactly those. Without the plugin (CI, a host without
@@ -45,6 +46,7 @@ except ImportError:
         drafter_state: str
         drafter_target_cache_requires: tuple[str, ...] = ()
         supports_narrow_decode: bool = False
+        k_by_rows: tuple[tuple[int, int], ...] = ()  # (max_rows, k) draft caps by live rows; () = effective_k
 
         def __post_init__(self) -> None:
             if self.effective_k < 1 or self.lanes_per_request < 1:
@@ -63,6 +65,15 @@ except ImportError:
         @property
         def block_width(self) -> int:
             return 1 + self.effective_k
+
+        def draft_cap(self, live_rows: int) -> int:
+            """Most drafts per row of a verify with ``live_rows`` live rows (the runner truncates to it)."""
+            for max_rows, k in self.k_by_rows:
+                if live_rows <= max_rows:
+                    return k
+            if self.k_by_rows:
+                raise ValueError(f"SpecPlan.k_by_rows {self.k_by_rows} does not cover {live_rows} live rows")
+            return self.effective_k
 
     @dataclass(frozen=True)
     class SpecReject:  # type: ignore[no-redef]
@@ -101,6 +112,33 @@ except ImportError:
 
 ACCEPT_MODE_ARGMAX_IDS = "argmax_ids"
 
+
+def check_spec_side_tensors_stand_in(num_valid_drafts, accepted_counts, rows: int, num_drafts: int,
+                                     call: str = "verify") -> None:
+    """The domain both sides of the contract check for the two ``[B]`` tensors beside a verify block: both present,
+    shape ``[rows]``, int32 (what the runner builds), ``num_valid_drafts`` in ``[0, K]`` and ``accepted_counts`` (a
+    count, never 0) in ``[1, 1 + K]``, on every row, padding rows included. The plugin's
+    ``spec_decode.check_spec_side_tensors`` (newer sources) is used instead when installed."""
+    import torch
+
+    for name, t, low, high in (("num_valid_drafts", num_valid_drafts, 0, num_drafts),
+                               ("accepted_counts", accepted_counts, 1, 1 + num_drafts)):
+        if t is None:
+            raise ValueError(f"{call} {name} must be present")
+        if tuple(t.shape) != (rows,):
+            raise ValueError(f"{call} {name} must be [{rows}], got {tuple(t.shape)}")
+        if t.dtype != torch.int32:
+            raise ValueError(f"{call} {name} must be int32, got {t.dtype}")
+        bad = t[(t < low) | (t > high)]
+        if bad.numel():
+            raise ValueError(f"{call} {name} entries must lie in [{low}, {high}], got {bad.tolist()}")
+
+
+try:  # newer plugin sources only (older spec_decode modules lack it, hence a guard of its own)
+    from vllm_tt_plugin.spec_decode import check_spec_side_tensors  # type: ignore[import-not-found]
+except ImportError:
+    check_spec_side_tensors = check_spec_side_tensors_stand_in
+
 try:  # the plugin's per-step sampling payload (model_input.py; imports vLLM, hence a separate guard)
     from vllm_tt_plugin.model_input import TTSamplingParams  # type: ignore[import-not-found]
 
@@ -134,4 +172,5 @@ LOGPROBS_NONE = -2
 SEED_NONE = -1
 
 __all__ = ["ACCEPT_MODE_ARGMAX_IDS", "LOGPROBS_NONE", "PLACEHOLDER_TOKEN_ID", "SAMPLING_SOURCE", "SEED_NONE",
-           "DraftOutput", "SOURCE", "SpecPlan", "SpecReject", "TTSamplingParams", "VerifyOutput"]
+           "DraftOutput", "SOURCE", "SpecPlan", "SpecReject", "TTSamplingParams", "VerifyOutput",
+           "check_spec_side_tensors", "check_spec_side_tensors_stand_in"]
