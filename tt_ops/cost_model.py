@@ -388,9 +388,9 @@ def calibrated_figures(counts: Counts, tokens_per_step: float = 1.0, overrides: 
     tok/s goes with high ms), the central breakdown, and the label."""
     b = {w: CalibratedP150aModel(w, overrides).breakdown(counts) for w in ("value", "low", "high")}
     ms, lo, hi = b["value"]["total_ms"], b["low"]["total_ms"], b["high"]["total_ms"]
+    rate = lambda t: tokens_per_step * 1e3 / t if t > 0 else None  # noqa: E731  (an empty region has no rate)
     return {"label": CALIBRATED_LABEL, "ms": ms, "ms_low": lo, "ms_high": hi,
-            "tok_s": tokens_per_step * 1e3 / ms, "tok_s_low": tokens_per_step * 1e3 / hi,
-            "tok_s_high": tokens_per_step * 1e3 / lo, "breakdown": b["value"]}
+            "tok_s": rate(ms), "tok_s_low": rate(hi), "tok_s_high": rate(lo), "breakdown": b["value"]}
 
 
 def calibration_markdown_rows() -> list[str]:
@@ -414,6 +414,7 @@ __all__ = [
     "calibration_table",
     "op_class",
     "parse_read_key",
+    "per_op_ms",
     "decode_layout_bounds",
     "LABEL",
     "P150aCostModel",
@@ -427,3 +428,21 @@ __all__ = [
     "P150A_DRAM_SHARDED_UTILISATION",
     "split_read_bytes",
 ]
+
+
+def per_op_ms(counts: Counts, model: CalibratedP150aModel | None = None) -> dict:
+    """{op name: {"class", "programs", "ms"}} of one region, each op charged its launches, its class's kernel time,
+    its own read bytes (``Counts.bytes_read_per_op``) and its collectives; the values sum to the region's total
+    (a ranking of the step's programs by calibrated time)."""
+    m = model or CalibratedP150aModel()
+    out = {}
+    for op, n in counts.programs_per_op.items():
+        c = Counts(op)
+        c.programs = n
+        c.programs_per_op[op] = n
+        for k, v in counts.bytes_read_per_op.get(op, {}).items():
+            c.bytes_read[k] += v
+        c.collectives = counts.collectives_per_op.get(op, 0)
+        c.collective_bytes = counts.collective_bytes_per_op.get(op, 0)
+        out[op] = {"class": op_class(op), "programs": n, "ms": m.predict_ms(c)}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
