@@ -143,6 +143,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-matmuls", default="dram_sharded", choices=["dram_sharded", "interleaved"],
                    help="decode layout of the MLP matmuls (tt/model_config.py decode_matmul_plan); interleaved: "
                         "the DRAM-interleaved weights and default program configs of before, for A/B figures")
+    p.add_argument("--dram-readers", type=int, default=2, choices=[1, 2, 3],
+                   help="readers per DRAM bank asked of the DRAM-sharded decode matmuls (num_workers_per_dram_bank; "
+                        "tt/model_config.py decode_readers_per_bank: a matmul whose bank shards the rule refuses "
+                        "keeps one); 1: the 0.81.1 default, for A/B figures")
     p.add_argument("--batch", type=int, default=1,
                    help="users decoded per step (batched plain decode, tt/batch.py; 1, 8 or 32 are the buckets)")
 
@@ -239,7 +243,8 @@ class CostBench:
 
 
 def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME,
-                emulated_only: bool = True, decode_matmuls: str = "dram_sharded", slots: int = 1) -> CostBench:
+                emulated_only: bool = True, decode_matmuls: str = "dram_sharded", slots: int = 1,
+                dram_readers: int = 2) -> CostBench:
     """Open the mesh (emulated unless ``emulated_only`` is False) and build the first GDN + first attention layer
     of ``cfg`` with state for ``slots`` users of a ``context``-token sequence (plus 64 positions of head room)."""
     from qwen36.tt_ops.device import open_mesh
@@ -258,7 +263,8 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
     try:
         gdn_id, attn_id = cfg.layer_types.index("linear_attention"), cfg.layer_types.index(FULL)
         args = TTModelArgs.from_config(cfg, ctx.num_devices, PrecisionSetting.named(precision),
-                                       max_seq_len=context + 64, decode_matmuls=decode_matmuls)
+                                       max_seq_len=context + 64, decode_matmuls=decode_matmuls,
+                                       dram_readers=dram_readers)
         weights = WeightLoader(RandomCheckpoint(cfg, seed), args, ctx.ttnn, ctx.mesh_device, progress=False).load(
             layers=[gdn_id, attn_id])
         model = TTQwen36Model(args, weights, ctx.ttnn, ctx.mesh_device)
@@ -308,7 +314,7 @@ def program_ranking(parts: dict) -> list:
 
 def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, real_vocab: int | None = None,
             n_gdn: int | None = None, n_attn: int | None = None, real_cfg=None,
-            decode_matmuls: str = "dram_sharded", batch: int = 1) -> dict:
+            decode_matmuls: str = "dram_sharded", batch: int = 1, dram_readers: int = 2) -> dict:
     """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step of ``batch``
     users by region and extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default:
     cfg's)."""
@@ -320,7 +326,8 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
 
     if batch < 1:
         raise UserError(f"--batch must be >= 1, got {batch}")
-    bench = build_bench(device, cfg, precision, context, seed, decode_matmuls=decode_matmuls, slots=batch)
+    bench = build_bench(device, cfg, precision, context, seed, decode_matmuls=decode_matmuls, slots=batch,
+                        dram_readers=dram_readers)
     try:
         ttnn, mesh, n, model, state, weights, args = (bench.ttnn, bench.mesh, bench.ctx.num_devices, bench.model,
                                                       bench.state, bench.weights, bench.args)
@@ -401,6 +408,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             "backend": ctx.label,
             "precision": precision,
             "decode_matmuls": decode_matmuls,
+            "dram_readers": dram_readers,
             "tp": n,
             "layers": {"gdn": n_gdn, "attention": n_attn},
             "vocab": {"built": cfg.vocab_size, "extrapolated_to": int(cfg.vocab_size * ratio)},
@@ -446,14 +454,15 @@ def run(args: argparse.Namespace) -> ProbeReport:
     cfg, base = build_config(args.preset, args.vocab_sample)
     fig = measure(device, cfg, args.precision, args.context, args.seed, real_vocab=base.vocab_size,
                   n_gdn=len(base.gdn_layer_ids), n_attn=len(base.attention_layer_ids), real_cfg=base,
-                  decode_matmuls=args.decode_matmuls, batch=args.batch)
+                  decode_matmuls=args.decode_matmuls, batch=args.batch, dram_readers=args.dram_readers)
     check = fig["programs_traced_step_check"]
     cells = [
         {"cell": "trace records the counted step", "pass": check["regions_sum"] == check["trace_replay"], **check},
         {"cell": "figures", "pass": fig["modelled_ms_per_step"] > 0},
     ]
     print(f"[{fig['label']}] decode-cost {args.preset} {args.precision} tp{fig['tp']} batch {fig['batch']} "
-          f"on {fig['backend']} (decode matmuls {args.decode_matmuls}):")
+          f"on {fig['backend']} (decode matmuls {args.decode_matmuls}, {args.dram_readers} reader(s) per DRAM bank "
+          "asked):")
     print(f"  programs: GDN layer {fig['programs']['gdn_layer']}, attention layer {fig['programs']['attention_layer']}, "
           f"per token {fig['programs']['per_token']}")
     print(f"  weight bytes/device/token {fig['weight_bytes_per_device']['per_token'] / 1e9:.3f} GB, "
@@ -484,7 +493,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
               f"{' (L1)' if lay['activations_in_l1'] else ''}), {lay['aggregate_tok_s']:.1f} tok/s aggregate")
     return ProbeReport(probe=NAME, backend=fig["backend"],
                        config={"preset": args.preset, "precision": args.precision, "context": args.context,
-                               "decode_matmuls": args.decode_matmuls,
+                               "decode_matmuls": args.decode_matmuls, "dram_readers": args.dram_readers,
                                "batch": args.batch,
                                "vocab_sample": cfg.vocab_size, "real_vocab": base.vocab_size,
                                "seed": args.seed},

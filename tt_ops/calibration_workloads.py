@@ -180,3 +180,26 @@ def anchor_workload(a: Anchor) -> Workload:
 
 __all__ = ["Anchor", "DecoderShapes", "LLAMA31_8B", "LLAMA_ANCHORS", "LLAMA_LAYER_PROGRAMS", "Workload",
            "anchor_workload", "dram_sharded_weight_bytes", "llama31_8b_decode", "llama_step_programs"]
+
+
+# ---- measured Qwen3.6-27B decode figures of other code, shown beside ours (context, not pins) ----------------
+# Different programs (Tenstorrent's fused GDN decode, a third party's port) and, for Tenstorrent's, four dies instead
+# of our two: the calibrated model is not pinned to these, they say where the same model stands on Blackhole.
+@dataclass(frozen=True)
+class Reference:
+    name: str
+    ms_per_token: float
+    hardware: str
+    source: str
+
+
+QWEN36_27B_REFERENCES = (
+    Reference("Tenstorrent qwen36, fused GDN decode, TPOT", 30.4, "P300x2 (4 Blackhole dies, TP=4)",
+              "tt-metal models/demos/blackhole/qwen36/BENCHMARKS.md: vllm bench serve, ISL 128 / OSL 128, "
+              "concurrency 1, TPOT 30.4 ms optimized (30.9 ms at ISL 4096)"),
+    Reference("Tenstorrent qwen36, before fused GDN decode, TPOT", 41.4, "P300x2 (4 Blackhole dies, TP=4)",
+              "tt-metal models/demos/blackhole/qwen36/BENCHMARKS.md: same table, baseline column"),
+    Reference("Thatch-cloud port through vLLM, client tok/s", 1e3 / 19.27, "2x P150a (TP=2)",
+              "Thatch-cloud/Tenstorrent.Blackhole-Qwen3.8-27B docs/baseline-2026-09-05.md: 19.27 tok/s per stream "
+              "at 4,078 input tokens, concurrency 1 (host sampling, logprobs=1; 19.45 at 109 tokens)"),
+)
