@@ -80,7 +80,8 @@ class Cost(dict):
 
     def vocab_scaled(self, ratio: float) -> "Cost":
         """Bytes (read and sent) scale with the vocabulary; program and collective counts do not."""
-        return Cost({k: v * ratio if k.startswith("read:") or k == "collective_bytes" else v for k, v in self.items()})
+        return Cost({k: v * ratio if k.startswith(("read:", "opread:", "opcollb:")) or k == "collective_bytes" else v
+                     for k, v in self.items()})
 
     def counts(self, name: str):
         from qwen36.tt_ops.emulator.counters import Counts
@@ -93,6 +94,13 @@ class Cost(dict):
                 c.bytes_read[k[5:]] = round(v)
             elif k.startswith("prog:") and round(v):
                 c.programs_per_op[k[5:]] = round(v)
+            elif k.startswith("opread:"):
+                op, _, key = k[7:].partition("|")
+                c.bytes_read_per_op[op][key] = round(v)
+            elif k.startswith("opcoll:"):
+                c.collectives_per_op[k[7:]] = round(v)
+            elif k.startswith("opcollb:"):
+                c.collective_bytes_per_op[k[8:]] = round(v)
         return c
 
 
@@ -121,6 +129,10 @@ class Meter:
             cost = Cost(programs=c.programs, collectives=c.collectives, collective_bytes=c.collective_bytes)
             cost.update({f"read:{k}": v for k, v in c.bytes_read.items()})
             cost.update({f"prog:{k}": v for k, v in c.programs_per_op.items()})  # the calibrated model's op classes
+            # per op: its read bytes and collectives (a ranking of the phase's programs by calibrated time)
+            cost.update({f"opread:{op}|{k}": v for op, r in c.bytes_read_per_op.items() for k, v in r.items()})
+            cost.update({f"opcoll:{op}": v for op, v in c.collectives_per_op.items()})
+            cost.update({f"opcollb:{op}": v for op, v in c.collective_bytes_per_op.items()})
         else:
             self.ttnn.synchronize_device(self.mesh)
             t0 = time.perf_counter()
@@ -213,6 +225,14 @@ def calibrated_summary(fig: dict, ks, users: int = 1) -> dict:
         for scen in ACCEPTANCE_SCENARIOS}
     out["note"] = "[central, low, high]; tok/s low goes with ms high"
     return out
+
+
+def ranking(cost: Cost, top: int = 20) -> list:
+    """The ``top`` ops of a phase by calibrated time (cost_model ``per_op_ms``: launches, kernel time, own bytes and
+    collectives per op name)."""
+    from qwen36.tt_ops.cost_model import per_op_ms
+
+    return [{"op": op, **r} for op, r in list(per_op_ms(cost.counts("phase")).items())[:top]]
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, rows: int) -> float:
@@ -370,6 +390,8 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
         out["step_ms_shadow_commit"] = _step_ms(out, ks)
         if emulated:
             out["calibrated"] = calibrated_summary(out, ks)
+            out["calibrated"]["ranking"] = {"decode": ranking(decode),
+                                            **{f"verify_k{k}": ranking(v) for k, v in verify.items()}}
         if cfg.is_moe:
             e, k_top = real.num_experts, cfg.num_experts_per_tok
             mw = bench.weights.layers[0].mlp

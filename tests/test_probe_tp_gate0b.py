@@ -50,6 +50,8 @@ def test_gate0b_probe_ci(tmp_path):
                 + perf["draft"][k]["total"]["calibrated_ms"] + perf["commit_shadow_commit_by_k"][k]["calibrated_ms"])
         st = cal["step_ms_shadow_commit"][k]
         assert st[0] == pytest.approx(step) and st[1] < st[0] < st[2]
+        rank = cal["ranking"][f"verify_k{k}"]
+        assert [r["ms"] for r in rank] == sorted((r["ms"] for r in rank), reverse=True) and rank[0]["ms"] > 0
         tok = cal["mtp_tok_s_shadow_commit"]["0.8"][k]
         assert tok[0] == pytest.approx(sum(0.8 ** i for i in range(int(k) + 1)) * 1e3 / step) and tok[1] < tok[0] < tok[2]
 
