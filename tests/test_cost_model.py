@@ -276,6 +276,11 @@ def test_decode_plan_readers_per_bank_at_27b_shapes():
                for g, k, n in ((TensorGroup.MLP_GATE_UP, 5120, 8704), (TensorGroup.MLP_DOWN, 8704, 5120),
                                (TensorGroup.LM_HEAD, 5120, 124160))}
     assert readers == {TensorGroup.MLP_GATE_UP: 2, TensorGroup.MLP_DOWN: 2, TensorGroup.LM_HEAD: 1}
+    # regression: the probes build a cut vocabulary (4096 -> 2048 columns per device, 8-tile bank shards that would
+    # split) and scale the LM head's bytes to the real one, whose 485-tile shards cannot: the head's reader count must
+    # not depend on the built vocabulary (it charged 1.48 instead of 2.42 ms per step)
+    assert decode_readers_per_bank(args, 2048, group=TensorGroup.LM_HEAD) == 1
+    assert decode_readers_per_bank(args, 2048, group=TensorGroup.MLP_GATE_UP) == 2
     one = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=1)
     assert decode_readers_per_bank(one, 8704) == 1 and decode_readers_per_bank(args, 8704) == 2
     with pytest.raises(ValueError, match="dram_readers"):
