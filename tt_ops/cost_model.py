@@ -228,7 +228,8 @@ CALIBRATION: dict[str, Constant] = {c.name: c for c in (
              "tt-metal models/demos/blackhole/qwen36/docs/gdn_decode_fused_design.md: fused conv + recurrence "
              "'~20-40 us' for the two programs incl. the state traffic (state bytes are charged separately here)"),
     Constant("compute_op_us", 15.2, 14.0, 17.5, "us/program",
-             "fit (tt-metal PR 55080): norm, RoPE, KV-cache update, SDPA decode, sampling and the fixed part of a matmul (no per-op "
+             "fit (tt-metal PR 55080): norm, RoPE, KV-cache update, SDPA decode, sampling and the fixed part of a "
+             "matmul (no per-op "
              "Blackhole figure found): the value reproduces tt-metal PR 55080 'Main' (Llama-3.1-8B, P150, batch 32, "
              "30.53 ms) with every other constant at its source; fitted to the other two Llama anchors alone it "
              "would be 14.1 (PR 55080, two readers) and 17.5 (PERF.md batch 1): the band"),
@@ -239,7 +240,8 @@ CALIBRATION: dict[str, Constant] = {c.name: c for c in (
              "tt-metal PR 54242: 90% with 2-3 readers per bank; PR 47885 bh_dram_read: 98% (500 GB/s) is the "
              "read-only ceiling"),
     Constant("interleaved_bf16_gbps", 405.0, 380.0, 420.0, "GB/s",
-             "Thatch-cloud/Tenstorrent.Blackhole-Qwen3.8-27B docs/fabric-bandwidth-2026-09-19.md: '405 GB/s is a saturated GDDR6 subsystem at 79% "
+             "Thatch-cloud/Tenstorrent.Blackhole-Qwen3.8-27B docs/fabric-bandwidth-2026-09-19.md: '405 GB/s is a "
+             "saturated GDDR6 subsystem at 79% "
              "of spec'; tt-metal issue 55898: bf16 decode-matmul weight stream 400 GB/s"),
     Constant("interleaved_bf8_gbps", 376.0, 350.0, 405.0, "GB/s",
              "tt-metal issue 55898: a 1088 B bfp8_b tile reaches 91 % of channel peak vs 98 % for a 2 KB bf16 "
@@ -248,7 +250,8 @@ CALIBRATION: dict[str, Constant] = {c.name: c for c in (
              "tt-metal issue 55898: 'the bfp4 weight stream of a decode matmul runs at 279 GB/s where bf16 runs "
              "at 400' (576 B tiles at 62 % of channel peak)"),
     Constant("collective_fixed_us", 10.0, 8.0, 12.0, "us/collective",
-             "Thatch-cloud/Tenstorrent.Blackhole-Qwen3.8-27B docs/fabric-bandwidth-2026-09-19.md: all_gather over the 2x P150a pair, fit of time = "
+             "Thatch-cloud/Tenstorrent.Blackhole-Qwen3.8-27B docs/fabric-bandwidth-2026-09-19.md: all_gather over "
+             "the 2x P150a pair, fit of time = "
              "fixed + bytes/rate over 2.6-42 MB: about 10 us fixed"),
     Constant("link_gbps", 84.0, 76.0, 85.0, "GB/s",
              "Thatch-cloud/Tenstorrent.Blackhole-Qwen3.8-27B docs/fabric-bandwidth-2026-09-19.md: 83.74 GB/s at "
@@ -260,7 +263,8 @@ _CLASS_OF = {
     "ttnn.linear": "matmul", "ttnn.matmul": "matmul", "ttnn.sparse_matmul": "matmul",
     "ttnn.rms_norm": "norm", "ttnn.layer_norm": "norm",
     "ttnn.experimental.rotary_embedding_hf": "rope", "ttnn.experimental.rotary_embedding_llama": "rope",
-    "ttnn.experimental.paged_fused_update_cache": "cache_update", "ttnn.experimental.paged_update_cache": "cache_update",
+    "ttnn.experimental.paged_fused_update_cache": "cache_update",
+    "ttnn.experimental.paged_update_cache": "cache_update",
     "ttnn.experimental.indexed_fused_update_cache": "cache_update", "ttnn.update_cache": "cache_update",
     "ttnn.fill_cache": "cache_update", "ttnn.experimental.paged_fill_cache": "cache_update",
     "ttnn.transformer.paged_scaled_dot_product_attention_decode": "sdpa_decode",
@@ -395,7 +399,8 @@ def calibrated_figures(counts: Counts, tokens_per_step: float = 1.0, overrides: 
 
 def calibration_markdown_rows() -> list[str]:
     """The table as markdown rows, as docs/cost_model.md prints it (a test keeps the two identical)."""
-    return [f"| `{c.name}` | {c.value:g} | {c.low:g}-{c.high:g} | {c.unit} | {c.source} |" for c in CALIBRATION.values()]
+    return [f"| `{c.name}` | {c.value:g} | {c.low:g}-{c.high:g} | {c.unit} | {c.source} |"
+            for c in CALIBRATION.values()]
 
 
 def calibration_table() -> list[dict]:
