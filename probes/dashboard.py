@@ -397,6 +397,56 @@ def batch_section(plt, records: list[tuple[Path, dict]], out_dir: Path) -> tuple
 
 
 # ---- the report ----------------------------------------------------------------------------------------------------
+def _band(v: list | None, digits: int = 2) -> str:
+    """``central (low-high)`` of a calibrated [central, low, high] triple."""
+    if v is None:
+        return "-"
+    return f"{v[0]:.{digits}f} ({min(v[1:]):.{digits}f}-{max(v[1:]):.{digits}f})"
+
+
+def calibrated_section(records: list[tuple[Path, dict]], used: list) -> list[str]:
+    """The calibrated figures (docs/cost_model.md) beside the published measurements: the pins (Llama-3.1-8B on one
+    P150, recomputed from tt_ops/calibration_workloads.py), our 27B figures from the latest decode-cost / gate-0b /
+    gate-0a records with their bands, and measured 27B figures of other code on Blackhole (context, not pins)."""
+    from qwen36.tt_ops.calibration_workloads import LLAMA_ANCHORS, QWEN36_27B_REFERENCES, anchor_workload
+    from qwen36.tt_ops.cost_model import P150aCostModel, calibrated_figures
+
+    md = ["## Calibrated figures beside the measured anchors", "",
+          "*modelled (calibrated)*: emulator counts through tt_ops/cost_model.py's calibrated model, band = every "
+          "constant at the fast / slow end of its sources' spread (docs/cost_model.md). *roofline*: the earlier "
+          "model, a lower bound. *measured*: by the named source, on cards.", ""]
+    rows = []
+    for a in LLAMA_ANCHORS:
+        w = anchor_workload(a)
+        f = calibrated_figures(w.counts)
+        rows.append([f"pin: {a.name}", _band([f["ms"], f["ms_low"], f["ms_high"]]),
+                     _ms(P150aCostModel().predict_ms(w.counts)), f"{a.measured_ms:.2f} (measured; {a.source})"])
+    dc = latest(records, "decode-cost", 1)
+    if dc and "calibrated" in dc[1]["performance"]:
+        path, r = dc
+        p = r["performance"]
+        c = p["calibrated"]
+        used.append(_source_line("calibrated 27B decode", path, r))
+        rows.append([f"ours: 27B plain decode, 2x P150a TP=2, context {p['context_tokens']}",
+                     _band([c["ms"], c["ms_low"], c["ms_high"]]), _ms(p["modelled_ms_per_step"]), "-"])
+    g0b = latest(records, "gate-0b", 1)
+    if g0b and "calibrated" in g0b[1]["performance"]:
+        path, r = g0b
+        c = r["performance"]["calibrated"]
+        used.append(_source_line("calibrated 27B speculative step", path, r))
+        for k, st in c["step_ms_shadow_commit"].items():
+            tok = c["mtp_tok_s_shadow_commit"].get("0.8/0.6/0.5", {}).get(k)
+            ratio = c["verify_cost_ratio"][k]
+            rows.append([f"ours: 27B MTP step K={k} (verify_cost_ratio {_band(ratio, 3)}"
+                         + (f"; {_band(tok, 1)} tok/s at 0.8/0.6/0.5)" if tok else ")"),
+                         _band(st), _ms(r["performance"]["step_ms_shadow_commit"][k]), "-"])
+    for ref in QWEN36_27B_REFERENCES:
+        rows.append([f"other code: {ref.name}, {ref.hardware}", "-", "-",
+                     f"{ref.ms_per_token:.1f} (measured; {ref.source})"])
+    md.append(_table(["figure", "calibrated ms (band)", "roofline ms", "measured ms"], rows))
+    return md + [""]
+
+
 def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
     """-> {"markdown": path, "plots": [paths]}; raises ReportError on unusable input."""
     records = load(files)
@@ -409,6 +459,7 @@ def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
           "labels: *modelled* = emulator counters through the cost model (tt_ops/cost_model.py), *measured* = "
           "timed or counted on the named backend. The latest record of each probe is used.", ""]
     plots: list[Path] = []
+    md += calibrated_section(records, used)
 
     g0a = latest(records, "gate-0a")
     if g0a:

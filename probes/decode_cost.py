@@ -143,6 +143,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-matmuls", default="dram_sharded", choices=["dram_sharded", "interleaved"],
                    help="decode layout of the MLP matmuls (tt/model_config.py decode_matmul_plan); interleaved: "
                         "the DRAM-interleaved weights and default program configs of before, for A/B figures")
+    p.add_argument("--dram-readers", type=int, default=2, choices=[1, 2, 3],
+                   help="readers per DRAM bank asked of the DRAM-sharded decode matmuls (num_workers_per_dram_bank; "
+                        "tt/model_config.py decode_readers_per_bank: a matmul whose bank shards the rule refuses "
+                        "keeps one); 1: the 0.81.1 default, for A/B figures")
     p.add_argument("--batch", type=int, default=1,
                    help="users decoded per step (batched plain decode, tt/batch.py; 1, 8 or 32 are the buckets)")
 
@@ -170,6 +174,15 @@ def _scaled(counts, name: str, ratio: float):
         c.bytes_read[k] = int(v * ratio)
     for k, v in counts.per_op.items():
         c.per_op[k] = v
+    for k, v in counts.programs_per_op.items():
+        c.programs_per_op[k] = v
+    for op, reads in counts.bytes_read_per_op.items():
+        for k, v in reads.items():
+            c.bytes_read_per_op[op][k] = int(v * ratio)
+    for k, v in counts.collectives_per_op.items():
+        c.collectives_per_op[k] = v
+    for k, v in counts.collective_bytes_per_op.items():
+        c.collective_bytes_per_op[k] = int(v * ratio)
     return c
 
 
@@ -212,9 +225,11 @@ class CostBench:
 
         w, h, d = self.weights, self.cfg.hidden_size, self.cfg.head_dim
         out = counts.copy(counts.name)
-        out.bytes_read[self.dtype_name(TensorGroup.EMBEDDING)] -= w.embedding.bytes_per_device() - rows * h * 2
-        rope = w.rope_cos.bytes_per_device() + w.rope_sin.bytes_per_device()
-        out.bytes_read[self.dtype_name(TensorGroup.ROPE)] -= rope - rows * 2 * d * 4
+        emb = w.embedding.bytes_per_device() - rows * h * 2
+        rope = w.rope_cos.bytes_per_device() + w.rope_sin.bytes_per_device() - rows * 2 * d * 4
+        for key, extra in ((self.dtype_name(TensorGroup.EMBEDDING), emb), (self.dtype_name(TensorGroup.ROPE), rope)):
+            out.bytes_read[key] -= extra
+            out.bytes_read_per_op["ttnn.embedding"][key] -= extra  # both tables are read by ttnn.embedding
         return out
 
     def kv_read_bytes(self) -> int:
@@ -228,7 +243,8 @@ class CostBench:
 
 
 def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME,
-                emulated_only: bool = True, decode_matmuls: str = "dram_sharded", slots: int = 1) -> CostBench:
+                emulated_only: bool = True, decode_matmuls: str = "dram_sharded", slots: int = 1,
+                dram_readers: int = 2) -> CostBench:
     """Open the mesh (emulated unless ``emulated_only`` is False) and build the first GDN + first attention layer
     of ``cfg`` with state for ``slots`` users of a ``context``-token sequence (plus 64 positions of head room)."""
     from qwen36.tt_ops.device import open_mesh
@@ -247,7 +263,8 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
     try:
         gdn_id, attn_id = cfg.layer_types.index("linear_attention"), cfg.layer_types.index(FULL)
         args = TTModelArgs.from_config(cfg, ctx.num_devices, PrecisionSetting.named(precision),
-                                       max_seq_len=context + 64, decode_matmuls=decode_matmuls)
+                                       max_seq_len=context + 64, decode_matmuls=decode_matmuls,
+                                       dram_readers=dram_readers)
         weights = WeightLoader(RandomCheckpoint(cfg, seed), args, ctx.ttnn, ctx.mesh_device, progress=False).load(
             layers=[gdn_id, attn_id])
         model = TTQwen36Model(args, weights, ctx.ttnn, ctx.mesh_device)
@@ -270,13 +287,38 @@ def token_counts(name: str, parts) -> "Counts":
     return total
 
 
+def calibrated_block(counts, users: int = 1, tokens_per_step: float = 1.0) -> dict:
+    """The calibrated figure of one step (tt_ops/cost_model.py ``calibrated_figures``, docs/cost_model.md "Record
+    keys") with per-user and aggregate tok/s over ``users`` and the constants it used."""
+    from qwen36.tt_ops.cost_model import CALIBRATION, calibrated_figures
+
+    f = calibrated_figures(counts, tokens_per_step)
+    f["aggregate_tok_s"], f["aggregate_tok_s_low"], f["aggregate_tok_s_high"] = (
+        users * f["tok_s"], users * f["tok_s_low"], users * f["tok_s_high"])
+    f["constants"] = {n: [c.value, c.low, c.high] for n, c in CALIBRATION.items()}
+    return f
+
+
+def program_ranking(parts: dict) -> list:
+    """Every op of the step by calibrated time: ``parts`` = {region: (Counts, times per step)}; one row per (region,
+    op name) with its programs and milliseconds per step, largest first (cost_model ``per_op_ms``)."""
+    from qwen36.tt_ops.cost_model import per_op_ms
+
+    rows = []
+    for region, (counts, times) in parts.items():
+        for op, r in per_op_ms(counts).items():
+            rows.append({"region": region, "op": op, "class": r["class"], "programs_per_step": r["programs"] * times,
+                         "ms_per_step": r["ms"] * times})
+    return sorted(rows, key=lambda r: -r["ms_per_step"])
+
+
 def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, real_vocab: int | None = None,
             n_gdn: int | None = None, n_attn: int | None = None, real_cfg=None,
-            decode_matmuls: str = "dram_sharded", batch: int = 1) -> dict:
+            decode_matmuls: str = "dram_sharded", batch: int = 1, dram_readers: int = 2) -> dict:
     """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step of ``batch``
     users by region and extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default:
     cfg's)."""
-    from qwen36.tt_ops.cost_model import LABEL, P150aCostModel, decode_layout_bounds
+    from qwen36.tt_ops.cost_model import LABEL, ROOFLINE_LABEL, CalibratedP150aModel, P150aCostModel, decode_layout_bounds
 
     from qwen36.config import FULL
     from qwen36.tt.state import allocate_decode_inputs
@@ -284,7 +326,8 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
 
     if batch < 1:
         raise UserError(f"--batch must be >= 1, got {batch}")
-    bench = build_bench(device, cfg, precision, context, seed, decode_matmuls=decode_matmuls, slots=batch)
+    bench = build_bench(device, cfg, precision, context, seed, decode_matmuls=decode_matmuls, slots=batch,
+                        dram_readers=dram_readers)
     try:
         ttnn, mesh, n, model, state, weights, args = (bench.ttnn, bench.mesh, bench.ctx.num_devices, bench.model,
                                                       bench.state, bench.weights, bench.args)
@@ -323,6 +366,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             for layer in (gdn, attn):
                 for k, v in corr.items():
                     layer.bytes_read[k] += v
+                    layer.bytes_read_per_op["ttnn.linear"][k] += v  # the router matmul's extra columns
             mw = weights.layers[0].mlp
             group = (mw.experts_gate_up.bytes_per_device() + mw.experts_down.bytes_per_device()) // cfg.num_experts
             router = mw.router.bytes_per_device() // cfg.num_experts * real.num_experts
@@ -349,6 +393,10 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         weight_bytes = n_gdn * lw_gdn + n_attn * lw_attn + lm_head + _tensor_bytes(weights.final_norm) + h * 2
         cm = P150aCostModel()
         br = cm.breakdown(token)
+        cal = calibrated_block(token, batch)
+        parts = {"embed": (embed, 1), "gdn_layer": (gdn, n_gdn), "attention_layer": (attn, n_attn), "head": (head, 1)}
+        cal["regions_ms"] = {name: CalibratedP150aModel().predict_ms(c) for name, (c, _) in parts.items()}
+        cal["program_ranking"] = program_ranking(parts)
         # the same counts under the decode layouts tt_transformers uses (cost_model.decode_layout_bounds): weights
         # DRAM-sharded, activations in L1; KV and GDN state stay DRAM reads
         gdn_st = state.layers[0]
@@ -360,6 +408,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             "backend": ctx.label,
             "precision": precision,
             "decode_matmuls": decode_matmuls,
+            "dram_readers": dram_readers,
             "tp": n,
             "layers": {"gdn": n_gdn, "attention": n_attn},
             "vocab": {"built": cfg.vocab_size, "extrapolated_to": int(cfg.vocab_size * ratio)},
@@ -392,6 +441,8 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
                                      "activations_in_l1": b["constants"]["activations_in_l1"]}
                                   for name, b in layouts.items()},
             "cost_model_constants": br["constants"],
+            "roofline_label": ROOFLINE_LABEL,
+            "calibrated": cal,
             **({"moe": moe} if moe is not None else {}),
         }
     finally:
@@ -403,14 +454,15 @@ def run(args: argparse.Namespace) -> ProbeReport:
     cfg, base = build_config(args.preset, args.vocab_sample)
     fig = measure(device, cfg, args.precision, args.context, args.seed, real_vocab=base.vocab_size,
                   n_gdn=len(base.gdn_layer_ids), n_attn=len(base.attention_layer_ids), real_cfg=base,
-                  decode_matmuls=args.decode_matmuls, batch=args.batch)
+                  decode_matmuls=args.decode_matmuls, batch=args.batch, dram_readers=args.dram_readers)
     check = fig["programs_traced_step_check"]
     cells = [
         {"cell": "trace records the counted step", "pass": check["regions_sum"] == check["trace_replay"], **check},
         {"cell": "figures", "pass": fig["modelled_ms_per_step"] > 0},
     ]
     print(f"[{fig['label']}] decode-cost {args.preset} {args.precision} tp{fig['tp']} batch {fig['batch']} "
-          f"on {fig['backend']} (decode matmuls {args.decode_matmuls}):")
+          f"on {fig['backend']} (decode matmuls {args.decode_matmuls}, {args.dram_readers} reader(s) per DRAM bank "
+          "asked):")
     print(f"  programs: GDN layer {fig['programs']['gdn_layer']}, attention layer {fig['programs']['attention_layer']}, "
           f"per token {fig['programs']['per_token']}")
     print(f"  weight bytes/device/token {fig['weight_bytes_per_device']['per_token'] / 1e9:.3f} GB, "
@@ -419,6 +471,18 @@ def run(args: argparse.Namespace) -> ProbeReport:
     print(f"  [{fig['label']}] {fig['modelled_ms_per_step']:.2f} ms/step, {fig['modelled_tok_s']:.1f} tok/s per user, "
           f"{fig['modelled_aggregate_tok_s']:.1f} tok/s aggregate over {fig['batch']} users on P150a x{fig['tp']} "
           f"(weight-stream floor {fig['weight_stream_floor_ms']:.2f} ms)")
+    cal = fig["calibrated"]
+    print(f"  [{cal['label']}] {cal['ms']:.2f} ms/step (band {cal['ms_low']:.2f}-{cal['ms_high']:.2f}), "
+          f"{cal['tok_s']:.1f} tok/s per user ({cal['tok_s_low']:.1f}-{cal['tok_s_high']:.1f}), "
+          f"{cal['aggregate_tok_s']:.1f} aggregate; [{fig['roofline_label']}] {fig['modelled_ms_per_step']:.2f} ms")
+    b = cal["breakdown"]
+    print(f"  [{cal['label']}] launch {b['launch_ms']:.2f} + kernels {b['kernel_ms']:.2f} + DRAM interleaved "
+          f"{b['dram_interleaved_ms']:.2f} + DRAM-sharded {b['dram_sharded_ms']:.2f} + collectives "
+          f"{b['collective_fixed_ms']:.2f}+{b['collective_bw_ms']:.2f} ms; kernels by class: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in sorted(b["kernel_ms_by_class"].items(), key=lambda kv: -kv[1])))
+    print(f"  [{cal['label']}] top programs per step: " + "; ".join(
+        f"{r['region']} {r['op'].replace('ttnn.', '')} x{r['programs_per_step']} {r['ms_per_step']:.2f} ms"
+        for r in cal["program_ranking"][:8]))
     bd = fig["breakdown_ms"]
     print(f"  [{fig['label']}] DRAM {bd['dram_ms']:.2f} ms = interleaved {bd['dram_interleaved_ms']:.2f} + DRAM-sharded "
           f"{bd['dram_sharded_ms']:.2f}; dispatch {bd['dispatch_ms']:.2f}, collectives "
@@ -429,7 +493,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
               f"{' (L1)' if lay['activations_in_l1'] else ''}), {lay['aggregate_tok_s']:.1f} tok/s aggregate")
     return ProbeReport(probe=NAME, backend=fig["backend"],
                        config={"preset": args.preset, "precision": args.precision, "context": args.context,
-                               "decode_matmuls": args.decode_matmuls,
+                               "decode_matmuls": args.decode_matmuls, "dram_readers": args.dram_readers,
                                "batch": args.batch,
                                "vocab_sample": cfg.vocab_size, "real_vocab": base.vocab_size,
                                "seed": args.seed},

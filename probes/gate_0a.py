@@ -39,6 +39,7 @@ from qwen36.probes.gate_0b import Cost, Meter, draft_phase, total
 from qwen36.probes.records import ProbeReport
 
 NAME = "gate-0a"
+ROOFLINE = "modelled (roofline lower bound)"
 HELP = "per-step time breakdown (decode, speculative step at K=1,3,7) by cost term and layer type, program lists"
 MEASURED = "measured"
 
@@ -172,6 +173,8 @@ class Figures:
                 for k, v in cost.items() if k.startswith("w:")}
 
     def of(self, cost: Cost) -> dict:
+        from qwen36.tt_ops.cost_model import calibrated_figures
+
         if not self.emulated:
             return {"ms": cost.get("wall_ms", 0.0)}
         c = cost.counts("part")
@@ -196,7 +199,17 @@ class Figures:
         if host:
             cats["host_readback"] = host
         ops = {k[3:]: round(v) for k, v in sorted(cost.items()) if k.startswith("op:") and round(v)}
-        return {"ms": b["total_ms"] + host, "categories": cats, "programs": c.programs, "collectives": c.collectives,
+        cal = calibrated_figures(c)
+        cb = cal["breakdown"]
+        cal_terms = {f"kernels:{k}": v for k, v in cb["kernel_ms_by_class"].items()}
+        cal_terms.update(launch=cb["launch_ms"], dram_interleaved=cb["dram_interleaved_ms"],
+                         dram_sharded=cb["dram_sharded_ms"],
+                         collectives=cb["collective_fixed_ms"] + cb["collective_bw_ms"])
+        if host:
+            cal_terms["host_readback"] = host
+        return {"ms": b["total_ms"] + host, "calibrated_ms": cal["ms"] + host, "calibrated_ms_low": cal["ms_low"] + host,
+                "calibrated_ms_high": cal["ms_high"] + host, "calibrated_terms": cal_terms,
+                "categories": cats, "programs": c.programs, "collectives": c.collectives,
                 "bytes_read_per_device": c.bytes_read_total, "weight_bytes_per_device": round(sum(w.values())),
                 "other_read_bytes_per_device": round(other), "per_op": ops}
 
@@ -345,9 +358,29 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
         if emulated:
             out["cost_model_constants"] = dataclasses.asdict(fig.cm)
             out["host_readback_model"] = {**dataclasses.asdict(fig.host), "label": "assumed"}
+            out["calibrated"] = calibrated_block(steps, ks, acceptance)
         return out
     finally:
         bench.close()
+
+
+def calibrated_block(steps: dict, ks, acceptance) -> dict:
+    """The calibrated figures of the record (docs/cost_model.md "Record keys"), each [central, low, high]: step
+    ms, decode and speculative tok/s per acceptance scenario, and the forward-only verify_cost_ratio (central)."""
+    from qwen36.tt_ops.cost_model import CALIBRATED_LABEL
+
+    ends = ("calibrated_ms", "calibrated_ms_low", "calibrated_ms_high")
+    ms = {name: [s[e] for e in ends] for name, s in steps.items()}
+
+    def fwd(step):
+        return sum(step["components"][c]["calibrated_ms"] for c in FORWARD if c in step["components"])
+
+    return {"label": CALIBRATED_LABEL, "note": "[central, low, high]; tok/s low goes with ms high",
+            "step_ms": ms, "decode_tok_s": [1e3 / ms["decode"][i] for i in (0, 2, 1)],
+            "spec_tok_s": {str(k): {p: [_emitted(p, k) * 1e3 / ms[f"spec_k{k}"][i] for i in (0, 2, 1)]
+                                    for p in acceptance if _emitted(p, k) is not None} for k in ks},
+            "verify_cost_ratio": {str(k): fwd(steps[f"spec_k{k}"]) / fwd(steps["decode"]) for k in ks},
+            "terms_ms": {name: s["calibrated_terms"] for name, s in steps.items()}}
 
 
 def parse_scenario(text: str) -> str:
@@ -385,6 +418,13 @@ def _step(fig: Figures, kind: str, k: int, comps: dict, per_layer: dict) -> dict
             for c, v in p["categories"].items():
                 cats[c] = cats.get(c, 0.0) + v
         step["categories"] = dict(sorted(cats.items(), key=lambda kv: -kv[1]))
+        for end in ("calibrated_ms", "calibrated_ms_low", "calibrated_ms_high"):
+            step[end] = sum(p[end] for p in parts.values())
+        terms: dict = {}
+        for p in parts.values():
+            for t, v in p["calibrated_terms"].items():
+                terms[t] = terms.get(t, 0.0) + v
+        step["calibrated_terms"] = dict(sorted(terms.items(), key=lambda kv: -kv[1]))
         step["programs"] = sum(p["programs"] for p in parts.values())
         step["programs_per_layer"] = {name: fig.of(c)["per_op"] for name, c in per_layer.items()}
         step["programs_per_layer"].update({name: parts[name]["per_op"] for name in
@@ -432,6 +472,16 @@ def run(args: argparse.Namespace) -> ProbeReport:
         if "categories" in s:
             print("    by cost term: " + ", ".join(f"{c} {v:.2f}" for c, v in s["categories"].items())
                   + f"; {s['programs']} programs")
+    cal = fig.get("calibrated")
+    if cal is not None:
+        for name, (c, lo, hi) in cal["step_ms"].items():
+            top = ", ".join(f"{t} {v:.2f}" for t, v in list(cal["terms_ms"][name].items())[:6])
+            print(f"  [{cal['label']}] {name}: {c:.2f} ms ({lo:.2f}-{hi:.2f}); largest terms: {top}")
+        print(f"  [{cal['label']}] decode {cal['decode_tok_s'][0]:.1f} tok/s; speculative tok/s "
+              + "; ".join(f"K={k}: " + ", ".join(f"{p} {v[0]:.1f}" for p, v in cal["spec_tok_s"][str(k)].items())
+                          for k in ks)
+              + "; verify_cost_ratio " + ", ".join(f"K={k} {v:.3f}" for k, v in cal["verify_cost_ratio"].items()))
+        print(f"  [{ROOFLINE}] the figures above the calibrated lines are the roofline lower bound")
     print(f"  [{lab}] decode {fig['decode_tok_s']:.1f} tok/s; speculative tok/s at acceptance "
           + "; ".join(f"K={k}: " + ", ".join(f"{p} {v:.1f}" for p, v in fig["spec_tok_s"][str(k)].items())
                       for k in ks))

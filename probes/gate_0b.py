@@ -80,7 +80,8 @@ class Cost(dict):
 
     def vocab_scaled(self, ratio: float) -> "Cost":
         """Bytes (read and sent) scale with the vocabulary; program and collective counts do not."""
-        return Cost({k: v * ratio if k.startswith("read:") or k == "collective_bytes" else v for k, v in self.items()})
+        return Cost({k: v * ratio if k.startswith(("read:", "opread:", "opcollb:")) or k == "collective_bytes" else v
+                     for k, v in self.items()})
 
     def counts(self, name: str):
         from qwen36.tt_ops.emulator.counters import Counts
@@ -91,6 +92,15 @@ class Cost(dict):
         for k, v in self.items():
             if k.startswith("read:"):
                 c.bytes_read[k[5:]] = round(v)
+            elif k.startswith("prog:") and round(v):
+                c.programs_per_op[k[5:]] = round(v)
+            elif k.startswith("opread:"):
+                op, _, key = k[7:].partition("|")
+                c.bytes_read_per_op[op][key] = round(v)
+            elif k.startswith("opcoll:"):
+                c.collectives_per_op[k[7:]] = round(v)
+            elif k.startswith("opcollb:"):
+                c.collective_bytes_per_op[k[8:]] = round(v)
         return c
 
 
@@ -118,6 +128,11 @@ class Meter:
                 yield
             cost = Cost(programs=c.programs, collectives=c.collectives, collective_bytes=c.collective_bytes)
             cost.update({f"read:{k}": v for k, v in c.bytes_read.items()})
+            cost.update({f"prog:{k}": v for k, v in c.programs_per_op.items()})  # the calibrated model's op classes
+            # per op: its read bytes and collectives (a ranking of the phase's programs by calibrated time)
+            cost.update({f"opread:{op}|{k}": v for op, r in c.bytes_read_per_op.items() for k, v in r.items()})
+            cost.update({f"opcoll:{op}": v for op, v in c.collectives_per_op.items()})
+            cost.update({f"opcollb:{op}": v for op, v in c.collective_bytes_per_op.items()})
         else:
             self.ttnn.synchronize_device(self.mesh)
             t0 = time.perf_counter()
@@ -173,9 +188,51 @@ class Meter:
 def _phase_figures(cost: Cost, cm, emulated: bool) -> dict:
     if not emulated:
         return {"ms": cost.get("wall_ms", 0.0)}
+    from qwen36.tt_ops.cost_model import calibrated_figures
+
     c = cost.counts("phase")
+    cal = calibrated_figures(c)
     return {"ms": cm.predict_ms(c), "programs": c.programs, "collectives": c.collectives,
-            "collective_bytes_per_device": c.collective_bytes, "bytes_read_per_device": dict(sorted(c.bytes_read.items()))}
+            "collective_bytes_per_device": c.collective_bytes, "bytes_read_per_device": dict(sorted(c.bytes_read.items())),
+            "calibrated_ms": cal["ms"], "calibrated_ms_low": cal["ms_low"], "calibrated_ms_high": cal["ms_high"]}
+
+
+def calibrated_summary(fig: dict, ks, users: int = 1) -> dict:
+    """The record's calibrated block (docs/cost_model.md "Record keys"): decode, verify_cost_ratio, the shadow-commit
+    step and MTP tok/s per acceptance scenario, each with its band (every constant at the fast / slow end of its
+    band; a ratio's band pairs the verify and the decode at the same end). Phase figures carry ``calibrated_ms*``."""
+    from qwen36.tt_ops.cost_model import CALIBRATED_LABEL
+
+    from .gate_0a import _emitted
+
+    ends = ("calibrated_ms", "calibrated_ms_low", "calibrated_ms_high")
+
+    def step(k, e):
+        s = str(k)
+        return (fig["verify"][s][e] + fig["accept"][s][e] + fig["draft"][s]["total"][e]
+                + fig["commit_shadow_commit_by_k"][s][e])
+
+    dec = [fig["decode"][e] for e in ends]
+    out = {"label": CALIBRATED_LABEL, "decode_ms": dec,
+           "plain_decode_tok_s": [1e3 / dec[0], 1e3 / dec[2], 1e3 / dec[1]],
+           "plain_decode_aggregate_tok_s": [users * 1e3 / dec[0], users * 1e3 / dec[2], users * 1e3 / dec[1]],
+           "verify_cost_ratio": {str(k): [fig["verify"][str(k)][e] / fig["decode"][e] for e in ends] for k in ks},
+           "step_ms_shadow_commit": {str(k): [step(k, e) for e in ends] for k in ks}}
+    out["mtp_tok_s_shadow_commit"] = {
+        scen: {str(k): (None if _emitted(scen, k) is None else
+                        [_emitted(scen, k) * 1e3 / out["step_ms_shadow_commit"][str(k)][i] for i in (0, 2, 1)])
+               for k in ks}
+        for scen in ACCEPTANCE_SCENARIOS}
+    out["note"] = "[central, low, high]; tok/s low goes with ms high"
+    return out
+
+
+def ranking(cost: Cost, top: int = 20) -> list:
+    """The ``top`` ops of a phase by calibrated time (cost_model ``per_op_ms``: launches, kernel time, own bytes and
+    collectives per op name)."""
+    from qwen36.tt_ops.cost_model import per_op_ms
+
+    return [{"op": op, **r} for op, r in list(per_op_ms(cost.counts("phase")).items())[:top]]
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, rows: int) -> float:
@@ -331,6 +388,10 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
             "per_layer": {step: {part: fig(c) for part, c in parts.items()} for step, parts in per_layer.items()},
         }
         out["step_ms_shadow_commit"] = _step_ms(out, ks)
+        if emulated:
+            out["calibrated"] = calibrated_summary(out, ks)
+            out["calibrated"]["ranking"] = {"decode": ranking(decode),
+                                            **{f"verify_k{k}": ranking(v) for k, v in verify.items()}}
         if cfg.is_moe:
             e, k_top = real.num_experts, cfg.num_experts_per_tok
             mw = bench.weights.layers[0].mlp
@@ -536,6 +597,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
         }
         out["step_ms_shadow_commit"] = _step_ms(out, admitted)
         if emulated:
+            out["calibrated"] = calibrated_summary(out, admitted, batch)
             out["cost_model_constants"] = dataclasses.asdict(cm)
         return out
     finally:
@@ -612,12 +674,30 @@ def run_batch(args: argparse.Namespace, device: str, ks, cfg, base) -> ProbeRepo
             print(f"  [{lab}] MTP tok/s per user, acceptance {scen}: " + ", ".join(cols))
     if fig["commit"]:
         print(f"  commit at K={fig['commit_k']}: " + ", ".join(f"{m} {v['ms']:.3f} ms" for m, v in fig["commit"].items()))
+    print_calibrated(fig, admitted)
     return ProbeReport(probe=NAME, backend=fig["backend"],
                        config={"preset": args.preset, "precision": args.precision, "context": args.context,
                                "ks": ks, "commit_k": args.commit_k, "batch": b, "vocab_built": cfg.vocab_size,
                                "real_vocab": base.vocab_size, "seed": args.seed},
                        cells=cells, counters={"decode": {k: v for k, v in fig["decode"].items() if k != "bytes_read_per_device"}},
                        gate_complete=True, performance=fig)
+
+
+def print_calibrated(fig: dict, ks) -> None:
+    cal = fig.get("calibrated")
+    if cal is None:  # cards: measured, nothing modelled
+        return
+    lab, (d, dlo, dhi) = cal["label"], cal["decode_ms"]
+    print(f"  [{lab}] decode {d:.2f} ms ({dlo:.2f}-{dhi:.2f}), {cal['plain_decode_tok_s'][0]:.1f} tok/s per user; "
+          f"the figures above are the roofline lower bound")
+    for k in map(str, ks):
+        r, st = cal["verify_cost_ratio"][k], cal["step_ms_shadow_commit"][k]
+        print(f"  [{lab}] K={k}: verify_cost_ratio {r[0]:.3f} ({min(r[1:]):.3f}-{max(r[1:]):.3f}), step {st[0]:.2f} ms "
+              f"({st[1]:.2f}-{st[2]:.2f})")
+    for scen, by_k in cal["mtp_tok_s_shadow_commit"].items():
+        cols = [f"K={k} {v[0]:.1f} ({v[1]:.1f}-{v[2]:.1f})" for k, v in by_k.items() if v is not None]
+        if cols:
+            print(f"  [{lab}] MTP tok/s per user, acceptance {scen}: " + ", ".join(cols))
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
@@ -669,6 +749,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
             f"K={k} {v:.1f}" for k, v in by_k.items() if v is not None)
               + f" (plain decode {1e3 / fig['decode']['ms']:.1f})")
     print(f"  commit at K={fig['commit_k']}: " + ", ".join(f"{m} {v['ms']:.3f} ms" for m, v in fig["commit"].items()))
+    print_calibrated(fig, ks)
     return ProbeReport(probe=NAME, backend=fig["backend"],
                        config={"preset": args.preset, "precision": args.precision, "context": args.context,
                                "ks": ks, "commit_k": args.commit_k, "vocab_built": cfg.vocab_size,

@@ -204,8 +204,10 @@ def test_dram_sharded_matmul_runs_and_counts_bank_bytes(dram_sharded_case):
     got = ttnn.to_torch(y, mesh_composer=ttnn.ConcatMeshToTensor(ctx.mesh_device, dim=0))[:1]
     ok, msg = comp_pcc(want, got, 0.999)
     assert ok, msg
-    # the weight: 8 banks x [256, 64] bf8 shards = 8 x 16 tiles; the activation read from L1 by the matmul
-    assert c.bytes_read["BFLOAT8_B@dram_sharded/8"] == 8 * 16 * 1088
+    # the weight: 8 banks x [256, 64] bf8 shards = 8 x 16 tiles, streamed by two readers per bank (the plan's
+    # default where the 2-tile bank shards split evenly); the activation read from L1 by the matmul
+    assert plan.program_config.num_workers_per_dram_bank == 2
+    assert c.bytes_read["BFLOAT8_B@dram_sharded/8x2"] == 8 * 16 * 1088
     assert c.bytes_read["BFLOAT16@l1"] == 8 * 2048 and c.bytes_read["BFLOAT16"] == 8 * 2048
 
 
@@ -256,3 +258,30 @@ def test_moe_shared_expert_stays_interleaved():
     assert not uses_dram_sharded_weights(args, TensorGroup.MLP_GATE_UP, 64, 32)
     assert decode_matmul_plan(ttnn, args, TensorGroup.MLP_DOWN, 1, 32, 64) is None
     assert uses_dram_sharded_weights(_args(), TensorGroup.MLP_GATE_UP, 64, 32)
+
+
+def test_decode_plan_readers_per_bank_at_27b_shapes():
+    """Two readers per DRAM bank where the 0.81.1 rule accepts the bank shards (27B MLP at TP=2: 34- and 20-tile
+    shards split evenly), one where it does not (the LM head's 485-tile shards); dram_readers=1 asks one everywhere;
+    out of range is refused."""
+    pytest.importorskip("ttnn")
+    from qwen36.tiny import PRESETS
+    from qwen36.tt.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
+                                        decode_readers_per_bank)
+    from qwen36.tt_ops.emulator.ttnn_import import ttnn
+
+    args = _args()
+    assert args.dram_readers == 2
+    readers = {g: decode_matmul_plan(ttnn, args, g, 1, k, n).program_config.num_workers_per_dram_bank
+               for g, k, n in ((TensorGroup.MLP_GATE_UP, 5120, 8704), (TensorGroup.MLP_DOWN, 8704, 5120),
+                               (TensorGroup.LM_HEAD, 5120, 124160))}
+    assert readers == {TensorGroup.MLP_GATE_UP: 2, TensorGroup.MLP_DOWN: 2, TensorGroup.LM_HEAD: 1}
+    # regression: the probes build a cut vocabulary (4096 -> 2048 columns per device, 8-tile bank shards that would
+    # split) and scale the LM head's bytes to the real one, whose 485-tile shards cannot: the head's reader count must
+    # not depend on the built vocabulary (it charged 1.48 instead of 2.42 ms per step)
+    assert decode_readers_per_bank(args, 2048, group=TensorGroup.LM_HEAD) == 1
+    assert decode_readers_per_bank(args, 2048, group=TensorGroup.MLP_GATE_UP) == 2
+    one = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=1)
+    assert decode_readers_per_bank(one, 8704) == 1 and decode_readers_per_bank(args, 8704) == 2
+    with pytest.raises(ValueError, match="dram_readers"):
+        TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=4)

@@ -38,6 +38,18 @@ def test_gate0a_record_structure_and_label(record):
         assert {"dispatch", "collectives", "host_readback", "other_reads", "kv_cache", "gdn_state"} <= set(cats)
         assert {"weights:gdn_in", "weights:attn_qkv", "weights:mlp_gate_up", "weights:lm_head"} <= set(cats)
         assert all(v > 0 for v in cats.values()), cats
+    # the calibrated figures (docs/cost_model.md "Record keys"): per step, its terms sum to it, a band around it,
+    # above the roofline lower bound; tok/s per scenario from the calibrated step
+    cal = perf["calibrated"]
+    assert cal["label"] == "modelled (calibrated)"
+    for name, s in perf["steps"].items():
+        c, lo, hi = cal["step_ms"][name]
+        assert lo < c < hi and c > s["ms"] and c == pytest.approx(s["calibrated_ms"])
+        assert sum(cal["terms_ms"][name].values()) == pytest.approx(c)
+    for k in KS:
+        tok = cal["spec_tok_s"][k]["0.8"]
+        assert tok[0] == pytest.approx(sum(0.8 ** i for i in range(int(k) + 1)) * 1e3 / cal["step_ms"][f"spec_k{k}"][0])
+        assert cal["verify_cost_ratio"][k] >= 1
 
 
 def test_gate0a_splits_sum_to_step_total(record):

@@ -37,6 +37,23 @@ def test_gate0b_probe_ci(tmp_path):
     # shadow_commit copies no state; snapshot copies live twice per GDN layer, recompute once
     assert c["shadow_commit"]["ms"] < c["recompute"]["ms"] <= c["snapshot"]["ms"]
     assert "cost_model_constants" in perf
+    # the calibrated block (docs/cost_model.md "Record keys"): every phase carries its calibrated figure and band,
+    # the block's step is their sum, its ratios increase with K, and each figure is above the roofline lower bound
+    cal = perf["calibrated"]
+    assert cal["label"] == "modelled (calibrated)"
+    d, dlo, dhi = cal["decode_ms"]
+    assert dlo < d < dhi and d == pytest.approx(perf["decode"]["calibrated_ms"]) and d > perf["decode"]["ms"]
+    cal_ratios = [cal["verify_cost_ratio"][k][0] for k in ks]
+    assert all(x >= 1 for x in cal_ratios) and cal_ratios == sorted(cal_ratios), cal_ratios
+    for k in ks:
+        step = (perf["verify"][k]["calibrated_ms"] + perf["accept"][k]["calibrated_ms"]
+                + perf["draft"][k]["total"]["calibrated_ms"] + perf["commit_shadow_commit_by_k"][k]["calibrated_ms"])
+        st = cal["step_ms_shadow_commit"][k]
+        assert st[0] == pytest.approx(step) and st[1] < st[0] < st[2]
+        rank = cal["ranking"][f"verify_k{k}"]
+        assert [r["ms"] for r in rank] == sorted((r["ms"] for r in rank), reverse=True) and rank[0]["ms"] > 0
+        tok = cal["mtp_tok_s_shadow_commit"]["0.8"][k]
+        assert tok[0] == pytest.approx(sum(0.8 ** i for i in range(int(k) + 1)) * 1e3 / step) and tok[1] < tok[0] < tok[2]
 
 
 @pytest.fixture(scope="module")

@@ -95,6 +95,17 @@ def test_report_tables_and_plots(runs, tmp_path):
     header, rows = _table(md, "Sources")
     assert {r[1] for r in rows} == {"gate-0a", "decode-cost", "lossless"}
 
+    # the calibrated figures beside the measured anchors: the three Llama pins (measured within the band), ours with
+    # the record's band, the other-code 27B measurements as context
+    header, rows = _table(md, "Calibrated figures")
+    assert header == ["figure", "calibrated ms (band)", "roofline ms", "measured ms"]
+    pins = [r for r in rows if r[0].startswith("pin: ")]
+    assert len(pins) == 3 and all("measured" in r[3] for r in pins)
+    c = dc["performance"]["calibrated"]
+    ours = next(r for r in rows if r[0].startswith("ours: 27B plain decode"))
+    assert ours[1] == f"{c['ms']:.2f} ({c['ms_low']:.2f}-{c['ms_high']:.2f})"
+    assert sum(r[0].startswith("other code: ") for r in rows) == 3
+
 
 def test_report_refuses_wrong_records(tmp_path):
     from qwen36.cli import main

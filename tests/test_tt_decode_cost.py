@@ -24,6 +24,16 @@ def test_decode_cost_probe_ci(tmp_path):
     # logits
     assert perf["collectives"]["per_token"] == 2 * 2 * 4 + 1
     assert perf["modelled_ms_per_step"] > 0 and perf["weight_bytes_per_device"]["per_token"] > 0
+    # the calibrated figure (docs/cost_model.md "Record keys"): a band around it, the regions and the ranking of
+    # every program add up to it, and the roofline is a lower bound
+    cal = perf["calibrated"]
+    assert cal["label"] == "modelled (calibrated)" and perf["roofline_label"] == "modelled (roofline lower bound)"
+    assert cal["ms_low"] < cal["ms"] < cal["ms_high"] and cal["tok_s"] == pytest.approx(1e3 / cal["ms"])
+    rs = cal["regions_ms"]
+    assert rs["embed"] + 3 * rs["gdn_layer"] + rs["attention_layer"] + rs["head"] == pytest.approx(cal["ms"])
+    assert sum(r["ms_per_step"] for r in cal["program_ranking"]) == pytest.approx(cal["ms"], rel=1e-6)
+    assert sum(r["programs_per_step"] for r in cal["program_ranking"]) == p["per_token"]
+    assert cal["ms"] > perf["modelled_ms_per_step"]
 
 
 @pytest.mark.slow  # two probe runs end to end

@@ -37,6 +37,11 @@ class Counts:
     collective_bytes: int = 0
     per_op: dict = dataclasses.field(default_factory=lambda: defaultdict(int))  # op calls per op name
     programs_per_op: dict = dataclasses.field(default_factory=lambda: defaultdict(int))  # programs per op name
+    # per op name: bytes read by key (as ``bytes_read``), collective launches and collective bytes, so that the
+    # cost model can charge each op's own bytes (a ranking of programs by modelled time)
+    bytes_read_per_op: dict = dataclasses.field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    collectives_per_op: dict = dataclasses.field(default_factory=lambda: defaultdict(int))
+    collective_bytes_per_op: dict = dataclasses.field(default_factory=lambda: defaultdict(int))
     trace_replays: int = 0
 
     @property
@@ -59,6 +64,13 @@ class Counts:
             self.per_op[k] += v * times
         for k, v in other.programs_per_op.items():
             self.programs_per_op[k] += v * times
+        for op, reads in other.bytes_read_per_op.items():
+            for k, v in reads.items():
+                self.bytes_read_per_op[op][k] += v * times
+        for k, v in other.collectives_per_op.items():
+            self.collectives_per_op[k] += v * times
+        for k, v in other.collective_bytes_per_op.items():
+            self.collective_bytes_per_op[k] += v * times
         self.trace_replays += other.trace_replays * times
 
     def add_op(self, op_name: str, read: dict, written: dict, collective_bytes: int | None = None,
@@ -71,11 +83,14 @@ class Counts:
         self.programs_per_op[op_name] += programs
         for k, v in read.items():
             self.bytes_read[k] += v
+            self.bytes_read_per_op[op_name][k] += v
         for k, v in written.items():
             self.bytes_written[k] += v
         if collective_bytes is not None:
             self.collectives += collectives
             self.collective_bytes += collective_bytes
+            self.collectives_per_op[op_name] += collectives
+            self.collective_bytes_per_op[op_name] += collective_bytes
 
     def copy(self, name: str | None = None) -> "Counts":
         c = Counts(name=name or self.name)

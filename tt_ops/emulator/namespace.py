@@ -31,6 +31,7 @@ import torch
 from . import registry
 from .errors import EmulatorError, NotEmulatedError, TraceRuleError
 from .goldens import golden_impl
+from .dram_sharded_readers import account_readers
 from .programs import collectives_for, programs_for
 from .signatures import dtype_layout_table, signature_of
 from .tensor import (EmuMeshBase, EmuTensor, describe_tile, dtype_name, iter_tensors, map_shards, shard_bytes,
@@ -212,6 +213,9 @@ class Dispatcher:
             if n == 0:  # a view: no program, no data moved
                 return {}, {}, None, 0, 0
             read = read_bytes(args, kwargs) if read_bytes else bytes_read_by_placement(iter_tensors((args, kwargs)))
+            # a DRAM-sharded matmul's weight bytes keyed by its readers per bank (validated like the device op)
+            read = account_readers(op_name, args, kwargs, read, lambda t: dtype_name(t.dtype) + read_placement(t),
+                                   _read_bytes_of)
             written = written_bytes(args, kwargs) if written_bytes else bytes_by_dtype(iter_tensors(out))
             cb = collective_bytes(args, kwargs, out) if collective_bytes else None
             return read, written, cb, n, collectives_for(op_name, args, kwargs) if cb is not None else 0

@@ -131,6 +131,9 @@ class TTModelArgs:
     # banks, 1-tile-row activations width-sharded in L1: decode_matmul_plan) or "interleaved" (DRAM-interleaved
     # weights, ttnn's default program configs, as before)
     decode_matmuls: str = "dram_sharded"
+    # readers per DRAM bank asked of each DRAM-sharded decode matmul (num_workers_per_dram_bank, ttnn 0.81.1): a
+    # matmul takes it where the device op's rule allows its weight's bank shards, else one (decode_readers_per_bank)
+    dram_readers: int = 2
 
     @classmethod
     def from_config(cls, cfg: Qwen36Config, num_devices: int, precision: PrecisionSetting | None = None,
@@ -166,6 +169,8 @@ class TTModelArgs:
             raise TPSplitError(f"prefill_chunk {self.prefill_chunk} must be a multiple of block_size {self.block_size}")
         if self.block_size % 32:
             raise TPSplitError(f"block_size {self.block_size} must be a multiple of the 32-row tile")
+        if not 1 <= self.dram_readers <= 3:
+            raise ValueError(f"dram_readers {self.dram_readers}: num_workers_per_dram_bank takes 1, 2 or 3")
         if self.decode_matmuls not in DECODE_MATMUL_LAYOUTS:
             raise ValueError(f"decode_matmuls {self.decode_matmuls!r}: choose from {list(DECODE_MATMUL_LAYOUTS)}")
 
@@ -320,6 +325,32 @@ def _decode_grid(k_tiles: int, n_tiles: int) -> tuple[int, int, int]:
     raise AssertionError("unreachable: c = 1 always fits")
 
 
+# groups whose DRAM-sharded decode matmuls ask for ``args.dram_readers`` readers per bank; the LM head keeps one, as
+# Tenstorrent's Llama-3.1-8B does (PR 55080), and at 27B its 485-tile bank shards could not split anyway (probes that
+# build a cut vocabulary would otherwise charge a reader count the real head cannot have)
+MULTI_READER_GROUPS = frozenset({TensorGroup.MLP_GATE_UP, TensorGroup.MLP_DOWN})
+
+
+def decode_readers_per_bank(args: "TTModelArgs", n: int, banks: int = 8,
+                            group: TensorGroup = TensorGroup.MLP_GATE_UP) -> int:
+    """Readers per DRAM bank of a DRAM-sharded decode matmul whose [k, n] weight is width-sharded over ``banks``
+    (:func:`dram_sharded_weight_memory_config`): ``args.dram_readers`` where the 0.81.1 device op's rule accepts it for
+    these bank shards (tt_ops/emulator/dram_sharded_readers.py, which the emulated op enforces), else one.
+
+    Why two: Blackhole's DRAM-sharded matmul reaches about 55 % of DRAM peak with one reader per bank and about 90 %
+    with two or three (tt-metal PR 54242); Tenstorrent's Llama-3.1-8B on P150 takes two for its QKV, output,
+    gate/up and down weights wherever the bank shard splits evenly (PR 54242 / 55080, 30.53 -> 23.76 ms per step).
+    The 27B MLP shards (34 and 20 tiles per bank at TP=2) split evenly; the LM head's (485 tiles) does not and keeps
+    one (MULTI_READER_GROUPS). Whether two beats one for a given shape is a card measurement (docs/cost_model.md)."""
+    from qwen36.tt_ops.emulator.dram_sharded_readers import readers_rule_violation
+
+    if group not in MULTI_READER_GROUPS:
+        return 1
+    sw = -(-n // (TILE * banks))
+    ok = readers_rule_violation(sw, -(-n // TILE), banks, args.dram_readers) is None
+    return args.dram_readers if ok else 1
+
+
 def decode_matmul_plan(ttnn, args: "TTModelArgs", group: TensorGroup, rows: int, k: int, n: int):
     """The program config of a decode-mode matmul of ``group`` over ``rows`` activation rows, or ``None`` (ttnn's
     default program config on DRAM-interleaved activations: prefill, and groups whose weights are interleaved).
@@ -339,7 +370,8 @@ def decode_matmul_plan(ttnn, args: "TTModelArgs", group: TensorGroup, rows: int,
             orientation=ttnn.ShardOrientation.ROW_MAJOR, use_height_and_width_as_shard_shape=True)
 
     pc = ttnn.MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig(
-        in0_block_w=k // TILE // cores, per_core_M=1, per_core_N=n // TILE // cores, fused_activation=None)
+        in0_block_w=k // TILE // cores, per_core_M=1, per_core_N=n // TILE // cores, fused_activation=None,
+        num_workers_per_dram_bank=decode_readers_per_bank(args, n, group=group))
     return DecodeMatmulPlan(k, n, cores, (x, y), pc, l1_width(k), l1_width(n))
 
 
