@@ -61,6 +61,7 @@ def _compare(runs: dict) -> list[str]:
     return diffs
 
 
+@pytest.mark.slow
 def test_ops_bit_identical_on_every_host_setting_and_row_count(tmp_path):
     runs = {f"{c}/{t}": _run(tmp_path, c, t, "ops") for c, t in _settings()}
     assert len(runs) >= 2
