@@ -13,6 +13,7 @@ import torch
 
 from ..prefix_cache import PrefixCache
 from ..reference.prefix import PrefillResult, prefill as cached_prefill
+from .thinking import ThinkingBudget
 from .sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
 
 
@@ -27,19 +28,28 @@ class PlainResult:
 @torch.no_grad()
 def plain_generate(model, prompt: Sequence[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
                    eos_ids: Sequence[int] = (), prefix_cache: PrefixCache | None = None,
-                   keep_logits: bool = False) -> PlainResult:
+                   keep_logits: bool = False, thinking: ThinkingBudget | None = None) -> PlainResult:
     """Batch 1: chunked prefill, then one recurrent decode step per token (the reference model's own calls).
     ``prefix_cache``: resume the prompt from its longest cached block boundary (``reference.prefix``); the
-    request's blocks are released when it returns."""
+    request's blocks are released when it returns. ``thinking``: the thinking budget (``thinking.py``): at N
+    thinking tokens the stop-thinking phrase is forced, as one forward over [last token, phrase...]."""
     if len(prompt) == 0:
         raise ValueError("empty prompt")
+    tracker = thinking.tracker(prompt) if thinking is not None else None
+    if tracker is not None and params.logprobs is not None:
+        raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
+    tokens: list[int] = []
+    if tracker is not None and tracker.inject_first():  # budget 0, block open: the phrase is part of the prefill
+        tokens = tracker.forced(0)
+        prompt = list(prompt) + tokens
     dev = model.embed_tokens.weight.device
     gen = params.generator(dev) if not params.greedy else None
-    history = TokenHistory(prompt, model.config.vocab_size, dev)
-    state = model.new_state(1, len(prompt) + max_new_tokens + 1)
+    history = TokenHistory(prompt[: len(prompt) - len(tokens)], model.config.vocab_size, dev)
+    history.add(tokens)
+    extra = len(thinking.phrase) if thinking is not None else 0
+    state = model.new_state(1, len(prompt) + max_new_tokens + extra + 1)
     pre = cached_prefill(model, state, prompt, prefix_cache)  # no cache: one forward over the prompt
     logits = pre.logits  # [1, V]
-    tokens: list[int] = []
     lps: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
     kept: list[torch.Tensor] | None = [] if keep_logits else None
     try:
@@ -52,8 +62,19 @@ def plain_generate(model, prompt: Sequence[int], max_new_tokens: int, params: Sa
             if kept is not None:
                 kept.append(logits[0].clone())
             if tok in eos_ids or len(tokens) >= max_new_tokens:
-                return PlainResult(tokens, lps, kept, pre)
-            logits = model(torch.tensor([[tok]], device=dev), state).logits[:, -1]
+                return PlainResult(tokens[:max_new_tokens], lps, kept, pre)
+            rows = [tok]
+            if tracker is not None and tracker.cut([tok], len(tokens) - 1)[1]:  # the budget is reached at tok
+                forced = tracker.forced(len(tokens))
+                rows += forced
+                tokens += forced
+                history.add(forced)
+                if len(tokens) >= max_new_tokens:
+                    return PlainResult(tokens[:max_new_tokens], lps, kept, pre)
+            out = model(torch.tensor([rows], device=dev), state).logits  # forced rows: a prefill continuation
+            if kept is not None:
+                kept += [row.clone() for row in out[0, :-1]]
+            logits = out[:, -1]
     finally:
         if pre.lease is not None:
             pre.lease.release()

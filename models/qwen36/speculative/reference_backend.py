@@ -260,6 +260,34 @@ class ReferenceBackend:
         self._txn = None
 
     @torch.no_grad()
+    def inject(self, forced: Sequence[int]) -> Acceptance:
+        """Commit ``forced`` tokens after the pending one like a prefill continuation (the thinking budget's
+        stop-thinking phrase): one target forward over [pending, forced...] through the commit mechanism with every
+        row kept, the next token picked from its last row (the request's sampler and penalties), the MTP re-seeded
+        from its rows at the next draft. Returns the emitted tokens (forced + the picked one) as an Acceptance."""
+        if self._txn is not None:
+            raise RuntimeError("inject() inside an open step: commit() or abort() first")
+        live, m = self.live, len(forced)
+        if m < 1:
+            raise ValueError("inject() needs at least one token")
+        if live.state.pos + m + 1 > self.max_len:
+            raise ValueError(f"KV cache full: position {live.state.pos} + {m + 1} rows > max_len {self.max_len}")
+        before = live.reseed  # rows the MTP has not consumed yet: the forced rows follow them
+        self._txn = _Transaction(live.state.pos, live.mtp.pos, m, rng_state=self.generator.get_state())
+        tokens = torch.tensor([list(forced)], device=self.device)
+        verify = self.verify(ReferenceDraft(tokens, ONE_HOT_DRAFT))
+        pen = self._row_penalties(tokens, rows=m + 1)
+        last = verify.logits[:, m]
+        nxt = int(pick_token(last, self.params, self.generator,
+                             None if pen is None else Penalties(pen.seen[:, m], pen.counts[:, m])))
+        acceptance = Acceptance(m, list(forced) + [nxt])
+        self.commit(acceptance)
+        r = live.reseed
+        live.reseed = Reseed(torch.cat([before.tokens, r.tokens], 1), torch.cat([before.hidden, r.hidden], 1),
+                             before.pos0)
+        return acceptance
+
+    @torch.no_grad()
     def abort(self) -> None:
         txn, live = self._txn, self.live
         if txn is None:
