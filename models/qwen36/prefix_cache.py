@@ -188,6 +188,9 @@ class PrefixCache:
         assert node.refs == 0 and not node.children
         del node.parent.children[node.tokens]
         self.bytes -= node.nbytes
+        release = getattr(node.payload, "release", None)  # device payloads free their buffers
+        if release is not None:
+            release()
         node.payload = None
         self.stats.evictions += 1
 
