@@ -22,6 +22,7 @@ PROBES: dict[str, str] = {
     "gate-0a": "qwen36.probes.gate_0a",
     "gdn-transaction-tp": "qwen36.probes.gdn_transaction_tp",
     "emu-conformance": "qwen36.probes.emu_conformance",
+    "prefix-cache": "qwen36.probes.prefix_cache",
 }
 
 

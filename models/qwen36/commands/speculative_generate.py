@@ -135,7 +135,7 @@ def config_of(ckpt: Path):
 
 
 def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list[list[int]], texts: list[str] | None,
-                             tok, precision: str | None = None) -> int:
+                             tok, precision: str | None = None, thinking=None) -> int:
     """Speculative generation of one or several users (several: one batched backend, every step one packed verify
     over all users, driven by ``speculative_generate_batch``; user i samples with seed ``--seed`` + i).
     ``precision``: the TT preset `generate` resolved for its plain path too (None on the reference)."""
@@ -167,8 +167,13 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
+    if thinking is not None and args.device not in REFERENCE_DEVICES:
+        raise UserError(f"--thinking-budget on {args.device} is not built yet (it runs on --device reference)")
+    max_len += 0 if thinking is None else len(thinking.phrase)
+    if thinking is not None and hasattr(backend, "max_len"):
+        backend.max_len = max_len  # the forced phrase's rows
     results = speculative_generate_batch(backends, prompts, args.max_new_tokens, depths, params,
-                                         eos_ids=backend_config(backend).eos_token_id)
+                                         eos_ids=backend_config(backend).eos_token_id, thinking=thinking)
     dt = time.perf_counter() - t0
     mode = first.describe() + ("" if b == 1 else " (user i: seed + i)")
     n = sum(len(r.tokens) for r in results)

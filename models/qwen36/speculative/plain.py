@@ -6,6 +6,7 @@ One target forward per token; the token is picked by :func:`.sampling.pick_token
 tokens emitted so far (:class:`.sampling.TokenHistory`), from one seeded generator (reproducible run to run)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -23,6 +24,7 @@ class PlainResult:
     logprobs: list[TokenLogprobs] | None = None  # one per token when params.logprobs is not None
     logits: list[torch.Tensor] | None = None  # [V] fp32 per token, when asked for (``keep_logits``)
     prefill: PrefillResult | None = None  # tokens reused / computed by the prefill (a prefix cache's hit)
+    prefill_s: float | None = None  # wall time of the prefill and the first token's pick (time to first token)
 
 
 @torch.no_grad()
@@ -48,13 +50,16 @@ def plain_generate(model, prompt: Sequence[int], max_new_tokens: int, params: Sa
     history.add(tokens)
     extra = len(thinking.phrase) if thinking is not None else 0
     state = model.new_state(1, len(prompt) + max_new_tokens + extra + 1)
+    t0 = time.perf_counter()
     pre = cached_prefill(model, state, prompt, prefix_cache)  # no cache: one forward over the prompt
     logits = pre.logits  # [1, V]
+    ttft = None
     lps: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
     kept: list[torch.Tensor] | None = [] if keep_logits else None
     try:
         while True:
             tok = int(pick_token(logits, params, gen, history.now()))
+            ttft = ttft if ttft is not None else time.perf_counter() - t0
             tokens.append(tok)
             history.add([tok])
             if lps is not None:
@@ -62,7 +67,7 @@ def plain_generate(model, prompt: Sequence[int], max_new_tokens: int, params: Sa
             if kept is not None:
                 kept.append(logits[0].clone())
             if tok in eos_ids or len(tokens) >= max_new_tokens:
-                return PlainResult(tokens[:max_new_tokens], lps, kept, pre)
+                return PlainResult(tokens[:max_new_tokens], lps, kept, pre, ttft)
             rows = [tok]
             if tracker is not None and tracker.cut([tok], len(tokens) - 1)[1]:  # the budget is reached at tok
                 forced = tracker.forced(len(tokens))
@@ -70,7 +75,7 @@ def plain_generate(model, prompt: Sequence[int], max_new_tokens: int, params: Sa
                 tokens += forced
                 history.add(forced)
                 if len(tokens) >= max_new_tokens:
-                    return PlainResult(tokens[:max_new_tokens], lps, kept, pre)
+                    return PlainResult(tokens[:max_new_tokens], lps, kept, pre, ttft)
             out = model(torch.tensor([rows], device=dev), state).logits  # forced rows: a prefill continuation
             if kept is not None:
                 kept += [row.clone() for row in out[0, :-1]]

@@ -11,6 +11,7 @@ The probes read :attr:`ReferenceBackend.live` directly (and copy it with ``live.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -143,6 +144,7 @@ class ReferenceBackend:
         if len(prompt) >= self.max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit max_len {self.max_len}")
         self.release()
+        t0 = time.perf_counter()
         self.params, self.generator = params, params.generator(self.device)
         state = self.model.new_state(1, self.max_len)
         mtp = self.model.new_mtp_state(1, self.max_len)
@@ -153,6 +155,7 @@ class ReferenceBackend:
         self.first_logprobs = (token_logprobs(res.logits[0], first, params.logprobs)
                                if params.logprobs is not None else None)
         history.add([first])
+        self.prefill_s = time.perf_counter() - t0  # time to first token (prefill + pick), measured here
         tokens = res.reseed_tokens(prompt, first, self.device)  # x_{t+1} for t = reseed_pos0..n-1
         mtp.pos = res.reseed_pos0
         self.live = ReferenceLive(state, mtp, first, Reseed(tokens, res.reseed_hidden, res.reseed_pos0), history)

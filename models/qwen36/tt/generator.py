@@ -20,6 +20,7 @@ need the row itself (the vLLM adapter's logits contract, numerics tests).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,13 +177,17 @@ class TTGenerator:
         """Plain decoding with the full sampling transform; tokens cut after EOS (kept) or at max_new_tokens.
         ``prefix_cache``: resume the prompt from cached block boundaries (released when this returns);
         ``keep_logits``: read back every step's logits row (the full-logits decode step; tests)."""
+        t0 = time.perf_counter()
         if prefix_cache is None:
             logits, pre = self.prefill(prompt), None  # releases the traces: the sampler may allocate below
         else:
             pre = self.prefill_cached(prompt, prefix_cache)
             logits = pre.logits
+        prefill_s = time.perf_counter() - t0  # the prompt's logits are on the host: time to first token
         try:
-            return self._decode_from(prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre)
+            res = self._decode_from(prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre)
+            res.prefill_s = prefill_s
+            return res
         finally:
             if pre is not None:
                 pre.lease.release()

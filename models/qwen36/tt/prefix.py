@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..errors import UserError
 from ..prefix_cache import Lease, Node, PrefixCache
 from .state import GDNLayerState, KVLayerState, TTModelState
 
@@ -100,10 +101,14 @@ def _restore(model, view: TTModelState, chain: list[Node], block: int) -> None:
         ttnn.copy(conv, s.conv)
 
 
+class PrefixBlockError(UserError, ValueError):
+    """A prefix-cache block size the TT KV layout cannot hold."""
+
+
 def check_block_size(cache: PrefixCache, model) -> None:
     page = model.args.block_size
     if cache.block_size % page:
-        raise ValueError(f"prefix cache block size {cache.block_size} must be a multiple of the paged-KV block size "
+        raise PrefixBlockError(f"prefix cache block size {cache.block_size} must be a multiple of the paged-KV block size "
                          f"{page} (a cached block is whole KV pages; a TT prefill starts on a page boundary)")
 
 
