@@ -103,3 +103,25 @@ def test_batched_users_share_blocks_running_and_finished(gen):
     assert cache.stats.lookups == 3 and cache.stats.tokens_reused == 2 * 64  # users 1 and 2 each reused 2 blocks
     assert cache.stats.inserts == 2  # only user 0's blocks: user 1 found them, user 2 joined under a live trace
     assert all(n.refs == 0 for n in cache.nodes())  # every user left
+
+
+def test_thinking_budget_on_tt_plain(gen):
+    """The stop-thinking phrase at exactly N thinking tokens on the TT generator (fed as decode rows), with and
+    without a prefix cache (the same tokens: the cache only changes where the prompt's prefill starts)."""
+    from qwen36.speculative.thinking import ThinkingBudget
+
+    start, end = 7, 9
+    phrase = (31, 32, 33, end, 34, 35)
+    prompt = prompt_of(gen.config.vocab_size, 40, 8) + [start]
+    free = gen.generate(prompt, 16).tokens
+    n = 4
+    assert end not in free[:n]
+    budget = ThinkingBudget(n, start, end, phrase)
+    out = gen.generate(prompt, 16, thinking=budget, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False))
+    assert out.tokens[:n] == free[:n] and tuple(out.tokens[n:n + len(phrase)]) == phrase and len(out.tokens) == 16
+    cache = PrefixCache(BLOCK, BIG, with_mtp=False)
+    gen.generate(prompt, 1, prefix_cache=cache)
+    warm = gen.generate(prompt, 16, thinking=budget, prefix_cache=cache, keep_logits=True)
+    assert warm.prefill.reused == BLOCK and warm.tokens == out.tokens
+    zero = gen.generate(prompt, 8, thinking=ThinkingBudget(0, start, end, phrase)).tokens
+    assert tuple(zero[:len(phrase)]) == phrase  # budget 0 with the block open: the phrase first

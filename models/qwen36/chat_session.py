@@ -10,8 +10,8 @@ next turn's time to first token, so the next prompt prefills only its new tokens
 Runners (what generates one turn):
 * reference, plain: ``plain_generate`` (greedy or sampled, thinking budget);
 * reference, speculative: ``ReferenceBackend`` + ``speculative_generate`` (any commit mechanism, thinking budget);
-* TT (emulated mesh or cards), plain: ``TTGenerator.generate`` (GDN / conv / KV restored by device copies). The TT
-  speculative backend and the TT thinking budget are not built yet (refused).
+* TT (emulated mesh or cards), plain: ``TTGenerator.generate`` (GDN / conv / KV restored by device copies; thinking
+  budget with the phrase fed as decode rows). The TT speculative backend takes no prefix cache yet (refused).
 """
 from __future__ import annotations
 
@@ -94,9 +94,8 @@ class _TTPlain:
         self.label = gen.label or "tt"
 
     def run(self, prompt, max_new, params, eos, thinking):
-        if thinking is not None:
-            raise UserError("a thinking budget on a TT device is not built yet (it runs on --device reference)")
-        res = self.gen.generate(prompt, max_new, params, eos, prefix_cache=self.cache, keep_logits=self.keep_logits)
+        res = self.gen.generate(prompt, max_new, params, eos, prefix_cache=self.cache, keep_logits=self.keep_logits,
+                                thinking=thinking)
         reused, computed = (res.prefill.reused, res.prefill.computed) if res.prefill is not None else (0, len(prompt))
         return res.tokens, reused, computed, res.prefill_s, res.logits
 

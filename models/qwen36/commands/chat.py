@@ -88,9 +88,6 @@ def load_session(args, ckpt, tok):
     else:
         from ..tt.generator import load_tt_target
 
-        if args.thinking_budget:
-            raise UserError(f"--thinking-budget on {args.device} is not built yet (it runs on --device reference; "
-                            "0, non-thinking mode, works everywhere)")
         if args.spec_k:
             raise UserError("speculative chat on a TT device is not built yet (the TT prefix cache keeps no MTP "
                             "rows); pass --spec-k 0, or --device reference")

@@ -147,6 +147,9 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
 
     from .generate import print_logprobs, sampling_params
 
+    if thinking is not None and args.device not in REFERENCE_DEVICES:
+        raise UserError(f"--thinking-budget with --spec-k on {args.device} is not built yet (the TT speculative "
+                        "backend has no forced-token step; plain decoding on TT and both on the reference take it)")
     b = len(prompts)
     first = sampling_params(args)
     params = [dataclasses.replace(first, seed=first.seed + i) for i in range(b)]  # user i samples with seed + i
@@ -167,8 +170,6 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
-    if thinking is not None and args.device not in REFERENCE_DEVICES:
-        raise UserError(f"--thinking-budget on {args.device} is not built yet (it runs on --device reference)")
     max_len += 0 if thinking is None else len(thinking.phrase)
     if thinking is not None and hasattr(backend, "max_len"):
         backend.max_len = max_len  # the forced phrase's rows

@@ -173,10 +173,14 @@ class TTGenerator:
 
     @torch.no_grad()
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-                 eos_ids=(), prefix_cache=None, keep_logits: bool = False) -> PlainResult:
+                 eos_ids=(), prefix_cache=None, keep_logits: bool = False, thinking=None) -> PlainResult:
         """Plain decoding with the full sampling transform; tokens cut after EOS (kept) or at max_new_tokens.
         ``prefix_cache``: resume the prompt from cached block boundaries (released when this returns);
-        ``keep_logits``: read back every step's logits row (the full-logits decode step; tests)."""
+        ``keep_logits``: read back every step's logits row (the full-logits decode step; tests); ``thinking``: a
+        ``speculative.thinking.ThinkingBudget``: at N thinking tokens the stop-thinking phrase is forced (fed as
+        decode rows: a TT prefill must start on a KV page boundary), picks on the host from the logits rows."""
+        if thinking is not None and params.logprobs is not None:
+            raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
         t0 = time.perf_counter()
         if prefix_cache is None:
             logits, pre = self.prefill(prompt), None  # releases the traces: the sampler may allocate below
@@ -185,26 +189,45 @@ class TTGenerator:
             logits = pre.logits
         prefill_s = time.perf_counter() - t0  # the prompt's logits are on the host: time to first token
         try:
-            res = self._decode_from(prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre)
+            res = self._decode_from(prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre, thinking)
             res.prefill_s = prefill_s
             return res
         finally:
             if pre is not None:
                 pre.lease.release()
 
-    def _decode_from(self, prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre) -> PlainResult:
-        if keep_logits:  # the full-logits step: host pick from each row (greedy or seeded, as plain_generate)
+    def _decode_from(self, prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre,
+                     thinking=None) -> PlainResult:
+        if keep_logits or thinking is not None:  # the full-logits step: host pick from each row (as plain_generate)
             history = TokenHistory(prompt, self.config.vocab_size)
             gen = params.generator() if not params.greedy else None
+            tracker = thinking.tracker(prompt) if thinking is not None else None
             tokens, kept = [], []
+
+            def force(forced) -> bool:  # committed, not picked: each fed as one decode row; True when the limit hit
+                nonlocal logits
+                for t in forced:
+                    tokens.append(t)
+                    kept.append(logits.clone())
+                    history.add([t])
+                    if len(tokens) >= max_new_tokens:
+                        return True
+                    logits, _ = self.decode_step(t)
+                return False
+
+            if tracker is not None and tracker.inject_first() and force(tracker.forced(0)):
+                return PlainResult(tokens, None, kept if keep_logits else None, pre)
             while True:
                 tok = int(pick_token(logits.reshape(1, -1), params, gen, history.now()))
                 tokens.append(tok)
                 kept.append(logits.clone())
                 history.add([tok])
                 if tok in eos_ids or len(tokens) >= max_new_tokens:
-                    return PlainResult(tokens, None, kept, pre)
+                    return PlainResult(tokens, None, kept if keep_logits else None, pre)
                 logits, _ = self.decode_step(tok)
+                if tracker is not None and tracker.cut([tok], len(tokens) - 1)[1]:
+                    if force(tracker.forced(len(tokens))):
+                        return PlainResult(tokens, None, kept if keep_logits else None, pre)
         self.sampler = self._sampler_for(params)
         history = TokenHistory(prompt, self.config.vocab_size)
         gen = params.generator() if not params.greedy else None
