@@ -106,7 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--block", type=int, default=32, help="prefix-cache block (on TT a multiple of the 32-token page)")
     p.add_argument("--max-new-tokens", type=int, default=12)
-    p.add_argument("--spec-k", type=int, default=0, help="speculative decoding (reference)")
+    p.add_argument("--spec-k", type=int, default=0, help="speculative decoding (reference, or TT with the device MTP)")
     p.add_argument("--commit", default="shadow_commit")
     p.add_argument("--thinking-budget", type=int, default=None)
     p.add_argument("--prefix-27b", type=int, default=16384, help="shared prefix of the modelled 27B TTFT")
@@ -138,16 +138,22 @@ def run(args: argparse.Namespace) -> ProbeReport:
 
         target = Qwen36Model.from_checkpoint(args.checkpoint, dtype=torch.float32, require_mtp=args.spec_k > 0)
         with_mtp = target.mtp is not None
+        drafter = None
     else:
         from qwen36.tt.generator import TTGenerator
 
         target = TTGenerator.from_checkpoint(args.checkpoint, args.device, precision="accuracy", max_seq_len=512,
                                              progress=False, block_size=32, prefill_chunk=64)
-        with_mtp = False
+        with_mtp, drafter = False, None
+        if args.spec_k:
+            from qwen36.checkpoint import load_checkpoint
+            from qwen36.tt.mtp_drafter import TTMTPDrafter
+
+            drafter = TTMTPDrafter(load_checkpoint(args.checkpoint, require_mtp=True))
     cache = PrefixCache(args.block, 1 << 34, with_mtp=with_mtp)
     session = ChatSession(target, tok, cache=cache, max_new_tokens=args.max_new_tokens,
                           thinking_budget=args.thinking_budget, spec_k=args.spec_k, mechanism=args.commit,
-                          keep_logits=args.spec_k == 0, system=SYSTEM)
+                          keep_logits=args.spec_k == 0, system=SYSTEM, drafter=drafter)
     cells, history = [], []
     try:
         for i, text in enumerate(TURNS[: args.turns], start=1):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from qwen36.chat import STOP_THINKING_PHRASE
 from qwen36.cli import main
 
@@ -58,8 +60,8 @@ def test_chat_refusals(tmp_path, capsys):
     bad = write(tmp_path, [{"role": "tool", "content": "x"}])
     assert_one_line_error(*run_cli(capsys, "chat", "--messages", bad), "role")
     ok = write(tmp_path, CONV[:2], "ok.json")
-    assert_one_line_error(*run_cli(capsys, "chat", "--messages", ok, "--device", "emulated-p150x2", "--spec-k", "2"),
-                          "speculative chat", "not built")
+    assert_one_line_error(*run_cli(capsys, "chat", "--messages", ok, "--device", "emulated-p150x2", "--spec-k", "2",
+                                   "--thinking-budget", "3"), "thinking-budget", "not built")
     assert_one_line_error(*run_cli(capsys, "generate", "--messages", ok, "--device", "emulated-p150x2", "--spec-k", "2",
                                    "--thinking-budget", "3"), "thinking-budget", "not built")
     assert_one_line_error(*run_cli(capsys, "generate", "--messages", ok, "--thinking-budget", "2", "--logprobs", "1"),
@@ -77,3 +79,13 @@ def test_probe_prefix_cache_reference(tmp_path, capsys):
     m = r["performance"]["ttft_27b_modelled"]
     assert m["label"].startswith("modelled") and "not calibrated" in m["label"] and m["saving_ms"] > 0
     assert not r["gate_complete"]  # fewer than 5 turns
+
+
+@pytest.mark.slow  # the emulated mesh: TT model + device MTP, 2 turns served warm and cold
+def test_probe_prefix_cache_emulated_speculative(tmp_path, capsys):
+    rec = tmp_path / "r.jsonl"
+    assert main(["probe", "prefix-cache", "--device", "emulated-p150x2", "--spec-k", "2", "--turns", "3",
+                 "--max-new-tokens", "6", "--records", str(rec)]) == 0
+    r = json.loads(rec.read_text().splitlines()[-1])
+    assert r["verdict"] == "pass" and "emulated" in r["backend"] and "speculative" in r["backend"]
+    assert r["cells"][2]["reused"] > 0 and all(c["exact_tokens"] for c in r["cells"])

@@ -125,3 +125,48 @@ def test_thinking_budget_on_tt_plain(gen):
     assert warm.prefill.reused == BLOCK and warm.tokens == out.tokens
     zero = gen.generate(prompt, 8, thinking=ThinkingBudget(0, start, end, phrase)).tokens
     assert tuple(zero[:len(phrase)]) == phrase  # budget 0 with the block open: the phrase first
+
+
+@pytest.mark.parametrize("mech", ["shadow_commit", "snapshot", "recompute"])
+def test_speculative_warm_equals_cold(gen, ckpt_factory, mech):
+    """TTSpecBackend (traced verify / commit, device MTP) through the cache: the target state is restored, the MTP
+    prefill is redone over every prompt row from bit-identical hidden rows (cached ones for the restored blocks), so
+    the warm request's prefill logits, tokens and accepted counts equal the cold request's, at both boundaries."""
+    from qwen36.checkpoint import load_checkpoint
+    from qwen36.speculative.engine import speculative_generate
+    from qwen36.tt.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec_backend import TTSpecBackend
+
+    drafter = TTMTPDrafter(load_checkpoint(ckpt_factory("ci"), require_mtp=True))
+    prompt = prompt_of(gen.config.vocab_size, 70, 11)
+
+    ttnn = gen.ttnn
+
+    def mtp_prompt_rows():  # the MTP KV rows of the prompt (written by the MTP prefill, not rewritten later)
+        kv = drafter._base.kv
+        out = []
+        for c in (kv.k, kv.v):
+            for t in ttnn.get_device_tensors(c):  # [pages, Hkv/N, page, D] per device, identity page table
+                x = ttnn.to_torch(t).float()
+                out.append(x.permute(1, 0, 2, 3).reshape(x.shape[1], -1, x.shape[3])[:, :70])
+        return out
+
+    def run(cache):
+        gen.release_trace()
+        be = TTSpecBackend(gen, mech, drafter=drafter, prefix_cache=cache)
+        try:
+            res = speculative_generate(be, prompt, 10, 2, SamplingParams())
+            return res, be.prefill_logits.clone(), be.last_prefill.reused, mtp_prompt_rows()
+        finally:
+            be.close()
+
+    cold, cold_logits, reused, cold_mtp = run(PrefixCache(BLOCK, BIG, with_mtp=False))
+    assert reused == 0
+    for k in (1, 2):
+        cache = PrefixCache(BLOCK, BIG, with_mtp=False)
+        gen.generate(prompt[: k * BLOCK + 1], 1, prefix_cache=cache)  # plain decoding fills the same blocks
+        warm, warm_logits, reused, warm_mtp = run(cache)
+        assert reused == k * BLOCK
+        assert torch.equal(warm_logits, cold_logits)
+        assert all(torch.equal(a, b) for a, b in zip(warm_mtp, cold_mtp))  # the MTP prefill saw the same hiddens
+        assert warm.tokens == cold.tokens and warm.stats.accepted == cold.stats.accepted

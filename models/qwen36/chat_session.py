@@ -11,7 +11,9 @@ Runners (what generates one turn):
 * reference, plain: ``plain_generate`` (greedy or sampled, thinking budget);
 * reference, speculative: ``ReferenceBackend`` + ``speculative_generate`` (any commit mechanism, thinking budget);
 * TT (emulated mesh or cards), plain: ``TTGenerator.generate`` (GDN / conv / KV restored by device copies; thinking
-  budget with the phrase fed as decode rows). The TT speculative backend takes no prefix cache yet (refused).
+  budget with the phrase fed as decode rows);
+* TT, speculative: ``TTSpecBackend`` with the device MTP drafter (the MTP prefill redone from cached hidden rows);
+  no thinking budget there yet (refused).
 """
 from __future__ import annotations
 
@@ -107,6 +109,30 @@ class _TTPlain:
         return res.computed
 
 
+class _TTSpec(_TTPlain):
+    """TTSpecBackend (traced verify / commit, device MTP drafter) through the cache: the target state is restored,
+    the MTP prefill redone over the prompt from the (cached + computed) hidden rows (tt/prefix.py)."""
+
+    def __init__(self, gen, cache, mechanism, k, drafter):
+        super().__init__(gen, cache, False)
+        self.mechanism, self.k, self.drafter = mechanism, k, drafter
+
+    def run(self, prompt, max_new, params, eos, thinking):
+        from .speculative.engine import speculative_generate
+        from .tt.spec_backend import TTSpecBackend
+
+        if thinking is not None:
+            raise UserError("a thinking budget with speculative decoding on a TT device is not built yet")
+        self.gen.release_trace()
+        be = TTSpecBackend(self.gen, self.mechanism, drafter=self.drafter, prefix_cache=self.cache)
+        try:
+            res = speculative_generate(be, prompt, max_new, self.k, params, eos)
+        finally:
+            be.close()
+        self.label = f"{be.label} speculative K={self.k} {be.mechanism.name}"
+        return res.tokens, be.last_prefill.reused, be.last_prefill.computed, be.prefill_s, None
+
+
 class ChatSession:
     """One conversation. ``target``: a reference ``Qwen36Model`` or a ``TTGenerator``; ``cache``: a PrefixCache or
     None; ``spec_k`` > 0: speculative (reference only); ``thinking_budget``: None (unlimited), 0 (non-thinking
@@ -115,7 +141,7 @@ class ChatSession:
     def __init__(self, target, tok, *, cache: PrefixCache | None, params: SamplingParams = SamplingParams(),
                  max_new_tokens: int = 64, thinking_budget: int | None = None, spec_k: int = 0,
                  mechanism: str = "shadow_commit", preserve_thinking: bool = False, keep_logits: bool = False,
-                 system: str | None = None):
+                 system: str | None = None, drafter=None):
         from .reference.model import Qwen36Model
 
         self.tok, self.cache, self.params, self.max_new = tok, cache, params, max_new_tokens
@@ -124,10 +150,10 @@ class ChatSession:
         if isinstance(target, Qwen36Model):
             self.runner = _RefSpec(target, cache, mechanism, spec_k) if spec_k else _RefPlain(target, cache, keep_logits)
         else:
-            if spec_k:
-                raise UserError("speculative chat on a TT device is not built yet (the TT prefix cache keeps no MTP "
-                                "rows); pass --spec-k 0, or --device reference")
-            self.runner = _TTPlain(target, cache, keep_logits)
+            if spec_k and drafter is None:
+                raise ValueError("speculative chat on a TT device needs the device MTP drafter")
+            self.runner = (_TTSpec(target, cache, mechanism, spec_k, drafter) if spec_k
+                           else _TTPlain(target, cache, keep_logits))
         start, end = tok.convert_tokens_to_ids([THINK_START, THINK_END])
         self.thinking_on = thinking_budget != 0
         self.thinking = (ThinkingBudget(thinking_budget, start, end, tuple(tok.encode(STOP_THINKING_PHRASE)))

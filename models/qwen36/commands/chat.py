@@ -80,6 +80,7 @@ def load_session(args, ckpt, tok):
     params = sampling_params(args)
     if params.logprobs is not None:
         raise UserError("chat prints no logprobs (use qwen36 generate --messages FILE --logprobs N)")
+    drafter = None  # the device MTP drafter of speculative chat on TT
     if args.device in REFERENCE_DEVICES:
         from ..reference.model import Qwen36Model
 
@@ -89,12 +90,18 @@ def load_session(args, ckpt, tok):
         from ..tt.generator import load_tt_target
 
         if args.spec_k:
-            raise UserError("speculative chat on a TT device is not built yet (the TT prefix cache keeps no MTP "
-                            "rows); pass --spec-k 0, or --device reference")
+            if args.thinking_budget:
+                raise UserError(f"--thinking-budget with --spec-k on {args.device} is not built yet (the TT "
+                                "speculative backend has no forced-token step; plain decoding on TT takes it)")
+            from ..checkpoint import load_checkpoint
+            from ..tt.mtp_drafter import TTMTPDrafter
+
+            drafter = TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
         target, with_mtp = load_tt_target(ckpt, args.device, precision=args.precision), False
     return ChatSession(target, tok, cache=make_cache(args, with_mtp), params=params,
                        max_new_tokens=args.max_new_tokens, thinking_budget=args.thinking_budget, spec_k=args.spec_k,
-                       mechanism=args.commit, preserve_thinking=args.preserve_thinking, system=args.system)
+                       mechanism=args.commit, preserve_thinking=args.preserve_thinking, system=args.system,
+                       drafter=drafter)
 
 
 def read_messages(path: Path) -> list[dict]:
