@@ -309,16 +309,14 @@ class _UserRun(_UserBook):
         first = self.backend.prefill(list(prompt) + forced, self.params)
         self.start(first, lambda: _first_logprobs(self.backend))
         self.tokens, self.done = _cut(forced + self.tokens, self.max_new_tokens, self.eos_ids)
-        self._after_tokens([first], len(forced))
+        if self.tracker is not None and not self.done and self.tracker.cut([first], len(forced))[1]:
+            self._inject()  # the budget is reached at the prefill's token (budget 1)
 
-    def _after_tokens(self, new: Sequence[int], emitted_before: int) -> None:
-        """The budget reached inside ``new`` (already kept): force the phrase now (a prefill continuation)."""
-        if self.tracker is None or self.done or not self.tracker.cut(list(new), emitted_before)[1]:
-            return
+    def _inject(self) -> None:
+        """Force the stop-thinking phrase now (the backend commits it like a prefill continuation and picks the
+        token after it); the tracker counts nothing after an injection."""
         acc = self.backend.inject(self.tracker.forced(len(self.tokens)))
         self.tokens, self.done = _cut(self.tokens + acc.tokens, self.max_new_tokens, self.eos_ids)
-        if not self.done:
-            self._after_tokens(acc.tokens[-1:], len(self.tokens) - 1)
 
     def step(self) -> None:
         backend = self.backend
@@ -334,10 +332,7 @@ class _UserRun(_UserBook):
             self.plan_next(next_k)
         backend.commit(acceptance)
         if inject and not self.done:
-            acc = backend.inject(self.tracker.forced(len(self.tokens)))
-            self.tokens, self.done = _cut(self.tokens + acc.tokens, self.max_new_tokens, self.eos_ids)
-            if not self.done:
-                self._after_tokens(acc.tokens[-1:], len(self.tokens) - 1)
+            self._inject()
 
 
 def _first_logprobs(backend) -> TokenLogprobs:
