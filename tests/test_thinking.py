@@ -113,3 +113,20 @@ def test_refusals(model):
         speculative_generate(be, PROMPT, 8, 2, SamplingParams(logprobs=2), thinking=budget(2))
     with pytest.raises(ValueError, match="logprobs"):
         plain_generate(model, PROMPT, 8, SamplingParams(logprobs=2), thinking=budget(2))
+
+
+def test_batched_speculative_budgets_equal_single_user_runs(model):
+    """Three users of one ReferenceBatchBackend, each with the budget counted on its own (users reach it in
+    different steps, one at its first token); the phrases of users reaching it in the same step go in one packed
+    inject. Each user's tokens == its plain run with the budget."""
+    from qwen36.speculative.engine import speculative_generate_batch
+    from qwen36.speculative.reference_batch_backend import ReferenceBatchBackend
+
+    prompts = [PROMPT, [3, 4, 5, START], [60, 61, START, 62, 63]]  # the third: thinking opened mid-prompt
+    for n in (1, 3):
+        want = [plain_generate(model, p, 20, thinking=budget(n)).tokens for p in prompts]
+        be = ReferenceBatchBackend(model, slots=3, mechanism="snapshot", max_len=64, max_k=3)
+        got = speculative_generate_batch(be, prompts, 20, [3, 2, 3], [SamplingParams()] * 3, thinking=budget(n),
+                                         arrivals=[0, 0, 1])
+        assert [r.tokens for r in got] == want
+        assert all(tuple(w[n:n + len(PHRASE)]) == PHRASE for w in want)

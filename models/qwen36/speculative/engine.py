@@ -198,10 +198,10 @@ def speculative_generate_batch(backends: "Sequence[SpecBackend] | BatchSpecBacke
     from .batch_backend import BatchSpecBackend, speculative_generate_slots  # it builds on this module
 
     if isinstance(backends, BatchSpecBackend):
-        if thinking is not None:
-            raise ValueError("a thinking budget is not supported on a batched backend yet (the per-user backends "
-                             "serve it)")
-        return speculative_generate_slots(backends, prompts, max_new_tokens, depths, params, eos_ids, arrivals)
+        if thinking is not None and any(p.logprobs is not None for p in params):
+            raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
+        return speculative_generate_slots(backends, prompts, max_new_tokens, depths, params, eos_ids, arrivals,
+                                          thinking=thinking)
     n = len(backends)
     if len({id(b) for b in backends}) != n:
         raise ValueError("each user needs its own backend (a backend holds one user's state)")

@@ -420,6 +420,50 @@ class ReferenceBatchBackend:
         self._txn = None
 
     @torch.no_grad()
+    def inject(self, forced: Mapping[int, Sequence[int]]) -> dict[int, Acceptance]:
+        """Per user in ``forced``: commit its forced tokens after its pending one like a prefill continuation (the
+        thinking budget's phrase): ONE packed forward over [pending, forced...] of every such user (the others inert)
+        through the commit mechanism with every row kept, the next token picked from each user's last real row with
+        its own sampler and penalties, the MTP re-seeded from those rows at the next draft (after the rows it had not
+        consumed yet). Returns slot -> Acceptance (forced + the picked token)."""
+        if self._txn is not None:
+            raise RuntimeError("inject() inside an open step: commit() or abort() first")
+        forced = {slot: list(toks) for slot, toks in forced.items()}
+        if not forced or any(len(t) < 1 for t in forced.values()):
+            raise ValueError("inject() needs at least one forced token per user")
+        cache_rows = self.state.kv_caches()[0].max_len if self.state.kv_caches() else None
+        b, dev, big = self.slots, self.device, max(len(t) for t in forced.values())
+        for slot in forced:
+            self._slot(slot)
+        if cache_rows is not None and int(torch.where(self.occupied, self.state.pos, 0).max()) + big + 1 > cache_rows:
+            raise ValueError(f"KV cache full: {big + 1} forced rows past a user's position exceed the {cache_rows} "
+                             "cache rows (raise max_len)")
+        part = torch.zeros(b, dtype=torch.bool, device=dev)
+        kvec = torch.zeros(b, dtype=torch.long, device=dev)
+        for slot, toks in forced.items():
+            part[slot], kvec[slot] = True, len(toks)
+        before = {slot: self.users[slot].reseed for slot in forced}
+        depths = {s: len(t) for s, t in forced.items()}
+        self._txn = _BatchTxn(depths, self.state.pos.clone(), self.mtp.pos.clone(),
+                              {s: self.users[s].generator.get_state() for s in forced}, big, part, kvec)
+        tokens = {slot: torch.tensor([toks], device=dev) for slot, toks in forced.items()}
+        verify = self.verify(BatchDraft(depths, tokens, {s: ONE_HOT_DRAFT for s in forced}))
+        out: dict[int, Acceptance] = {}
+        for slot, toks in forced.items():
+            u, m = self.users[slot], len(toks)
+            pen = u.penalties_rows(tokens[slot], m + 1)
+            last = verify.logits[slot:slot + 1, m]
+            nxt = int(pick_token(last, u.params, u.generator,
+                                 None if pen is None else Penalties(pen.seen[:, m], pen.counts[:, m])))
+            out[slot] = Acceptance(m, toks + [nxt])
+        self.commit(out)
+        for slot, old in before.items():
+            r = self.users[slot].reseed
+            self.users[slot].reseed = Reseed(torch.cat([old.tokens, r.tokens], 1), torch.cat([old.hidden, r.hidden], 1),
+                                             old.pos0)
+        return out
+
+    @torch.no_grad()
     def abort(self) -> None:
         txn = self._txn
         if txn is None:
