@@ -170,3 +170,38 @@ def test_speculative_warm_equals_cold(gen, ckpt_factory, mech):
         assert torch.equal(warm_logits, cold_logits)
         assert all(torch.equal(a, b) for a, b in zip(warm_mtp, cold_mtp))  # the MTP prefill saw the same hiddens
         assert warm.tokens == cold.tokens and warm.stats.accepted == cold.stats.accepted
+
+
+def test_batched_speculative_shares_blocks(ckpt_factory):
+    """TTBatchSpecBackend (one packed verify, batched device MTP) with a prefix cache: users sharing a prefix reuse
+    each other's blocks (user 2 joins in round 3, once the step traces are live: it reuses without inserting);
+    every user's tokens
+    and accepted counts equal the same schedule with nothing cached."""
+    from qwen36.checkpoint import load_checkpoint
+    from qwen36.speculative.engine import speculative_generate_batch
+    from qwen36.tt.batch_spec import TTBatchSpecBackend
+    from qwen36.tt.mtp_drafter import TTBatchMTPDrafter
+
+    ckpt = ckpt_factory("ci")
+    g = small_tt_generator(ckpt, prefill_chunk=64, require_mtp=True)
+    reader = load_checkpoint(ckpt, require_mtp=True)
+    common = prompt_of(g.config.vocab_size, 66, 21)
+    prompts = [common + prompt_of(g.config.vocab_size, 2 + i, 22 + i) for i in range(3)]
+
+    def run(cache):
+        be = TTBatchSpecBackend(g, 4, 1, "shadow_commit", drafter=TTBatchMTPDrafter(reader), prefix_cache=cache)
+        try:
+            return speculative_generate_batch(be, prompts, 8, [1, 1, 1], [SamplingParams()] * 3, arrivals=[0, 0, 3])
+        finally:
+            be.release()
+
+    try:
+        cold = run(PrefixCache(BLOCK, 0, with_mtp=False))
+        cache = PrefixCache(BLOCK, BIG, with_mtp=False)
+        warm = run(cache)
+    finally:
+        g.close()
+    assert [r.tokens for r in warm] == [r.tokens for r in cold]
+    assert [r.stats.accepted for r in warm] == [r.stats.accepted for r in cold]
+    assert cache.stats.tokens_reused == 2 * 64 and cache.stats.inserts == 2
+    assert all(n.refs == 0 for n in cache.nodes())  # every user left

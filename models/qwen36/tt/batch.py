@@ -142,10 +142,11 @@ class TTBatchDecoder:
 
     # ---- users ----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def join(self, slot: int, prompt, hidden_out: list | None = None) -> torch.Tensor:
+    def join(self, slot: int, prompt, hidden_out: list | None = None, insert: bool | None = None) -> torch.Tensor:
         """Prefill ``prompt`` into free ``slot`` (writes only that slot); returns the last row's fp32 logits [V].
         ``hidden_out`` (a list) receives the prompt's post-final-norm hidden rows per prefill chunk (device
-        [1, 1, rows, H]: what the MTP prefill of a speculative user reads)."""
+        [1, 1, rows, H]: what the MTP prefill of a speculative user reads). ``insert``: whether new prefix blocks may
+        be cached (default: while this decoder's trace is not live; an owner with its own traces decides)."""
         self._check_slot(slot)
         if self.pos[slot] != FREE:
             raise ValueError(f"slot {slot} is held (position {self.pos[slot]}); leave() it first")
@@ -166,7 +167,7 @@ class TTBatchDecoder:
             # with a cache: resume from the longest cached boundary; new blocks are cached only while no decode trace
             # is live (a cached block's device buffers outlive this call; see tt/prefix.py)
             res = tt_prefix_prefill(self.model, view, ids.tolist(), self.prefix_cache, hidden_out=hidden_out,
-                                    insert=len(self.traces) == 0)
+                                    insert=len(self.traces) == 0 if insert is None else insert)
         self._install_scratch(slot)
         self.pos[slot] = ids.numel()
         self.prefills[slot] = res
