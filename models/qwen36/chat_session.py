@@ -82,8 +82,9 @@ class _RefSpec(_RefPlain):
         from .speculative.engine import speculative_generate
         from .speculative.reference_backend import ReferenceBackend
 
-        be = ReferenceBackend(self.model, self.mechanism, max_len=len(prompt) + max_new + len(STOP_THINKING_PHRASE)
-                              + self.k + 2, prefix_cache=self.cache)
+        forced = len(thinking.phrase) if thinking is not None else 0  # the phrase's rows
+        be = ReferenceBackend(self.model, self.mechanism, max_len=len(prompt) + max_new + forced + self.k + 2,
+                              prefix_cache=self.cache)
         res = speculative_generate(be, prompt, max_new, self.k, params, eos, thinking=thinking)
         be.release()
         self.label = be.label + f" speculative K={self.k} {be.mechanism.name}"
