@@ -89,3 +89,18 @@ def test_probe_prefix_cache_emulated_speculative(tmp_path, capsys):
     r = json.loads(rec.read_text().splitlines()[-1])
     assert r["verdict"] == "pass" and "emulated" in r["backend"] and "speculative" in r["backend"]
     assert r["cells"][2]["reused"] > 0 and all(c["exact_tokens"] for c in r["cells"])
+
+
+def test_generate_thinking_budget_several_prompts_batched(tmp_path, capsys):
+    """Two prompts with a budget run on the batched speculative reference backend; each user's ids equal its
+    single-prompt plain run with the budget."""
+    ids = ["--ids", "5,11,12,4094", "--ids", "7,8,9,10,4094"]  # both end inside an open <think> block
+    assert main(["generate", *ids, "--max-new-tokens", "44", "--thinking-budget", "3", "--spec-k", "2"]) == 0
+    out = capsys.readouterr().out
+    got = [[int(x) for x in l.split(":", 1)[1].split(",")] for l in out.splitlines() if l.startswith("ids[")]
+    want = []
+    for prompt in ("5,11,12,4094", "7,8,9,10,4094"):
+        assert main(["generate", "--ids", prompt, "--max-new-tokens", "44", "--thinking-budget", "3"]) == 0
+        want.append(ids_of(capsys.readouterr().out))
+    assert got == want and len(got) == 2
+    assert_one_line_error(*run_cli(capsys, "generate", *ids, "--thinking-budget", "3"), "several prompts")

@@ -193,8 +193,11 @@ def thinking_budget(args, ckpt, tok, users: int):
         return None
     if args.thinking_budget < 0:
         raise UserError(f"--thinking-budget must be >= 0, got {args.thinking_budget}")
-    if users != 1:
-        raise UserError("--thinking-budget takes one prompt (a batched backend with a budget is not built yet)")
+    from .backends import REFERENCE_DEVICES
+
+    if users != 1 and not (args.device in REFERENCE_DEVICES and args.spec_k != 0):
+        raise UserError("--thinking-budget with several prompts runs on the batched speculative reference backend "
+                        "(--device reference --spec-k K); the batched plain decoders and TT batches take no budget yet")
     if args.logprobs is not None:
         raise UserError("--thinking-budget with --logprobs is not supported (forced tokens have no sampled logprob)")
     from ..chat import STOP_THINKING_PHRASE, THINK_END, THINK_START

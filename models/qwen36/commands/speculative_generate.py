@@ -158,6 +158,7 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     depth = depths[0]
     k_max = depth if isinstance(depth, int) else depth.k_max
     max_len = max(map(len, prompts)) + args.max_new_tokens + k_max + 2
+    max_len += 0 if thinking is None else len(thinking.phrase)  # the forced phrase's rows
     try:
         kw = {} if precision is None else {"precision": precision}
         loaded = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len, depth, users=b,
@@ -170,9 +171,6 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
-    max_len += 0 if thinking is None else len(thinking.phrase)
-    if thinking is not None and hasattr(backend, "max_len"):
-        backend.max_len = max_len  # the forced phrase's rows
     results = speculative_generate_batch(backends, prompts, args.max_new_tokens, depths, params,
                                          eos_ids=backend_config(backend).eos_token_id, thinking=thinking)
     dt = time.perf_counter() - t0
