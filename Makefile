@@ -20,7 +20,7 @@ CARDS_ARGS ?=
 # wheel, and the transformers-dependent tests (parity, tokenizer): what can differ between Python versions.
 SUBSET := tests/test_device.py tests/test_api_fidelity.py tests/test_tt_layers.py tests/test_cards_check.py \
 	tests/test_default_checkpoint_demo.py tests/test_reference_parity.py tests/test_config_checkpoint.py \
-	tests/test_probe_records.py tests/test_tt_cards.py tests/test_packaging.py
+	tests/test_probe_records.py tests/test_tt_cards.py tests/test_packaging.py tests/test_chat.py
 ifeq ($(TESTS),subset)
 TEST_PATHS := $(SUBSET)
 else ifeq ($(TESTS),all)

@@ -23,6 +23,7 @@ PROBES: dict[str, str] = {
     "gdn-transaction-tp": "qwen36.probes.gdn_transaction_tp",
     "emu-conformance": "qwen36.probes.emu_conformance",
     "memory": "qwen36.probes.memory",
+    "prefix-cache": "qwen36.probes.prefix_cache",
 }
 
 

@@ -14,6 +14,7 @@ COMMANDS = {
     "make-tiny": "make_tiny",
     "logits": "logits",
     "generate": "generate",
+    "chat": "chat",
     "demo": "demo",
     "probe": "probe",
     "records": "records",

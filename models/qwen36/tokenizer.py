@@ -82,6 +82,38 @@ def make_fixed_tokenizer(out_dir: str | Path, vocab_size: int) -> int:
     return save_hf_tokenizer(tok, out_dir)
 
 
+# The chat markers a checkpoint without them gains (``add_chat_format``): Qwen3.6's thinking block delimiters.
+THINK_TOKENS = ("<think>", "</think>")
+
+
+def add_chat_format(checkpoint_dir: str | Path) -> list[int]:
+    """Give a project-made tokenizer Qwen3.6's chat format: the thinking markers as single added tokens and the chat
+    template (``qwen36.chat.CHAT_TEMPLATE``) in tokenizer_config.json. The model's vocabulary is full (its embedding
+    has one row per id), so the markers take the ids of the last BPE merges, which are removed (their text then
+    encodes as its two halves; the trained model loses two rare tokens and nothing else). Returns the markers' ids.
+    Idempotent."""
+    from .chat import CHAT_TEMPLATE
+
+    checkpoint_dir = Path(checkpoint_dir)
+    path, cfg_path = checkpoint_dir / "tokenizer.json", checkpoint_dir / "tokenizer_config.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    added = {t["content"]: t["id"] for t in data["added_tokens"]}
+    if not all(t in added for t in THINK_TOKENS):
+        model = data["model"]
+        last = model["merges"][-len(THINK_TOKENS):]
+        del model["merges"][-len(THINK_TOKENS):]
+        for token, merge in zip(THINK_TOKENS, last):
+            left, right = merge if isinstance(merge, list) else merge.split(" ")
+            data["added_tokens"].append({"id": model["vocab"].pop(left + right), "content": token, "single_word": False,
+                                         "lstrip": False, "rstrip": False, "normalized": False, "special": False})
+        atomic_write_text(path, json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg["chat_template"] = CHAT_TEMPLATE
+    atomic_write_json(cfg_path, cfg)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return [next(t["id"] for t in data["added_tokens"] if t["content"] == tok) for tok in THINK_TOKENS]
+
+
 class TokenizerMissingError(UserError, FileNotFoundError):
     """The checkpoint directory has no tokenizer files."""
 

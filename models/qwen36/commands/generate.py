@@ -22,6 +22,9 @@ def add_parser(sub, name: str) -> None:
                      help="prompt token ids, comma-separated; repeat for several users")
     src.add_argument("--prompts-file", type=Path, metavar="FILE",
                      help="one prompt per line, each a JSON string; all decoded as one batch")
+    src.add_argument("--messages", type=Path, metavar="FILE",
+                     help="a conversation (JSON list of {role, content}) rendered with the checkpoint's chat template "
+                          "and its generation prompt (docs/chat.md)")
     p.add_argument("--max-new-tokens", type=positive_int, default=32)
     p.add_argument("--device", default="reference", help="reference | reference-cuda | emulated-p150x2 | p150x2 | ...")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
@@ -30,6 +33,9 @@ def add_parser(sub, name: str) -> None:
                         f"so that the two decode the same model (default {DEFAULT_TT_PRECISION}); the reference's "
                         f"numerics are set by --dtype")
     add_spec_args(p)
+    from .chat import add_thinking_arg
+
+    add_thinking_arg(p)
     p.set_defaults(run=run)
 
 
@@ -150,6 +156,14 @@ def prompt_texts(args) -> list[str] | None:
 
 def encode_prompts(args, ckpt) -> tuple[list[list[int]], list[str] | None, object]:
     """-> (token ids per user, prompt texts or None, tokenizer or None)."""
+    if getattr(args, "messages", None) is not None:
+        from ..chat import prompt_ids
+        from .chat import load_chat_tokenizer, read_messages
+
+        messages = read_messages(args.messages)
+        tok = load_chat_tokenizer(ckpt)
+        ids = prompt_ids(tok, messages, enable_thinking=args.thinking_budget != 0)
+        return [ids], [tok.decode(ids)], tok
     texts = prompt_texts(args)
     if texts is None:
         return args.ids, None, None
@@ -173,6 +187,28 @@ def print_outputs(outputs: list[list[int]], texts: list[str] | None, tok) -> Non
             print(f"text{tag}:", tok.decode(out))
 
 
+def thinking_budget(args, ckpt, tok, users: int):
+    """The run's ThinkingBudget (None without --thinking-budget), from the chat tokenizer's markers and phrase."""
+    if args.thinking_budget is None:
+        return None
+    if args.thinking_budget < 0:
+        raise UserError(f"--thinking-budget must be >= 0, got {args.thinking_budget}")
+    from .backends import REFERENCE_DEVICES
+
+    if users != 1 and not (args.device in REFERENCE_DEVICES and args.spec_k != 0):
+        raise UserError("--thinking-budget with several prompts runs on the batched speculative reference backend "
+                        "(--device reference --spec-k K); the batched plain decoders and TT batches take no budget yet")
+    if args.logprobs is not None:
+        raise UserError("--thinking-budget with --logprobs is not supported (forced tokens have no sampled logprob)")
+    from ..chat import STOP_THINKING_PHRASE, THINK_END, THINK_START
+    from ..speculative.thinking import ThinkingBudget
+    from .chat import load_chat_tokenizer
+
+    tok = tok if tok is not None else load_chat_tokenizer(ckpt)
+    start, end = tok.convert_tokens_to_ids([THINK_START, THINK_END])
+    return ThinkingBudget(args.thinking_budget, start, end, tuple(tok.encode(STOP_THINKING_PHRASE)))
+
+
 def run(args: argparse.Namespace) -> int:
     from loguru import logger
 
@@ -190,16 +226,27 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--spec-k auto with several prompts (batch {len(prompts)}) on {args.device}: the batched TT "
                         f"verify runs K+1 rows for every user every step, so a per-user depth policy saves no verify "
                         f"work there; pass an integer --spec-k (or one prompt)")
+    thinking = thinking_budget(args, ckpt, tok, len(prompts))
     if speculative:
         from .speculative_generate import run_speculative_generate
 
-        return run_speculative_generate(args, ckpt, prompts, texts, tok, precision)
+        return run_speculative_generate(args, ckpt, prompts, texts, tok, precision, thinking=thinking)
     target = load_target(ckpt, args.device, torch_dtype(args.dtype), precision=precision)
     vocab = target.config.vocab_size
     if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
-    if len(prompts) == 1:
+    if thinking is not None:
+        if args.device in REFERENCE_DEVICES:
+            from ..speculative.plain import plain_generate
+
+            result = plain_generate(target.model, prompts[0], args.max_new_tokens, params,
+                                    target.config.eos_token_id, thinking=thinking)
+        else:  # TT: the phrase fed as decode rows, picks on the host
+            result = target.generate(prompts[0], args.max_new_tokens, params, target.config.eos_token_id,
+                                     thinking=thinking)
+        outputs, logprobs = [result.tokens], result.logprobs
+    elif len(prompts) == 1:
         result = target.generate(prompts[0], args.max_new_tokens, params, target.config.eos_token_id)
         outputs, logprobs = [result.tokens], result.logprobs
     else:

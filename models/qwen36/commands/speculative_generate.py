@@ -135,7 +135,7 @@ def config_of(ckpt: Path):
 
 
 def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list[list[int]], texts: list[str] | None,
-                             tok, precision: str | None = None) -> int:
+                             tok, precision: str | None = None, thinking=None) -> int:
     """Speculative generation of one or several users (several: one batched backend, every step one packed verify
     over all users, driven by ``speculative_generate_batch``; user i samples with seed ``--seed`` + i).
     ``precision``: the TT preset `generate` resolved for its plain path too (None on the reference)."""
@@ -147,6 +147,9 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
 
     from .generate import print_logprobs, sampling_params
 
+    if thinking is not None and args.device not in REFERENCE_DEVICES:
+        raise UserError(f"--thinking-budget with --spec-k on {args.device} is not built yet (the TT speculative "
+                        "backend has no forced-token step; plain decoding on TT and both on the reference take it)")
     b = len(prompts)
     first = sampling_params(args)
     params = [dataclasses.replace(first, seed=first.seed + i) for i in range(b)]  # user i samples with seed + i
@@ -155,6 +158,7 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     depth = depths[0]
     k_max = depth if isinstance(depth, int) else depth.k_max
     max_len = max(map(len, prompts)) + args.max_new_tokens + k_max + 2
+    max_len += 0 if thinking is None else len(thinking.phrase)  # the forced phrase's rows
     try:
         kw = {} if precision is None else {"precision": precision}
         loaded = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len, depth, users=b,
@@ -168,7 +172,7 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
     results = speculative_generate_batch(backends, prompts, args.max_new_tokens, depths, params,
-                                         eos_ids=backend_config(backend).eos_token_id)
+                                         eos_ids=backend_config(backend).eos_token_id, thinking=thinking)
     dt = time.perf_counter() - t0
     mode = first.describe() + ("" if b == 1 else " (user i: seed + i)")
     n = sum(len(r.tokens) for r in results)

@@ -18,8 +18,10 @@ from typing import Sequence
 
 import torch
 
+from ..prefix_cache import PrefixCache
 from .model import ForwardOutput, Qwen36Model
-from .state import GDNState, KVCache, ModelState
+from .prefix import PrefillResult, prefill as cached_prefill
+from .state import GDNState, KVCache, ModelState, MTPState
 
 
 def _promote(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -29,7 +31,7 @@ def _promote(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 class SlotDecoder:
     """Plain decode of up to ``slots`` users at once. ``max_len`` bounds every user's prompt + generated tokens."""
 
-    def __init__(self, model: Qwen36Model, slots: int, max_len: int):
+    def __init__(self, model: Qwen36Model, slots: int, max_len: int, prefix_cache: PrefixCache | None = None):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.model = model
@@ -39,6 +41,8 @@ class SlotDecoder:
         self.state = model.new_state(slots, max_len)
         self.state.pos = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.active = torch.zeros(slots, dtype=torch.bool, device=self.device)
+        self.prefix_cache = prefix_cache
+        self.prefills: dict[int, PrefillResult] = {}  # slot -> its user's prefill (tokens reused, the lease)
 
     def positions(self) -> list[int]:
         return self.state.pos.tolist()
@@ -81,12 +85,14 @@ class SlotDecoder:
     def join(self, slot: int, prompt: Sequence[int]) -> torch.Tensor:
         """Prefill ``prompt`` into the free ``slot`` (the batch-1 prefill, alone: no other slot is read or
         written). Returns the last prompt row's logits [V] fp32."""
-        return self.prefill(slot, prompt).logits[0, -1]
+        return self.prefill(slot, prompt).logits[0]
 
     @torch.no_grad()
-    def prefill(self, slot: int, prompt: Sequence[int]) -> ForwardOutput:
-        """:meth:`join`, returning the whole prefill output (logits and post-norm hiddens of every prompt row:
-        the speculative backend seeds its MTP from them)."""
+    def prefill(self, slot: int, prompt: Sequence[int], mtp: MTPState | None = None) -> PrefillResult:
+        """:meth:`join`, returning the prefill result (last-row logits, the post-norm hiddens the speculative
+        backend seeds its MTP from, tokens reused / computed). With a prefix cache the slot resumes from the
+        longest cached block boundary (``reference.prefix``); users sharing a prefix share its cached blocks, each
+        held until the user leaves. ``mtp``: the slot's batch-1 MTP state view (its cached rows are restored)."""
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot} outside [0, {self.slots})")
         if bool(self.active[slot]):
@@ -96,10 +102,11 @@ class SlotDecoder:
         if len(prompt) >= self.max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit max_len {self.max_len}")
         view = self._fresh_slot(slot)
-        out = self.model(torch.tensor([list(prompt)], device=self.device), view)
+        res = cached_prefill(self.model, view, prompt, self.prefix_cache, mtp)
         self._write_slot(slot, view)
         self.active = self.active.index_fill(0, torch.tensor([slot], device=self.device), True)
-        return out
+        self.prefills[slot] = res
+        return res
 
     def leave(self, slot: int) -> None:
         """Free ``slot``: its GDN state, position and KV rows are reset."""
@@ -107,6 +114,9 @@ class SlotDecoder:
             raise ValueError(f"slot {slot} is not in use")
         self._write_slot(slot, self._fresh_slot(slot))
         self.active = self.active.index_fill(0, torch.tensor([slot], device=self.device), False)
+        res = self.prefills.pop(slot, None)
+        if res is not None and res.lease is not None:
+            res.lease.release()  # its cached blocks may be evicted now (unless another user holds them)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -170,12 +180,12 @@ def packed_forward(model: Qwen36Model, state: ModelState, tokens: torch.Tensor, 
 
 @torch.no_grad()
 def batched_greedy_generate(model: Qwen36Model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                            eos_ids: Sequence[int] = ()) -> list[list[int]]:
+                            eos_ids: Sequence[int] = (), prefix_cache: PrefixCache | None = None) -> list[list[int]]:
     """Plain greedy decoding of several prompts as one batch (one slot per prompt, one forward per step).
     Each user stops at its own EOS (kept) or at ``max_new_tokens`` and leaves its slot; the rest go on."""
     if not prompts:
         raise ValueError("no prompts")
-    dec = SlotDecoder(model, len(prompts), max(len(p) for p in prompts) + max_new_tokens + 1)
+    dec = SlotDecoder(model, len(prompts), max(len(p) for p in prompts) + max_new_tokens + 1, prefix_cache)
     outputs: list[list[int]] = [[] for _ in prompts]
     next_tok = torch.zeros(len(prompts), dtype=torch.long, device=dec.device)
 

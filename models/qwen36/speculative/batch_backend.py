@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from .depth import DepthController, FixedDepth
-from .engine import Acceptance, GenerationResult, MechanismCounters, _UserBook, _per_user_inputs
+from .engine import Acceptance, GenerationResult, MechanismCounters, _UserBook, _cut, _per_user_inputs
 from .sampling import SamplingParams, TokenLogprobs
 
 
@@ -71,14 +71,30 @@ class BatchSpecBackend(Protocol):
 def speculative_generate_slots(backend: BatchSpecBackend, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                                depths: "Sequence[int | FixedDepth | DepthController]",
                                params: Sequence[SamplingParams], eos_ids: Sequence[int] = (),
-                               arrivals: Sequence[int] | None = None) -> list[GenerationResult]:
+                               arrivals: Sequence[int] | None = None, thinking=None) -> list[GenerationResult]:
     """Several users decoded as one batch on ``backend``: round r first lets the users with ``arrivals[i] == r``
     join (each takes the lowest free slot), then runs one batched step for every user that joined in an earlier
     round and is not done (users that joined this round sit the step out, their rows inert). A user that reaches
     EOS or ``max_new_tokens`` leaves its slot. Round structure, per-user depths and results are those of the
-    per-user scheduler in ``engine.speculative_generate_batch``."""
+    per-user scheduler in ``engine.speculative_generate_batch``. ``thinking``: the thinking budget
+    (``thinking.py``), each user its own count: a step that crosses a user's budget is cut after its N-th thinking
+    token, and the phrases of every user that reached its budget in the step are forced in ONE packed call
+    (``backend.inject``)."""
     arrivals, ctrls = _per_user_inputs({"prompt": len(prompts)}, depths, params, arrivals)
+    if thinking is not None and not hasattr(backend, "inject"):
+        raise ValueError(f"{backend.label}: a thinking budget needs the backend's inject() (forced tokens); this "
+                         "backend has none yet")
     users = [_SlotUser(c, p, max_new_tokens, eos_ids) for c, p in zip(ctrls, params)]
+    if thinking is not None:
+        for u, prompt in zip(users, prompts):
+            u.tracker = thinking.tracker(prompt)
+
+    def inject(batch: list[_SlotUser]) -> None:
+        forced = {u.slot: u.tracker.forced(len(u.tokens)) for u in batch}
+        accs = backend.inject(forced)
+        for u in batch:
+            u.tokens, u.done = _cut(u.tokens + accs[u.slot].tokens, u.max_new_tokens, u.eos_ids)
+
     free = list(range(backend.slots))
     plan_next = getattr(backend, "plan_next_depths", None)
     round_ = 0
@@ -89,6 +105,8 @@ def speculative_generate_slots(backend: BatchSpecBackend, prompts: Sequence[Sequ
                     raise ValueError(f"user {i} arrives in round {round_} but no slot is free (the backend has {backend.slots})")
                 u.slot = free.pop(0)
                 u.join(backend, prompts[i])
+                if u.inject_now and not u.done:
+                    inject([u])  # the budget is reached at the join's token (budget 1)
                 if u.done:
                     backend.leave(u.slot)
                     free = sorted(free + [u.slot])
@@ -99,10 +117,18 @@ def speculative_generate_slots(backend: BatchSpecBackend, prompts: Sequence[Sequ
             verify = backend.verify(draft)
             accepted = backend.accept(draft, verify)
             for u in stepping:
+                if u.tracker is not None:  # cut the user's step right after its budget's last thinking token
+                    acc = accepted[u.slot]
+                    keep, u.inject_now = u.tracker.cut(acc.tokens, len(u.tokens))
+                    if keep < len(acc.tokens):
+                        accepted[u.slot] = Acceptance(keep - 1, acc.tokens[:keep])
                 u.record(backend.label, accepted[u.slot])
             if plan_next is not None:
                 plan_next({u.slot: u.step_k for u in stepping if not u.done})
             backend.commit(accepted)
+            forcing = [u for u in stepping if u.inject_now and not u.done]
+            if forcing:
+                inject(forcing)
             for u in stepping:
                 if u.done:
                     backend.leave(u.slot)
@@ -118,9 +144,15 @@ class _SlotUser(_UserBook):
     def __init__(self, depth, params: SamplingParams, max_new_tokens: int, eos_ids: Sequence[int]):
         super().__init__(depth, params, max_new_tokens, eos_ids)
         self.slot = -1
+        self.tracker = None  # thinking budget (thinking.ThinkingTracker) when one is set
+        self.inject_now = False
 
     def join(self, backend: BatchSpecBackend, prompt: Sequence[int]) -> None:
-        self.start(backend.join(self.slot, prompt, self.params), lambda: self._first_logprobs(backend))
+        forced = self.tracker.forced(0) if self.tracker is not None and self.tracker.inject_first() else []
+        first = backend.join(self.slot, list(prompt) + forced, self.params)  # budget 0: the phrase in the prefill
+        self.start(first, lambda: self._first_logprobs(backend))
+        self.tokens, self.done = _cut(forced + self.tokens, self.max_new_tokens, self.eos_ids)
+        self.inject_now = self.tracker is not None and self.tracker.cut([first], len(forced))[1]
 
     def _first_logprobs(self, backend: BatchSpecBackend) -> TokenLogprobs:
         lp = backend.first_logprobs(self.slot)

@@ -16,6 +16,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from .depth import DepthController, FixedDepth
 from .sampling import SamplingParams, TokenLogprobs
+from .thinking import ThinkingBudget
 
 
 @dataclass
@@ -168,18 +169,21 @@ def _cut(tokens: list[int], max_new_tokens: int, eos_ids: Sequence[int]) -> tupl
 
 def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_tokens: int,
                          k: "int | FixedDepth | DepthController", params: SamplingParams = SamplingParams(),
-                         eos_ids: Sequence[int] = ()) -> GenerationResult:
+                         eos_ids: Sequence[int] = (), thinking: ThinkingBudget | None = None) -> GenerationResult:
     """Prefill, then speculative steps until EOS or max_new_tokens. EOS inside an accepted block ends it there.
 
     ``k``: a fixed draft depth, or a depth policy (``depth.DepthController``) asked for K before every step and
-    told the outcome after it. The one-user case of :func:`speculative_generate_batch`."""
-    return speculative_generate_batch([backend], [prompt], max_new_tokens, [k], [params], eos_ids)[0]
+    told the outcome after it. ``thinking``: the thinking budget (``thinking.py``; the backend needs ``inject``).
+    The one-user case of :func:`speculative_generate_batch`."""
+    return speculative_generate_batch([backend], [prompt], max_new_tokens, [k], [params], eos_ids,
+                                      thinking=thinking)[0]
 
 
 def speculative_generate_batch(backends: "Sequence[SpecBackend] | BatchSpecBackend", prompts: Sequence[Sequence[int]],
                                max_new_tokens: int, depths: "Sequence[int | FixedDepth | DepthController]",
                                params: Sequence[SamplingParams], eos_ids: Sequence[int] = (),
-                               arrivals: Sequence[int] | None = None) -> list[GenerationResult]:
+                               arrivals: Sequence[int] | None = None,
+                               thinking: ThinkingBudget | None = None) -> list[GenerationResult]:
     """Several users decoded together: user i owns ``backends[i]`` (its own target / MTP state, pending token and
     sampler), ``depths[i]`` (a depth policy is stateful: one object per user) and ``params[i]``.
 
@@ -194,12 +198,22 @@ def speculative_generate_batch(backends: "Sequence[SpecBackend] | BatchSpecBacke
     from .batch_backend import BatchSpecBackend, speculative_generate_slots  # it builds on this module
 
     if isinstance(backends, BatchSpecBackend):
-        return speculative_generate_slots(backends, prompts, max_new_tokens, depths, params, eos_ids, arrivals)
+        if thinking is not None and any(p.logprobs is not None for p in params):
+            raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
+        return speculative_generate_slots(backends, prompts, max_new_tokens, depths, params, eos_ids, arrivals,
+                                          thinking=thinking)
     n = len(backends)
     if len({id(b) for b in backends}) != n:
         raise ValueError("each user needs its own backend (a backend holds one user's state)")
     arrivals, ctrls = _per_user_inputs({"backend": n, "prompt": len(prompts)}, depths, params, arrivals)
-    users = [_UserRun(b, c, p, max_new_tokens, eos_ids) for b, c, p in zip(backends, ctrls, params)]
+    if thinking is not None:
+        for b in backends:
+            if not hasattr(b, "inject"):
+                raise ValueError(f"{b.label}: a thinking budget needs the backend's inject() (forced tokens); "
+                                 "this backend has none yet")
+        if any(p.logprobs is not None for p in params):
+            raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
+    users = [_UserRun(b, c, p, max_new_tokens, eos_ids, thinking) for b, c, p in zip(backends, ctrls, params)]
     round_ = 0
     while not all(u.done for u in users):
         for i, u in enumerate(users):
@@ -280,22 +294,45 @@ class _UserRun(_UserBook):
     when it is asked before each step."""
 
     def __init__(self, backend: SpecBackend, depth, params: SamplingParams, max_new_tokens: int,
-                 eos_ids: Sequence[int]):
+                 eos_ids: Sequence[int], thinking: ThinkingBudget | None = None):
         super().__init__(depth, params, max_new_tokens, eos_ids)
         self.backend = backend
         self.plan_next = getattr(backend, "plan_next_depth", None)
+        self.thinking, self.tracker = thinking, None
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        self.start(self.backend.prefill(prompt, self.params), lambda: _first_logprobs(self.backend))
+        forced: list[int] = []
+        if self.thinking is not None:
+            self.tracker = self.thinking.tracker(prompt)
+            if self.tracker.inject_first():  # budget 0, block open: the phrase is part of the prefill
+                forced = self.tracker.forced(0)
+        first = self.backend.prefill(list(prompt) + forced, self.params)
+        self.start(first, lambda: _first_logprobs(self.backend))
+        self.tokens, self.done = _cut(forced + self.tokens, self.max_new_tokens, self.eos_ids)
+        if self.tracker is not None and not self.done and self.tracker.cut([first], len(forced))[1]:
+            self._inject()  # the budget is reached at the prefill's token (budget 1)
+
+    def _inject(self) -> None:
+        """Force the stop-thinking phrase now (the backend commits it like a prefill continuation and picks the
+        token after it); the tracker counts nothing after an injection."""
+        acc = self.backend.inject(self.tracker.forced(len(self.tokens)))
+        self.tokens, self.done = _cut(self.tokens + acc.tokens, self.max_new_tokens, self.eos_ids)
 
     def step(self) -> None:
         backend = self.backend
         draft = backend.draft(self.step_k)
         acceptance = backend.accept(draft, backend.verify(draft))
+        inject = False
+        if self.tracker is not None:  # cut the step right after the budget's last thinking token
+            keep, inject = self.tracker.cut(acceptance.tokens, len(self.tokens))
+            if keep < len(acceptance.tokens):
+                acceptance = Acceptance(keep - 1, acceptance.tokens[:keep])
         next_k = self.record(backend.label, acceptance)
         if self.plan_next is not None:
             self.plan_next(next_k)
         backend.commit(acceptance)
+        if inject and not self.done:
+            self._inject()
 
 
 def _first_logprobs(backend) -> TokenLogprobs:

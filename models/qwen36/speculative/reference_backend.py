@@ -11,6 +11,7 @@ The probes read :attr:`ReferenceBackend.live` directly (and copy it with ``live.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -18,7 +19,9 @@ import torch
 
 from ..config import FULL
 from ..reference.gdn import GDNPerToken
+from ..prefix_cache import PrefixCache
 from ..reference.model import Qwen36Model
+from ..reference.prefix import prefill as cached_prefill
 from ..reference.state import GDNState, ModelState, MTPState
 from .acceptance import ONE_HOT_DRAFT, greedy_accept, rejection_sample
 from .engine import Acceptance, MechanismCounters
@@ -97,10 +100,14 @@ class ReferenceBackend:
     ReferenceMechanism); ``max_len`` sizes the KV caches."""
 
     def __init__(self, model: Qwen36Model, mechanism: str | ReferenceMechanism = DEFAULT_MECHANISM,
-                 max_len: int = 2048):
+                 max_len: int = 2048, prefix_cache: PrefixCache | None = None):
         mech = reference_mechanism(mechanism)
         if model.mtp is None:
             raise ValueError("speculative decoding needs the MTP head: the checkpoint has no 'mtp.*' tensors")
+        if prefix_cache is not None and not prefix_cache.with_mtp:
+            raise ValueError("speculative decoding needs a prefix cache that keeps the MTP rows (with_mtp=True)")
+        self.prefix_cache = prefix_cache
+        self.last_prefill = None  # the last prefill's PrefillResult (tokens reused / computed, the lease)
         self.model = model
         self.mechanism = mech
         self.max_len = max_len
@@ -136,20 +143,29 @@ class ReferenceBackend:
             raise ValueError("empty prompt")
         if len(prompt) >= self.max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit max_len {self.max_len}")
+        self.release()
+        t0 = time.perf_counter()
         self.params, self.generator = params, params.generator(self.device)
-        ids = torch.tensor([list(prompt)], device=self.device)
         state = self.model.new_state(1, self.max_len)
-        out = self.model(ids, state)  # the same call as plain greedy decoding's prefill
+        mtp = self.model.new_mtp_state(1, self.max_len)
+        # without a cache: one forward, the same call as plain greedy decoding's prefill
+        res = self.last_prefill = cached_prefill(self.model, state, prompt, self.prefix_cache, mtp)
         history = TokenHistory(prompt, self.model.config.vocab_size, self.device)
-        first = int(pick_token(out.logits[:, -1], params, self.generator, history.now()))
-        self.first_logprobs = (token_logprobs(out.logits[0, -1], first, params.logprobs)
+        first = int(pick_token(res.logits, params, self.generator, history.now()))
+        self.first_logprobs = (token_logprobs(res.logits[0], first, params.logprobs)
                                if params.logprobs is not None else None)
         history.add([first])
-        tokens = torch.cat([ids[:, 1:], ids.new_tensor([[first]])], dim=1)  # x_{t+1} for t = 0..n-1
-        self.live = ReferenceLive(state, self.model.new_mtp_state(1, self.max_len), first, Reseed(tokens, out.hidden, 0),
-                                  history)
+        self.prefill_s = time.perf_counter() - t0  # time to first token (prefill + pick), measured here
+        tokens = res.reseed_tokens(prompt, first, self.device)  # x_{t+1} for t = reseed_pos0..n-1
+        mtp.pos = res.reseed_pos0
+        self.live = ReferenceLive(state, mtp, first, Reseed(tokens, res.reseed_hidden, res.reseed_pos0), history)
         self._txn = None
         return first
+
+    def release(self) -> None:
+        """The request is over: drop its references to cached blocks (they become evictable)."""
+        if self.last_prefill is not None and self.last_prefill.lease is not None:
+            self.last_prefill.lease.release()
 
     @torch.no_grad()
     def draft(self, k: int) -> ReferenceDraft:
@@ -245,6 +261,34 @@ class ReferenceBackend:
         self.live.history.add(acceptance.tokens)  # part of the commit: an aborted step adds nothing
         c.steps += 1
         self._txn = None
+
+    @torch.no_grad()
+    def inject(self, forced: Sequence[int]) -> Acceptance:
+        """Commit ``forced`` tokens after the pending one like a prefill continuation (the thinking budget's
+        stop-thinking phrase): one target forward over [pending, forced...] through the commit mechanism with every
+        row kept, the next token picked from its last row (the request's sampler and penalties), the MTP re-seeded
+        from its rows at the next draft. Returns the emitted tokens (forced + the picked one) as an Acceptance."""
+        if self._txn is not None:
+            raise RuntimeError("inject() inside an open step: commit() or abort() first")
+        live, m = self.live, len(forced)
+        if m < 1:
+            raise ValueError("inject() needs at least one token")
+        if live.state.pos + m + 1 > self.max_len:
+            raise ValueError(f"KV cache full: position {live.state.pos} + {m + 1} rows > max_len {self.max_len}")
+        before = live.reseed  # rows the MTP has not consumed yet: the forced rows follow them
+        self._txn = _Transaction(live.state.pos, live.mtp.pos, m, rng_state=self.generator.get_state())
+        tokens = torch.tensor([list(forced)], device=self.device)
+        verify = self.verify(ReferenceDraft(tokens, ONE_HOT_DRAFT))
+        pen = self._row_penalties(tokens, rows=m + 1)
+        last = verify.logits[:, m]
+        nxt = int(pick_token(last, self.params, self.generator,
+                             None if pen is None else Penalties(pen.seen[:, m], pen.counts[:, m])))
+        acceptance = Acceptance(m, list(forced) + [nxt])
+        self.commit(acceptance)
+        r = live.reseed
+        live.reseed = Reseed(torch.cat([before.tokens, r.tokens], 1), torch.cat([before.hidden, r.hidden], 1),
+                             before.pos0)
+        return acceptance
 
     @torch.no_grad()
     def abort(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
+from ..prefix_cache import PrefixCache
 from ..reference.batch import SlotDecoder, packed_forward
 from ..reference.model import Qwen36Model
 from ..reference.state import GDNState, KVCache, ModelState, MTPState
@@ -198,16 +199,18 @@ class ReferenceBatchBackend:
     prompt + generated tokens + K+1 verify rows; ``max_k`` the largest draft depth a step may use."""
 
     def __init__(self, model: Qwen36Model, slots: int, mechanism: str | BatchReferenceMechanism = DEFAULT_MECHANISM,
-                 max_len: int = 2048, max_k: int = 8):
+                 max_len: int = 2048, max_k: int = 8, prefix_cache: PrefixCache | None = None):
         if model.mtp is None:
             raise ValueError("speculative decoding needs the MTP head: the checkpoint has no 'mtp.*' tensors")
+        if prefix_cache is not None and not prefix_cache.with_mtp:
+            raise ValueError("speculative decoding needs a prefix cache that keeps the MTP rows (with_mtp=True)")
         if max_k < 1:
             raise ValueError(f"max_k must be >= 1, got {max_k}")
         self.mechanism = resolve(BATCH_REFERENCE_MECHANISMS, mechanism)
         self.model, self.slots, self.max_len, self.max_k = model, slots, max_len, max_k
         self.label = reference_backend_label(model)
         self.counters = MechanismCounters()
-        self.dec = SlotDecoder(model, slots, max_len + max_k + 1)
+        self.dec = SlotDecoder(model, slots, max_len + max_k + 1, prefix_cache)
         self.mtp = model.new_mtp_state(slots, max_len + max_k + 1)
         self.mtp.pos = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.users: dict[int, _User] = {}
@@ -250,18 +253,20 @@ class ReferenceBatchBackend:
             raise RuntimeError("join() inside an open step: commit() or abort() first")
         if len(prompt) >= self.max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit max_len {self.max_len}")
-        out = self.dec.prefill(slot, prompt)  # checks the slot and the prompt; writes this slot only
-        self.mtp.kv.k[slot].zero_()  # a packed MTP forward reads rows up to the longest user's: no garbage here
-        self.mtp.kv.v[slot].zero_()
-        self.mtp.pos[slot] = 0
+        if 0 <= slot < self.slots and slot not in self.users:
+            self.mtp.kv.k[slot].zero_()  # a packed MTP forward reads rows up to the longest user's: no garbage here
+            self.mtp.kv.v[slot].zero_()
+        view = MTPState(KVCache(self.mtp.kv.k[slot:slot + 1], self.mtp.kv.v[slot:slot + 1]), 0)
+        # checks the slot and the prompt; writes this slot only (cached blocks: also its MTP rows, through the view)
+        res = self.dec.prefill(slot, prompt, view)
+        self.mtp.pos[slot] = res.reseed_pos0
         gen = params.generator(self.device)
         history = TokenHistory(prompt, self.model.config.vocab_size, self.device)
-        first = int(pick_token(out.logits[:, -1], params, gen, history.now()))
-        lp = token_logprobs(out.logits[0, -1], first, params.logprobs) if params.logprobs is not None else None
+        first = int(pick_token(res.logits, params, gen, history.now()))
+        lp = token_logprobs(res.logits[0], first, params.logprobs) if params.logprobs is not None else None
         history.add([first])
-        ids = torch.tensor([list(prompt)], device=self.device)
-        tokens = torch.cat([ids[:, 1:], ids.new_tensor([[first]])], dim=1)  # x_{t+1} for t = 0..n-1
-        self.users[slot] = _User(params, gen, history, first, Reseed(tokens, out.hidden, 0), lp)
+        tokens = res.reseed_tokens(prompt, first, self.device)  # x_{t+1} for t = reseed_pos0..n-1
+        self.users[slot] = _User(params, gen, history, first, Reseed(tokens, res.reseed_hidden, res.reseed_pos0), lp)
         return first
 
     def first_logprobs(self, slot: int) -> TokenLogprobs | None:
@@ -413,6 +418,50 @@ class ReferenceBatchBackend:
             u.history.add(acc.tokens)
         self.counters.steps += 1
         self._txn = None
+
+    @torch.no_grad()
+    def inject(self, forced: Mapping[int, Sequence[int]]) -> dict[int, Acceptance]:
+        """Per user in ``forced``: commit its forced tokens after its pending one like a prefill continuation (the
+        thinking budget's phrase): ONE packed forward over [pending, forced...] of every such user (the others inert)
+        through the commit mechanism with every row kept, the next token picked from each user's last real row with
+        its own sampler and penalties, the MTP re-seeded from those rows at the next draft (after the rows it had not
+        consumed yet). Returns slot -> Acceptance (forced + the picked token)."""
+        if self._txn is not None:
+            raise RuntimeError("inject() inside an open step: commit() or abort() first")
+        forced = {slot: list(toks) for slot, toks in forced.items()}
+        if not forced or any(len(t) < 1 for t in forced.values()):
+            raise ValueError("inject() needs at least one forced token per user")
+        cache_rows = self.state.kv_caches()[0].max_len if self.state.kv_caches() else None
+        b, dev, big = self.slots, self.device, max(len(t) for t in forced.values())
+        for slot in forced:
+            self._slot(slot)
+        if cache_rows is not None and int(torch.where(self.occupied, self.state.pos, 0).max()) + big + 1 > cache_rows:
+            raise ValueError(f"KV cache full: {big + 1} forced rows past a user's position exceed the {cache_rows} "
+                             "cache rows (raise max_len)")
+        part = torch.zeros(b, dtype=torch.bool, device=dev)
+        kvec = torch.zeros(b, dtype=torch.long, device=dev)
+        for slot, toks in forced.items():
+            part[slot], kvec[slot] = True, len(toks)
+        before = {slot: self.users[slot].reseed for slot in forced}
+        depths = {s: len(t) for s, t in forced.items()}
+        self._txn = _BatchTxn(depths, self.state.pos.clone(), self.mtp.pos.clone(),
+                              {s: self.users[s].generator.get_state() for s in forced}, big, part, kvec)
+        tokens = {slot: torch.tensor([toks], device=dev) for slot, toks in forced.items()}
+        verify = self.verify(BatchDraft(depths, tokens, {s: ONE_HOT_DRAFT for s in forced}))
+        out: dict[int, Acceptance] = {}
+        for slot, toks in forced.items():
+            u, m = self.users[slot], len(toks)
+            pen = u.penalties_rows(tokens[slot], m + 1)
+            last = verify.logits[slot:slot + 1, m]
+            nxt = int(pick_token(last, u.params, u.generator,
+                                 None if pen is None else Penalties(pen.seen[:, m], pen.counts[:, m])))
+            out[slot] = Acceptance(m, toks + [nxt])
+        self.commit(out)
+        for slot, old in before.items():
+            r = self.users[slot].reseed
+            self.users[slot].reseed = Reseed(torch.cat([old.tokens, r.tokens], 1), torch.cat([old.hidden, r.hidden], 1),
+                                             old.pos0)
+        return out
 
     @torch.no_grad()
     def abort(self) -> None:

@@ -38,6 +38,7 @@ import torch
 from ..config import FULL
 from .model import TTQwen36Model
 from .model_config import TensorGroup, state_memory_config
+from .prefix import TTPrefillResult, prefill as tt_prefix_prefill
 from .state import GDNLayerState, KVLayerState, TTModelState, allocate_decode_inputs, allocate_state, new_layer_state
 from .trace import StepTraces
 
@@ -54,7 +55,7 @@ def bucket_for(users: int, buckets=DEFAULT_BUCKETS) -> int:
 
 
 class TTBatchDecoder:
-    def __init__(self, model: TTQwen36Model, slots: int, *, use_trace: bool = True):
+    def __init__(self, model: TTQwen36Model, slots: int, *, use_trace: bool = True, prefix_cache=None):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.model, self.slots, self.use_trace = model, slots, use_trace
@@ -81,6 +82,8 @@ class TTBatchDecoder:
         self.pos = [FREE] * slots  # next cache position per slot (host bookkeeping), FREE when no user holds it
         self.traces = StepTraces(ttnn, mesh, warmup_steps=1)
         self.trace_name = f"decode/B{slots}"
+        self.prefix_cache = prefix_cache  # qwen36.prefix_cache.PrefixCache: users sharing a prefix share its blocks
+        self.prefills: dict[int, TTPrefillResult] = {}  # slot -> its user's prefill (tokens reused, the lease)
 
     # ---- host helpers -----------------------------------------------------------------------------------
     def free_slots(self) -> list[int]:
@@ -139,10 +142,11 @@ class TTBatchDecoder:
 
     # ---- users ----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def join(self, slot: int, prompt, hidden_out: list | None = None) -> torch.Tensor:
+    def join(self, slot: int, prompt, hidden_out: list | None = None, insert: bool | None = None) -> torch.Tensor:
         """Prefill ``prompt`` into free ``slot`` (writes only that slot); returns the last row's fp32 logits [V].
         ``hidden_out`` (a list) receives the prompt's post-final-norm hidden rows per prefill chunk (device
-        [1, 1, rows, H]: what the MTP prefill of a speculative user reads)."""
+        [1, 1, rows, H]: what the MTP prefill of a speculative user reads). ``insert``: whether new prefix blocks may
+        be cached (default: while this decoder's trace is not live; an owner with its own traces decides)."""
         self._check_slot(slot)
         if self.pos[slot] != FREE:
             raise ValueError(f"slot {slot} is held (position {self.pos[slot]}); leave() it first")
@@ -160,10 +164,14 @@ class TTBatchDecoder:
                 if isinstance(st, KVLayerState):
                     for cache in (st.k, st.v):
                         ttnn.experimental.paged_fill_cache(cache, self.kv_zeros, self.slot_page_table, batch_idx=0)
-            logits = self.model.prefill_forward(ids, view, hidden_out=hidden_out)
+            # with a cache: resume from the longest cached boundary; new blocks are cached only while no decode trace
+            # is live (a cached block's device buffers outlive this call; see tt/prefix.py)
+            res = tt_prefix_prefill(self.model, view, ids.tolist(), self.prefix_cache, hidden_out=hidden_out,
+                                    insert=len(self.traces) == 0 if insert is None else insert)
         self._install_scratch(slot)
         self.pos[slot] = ids.numel()
-        return logits[-1]
+        self.prefills[slot] = res
+        return res.logits
 
     def leave(self, slot: int) -> None:
         """Free ``slot``: its GDN recurrent and conv state are zeroed on device, its position forgotten."""
@@ -171,6 +179,9 @@ class TTBatchDecoder:
         self._zero_scratch()
         self._install_scratch(slot)
         self.pos[slot] = FREE
+        res = self.prefills.pop(slot, None)
+        if res is not None and res.lease is not None:
+            res.lease.release()  # its cached blocks may be evicted now (unless another user holds them)
 
     def slot_remap(self, remap) -> None:
         """vLLM-tt's ``slot_remap``: a permutation of all B slots, row i reads (and from now on owns) the state of
@@ -183,6 +194,7 @@ class TTBatchDecoder:
             return
         self._gather(remap, with_scratch=False)
         self.pos = [self.pos[j] for j in remap]
+        self.prefills = {i: self.prefills[j] for i, j in enumerate(remap) if j in self.prefills}
         table = self.state.page_table_host[remap].contiguous()
         self.state.page_table_host = table
         self._write(table, self.state.page_table)

@@ -194,7 +194,11 @@ class TTBatchSpecBackend:
 
     def __init__(self, gen: TTGenerator, slots: int, k: int, mechanism: str | TTMechanism = DEFAULT_MECHANISM,
                  drafter: Callable[[list[int], int], list[int]] | None = None,
-                 params: SamplingParams = SamplingParams(), use_trace: bool = True, rng: str = "device"):
+                 params: SamplingParams = SamplingParams(), use_trace: bool = True, rng: str = "device",
+                 prefix_cache=None):
+        """``prefix_cache``: a ``qwen36.prefix_cache.PrefixCache``: joins resume from cached block boundaries
+        (tt/prefix.py; the MTP prefill is redone from the cached hidden rows); new blocks are cached only by joins
+        while no step trace is live."""
         self.device_drafter = _is_batch_device_drafter(drafter)
         if drafter is None or (not self.device_drafter and not callable(drafter)):
             raise BatchSpecError("TTBatchSpecBackend needs a drafter: the batched device MTP "
@@ -213,7 +217,7 @@ class TTBatchSpecBackend:
         self.slots, self.k, self.drafter, self.use_trace, self.params = slots, k, drafter, use_trace, params
         self.label = f"tt ({gen.label or 'mesh'})" + ("" if self.device_drafter else " + host drafter")
         self.counters = MechanismCounters()
-        self.decoder = TTBatchDecoder(self.model, slots, use_trace=use_trace)
+        self.decoder = TTBatchDecoder(self.model, slots, use_trace=use_trace, prefix_cache=prefix_cache)
         a = self.model.args
         self.vocab = a.cfg.vocab_size
         self.acceptor = DeviceAcceptor(self.ttnn, self.mesh, k=k, vocab=self.vocab, sampling_params=params,
@@ -280,7 +284,9 @@ class TTBatchSpecBackend:
                                  "differ)")
         logits: list[torch.Tensor] = []
         hidden: list | None = [] if self.device_drafter else None
-        self._with_live_state(lambda: logits.append(self.decoder.join(slot, prompt, hidden_out=hidden)))
+        insert = len(self._traces) == 0  # a cached block's buffers outlive the join: not while a trace is live
+        self._with_live_state(lambda: logits.append(self.decoder.join(slot, prompt, hidden_out=hidden,
+                                                                      insert=insert)))
         row = logits[0]
         gen = params.generator(torch.device("cpu"))
         first = int(pick_token(row.reshape(1, -1), params, gen, TokenHistory(list(prompt), self.vocab).now()))

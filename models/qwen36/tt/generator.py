@@ -20,6 +20,7 @@ need the row itself (the vLLM adapter's logits contract, numerics tests).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from ..checkpoint import load_checkpoint
 from ..speculative.plain import PlainResult
 from ..speculative.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
 from .model import DecodeOutputs, TTQwen36Model
+from .prefix import TTPrefillResult, prefill as tt_prefix_prefill
 from .model_config import PrecisionSetting, TTModelArgs
 from .sampler import DeviceSampler
 from .state import TTModelState, allocate_decode_inputs, allocate_state, reset_state
@@ -164,11 +166,69 @@ class TTGenerator:
             s = DeviceSampler(self.ttnn, self.mesh, self.config.vocab_size, params, rng=self.rng).allocate()
         return s
 
+    def prefill_cached(self, prompt: list[int], cache) -> "TTPrefillResult":
+        """Reset and prefill through the prefix cache (``tt/prefix.py``: resume from the longest cached block
+        boundary, device copies only). The result's lease holds the prompt's blocks until released."""
+        self.reset()
+        return tt_prefix_prefill(self.model, self.state, list(prompt), cache)
+
     @torch.no_grad()
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-                 eos_ids=()) -> PlainResult:
-        """Plain decoding with the full sampling transform; tokens cut after EOS (kept) or at max_new_tokens."""
-        logits = self.prefill(prompt)  # releases the traces: the sampler may allocate below
+                 eos_ids=(), prefix_cache=None, keep_logits: bool = False, thinking=None) -> PlainResult:
+        """Plain decoding with the full sampling transform; tokens cut after EOS (kept) or at max_new_tokens.
+        ``prefix_cache``: resume the prompt from cached block boundaries (released when this returns);
+        ``keep_logits``: read back every step's logits row (the full-logits decode step; tests); ``thinking``: a
+        ``speculative.thinking.ThinkingBudget``: at N thinking tokens the stop-thinking phrase is forced (fed as
+        decode rows: a TT prefill must start on a KV page boundary), picks on the host from the logits rows."""
+        if thinking is not None and params.logprobs is not None:
+            raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
+        t0 = time.perf_counter()
+        if prefix_cache is None:
+            logits, pre = self.prefill(prompt), None  # releases the traces: the sampler may allocate below
+        else:
+            pre = self.prefill_cached(prompt, prefix_cache)
+            logits = pre.logits
+        prefill_s = time.perf_counter() - t0  # the prompt's logits are on the host: time to first token
+        try:
+            res = self._decode_from(prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre, thinking)
+            res.prefill_s = prefill_s
+            return res
+        finally:
+            if pre is not None:
+                pre.lease.release()
+
+    def _decode_from(self, prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre,
+                     thinking=None) -> PlainResult:
+        if keep_logits or thinking is not None:  # the full-logits step: host pick from each row (as plain_generate)
+            history = TokenHistory(prompt, self.config.vocab_size)
+            gen = params.generator() if not params.greedy else None
+            tracker = thinking.tracker(prompt) if thinking is not None else None
+            tokens, kept = [], []
+
+            def force(forced) -> bool:  # committed, not picked: each fed as one decode row; True when the limit hit
+                nonlocal logits
+                for t in forced:
+                    tokens.append(t)
+                    kept.append(logits.clone())
+                    history.add([t])
+                    if len(tokens) >= max_new_tokens:
+                        return True
+                    logits, _ = self.decode_step(t)
+                return False
+
+            if tracker is not None and tracker.inject_first() and force(tracker.forced(0)):
+                return PlainResult(tokens, None, kept if keep_logits else None, pre)
+            while True:
+                tok = int(pick_token(logits.reshape(1, -1), params, gen, history.now()))
+                tokens.append(tok)
+                kept.append(logits.clone())
+                history.add([tok])
+                if tok in eos_ids or len(tokens) >= max_new_tokens:
+                    return PlainResult(tokens, None, kept if keep_logits else None, pre)
+                logits, _ = self.decode_step(tok)
+                if tracker is not None and tracker.cut([tok], len(tokens) - 1)[1]:
+                    if force(tracker.forced(len(tokens))):
+                        return PlainResult(tokens, None, kept if keep_logits else None, pre)
         self.sampler = self._sampler_for(params)
         history = TokenHistory(prompt, self.config.vocab_size)
         gen = params.generator() if not params.greedy else None
@@ -181,7 +241,7 @@ class TTGenerator:
             if lps is not None:
                 lps.append(lp)
             if tok in eos_ids or len(tokens) >= max_new_tokens:
-                return PlainResult(tokens, lps)
+                return PlainResult(tokens, lps, None, pre)
             tok, lp = self.sample_step(tok)
 
     # ---- CLI contract (same as ReferenceTarget) ----------------------------------------------------------

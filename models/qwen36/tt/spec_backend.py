@@ -42,6 +42,7 @@ record compiled programs and no device allocation may happen once a trace is liv
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -53,6 +54,7 @@ from ..speculative.sampling import SamplingParams, TokenHistory, pick_token, tok
 from .accept import DeviceAcceptor
 from .commit import abort_after_verify, commit
 from .generator import TTGenerator
+from .prefix import prefill as tt_prefix_prefill
 from .mechanisms import TTMechanism, tt_mechanism
 from .trace import StepTraces
 from .verify import SpecDeviceState, VerifyOutputs, check_verify_shape
@@ -68,7 +70,8 @@ class _DepthBuffers:
 
 class TTSpecBackend:
     def __init__(self, gen: TTGenerator, mechanism: str | TTMechanism = DEFAULT_MECHANISM, drafter: Any = None,
-                 use_trace: bool = True, rng: str = "device", depths: Sequence[int] | None = None):
+                 use_trace: bool = True, rng: str = "device", depths: Sequence[int] | None = None,
+                 prefix_cache=None):
         """``depths``: the draft depths steps of one generation may use (``--spec-k auto``); None = one depth per
         generation (the first draft()'s K), the single-depth traces "verify" / "commit"."""
         mechanism = tt_mechanism(mechanism)
@@ -76,6 +79,8 @@ class TTSpecBackend:
             raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/mtp_drafter.py) or a "
                              "host callable (history, k) -> k draft ids")
         self.gen, self.model, self.state = gen, gen.model, gen.state
+        self.prefix_cache = prefix_cache  # qwen36.prefix_cache.PrefixCache (tt/prefix.py; the MTP prefill is redone)
+        self.last_prefill = None  # tt/prefix.py TTPrefillResult of the last prompt (tokens reused, its lease)
         self.ttnn, self.mesh = gen.ttnn, gen.mesh
         self.mechanism, self.drafter, self.use_trace, self.rng = mechanism, drafter, use_trace, rng
         self.device_drafter = hasattr(drafter, "device_draft")
@@ -197,11 +202,16 @@ class TTSpecBackend:
         if len(prompt) == 0:
             raise ValueError("empty prompt")
         self.release()
+        self.release_prefix()
+        t0 = time.perf_counter()
         self.params = params
         self._host_gen = params.generator(torch.device("cpu"))
         self.gen.reset()  # releases the plain-decode trace, zeroes state
         hs: list = [] if self.device_drafter else None
-        logits = self.model.prefill_forward(torch.tensor(list(prompt)), self.state, hidden_out=hs)[-1]
+        # without a cache: one prefill_forward over the prompt; with one: resume at the longest cached boundary
+        res = self.last_prefill = tt_prefix_prefill(self.model, self.state, list(prompt), self.prefix_cache,
+                                                    hidden_out=hs)
+        logits = res.logits
         self.prefill_logits = logits  # host fp32 [V]: the last prompt row (the vllm-tt contract returns it)
         first = int(pick_token(logits.reshape(1, -1), params, self._host_gen,
                                TokenHistory(prompt, self.config.vocab_size).now()))
@@ -212,6 +222,7 @@ class TTSpecBackend:
             self._prompt_hidden = hs[0] if len(hs) == 1 else self.ttnn.concat(hs, dim=2)
         self.n = len(prompt)
         self.history = list(prompt) + [first]
+        self.prefill_s = time.perf_counter() - t0  # time to first token, measured
         self.step_state, self.acceptor, self._k = None, None, None
         self._by_k, self._next_k, self._planned_k = {}, None, None
         self._phase = "idle"
@@ -358,5 +369,11 @@ class TTSpecBackend:
         self._planned_k = None
         self._phase = "idle"
 
+    def release_prefix(self) -> None:
+        """The request is over: drop its references to cached prefix blocks."""
+        if self.last_prefill is not None and self.last_prefill.lease is not None:
+            self.last_prefill.lease.release()
+
     def close(self) -> None:
+        self.release_prefix()
         self.release()
