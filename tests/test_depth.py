@@ -94,6 +94,26 @@ def test_shipped_policy_loads_and_covers_every_backend():
     assert policy.provenance["fitted_by"] == "scripts/fit_depth_policy.py"
 
 
+def test_shipped_p150_table_is_the_calibrated_gate0b_record():
+    """The P150a step-cost table is the one scripts/fit_depth_policy.py reads from the calibrated gate-0b record its
+    note names (tracked under bench/runs/), not the roofline lower bound; and that record's figures are calibrated."""
+    import json
+    import re
+    from pathlib import Path
+
+    from script_loader import load_script
+
+    table = DepthPolicy.load().costs["p150x2-27b"]
+    name = re.search(r"gate-0b record (\S+) ", table.note).group(1)
+    record = Path(__file__).resolve().parents[1] / "bench" / "runs" / name
+    assert record.is_file(), f"the P150a table names {name}, which is not under bench/runs/"
+    perf = json.loads(record.read_text().strip().splitlines()[-1])["performance"]
+    assert perf["calibrated"]["label"] == "modelled (calibrated)"
+    want = load_script("fit_depth_policy").p150_costs(record)
+    assert table.source == want.source == "modelled" and "calibrated" in table.note
+    assert table.costs == pytest.approx(want.costs, rel=1e-12)
+
+
 @pytest.mark.parametrize("mechanism", ["shadow_commit", pytest.param("snapshot", marks=pytest.mark.slow)])
 def test_auto_depth_is_lossless_on_the_reference(ci_ckpt, mechanism):
     from qwen36.reference.model import Qwen36Model, greedy_generate

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import weakref
 
 import torch
 
@@ -36,6 +37,13 @@ MOCK_CLUSTER_FILES = {1: "blackhole_p150.yaml", 2: "blackhole_2xp150.yaml", 4: "
 # Blackhole P150a facts used for the device queries the model may make.
 P150A_WORKER_GRID = (11, 10)  # 110 usable Tensix worker cores (Blackhole P150a)
 P150A_DRAM_GRID = (8, 1)  # 8 GDDR6 channels (P150a: 32 GB, 512 GB/s spec)
+# DRAM the allocator of one chip hands out: 8 banks (one per GDDR6 channel) of 4,273,390,016 B each, the "bank size"
+# tt-metal's bank manager reports in its out-of-memory message on a Blackhole P150 card (seen in a public tt-xla
+# remediation log on blackhole-p150b: "... across 8 banks, where each bank needs to store ... B, but bank size is
+# 4273390016 B"); 34.19 GB of the card's 32 GiB (34.36 GB), the rest reserved by firmware and tt-metal.
+P150A_DRAM_BANKS = 8
+P150A_DRAM_BANK_BYTES = 4_273_390_016
+P150A_DRAM_BYTES = P150A_DRAM_BANKS * P150A_DRAM_BANK_BYTES
 
 
 def ensure_mock_cluster(num_devices: int) -> str:
@@ -85,6 +93,12 @@ class EmulatedMeshDevice(EmuMeshBase):
         self.num_devices = num_devices
         self.shape = ttnn.MeshShape(1, num_devices)
         self.trace_region_size = int(trace_region_size)
+        # DRAM accounting per device (docs/emulator.md "DRAM capacity"): the trace region is reserved at open, as
+        # open_mesh_device(trace_region_size=...) carves it out of each chip's DRAM
+        if self.trace_region_size > P150A_DRAM_BYTES:
+            raise EmulatorError(f"trace_region_size {self.trace_region_size} B exceeds a P150a's DRAM "
+                                f"({P150A_DRAM_BYTES} B)")
+        self.dram_used = [self.trace_region_size] * num_devices
         self.l1_small_size = int(l1_small_size)
         self.num_command_queues = num_command_queues
         self.alloc_while_trace_live = alloc_while_trace_live
@@ -155,10 +169,11 @@ class EmulatedMeshDevice(EmuMeshBase):
             raise EmulatorError(f"{self.label_short} mesh is closed")
 
     def on_allocate(self, t) -> None:
-        """Called for every new device tensor; enforces the allocation rule for live traces."""
+        """Called for every new device tensor; enforces the allocation rule for live traces and the DRAM capacity."""
         self.check_open()
         if self.trace.replaying:
             return
+        self._account_dram(t)
         self.trace.note_allocation(t)
         if self.trace.capturing is not None:
             t.persistent = False
@@ -182,6 +197,36 @@ class EmulatedMeshDevice(EmuMeshBase):
                 from loguru import logger
 
                 logger.warning(msg)
+
+    def _account_dram(self, t) -> None:
+        """Charge a DRAM buffer's bytes to every device it lives on; refuse it where a chip's DRAM would overflow."""
+        from .tensor import dram_bytes_of
+
+        if t.memory_config().buffer_type != ttnn.BufferType.DRAM:
+            return  # L1 buffers live in the cores' SRAM (not accounted here)
+        need = dram_bytes_of(t)
+        for i, used in enumerate(self.dram_used):
+            if used + need > P150A_DRAM_BYTES:
+                per_bank, used_bank = -(-need // P150A_DRAM_BANKS), -(-used // P150A_DRAM_BANKS)
+                # the card allocator's message (tt-metal bank_manager.cpp), then what the emulator knows of the buffer
+                raise EmulatorError(
+                    f"device {i}: Out of Memory: Not enough space to allocate {need} B DRAM buffer across "
+                    f"{P150A_DRAM_BANKS} banks, where each bank needs to store {per_bank} B, but bank size is "
+                    f"{P150A_DRAM_BANK_BYTES} B (allocated: {used_bank} B, free: {P150A_DRAM_BANK_BYTES - used_bank} B)"
+                    f"; tensor {list(t.logical_shape_list)} {t.dtype.name}, {used} B of {P150A_DRAM_BYTES} B in use on "
+                    f"the device (trace region {self.trace_region_size} B)")
+        self.dram_used = [u + need for u in self.dram_used]
+        t._dram_release = weakref.finalize(t, EmulatedMeshDevice._release_dram, weakref.ref(self), need)
+
+    @staticmethod
+    def _release_dram(mesh_ref, nbytes: int) -> None:
+        mesh = mesh_ref()
+        if mesh is not None:
+            mesh.dram_used = [u - nbytes for u in mesh.dram_used]
+
+    def dram_in_use(self) -> list[int]:
+        """Bytes of DRAM allocated per device: the trace region plus every live DRAM buffer."""
+        return list(self.dram_used)
 
     def close(self) -> None:
         self._closed = True

@@ -151,6 +151,15 @@ def shard_bytes(shape: Sequence[int], dtype, layout) -> int:
     return math.prod(shape) * ELEMENT_BYTES[name]
 
 
+def dram_bytes_of(t) -> int:
+    """DRAM one device holds for a device tensor: its tile-accurate shard, or for a DRAM-sharded tensor its whole
+    (padded) bank shards."""
+    mc = t.memory_config()
+    if mc.is_sharded() and mc.shard_spec is not None:
+        return mc.shard_spec.grid.num_cores() * shard_bytes(list(mc.shard_spec.shape), t.dtype, t.layout)
+    return shard_bytes(t._shards[0].shape, t.dtype, t.layout)
+
+
 def check_dtype_layout(dtype, layout, where: str) -> None:
     if is_block_float(dtype) and not is_tile(layout):
         raise EmulatorError(
@@ -203,7 +212,8 @@ class EmuTensor:
         "_memory_config",
         "mesh",
         "on_device",
-        "_deallocated",
+        "_dealloc",
+        "_dram_release",
         "_freed",
         "placements",
         "persistent",
@@ -236,7 +246,8 @@ class EmuTensor:
         self._memory_config = memory_config if memory_config is not None else ttnn.DRAM_MEMORY_CONFIG
         self.mesh = mesh
         self.on_device = on_device
-        self._deallocated = False
+        self._dram_release = None  # set by the mesh's DRAM accounting (mesh.on_allocate); frees the bytes once
+        self._dealloc = False
         self._freed = False
         self.placements = placements  # description of how the host tensor was mapped (for to_torch hints)
         self.persistent = True  # cleared for tensors allocated inside a trace capture
@@ -253,6 +264,18 @@ class EmuTensor:
         # one ("shard", dim) or ("replicate",) per mesh axis; set by from_torch/as_tensor/allocate_tensor_on_device
         # and kept by transfers, views and in-place ops; None for other op outputs (tensor_topology() refuses).
         self.dist = None
+
+    @property
+    def _deallocated(self) -> bool:
+        return self._dealloc
+
+    @_deallocated.setter
+    def _deallocated(self, value: bool) -> None:
+        # ttnn.deallocate frees the buffer's DRAM at once; a tensor never deallocated frees it when it is collected
+        # (the weakref finalizer the mesh registered), as a ttnn.Tensor's destructor does
+        if value and not self._dealloc and self._dram_release is not None:
+            self._dram_release()
+        self._dealloc = bool(value)
 
     # ---- data access -------------------------------------------------------------------------
     @property
