@@ -72,6 +72,8 @@ decoder slot j; how the plugin's calls map onto it is in that class and docs/ser
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import secrets
 from pathlib import Path
@@ -249,6 +251,65 @@ class _VllmSpecBackend(TTSpecBackend):
             raise NotImplementedError("the vllm path verifies greedily (accept mode argmax_ids)")
         vout = self.step_state.verify()
         return vout, self.acceptor.greedy(vout.out.logits, self.accept_drafts)
+
+
+class DeviceStepFailed(RuntimeError):
+    """A plugin call failed inside the device work of a step; the model refuses every later call (stop and restart
+    the server; on cards reset the devices first)."""
+
+
+def _raised_here(err: BaseException) -> bool:
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__") == __name__
+
+
+def _call_rows(fn, self, args, kwargs) -> str:
+    """The rows of a plugin call, for the failure message: count, start positions and state slots."""
+    try:
+        named = inspect.signature(fn).bind_partial(self, *args, **kwargs).arguments
+    except TypeError:
+        named = dict(kwargs)
+    tokens = named.get("tokens")
+    parts = []
+    if tokens is not None and hasattr(tokens, "shape"):
+        parts.append(f"{tokens.shape[0]} rows")
+    for key in ("start_pos", "empty_slots"):
+        v = named.get(key)
+        if v is not None:
+            parts.append(f"{key} {[int(x) for x in torch.as_tensor(v).reshape(-1).tolist()]}")
+    return ", ".join(parts) or "no rows"
+
+
+def stops_on_device_failure(fn):
+    """Wrap a plugin entry point that drives the device. An exception from below the adapter (the model, ttnn: on
+    cards tt-metal raises RuntimeError for an op that fails on the host, TT_FATAL/TT_THROW, and for a dispatch
+    timeout after a kernel hang) has left the step half done: earlier ops of the step already updated GDN/conv
+    state and KV in place, and a fault inside a replayed trace cannot be located or undone. So the call fails
+    with :class:`DeviceStepFailed` naming the call, its rows and the op's error, and every later call is refused
+    with the same reason; vLLM 0.25.1 then stops the engine (an exception out of ``execute_model`` is fatal to its
+    engine core). The adapter's own refusals of a call (ValueError / NotImplementedError, or a RuntimeError this
+    module raises from its checks) are raised before the device is touched and leave the model serving."""
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        failed = getattr(self, "_device_failure", None)
+        if failed is not None:
+            raise DeviceStepFailed(f"{fn.__name__} refused: an earlier step failed on the device ({failed}); the "
+                                   f"device state cannot be trusted: restart the server (on cards reset the devices)")
+        try:
+            return fn(self, *args, **kwargs)
+        except (ValueError, NotImplementedError):
+            raise
+        except Exception as err:
+            if isinstance(err, DeviceStepFailed) or (isinstance(err, RuntimeError) and _raised_here(err)):
+                raise
+            self._device_failure = f"{fn.__name__} ({_call_rows(fn, self, args, kwargs)}): {type(err).__name__}: {err}"
+            logger.error(f"vllm-tt: device step failed in {self._device_failure}; this model serves nothing more")
+            raise DeviceStepFailed(f"device step failed in {self._device_failure}; the requests of this call are "
+                                   f"lost and the model refuses further calls: restart the server (on cards reset "
+                                   f"the devices first)") from err
+    return call
 
 
 class DecodeHandle:
@@ -581,6 +642,7 @@ class Qwen36ForCausalLM:
         ttnn.copy_host_to_device_tensor(h, dev)
 
     # ---- prefill -------------------------------------------------------------------------------------------
+    @stops_on_device_failure
     @torch.no_grad()
     def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, enable_trace: bool = False,
                         sampling_params=None, start_pos=None, empty_slots=None, **kwargs):
@@ -696,6 +758,7 @@ class Qwen36ForCausalLM:
                              f"prompt, which the penalty state cannot tell apart")
 
     # ---- decode / verify -----------------------------------------------------------------------------------
+    @stops_on_device_failure
     @torch.no_grad()
     def decode_forward(self, tokens, page_table=None, kv_cache=None, start_pos=None, *, enable_trace: bool = True,
                        read_from_device: bool = True, sampling_params=None, num_valid_drafts=None,
@@ -875,6 +938,7 @@ class Qwen36ForCausalLM:
         elif k != self.spec_backend._k:
             raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec_backend._k})")
 
+    @stops_on_device_failure
     @torch.no_grad()
     def propose_draft_tokens(self, num_drafts: int, committed_tokens, committed_positions, accepted_counts,
                              hidden=None):
@@ -937,6 +1001,7 @@ class Qwen36ForCausalLM:
         limit = getattr(self, "num_blocks", self.model.args.num_blocks)
         return (1 + torch.arange(self.model.args.blocks_per_seq, dtype=torch.int32) % (limit - 1))[None]
 
+    @stops_on_device_failure
     @torch.no_grad()
     def warmup_model_prefill(self, kv_cache=None, enable_trace: bool = False, can_sample_on_device: bool = False,
                              **_) -> None:
@@ -954,6 +1019,7 @@ class Qwen36ForCausalLM:
         self.already_warmed_up_prefill = True
         self.release_request(0)
 
+    @stops_on_device_failure
     @torch.no_grad()
     def warmup_model_decode(self, kv_cache=None, enable_trace: bool = False, max_batch_size: int = 1,
                             num_blocks: int | None = None, can_sample_on_device: bool = False, **_) -> None:
