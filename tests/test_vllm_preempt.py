@@ -231,3 +231,28 @@ def test_speculative_resume_keeps_no_draft_or_verify_state(env, alone):
     assert torch.equal(logits2, logits)  # the resume prefill's row, bit for bit
     fresh.finish()
     fresh.release_persistent_capture()
+
+
+def test_small_kv_pool_warms_up_and_serves(env, alone):
+    """A KV pool smaller than the decoder's default page tables (the soak's setting that makes vLLM preempt): the
+    rows no request has set yet, in every bucket, name blocks inside the pool, so the warmup steps (all rows
+    padded) read inside it; a request then serves exactly as alone. Regression: the warmup decode read block ids
+    past a 7-block pool."""
+    ck, ctx = env
+    hf = json.loads((ck / "config.json").read_text())
+    m = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
+        hf, ctx.mesh_device, 4, max_seq_len=128, tt_data_parallel=1, checkpoint=ck, optimizations="accuracy"))
+    kv = m.allocate_kv_cache_per_layer([((7, 1, BLOCK, m.model.args.cfg.head_dim), torch.bfloat16, 0)])
+    m.warmup_model_prefill(kv_cache=kv, enable_trace=False)
+    m.warmup_model_decode(kv_cache=kv, enable_trace=True, max_batch_size=4)
+    for d in m.batch.dec.decs.values():
+        assert int(d.state.page_table_host.max()) < 7
+    prompt = PROMPTS[1]
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    table[0, 0] = 5
+    out = m.prefill_forward(torch.tensor([prompt], dtype=torch.int32), table, kv, np.array([len(prompt)]),
+                            start_pos=np.array([0]), empty_slots=[2])
+    row = (out[0] if isinstance(out, tuple) else out)[0, -1].clone()
+    m.release_persistent_capture()
+    toks, rows = alone(prompt, 1)
+    assert int(row.argmax()) == toks[0] and float((row - rows[0]).abs().max()) <= LOGITS_TOL

@@ -565,6 +565,8 @@ class Qwen36ForCausalLM:
             if self.batch is not None:  # the batched decoder reads and writes the same pool
                 self.batch.dec.replace_kv(i, self.state.layers[i])
         self.num_blocks = num_blocks
+        if self.batch is not None:
+            self.batch.fit_page_tables(num_blocks)
         if dtype is not None:
             logger.info(f"KV cache: {num_blocks} blocks of {a.block_size} tokens; vLLM's dtype {dtype} noted, the "
                         f"element dtype follows the precision preset")
@@ -1147,6 +1149,18 @@ class _BatchServer:
             new[:w] = row[:w]
             table[slot] = new
         self.dec.set_page_table(table)
+
+    def fit_page_tables(self, num_blocks: int) -> None:
+        """After vLLM's pool replaced the model's own cache: every page-table row no request has set yet (the
+        decoder's default rows, in every bucket) names blocks of that pool. A padded row of a step still reads its
+        row's pages (its output is discarded), so a block id past a small pool would read outside it (the emulator
+        refuses it; on cards it reads whatever lies there). Ids wrap into 1..num_blocks-1, never the null block."""
+        def fit(t: torch.Tensor) -> torch.Tensor:
+            return torch.where(t >= num_blocks, 1 + t % (num_blocks - 1), t).to(torch.int32)
+
+        for d in self.dec.decs.values():
+            d.set_page_table(fit(d.state.page_table_host))
+        self.dec.set_page_table(fit(self.dec.page_table_host))
 
     def _remap(self, remap: list[int]) -> None:
         self.dec.slot_remap(remap)  # validates; identity does nothing
