@@ -256,3 +256,29 @@ def test_small_kv_pool_warms_up_and_serves(env, alone):
     m.release_persistent_capture()
     toks, rows = alone(prompt, 1)
     assert int(row.argmax()) == toks[0] and float((row - rows[0]).abs().max()) <= LOGITS_TOL
+
+
+def test_stale_block_in_a_new_rows_tail_is_not_zeroed(env, alone):
+    """The runner does not clear a block-table row's tail when a new request takes the row: a short prompt's row
+    can still name, past its own blocks, a block a live request owns (seen in the soak: a 44-token prompt's row
+    [5, 2] while block 2 held positions 64.. of another request). The prefill zeroes its row's pages before
+    writing, so the tail must not reach the pool: the live request decodes exactly as alone. Regression: its
+    logits moved by ~0.1 and its sampled tokens changed."""
+    ck, ctx = env
+    m = _served(ck, ctx, 4)
+    run = Runner(m, num_blocks=8)
+    long_prompt = (PROMPTS[0] * 4)[:70]  # positions 0..69: two blocks
+    run.add("A", long_prompt)
+    run.step([("A", 0)])
+    run.step([("A", 0)])
+    assert len(run.blocks["A"]) == 2
+    run.add("B", PROMPTS[1])
+    run.blocks["B"] = [run.free_blocks.pop(), run.blocks["A"][1]]  # B's tail still names A's second block
+    run.step([("B", 1)])
+    for _ in range(3):
+        run.step([("A", 0), ("B", 1)])
+    m.release_persistent_capture()
+    for name, prompt in (("A", long_prompt), ("B", PROMPTS[1])):
+        toks, rows = alone(prompt, len(run.rows[name]))
+        assert run.seq[name][len(prompt):] == toks, name
+        assert _close(run.rows[name], rows) <= LOGITS_TOL, name

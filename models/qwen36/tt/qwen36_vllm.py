@@ -1125,9 +1125,12 @@ class _BatchServer:
         self.meta: list[dict | None] = [None] * slots
 
     # ---- helpers ---------------------------------------------------------------------------------------------
-    def _page_rows(self, page_table, slots: dict[int, int]) -> None:
+    def _page_rows(self, page_table, slots: dict[int, int], tokens: dict[int, int] | None = None) -> None:
         """Row i of vLLM's block table -> decoder slot ``slots[i]``'s page-table row, for the rows in ``slots`` (the
-        rows that carry a sequence in this call; the other slots keep theirs)."""
+        rows that carry a sequence in this call; the other slots keep theirs). With ``tokens`` (row -> tokens the
+        sequence holds after this call), entries past the blocks those tokens cover become the null block 0: the
+        runner does not clear a row's tail when another request takes the row, so it can still name a block a
+        live request owns, and a prefill zeroes every page of its row before writing."""
         if page_table is None:
             return
         pt = torch.as_tensor(page_table)
@@ -1146,6 +1149,8 @@ class _BatchServer:
                 raise ValueError(f"page_table row {i} has block ids outside [0, {limit}): {row.tolist()}")
             new = torch.zeros(bps, dtype=torch.int32)
             w = min(bps, row.numel())
+            if tokens is not None:
+                w = min(w, -(-tokens[i] // a.block_size))
             new[:w] = row[:w]
             table[slot] = new
         self.dec.set_page_table(table)
@@ -1246,7 +1251,7 @@ class _BatchServer:
             if remap[t] is None:
                 remap[t] = spare.pop(0)
         self._remap(remap)
-        self._page_rows(page_table, dict(enumerate(slots)))
+        self._page_rows(page_table, dict(enumerate(slots)), {i: int(lens[i]) for i in range(rows)})
         got, ids = {}, {}
         vocab = self.owner.model.args.cfg.vocab_size
         for i in new:
@@ -1306,7 +1311,7 @@ class _BatchServer:
             if self.dec.pos[i] != int(p[i]):
                 raise ValueError(f"decode row {i} at position {int(p[i])}, but state slot {i} holds "
                                  f"{'no sequence' if self.dec.pos[i] == FREE else f'one at {self.dec.pos[i]}'}")
-        self._page_rows(page_table, {i: i for i in live})
+        self._page_rows(page_table, {i: i for i in live}, {i: int(p[i]) + 1 for i in live})
         self.dec.use_trace = bool(enable_trace)
         feed = {i: int(tokens[i, 0]) for i in live}
         logits, _ = self.dec.step(feed)
