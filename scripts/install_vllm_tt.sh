@@ -26,6 +26,9 @@ PLUGIN_REPO=${2:-https://github.com/tenstorrent/vllm-tt-plugin}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-python}
 "$PY" -c "import ttnn" >/dev/null 2>&1 || { echo "install_vllm_tt: ttnn is not importable from $PY (activate the tt-metal env)" >&2; exit 1; }
+# vLLM's model registry imports torchvision when it inspects the Qwen3.5/3.6 architectures (without it the engine
+# refuses the model as "not supported"); the tt-metal env ships it, matching its torch
+"$PY" -c "import torchvision" >/dev/null 2>&1 || { echo "install_vllm_tt: torchvision is not importable from $PY (install the release matching this env's torch)" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$PY" -m pip download --no-deps --no-binary vllm "vllm==$VLLM_VERSION" -d "$work"

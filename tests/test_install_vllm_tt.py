@@ -205,8 +205,9 @@ def world(tmp_path_factory):
     py = venv / "bin" / "python"
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    (site / "ttnn").mkdir()
-    (site / "ttnn" / "__init__.py").write_text("")  # stands in for the tt-metal env's ttnn
+    for mod in ("ttnn", "torchvision"):  # stand in for the tt-metal env's ttnn and torchvision
+        (site / mod).mkdir()
+        (site / mod / "__init__.py").write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV", "PYTHON"))}
     env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(house), PIP_NO_CACHE_DIR="1",
                PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHON=str(py), PATH=f"{venv / 'bin'}:{os.environ['PATH']}")
@@ -296,3 +297,20 @@ def test_recorded_env_names_match_installed_vllm():
     envs = pytest.importorskip("vllm.envs", reason="vLLM is not installed (dev-only check; see docs/serving.md)")
     rec = json.loads(ENV_NAMES.read_text())["names"]
     assert sorted(envs.environment_variables) == rec
+
+
+@pytest.mark.slow
+def test_missing_torchvision_is_refused_before_installing(world):
+    """vLLM's registry needs torchvision to accept the Qwen3.5/3.6 architectures (seen on the development host: the
+    engine called the model unsupported); the script says so up front instead of installing a vLLM that cannot load
+    the model."""
+    site = next((world["py"].parent.parent / "lib").glob("python3*/site-packages"))
+    moved = site / "torchvision.off"
+    (site / "torchvision").rename(moved)
+    try:
+        r = subprocess.run(["bash", str(world["project"] / "scripts" / SCRIPT.name), world["first"],
+                            str(world["plugin"])], env=world["env"], capture_output=True, text=True, timeout=120)
+    finally:
+        moved.rename(site / "torchvision")
+    assert r.returncode == 1 and "torchvision is not importable" in r.stderr
+    assert "pip" not in r.stdout  # nothing was installed
