@@ -210,3 +210,33 @@ def test_vllm_llm_batch_sampled_on_device_equals_generate(tmp_path, monkeypatch)
     assert rec == json.loads(SAMPLED_TRACE.read_text()), (
         f"the engine's calls differ from {SAMPLED_TRACE}; if the plugin / vLLM changed on purpose, replace it "
         f"with {tmp_path / SAMPLED_TRACE.name}")
+
+
+def test_vllm_llm_device_fault_stops_the_engine(tmp_path, monkeypatch):
+    """An op failing inside a decode step, through the real engine: ``generate`` fails with the adapter's
+    ``DeviceStepFailed`` naming the op (vLLM 0.25.1 has no per-request failure path from the model: the exception
+    ends the step), and a later request is refused with the same reason instead of being served from half-updated
+    device state."""
+    from qwen36.tt.qwen36_vllm import DeviceStepFailed
+    from qwen36.tt_ops.emulator.faults import clear_fault, inject_fault
+
+    ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
+    ctx = _engine_mesh(monkeypatch)
+    llm = vllm.LLM(model=str(ck), max_num_seqs=1, max_model_len=256, block_size=BLOCK, skip_tokenizer_init=True,
+                   enable_prefix_caching=False, enable_chunked_prefill=False, max_num_batched_tokens=256,
+                   async_scheduling=False, additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy"}})
+    sp = vllm.SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
+    try:
+        op = "ttnn.transformer.fused_recurrent_gated_delta_rule"
+        # the prefill runs this op once per GDN layer (chunked form is another op); fail inside a decode step
+        plan = inject_fault(ctx.mesh_device, op, nth=5)
+        with pytest.raises(DeviceStepFailed, match=f"InjectedDeviceFault: {op} call 5"):
+            llm.generate([{"prompt_token_ids": PROMPT}], sp)
+        assert plan.fired
+        clear_fault(ctx.mesh_device)
+        with pytest.raises(Exception, match="earlier step failed on the device"):
+            llm.generate([{"prompt_token_ids": PROMPT}], sp)
+    finally:
+        clear_fault(ctx.mesh_device)
+        del llm
+        ctx.close()
