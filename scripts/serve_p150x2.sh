@@ -20,7 +20,9 @@ if [ "$K" -gt 0 ]; then
 fi
 export MESH_DEVICE=P150x2
 export EXTRA_MODELS_DIR="$REPO/vllm_models"
-export VLLM_RPC_TIMEOUT=${VLLM_RPC_TIMEOUT:-100000}
+# vLLM 0.25.1 waits this long for the engine core's READY message, which comes after weight conversion, KV
+# allocation, warmup and trace capture (default 600 s; a first 27B start may need more: docs/serving.md)
+export VLLM_ENGINE_READY_TIMEOUT_S=${VLLM_ENGINE_READY_TIMEOUT_S:-3600}
 exec vllm serve "$CKPT" \
   --served-model-name qwen36 \
   --max-num-seqs 1 \

@@ -26,6 +26,10 @@ class StubServer:
         self.model = Qwen36Model.from_checkpoint(ckpt, dtype=torch.float32, device="cpu", require_mtp=mode == "spec")
         self.mode, self.k, self.max_model_len, self.model_id = mode, k, max_model_len, model_id
         self.lock = threading.Lock()  # one request at a time on the model
+        # vLLM's Prometheus counters (GET /metrics): speculative verify steps / offered / accepted drafts (exported
+        # only by a speculative server, as vLLM does), prefix-cache queried / hit tokens (no cache: no hits)
+        self.counters = {"spec_decode_num_drafts": 0, "spec_decode_num_draft_tokens": 0,
+                         "spec_decode_num_accepted_tokens": 0, "prefix_cache_queries": 0, "prefix_cache_hits": 0}
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -47,7 +51,13 @@ class StubServer:
         """Yield lists of new token ids as the backend produces them."""
         if self.mode == "spec":
             backend = ReferenceBackend(self.model, "shadow_commit", max_len=len(prompt) + n + self.k + 2)
-            yield speculative_generate(backend, prompt, n, self.k).tokens[:n]
+            res = speculative_generate(backend, prompt, n, self.k)
+            c = self.counters
+            c["spec_decode_num_drafts"] += res.stats.steps
+            c["spec_decode_num_draft_tokens"] += sum(res.stats.depths)
+            c["spec_decode_num_accepted_tokens"] += sum(res.stats.accepted)
+            self.last_stats = res.stats
+            yield res.tokens[:n]
             return
         state = self.model.new_state(1, len(prompt) + n + 1)
         out = self.model(torch.tensor([prompt]), state)
@@ -75,6 +85,20 @@ class StubServer:
                 self.wfile.write(body)
 
             def do_GET(self):
+                if self.path == "/metrics":
+                    lines = []
+                    for name, v in server.counters.items():
+                        if name.startswith("spec_") and server.mode != "spec":
+                            continue
+                        lines += [f"# TYPE vllm:{name}_total counter",
+                                  f'vllm:{name}_total{{engine="0",model_name="{server.model_id}"}} {float(v)}']
+                    body = ("\n".join(lines) + "\n").encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 if self.path != "/v1/models":
                     return self._json(404, {"error": f"no route {self.path}"})
                 self._json(200, {"object": "list", "data": [{"id": server.model_id, "object": "model",
@@ -88,6 +112,7 @@ class StubServer:
                     return self._json(400, {"error": "this stub serves streamed greedy requests for its model only"})
                 prompt = server.tok.encode(req["prompt"], add_special_tokens=False)
                 n = int(req["max_tokens"])
+                server.counters["prefix_cache_queries"] += len(prompt)
                 if len(prompt) + n > server.max_model_len:
                     return self._json(400, {"error": f"{len(prompt)} + {n} > max_model_len {server.max_model_len}"})
                 self.send_response(200)

@@ -85,3 +85,34 @@ def test_rung_past_max_model_len_is_skipped_and_fails(tmp_path):
     assert rec["verdict"] == "fail" and rec["gate_complete"] is False
     first, second = rec["cells"]
     assert first["pass"] and second.get("skipped") and "max_model_len 100" in second["failed"][0]
+
+
+@pytest.mark.slow  # a local server round trip
+def test_server_acceptance_and_prefix_cache_counters_reported(tmp_path, capsys):
+    """A speculative server's counters (vLLM's Prometheus names at /metrics) become per-rung acceptance figures:
+    verify steps, mean accepted drafts and emitted tokens per step equal what the server's engine recorded; a
+    plain server reports its prefix-cache counters (no hits) and no acceptance; a server without /metrics says so."""
+    out = tmp_path / "spec.jsonl"
+    with StubServer(DEFAULT_CHECKPOINT, "spec", k=3, max_model_len=1024) as srv:
+        assert main(["bench", "decode", "--url", srv.url, "--rungs", "48", "--tokens", str(NEW),
+                     "--checkpoint", str(DEFAULT_CHECKPOINT), "--out", str(out)]) == 0
+        stats = srv.last_stats
+    cell = read_records(out)[-1]["cells"][0]
+    assert cell["server_metrics"] is True and cell["spec_drafts"] == stats.steps
+    assert cell["spec_accepted_tokens"] == sum(stats.accepted) and cell["spec_draft_tokens"] == sum(stats.depths)
+    assert cell["mean_accepted_per_step"] == pytest.approx(sum(stats.accepted) / stats.steps)
+    assert cell["emitted_per_step"] == pytest.approx(1 + sum(stats.accepted) / stats.steps)
+    assert cell["prefix_cache_hits"] == 0 and cell["prefix_cache_queries"] == cell["server_prompt_tokens"]
+    assert "mean accepted" in capsys.readouterr().out
+
+    plain = tmp_path / "plain.jsonl"
+    with StubServer(DEFAULT_CHECKPOINT, "plain", max_model_len=1024) as srv:
+        assert main(["bench", "decode", "--url", srv.url, "--rungs", "48", "--tokens", "4",
+                     "--checkpoint", str(DEFAULT_CHECKPOINT), "--out", str(plain)]) == 0
+    cell = read_records(plain)[-1]["cells"][0]
+    assert cell["spec_drafts"] is None and cell["mean_accepted_per_step"] is None
+    assert cell["prefix_cache_queries"] == cell["server_prompt_tokens"] and cell["prefix_cache_hits"] == 0
+    assert "prefix cache hits 0/" in capsys.readouterr().out
+    from qwen36.commands.bench import metric_deltas
+
+    assert metric_deltas(None, None) == {"server_metrics": False}  # GET /metrics failed: recorded as such

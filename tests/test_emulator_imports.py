@@ -16,7 +16,7 @@ EMU_DIR = pathlib.Path(emulator_pkg.__file__).resolve().parent
 
 # Level of every module: a module may import only modules of a strictly lower level.
 LEVELS = [
-    ("errors", "ttnn_import", "counters", "signatures", "registry", "tensor_index"),
+    ("errors", "faults", "ttnn_import", "counters", "signatures", "registry", "tensor_index"),
     ("tensor",),
     ("numerics", "programs", "mappers", "program_cache"),
     ("goldens",),

@@ -131,57 +131,12 @@ TRACE = REPO / "tests/data/vllm_tt_plugin_batch_trace.json"
 SAMPLED_TRACE = REPO / "tests/data/vllm_tt_plugin_batch_sampled_trace.json"
 
 
-def _summ(x):
-    """A call argument as JSON: tensors as {"shape", "dtype", "values"} (every value: the replay feeds them back)."""
-    import dataclasses
-
-    import numpy as np
-    import torch
-
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):  # the plugin's TTSamplingParams
-        return {"dataclass": type(x).__name__, "fields": {f.name: _summ(getattr(x, f.name))
-                                                          for f in dataclasses.fields(x)}}
-    if isinstance(x, torch.Tensor):
-        return {"shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""), "values": x.tolist()}
-    if isinstance(x, np.ndarray):
-        return {"ndarray": True, "shape": list(x.shape), "dtype": str(x.dtype), "values": x.tolist()}
-    if isinstance(x, (list, tuple)) and x and all(isinstance(v, torch.Tensor) for v in x):
-        return [_summ(v) for v in x]
-    if isinstance(x, (bool, int, float, str)) or x is None:
-        return x
-    if isinstance(x, (list, tuple)) and all(isinstance(v, (bool, int, float)) or v is None for v in x):
-        return list(x)
-    return {"type": type(x).__name__}
-
-
 def _recording(monkeypatch, calls: list):
     """Record every call the plugin makes on the model class's serving methods (name, arguments by keyword)."""
-    import inspect
-
+    from qwen36.testing.vllm_calls import record_calls
     from qwen36.tt.qwen36_vllm import Qwen36ForCausalLM
 
-    for name in ("prefill_forward", "decode_forward", "process_decode_output_host", "read_decode_output",
-                 "allocate_kv_cache_per_layer", "allocate_kv_cache", "warmup_model_prefill", "warmup_model_decode",
-                 "release_request", "note_state_slots_moved"):
-        fn = getattr(Qwen36ForCausalLM, name)
-        sig = inspect.signature(fn)
-
-        def wrap(self, *a, __fn=fn, __sig=sig, __name=name, **k):
-            bound = __sig.bind(self, *a, **k)
-            args = {key: _summ(v) for key, v in bound.arguments.items() if key not in ("self", "kv_cache", "kwargs")}
-            args.update({key: _summ(v) for key, v in bound.arguments.get("kwargs", {}).items()})
-            if __name == "allocate_kv_cache_per_layer":
-                args = {"per_layer_specs": [[list(s[0]), str(s[1]), s[2]] for s in a[0]]}
-            calls.append({"call": __name, "args": args})
-            out = __fn(self, *a, **k)
-            if __name == "prefill_forward":  # what the runner reads: [B, 1, V] logits or [B, 1] ids (+ rope deltas)
-                lg = out[0] if isinstance(out, tuple) else out
-                toks = lg[:, -1].argmax(-1) if lg.dim() == 3 else lg[:, -1]
-                calls[-1]["returned"] = {"shape": list(lg.shape), "dtype": str(lg.dtype).replace("torch.", ""),
-                                         "tokens": toks.tolist()}
-            return out
-
-        monkeypatch.setattr(Qwen36ForCausalLM, name, wrap)
+    record_calls(Qwen36ForCausalLM, calls, monkeypatch.setattr)
 
 
 def _batch_engine_run(ck, monkeypatch, prompts, sps, tt_config: dict, **llm_kw) -> tuple[list, list]:
@@ -255,3 +210,33 @@ def test_vllm_llm_batch_sampled_on_device_equals_generate(tmp_path, monkeypatch)
     assert rec == json.loads(SAMPLED_TRACE.read_text()), (
         f"the engine's calls differ from {SAMPLED_TRACE}; if the plugin / vLLM changed on purpose, replace it "
         f"with {tmp_path / SAMPLED_TRACE.name}")
+
+
+def test_vllm_llm_device_fault_stops_the_engine(tmp_path, monkeypatch):
+    """An op failing inside a decode step, through the real engine: ``generate`` fails with the adapter's
+    ``DeviceStepFailed`` naming the op (vLLM 0.25.1 has no per-request failure path from the model: the exception
+    ends the step), and a later request is refused with the same reason instead of being served from half-updated
+    device state."""
+    from qwen36.tt.qwen36_vllm import DeviceStepFailed
+    from qwen36.tt_ops.emulator.faults import clear_fault, inject_fault
+
+    ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
+    ctx = _engine_mesh(monkeypatch)
+    llm = vllm.LLM(model=str(ck), max_num_seqs=1, max_model_len=256, block_size=BLOCK, skip_tokenizer_init=True,
+                   enable_prefix_caching=False, enable_chunked_prefill=False, max_num_batched_tokens=256,
+                   async_scheduling=False, additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy"}})
+    sp = vllm.SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
+    try:
+        op = "ttnn.transformer.fused_recurrent_gated_delta_rule"
+        # the prefill runs this op once per GDN layer (chunked form is another op); fail inside a decode step
+        plan = inject_fault(ctx.mesh_device, op, nth=5)
+        with pytest.raises(DeviceStepFailed, match=f"InjectedDeviceFault: {op} call 5"):
+            llm.generate([{"prompt_token_ids": PROMPT}], sp)
+        assert plan.fired
+        clear_fault(ctx.mesh_device)
+        with pytest.raises(Exception, match="earlier step failed on the device"):
+            llm.generate([{"prompt_token_ids": PROMPT}], sp)
+    finally:
+        clear_fault(ctx.mesh_device)
+        del llm
+        ctx.close()

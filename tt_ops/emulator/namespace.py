@@ -30,6 +30,7 @@ import torch
 
 from . import registry
 from .errors import EmulatorError, NotEmulatedError, TraceRuleError
+from .faults import check_fault
 from .goldens import golden_impl
 from .dram_sharded_readers import account_readers
 from .programs import collectives_for, programs_for
@@ -232,6 +233,7 @@ class Dispatcher:
                 mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False, programs=n,
                                         collectives=nc)
             return out
+        check_fault(mesh, op_name)  # tests: an op failing on the device (faults.py)
         out = impl(*args, **kwargs)
         read, written, cb, n, nc = account(out)
         mesh.counters.record_op(op_name, read, written, collective_bytes=cb, programs=n, collectives=nc)

@@ -50,6 +50,7 @@ import torch
 
 from .counters import Counts
 from .errors import TraceRuleError
+from .faults import check_fault
 from .tensor import EmuTensor, iter_tensors
 
 
@@ -204,6 +205,7 @@ class TraceState:
                 _check_inputs_alive(step, tr)
                 for t in iter_tensors((step.args, step.kwargs)):
                     self.check_read(t, f"replay of trace {tr.trace_id} ({step.op_name})")
+                check_fault(self.mesh, step.op_name)  # tests: an op failing inside a replayed trace
                 fresh = step.impl(*step.args, **step.kwargs)
                 _write_back(step.outputs, fresh, step.op_name)
                 if step.account is not None:

@@ -4,8 +4,10 @@ vllm-tt plugin, docs/serving.md).
 ``bench decode`` builds, for each rung, a prompt of that many tokens with the checkpoint's tokenizer, streams one
 greedy ``/v1/completions`` request per rung (``max_tokens = --tokens``, ``ignore_eos``) and records, per rung:
 the server's own ``usage.prompt_tokens`` and its deviation from the target (within 5 % or not), the time to the
-first streamed token, decode tokens/s after it, the server's ``max_model_len`` (``GET /v1/models``) and a sha256
-of the generated text. One run = one record (qwen36.probes.records format) appended to ``--out``.
+first streamed token, decode tokens/s after it, the server's ``max_model_len`` (``GET /v1/models``), a sha256
+of the generated text, and what the server's own counters added during the rung (``GET /metrics``, vLLM's
+Prometheus names): speculative verify steps, mean accepted drafts and tokens emitted per step, prefix-cache hits.
+One run = one record (qwen36.probes.records format) appended to ``--out``.
 
 ``bench compare A.jsonl B.jsonl`` compares the last record of each file rung by rung (generated text hash and
 token counts): a plain and a speculative server must produce the same greedy bytes.
@@ -82,6 +84,55 @@ def server_models(client) -> list[dict]:
     r = client.get("/models")
     r.raise_for_status()
     return list(r.json().get("data") or [])
+
+
+# vLLM 0.25.1's Prometheus counters (GET /metrics at the server root; prometheus_client adds "_total"): speculative
+# decoding (vllm/v1/spec_decode/metrics.py: one "draft" = one verify step of a request) and the prefix cache
+# (vllm/v1/metrics/loggers.py; queried and hit tokens)
+METRICS = {"spec_drafts": "vllm:spec_decode_num_drafts_total",
+           "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+           "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+           "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+           "prefix_cache_hits": "vllm:prefix_cache_hits_total"}
+
+
+def server_metrics(client, url: str, model: str) -> dict | None:
+    """The counters above, summed over engines, for ``model`` (label ``model_name``); None when the server has no
+    /metrics. A counter the server does not export is absent from the result."""
+    root = url[: -len("/v1")] if url.endswith("/v1") else url
+    try:
+        r = client.get(f"{root}/metrics")
+    except Exception:  # noqa: BLE001 - a server without the endpoint or refusing it: no metrics
+        return None
+    if r.status_code != 200:
+        return None
+    wanted = {v: k for k, v in METRICS.items()}
+    got: dict[str, float] = {}
+    for line in r.text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition("{") if "{" in line.split(" ", 1)[0] else (line.split(" ", 1)[0], "", "")
+        if name not in wanted:
+            continue
+        labels, value = (rest.rsplit("}", 1) if rest else ("", line.split(" ", 1)[1]))
+        if 'model_name="' in labels and f'model_name="{model}"' not in labels:
+            continue
+        got[wanted[name]] = got.get(wanted[name], 0.0) + float(value.split()[0])
+    return got
+
+
+def metric_deltas(before: dict | None, after: dict | None) -> dict:
+    """What one rung added: acceptance (mean accepted drafts and tokens emitted per verify step, per-draft
+    acceptance rate) and prefix-cache hits; None where the server exports no such counter."""
+    if before is None or after is None:
+        return {"server_metrics": False}
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    out = {"server_metrics": True, **{k: d.get(k) for k in METRICS}}
+    steps, acc, offered = d.get("spec_drafts"), d.get("spec_accepted_tokens"), d.get("spec_draft_tokens")
+    out["mean_accepted_per_step"] = acc / steps if steps else None
+    out["emitted_per_step"] = (acc + steps) / steps if steps else None  # accepted drafts + the bonus/correction
+    out["acceptance_rate"] = acc / offered if offered else None
+    return out
 
 
 def stream_completion(client, model: str, prompt: str, max_tokens: int) -> dict:
@@ -167,8 +218,10 @@ def run_decode(args: argparse.Namespace) -> int:
                 logger.warning(f"rung {n}: skipped, {n} + {args.tokens} > max_model_len {max_len}")
                 continue
             prompt, local = build_prompt(tok, n)
+            before = server_metrics(client, url, model)
             res = stream_completion(client, model, prompt, args.tokens)
             cell = rung_cell(n, args.tokens, local, res, max_len)
+            cell.update(metric_deltas(before, server_metrics(client, url, model)))
             cells.append(cell)
             logger.info(f"rung {n}: server prompt tokens {cell['server_prompt_tokens']} ({cell['deviation']:+.2%}), "
                         f"TTFT {cell['ttft_s']:.3f} s, decode {cell['decode_tok_s'] or float('nan'):.1f} tok/s, "
@@ -188,7 +241,7 @@ def run_decode(args: argparse.Namespace) -> int:
         print(f"  {c['cell']}: " + ("skipped: " + c["failed"][0] if c.get("skipped") else
               f"prompt {c['server_prompt_tokens']} ({c['deviation']:+.2%}, within 5%: {c['within_5pct']}), "
               f"TTFT {c['ttft_s']:.3f} s, decode {c['decode_tok_s'] or float('nan'):.1f} tok/s, "
-              f"sha256 {c['output_sha256'][:16]}"))
+              f"sha256 {c['output_sha256'][:16]}" + _server_stats(c)))
     return 0 if record["verdict"] == "pass" else 1
 
 
@@ -241,6 +294,19 @@ def run_compare(args: argparse.Namespace) -> int:
         return 1
     print("greedy outputs byte-identical on every rung")
     return 0
+
+
+def _server_stats(c: dict) -> str:
+    """The server's own counters for the rung, when it exports them."""
+    if not c.get("server_metrics"):
+        return "; server exports no /metrics"
+    parts = []
+    if c.get("spec_drafts"):
+        parts.append(f"verify steps {c['spec_drafts']:.0f}, mean accepted {c['mean_accepted_per_step']:.2f}, "
+                     f"emitted/step {c['emitted_per_step']:.2f}, acceptance {c['acceptance_rate']:.1%}")
+    if c.get("prefix_cache_queries") is not None:
+        parts.append(f"prefix cache hits {c['prefix_cache_hits'] or 0:.0f}/{c['prefix_cache_queries']:.0f} tokens")
+    return "; " + ", ".join(parts) if parts else "; server exports neither acceptance nor prefix-cache counters"
 
 
 def _fmt(x) -> str:

@@ -72,6 +72,8 @@ decoder slot j; how the plugin's calls map onto it is in that class and docs/ser
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import secrets
 from pathlib import Path
@@ -249,6 +251,65 @@ class _VllmSpecBackend(TTSpecBackend):
             raise NotImplementedError("the vllm path verifies greedily (accept mode argmax_ids)")
         vout = self.step_state.verify()
         return vout, self.acceptor.greedy(vout.out.logits, self.accept_drafts)
+
+
+class DeviceStepFailed(RuntimeError):
+    """A plugin call failed inside the device work of a step; the model refuses every later call (stop and restart
+    the server; on cards reset the devices first)."""
+
+
+def _raised_here(err: BaseException) -> bool:
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__") == __name__
+
+
+def _call_rows(fn, self, args, kwargs) -> str:
+    """The rows of a plugin call, for the failure message: count, start positions and state slots."""
+    try:
+        named = inspect.signature(fn).bind_partial(self, *args, **kwargs).arguments
+    except TypeError:
+        named = dict(kwargs)
+    tokens = named.get("tokens")
+    parts = []
+    if tokens is not None and hasattr(tokens, "shape"):
+        parts.append(f"{tokens.shape[0]} rows")
+    for key in ("start_pos", "empty_slots"):
+        v = named.get(key)
+        if v is not None:
+            parts.append(f"{key} {[int(x) for x in torch.as_tensor(v).reshape(-1).tolist()]}")
+    return ", ".join(parts) or "no rows"
+
+
+def stops_on_device_failure(fn):
+    """Wrap a plugin entry point that drives the device. An exception from below the adapter (the model, ttnn: on
+    cards tt-metal raises RuntimeError for an op that fails on the host, TT_FATAL/TT_THROW, and for a dispatch
+    timeout after a kernel hang) has left the step half done: earlier ops of the step already updated GDN/conv
+    state and KV in place, and a fault inside a replayed trace cannot be located or undone. So the call fails
+    with :class:`DeviceStepFailed` naming the call, its rows and the op's error, and every later call is refused
+    with the same reason; vLLM 0.25.1 then stops the engine (an exception out of ``execute_model`` is fatal to its
+    engine core). The adapter's own refusals of a call (ValueError / NotImplementedError, or a RuntimeError this
+    module raises from its checks) are raised before the device is touched and leave the model serving."""
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        failed = getattr(self, "_device_failure", None)
+        if failed is not None:
+            raise DeviceStepFailed(f"{fn.__name__} refused: an earlier step failed on the device ({failed}); the "
+                                   f"device state cannot be trusted: restart the server (on cards reset the devices)")
+        try:
+            return fn(self, *args, **kwargs)
+        except (ValueError, NotImplementedError):
+            raise
+        except Exception as err:
+            if isinstance(err, DeviceStepFailed) or (isinstance(err, RuntimeError) and _raised_here(err)):
+                raise
+            self._device_failure = f"{fn.__name__} ({_call_rows(fn, self, args, kwargs)}): {type(err).__name__}: {err}"
+            logger.error(f"vllm-tt: device step failed in {self._device_failure}; this model serves nothing more")
+            raise DeviceStepFailed(f"device step failed in {self._device_failure}; the requests of this call are "
+                                   f"lost and the model refuses further calls: restart the server (on cards reset "
+                                   f"the devices first)") from err
+    return call
 
 
 class DecodeHandle:
@@ -508,6 +569,8 @@ class Qwen36ForCausalLM:
             if self.batch is not None:  # the batched decoder reads and writes the same pool
                 self.batch.dec.replace_kv(i, self.state.layers[i])
         self.num_blocks = num_blocks
+        if self.batch is not None:
+            self.batch.fit_page_tables(num_blocks)
         if dtype is not None:
             logger.info(f"KV cache: {num_blocks} blocks of {a.block_size} tokens; vLLM's dtype {dtype} noted, the "
                         f"element dtype follows the precision preset")
@@ -585,6 +648,7 @@ class Qwen36ForCausalLM:
         ttnn.copy_host_to_device_tensor(h, dev)
 
     # ---- prefill -------------------------------------------------------------------------------------------
+    @stops_on_device_failure
     @torch.no_grad()
     def prefill_forward(self, tokens, page_table, kv_cache, prompt_lens, enable_trace: bool = False,
                         sampling_params=None, start_pos=None, empty_slots=None, **kwargs):
@@ -700,6 +764,7 @@ class Qwen36ForCausalLM:
                              f"prompt, which the penalty state cannot tell apart")
 
     # ---- decode / verify -----------------------------------------------------------------------------------
+    @stops_on_device_failure
     @torch.no_grad()
     def decode_forward(self, tokens, page_table=None, kv_cache=None, start_pos=None, *, enable_trace: bool = True,
                        read_from_device: bool = True, sampling_params=None, num_valid_drafts=None,
@@ -883,6 +948,7 @@ class Qwen36ForCausalLM:
         elif k != self.spec_backend._k:
             raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec_backend._k})")
 
+    @stops_on_device_failure
     @torch.no_grad()
     def propose_draft_tokens(self, num_drafts: int, committed_tokens, committed_positions, accepted_counts,
                              hidden=None):
@@ -949,6 +1015,7 @@ class Qwen36ForCausalLM:
         limit = getattr(self, "num_blocks", self.model.args.num_blocks)
         return (1 + torch.arange(self.model.args.blocks_per_seq, dtype=torch.int32) % (limit - 1))[None]
 
+    @stops_on_device_failure
     @torch.no_grad()
     def warmup_model_prefill(self, kv_cache=None, enable_trace: bool = False, can_sample_on_device: bool = False,
                              **_) -> None:
@@ -966,6 +1033,7 @@ class Qwen36ForCausalLM:
         self.already_warmed_up_prefill = True
         self.release_request(0)
 
+    @stops_on_device_failure
     @torch.no_grad()
     def warmup_model_decode(self, kv_cache=None, enable_trace: bool = False, max_batch_size: int = 1,
                             num_blocks: int | None = None, can_sample_on_device: bool = False, **_) -> None:
@@ -1072,9 +1140,12 @@ class _BatchServer:
         self.meta: list[dict | None] = [None] * slots
 
     # ---- helpers ---------------------------------------------------------------------------------------------
-    def _page_rows(self, page_table, slots: dict[int, int]) -> None:
+    def _page_rows(self, page_table, slots: dict[int, int], tokens: dict[int, int] | None = None) -> None:
         """Row i of vLLM's block table -> decoder slot ``slots[i]``'s page-table row, for the rows in ``slots`` (the
-        rows that carry a sequence in this call; the other slots keep theirs)."""
+        rows that carry a sequence in this call; the other slots keep theirs). With ``tokens`` (row -> tokens the
+        sequence holds after this call), entries past the blocks those tokens cover become the null block 0: the
+        runner does not clear a row's tail when another request takes the row, so it can still name a block a
+        live request owns, and a prefill zeroes every page of its row before writing."""
         if page_table is None:
             return
         pt = torch.as_tensor(page_table)
@@ -1093,9 +1164,23 @@ class _BatchServer:
                 raise ValueError(f"page_table row {i} has block ids outside [0, {limit}): {row.tolist()}")
             new = torch.zeros(bps, dtype=torch.int32)
             w = min(bps, row.numel())
+            if tokens is not None:
+                w = min(w, -(-tokens[i] // a.block_size))
             new[:w] = row[:w]
             table[slot] = new
         self.dec.set_page_table(table)
+
+    def fit_page_tables(self, num_blocks: int) -> None:
+        """After vLLM's pool replaced the model's own cache: every page-table row no request has set yet (the
+        decoder's default rows, in every bucket) names blocks of that pool. A padded row of a step still reads its
+        row's pages (its output is discarded), so a block id past a small pool would read outside it (the emulator
+        refuses it; on cards it reads whatever lies there). Ids wrap into 1..num_blocks-1, never the null block."""
+        def fit(t: torch.Tensor) -> torch.Tensor:
+            return torch.where(t >= num_blocks, 1 + t % (num_blocks - 1), t).to(torch.int32)
+
+        for d in self.dec.decs.values():
+            d.set_page_table(fit(d.state.page_table_host))
+        self.dec.set_page_table(fit(self.dec.page_table_host))
 
     def _remap(self, remap: list[int]) -> None:
         self.dec.slot_remap(remap)  # validates; identity does nothing
@@ -1181,7 +1266,7 @@ class _BatchServer:
             if remap[t] is None:
                 remap[t] = spare.pop(0)
         self._remap(remap)
-        self._page_rows(page_table, dict(enumerate(slots)))
+        self._page_rows(page_table, dict(enumerate(slots)), {i: int(lens[i]) for i in range(rows)})
         got, ids = {}, {}
         vocab = self.owner.model.args.cfg.vocab_size
         for i in new:
@@ -1241,7 +1326,7 @@ class _BatchServer:
             if self.dec.pos[i] != int(p[i]):
                 raise ValueError(f"decode row {i} at position {int(p[i])}, but state slot {i} holds "
                                  f"{'no sequence' if self.dec.pos[i] == FREE else f'one at {self.dec.pos[i]}'}")
-        self._page_rows(page_table, {i: i for i in live})
+        self._page_rows(page_table, {i: i for i in live}, {i: int(p[i]) + 1 for i in live})
         self.dec.use_trace = bool(enable_trace)
         feed = {i: int(tokens[i, 0]) for i in live}
         logits, _ = self.dec.step(feed)

@@ -1,0 +1,62 @@
+"""Recording the vllm-tt plugin's calls on the model class (dev runs through the real engine), in the JSON form the
+CI replays read back (tests/test_vllm_batch.py ``_arg``): tensors as {"shape", "dtype", "values"}, numpy arrays
+with "ndarray", the plugin's TTSamplingParams as {"dataclass", "fields"}."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+# the serving methods the plugin calls on the model class
+RECORDED = ("prefill_forward", "decode_forward", "process_decode_output_host", "read_decode_output",
+            "allocate_kv_cache_per_layer", "allocate_kv_cache", "warmup_model_prefill", "warmup_model_decode",
+            "release_request", "note_state_slots_moved")
+
+
+def summarize(x):
+    """A call argument as JSON (every value: the replay feeds them back)."""
+    import numpy as np
+    import torch
+
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):  # the plugin's TTSamplingParams
+        return {"dataclass": type(x).__name__, "fields": {f.name: summarize(getattr(x, f.name))
+                                                          for f in dataclasses.fields(x)}}
+    if isinstance(x, torch.Tensor):
+        return {"shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""), "values": x.tolist()}
+    if isinstance(x, np.ndarray):
+        return {"ndarray": True, "shape": list(x.shape), "dtype": str(x.dtype), "values": x.tolist()}
+    if isinstance(x, (list, tuple)) and x and all(isinstance(v, torch.Tensor) for v in x):
+        return [summarize(v) for v in x]
+    if isinstance(x, (bool, int, float, str)) or x is None:
+        return x
+    if isinstance(x, (list, tuple)) and all(isinstance(v, (bool, int, float)) or v is None for v in x):
+        return list(x)
+    return {"type": type(x).__name__}
+
+
+def record_calls(cls, calls: list, setattr_=setattr, instances: list | None = None) -> None:
+    """Wrap ``cls``'s serving methods so every call appends {"call", "args"} to ``calls`` (a prefill also gets
+    "returned": shape, dtype and the tokens the runner reads). ``setattr_`` installs the wrapper (pytest's
+    ``monkeypatch.setattr`` undoes it after the test); ``instances`` receives each model object once."""
+    for name in RECORDED:
+        fn = getattr(cls, name)
+        sig = inspect.signature(fn)
+
+        def wrap(self, *a, __fn=fn, __sig=sig, __name=name, **k):
+            if instances is not None and not any(i is self for i in instances):
+                instances.append(self)
+            bound = __sig.bind(self, *a, **k)
+            args = {key: summarize(v) for key, v in bound.arguments.items()
+                    if key not in ("self", "kv_cache", "kwargs")}
+            args.update({key: summarize(v) for key, v in bound.arguments.get("kwargs", {}).items()})
+            if __name == "allocate_kv_cache_per_layer":
+                args = {"per_layer_specs": [[list(s[0]), str(s[1]), s[2]] for s in a[0]]}
+            calls.append({"call": __name, "args": args})
+            out = __fn(self, *a, **k)
+            if __name == "prefill_forward":  # what the runner reads: [B, 1, V] logits or [B, 1] ids (+ rope deltas)
+                lg = out[0] if isinstance(out, tuple) else out
+                toks = lg[:, -1].argmax(-1) if lg.dim() == 3 else lg[:, -1]
+                calls[-1]["returned"] = {"shape": list(lg.shape), "dtype": str(lg.dtype).replace("torch.", ""),
+                                         "tokens": toks.tolist()}
+            return out
+
+        setattr_(cls, name, wrap)
