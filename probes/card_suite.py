@@ -31,11 +31,13 @@ from typing import Callable
 from qwen36.probes.records import SOURCE_ROOT, ProbeReport, append_record, to_record
 
 # Registered probes run after the pytest steps in this order (a name missing from the registry is reported as not run).
-PROBE_ORDER = ("verify-tp", "gdn-transaction-tp", "lossless", "decode-cost", "gate-0a", "gate-0b")
+PROBE_ORDER = ("verify-tp", "gdn-transaction-tp", "lossless", "prefix-cache", "decode-cost", "gate-0a", "gate-0b")
 # Registered probes deliberately left out, with the reason.
 NOT_IN_SUITE = {
     "gdn-transaction": "reference-only (pure torch); its TT counterpart gdn-transaction-tp is in the suite",
     "emu-conformance": "checks the emulator against Tenstorrent's op-test cases; it refuses a non-emulated device",
+    "memory": "a DRAM plan computed from the tensors the TT code allocates, not a measurement; on cards the "
+              "allocator's own report is what to read",
 }
 # Probes that only make sense on some backends: name -> (backend kinds, why not elsewhere).
 BACKEND_ONLY = {
@@ -46,6 +48,7 @@ CI_ARGS = {
     "verify-tp": ["--ks", "1"],
     "gdn-transaction-tp": ["--ks", "1", "--mechanisms", "snapshot", "--accepts", "1"],
     "lossless": ["--ks", "1", "--mechanisms", "snapshot", "--max-new-tokens", "4"],
+    "prefix-cache": ["--turns", "2", "--max-new-tokens", "4"],
     "gate-0b": ["--ks", "1", "--commit-k", "1"],
 }
 # Options at --size full (the gate sizes), where a probe's defaults are smaller.
