@@ -108,25 +108,3 @@ def test_fault_inside_an_eager_prefill_and_a_one_sequence_decode(env):
         with pytest.raises(DeviceStepFailed, match="earlier step failed"):
             m.prefill_forward(toks, table, kv, torch.tensor([len(prompt)]))
         m.release_persistent_capture()
-
-
-def test_fault_plan_counts_eager_calls_and_trace_replays(env):
-    """The hook itself: the Nth executed call fails, captures are not counted, replayed steps are."""
-    _, ctx = env
-    mesh = ctx.mesh_device
-    ttnn = mesh.ttnn
-    x = ttnn.from_torch(torch.ones(32, 32), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh,
-                        mesh_mapper=ttnn.ReplicateTensorToMesh(mesh))
-    plan = inject_fault(mesh, "ttnn.add", nth=3)
-    ttnn.add(x, x)  # call 1
-    tid = ttnn.begin_trace_capture(mesh, cq_id=0)
-    y = ttnn.add(x, x)  # captured: not executed, not counted
-    ttnn.end_trace_capture(mesh, tid, cq_id=0)
-    ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)  # call 2
-    with pytest.raises(InjectedDeviceFault, match="ttnn.add call 3"):
-        ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)
-    ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)  # call 4 runs again
-    assert plan.calls == 4 and plan.fired == [("ttnn.add", 3)]
-    clear_fault(mesh)
-    ttnn.release_trace(mesh, tid)
-    del y

@@ -22,8 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .ccl import ccl_for
-from .gdn import all_reduce
+from .ccl import all_reduce, ccl_for
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
                            compute_config_norm, kv_update_input_memory_config, rope_decode_memory_config,
                            sdpa_decode_program_config)

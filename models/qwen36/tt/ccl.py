@@ -90,3 +90,11 @@ def ccl_for(ttnn, mesh) -> TTCCL:
     owner = TTCCL(ttnn, mesh)
     _OWNERS[id(mesh)] = (_ref(mesh), owner)
     return owner
+
+
+def all_reduce(ttnn, t, num_devices: int):
+    """Sum row-parallel partials over the mesh (no collective at width 1): what every TP layer (GDN, attention, MLP,
+    MoE) ends with."""
+    if num_devices == 1:
+        return t
+    return ccl_for(ttnn, t.device()).all_reduce(t, memory_config=activation_memory_config(ttnn))

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from ..reference.gdn import L2NORM_EPS
-from .ccl import ccl_for
+from .ccl import all_reduce, ccl_for
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_fp32_state,
                            compute_config_matmul, compute_config_norm, state_memory_config)
 from .state import GDNLayerState
@@ -291,10 +291,3 @@ class TTGatedDeltaNet:
         else:
             o = verify_plan.gdn_recurrence(self, state, q, k, v, g, beta, window)
         return self.output(o, z, rows)
-
-
-def all_reduce(ttnn, t, num_devices: int):
-    """Sum row-parallel partials over the mesh (no collective at width 1)."""
-    if num_devices == 1:
-        return t
-    return ccl_for(ttnn, t.device()).all_reduce(t, memory_config=activation_memory_config(ttnn))

@@ -26,8 +26,7 @@ x [1, 1, T, H] -> [1, 1, T, H] (replicated after the reduce).
 """
 from __future__ import annotations
 
-from .ccl import ccl_for
-from .gdn import all_reduce
+from .ccl import all_reduce, ccl_for
 from .model_config import TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul, decode_matmul_plan
 from .weights import MLPWeights
 

@@ -38,8 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from .ccl import ccl_for
-from .gdn import all_reduce
+from .ccl import all_reduce, ccl_for
 from .mlp import TTMLP
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
                            compute_config_norm)
