@@ -289,8 +289,9 @@ def stops_on_device_failure(fn):
     state and KV in place, and a fault inside a replayed trace cannot be located or undone. So the call fails
     with :class:`DeviceStepFailed` naming the call, its rows and the op's error, and every later call is refused
     with the same reason; vLLM 0.25.1 then stops the engine (an exception out of ``execute_model`` is fatal to its
-    engine core). The adapter's own refusals of a call (ValueError / NotImplementedError, or a RuntimeError this
-    module raises from its checks) are raised before the device is touched and leave the model serving."""
+    engine core). The adapter's own refusals of a call (ValueError / NotImplementedError, or any exception this
+    module raises from its checks, such as the TypeError for side tensors sent without ``spec_mode``) are raised
+    before the device is touched and leave the model serving."""
     @functools.wraps(fn)
     def call(self, *args, **kwargs):
         failed = getattr(self, "_device_failure", None)
@@ -302,7 +303,7 @@ def stops_on_device_failure(fn):
         except (ValueError, NotImplementedError):
             raise
         except Exception as err:
-            if isinstance(err, DeviceStepFailed) or (isinstance(err, RuntimeError) and _raised_here(err)):
+            if isinstance(err, DeviceStepFailed) or _raised_here(err):
                 raise
             self._device_failure = f"{fn.__name__} ({_call_rows(fn, self, args, kwargs)}): {type(err).__name__}: {err}"
             logger.error(f"vllm-tt: device step failed in {self._device_failure}; this model serves nothing more")
