@@ -43,11 +43,13 @@ def run_matrix(gen, reader, ref_tokens, prompt, ks, mechs, max_new) -> list[dict
     plain = gen.greedy(prompt, max_new)
     gen.release_trace()
     drafter = TTMTPDrafter(reader)
-    ref = Qwen36Model.from_checkpoint(gen.ckpt, dtype=torch.float32, with_mtp=False) if gen.ckpt else None
-
     def why(got, want) -> dict:
-        """Where a failing cell first differs, with the reference's top-2 margin there (near tie or state bug)."""
-        return {"divergence": divergence_note(ref, prompt, got, want)} if ref is not None and got != want else {}
+        """Where a failing cell first differs, with the reference's top-2 margin there (near tie or state bug); the
+        reference model is loaded only when a cell fails."""
+        if got == want or gen.ckpt is None:
+            return {}
+        ref = Qwen36Model.from_checkpoint(gen.ckpt, dtype=torch.float32, with_mtp=False)
+        return {"divergence": divergence_note(ref, prompt, got, want)}
 
     cells = [{"cell": "TT plain greedy vs reference", "tokens_equal": plain == ref_tokens, "pass": plain == ref_tokens,
               **why(plain, ref_tokens)}]

@@ -3,7 +3,7 @@
 Attribute lookup, in order:
 
 1. **Override table** (``registry.OVERRIDES``): ops and host functions the emulator implements itself
-   (tensor creation/transfer, linear/matmul in fp32, collectives, paged cache ops, ring-mode GDN, spec
+   (tensor creation/transfer, linear/matmul with card numerics, collectives, paged cache ops, ring-mode GDN, spec
    SDPA, traces, mesh mappers...). An override is reachable only if the name exists in the installed
    ttnn - the emulator never invents API.
 2. **Registered ttnn ops** (``FastOperation``/``Operation``): wrapped so that each call validates the

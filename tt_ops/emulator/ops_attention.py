@@ -35,7 +35,7 @@ flash-decode kernel sources (``ttnn/cpp/.../sdpa_decode/device/kernels``, read f
   ``[1, B, 1, D]`` (one row per user, broadcast over heads). Prefill: x ``[1, nh, S, D]`` (any memory layout but
   width-sharded), cos/sin ``[1, 1, S' >= S, D]``, row s of every head takes cos row s. Output: x's dtype.
 
-Attention math runs in fp32 and is rounded to q's dtype (cards accumulate flash-decode partials in
+Attention math runs in fp64 (rule N8) and is rounded to q's dtype (cards accumulate flash-decode partials in
 bf16/fp32 per program config; that reduction-order error is not modelled).
 """
 
@@ -473,7 +473,7 @@ def paged_sdpa_decode(input_tensor_q, input_tensor_k, input_tensor_v, page_table
     if exotic:
         if spec_t:
             raise NotEmulatedError(f"{op}: spec_multi_pos_tiles combined with {exotic} is not emulated")
-        # rarely used features: the (per-user looping) golden in fp32
+        # rarely used features: the (per-user looping) golden, on fp64 shards (N8)
         impl = golden_impl(op, ttnn.transformer.paged_scaled_dot_product_attention_decode)
         return impl(input_tensor_q, input_tensor_k, input_tensor_v, page_table_tensor, **kwargs)
     if kwargs.get("cur_pos_tensor") is None and kwargs.get("is_causal", True):

@@ -1,7 +1,7 @@
 """linear / matmul.
 
-``numerics="exact"``: fp32 products and accumulation, rounded once to the output dtype (the ttnn goldens
-multiply in the input dtype; bf16 matmul on a 2-core CPU is ~100x slower than fp32).
+``numerics="exact"``: products and accumulation in fp64 (rule N8), rounded once to the output dtype (the ttnn
+goldens multiply in the input dtype; bf16 matmul on a 2-core CPU is ~100x slower).
 ``numerics="strict"`` (default): what the FPU does (``numerics.fpu_matmul``: fp32 operands become TF32, math
 fidelity phases, bf16 Dst accumulation without ``fp32_dest_acc_en``) plus the tile padding a contraction whose
 K is not a multiple of 32 reads (``numerics.padded_k_contribution``: garbage padding on both sides makes the

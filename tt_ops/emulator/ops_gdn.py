@@ -4,7 +4,7 @@
 initial_state_block_idx, output_final_state, output_per_token_state, use_qk_l2norm)``:
 
 * q/k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g/beta ``[B, T, HV]``; returns ``(o [B, T, HV, V], state)``.
-* Plain mode: the golden (fp32), state ``[B, HV, K, V]`` (final) or ``[B, T, HV, K, V]`` (per token).
+* Plain mode: the recurrence below, state ``[B, HV, K, V]`` (final) or ``[B, T, HV, K, V]`` (per token).
 * Ring mode (``initial_state_block_idx`` given; op docstring): requires ``output_per_token_state=True``
   and an fp32 TILE ``initial_state`` of exact shape ``[T*BH, K, V]`` (BH = B*HV, h = b*HV + hv);
   ``idx`` is ``[BH]`` or ``[1, BH]`` uint32/int32 ROW_MAJOR with ``idx[h] % BH == h`` (caller contract).
@@ -179,7 +179,7 @@ def chunk_gated_delta_rule(
     ones=None,
     masks=None,
 ):
-    """Prefill GDN with the contract of the 0.81.1 docstring; the math is the golden's, in fp32.
+    """Prefill GDN with the contract of the 0.81.1 docstring; the math is the recurrence's, in fp64 (N8).
 
     * ``use_qk_l2norm`` must be False ("currently the only accepted value"; cards fail with
       "use_qk_l2norm not yet supported").
