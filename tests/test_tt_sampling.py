@@ -199,6 +199,42 @@ def test_a_row_needing_a_stage_the_trace_lacks_is_refused(mesh):
         s.release()
 
 
+# Programs per pick on the emulated mesh, B=1 = the single-user sampler's counts before the per-row unification
+# (its scalar-operand form, stage for stage); B=4 = the batched sampler's before it (every stage: 78). The
+# transform's programs do not grow with B; the draws do (one uniform gather per row, then a concat: +21).
+PROGRAMS = {
+    "greedy": (SamplingParams(), 6, 6),
+    "greedy+penalties": (SamplingParams(**PENALTIES), 21, 21),
+    "greedy+logprobs": (SamplingParams(logprobs=3), 28, 28),
+    "temperature": (SamplingParams(temperature=0.8), 19, 40),
+    "top_k": (SamplingParams(temperature=0.8, top_k=20), 27, 48),
+    "everything+logprobs": (SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, logprobs=3, **PENALTIES),
+                            73, 94),
+    "every stage": (None, 57, 78),
+}
+
+
+@pytest.mark.parametrize("rows", [1, 4], ids=["B1", "B4"])
+@pytest.mark.parametrize("case", list(PROGRAMS))
+def test_programs_per_pick(mesh, case, rows):
+    """A sampler holds only the stages its users need, so a step costs what they use and no more."""
+    ttnn, m = mesh.ttnn, mesh.mesh_device
+    params, *want = PROGRAMS[case]
+    stages = SamplerStages.every() if params is None else SamplerStages.of([params], V)
+    p = params or SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, **PENALTIES)
+    s = DeviceSampler(ttnn, m, V, rows, stages=stages).allocate()
+    for r in range(rows):
+        s.start(r, p, [1, 2], 3)
+    buf = _buffer(ttnn, m, rows)
+    s.before_step()
+    s.pick(buf)  # the first call compiles; count the second
+    with mesh.counters.scope(case) as c:
+        s.before_step()
+        s.pick(buf)
+    s.release()
+    assert c.programs == want[rows > 1], dict(c.programs_per_op)
+
+
 @pytest.mark.parametrize("rows", [1, 4], ids=["B1", "B4"])
 def test_device_pick_distribution_chi_square(mesh, rows):
     """Many replays over fixed logits with device uniforms (``rng="device"``): the token histogram matches the
