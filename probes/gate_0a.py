@@ -233,7 +233,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
     from qwen36.tt.accept import DeviceAcceptor
     from qwen36.tt.commit import commit
     from qwen36.tt.mtp import TTMTPHead
-    from qwen36.tt.sampler import DeviceSampler
+    from qwen36.tt.sampler import DeviceSampler, SamplerStages
     from qwen36.tt.state import allocate_decode_inputs
     from qwen36.tt.verify import SpecDeviceState
     from qwen36.tt.weights import WeightLoader, load_mtp_weights
@@ -303,7 +303,8 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
         decode, decode_layers = forward_components(regs, corr, ratio, n_gdn, n_attn)
         # plain decoding picks on device (tt/sampler.py DeviceSampler; greedy = one argmax over the row, which the
         # head region's argmax stands for here) and reads back only the pick's small result from device 0
-        sampler = DeviceSampler(ttnn, mesh, cfg.vocab_size, SamplingParams()).allocate()
+        sampler = DeviceSampler(ttnn, mesh, cfg.vocab_size,
+                                stages=SamplerStages.of([SamplingParams()], cfg.vocab_size)).allocate()
         decode["host_readback"] = readback("readback", sampler.read, [(sampler.result, 1)], reads=1)
         steps = {"decode": _step(fig, "decode", 0, decode, decode_layers)}
 

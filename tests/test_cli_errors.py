@@ -101,7 +101,7 @@ def test_bad_sampling_values_plain_and_speculative(capsys, ci_ckpt, flag, value,
 def test_several_prompts_plain_sampling_refused(capsys, ci_ckpt):
     """Plain batched decoding on the reference is greedy only: a sampled or penalised plain batch is refused with
     one line (the speculative batch and a single plain prompt take every sampling parameter; sampled plain batches
-    run on the TT devices, tests/test_tt_batch_sampler.py)."""
+    run on the TT devices, tests/test_tt_sampling.py)."""
     for extra in (["--temperature", "0.7"], ["--repetition-penalty", "1.2"], ["--logprobs", "2"]):
         rc, err = run_cli(capsys, "generate", "--checkpoint", str(ci_ckpt), "--ids", "1,2", "--ids", "3",
                           "--max-new-tokens", "2", *extra)

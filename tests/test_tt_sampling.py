@@ -1,7 +1,11 @@
 """Plain TT decoding with the sampling parameters, on the emulated 1x2 P150a mesh: the device pick
-(``tt/sampler.py::DeviceSampler``) against the torch transform given the same uniforms, penalties from the
-device-resident counts, raw logprobs, and the generator's traced decode reading back only the pick's result."""
+(``tt/sampler.py::DeviceSampler``) at B = 1 and B = 4 rows against the torch transform given the same uniforms,
+penalties from the device-resident counts, raw logprobs, every row independent of its neighbours' parameters, and
+the decoders' traced steps (batch-1 generator, batched decoder, bucketed decoder) reading back only the pick's
+result; each batched user's tokens are its batch-1 run's."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,11 +14,13 @@ from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.acceptance import greedy_accept
 from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.plain import plain_generate
-from qwen36.speculative.sampling import SamplingParams, TokenHistory, penalize, probs_from_logits
+from qwen36.speculative.sampling import (SamplingParams, TokenHistory, penalize, pick_token, probs_from_logits,
+                                         token_logprobs)
 from qwen36.testing.tt import small_tt_generator
 from qwen36.tt.accept import DeviceAcceptor
+from qwen36.tt.batch import TTBatchDecoder, batched_generate
 from qwen36.tt.spec_backend import TTSpecBackend
-from qwen36.tt.sampler import DeviceSampler
+from qwen36.tt.sampler import DeviceSampler, SamplerStages
 from qwen36.tt.trace import TracedStep
 
 from test_sampling import prompts
@@ -22,6 +28,12 @@ from test_tt_spec_stochastic import chi2_p
 
 V = 64
 PENALTIES = dict(repetition_penalty=1.3, presence_penalty=-1.5, frequency_penalty=0.7)
+# neighbours of the row under test in a B=4 pick: greedy, another top-k with logprobs, min_p with penalties
+NEIGHBOURS = [
+    SamplingParams(),
+    SamplingParams(temperature=0.7, top_k=5, seed=21, logprobs=3),
+    SamplingParams(temperature=1.1, min_p=0.1, top_p=0.95, seed=22, repetition_penalty=1.5, frequency_penalty=0.2),
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +44,10 @@ def mesh():
         yield ctx
 
 
-def _host_uniforms(sampler: DeviceSampler, n: int) -> list[float]:
-    """The uniforms a rng="host" sampler uses: column 0 of each row of its seeded table, refills included."""
-    u = sampler.uniforms
+def _host_uniforms(sampler: DeviceSampler, row: int, n: int) -> list[float]:
+    """The uniforms row ``row`` of a rng="host" sampler uses: column 0 of each row of its seeded table, refills
+    included."""
+    u = sampler.uniforms[row]
     g = torch.Generator().manual_seed(u.host_seed)
     rows = []
     while len(rows) < n:
@@ -48,77 +61,211 @@ def _host_draw(probs: torch.Tensor, u: float) -> int:
     return int(((cdf <= u * total) & (cdf < total)).sum())
 
 
+def _buffer(ttnn, m, rows: int):
+    return ttnn.from_torch(torch.zeros(1, 1, rows, V), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=m,
+                           mesh_mapper=ttnn.ReplicateTensorToMesh(m))
+
+
+def _write(ttnn, m, buf, lg: torch.Tensor) -> None:
+    host = ttnn.from_torch(lg.reshape(1, 1, -1, V), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
+                           mesh_mapper=ttnn.ReplicateTensorToMesh(m))
+    ttnn.copy_host_to_device_tensor(host, buf)
+
+
+def _traced_picks(ttnn, m, s: DeviceSampler, buf, logits: list[torch.Tensor], traced: bool = True) -> list[list]:
+    """Step i writes ``logits[i]`` [B, V] into ``buf`` and picks: eagerly at step 0, then (``traced``) captured
+    once and replayed, else eagerly every step; returns every step's ``read()``."""
+    trace = TracedStep(ttnn, m, lambda: s.pick(buf), name="pick")
+    out = []
+    try:
+        for i, lg in enumerate(logits):
+            _write(ttnn, m, buf, lg)
+            s.before_step()
+            if i == 0 or not traced:
+                s.pick(buf)
+            else:
+                if i == 1:
+                    trace.capture()  # recorded, not run: no host read may happen inside (the emulator raises)
+                trace.replay()
+            out.append(s.read())
+    finally:
+        trace.release()
+    return out
+
+
+@pytest.mark.parametrize("rows", [1, 4], ids=["B1", "B4"])
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=0.9, top_k=12, min_p=0.02, seed=5, **PENALTIES),
-    SamplingParams(temperature=1.2, top_p=0.8, seed=6, repetition_penalty=2.0),
-    SamplingParams(**PENALTIES),  # greedy with penalties: argmax of the penalised logits
-], ids=["min_p+top_k+penalties", "top_p+repetition", "greedy+penalties"])
-def test_device_pick_equals_the_torch_transform_given_the_same_uniforms(mesh, params):
-    """A traced replay per step over one logits buffer the host rewrites: the device token equals the host
-    inverse-CDF draw from ``speculative.sampling.probs_from_logits`` with the same uniform and the same penalty
-    history (counts updated on device in place), step after step, across a table refill."""
+    SamplingParams(temperature=1.2, top_p=0.8, seed=6, repetition_penalty=2.0, logprobs=2),
+    SamplingParams(logprobs=0, **PENALTIES),  # greedy with penalties: argmax of the penalised logits
+], ids=["min_p+top_k+penalties", "top_p+repetition+logprobs", "greedy+penalties"])
+def test_device_pick_equals_the_torch_transform_given_the_same_uniforms(mesh, params, rows):
+    """A traced replay per step over one logits buffer the host rewrites: every row's token equals the host
+    inverse-CDF draw from ``speculative.sampling.probs_from_logits`` with that row's uniform and penalty history
+    (counts updated on device in place), or the argmax of the penalised row for a greedy row, step after step,
+    across a table refill; a row's raw logprobs equal ``token_logprobs`` of its row. Row 0 has ``params``; at B=4
+    the other rows hold users with other parameters (greedy, another top-k, min_p + top-p) in the same pick."""
     ttnn, m = mesh.ttnn, mesh.mesh_device
-    s = DeviceSampler(ttnn, m, V, params, rng="host", rng_rows=8).allocate()
+    users = [params] + NEIGHBOURS[: rows - 1]
+    s = DeviceSampler(ttnn, m, V, rows, stages=SamplerStages.of(users, V), rng="host", rng_rows=8).allocate()
     g = torch.Generator().manual_seed(1)
-    prompt = [1, 2, 3, 40]
-    logits_buf = ttnn.from_torch(torch.zeros(1, 1, 1, V), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=m,
-                                 mesh_mapper=ttnn.ReplicateTensorToMesh(m))
-    first = 2
-    s.start(prompt, first)
-    hist = TokenHistory(prompt, V)
-    hist.add([first])
+    prompts_ = [[1, 2, 3, 40], [5, 6], [7, 8, 9], [40, 41]][:rows]
+    hists = []
+    for r, (p, pr) in enumerate(zip(users, prompts_)):
+        s.start(r, p, pr, 2 + r)
+        hists.append(TokenHistory(pr, V))
+        hists[-1].add([2 + r])
     steps = 20  # > rng_rows: the table is refilled on the way
-    us = _host_uniforms(s, steps) if not params.greedy else [None] * steps
-    trace = TracedStep(ttnn, m, lambda: s.pick(logits_buf), name="pick")
-    got, want = [], []
-    for i in range(steps):
-        lg = torch.randn(V, generator=g) * 2
-        lg[torch.tensor(prompt)] += 2.0  # make the seen tokens likely, so that the penalties decide
-        host = ttnn.from_torch(lg.reshape(1, 1, 1, V), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT,
-                               mesh_mapper=ttnn.ReplicateTensorToMesh(m))
-        ttnn.copy_host_to_device_tensor(host, logits_buf)
+    us = [_host_uniforms(s, r, steps) if not p.greedy else [None] * steps for r, p in enumerate(users)]
+    logits = []
+    for _ in range(steps):
+        lg = torch.randn(rows, V, generator=g) * 2
+        for r, pr in enumerate(prompts_):
+            lg[r, torch.tensor(pr)] += 2.0  # make the seen tokens likely, so that the penalties decide
+        logits.append(lg)
+    got = _traced_picks(ttnn, m, s, _buffer(ttnn, m, rows), logits)
+    s.release()
+    for r, p in enumerate(users):
+        want = []
+        for i, lg in enumerate(logits):
+            tok, lp = got[i][r]
+            if p.greedy:
+                want.append(int(penalize(lg[r][None], p, hists[r].now()).argmax()))
+            else:
+                want.append(_host_draw(probs_from_logits(lg[r][None], p, hists[r].now())[0], us[r][i]))
+            hists[r].add([tok])  # follow the device's token so that one mismatch does not cascade
+            if p.logprobs is None:
+                assert lp is None
+            else:
+                ref = token_logprobs(lg[r], tok, p.logprobs)
+                assert (lp.token, lp.rank, [i for i, _ in lp.top]) == (ref.token, ref.rank, [i for i, _ in ref.top])
+                assert abs(lp.logprob - ref.logprob) < 1e-5
+                assert max((abs(a - b) for (_, a), (_, b) in zip(lp.top, ref.top)), default=0.0) < 1e-5
+        assert [got[i][r][0] for i in range(steps)] == want, r
+        assert len(set(want)) > 3
+
+
+USERS4 = [
+    SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=7, logprobs=2),
+    SamplingParams(logprobs=3),  # greedy beside sampled rows
+    SamplingParams(temperature=1.0, min_p=0.05, seed=11, **PENALTIES),
+    SamplingParams(temperature=1.2, top_k=5, seed=7),  # the same seed as row 0, other parameters
+]
+
+
+@pytest.mark.parametrize("rng", ["device", "host"])
+def test_a_row_does_not_depend_on_its_neighbours(mesh, rng):
+    """Row b inside a B=4 pick (every stage in the trace, four users with different parameters, logprob widths and
+    penalties) emits exactly what the same user emits alone at B=1 (a one-row sampler with only its own stages, fed
+    row b's logits): the same tokens and bit-identical logprobs, step after step; the traced B=4 steps equal the
+    same steps run eagerly."""
+    ttnn, m = mesh.ttnn, mesh.mesh_device
+    g = torch.Generator().manual_seed(4)
+    logits = [torch.randn(4, V, generator=g) * 2 for _ in range(12)]
+    for lg in logits:
+        lg[:, :6] += 2.0
+    prompt = [1, 2, 3]
+    batch = DeviceSampler(ttnn, m, V, 4, stages=SamplerStages.every(logprobs=3), rng=rng, rng_rows=8).allocate()
+    for r, p in enumerate(USERS4):
+        batch.start(r, p, prompt, 4)
+    together = _traced_picks(ttnn, m, batch, _buffer(ttnn, m, 4), logits)
+    for r, p in enumerate(USERS4):  # the same users again (streams and penalty rows restart), every step eager
+        batch.start(r, p, prompt, 4)
+    assert _traced_picks(ttnn, m, batch, _buffer(ttnn, m, 4), logits, traced=False) == together
+    batch.release()
+    buf1 = _buffer(ttnn, m, 1)
+    for r, p in enumerate(USERS4):
+        alone = DeviceSampler(ttnn, m, V, 1, stages=SamplerStages.of([p], V), rng=rng, rng_rows=8).allocate()
+        alone.start(0, p, prompt, 4)
+        got = _traced_picks(ttnn, m, alone, buf1, [lg[r:r + 1] for lg in logits])
+        alone.release()
+        assert [x[0] for x in got] == [x[r] for x in together], r
+    toks = [[x[r][0] for x in together] for r in range(4)]
+    assert toks[0] != toks[3] and len(set(toks[0])) > 3  # same seed, other parameters: another stream
+
+
+def test_a_row_needing_a_stage_the_trace_lacks_is_refused(mesh):
+    ttnn, m = mesh.ttnn, mesh.mesh_device
+    s = DeviceSampler(ttnn, m, V, 2, stages=SamplerStages.of([SamplingParams(temperature=0.8, seed=1)], V),
+                      rng="host", rng_rows=8).allocate()
+    try:
+        with pytest.raises(ValueError, match="needs top_p"):
+            s.start(1, SamplingParams(temperature=0.8, top_p=0.5), [1], 2)
+        with pytest.raises(ValueError, match="needs greedy, logprobs=2"):
+            s.start(0, SamplingParams(logprobs=2), [1], 2)
+        with pytest.raises(ValueError, match="row 2 out of range"):
+            s.start(2, SamplingParams(temperature=0.8), [1], 2)
+    finally:
+        s.release()
+
+
+# Programs per pick on the emulated mesh, B=1 = the single-user sampler's counts before the per-row unification
+# (its scalar-operand form, stage for stage); B=4 = the batched sampler's before it (every stage: 78). The
+# transform's programs do not grow with B; the draws do (one uniform gather per row, then a concat: +21).
+PROGRAMS = {
+    "greedy": (SamplingParams(), 6, 6),
+    "greedy+penalties": (SamplingParams(**PENALTIES), 21, 21),
+    "greedy+logprobs": (SamplingParams(logprobs=3), 28, 28),
+    "temperature": (SamplingParams(temperature=0.8), 19, 40),
+    "top_k": (SamplingParams(temperature=0.8, top_k=20), 27, 48),
+    "everything+logprobs": (SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, logprobs=3, **PENALTIES),
+                            73, 94),
+    "every stage": (None, 57, 78),
+}
+
+
+@pytest.mark.parametrize("rows", [1, 4], ids=["B1", "B4"])
+@pytest.mark.parametrize("case", list(PROGRAMS))
+def test_programs_per_pick(mesh, case, rows):
+    """A sampler holds only the stages its users need, so a step costs what they use and no more."""
+    ttnn, m = mesh.ttnn, mesh.mesh_device
+    params, *want = PROGRAMS[case]
+    stages = SamplerStages.every() if params is None else SamplerStages.of([params], V)
+    p = params or SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, **PENALTIES)
+    s = DeviceSampler(ttnn, m, V, rows, stages=stages).allocate()
+    for r in range(rows):
+        s.start(r, p, [1, 2], 3)
+    buf = _buffer(ttnn, m, rows)
+    s.before_step()
+    s.pick(buf)  # the first call compiles; count the second
+    with mesh.counters.scope(case) as c:
         s.before_step()
-        if i == 0:
-            s.pick(logits_buf)
-        else:
-            if i == 1:
-                trace.capture()
-            trace.replay()
-        tok, _ = s.read()
-        got.append(tok)
-        if params.greedy:
-            want.append(int(penalize(lg[None], params, hist.now()).argmax()))
-        else:
-            want.append(_host_draw(probs_from_logits(lg[None], params, hist.now())[0], us[i]))
-        hist.add([got[-1]])  # follow the device's token so that one mismatch does not cascade
-    trace.release()
-    assert got == want
-    assert len(set(got)) > 3
+        s.pick(buf)
+    s.release()
+    assert c.programs == want[rows > 1], dict(c.programs_per_op)
 
 
-def test_device_pick_distribution_chi_square(mesh):
+@pytest.mark.parametrize("rows", [1, 4], ids=["B1", "B4"])
+def test_device_pick_distribution_chi_square(mesh, rows):
     """Many replays over fixed logits with device uniforms (``rng="device"``): the token histogram matches the
-    transformed distribution (min_p and top-k on; no penalties, so every step draws from the same law)."""
+    transformed distribution (min_p and top-k on; no penalties, so every step draws from the same law). At B=4 the
+    rows have their own seeds: their streams differ and their pooled histogram follows the same law."""
     ttnn, m = mesh.ttnn, mesh.mesh_device
     params = SamplingParams(temperature=0.8, top_k=10, min_p=0.05, seed=9)
     lg = torch.randn(V, generator=torch.Generator().manual_seed(3)) * 1.5
-    s = DeviceSampler(ttnn, m, V, params, rng="device", rng_rows=256).allocate()
-    buf = ttnn.from_torch(lg.reshape(1, 1, 1, V), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=m,
-                          mesh_mapper=ttnn.ReplicateTensorToMesh(m))
-    s.start([0], 0)
+    s = DeviceSampler(ttnn, m, V, rows, stages=SamplerStages.of([params], V), rng="device", rng_rows=256).allocate()
+    buf = _buffer(ttnn, m, rows)
+    _write(ttnn, m, buf, lg.expand(rows, V))
+    for r in range(rows):
+        s.start(r, SamplingParams(temperature=0.8, top_k=10, min_p=0.05, seed=9 + r), [0], 0)
     s.before_step()
     s.pick(buf)
     trace = TracedStep(ttnn, m, lambda: s.pick(buf), name="pick")
     trace.capture()
     counts = torch.zeros(V)
-    n = 600
+    n = 600 // rows
+    seqs = [[] for _ in range(rows)]
     for _ in range(n):
         s.before_step()
         trace.replay()
-        counts[s.read()[0]] += 1
+        for r, (tok, _) in enumerate(s.read()):
+            counts[tok] += 1
+            seqs[r].append(tok)
     trace.release()
+    s.release()
     probs = probs_from_logits(lg[None], params)[0].double()
-    assert chi2_p(counts, probs * n) > 1e-3
+    assert chi2_p(counts, probs * n * rows) > 1e-3
+    assert len({tuple(q) for q in seqs}) == rows
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +320,128 @@ def test_plain_tt_sampling_is_seeded_and_greedy_is_unchanged(gen, ref):
     c = gen.generate(prompt, 10, SamplingParams(temperature=0.9, top_k=40, min_p=0.01, seed=5, **PENALTIES)).tokens
     assert a == b and a != c
     assert gen.greedy(prompt, 10) == plain_generate(ref, prompt, 10).tokens
+
+
+def _prompt(n: int, seed: int, vocab: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+USERS = [
+    SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=7),
+    SamplingParams(),  # greedy, in the same step
+    SamplingParams(temperature=1.0, min_p=0.05, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.3,
+                   seed=11, logprobs=2),
+    SamplingParams(temperature=1.2, top_k=50, seed=7),  # the same seed as user 0, other params
+]
+
+
+def _batch1(gen, prompts_, params, n):
+    outs = [gen.generate(p, n, sp) for p, sp in zip(prompts_, params)]
+    gen.release_trace()  # the batch decoder allocates and joins: no generator trace may be live
+    return outs
+
+
+def test_each_user_samples_as_its_batch1_run(gen):
+    """Four users with their own parameters, seeds and logprobs in one B=4 decoder: each user's tokens and raw
+    logprobs are exactly its batch-1 ``TTGenerator.generate`` run's (the same uniform stream, the same per-row
+    transform); one capture serves every step."""
+    v = gen.config.vocab_size
+    prompts_ = [_prompt(n, 100 + n, v) for n in (5, 12, 3, 8)]
+    n = 10
+    want = _batch1(gen, prompts_, USERS, n)
+    assert want[0].tokens != want[3].tokens  # same seed, other parameters: a different stream of tokens
+    dec = TTBatchDecoder(gen.model, 4)
+    sampler = DeviceSampler(dec.ttnn, dec.mesh, v, 4, stages=SamplerStages.of(USERS, v)).allocate()
+    try:
+        got = batched_generate(dec, sampler, prompts_, USERS, n)
+        assert dec.captures == 1
+    finally:
+        dec.release()
+        sampler.release()
+    assert got.tokens == [w.tokens for w in want]
+    assert got.logprobs[2] == want[2].logprobs and len(got.logprobs[2]) == n
+    assert got.logprobs[0] is None and want[0].logprobs is None
+
+
+def test_free_rows_and_reused_slot(gen):
+    """Two users in an 8-slot decoder (six padded rows), then a second batch on the same decoder and sampler: the
+    slots' parameters, penalty rows and streams are reset per user, and the tokens are still the batch-1 ones."""
+    v = gen.config.vocab_size
+    prompts_ = [_prompt(6, 201, v), _prompt(9, 202, v)]
+    first = [USERS[2], USERS[0]]
+    second = [USERS[0], USERS[2]]
+    want1 = [r.tokens for r in _batch1(gen, prompts_, first, 7)]
+    want2 = [r.tokens for r in _batch1(gen, prompts_, second, 5)]
+    dec = TTBatchDecoder(gen.model, 8)
+    sampler = DeviceSampler(dec.ttnn, dec.mesh, v, 8, stages=SamplerStages.every(logprobs=2)).allocate()
+    try:
+        assert batched_generate(dec, sampler, prompts_, first, 7).tokens == want1
+        assert batched_generate(dec, sampler, prompts_, second, 5).tokens == want2
+        assert dec.captures == 1
+    finally:
+        dec.release()
+        sampler.release()
+
+
+def test_sampling_users_move_between_buckets(gen):
+    """The device sampler inside the bucketed decoder: five users with their own parameters and seeds join and
+    leave buckets 1 / 2 / 4 (grow, shrink, grow again); their sampler rows (parameters, penalty rows, uniform
+    streams) move with them, and every user's tokens are its batch-1 ``TTGenerator.generate`` tokens."""
+    from qwen36.tt.batch_buckets import BucketedBatchDecoder
+
+    v = gen.config.vocab_size
+    prompts_ = [_prompt(n, 300 + n, v) for n in (4, 9, 6, 12, 3)]
+    params = [USERS[0], USERS[2], USERS[1], USERS[3], USERS[2]]
+    params = [replace(p, logprobs=None) for p in params]  # the buckets' samplers have no logprob columns
+    limits = [4, 11, 3, 12, 6]
+    arrivals = [0, 1, 1, 2, 7]
+    want = [r.tokens for r in _batch1(gen, prompts_, params, max(limits))]
+    dec = BucketedBatchDecoder(gen.model, (1, 2, 4), shrink_after=2, sampling=True)
+    out: list[list[int]] = [[] for _ in prompts_]
+    active: dict[int, int] = {}  # user -> slot
+    try:
+        step = 0
+        while step <= max(arrivals) or active:
+            for u in [u for u in range(len(prompts_)) if arrivals[u] == step]:
+                slot = dec.free_slots()[0]
+                ids = prompts_[u]
+                logits = dec.join(slot, ids)
+                p = params[u]
+                tok = int(pick_token(logits.reshape(1, -1), p, p.generator() if not p.greedy else None,
+                                     TokenHistory(ids, v).now()))
+                dec.start_sampling(slot, p, ids, tok)
+                out[u].append(tok)
+                active[u] = slot
+            if active:
+                got = dec.sample_step({s: out[u][-1] for u, s in active.items()})
+                for u, s in list(active.items()):
+                    out[u].append(got[s])
+                    if len(out[u]) >= limits[u]:
+                        dec.leave(s)
+                        del active[u]
+            step += 1
+        caps = {b: d.captures for b, d in dec.decs.items()}
+    finally:
+        dec.close()
+    assert dec.moves[:2] == [(1, 2), (2, 4)] and (4, 2) in dec.moves, dec.moves
+    assert max(caps.values()) == 1, caps
+    for u in range(len(prompts_)):
+        assert out[u] == want[u][: limits[u]], u
+
+
+@pytest.mark.slow
+def test_generate_cli_sampled_batch_on_tt(capsys, tmp_path, monkeypatch):
+    """`qwen36 generate --device emulated-p150x2` with two prompts and --temperature: `ids[i]` equal each prompt's
+    own single-prompt run with the same settings and seed; --logprobs with several prompts is refused in one line."""
+    from test_reference_batch import cli
+    from test_tt_batch import CLI_TEXTS, batch_cli_equals_alone
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
+    base = ["generate", "--max-new-tokens", "6", "--device", "emulated-p150x2", "--temperature", "0.8",
+            "--top-k", "40", "--presence-penalty", "0.5", "--seed", "5"]
+    batch_cli_equals_alone(capsys, base)
+    rc, _, err = cli(capsys, *base, "--prompt", CLI_TEXTS[0], "--prompt", CLI_TEXTS[1], "--logprobs", "2")
+    assert rc == 2 and "--logprobs" in err
 
 
 def _dev(ttnn, m, x, dtype=None, layout=None):

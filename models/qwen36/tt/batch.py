@@ -39,6 +39,7 @@ from ..config import FULL
 from .model import TTQwen36Model
 from .model_config import TensorGroup, state_memory_config
 from .prefix import TTPrefillResult, prefill as tt_prefix_prefill
+from .sampler import DeviceSampler
 from .state import GDNLayerState, KVLayerState, TTModelState, allocate_decode_inputs, allocate_state, new_layer_state
 from .trace import StepTraces
 
@@ -250,6 +251,7 @@ class BatchResult:
     tokens: list[list[int]]
     logits: list[list[torch.Tensor]] = field(default_factory=list)  # per user: fp32 [V] per emitted token
     slots: list[int] = field(default_factory=list)  # the slot each user decoded in
+    logprobs: list[list] = field(default_factory=list)  # per user: TokenLogprobs per emitted token (when asked)
 
 
 @torch.no_grad()
@@ -293,4 +295,77 @@ def batched_greedy(decoder: TTBatchDecoder, prompts: list, max_new_tokens: int |
             for slot, user in list(active.items()):
                 emit(user, logits[slot])
         step += 1
+    return res
+
+
+def sampled_step(dec: TTBatchDecoder, sampler: DeviceSampler, tokens: dict[int, int],
+                 traced: bool | None = None) -> list[tuple]:
+    """One decode forward over ``dec``'s slots followed by the device pick (row r of ``sampler`` picks for slot r),
+    as one traced step (its own trace name, captured once like the greedy step); returns every slot's (token,
+    logprobs or None) (rows of slots not in ``tokens`` are meaningless)."""
+    m = dec.model
+    if sampler.rows != dec.slots:
+        raise ValueError(f"sampler has {sampler.rows} rows, the decoder {dec.slots} slots")
+    for s in tokens:
+        dec._check_slot(s)
+        if dec.pos[s] < 0:
+            raise ValueError(f"slot {s} has no user (join it first)")
+        if dec.pos[s] >= m.args.max_seq_len:
+            raise ValueError(f"slot {s}: position {dec.pos[s]} reached max_seq_len {m.args.max_seq_len}")
+    toks = [int(tokens.get(s, 0)) for s in range(dec.slots)]
+    pos = [dec.pos[s] if s in tokens else -1 for s in range(dec.slots)]
+    m.copy_host_to_device(m.prepare_decode_inputs_host(toks, pos), dec.inputs)
+    sampler.before_step()
+    dec.traces.run(f"decode+sample/B{dec.slots}", lambda: sampler.pick(m.decode_forward(dec.inputs, dec.state).logits),
+                   traced=dec.use_trace if traced is None else traced)
+    dec.traces.step_done()
+    out = sampler.read()
+    for s in tokens:
+        dec.pos[s] += 1
+    return out
+
+
+@torch.no_grad()
+def batched_generate(dec: TTBatchDecoder, sampler: DeviceSampler, prompts: list, params: list,
+                     max_new_tokens: int | list[int], eos_ids=()) -> BatchResult:
+    """Plain decoding of every prompt as one batch, user i with ``params[i]`` (``SamplingParams``): user i joins
+    slot i, its first token is picked on the host from its prompt's last row (as ``TTGenerator.generate`` does),
+    every later token on device by row i of ``sampler``; a user leaves at its EOS (kept) or after its token
+    budget. Logprobs of the users that ask for them in ``res.logprobs`` (None for the others)."""
+    from qwen36.speculative.sampling import TokenHistory, pick_token, token_logprobs
+
+    n = len(prompts)
+    limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(params) != n or len(limits) != n:
+        raise ValueError(f"{n} prompts but {len(params)} sampling params and {len(limits)} token limits")
+    if n > dec.slots:
+        raise ValueError(f"{n} prompts for a decoder of {dec.slots} slots")
+    if min(limits, default=1) < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    res = BatchResult([[] for _ in range(n)], slots=list(range(n)),
+                      logprobs=[[] if p.logprobs is not None else None for p in params])
+    active: set[int] = set()
+
+    def emit(u: int, tok: int, lp) -> bool:
+        res.tokens[u].append(tok)
+        if res.logprobs[u] is not None:
+            res.logprobs[u].append(lp)
+        return tok in eos_ids or len(res.tokens[u]) >= limits[u]
+
+    for u, (prompt, p) in enumerate(zip(prompts, params)):
+        ids = [int(t) for t in torch.as_tensor(prompt).reshape(-1).tolist()]
+        logits = dec.join(u, ids)
+        gen = p.generator() if not p.greedy else None
+        tok = int(pick_token(logits.reshape(1, -1), p, gen, TokenHistory(ids, sampler.vocab).now()))
+        sampler.start(u, p, ids, tok)
+        if emit(u, tok, token_logprobs(logits, tok, p.logprobs) if p.logprobs is not None else None):
+            dec.leave(u)
+        else:
+            active.add(u)
+    while active:
+        picked = sampled_step(dec, sampler, {u: res.tokens[u][-1] for u in sorted(active)})
+        for u in sorted(active):
+            if emit(u, *picked[u]):
+                active.discard(u)
+                dec.leave(u)
     return res

@@ -23,8 +23,9 @@ pool shared by all buckets (the largest bucket's; slot s owns the pages of page-
 recurrent and conv rows move with one ``ttnn.embedding`` row gather per state tensor, from the old bucket's
 rows (plus one zero row for the new bucket's free rows) into the new bucket's persistent buffers.
 
-Sampling (``sampling=True``): every bucket also has a :class:`BatchDeviceSampler` (tt/batch_sampler.py) whose row
-r samples for the user in row r; a move carries the moving users' sampler rows (parameters, penalty rows, uniform
+Sampling (``sampling=True``): every bucket also has a :class:`.sampler.DeviceSampler` of the bucket's rows with
+every stage of the transform (any mix of users can join without a new capture) whose row r samples for the user in
+row r; a move carries the moving users' sampler rows (parameters, penalty rows, uniform
 tables and counters, host stream state) through the host, from the old bucket's sampler into the new one's.
 
 Memory: every bucket holds its own GDN state (the sum of the bucket sizes, 1 + 8 + 32 = 41 slots with the
@@ -34,9 +35,9 @@ from __future__ import annotations
 
 import torch
 
-from .batch import DEFAULT_BUCKETS, FREE, TTBatchDecoder
-from .batch_sampler import BatchDeviceSampler, sampled_step
+from .batch import DEFAULT_BUCKETS, FREE, TTBatchDecoder, sampled_step
 from .model import TTQwen36Model
+from .sampler import DeviceSampler
 from .state import GDNLayerState, KVLayerState
 
 SHRINK_AFTER = 16  # steps the users must fit a smaller bucket before they move down to it
@@ -62,8 +63,8 @@ class BucketedBatchDecoder:
                     self.ttnn.deallocate(st.k)
                     self.ttnn.deallocate(st.v)
                     dec.state.layers[i] = top.state.layers[i]
-        # with ``sampling``: one batched device sampler per bucket (tt/batch_sampler.py), its rows follow the users
-        self.samplers = ({b: BatchDeviceSampler(self.ttnn, model.mesh, model.args.cfg.vocab_size, b, rng=rng).allocate()
+        # with ``sampling``: one device sampler per bucket (tt/sampler.py, every stage), its rows follow the users
+        self.samplers = ({b: DeviceSampler(self.ttnn, model.mesh, model.args.cfg.vocab_size, b, rng=rng).allocate()
                           for b in buckets} if sampling else None)
         # slot s's pages: row s of the largest bucket's identity table, until set_page_table says otherwise
         self._pages = top.state.page_table_host.clone()
@@ -253,7 +254,7 @@ class BucketedBatchDecoder:
             d.state.layers[layer] = kv
 
     # ---- sampling (constructed with ``sampling=True``) -----------------------------------------------------------
-    def _sampler(self) -> BatchDeviceSampler:
+    def _sampler(self) -> DeviceSampler:
         if self.samplers is None:
             raise RuntimeError("this decoder was built without sampling=True")
         return self.samplers[self.cur]
@@ -273,7 +274,7 @@ class BucketedBatchDecoder:
         self._sampler()  # refuses a decoder built without sampling before anything moves
         self._before_step(tokens)
         out = sampled_step(self.dec, self._sampler(), {self.row[s]: t for s, t in tokens.items()})
-        return {s: out[self.row[s]] for s in tokens}
+        return {s: out[self.row[s]][0] for s in tokens}
 
     def release(self) -> None:
         """Release every bucket's traces (buffers stay: the decoder can go on, capturing again)."""

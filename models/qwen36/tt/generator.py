@@ -12,11 +12,12 @@ A new prompt releases the trace first (prefill allocates, which is not allowed w
     res = gen.generate(prompt_ids, 32, SamplingParams(temperature=0.8, top_p=0.95, seed=1, logprobs=2))
 
 Plain decoding (``generate`` / ``greedy``) picks every decode token on device inside the traced step
-(:class:`.sampler.DeviceSampler`: argmax or a seeded draw after penalties/temperature/min_p/top-k/top-p, penalty
-counts updated in place), so a step reads back only the token id (and its logprobs when asked), never the logits
-row. The prompt's last row is read once per generation (prefill), and its token is picked on the host by the same
-transform (``speculative.sampling.pick_token``). ``decode_step`` keeps the full-logits readback for callers that
-need the row itself (the vLLM adapter's logits contract, numerics tests).
+(:class:`.sampler.DeviceSampler` with one row: argmax or a seeded draw after penalties/temperature/min_p/top-k/top-p,
+penalty counts updated in place; its traced step holds only the stages the parameters need), so a step reads back
+only the token id (and its logprobs when asked), never the logits row. The prompt's last row is read once per
+generation (prefill), and its token is picked on the host by the same transform (``speculative.sampling.pick_token``).
+``decode_step`` keeps the full-logits readback for callers that need the row itself (the vLLM adapter's logits
+contract, numerics tests).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from ..speculative.sampling import SamplingParams, TokenHistory, pick_token, tok
 from .model import DecodeOutputs, TTQwen36Model
 from .prefix import TTPrefillResult, prefill as tt_prefix_prefill
 from .model_config import PrecisionSetting, TTModelArgs
-from .sampler import DeviceSampler
+from .sampler import DeviceSampler, SamplerStages
 from .state import TTModelState, allocate_decode_inputs, allocate_state, reset_state
 from .trace import TracedStep
 from .weights import WeightLoader
@@ -151,19 +152,20 @@ class TTGenerator:
             trace.replay()
         else:
             self._sample_device()  # eager: compiles every program, real step
-        out = self.sampler.read()
+        out = self.sampler.read()[0]
         if self.use_trace and not trace.captured:
             trace.capture()  # recorded, not executed: the next step replays it
         self.state.pos += 1
         return out
 
     def _sampler_for(self, params: SamplingParams) -> DeviceSampler:
-        """The device sampler of ``params`` (kept while the params stay the same; allocated with no trace live)."""
-        s = self.sampler
-        if s is None or s.params != params or s.uniforms is not None and s.uniforms.source != self.rng:
+        """A one-row device sampler whose traced step holds exactly the stages ``params`` needs (kept while they
+        stay the same; allocated with no trace live). The caller starts its row with ``params``."""
+        s, stages = self.sampler, SamplerStages.of([params], self.config.vocab_size)
+        if s is None or s.stages != stages or s.rng != self.rng:
             if s is not None:
                 s.release()
-            s = DeviceSampler(self.ttnn, self.mesh, self.config.vocab_size, params, rng=self.rng).allocate()
+            s = DeviceSampler(self.ttnn, self.mesh, self.config.vocab_size, 1, stages=stages, rng=self.rng).allocate()
         return s
 
     def prefill_cached(self, prompt: list[int], cache) -> "TTPrefillResult":
@@ -234,7 +236,7 @@ class TTGenerator:
         gen = params.generator() if not params.greedy else None
         tok = int(pick_token(logits.reshape(1, -1), params, gen, history.now()))
         lp = token_logprobs(logits, tok, params.logprobs) if params.logprobs is not None else None
-        self.sampler.start(prompt, tok)
+        self.sampler.start(0, params, prompt, tok)
         tokens, lps = [], ([] if params.logprobs is not None else None)
         while True:
             tokens.append(tok)
@@ -271,17 +273,17 @@ class TTGenerator:
     @torch.no_grad()
     def sample_batch(self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
                      eos_ids: tuple[int, ...] = (), buckets=None) -> list[list[int]]:
-        """Plain decoding of several users as one TT batch with the full sampling transform on device
-        (tt/batch_sampler.py; every user with ``params``, each its own uniform stream of ``params.seed``): each
-        user's tokens are its own batch-1 ``generate`` tokens. No logprobs (the batch-1 path serves them)."""
-        from .batch import DEFAULT_BUCKETS, TTBatchDecoder, bucket_for
-        from .batch_sampler import BatchDeviceSampler, batched_generate
+        """Plain decoding of several users as one TT batch with the full sampling transform on device (a
+        :class:`DeviceSampler` of the bucket's rows; every user with ``params``, each its own uniform stream of
+        ``params.seed``): each user's tokens are its own batch-1 ``generate`` tokens."""
+        from .batch import DEFAULT_BUCKETS, TTBatchDecoder, batched_generate, bucket_for
 
         self.release_trace()
         dec = TTBatchDecoder(self.model, bucket_for(len(prompts), buckets or DEFAULT_BUCKETS), use_trace=self.use_trace)
-        sampler = BatchDeviceSampler(self.ttnn, self.mesh, self.config.vocab_size, dec.slots, rng=self.rng).allocate()
+        sampler = DeviceSampler(self.ttnn, self.mesh, self.config.vocab_size, dec.slots, rng=self.rng,
+                                stages=SamplerStages.of([params], self.config.vocab_size)).allocate()
         try:
-            return batched_generate(dec, sampler, prompts, [params] * len(prompts), max_new_tokens, eos_ids)
+            return batched_generate(dec, sampler, prompts, [params] * len(prompts), max_new_tokens, eos_ids).tokens
         finally:
             dec.release()
             sampler.release()

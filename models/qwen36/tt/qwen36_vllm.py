@@ -748,7 +748,7 @@ class Qwen36ForCausalLM:
         (the prefill released them), penalty state from the prompt and ``first``, the seeded stream restarted."""
         self.gen.release_trace()  # the sample trace reads the sampler's buffers: never live across a swap
         self.gen.sampler = self.gen._sampler_for(params)
-        self.gen.sampler.start(self._prompt, first)
+        self.gen.sampler.start(0, params, self._prompt, first)
         self._sampling, self._emitted = params, [first]
 
     def _check_history(self, prompt_tokens, output_tokens) -> None:

@@ -9,15 +9,18 @@
 * :class:`TokenCounts`: the penalty context (seen / output counts) on device, one per generation, shared by every
   reader and updated in place by the commit.
 * :func:`penalize` and :func:`probs_from_logits`: the device twin of ``speculative.sampling``'s transform
-  (penalties -> temperature -> min_p -> top-k -> top-p -> softmax), the one implementation the acceptor, the draft
-  pick and the plain-decode sampler share.
+  (penalties -> temperature -> min_p -> top-k -> top-p -> softmax) with one user's parameters as scalars, which
+  the acceptor and the draft pick share; the plain-decode sampler runs the same steps with per-row operands.
 * :func:`argmax_pick` and :class:`SampledDraftPick`: the ``pick`` hooks of the MTP draft chain (tt/mtp.py).
-* :class:`DeviceSampler`: plain decoding's token pick inside the traced decode step (greedy or sampled, penalties
-  from device-resident token counts updated in place, raw logprobs); only a few numbers cross to the host.
+* :class:`DeviceSampler`: plain decoding's token pick inside the traced decode step, for ``rows`` users at once
+  (batch 1 is ``rows=1``): each row greedy or sampled with its own user's parameters and seeded stream, penalties
+  from device-resident token counts updated in place, raw logprobs; only a few numbers per row cross to the host.
+  :class:`SamplerStages` says which parts of the transform its traced step contains.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -314,8 +317,9 @@ class SampledDraftPick:
 
 def plain_sampler_seeds(seed: int):
     """(device_seed(refill), host_seed) of plain decoding's uniform stream for ``seed``: nonzero, deterministic per
-    (seed, refill), an affine map of its own (not the acceptor's or the draft pick's). Shared by the batch-1
-    :class:`DeviceSampler` and the batched sampler (tt/batch_sampler.py), so a user's draws are the same in both."""
+    (seed, refill), an affine map of its own (not the acceptor's or the draft pick's). A row of
+    :class:`DeviceSampler` is seeded with it when a user joins, so a user's draws are the same in whichever row and
+    batch it runs."""
     s = int(seed)
     return ((lambda refill: (s * 1_597_334_677 + refill * 2_654_435_761 + 0x5A3D) % 0x7FFFFFFF or 1),
             (s * 0x85EBCA6B + 0x5A3D) % (1 << 62))
@@ -323,36 +327,121 @@ def plain_sampler_seeds(seed: int):
 
 SAMPLER_HEAD_COLS = 3  # result columns before the top-n: token id, its raw logprob, its rank
 
+# Per-row parameter rows [1, 1, B, 1] of DeviceSampler and the value of a row whose parameter is off: each leaves
+# the row's values exactly unchanged (x * 1, x - 0; a top-k index of V - 1 keeps all, a top-p threshold of 2 drops
+# none, a min_p floor of -inf drops none; "greedy" 1 selects the argmax).
+_NEUTRAL = {"greedy": 1.0, "inv_temp": 1.0, "log_min_p": float("-inf"), "kth": None, "top_p": 2.0,
+            "rep": 1.0, "inv_rep": 1.0, "freq": 0.0, "pres": 0.0}
+_STAGE_PARAMS = {"greedy": ("greedy",), "sampled": ("inv_temp",), "min_p": ("log_min_p",), "top_k": ("kth",),
+                 "top_p": ("top_p",), "repetition": ("rep", "inv_rep"), "frequency": ("freq",),
+                 "presence": ("pres",)}
+
+
+@dataclass(frozen=True)
+class SamplerStages:
+    """Which parts of the transform a :class:`DeviceSampler`'s traced pick contains. A stage costs its device
+    programs every step whatever the rows' values, so a sampler holds only what its users need: the batch-1
+    generator builds ``SamplerStages.of([params])`` (greedy without penalties is one argmax), a server whose users
+    are not known in advance :meth:`every`. A row whose parameters need a stage the sampler lacks is refused when
+    it joins. ``logprobs``: the top-n width of the logprob columns (None: no logprob columns)."""
+    greedy: bool = False
+    sampled: bool = False
+    min_p: bool = False
+    top_k: bool = False
+    top_p: bool = False
+    repetition: bool = False
+    frequency: bool = False
+    presence: bool = False
+    logprobs: int | None = None
+
+    @classmethod
+    def of(cls, params: Sequence[SamplingParams], vocab: int) -> "SamplerStages":
+        """The stages these users need (the union over them)."""
+        need = [cls._needs(p, vocab) for p in params]
+        lps = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(**{f: any(n[f] for n in need) for f in _STAGE_PARAMS}, logprobs=max(lps) if lps else None)
+
+    @classmethod
+    def every(cls, logprobs: int | None = None) -> "SamplerStages":
+        return cls(**{f: True for f in _STAGE_PARAMS}, logprobs=logprobs)
+
+    @staticmethod
+    def _needs(p: SamplingParams, vocab: int) -> dict[str, bool]:
+        s = not p.greedy
+        return {"greedy": p.greedy, "sampled": s, "min_p": s and p.min_p > 0.0, "top_k": s and 0 < p.top_k < vocab,
+                "top_p": s and p.top_p < 1.0, "repetition": p.repetition_penalty != 1.0,
+                "frequency": p.frequency_penalty != 0.0, "presence": p.presence_penalty != 0.0}
+
+    def missing(self, p: SamplingParams, vocab: int) -> list[str]:
+        """The stages ``p`` needs that these lack (empty: ``p`` can join)."""
+        out = [f for f, on in self._needs(p, vocab).items() if on and not getattr(self, f)]
+        if p.logprobs is not None and (self.logprobs is None or p.logprobs > self.logprobs):
+            out.append(f"logprobs={p.logprobs}")
+        return out
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition or self.frequency or self.presence
+
 
 class DeviceSampler:
-    """Plain decoding's pick, on device and traceable: logits ``[1, 1, 1, V]`` of the decode row -> one persistent
-    ROW_MAJOR fp32 result ``[1, 1, 1, 3 + 2n]`` = ``[token, logprob, rank, top-n ids, top-n logprobs]`` (the
-    logprob columns only when ``params.logprobs`` is set). That result is all the host reads per step.
+    """Plain decoding's pick for ``rows`` users at once, on device and traceable: logits ``[1, 1, B, V]`` (one row
+    per user) -> one persistent ROW_MAJOR fp32 result ``[1, 1, B, 1]``, or with logprob columns
+    ``[1, 1, B, 3 + 2n]`` = ``[token, logprob, rank, top-n ids, top-n logprobs]`` per row. That result is all the
+    host reads per step. Batch 1 is ``rows=1``.
 
-    * greedy: argmax of the (penalised) logits, on a ROW_MAJOR view (multi-core on cards; ties: lowest index);
-    * sampled: :func:`probs_from_logits` then :func:`inverse_cdf_draw` with one uniform from a
-      :class:`UniformTable` row (column 0) per step; the host calls :meth:`before_step` (outside capture) before
-      every execution to refill the table when used up;
-    * penalties: ``seen`` (prompt or output) and ``counts`` (output occurrences) ``[1, 1, 1, V]`` fp32 live on
-      device; :meth:`start` writes them once per generation (prompt and first token), and every step adds its
-      token in place (the step's state update, inside the trace);
+    Every row samples with its own user's :class:`SamplingParams`: the parameters are per-row device tensors
+    ``[1, 1, B, 1]`` that :meth:`start` writes when a user joins a row (outside capture), so one captured step
+    serves any mix of users whose needs the sampler's :class:`SamplerStages` cover; a row whose parameter is off
+    holds the neutral value, which leaves its values exactly unchanged. Per row, after vLLM's order:
+
+    * penalties: ``seen`` (prompt or output) and ``counts`` (output occurrences) ``[1, 1, B, V]`` fp32 on device,
+      written for a joining user's row (prompt and first token) and updated in place by every step with the row's
+      token (inside the trace);
+    * greedy rows: argmax of the penalised logits, on a ROW_MAJOR view (multi-core on cards; ties: lowest index);
+    * sampled rows: temperature, min_p, top-k, top-p, softmax (the steps of :func:`probs_from_logits`, with a
+      per-row operand where that function takes a scalar; one descending sort serves top-k and top-p), then
+      :func:`inverse_cdf_draw` with one uniform from the row's own :class:`UniformTable` (column 0 of one table
+      row per step), seeded by :func:`plain_sampler_seeds` of the user's seed and restarted when the user joins:
+      a user's draws do not depend on its row or its neighbours. The host calls :meth:`before_step` (outside
+      capture) before every execution: it refills a row's table when used up (every row's counter advances once
+      per step);
+    * a step with both kinds of rows computes both picks and selects per row;
     * logprobs: raw (vLLM's default ``raw_logprobs``): log-softmax of the unpenalised logits; the token's own,
-      its rank and the top ``n`` by ``ttnn.topk``.
+      its rank and the top ``n`` by ``ttnn.topk`` (n = ``stages.logprobs``; a row that asked for fewer reads its
+      first ones).
+
+    Operands are fp32 tensors, so a per-row value enters the arithmetic as the fp32 number a card's binary op
+    receives for a scalar (tt-metal packs a float scalar as fp32 for fp32 operands).
     """
 
-    def __init__(self, ttnn, mesh_device, vocab: int, params: SamplingParams, *, rng: str = "device",
-                 rng_rows: int = 1024):
+    def __init__(self, ttnn, mesh_device, vocab: int, rows: int = 1, *, stages: SamplerStages | None = None,
+                 rng: str = "device", rng_rows: int = 1024):
         if vocab >= 1 << 24:
             raise ValueError(f"vocab={vocab} >= 2**24: sampled ids are counted in fp32 and would not be exact")
-        self.ttnn, self.mesh, self.vocab, self.params = ttnn, mesh_device, vocab, params
-        self.n_top = params.logprobs if params.logprobs is not None else None
+        if not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rows must be an int >= 1, got {rows!r}")
+        if rng not in RNG_SOURCES:
+            raise ValueError(f"rng must be one of {RNG_SOURCES}, got {rng!r}")
+        self.ttnn, self.mesh, self.vocab, self.rows = ttnn, mesh_device, vocab, rows
+        self.rng, self.rng_rows = rng, rng_rows
+        self.stages = SamplerStages.every() if stages is None else stages
+        st = self.stages
+        if not (st.greedy or st.sampled):
+            raise ValueError("a sampler needs the greedy or the sampled stage (or both)")
+        self.n_top = st.logprobs
         self.width = 1 if self.n_top is None else SAMPLER_HEAD_COLS + 2 * self.n_top
-        device_seed, host_seed = plain_sampler_seeds(params.seed)
-        self.uniforms = None if params.greedy else UniformTable(
-            ttnn, mesh_device, rng_rows, DRAFT_UNIFORMS_PER_ROW, source=rng, device_seed=device_seed,
-            host_seed=host_seed)
-        self.rng_rows = rng_rows
-        self.rows_used = 0  # host mirror of the device counter
+        seeds = plain_sampler_seeds(0)  # each row's are its user's, set by start()
+        self.uniforms = [UniformTable(ttnn, mesh_device, rng_rows, DRAFT_UNIFORMS_PER_ROW, source=rng,
+                                      device_seed=seeds[0], host_seed=seeds[1])
+                         for _ in range(rows)] if st.sampled else []
+        self.rows_used = [0] * rows  # host mirror of each row's uniform counter
+        self.params: list[SamplingParams | None] = [None] * rows
+        keys = [k for f, ks in _STAGE_PARAMS.items() if getattr(st, f) for k in ks]
+        if not (st.greedy and st.sampled):
+            keys = [k for k in keys if k != "greedy"]  # one kind of row: no per-row selection
+        self.host = {k: torch.full((1, 1, rows, 1), float(vocab - 1) if _NEUTRAL[k] is None else _NEUTRAL[k])
+                     for k in keys}
         self.allocated = False
 
     def _replicated(self, x: torch.Tensor, layout=None, device=True):
@@ -360,19 +449,24 @@ class DeviceSampler:
         return ttnn.from_torch(x, dtype=ttnn.float32, layout=layout or ttnn.TILE_LAYOUT,
                                device=self.mesh if device else None, mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
 
+    def _dev0(self, t) -> torch.Tensor:
+        return self.ttnn.to_torch(self.ttnn.get_device_tensors(t)[0]).float()
+
     def allocate(self) -> "DeviceSampler":
-        """Every constant, state and result buffer (before any capture); fills the uniform table."""
+        """Every per-row parameter, penalty, constant, uniform and result buffer (before any capture); fills the
+        uniform tables."""
         if self.allocated:
             return self
-        ttnn, v = self.ttnn, self.vocab
+        ttnn, v, b = self.ttnn, self.vocab, self.rows
         self._ckc = compute_config_exact_count(ttnn)
         self.c_vocab_idx = self._replicated(torch.arange(v, dtype=torch.float32).reshape(1, 1, 1, v))
-        if self.params.penalized:
-            self.seen = self._replicated(torch.zeros(1, 1, 1, v))
-            self.counts = self._replicated(torch.zeros(1, 1, 1, v))
-        self.result = self._replicated(torch.zeros(1, 1, 1, self.width), layout=ttnn.ROW_MAJOR_LAYOUT)
-        if self.uniforms is not None:
-            self.uniforms.allocate()
+        self.dev = {k: self._replicated(t) for k, t in self.host.items()}
+        if self.stages.penalized:
+            self.seen = self._replicated(torch.zeros(1, 1, b, v))
+            self.counts = self._replicated(torch.zeros(1, 1, b, v))
+        self.result = self._replicated(torch.zeros(1, 1, b, self.width), layout=ttnn.ROW_MAJOR_LAYOUT)
+        for u in self.uniforms:
+            u.allocate()
         self.allocated = True
         return self
 
@@ -380,58 +474,157 @@ class DeviceSampler:
         """Free the device buffers (no trace may be live that reads them)."""
         if not self.allocated:
             return
-        names = ["c_vocab_idx", "result"] + (["seen", "counts"] if self.params.penalized else [])
-        tensors = [getattr(self, n) for n in names]
-        if self.uniforms is not None:
-            tensors += [self.uniforms.table, self.uniforms.counter, self.uniforms._zero]
-        for t in tensors:
+        ts = [self.c_vocab_idx, self.result, *self.dev.values()]
+        if self.stages.penalized:
+            ts += [self.seen, self.counts]
+        for u in self.uniforms:
+            ts += [u.table, u.counter, u._zero]
+        for t in ts:
             self.ttnn.deallocate(t)
         self.allocated = False
 
-    def start(self, prompt: Sequence[int], first: int) -> None:
-        """A new generation (outside any capture): penalty state from the prompt and the first (prefill) token,
-        and the uniform stream back to its first fill (a seeded run replays)."""
+    # ---- host: users ------------------------------------------------------------------------------------------
+    def _check_row(self, row: int) -> None:
         if not self.allocated:
             raise RuntimeError("DeviceSampler.allocate() first")
+        if not isinstance(row, int) or not 0 <= row < self.rows:
+            raise ValueError(f"row {row!r} out of range ({self.rows} rows)")
+
+    def _write_penalties(self, rows: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Rewrite the given rows' (seen [V], counts [V]); the other rows keep their device values (read back
+        first, unless every row is rewritten)."""
+        if not self.stages.penalized:
+            return
+        ttnn, b, v = self.ttnn, self.rows, self.vocab
+        if len(rows) == b:
+            seen, counts = torch.zeros(1, 1, b, v), torch.zeros(1, 1, b, v)
+        else:
+            seen, counts = (self._dev0(t).reshape(1, 1, b, v) for t in (self.seen, self.counts))
+        for r, (s, c) in rows.items():
+            seen[0, 0, r], counts[0, 0, r] = s, c
+        ttnn.copy_host_to_device_tensor(self._replicated(seen, device=False), self.seen)
+        ttnn.copy_host_to_device_tensor(self._replicated(counts, device=False), self.counts)
+
+    def _history_rows(self, prompt_len: int, history: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        seen, counts = torch.zeros(self.vocab), torch.zeros(self.vocab)
+        seen[torch.as_tensor(list(history), dtype=torch.long)] = 1.0
+        out = torch.as_tensor(list(history[prompt_len:]), dtype=torch.long)
+        counts.index_add_(0, out, torch.ones(out.numel()))
+        return seen, counts
+
+    def _write_params(self) -> None:
+        for k, t in self.host.items():
+            self.ttnn.copy_host_to_device_tensor(self._replicated(t, device=False), self.dev[k])
+
+    def start(self, row: int, params: SamplingParams, prompt: Sequence[int], first: int) -> None:
+        """Row ``row`` now samples for a user with ``params`` whose prompt is ``prompt`` and whose first (prefill)
+        token was ``first``: its parameter rows, its penalty rows and its uniform stream (restarted at the seed's
+        first fill, so a seeded run replays). Outside any capture."""
+        self._check_row(row)
+        missing = self.stages.missing(params, self.vocab)
+        if missing:
+            raise ValueError(f"row {row}: {params.describe()} needs {', '.join(missing)}, which this sampler's "
+                             f"traced step does not contain (its stages: {self.stages})")
+        p, v = params, self.vocab
+        vals = {"greedy": 1.0 if p.greedy else 0.0,
+                "inv_temp": 1.0 if p.greedy else 1.0 / p.temperature,
+                "log_min_p": math.log(p.min_p) if p.min_p > 0.0 else float("-inf"),
+                "kth": float(p.top_k - 1) if 0 < p.top_k < v else float(v - 1),
+                "top_p": p.top_p if p.top_p < 1.0 else 2.0,
+                "rep": p.repetition_penalty, "inv_rep": 1.0 / p.repetition_penalty,
+                "freq": p.frequency_penalty, "pres": p.presence_penalty}
+        for k, t in self.host.items():
+            t[0, 0, row, 0] = vals[k]
+        self._write_params()
+        self._write_penalties({row: self._history_rows(len(prompt), list(prompt) + [int(first)])})
+        if self.uniforms:
+            u = self.uniforms[row]
+            u.device_seed, u.host_seed = plain_sampler_seeds(p.seed)
+            u.restart()
+        self.rows_used[row] = 0
+        self.params[row] = params
+
+    def resync(self, row: int, prompt_len: int, history: Sequence[int]) -> None:
+        """Rewrite row ``row``'s penalty rows from its whole ``history`` (prompt then every emitted token) after
+        tokens it did not sample (a step sampled elsewhere); the parameters and the uniform stream go on."""
+        self._check_row(row)
+        self._write_penalties({row: self._history_rows(prompt_len, history)})
+
+    def export_rows(self, rows: list[int]) -> list[dict]:
+        """Everything of the given rows (parameters, penalty rows, uniform table, counter and host stream state)
+        on the host, for :meth:`import_rows` into another sampler with the same stages (a bucket move). Outside
+        any capture."""
+        b, v = self.rows, self.vocab
+        pen = ([t.reshape(b, v) for t in (self._dev0(self.seen), self._dev0(self.counts))]
+               if self.stages.penalized else None)
+        out = []
+        for r in rows:
+            d = {"params": self.params[r], "host": {k: float(t[0, 0, r, 0]) for k, t in self.host.items()},
+                 "penalties": None if pen is None else (pen[0][r].clone(), pen[1][r].clone()),
+                 "rows_used": self.rows_used[r]}
+            if self.uniforms:
+                u = self.uniforms[r]
+                d.update(table=self._dev0(u.table), counter=self._dev0(u.counter),
+                         rng=(u.device_seed, u.host_seed, u.refills, u._host_gen))
+            out.append(d)
+        return out
+
+    def import_rows(self, rows: list[int], data: list[dict]) -> None:
+        for r, d in zip(rows, data):
+            self._check_row(r)
+            if d["host"].keys() != self.host.keys():
+                raise ValueError(f"import_rows: rows of a sampler with other stages ({sorted(d['host'])} vs "
+                                 f"{sorted(self.host)})")
         ttnn = self.ttnn
-        if self.params.penalized:
-            seen = torch.zeros(1, 1, 1, self.vocab)
-            seen[..., torch.as_tensor(list(prompt) + [first], dtype=torch.long)] = 1.0
-            counts = torch.zeros(1, 1, 1, self.vocab)
-            counts[..., first] = 1.0
-            ttnn.copy_host_to_device_tensor(self._replicated(seen, device=False), self.seen)
-            ttnn.copy_host_to_device_tensor(self._replicated(counts, device=False), self.counts)
-        if self.uniforms is not None:
-            self.uniforms.restart()
-            self.rows_used = 0
+        for r, d in zip(rows, data):
+            for k, val in d["host"].items():
+                self.host[k][0, 0, r, 0] = val
+            if self.uniforms:
+                u = self.uniforms[r]
+                ttnn.copy_host_to_device_tensor(self._replicated(d["table"], device=False), u.table)
+                ttnn.copy_host_to_device_tensor(self._replicated(d["counter"], device=False), u.counter)
+                u.device_seed, u.host_seed, u.refills, u._host_gen = d["rng"]
+            self.rows_used[r], self.params[r] = d["rows_used"], d["params"]
+        self._write_params()
+        self._write_penalties({r: d["penalties"] for r, d in zip(rows, data)})
 
     def before_step(self) -> None:
-        """Host bookkeeping before each step execution (outside capture): refill the table when used up."""
-        if self.uniforms is None:
-            return
-        if self.rows_used >= self.rng_rows:
-            self.uniforms.refill()
-            self.rows_used = 0
-        self.rows_used += 1
+        """Host bookkeeping before each step execution (outside capture): every row's uniform counter advances once
+        per step; a table used up is refilled."""
+        for r, u in enumerate(self.uniforms):
+            if self.rows_used[r] >= self.rng_rows:
+                u.refill()
+                self.rows_used[r] = 0
+            self.rows_used[r] += 1
 
     # ---- device (traceable) ------------------------------------------------------------------------------
-    def pick(self, logits_111V):
-        """-> the persistent result (see the class docstring); updates the penalty counts in place."""
-        ttnn, p = self.ttnn, self.params
-        raw = logits_111V if logits_111V.dtype == ttnn.float32 else ttnn.typecast(logits_111V, ttnn.float32)
-        x = penalize(ttnn, raw, p, getattr(self, "seen", None), getattr(self, "counts", None))
-        if p.greedy:
+    def pick(self, logits_11BV):
+        """fp32 (or bf16) logits [1, 1, B, V] -> the persistent result (see the class docstring); updates the
+        penalty rows in place."""
+        ttnn, st, d, b = self.ttnn, self.stages, self.dev, self.rows
+        raw = logits_11BV if logits_11BV.dtype == ttnn.float32 else ttnn.typecast(logits_11BV, ttnn.float32)
+        x = raw
+        if st.repetition:
+            scaled = ttnn.where(ttnn.gt(x, 0.0), ttnn.multiply(x, d["inv_rep"]), ttnn.multiply(x, d["rep"]))
+            x = ttnn.where(self.seen, scaled, x)
+        if st.frequency:
+            x = ttnn.subtract(x, ttnn.multiply(self.counts, d["freq"]))
+        if st.presence:
+            x = ttnn.subtract(x, ttnn.multiply(ttnn.gt(self.counts, 0.0), d["pres"]))
+        if st.greedy:
             am = ttnn.argmax(ttnn.to_layout(x, ttnn.ROW_MAJOR_LAYOUT), dim=3, keepdim=True)  # multi-core layout
             tok = ttnn.typecast(ttnn.to_layout(am, ttnn.TILE_LAYOUT), ttnn.float32)
-        else:
-            row, _ = self.uniforms.next_row([1, 1, 1, DRAFT_UNIFORMS_PER_ROW])
-            u = ttnn.slice(row, [0, 0, 0, 0], [1, 1, 1, 1])
-            tok = inverse_cdf_draw(ttnn, probs_from_logits(ttnn, x, p, self._ckc), u)
+        if st.sampled:
+            rows = [u.next_row([1, 1, 1, DRAFT_UNIFORMS_PER_ROW])[0] for u in self.uniforms]
+            urow = rows[0] if b == 1 else ttnn.concat(rows, dim=2)
+            u = ttnn.slice(urow, [0, 0, 0, 0], [1, 1, b, 1])
+            drawn = inverse_cdf_draw(ttnn, self._probs(x), u)
+            tok = ttnn.where(d["greedy"], tok, drawn) if st.greedy else drawn
         cols = [tok]
         onehot = None
-        if p.penalized or self.n_top is not None:
-            onehot = ttnn.eq(self.c_vocab_idx, tok)  # [1, 1, 1, V]
-        if p.penalized:
+        if st.penalized or self.n_top is not None:
+            onehot = ttnn.eq(self.c_vocab_idx, tok)  # [1, 1, B, V]
+        if st.penalized:
             ttnn.copy(ttnn.add(self.counts, onehot), self.counts)
             ttnn.copy(ttnn.maximum(self.seen, onehot), self.seen)
         if self.n_top is not None:
@@ -440,8 +633,31 @@ class DeviceSampler:
         ttnn.copy(ttnn.to_layout(res, ttnn.ROW_MAJOR_LAYOUT), self.result)
         return self.result
 
+    def _probs(self, x):
+        """Temperature, min_p, top-k, top-p, softmax with per-row operands (:func:`probs_from_logits`'s steps)."""
+        ttnn, st, d, ckc = self.ttnn, self.stages, self.dev, self._ckc
+        x = ttnn.multiply(x, d["inv_temp"])
+        if st.min_p:
+            floor = ttnn.add(ttnn.max(x, dim=3, keepdim=True), d["log_min_p"])
+            x = ttnn.where(ttnn.lt(x, floor), float("-inf"), x)
+        if st.top_k or st.top_p:
+            sorted_x, order = ttnn.sort(x, dim=3, descending=True)
+            if st.top_k:  # the row's k-th largest: the sorted value at its own index
+                kth = ttnn.max(ttnn.where(ttnn.eq(self.c_vocab_idx, d["kth"]), sorted_x, float("-inf")), dim=3,
+                               keepdim=True)
+                x = ttnn.where(ttnn.lt(x, kth), float("-inf"), x)
+                # the masked tokens sort last; the kept ones keep their order
+                sorted_x = ttnn.where(ttnn.lt(sorted_x, kth), float("-inf"), sorted_x)
+            if st.top_p:
+                sp = ttnn.softmax(sorted_x, dim=3, numeric_stable=True, compute_kernel_config=ckc)
+                mass_before = ttnn.subtract(ttnn.cumsum(sp, dim=3), sp)
+                drop_sorted = ttnn.ge(mass_before, d["top_p"])
+                drop = ttnn.scatter(drop_sorted, 3, order, drop_sorted)  # back to vocab order (a permutation)
+                x = ttnn.where(drop, float("-inf"), x)
+        return ttnn.softmax(x, dim=3, numeric_stable=True, compute_kernel_config=ckc)
+
     def _logprobs(self, raw, onehot) -> list:
-        """Raw log-softmax of the unprocessed logits: [own, rank, top-n ids, top-n values] columns."""
+        """Raw log-softmax of the unprocessed logits, per row: [own, rank, top-n ids, top-n values] columns."""
         ttnn, ckc = self.ttnn, self._ckc
         shifted = ttnn.subtract(raw, ttnn.max(raw, dim=3, keepdim=True))
         lse = ttnn.log(ttnn.sum(ttnn.exp(shifted), dim=3, keepdim=True, compute_kernel_config=ckc))
@@ -455,15 +671,20 @@ class DeviceSampler:
         return out
 
     # ---- host ----------------------------------------------------------------------------------------------
-    def read(self) -> tuple[int, TokenLogprobs | None]:
-        """The one readback per step (device 0's replica of the small result) -> (token, logprobs or None)."""
-        ttnn = self.ttnn
-        row = ttnn.to_torch(ttnn.get_device_tensors(self.result)[0]).reshape(-1).double().tolist()
-        tok = int(row[0])
-        if not 0 <= tok < self.vocab:
-            raise RuntimeError(f"device sampler returned token {tok} outside [0, {self.vocab})")
-        if self.n_top is None:
-            return tok, None
-        n = self.n_top
-        ids, vals = row[SAMPLER_HEAD_COLS: SAMPLER_HEAD_COLS + n], row[SAMPLER_HEAD_COLS + n:]
-        return tok, TokenLogprobs(tok, row[1], int(row[2]), [(int(i), v) for i, v in zip(ids, vals)])
+    def read(self) -> list[tuple[int, TokenLogprobs | None]]:
+        """The one readback per step (device 0's replica of the small result) -> per row (token, logprobs or None:
+        logprobs for the rows whose user asked, its own top-n). Rows without a user hold meaningless tokens."""
+        res = self._dev0(self.result).double().reshape(self.rows, self.width).tolist()
+        toks = [int(r[0]) for r in res]
+        if any(not 0 <= t < self.vocab for t in toks):
+            raise RuntimeError(f"device sampler returned tokens outside [0, {self.vocab}): {toks}")
+        out = []
+        for r, (tok, row) in enumerate(zip(toks, res)):
+            p = self.params[r]
+            if self.n_top is None or p is None or p.logprobs is None:
+                out.append((tok, None))
+                continue
+            n, c = p.logprobs, SAMPLER_HEAD_COLS
+            ids, vals = row[c: c + n], row[c + self.n_top: c + self.n_top + n]
+            out.append((tok, TokenLogprobs(tok, row[1], int(row[2]), [(int(i), v) for i, v in zip(ids, vals)])))
+        return out
