@@ -232,6 +232,12 @@ def test_prefill_cost_probe_record(tmp_path):
     assert hit["prompt_tokens"] == 512 and hit["hit_tokens"] == 256 and hit["prefilled_tokens"] == 256
     assert 0 < hit["ms"] < hit["full_prompt_ms"] and hit["saved_ms"] == pytest.approx(hit["full_prompt_ms"] - hit["ms"])
     assert perf["uncalibrated"]
+    # qwen36 report shows it
+    from qwen36.probes.dashboard import write_report
+
+    md = write_report([rec], tmp_path / "report")["markdown"].read_text()
+    assert "## Time to first token (modelled (calibrated), batch 1, TP=2, prefill-cost)" in md
+    assert "| 512 | 256 | 256 |" in md and "time to first token" in md
 
 
 def test_prefill_cost_refuses_partial_chunks():
