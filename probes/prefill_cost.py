@@ -204,6 +204,23 @@ def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, 
         bench.close()
 
 
+def chunk_ranking(unit: dict, n_gdn: int, n_attn: int) -> list[dict]:
+    """Every op of one chunk at position 0 by region (embed, GDN layers, attention layers), with its programs and
+    calibrated ms per chunk (``cost_model.per_op_ms``: launches, kernel class, its own DRAM bytes and collectives,
+    plus its compute excess), largest first."""
+    from qwen36.tt_ops.cost_model import per_op_ms, prefill_compute_excess
+
+    out = []
+    for region, counts, times in (("embed", unit["embed"], 1), ("GDN layers", unit["gdn"], n_gdn),
+                                  ("attention layers", unit["attention"], n_attn)):
+        excess = prefill_compute_excess(counts)["by_op"]
+        for op, row in per_op_ms(counts).items():
+            ms = row["ms"] + excess.get(op, {}).get("excess_ms", 0.0)
+            out.append({"region": region, "op": op, "class": row["class"], "programs": row["programs"] * times,
+                        "ms": ms * times})
+    return sorted(out, key=lambda r: -r["ms"])
+
+
 def figures(unit: dict, n_gdn: int, n_attn: int, prompt: int, start: int = 0) -> dict:
     from qwen36.tt_ops.cost_model import calibrated_prefill_figures
 
@@ -246,6 +263,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
                      and c0[f"layer{ai}"].programs_per_op == c1[f"layer{ai}"].programs_per_op)
     cells = [{"cell": "chunk 1 runs the programs of chunk 0 (per layer kind)", "pass": same_programs},
              {"cell": "figures", "pass": all(r["ms"] > 0 for r in rows)}]
+    ranking = chunk_ranking(unit, n_gdn, n_attn)
     label = rows[0]["label"]
     print(f"[{label}] prefill-cost {args.preset} {args.precision} tp{unit['tp']} batch 1 on {unit['backend']} "
           f"(chunk {unit['chunk']} rows; {n_gdn} GDN + {n_attn} attention layers):")
@@ -262,6 +280,8 @@ def run(args: argparse.Namespace) -> ProbeReport:
         print(f"  [{label}] prefix hit {r['hit_tokens']} of {r['prompt_tokens']}: prefill {r['prefilled_tokens']} "
               f"tokens from position {r['hit_tokens']}: {r['ms']:.0f} ms (band {r['ms_low']:.0f}-{r['ms_high']:.0f}) "
               f"vs {r['full_prompt_ms']:.0f} ms for the whole prompt")
+    print(f"  [{label}] one chunk at position 0, top programs: " + "; ".join(
+        f"{r['region']} {r['op'].replace('ttnn.', '')} x{r['programs']} {r['ms']:.1f} ms" for r in ranking[:8]))
     print("  not in these figures: " + "; ".join(rows[0]["uncalibrated"]))
     perf = {"label": label, "backend": unit["backend"], "tp": unit["tp"], "batch": 1, "precision": args.precision,
             "chunk_tokens": unit["chunk"], "layers": {"gdn": n_gdn, "attention": n_attn},
@@ -273,7 +293,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
                      | {"breakdown": {k: v for k, v in r["breakdown"].items() if k != "compute_by_op"},
                         "compute_by_op": r["breakdown"]["compute_by_op"]}
                      for r in rows},
-            "prefix_reuse": reuse, "uncalibrated": rows[0]["uncalibrated"]}
+            "prefix_reuse": reuse, "uncalibrated": rows[0]["uncalibrated"], "chunk_ranking": ranking}
     return ProbeReport(probe=NAME, backend=unit["backend"],
                        config={"preset": args.preset, "precision": args.precision, "prompts": prompts,
                                "prefix_hits": [list(h) for h in hits], "vocab_sample": cfg.vocab_size,

@@ -232,6 +232,12 @@ def test_prefill_cost_probe_record(tmp_path):
     assert hit["prompt_tokens"] == 512 and hit["hit_tokens"] == 256 and hit["prefilled_tokens"] == 256
     assert 0 < hit["ms"] < hit["full_prompt_ms"] and hit["saved_ms"] == pytest.approx(hit["full_prompt_ms"] - hit["ms"])
     assert perf["uncalibrated"]
+    # the ranking of one chunk's programs adds up to one chunk of the 256-token prompt less its head
+    rank = perf["chunk_ranking"]
+    assert rank == sorted(rank, key=lambda x: -x["ms"]) and {x["region"] for x in rank} == {
+        "embed", "GDN layers", "attention layers"}
+    one = perf["ttft"]["256"]
+    assert sum(x["programs"] for x in rank) == one["programs"] - perf["programs_per_chunk"]["head"]
     # qwen36 report shows it
     from qwen36.probes.dashboard import write_report
 
