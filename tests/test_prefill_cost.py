@@ -157,7 +157,6 @@ def _same(a: Counts, b: Counts, skip_sdpa: bool = False):
     assert wa == wb
 
 
-@pytest.mark.slow  # builds the CI model twice and prefills three chunks with each numerics mode (~15 s)
 def test_chunk_counts_extrapolate_exactly(ci_units):
     """At CI size: the probe's chunk driver counts what prefill_forward counts; every chunk runs the same programs
     per layer kind; the embed and GDN-layer counts are identical across chunks; an attention chunk differs from
@@ -212,7 +211,6 @@ def test_chunk_counts_extrapolate_exactly(ci_units):
     _same(rest, want)
 
 
-@pytest.mark.slow  # the probe end to end at CI size (~20 s)
 def test_prefill_cost_probe_record(tmp_path):
     from qwen36.cli import main
     from qwen36.probes.records import read_records
