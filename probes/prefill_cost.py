@@ -37,9 +37,10 @@ SDPA = "ttnn.transformer.chunked_scaled_dot_product_attention"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="27b", choices=["27b", "ci"],
-                   help="27b: real shapes (first GDN + attention layer built, the rest by layer count); ci: the "
-                        "tiny CI config")
+    p.add_argument("--preset", default="27b", choices=["27b", "35b-a3b", "ci", "moe-ci"],
+                   help="27b / 35b-a3b: real shapes (first GDN + attention layer built, the rest by layer count; the "
+                        "MoE sibling built at 32 and 64 experts and extrapolated to 256); ci / moe-ci: the tiny CI "
+                        "configs")
     p.add_argument("--precision", default="performance", help="accuracy | performance | performance-bf4")
     p.add_argument("--prompts", default="4096,8192,16384",
                    help="prompt lengths in tokens (multiples of the prefill chunk)")
@@ -136,6 +137,60 @@ def sdpa_pair_flops(counts, start: int, rows: int) -> int:
     return key[1] // pairs
 
 
+def _lin(lo: int, hi: int, x_lo: int, x_hi: int, x: int) -> int:
+    num = lo * (x_hi - x) + hi * (x - x_lo)
+    if num % (x_hi - x_lo):
+        raise ValueError(f"{lo} -> {hi} over {x_lo} -> {x_hi} experts is not linear at {x} on whole bytes")
+    return num // (x_hi - x_lo)
+
+
+def extrapolate_experts(c_lo, c_hi, e_lo: int, e_hi: int, e: int, name: str):
+    """Counts of one region at ``e`` routed experts from the same region built with ``e_lo`` and ``e_hi``: the
+    programs must be the same, and every byte, collective byte and FLOP count is taken as linear in the expert
+    count (the MoE prefill runs every expert over the chunk: its expert weights, its [1, E, M, *] activations, the
+    router [H, E] and the [M, E] routing tensors all scale with E; E a multiple of 32 keeps the tiles whole).
+    tests/test_prefill_cost.py checks it at CI size against a third build."""
+    from qwen36.tt_ops.emulator.counters import Counts
+
+    if c_lo.programs_per_op != c_hi.programs_per_op or c_lo.collectives != c_hi.collectives:
+        raise ValueError(f"{name}: the programs differ between {e_lo} and {e_hi} experts; not extrapolated")
+    f = lambda a, b: _lin(a, b, e_lo, e_hi, e)  # noqa: E731
+    out = Counts(name)
+    out.programs, out.collectives = c_hi.programs, c_hi.collectives
+    out.collective_bytes = f(c_lo.collective_bytes, c_hi.collective_bytes)
+    for d in ("per_op", "programs_per_op", "collectives_per_op"):
+        getattr(out, d).update(getattr(c_hi, d))
+    for d in ("bytes_read", "bytes_written", "collective_bytes_per_op"):
+        lo, hi = getattr(c_lo, d), getattr(c_hi, d)
+        for k in set(lo) | set(hi):
+            getattr(out, d)[k] = f(lo.get(k, 0), hi.get(k, 0))
+    for op in set(c_lo.bytes_read_per_op) | set(c_hi.bytes_read_per_op):
+        lo, hi = c_lo.bytes_read_per_op.get(op, {}), c_hi.bytes_read_per_op.get(op, {})
+        for k in set(lo) | set(hi):
+            out.bytes_read_per_op[op][k] = f(lo.get(k, 0), hi.get(k, 0))
+    # compute programs: those the expert count does not change have the same key in both builds (kept as they are);
+    # the others pair up by op, fidelity and read keys, in order of FLOPs (two programs may share a key in one build
+    # and not in the other, so keys are paired per program, not per dict entry)
+    from collections import Counter
+
+    lo_all, hi_all = Counter(c_lo.compute_work), Counter(c_hi.compute_work)
+    same = lo_all & hi_all
+    for k, n in same.items():
+        out.compute_work[k] += n
+    groups: dict = {}
+    for side, rest in ((0, lo_all - same), (1, hi_all - same)):
+        for key, n in rest.items():
+            op, fl, ph, fp, reads = key
+            groups.setdefault((op, ph, fp, tuple(k for k, _ in reads)), ([], []))[side].extend([key] * n)
+    for sig, (lo_keys, hi_keys) in groups.items():
+        if len(lo_keys) != len(hi_keys):
+            raise ValueError(f"{name}: {sig[0]} programs do not pair up between {e_lo} and {e_hi} experts")
+        for (op, fl, ph, fp, rl), (_, fh, _, _, rh) in zip(sorted(lo_keys, key=lambda k: (k[1], k[4])),
+                                                         sorted(hi_keys, key=lambda k: (k[1], k[4]))):
+            out.compute_work[(op, f(fl, fh), ph, fp, tuple((k, f(a, b)) for (k, a), (_, b) in zip(rl, rh)))] += 1
+    return out
+
+
 def scale_head(counts, ratio: float, name: str):
     """The head region extrapolated in vocab (decode-cost's ``_scaled``) with its compute work scaled alike (the
     LM-head matmul's FLOPs and bytes are linear in the vocabulary)."""
@@ -165,6 +220,26 @@ def prompt_counts(unit: dict, n_gdn: int, n_attn: int, prompt: int, start: int =
         total.add(attn, n_attn)
     total.add(unit["head"])
     return total
+
+
+def measure_units_moe(device: str, cfg, real, precision: str, seed: int, numerics: str = "exact",
+                      experts: tuple[int, int] | None = None) -> dict:
+    """:func:`measure_units` for a MoE config built with fewer experts than ``real`` (decode-cost's build): two
+    builds (``experts``, default half and all of ``cfg``'s) and every per-chunk unit extrapolated linearly to
+    ``real.num_experts`` (:func:`extrapolate_experts`)."""
+    import dataclasses
+
+    e_lo, e_hi = experts or (cfg.num_experts // 2, cfg.num_experts)
+    units = [measure_units(device, dataclasses.replace(cfg, num_experts=e), precision, seed, real.vocab_size,
+                           numerics) for e in (e_lo, e_hi)]
+    lo, hi = units
+    unit = dict(hi)
+    for part in ("embed", "gdn", "attention", "head"):
+        unit[part] = extrapolate_experts(lo[part], hi[part], e_lo, e_hi, real.num_experts, hi[part].name)
+    if lo["sdpa_pair_flops"] != hi["sdpa_pair_flops"]:
+        raise ValueError("the SDPA work changed with the expert count")
+    unit["experts"] = {"built": [e_lo, e_hi], "extrapolated_to": real.num_experts}
+    return unit
 
 
 def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, numerics: str = "exact") -> dict:
@@ -242,7 +317,10 @@ def run(args: argparse.Namespace) -> ProbeReport:
         raise UserError("--prompts is empty")
     cfg, base = build_config(args.preset, args.vocab_sample)
     n_gdn, n_attn = len(base.gdn_layer_ids), len(base.attention_layer_ids)
-    unit = measure_units(device, cfg, args.precision, args.seed, base.vocab_size)
+    if base.is_moe and base.num_experts != cfg.num_experts:
+        unit = measure_units_moe(device, cfg, base, args.precision, args.seed)
+    else:
+        unit = measure_units(device, cfg, args.precision, args.seed, base.vocab_size)
     for p in prompts + [x for pair in hits for x in pair]:
         if p % unit["chunk"]:
             raise UserError(f"{p} is not a multiple of the prefill chunk ({unit['chunk']} tokens)")
@@ -293,7 +371,8 @@ def run(args: argparse.Namespace) -> ProbeReport:
                      | {"breakdown": {k: v for k, v in r["breakdown"].items() if k != "compute_by_op"},
                         "compute_by_op": r["breakdown"]["compute_by_op"]}
                      for r in rows},
-            "prefix_reuse": reuse, "uncalibrated": rows[0]["uncalibrated"], "chunk_ranking": ranking}
+            "prefix_reuse": reuse, "uncalibrated": rows[0]["uncalibrated"], "chunk_ranking": ranking,
+            **({"experts": unit["experts"]} if "experts" in unit else {})}
     return ProbeReport(probe=NAME, backend=unit["backend"],
                        config={"preset": args.preset, "precision": args.precision, "prompts": prompts,
                                "prefix_hits": [list(h) for h in hits], "vocab_sample": cfg.vocab_size,

@@ -252,3 +252,28 @@ def test_prefill_cost_refuses_partial_chunks():
         pc.prompt_counts({"chunk": 256}, 1, 1, 300)
     with pytest.raises(UserError, match="PROMPT:HIT"):
         pc.parse_hits("4096")
+
+
+def test_moe_units_extrapolate_in_experts():
+    """The MoE sibling's prefill at CI size: per-chunk counts built at 32 and 64 experts, extrapolated linearly to
+    96, equal the counts of a build at 96 experts (programs, bytes, collectives, FLOPs of every compute program);
+    the sparse matmuls' FLOPs are 2 x experts x M x K x N (the prefill's scan mode runs every expert)."""
+    pytest.importorskip("ttnn")
+    import dataclasses
+
+    from qwen36.probes import prefill_cost as pc
+    from qwen36.probes.decode_cost import build_config
+
+    cfg, _ = build_config("moe-ci", 4096)
+    real = dataclasses.replace(cfg, num_experts=96)
+    got = pc.measure_units_moe("emulated-p150x2", cfg, real, "performance", 0, experts=(32, 64))
+    want = pc.measure_units("emulated-p150x2", real, "performance", 0, real.vocab_size)
+    for part in ("embed", "gdn", "attention", "head"):
+        _same(got[part], want[part])
+        assert dict(got[part].bytes_read_per_op) == {k: dict(v) for k, v in want[part].bytes_read_per_op.items()}
+    sparse = [(k, n) for k, n in want["gdn"].compute_work.items() if k[0] == "ttnn.sparse_matmul"]
+    assert len(sparse) == 2 and all(n == 1 for _, n in sparse)
+    pad = lambda n: -(-n // 32) * 32  # noqa: E731  (the engine computes whole tiles)
+    h, i_d = real.hidden_size, real.moe_intermediate_size // 2  # each expert tensor-parallel over 2 devices
+    assert sorted(k[1] for k, _ in sparse) == sorted([2 * 96 * 256 * h * pad(2 * i_d), 2 * 96 * 256 * pad(i_d) * h])
+    assert got["experts"] == {"built": [32, 64], "extrapolated_to": 96}

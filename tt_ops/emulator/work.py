@@ -9,6 +9,8 @@ FLOPs are counted on the shapes the device computes (tile-padded rows and column
 32 x 32 tiles; one multiply-add = 2 FLOPs):
 
 * ``ttnn.linear`` / ``ttnn.matmul``: ``2 x batch x M x K x N`` over the padded shapes of the two operands;
+* ``ttnn.sparse_matmul``: ``2 x groups x M x K x N``, groups = the expert groups its reader fetches (the listed
+  indices, or ``nnz``: every expert in the MoE prefill's scan mode), each over all M rows;
 * ``ttnn.transformer.chunked_scaled_dot_product_attention`` (q ``[B, Hq, T, D]`` at ``chunk_start``): Q K^T and
   P V over the causal pairs, ``4 x B x Hq x D x (T x chunk_start + T (T + 1) / 2)``;
 * ``ttnn.transformer.chunk_gated_delta_rule``: the matrix products of the chunked delta rule (chunk C) per token
@@ -23,7 +25,7 @@ from __future__ import annotations
 from .numerics import kernel_config
 from .tensor import EmuTensor
 
-WORK_OPS = ("ttnn.linear", "ttnn.matmul", "ttnn.transformer.chunked_scaled_dot_product_attention",
+WORK_OPS = ("ttnn.linear", "ttnn.matmul", "ttnn.sparse_matmul", "ttnn.transformer.chunked_scaled_dot_product_attention",
             "ttnn.transformer.chunk_gated_delta_rule")
 
 
@@ -53,6 +55,12 @@ def compute_work(op_name: str, args: tuple, kwargs: dict) -> tuple | None:
         for d in pa[:-2]:
             batch *= d
         flops = 2 * batch * pa[-2] * pa[-1] * pb[-1]
+    elif op_name == "ttnn.sparse_matmul":
+        from .ops_sparse import _bind, _groups_read
+
+        b = _bind(args, kwargs)
+        pa, pb = _padded(b["input_tensor_a"]), _padded(b["input_tensor_b"])
+        flops = 2 * _groups_read(b) * pa[-2] * pa[-1] * pb[-1]
     elif op_name == "ttnn.transformer.chunked_scaled_dot_product_attention":
         q = _arg(args, kwargs, 0, "input_tensor_q")
         start = int(_arg(args, kwargs, 4, "chunk_start_idx") or 0)
