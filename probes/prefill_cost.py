@@ -15,6 +15,9 @@ first attention layer built, the vocabulary cut to ``--vocab-sample``):
     proves both at CI size against chunks actually run), so a prompt of ``P`` tokens from position ``S`` is
     ``sum over its chunks (embed + n_gdn x GDN layer + n_attn x attention layer at that chunk's start) + head``,
     the head's LM-head matmul extrapolated linearly in vocab to the real 248,320;
+  * ``--preset 35b-a3b``: built at 32 and at 64 routed experts, every per-chunk count extrapolated linearly to the
+    real 256 (:func:`extrapolate_experts`: the MoE prefill runs every expert over the chunk, so its bytes and FLOPs
+    are linear in the expert count; checked at CI size against a third build);
   * the total is charged by ``cost_model.calibrated_prefill_figures``: the decode constants (launch, kernels,
     DRAM, collectives) plus the compute term (docs/cost_model.md "Prefill and time to first token").
 
@@ -32,7 +35,8 @@ from qwen36.errors import UserError
 from qwen36.probes.records import ProbeReport
 
 NAME = "prefill-cost"
-HELP = "calibrated P150a time to first token (prefill chunks + last-row LM head) at 27B shapes, from emulator counts"
+HELP = ("calibrated P150a time to first token (prefill chunks + last-row LM head) at 27B / 35B-A3B shapes, from "
+        "emulator counts")
 SDPA = "ttnn.transformer.chunked_scaled_dot_product_attention"
 
 
