@@ -38,6 +38,8 @@ NOT_IN_SUITE = {
     "emu-conformance": "checks the emulator against Tenstorrent's op-test cases; it refuses a non-emulated device",
     "memory": "a DRAM plan computed from the tensors the TT code allocates, not a measurement; on cards the "
               "allocator's own report is what to read",
+    "prefill-cost": "a calibrated model of P150a prefill time from the emulator's counters, not a card check; "
+                    "on cards, time the prefill itself",
 }
 # Probes that only make sense on some backends: name -> (backend kinds, why not elsewhere).
 BACKEND_ONLY = {

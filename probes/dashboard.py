@@ -6,6 +6,7 @@ What feeds what (the latest record of each probe is used; report.md lists every 
                programs per layer by op (decode step), tok/s vs K at the record's acceptance rates
   decode-cost  programs per layer by op when no gate-0a record is given; its per-token summary in the table
   gate-0b      verify_cost_ratio and phase costs per K in the table (the batch-1 record)
+  prefill-cost calibrated time to first token per prompt length and per prefix-cache hit, with bands
   batch        decode-cost and gate-0b records at several batch sizes B (``--batch``; a record without one is B = 1):
                per B, plain decode ms/step and per-user / aggregate tok/s (decode-cost), and per K the packed
                verify's verify_cost_ratio and MTP tok/s per user and aggregate (gate-0b; a K the packed verify
@@ -26,7 +27,7 @@ from typing import Any
 from qwen36.io_utils import atomic_write_text
 from qwen36.probes.records import read_records
 
-SOURCES = ("gate-0a", "decode-cost", "gate-0b", "lossless")
+SOURCES = ("gate-0a", "decode-cost", "gate-0b", "lossless", "prefill-cost")
 COMPONENT_ORDER = ("embed", "gdn", "attention", "mlp", "lm_head", "sampling_accept", "mtp_draft", "verify_setup",
                    "commit", "host_readback")
 COMPONENT_NAMES = {"embed": "embed", "gdn": "GDN mixer", "attention": "attention mixer", "mlp": "MLP",
@@ -447,6 +448,32 @@ def calibrated_section(records: list[tuple[Path, dict]], used: list) -> list[str
     return md + [""]
 
 
+def prefill_section(records: list[tuple[Path, dict]], used: list) -> list[str]:
+    """Calibrated time to first token per prompt length and per prefix-cache hit, from the latest prefill-cost
+    record (docs/cost_model.md "Prefill and time to first token")."""
+    pc = latest(records, "prefill-cost")
+    if not pc:
+        return []
+    path, r = pc
+    p = r["performance"]
+    used.append(_source_line("time to first token", path, r))
+    md = ["", f"## Time to first token ({p['label']}, batch 1, TP={p['tp']}, prefill-cost)", "",
+          f"{r.get('backend')}, preset {(r.get('config') or {}).get('preset')}, {p.get('precision')}, "
+          f"{p['chunk_tokens']}-token chunks; not included: {'; '.join(p.get('uncalibrated', []))}", ""]
+    md.append(_table(["prompt tokens", "TTFT ms (band)", "prompt tok/s", "chunks", "compute excess ms",
+                      "TFLOP/device"],
+                     [[k, _band([t["ms"], t["ms_low"], t["ms_high"]], 0), f"{t['tok_s']:.0f}", str(t["chunks"]),
+                       _ms(t["breakdown"]["compute_excess_ms"]), f"{t['flops_per_device'] / 1e12:.1f}"]
+                      for k, t in sorted(p["ttft"].items(), key=lambda kv: int(kv[0]))]))
+    if p.get("prefix_reuse"):
+        md += ["", "Prefix-cache hits (the hit's KV and GDN state reused, the rest prefilled from its position):", ""]
+        md.append(_table(["prompt", "hit", "prefilled", "TTFT ms (band)", "whole prompt ms", "saved ms"],
+                         [[str(h["prompt_tokens"]), str(h["hit_tokens"]), str(h["prefilled_tokens"]),
+                           _band([h["ms"], h["ms_low"], h["ms_high"]], 0), f"{h['full_prompt_ms']:.0f}",
+                           f"{h['saved_ms']:.0f}"] for h in p["prefix_reuse"]]))
+    return md
+
+
 def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
     """-> {"markdown": path, "plots": [paths]}; raises ReportError on unusable input."""
     records = load(files)
@@ -518,6 +545,8 @@ def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
                          [[str(p["programs"]["per_token"]), str(p["programs"]["gdn_layer"]),
                            str(p["programs"]["attention_layer"]), _ms(p["modelled_ms_per_step"]),
                            f"{p['modelled_tok_s']:.1f}", _ms(p["weight_stream_floor_ms"]), str(batch_of(r))]]))
+
+    md += prefill_section(records, used)
 
     g0b = latest(records, "gate-0b", 1)
     if g0b:

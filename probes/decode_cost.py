@@ -244,9 +244,11 @@ class CostBench:
 
 def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME,
                 emulated_only: bool = True, decode_matmuls: str = "dram_sharded", slots: int = 1,
-                dram_readers: int = 2) -> CostBench:
+                dram_readers: int = 2, numerics: str = "strict") -> CostBench:
     """Open the mesh (emulated unless ``emulated_only`` is False) and build the first GDN + first attention layer
-    of ``cfg`` with state for ``slots`` users of a ``context``-token sequence (plus 64 positions of head room)."""
+    of ``cfg`` with state for ``slots`` users of a ``context``-token sequence (plus 64 positions of head room).
+    ``numerics`` (emulator only): ``"exact"`` computes faster with the same counts (prefill-cost uses it; a test
+    compares the counts of both)."""
     from qwen36.tt_ops.device import open_mesh
 
     from qwen36.config import FULL
@@ -255,7 +257,7 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
     from qwen36.tt.state import allocate_state
     from qwen36.tt.weights import WeightLoader
 
-    ctx = open_mesh(device, trace_region_size=64 << 20)
+    ctx = open_mesh(device, trace_region_size=64 << 20, **({"numerics": numerics} if numerics != "strict" else {}))
     if emulated_only and not ctx.is_emulated:
         ctx.close()
         raise UserError(f"{probe} reads the emulator's counters; run it with --device emulated-p150x2 "

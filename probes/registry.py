@@ -24,6 +24,7 @@ PROBES: dict[str, str] = {
     "emu-conformance": "qwen36.probes.emu_conformance",
     "memory": "qwen36.probes.memory",
     "prefix-cache": "qwen36.probes.prefix_cache",
+    "prefill-cost": "qwen36.probes.prefill_cost",
 }
 
 

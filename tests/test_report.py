@@ -118,7 +118,7 @@ def test_report_refuses_wrong_records(tmp_path):
     notes.write_text(json.dumps({"hello": 1}) + "\n")
     text = tmp_path / "report.md"
     text.write_text("# not records\n")
-    for bad, says in ((other, "records of probe 'gdn-transaction'; the report reads gate-0a, decode-cost, gate-0b, lossless"), (notes, "not a probe run record"),
+    for bad, says in ((other, "records of probe 'gdn-transaction'; the report reads gate-0a, decode-cost, gate-0b, lossless, prefill-cost"), (notes, "not a probe run record"),
                       (text, "not a records file"), (tmp_path / "missing.jsonl", "no such records file")):
         with pytest.raises(SystemExit) as e:
             main(["report", str(bad), "--out", str(tmp_path / "out")])

@@ -330,8 +330,8 @@ class CalibratedP150aModel:
         for n, v in self.overrides:
             if n == name:
                 return float(v)
-        c = CALIBRATION[name]
-        if name.startswith("dram_sharded_util") or name.endswith("_gbps"):  # a bandwidth: fast = high
+        c = CALIBRATION[name] if name in CALIBRATION else PREFILL_CALIBRATION[name]
+        if name.startswith("dram_sharded_util") or name.endswith("_gbps") or name in FAST_IS_HIGH:  # fast = high
             return _pick({"low": "high", "high": "low"}.get(self.which, self.which), c)
         return _pick(self.which, c)
 
@@ -451,3 +451,104 @@ def per_op_ms(counts: Counts, model: CalibratedP150aModel | None = None) -> dict
         c.collective_bytes = counts.collective_bytes_per_op.get(op, 0)
         out[op] = {"class": op_class(op), "programs": n, "ms": m.predict_ms(c)}
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
+
+
+# =================================================================================================
+# Prefill: the compute term (docs/cost_model.md "Prefill and time to first token")
+# =================================================================================================
+# A decode step moves weights; a prefill chunk of 256 rows also multiplies them 256 times, so a matmul may take
+# longer to compute than to stream its operands. The emulator records each matmul-like program's FLOPs and math
+# fidelity (emulator/work.py, ``Counts.compute_work``); a program is charged max(compute, its own DRAM bytes) on top
+# of its launch and fixed kernel time, i.e. the breakdown above plus the excess of compute over bytes.
+#
+# Peak of the fidelity: the matrix engine does an 8x16 by 16x16 product per cycle (4,096 FLOPs) at 1.35 GHz on
+# Blackhole, divided by the fidelity phases (LoFi 1, HiFi2 2, HiFi4 4): tt-metal tech_reports/GEMM_FLOPS/GEMM_FLOPS.md,
+# "Matrix Multiplication TFLOPS on Wormhole/Blackhole". Over the 11 x 10 grid its P150 out-of-box table ran on,
+# LoFi is 608 TFLOPS; the utilization below was measured relative to that same grid and peak.
+P150_MATMUL_GRID_CORES = 110
+P150_MATMUL_FLOPS_PER_CYCLE = 2 * 8 * 16 * 16
+P150_CLOCK_HZ = 1.35e9
+P150_MATMUL_PEAK_TFLOPS_LOFI = P150_MATMUL_GRID_CORES * P150_MATMUL_FLOPS_PER_CYCLE * P150_CLOCK_HZ / 1e12
+
+PREFILL_CALIBRATION: dict[str, Constant] = {c.name: c for c in (
+    Constant("matmul_util", 0.83, 0.80, 0.87, "x fidelity peak",
+             "tt-metal tech_reports/GEMM_FLOPS/GEMM_FLOPS.md, 'P150 Out of Box Results (11x10 grid)': device-based "
+             "utilization of DRAM-interleaved matmuls with auto-selected program configs, M >= 2560: 80.3-87.0 % "
+             "(bfloat16 HiFi2 and bfloat8_b LoFi, with and without trace)"),
+)}
+FAST_IS_HIGH = frozenset({"matmul_util"})
+# what the compute term does not cover, stated with every figure
+PREFILL_UNCALIBRATED = (
+    "fp32 Dst accumulation (every matmul here sets fp32_dest_acc_en=True; the utilization was measured with the "
+    "op defaults, and no cited Blackhole figure gives its cost)",
+    "SDPA prefill and chunked GDN kernels charged at the matmul utilization (no Blackhole figure for either kernel "
+    "found); the GDN FLOPs are an estimate of the chunked algorithm's products (emulator/work.py)",
+    "host dispatch of an eager (untraced) prefill: the launch term is the traced one; no Blackhole measurement of "
+    "eager per-op host time was found",
+)
+
+
+def matmul_peak_tflops(phases: int) -> float:
+    """Peak TFLOPS of the P150 matmul grid at a fidelity of ``phases`` FPU phases (LoFi 1 ... HiFi4 4)."""
+    return P150_MATMUL_PEAK_TFLOPS_LOFI / max(1, int(phases))
+
+
+def _read_ms(model: "CalibratedP150aModel", read_items) -> float:
+    ms = 0.0
+    for key, nbytes in read_items:
+        dtype, place, banks, readers = parse_read_key(key)
+        if place == "interleaved":
+            ms += nbytes / (model.interleaved_gbps(dtype) * 1e9) * 1e3
+        elif place == "dram_sharded":
+            ms += nbytes / (model.dram_sharded_gbps(banks, readers) * 1e9) * 1e3
+    return ms
+
+
+def prefill_compute_excess(counts: Counts, model: "CalibratedP150aModel | None" = None) -> dict:
+    """The compute term of a region: over its matmul-like programs (``Counts.compute_work``), the sum of
+    ``max(0, compute time - the program's own DRAM read time)``, compute time = FLOPs / (fidelity peak x
+    ``matmul_util``). Returns ``excess_ms``, ``compute_ms`` (all the work at that rate), ``flops`` and both by op."""
+    m = model or CalibratedP150aModel()
+    util = m.k("matmul_util")
+    excess, compute, flops = 0.0, 0.0, 0
+    by_op: dict = {}
+    for (op, f, phases, _fp32, read_items), n in counts.compute_work.items():
+        t = f / (matmul_peak_tflops(phases) * 1e12 * util) * 1e3
+        e = max(0.0, t - _read_ms(m, read_items))
+        excess, compute, flops = excess + n * e, compute + n * t, flops + n * f
+        row = by_op.setdefault(op, {"programs": 0, "flops": 0, "compute_ms": 0.0, "excess_ms": 0.0})
+        row["programs"] += n
+        row["flops"] += n * f
+        row["compute_ms"] += n * t
+        row["excess_ms"] += n * e
+    return {"excess_ms": excess, "compute_ms": compute, "flops": flops, "by_op": by_op}
+
+
+def calibrated_prefill_figures(counts: Counts, tokens: int) -> dict:
+    """The calibrated time of a prefill region (e.g. a whole prompt's chunks and the last-row head) with its band:
+    the decode breakdown (launch, kernels, DRAM, collectives) plus the compute excess, for every constant at its
+    central value and at both band ends. ``tokens``: prompt tokens the region prefills (for tok/s)."""
+    out = {"label": CALIBRATED_LABEL}
+    for which, key in (("value", "ms"), ("low", "ms_low"), ("high", "ms_high")):
+        m = CalibratedP150aModel(which)
+        b = m.breakdown(counts)
+        c = prefill_compute_excess(counts, m)
+        out[key] = b["total_ms"] + c["excess_ms"]
+        if which == "value":
+            out["breakdown"] = {**{k: v for k, v in b.items() if k not in ("label", "which", "region")},
+                                "compute_excess_ms": c["excess_ms"], "compute_ms_at_util": c["compute_ms"],
+                                "compute_by_op": c["by_op"]}
+            out["flops_per_device"] = c["flops"]
+    out["tok_s"] = tokens * 1e3 / out["ms"] if out["ms"] > 0 else None
+    out["uncalibrated"] = list(PREFILL_UNCALIBRATED)
+    return out
+
+
+def prefill_calibration_markdown_rows() -> list[str]:
+    """The prefill constants as docs/cost_model.md prints them (a test keeps the two identical)."""
+    return [f"| `{c.name}` | {c.value:g} | {c.low:g}-{c.high:g} | {c.unit} | {c.source} |"
+            for c in PREFILL_CALIBRATION.values()]
+
+
+__all__ += ["PREFILL_CALIBRATION", "PREFILL_UNCALIBRATED", "calibrated_prefill_figures", "matmul_peak_tflops",
+            "prefill_calibration_markdown_rows", "prefill_compute_excess", "P150_MATMUL_PEAK_TFLOPS_LOFI"]

@@ -42,11 +42,19 @@ class Counts:
     bytes_read_per_op: dict = dataclasses.field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     collectives_per_op: dict = dataclasses.field(default_factory=lambda: defaultdict(int))
     collective_bytes_per_op: dict = dataclasses.field(default_factory=lambda: defaultdict(int))
+    # (op name, flops per device, fpu phases, fp32_dest_acc_en, sorted bytes-read items) -> calls: the compute work
+    # of matmul-like programs (work.py), one key per distinct program, for the prefill compute term of the cost model
+    compute_work: dict = dataclasses.field(default_factory=lambda: defaultdict(int))
     trace_replays: int = 0
 
     @property
     def bytes_read_total(self) -> int:
         return int(sum(self.bytes_read.values()))
+
+    @property
+    def flops_total(self) -> int:
+        """Floating-point operations per device of the programs with a work term (work.py)."""
+        return int(sum(key[1] * n for key, n in self.compute_work.items()))
 
     @property
     def bytes_written_total(self) -> int:
@@ -71,13 +79,18 @@ class Counts:
             self.collectives_per_op[k] += v * times
         for k, v in other.collective_bytes_per_op.items():
             self.collective_bytes_per_op[k] += v * times
+        for k, v in other.compute_work.items():
+            self.compute_work[k] += v * times
         self.trace_replays += other.trace_replays * times
 
     def add_op(self, op_name: str, read: dict, written: dict, collective_bytes: int | None = None,
-               programs: int = 1, collectives: int = 1) -> None:
+               programs: int = 1, collectives: int = 1, work: tuple | None = None) -> None:
         """Count one op call: ``programs`` device programs (``programs.py``: 0 for a view, several for ops that
         run as untilize + op + tilize) and ``collectives`` collective launches when ``collective_bytes`` is given
-        (``programs.collectives_for``: two for an all-reduce built from a reduce-scatter and an all-gather)."""
+        (``programs.collectives_for``: two for an all-reduce built from a reduce-scatter and an all-gather);
+        ``work`` (work.py: flops, phases, fp32 Dst) keys the program's compute work with its own read bytes."""
+        if work is not None and programs:
+            self.compute_work[(op_name, *work, tuple(sorted(read.items())))] += 1
         self.programs += programs
         self.per_op[op_name] += 1
         self.programs_per_op[op_name] += programs
@@ -150,11 +163,11 @@ class Counters:
             yield from self._sinks
 
     def record_op(self, op_name: str, read: dict, written: dict, *, collective_bytes: int | None = None, live=True,
-                  programs: int = 1, collectives: int = 1):
+                  programs: int = 1, collectives: int = 1, work: tuple | None = None):
         """Record one op call. ``live=False`` records only into capture sinks (the op was recorded, not run)."""
         targets = list(self._targets()) if live else list(self._sinks)
         for c in targets:
-            c.add_op(op_name, read, written, collective_bytes, programs, collectives)
+            c.add_op(op_name, read, written, collective_bytes, programs, collectives, work)
 
     def record_replay(self, trace_counts: Counts) -> None:
         for c in self._targets(include_sinks=False):

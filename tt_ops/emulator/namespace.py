@@ -34,6 +34,7 @@ from .faults import check_fault
 from .goldens import golden_impl
 from .dram_sharded_readers import account_readers
 from .programs import collectives_for, programs_for
+from .work import compute_work
 from .signatures import dtype_layout_table, signature_of
 from .tensor import (EmuMeshBase, EmuTensor, describe_tile, dtype_name, iter_tensors, map_shards, shard_bytes,
                      write_inplace)
@@ -212,14 +213,15 @@ class Dispatcher:
             # accounting after the call, so that invalid calls fail with the op's own message first
             n = programs_for(op_name, args, kwargs, out)
             if n == 0:  # a view: no program, no data moved
-                return {}, {}, None, 0, 0
+                return {}, {}, None, 0, 0, None
             read = read_bytes(args, kwargs) if read_bytes else bytes_read_by_placement(iter_tensors((args, kwargs)))
             # a DRAM-sharded matmul's weight bytes keyed by its readers per bank (validated like the device op)
             read = account_readers(op_name, args, kwargs, read, lambda t: dtype_name(t.dtype) + read_placement(t),
                                    _read_bytes_of)
             written = written_bytes(args, kwargs) if written_bytes else bytes_by_dtype(iter_tensors(out))
             cb = collective_bytes(args, kwargs, out) if collective_bytes else None
-            return read, written, cb, n, collectives_for(op_name, args, kwargs) if cb is not None else 0
+            return (read, written, cb, n, collectives_for(op_name, args, kwargs) if cb is not None else 0,
+                    compute_work(op_name, args, kwargs))
 
         if capturing is not None:
             trace.dry = True
@@ -228,15 +230,15 @@ class Dispatcher:
             finally:
                 trace.dry = False
             capturing.steps.append(_make_step(op_name, impl, args, kwargs, out, account))
-            read, written, cb, n, nc = account(out)
+            read, written, cb, n, nc, work = account(out)
             with mesh.counters._sink(capturing.counts):
                 mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False, programs=n,
-                                        collectives=nc)
+                                        collectives=nc, work=work)
             return out
         check_fault(mesh, op_name)  # tests: an op failing on the device (faults.py)
         out = impl(*args, **kwargs)
-        read, written, cb, n, nc = account(out)
-        mesh.counters.record_op(op_name, read, written, collective_bytes=cb, programs=n, collectives=nc)
+        read, written, cb, n, nc, work = account(out)
+        mesh.counters.record_op(op_name, read, written, collective_bytes=cb, programs=n, collectives=nc, work=work)
         return out
 
 

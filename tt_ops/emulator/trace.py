@@ -209,8 +209,8 @@ class TraceState:
                 fresh = step.impl(*step.args, **step.kwargs)
                 _write_back(step.outputs, fresh, step.op_name)
                 if step.account is not None:
-                    read, written, cb, n, nc = step.account(step.outputs)
-                    counts.add_op(step.op_name, read, written, cb, n, nc)
+                    read, written, cb, n, nc, work = step.account(step.outputs)
+                    counts.add_op(step.op_name, read, written, cb, n, nc, work)
         finally:
             self.replaying = False
         self.mesh.counters.record_replay(counts)

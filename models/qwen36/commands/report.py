@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def add_parser(sub, name: str) -> None:
-    p = sub.add_parser(name, help="Markdown report + PNG plots from run records (gate-0a, decode-cost, gate-0b, lossless)",
+    p = sub.add_parser(name, help="Markdown report + PNG plots from run records (gate-0a, decode-cost, gate-0b, lossless, prefill-cost)",
                        description="Reads records files written by `qwen36 probe` and writes DIR/report.md and the "
                                    "plots it links (step breakdowns, programs per layer, acceptance, tok/s vs K; with "
                                    "decode-cost / gate-0b records at several --batch sizes, tok/s and "
