@@ -6,7 +6,8 @@ imports, module-level and inside functions alike, are checked against the rules 
     TT backend     qwen36.tt: gets ttnn only through qwen36.tt_ops.device (the real module on cards, the emulator here)
     engine, model  qwen36.speculative, qwen36.reference: torch only, no ttnn, no TT backend (a CUDA box without ttnn
                    runs them), nothing from above
-    test support   qwen36.testing: used by tests and probes only
+    test support   qwen36.testing: used by tests and probes only (the TP test checkpoints, the emulator's
+                   conformance cases); runtime code (models, engine, TT backend, tt_ops, command line) never imports it
 
 The checker is a plain function over {module name: source}, so the test below plants each kind of violation and
 shows that it is caught.
@@ -95,7 +96,8 @@ def layering_violations(modules: dict[str, tuple[str, bool]]) -> list[str]:
 def test_the_package_keeps_its_layers():
     modules = package_sources()
     assert {"qwen36.cli", "qwen36.speculative.engine", "qwen36.tt.verify", "qwen36.tt_ops.device",
-            "qwen36.probes.gdn_transaction_tp", "qwen36.testing.tt"} <= set(modules)  # the walk saw everything
+            "qwen36.probes.gdn_transaction_tp", "qwen36.testing.tt",
+            "qwen36.testing.emulator_conformance"} <= set(modules)  # the walk saw everything
     assert layering_violations(modules) == []
 
 
@@ -115,6 +117,10 @@ def test_tests_do_not_import_the_tests_package():
     ("qwen36.tt.gdn", "import ttnn", False, "from qwen36.tt_ops.device"),
     ("qwen36.tt.spec_backend", "from ..testing.speculative import oracle_drafter", False, "test support"),
     ("qwen36.tt.spec_backend", "from tests.test_tt_spec import oracle_drafter", False, "foreign `tests`"),
+    # the emulator's conformance cases are test support: the emulator and the device layer never load them
+    ("qwen36.tt_ops.emulator.mesh", "from qwen36.testing.emulator_conformance import CASES", False, "test support"),
+    ("qwen36.tt_ops.device", "def f():\n    from ..testing import emulator_conformance\n", False, "test support"),
+    ("qwen36.commands.probe", "from ..testing.emulator_conformance import run_cases", False, "test support"),
 ])
 def test_checker_catches_planted_violations(module, source, is_pkg, expect):
     bad = layering_violations({module: (source, is_pkg)})
@@ -126,6 +132,7 @@ def test_checker_allows_what_the_layers_allow():
         "qwen36.commands.generate": ("from ..tt.generator import load_tt_target\nfrom ..speculative import engine", False),
         "qwen36.tt.model": ("from ..tt_ops.device import open_mesh\nfrom ..speculative.sampling import SamplingParams", False),
         "qwen36.probes.verify_tp": ("from qwen36.testing.tt import make_bf16_checkpoint", False),
+        "qwen36.probes.emu_conformance": ("def run(a):\n    from qwen36.testing.emulator_conformance import run_cases", False),
         "qwen36.tt_ops.emulator.ttnn_import": ("import ttnn", False),
     }
     assert layering_violations(ok) == []
