@@ -1,6 +1,6 @@
 """Probe emu-conformance: the emulator against cases taken from Tenstorrent's own tests for the hand-emulated ops.
 
-Runs every case of ``qwen36.tt_ops.conformance`` (paged caches, paged SDPA decode incl. spec_multi_pos_tiles,
+Runs every case of ``qwen36.testing.emulator_conformance`` (paged caches, paged SDPA decode incl. spec_multi_pos_tiles,
 fused recurrent / chunked GDN, both rotary ops, the decode head split, the fused and indexed cache updates,
 sparse_matmul, rms_norm, async collectives) on an emulated mesh and records, per op, the cases passed, failed and
 skipped (each skip carries the reason the emulator cannot express it).
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from qwen36.tt_ops.conformance import run_cases, summarize
+    from qwen36.testing.emulator_conformance import run_cases, summarize
     from qwen36.tt_ops.device import open_mesh
 
     if not str(args.device).startswith("emulated-"):

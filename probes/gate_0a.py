@@ -35,7 +35,9 @@ import contextlib
 import dataclasses
 
 from qwen36.probes.decode_cost import build_bench, qwen36_27b_config
-from qwen36.probes.gate_0b import Cost, Meter, draft_phase, total
+from qwen36.probes.gate_0b import draft_phase
+from qwen36.probes.step_figures import tokens_per_step
+from qwen36.probes.step_meter import Cost, Meter, total
 from qwen36.probes.records import ProbeReport
 
 NAME = "gate-0a"
@@ -351,9 +353,9 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
             "steps": steps,
             "verify_cost_ratio": {str(k): _forward_ms(steps[f"spec_k{k}"]) / d_fwd for k in ks},
             "decode_tok_s": 1e3 / steps["decode"]["ms"],
-            "spec_tok_s": {str(k): {p: _emitted(p, k) * 1e3 / steps[f"spec_k{k}"]["ms"] for p in acceptance
-                                    if _emitted(p, k) is not None} for k in ks},
-            "tokens_per_step": {str(k): {p: _emitted(p, k) for p in acceptance if _emitted(p, k) is not None}
+            "spec_tok_s": {str(k): {p: tokens_per_step(p, k) * 1e3 / steps[f"spec_k{k}"]["ms"] for p in acceptance
+                                    if tokens_per_step(p, k) is not None} for k in ks},
+            "tokens_per_step": {str(k): {p: tokens_per_step(p, k) for p in acceptance if tokens_per_step(p, k) is not None}
                                 for k in ks},
         }
         if emulated:
@@ -378,8 +380,8 @@ def calibrated_block(steps: dict, ks, acceptance) -> dict:
 
     return {"label": CALIBRATED_LABEL, "note": "[central, low, high]; tok/s low goes with ms high",
             "step_ms": ms, "decode_tok_s": [1e3 / ms["decode"][i] for i in (0, 2, 1)],
-            "spec_tok_s": {str(k): {p: [_emitted(p, k) * 1e3 / ms[f"spec_k{k}"][i] for i in (0, 2, 1)]
-                                    for p in acceptance if _emitted(p, k) is not None} for k in ks},
+            "spec_tok_s": {str(k): {p: [tokens_per_step(p, k) * 1e3 / ms[f"spec_k{k}"][i] for i in (0, 2, 1)]
+                                    for p in acceptance if tokens_per_step(p, k) is not None} for k in ks},
             "verify_cost_ratio": {str(k): fwd(steps[f"spec_k{k}"]) / fwd(steps["decode"]) for k in ks},
             "terms_ms": {name: s["calibrated_terms"] for name, s in steps.items()}}
 
@@ -390,15 +392,6 @@ def parse_scenario(text: str) -> str:
     if not all(0 <= v <= 1 for v in vals) or ("/" in text and vals != sorted(vals, reverse=True)):
         raise SystemExit(f"gate-0a: acceptance scenario {text!r}: rates in [0, 1], a profile non-increasing")
     return "/".join(f"{v:g}" for v in vals)
-
-
-def _emitted(scenario: str, k: int) -> float | None:
-    """Expected tokens per speculative step: the bonus/correction token plus the expected accepted drafts. A rate p:
-    p + p^2 + ... + p^K. A profile (fraction of steps accepting drafts 1..i): a1 + ... + aK; None past its length."""
-    vals = [float(v) for v in scenario.split("/")]
-    if len(vals) == 1:
-        return sum(vals[0] ** i for i in range(k + 1))
-    return 1 + sum(vals[:k]) if k <= len(vals) else None
 
 
 FORWARD = ("embed", "gdn", "attention", "mlp", "lm_head", "verify_setup")

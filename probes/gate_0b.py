@@ -31,14 +31,14 @@ ms per step, aggregate = B x that. The draft is the batched device MTP of the ba
 reseed over the B x (K+1) verified rows and the chain of K drafts of B rows each (every user drafting K); the MTP
 step = verify + accept + draft + commit, MTP tok/s per user at each acceptance scenario and aggregate = B x that.
 B = 32 admits no K (32 x 2 > 32 rows): its record is the plain decode only.
+
+Pieces: this module drives the steps (``measure``, ``measure_batch``); ``step_meter`` measures them (cost regions,
+phase figures); ``step_figures`` turns phase figures into the record's step times, tok/s and calibrated band.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import time
-from collections import defaultdict
 
 import torch
 
@@ -46,6 +46,10 @@ from qwen36.errors import UserError
 from qwen36.probes.decode_cost import RandomCheckpoint, build_bench, build_config, router_correction
 from qwen36.probes.records import ProbeReport
 from qwen36.speculative.mechanisms import MECHANISMS
+
+from .step_figures import (batch_mtp_tok_s, calibrated_summary, expected_distinct_experts, mtp_tok_s,
+                           print_calibrated, step_ms)
+from .step_meter import Cost, Meter, phase_figures, ranking, total
 
 NAME = "gate-0b"
 HELP = "verify_cost_ratio (K+1-row verify / 1-row decode), draft/reseed/commit/accept cost at 27B shapes"
@@ -66,179 +70,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="users per step: B > 1 costs the batched plain decode (B rows) and the packed batched verify "
                         "(B x (K+1) rows, tt/batch_spec.py) at each K of --ks that verify admits; 1: the single-user "
                         "step above")
-
-
-class Cost(dict):
-    """A linear cost vector: programs, collectives, collective_bytes, ``read:<DTYPE>`` bytes per device (emulator)
-    and wall_ms (cards). Phases are linear combinations of regions, so extrapolation is vector arithmetic."""
-
-    def plus(self, other: "Cost", times: float = 1.0) -> "Cost":
-        out = Cost(self)
-        for k, v in other.items():
-            out[k] = out.get(k, 0) + v * times
-        return out
-
-    def vocab_scaled(self, ratio: float) -> "Cost":
-        """Bytes (read and sent) scale with the vocabulary; program and collective counts do not."""
-        return Cost({k: v * ratio if k.startswith(("read:", "opread:", "opcollb:")) or k == "collective_bytes" else v
-                     for k, v in self.items()})
-
-    def counts(self, name: str):
-        from qwen36.tt_ops.emulator.counters import Counts
-
-        c = Counts(name)
-        c.programs, c.collectives = round(self.get("programs", 0)), round(self.get("collectives", 0))
-        c.collective_bytes = round(self.get("collective_bytes", 0))
-        for k, v in self.items():
-            if k.startswith("read:"):
-                c.bytes_read[k[5:]] = round(v)
-            elif k.startswith("prog:") and round(v):
-                c.programs_per_op[k[5:]] = round(v)
-            elif k.startswith("opread:"):
-                op, _, key = k[7:].partition("|")
-                c.bytes_read_per_op[op][key] = round(v)
-            elif k.startswith("opcoll:"):
-                c.collectives_per_op[k[7:]] = round(v)
-            elif k.startswith("opcollb:"):
-                c.collective_bytes_per_op[k[8:]] = round(v)
-        return c
-
-
-def total(parts) -> Cost:
-    out = Cost()
-    for c, times in parts:
-        out = out.plus(c, times)
-    return out
-
-
-class Meter:
-    """Named regions of device work: counter scopes on the emulator, synchronized wall-clock on cards. Also
-    records the rows of every embedding / RoPE gather (the emulator byte correction)."""
-
-    def __init__(self, bench):
-        self.bench, self.ctx, self.ttnn, self.mesh = bench, bench.ctx, bench.ttnn, bench.mesh
-        self.emulated = bool(bench.ctx.is_emulated)
-        self.log: list = []
-        self.gathers: list = []
-
-    @contextlib.contextmanager
-    def region(self, name: str):
-        if self.emulated:
-            with self.ctx.counters.scope(name) as c:
-                yield
-            cost = Cost(programs=c.programs, collectives=c.collectives, collective_bytes=c.collective_bytes)
-            cost.update({f"read:{k}": v for k, v in c.bytes_read.items()})
-            cost.update({f"prog:{k}": v for k, v in c.programs_per_op.items()})  # the calibrated model's op classes
-            # per op: its read bytes and collectives (a ranking of the phase's programs by calibrated time)
-            cost.update({f"opread:{op}|{k}": v for op, r in c.bytes_read_per_op.items() for k, v in r.items()})
-            cost.update({f"opcoll:{op}": v for op, v in c.collectives_per_op.items()})
-            cost.update({f"opcollb:{op}": v for op, v in c.collective_bytes_per_op.items()})
-        else:
-            self.ttnn.synchronize_device(self.mesh)
-            t0 = time.perf_counter()
-            yield
-            self.ttnn.synchronize_device(self.mesh)
-            cost = Cost(wall_ms=(time.perf_counter() - t0) * 1e3)
-        self.log.append((name, cost))
-
-    def take(self) -> tuple[dict, Cost]:
-        """-> (summed cost per region name, gather correction of the calls since the last take)."""
-        regs: dict = defaultdict(Cost)
-        for name, c in self.log:
-            regs[name] = regs[name].plus(c)
-        corr = Cost()
-        if self.emulated:
-            from qwen36.tt.model_config import TensorGroup
-
-            b, w = self.bench, self.bench.weights
-            h, d = b.cfg.hidden_size, b.cfg.head_dim
-            for kind, rows in self.gathers:
-                if kind == "embed":
-                    key, table, row = b.dtype_name(TensorGroup.EMBEDDING), w.embedding.bytes_per_device(), h * 2
-                else:
-                    key = b.dtype_name(TensorGroup.ROPE)
-                    table, row = w.rope_cos.bytes_per_device() + w.rope_sin.bytes_per_device(), 2 * d * 4
-                corr = corr.plus(Cost({f"read:{key}": -(table - rows * row)}))
-        self.log, self.gathers = [], []
-        return regs, corr
-
-    def run(self, name: str, fn):
-        """Cards: one untimed call first (compiles the programs), then the timed one."""
-        if not self.emulated:
-            fn()
-            self.take()
-        with self.region(name):
-            return fn()
-
-    def instrument(self, obj, method: str, region_name=None, gather: str | None = None):
-        """Wrap ``obj.method`` (instance attribute): a region named ``region_name(args)`` and/or a gather record."""
-        fn = getattr(obj, method)
-
-        def wrapped(*a, **kw):
-            if gather:
-                self.gathers.append((gather, int(a[0].shape[-1])))
-            if region_name is None:
-                return fn(*a, **kw)
-            with self.region(region_name(*a)):
-                return fn(*a, **kw)
-
-        setattr(obj, method, wrapped)
-
-
-def _phase_figures(cost: Cost, cm, emulated: bool) -> dict:
-    if not emulated:
-        return {"ms": cost.get("wall_ms", 0.0)}
-    from qwen36.tt_ops.cost_model import calibrated_figures
-
-    c = cost.counts("phase")
-    cal = calibrated_figures(c)
-    return {"ms": cm.predict_ms(c), "programs": c.programs, "collectives": c.collectives,
-            "collective_bytes_per_device": c.collective_bytes, "bytes_read_per_device": dict(sorted(c.bytes_read.items())),
-            "calibrated_ms": cal["ms"], "calibrated_ms_low": cal["ms_low"], "calibrated_ms_high": cal["ms_high"]}
-
-
-def calibrated_summary(fig: dict, ks, users: int = 1) -> dict:
-    """The record's calibrated block (docs/cost_model.md "Record keys"): decode, verify_cost_ratio, the shadow-commit
-    step and MTP tok/s per acceptance scenario, each with its band (every constant at the fast / slow end of its
-    band; a ratio's band pairs the verify and the decode at the same end). Phase figures carry ``calibrated_ms*``."""
-    from qwen36.tt_ops.cost_model import CALIBRATED_LABEL
-
-    from .gate_0a import _emitted
-
-    ends = ("calibrated_ms", "calibrated_ms_low", "calibrated_ms_high")
-
-    def step(k, e):
-        s = str(k)
-        return (fig["verify"][s][e] + fig["accept"][s][e] + fig["draft"][s]["total"][e]
-                + fig["commit_shadow_commit_by_k"][s][e])
-
-    dec = [fig["decode"][e] for e in ends]
-    out = {"label": CALIBRATED_LABEL, "decode_ms": dec,
-           "plain_decode_tok_s": [1e3 / dec[0], 1e3 / dec[2], 1e3 / dec[1]],
-           "plain_decode_aggregate_tok_s": [users * 1e3 / dec[0], users * 1e3 / dec[2], users * 1e3 / dec[1]],
-           "verify_cost_ratio": {str(k): [fig["verify"][str(k)][e] / fig["decode"][e] for e in ends] for k in ks},
-           "step_ms_shadow_commit": {str(k): [step(k, e) for e in ends] for k in ks}}
-    out["mtp_tok_s_shadow_commit"] = {
-        scen: {str(k): (None if _emitted(scen, k) is None else
-                        [_emitted(scen, k) * 1e3 / out["step_ms_shadow_commit"][str(k)][i] for i in (0, 2, 1)])
-               for k in ks}
-        for scen in ACCEPTANCE_SCENARIOS}
-    out["note"] = "[central, low, high]; tok/s low goes with ms high"
-    return out
-
-
-def ranking(cost: Cost, top: int = 20) -> list:
-    """The ``top`` ops of a phase by calibrated time (cost_model ``per_op_ms``: launches, kernel time, own bytes and
-    collectives per op name)."""
-    from qwen36.tt_ops.cost_model import per_op_ms
-
-    return [{"op": op, **r} for op, r in list(per_op_ms(cost.counts("phase")).items())[:top]]
-
-
-def expected_distinct_experts(num_experts: int, top_k: int, rows: int) -> float:
-    """Expected number of distinct experts ``rows`` rows touch when each row picks ``top_k`` of ``num_experts``
-    uniformly at random (a model of routing, not a measurement): E * (1 - (1 - k/E)^rows)."""
-    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** rows)
 
 
 def _instrument(bench, cfg, real_cfg, real_vocab: int):
@@ -281,12 +112,6 @@ def _record_header(bench, precision: str, n_gdn: int, n_attn: int, built_vocab: 
         "vocab": {"built": built_vocab, "extrapolated_to": real_vocab},
         "context_tokens": context,
     }
-
-
-def _step_ms(out: dict, ks) -> dict:
-    """Shadow-commit step time per K: verify + accept + draft + commit."""
-    return {str(k): out["verify"][str(k)]["ms"] + out["accept"][str(k)]["ms"] + out["draft"][str(k)]["total"]["ms"]
-            + out["commit_shadow_commit_by_k"][str(k)]["ms"] for k in ks}
 
 
 def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, seed: int, real_vocab: int,
@@ -354,7 +179,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
             return total(((regs["commit_fixed"], 1), (gdn_part, n_gdn), (pre, n_gdn))), gdn_part.plus(pre)
 
         cm = P150aCostModel()
-        fig = lambda c: _phase_figures(c, cm, emulated)  # noqa: E731
+        fig = lambda c: phase_figures(c, cm, emulated)  # noqa: E731
         verify, accept, commit_shadow, draft = {}, {}, {}, {}
         reader = RandomCheckpoint(cfg, seed)
         mtp_w = load_mtp_weights(WeightLoader(reader, a, ttnn, mesh, progress=False))
@@ -387,7 +212,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
             "commit": {m: fig(v) for m, v in commits.items()},
             "per_layer": {step: {part: fig(c) for part, c in parts.items()} for step, parts in per_layer.items()},
         }
-        out["step_ms_shadow_commit"] = _step_ms(out, ks)
+        out["step_ms_shadow_commit"] = step_ms(out, ks)
         if emulated:
             out["calibrated"] = calibrated_summary(out, ks)
             out["calibrated"]["ranking"] = {"decode": ranking(decode),
@@ -435,20 +260,6 @@ def draft_phase(meter: Meter, model, mtp_w, head_cls, k: int, pos: int, ratio: f
     meter.gathers = [g for g in gathered if g[1] == r]  # the reseed's own R-row gathers
     reseed = total(((body_r, 1), (regs[f"rope{r}"], 1), (meter.take()[1], 1)))
     return {"total": draft_total, "reseed": reseed}
-
-
-ACCEPTANCE_SCENARIOS = ("0.8", "0.6", "0.5", "0.8/0.6/0.5")  # per-draft rates, and a per-position profile
-
-
-def mtp_tok_s(fig: dict, ks) -> dict:
-    """Speculative tok/s per acceptance scenario and K: expected tokens per step (gate-0a's rule: a rate p gives
-    1 + p + ... + p^K, a profile a1/a2/... gives 1 + a1 + ... + aK) over the shadow-commit step time. None where a
-    profile is shorter than K. Same label as the step times (modelled on the emulator)."""
-    from .gate_0a import _emitted
-
-    return {scen: {str(k): (None if _emitted(scen, k) is None else _emitted(scen, k) * 1e3
-                            / fig["step_ms_shadow_commit"][str(k)]) for k in ks}
-            for scen in ACCEPTANCE_SCENARIOS}
 
 
 # ---- batch B > 1: the batched plain decode and the packed B x (K+1) verify (tt/batch_spec.py) ----------------------
@@ -557,7 +368,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
             return total(((regs["commit_fixed"], 1), (gdn_part, n_gdn), (pre, n_gdn))), gdn_part.plus(pre)
 
         cm = P150aCostModel()
-        fig = lambda c: _phase_figures(c, cm, emulated)  # noqa: E731
+        fig = lambda c: phase_figures(c, cm, emulated)  # noqa: E731
         verify, accept, commit_shadow, draft = {}, {}, {}, {}
         mtp_w = None
         if admitted:
@@ -595,7 +406,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
             **({"commit_refused": commit_refused} if commit_refused else {}),
             "per_layer": {step: {part: fig(c) for part, c in parts.items()} for step, parts in per_layer.items()},
         }
-        out["step_ms_shadow_commit"] = _step_ms(out, admitted)
+        out["step_ms_shadow_commit"] = step_ms(out, admitted)
         if emulated:
             out["calibrated"] = calibrated_summary(out, admitted, batch)
             out["cost_model_constants"] = dataclasses.asdict(cm)
@@ -628,13 +439,6 @@ def packed_draft_phase(meter: Meter, model, mtp_w, head_cls, st, acc, vout, k: i
     rest = total(((regs["chain"], 1), (body, -1), (logits, -1), (rope, -1)))  # picks, draft/logits copies, rows
     chain = total(((body, 1), (rope, 1), (logits.vocab_scaled(ratio), 1), (rest.vocab_scaled(ratio), 1), (corr, 1)))
     return {"total": reseed.plus(chain), "reseed": reseed, "chain": chain}
-
-
-def batch_mtp_tok_s(fig: dict, ks) -> dict:
-    """Aggregate MTP tok/s (B x :func:`mtp_tok_s`'s per-user figure), every user accepting at the scenario's rate."""
-    b = fig["batch"]
-    return {scen: {k: None if v is None else b * v for k, v in by_k.items()}
-            for scen, by_k in mtp_tok_s(fig, ks).items()}
 
 
 def run_batch(args: argparse.Namespace, device: str, ks, cfg, base) -> ProbeReport:
@@ -681,23 +485,6 @@ def run_batch(args: argparse.Namespace, device: str, ks, cfg, base) -> ProbeRepo
                                "real_vocab": base.vocab_size, "seed": args.seed},
                        cells=cells, counters={"decode": {k: v for k, v in fig["decode"].items() if k != "bytes_read_per_device"}},
                        gate_complete=True, performance=fig)
-
-
-def print_calibrated(fig: dict, ks) -> None:
-    cal = fig.get("calibrated")
-    if cal is None:  # cards: measured, nothing modelled
-        return
-    lab, (d, dlo, dhi) = cal["label"], cal["decode_ms"]
-    print(f"  [{lab}] decode {d:.2f} ms ({dlo:.2f}-{dhi:.2f}), {cal['plain_decode_tok_s'][0]:.1f} tok/s per user; "
-          f"the figures above are the roofline lower bound")
-    for k in map(str, ks):
-        r, st = cal["verify_cost_ratio"][k], cal["step_ms_shadow_commit"][k]
-        print(f"  [{lab}] K={k}: verify_cost_ratio {r[0]:.3f} ({min(r[1:]):.3f}-{max(r[1:]):.3f}), step {st[0]:.2f} ms "
-              f"({st[1]:.2f}-{st[2]:.2f})")
-    for scen, by_k in cal["mtp_tok_s_shadow_commit"].items():
-        cols = [f"K={k} {v[0]:.1f} ({v[1]:.1f}-{v[2]:.1f})" for k, v in by_k.items() if v is not None]
-        if cols:
-            print(f"  [{lab}] MTP tok/s per user, acceptance {scen}: " + ", ".join(cols))
 
 
 def run(args: argparse.Namespace) -> ProbeReport:

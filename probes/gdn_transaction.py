@@ -13,14 +13,40 @@ For K in {1, 2, 3, 7}, a in [0, K], every mechanism in ``mechanisms.MECHANISMS``
      draft's MTP reseed and 16 more single-row greedy decode steps from the committed state match the oracle's.
 Step counters are checked against the mechanism's expected formula.
 
-``--batch B`` (B >= 2) runs the batched transaction instead: B users in one packed verify, each checked against
-its own single-user oracle (``gdn_transaction_batch.py``).
-
 Tolerances. Where the oracle and the backend run the same kernels on the same rows (the abort leg;
 snapshot/recompute at a = 0, which re-advance one row exactly like a decode step) equality must be bitwise.
 Elsewhere the committed rows came from a multi-row forward: on CPU, nn.Linear over T rows and over 1 row
 round differently in the last bits (measured max abs ~1e-6 on CPU, see TOLERANCES and docs/speculative.md),
-so those compare with max-abs / PCC against TOLERANCES below.
+so those compare with max-abs / PCC against ``gdn_transaction_checks.TOLERANCES``.
+
+``--batch B`` (B >= 2) runs the batched transaction instead, B users in one packed verify, each against its own
+single-user autoregressive oracle (``run_batch_cell``). B users (prompts of different lengths) share one
+``ReferenceBatchBackend`` with B + 1 slots; the extra slot stays free and is poisoned with NaN (GDN recurrent + conv, target and MTP KV, an odd position) for the whole cell, so
+any read of another slot's state by a user's rows would show up as NaN. Per cell (mechanism x K):
+  1. every user joins, then 2 real batched speculative steps (non-trivial GDN state, MTP reseeded);
+  2. one step with forced drafts (from each user's own greedy continuation with a wrong token at a_b + 1), so
+     users accept different lengths in the same packed verify: user 0 a = 0, user 1 a = K and, at B >= 4,
+     user 2 drafts only k = K - 1 (its last row inert) and accepts all of them, and user 3 sits the step out
+     (all its rows inert); any further users accept K // 2;
+  3. abort leg: draft -> verify -> abort leaves every user's state exactly as before (torch.equal);
+  4. accept leg: draft -> verify -> accept -> commit; each stepping user's emitted tokens, GDN recurrent, conv
+     and target KV rows [0, n_b + a_b + 1) match ``oracle.replay`` from its own pre-step state, and so do its MTP
+     KV rows after the next draft's reseed (drawn after every user's rows past its accepted prefix were
+     overwritten with a large finite value: see below); a user sitting the step out equals its pre-step state
+     exactly; the poisoned free slot is still all NaN at its odd position, and every result is finite;
+  5. continuation: 16 single-row greedy steps from each user's committed state (past rows NaN) vs its oracle.
+
+Rows past a user's prefix are poisoned with a large finite value in the batch state, not NaN: a packed forward
+reads every row up to the longest user's position and gives the rows past a user's own position probability 0,
+and 0 * NaN is NaN (which is why a joining user's KV rows are zeroed). The per-user continuation runs on a
+batch-1 copy, where NaN is used as in the single-user probe.
+
+Tolerances are the single-user cells'; no comparison is required to be bitwise
+(a [B, T] forward rounds differently from the oracle's [1, 1] ones), except the abort leg and the isolation
+checks, which are exact.
+
+Pieces: ``transaction_plan`` (forced drafts, the batch's per-user plan; shared with gdn-transaction-tp),
+``gdn_transaction_checks`` (comparisons, tolerances, poisoning); this module drives the cells.
 """
 from __future__ import annotations
 
@@ -33,14 +59,18 @@ from typing import Callable
 
 import torch
 
-from qwen36.numerics import pcc
 from qwen36.errors import UserError
 from qwen36.speculative.engine import speculative_step
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.oracle import greedy_continuation, replay, serial_decode
-from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft, ReferenceLive
+from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft
+from qwen36.speculative.reference_batch_backend import BatchDraft, ReferenceBatchBackend
 from qwen36.speculative.sampling import SamplingParams
 from qwen36.probes.records import ProbeReport
+
+from .gdn_transaction_checks import (TOLERANCES, compare, free_slot_intact, kv_rows, live_equal, poison_free_slot,
+                                     poison_past, poison_past_rows)
+from .transaction_plan import BATCH_KS, forced_drafts, user_plan
 
 NAME = "gdn-transaction"
 HELP = "speculative transaction: 3 GDN commit mechanisms x K x acceptance length vs the autoregressive oracle"
@@ -48,19 +78,6 @@ KS = (1, 2, 3, 7)
 DRIVE_STEPS = 2
 CONTINUATION_STEPS = 16
 PROMPT_LEN = 12
-BATCH_KS = (2, 3)  # --batch: K = 1 leaves no room for a user with fewer valid drafts than the step's K
-
-# name -> (max abs error, min PCC) for multi-row-vs-single-row comparisons (fp32). Measured worst cases over all
-# 51 cells (torch 2.14 CPU): ci preset max abs 2.9e-6 (KV) / 4.1e-6 (continuation logits); 27b-ratios (--full)
-# 5.4e-6 (KV), 4.3e-6 (conv), 2.7e-6 (recurrent); 1 - PCC < 1e-12 everywhere. The bounds sit ~10x above
-# that and far below what one wrong row causes (an off-by-one slot: max abs > 1, PCC < 0.85).
-TOLERANCES = {
-    "gdn_recurrent": (5e-5, 0.999999),
-    "conv": (5e-5, 0.999999),
-    "target_kv": (5e-5, 0.999999),
-    "mtp_kv": (5e-5, 0.999999),
-    "continuation_logits": (1e-4, 0.999999),
-}
 
 BackendFactory = Callable[..., ReferenceBackend]
 
@@ -76,53 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "single-user oracle; --ks defaults to 2,3 there); 1: the single-user matrix")
 
 
-# ---- comparisons ----------------------------------------------------------------------------------
-def compare(xs: list[torch.Tensor], ys: list[torch.Tensor], name: str, bitwise: bool) -> dict:
-    """Per-layer tensors -> {bit_equal, max_abs, pcc (min over layers), pass} against TOLERANCES[name]."""
-    bit = all(torch.equal(x, y) for x, y in zip(xs, ys))
-    max_abs = max(float((x.float() - y.float()).abs().max()) if x.numel() else 0.0 for x, y in zip(xs, ys))
-    p = min(pcc(x, y) for x, y in zip(xs, ys))
-    tol_abs, tol_pcc = TOLERANCES[name]
-    ok = bit if bitwise else (max_abs <= tol_abs and p >= tol_pcc)
-    return {"bit_equal": bit, "max_abs": max_abs, "pcc": p, "bitwise_required": bitwise, "pass": ok}
-
-
-def kv_rows(caches, n: int) -> list[torch.Tensor]:
-    return [t[:, :, :n] for c in caches for t in (c.k, c.v)]
-
-
-def poison_past(live: ReferenceLive, end: int) -> None:
-    """Fill target and MTP KV rows >= end (rejected / provisional rows) with NaN."""
-    for c in live.state.kv_caches() + [live.mtp.kv]:
-        c.k[:, :, end:] = float("nan")
-        c.v[:, :, end:] = float("nan")
-
-
-def live_equal(live: ReferenceLive, pre: ReferenceLive) -> dict[str, bool]:
-    """Exact equality of everything a rejected step must not change (KV rows >= pos are scratch by design)."""
-    g, h = live.state.gdn_states(), pre.state.gdn_states()
-    n, m = pre.state.pos, pre.mtp.pos
-    return {
-        "pos": live.state.pos == n and live.mtp.pos == m,
-        "pending": live.pending == pre.pending,
-        "gdn_recurrent": all(torch.equal(x.recurrent, y.recurrent) for x, y in zip(g, h)),
-        "conv": all(torch.equal(x.conv, y.conv) for x, y in zip(g, h)),
-        "target_kv": all(torch.equal(x, y) for x, y in zip(kv_rows(live.state.kv_caches(), n), kv_rows(pre.state.kv_caches(), n))),
-        "mtp_kv": all(torch.equal(x, y) for x, y in zip(kv_rows([live.mtp.kv], m), kv_rows([pre.mtp.kv], m))),
-        "reseed": (live.reseed.pos0 == pre.reseed.pos0 and torch.equal(live.reseed.tokens, pre.reseed.tokens)
-                   and torch.equal(live.reseed.hidden, pre.reseed.hidden)),
-    }
-
-
-# ---- one cell ---------------------------------------------------------------------------------------
-def forced_drafts(oracle: list[int], k: int, a: int, vocab: int) -> list[int]:
-    """d_i = oracle token i for i <= a; d_{a+1} deliberately wrong; later ones from the oracle (irrelevant)."""
-    d = list(oracle[:k])
-    if a < k:
-        d[a] = (oracle[a] + 1) % vocab
-    return d
-
-
+# ---- one cell, one user ------------------------------------------------------------------------------
 def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, prompt: list[int]) -> dict:
     vocab = model.config.vocab_size
     max_len = len(prompt) + (DRIVE_STEPS + 3) * (k + 1) + CONTINUATION_STEPS + 4
@@ -195,6 +166,110 @@ def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, pro
     }
 
 
+# ---- one cell, B users in one packed verify -------------------------------------------------------------
+def run_batch_cell(model, mechanism: str, k: int, b: int, prompts: list[list[int]]) -> dict:
+    vocab = model.config.vocab_size
+    plan = user_plan(b, k)
+    max_len = max(map(len, prompts)) + (DRIVE_STEPS + 3) * (k + 1) + CONTINUATION_STEPS + 4
+    be = ReferenceBatchBackend(model, b + 1, mechanism, max_len=max_len, max_k=k)
+    free = b
+    for slot, p in enumerate(prompts):
+        be.join(slot, p)
+    for _ in range(DRIVE_STEPS):
+        depths = {s: k for s in range(b)}
+        d = be.draft(depths)
+        be.commit(be.accept(d, be.verify(d)))
+    poison_free_slot(be, free)
+    pre = {s: be.live(s) for s in range(b)}
+    stepping = {s: kb for s, (kb, _) in enumerate(plan) if kb is not None}
+    forced, cont = {}, {}
+    for s, kb in stepping.items():
+        cont[s] = greedy_continuation(model, pre[s], kb + 1)
+        forced[s] = torch.tensor([forced_drafts(cont[s], kb, plan[s][1], vocab)], device=be.device)
+    forced_draft = BatchDraft(stepping, forced, {s: None for s in stepping})
+    failed: list[str] = []
+
+    # abort leg: every user exactly as before
+    be.draft(stepping)
+    be.verify(forced_draft)
+    be.abort()
+    abort = {s: live_equal(be.live(s), pre[s]) for s in range(b)}
+    failed += [f"abort:user{s}:{name}" for s, r in abort.items() for name, ok in r.items() if not ok]
+    if not free_slot_intact(be, free):
+        failed.append("abort:free_slot")
+
+    # accept leg
+    before = be.counters.as_dict()
+    be.draft(stepping)
+    verify = be.verify(forced_draft)
+    accepted = be.accept(forced_draft, verify)
+    be.commit(accepted)
+    counters = {key: v - before[key] for key, v in be.counters.as_dict().items()}
+    users, oracles = [], {}
+    for s, (kb, a) in enumerate(plan):
+        live = be.live(s)
+        if kb is None:  # sat the step out: untouched
+            same = live_equal(live, pre[s])
+            users.append({"user": s, "k": None, "untouched": same, "pass": all(same.values())})
+            if not all(same.values()):
+                failed.append(f"user{s}:touched")
+            continue
+        acc = accepted[s]
+        orc = oracles[s] = replay(model, pre[s], acc.tokens)
+        end = pre[s].state.pos + acc.num_accepted + 1
+        r = {
+            "gdn_recurrent": compare([g.recurrent for g in live.state.gdn_states()],
+                                     [g.recurrent for g in orc.live.state.gdn_states()], "gdn_recurrent", False),
+            "conv": compare([g.conv for g in live.state.gdn_states()], [g.conv for g in orc.live.state.gdn_states()],
+                            "conv", False),
+            "target_kv": compare(kv_rows(live.state.kv_caches(), end), kv_rows(orc.live.state.kv_caches(), end),
+                                 "target_kv", False),
+        }
+        tokens_ok = acc.num_accepted == a and acc.tokens == cont[s][: a + 1]
+        pos_ok = live.state.pos == orc.live.state.pos == end and live.pending == orc.live.pending
+        users.append({"user": s, "k": kb, "a": a, "accepted": acc.num_accepted, "tokens_ok": tokens_ok,
+                      "pos_ok": pos_ok, "prompt_len": len(prompts[s]), **r})
+        failed += [f"user{s}:{name}" for name, ok in (("tokens", tokens_ok), ("pos", pos_ok)) if not ok]
+        failed += [f"user{s}:{name}" for name, x in r.items() if not x["pass"]]
+    if not free_slot_intact(be, free):
+        failed.append("free_slot")
+    if not bool(verify.logits[:b].isfinite().all()):
+        failed.append("nonfinite_logits")
+
+    # MTP: the next draft reseeds each user's rows n..n+a; past rows poisoned (large, finite) first
+    for s in stepping:
+        poison_past_rows(be, s, pre[s].state.pos + accepted[s].num_accepted + 1)
+    be.draft(stepping)
+    for u in users:
+        s = u["user"]
+        if s in stepping:
+            end = pre[s].state.pos + accepted[s].num_accepted + 1
+            u["mtp_kv"] = compare(kv_rows([be.live(s).mtp.kv], end), kv_rows([oracles[s].live.mtp.kv], end),
+                                  "mtp_kv", False)
+            if not u["mtp_kv"]["pass"]:
+                failed.append(f"user{s}:mtp_kv")
+    be.abort()
+
+    # continuation of each stepping user on a batch-1 copy of its committed state
+    for u in users:
+        s = u["user"]
+        if s not in stepping:
+            continue
+        live, orc = be.live(s), oracles[s].live
+        poison_past(live, live.state.pos)
+        toks_be, lg_be = serial_decode(model, live.state, live.pending, CONTINUATION_STEPS)
+        toks_or, lg_or = serial_decode(model, orc.state.clone(), orc.pending, CONTINUATION_STEPS)
+        u["continuation_logits"] = compare([lg_be], [lg_or], "continuation_logits", False)
+        u["continuation_tokens_equal"] = toks_be == toks_or
+        failed += [f"user{s}:{name}" for name, ok in (("continuation_logits", u["continuation_logits"]["pass"]),
+                                                     ("continuation_tokens", toks_be == toks_or)) if not ok]
+        u["pass"] = not any(f.startswith(f"user{s}:") for f in failed)
+    return {"cell": f"B={b} K={k} {mechanism}", "batch": b, "k": k, "mechanism": mechanism,
+            "plan": [{"k": kb, "a": a} for kb, a in plan], "users": users, "abort": abort,
+            "counters": counters, "failed": failed, "pass": not failed}
+
+
+# ---- the matrix ---------------------------------------------------------------------------------------
 def run_matrix(model, *, ks=KS, mechanisms=MECHANISMS, factory: BackendFactory = ReferenceBackend,
                seed: int = 0) -> tuple[list[dict], dict[str, dict]]:
     """All cells; returns (cells, counters summed per mechanism over the accept legs)."""
@@ -208,6 +283,23 @@ def run_matrix(model, *, ks=KS, mechanisms=MECHANISMS, factory: BackendFactory =
                 cells.append(cell)
                 for key, v in cell["counters"].items():
                     totals[mech][key] = totals[mech].get(key, 0) + v
+    return cells, totals
+
+
+def run_batch_matrix(model, *, batch: int, ks=BATCH_KS, mechanisms=MECHANISMS, seed: int = 0):
+    """All (mechanism, K) cells for B = ``batch`` users; returns (cells, counters summed per mechanism)."""
+    if batch < 2:
+        raise ValueError(f"the batched probe needs B >= 2 users, got {batch}")
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, model.config.vocab_size, (PROMPT_LEN + 3 * i,), generator=gen).tolist()
+               for i in range(batch)]
+    cells, totals = [], {m: {} for m in mechanisms}
+    for k in ks:
+        for mech in mechanisms:
+            cell = run_batch_cell(model, mech, k, batch, prompts)
+            cells.append(cell)
+            for key, v in cell["counters"].items():
+                totals[mech][key] = totals[mech].get(key, 0) + v
     return cells, totals
 
 
@@ -245,7 +337,6 @@ def run(args: argparse.Namespace) -> ProbeReport:
     t0 = time.perf_counter()
     model, source = load_model(args)
     if batch > 1:
-        from .gdn_transaction_batch import run_batch_matrix
         cells, totals = run_batch_matrix(model, batch=batch, ks=ks, seed=args.seed)
     else:
         cells, totals = run_matrix(model, ks=ks, seed=args.seed)

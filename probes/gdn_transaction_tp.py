@@ -32,11 +32,35 @@ Tolerances: the oracle runs the same TT kernels on the same weights; the differe
 arithmetic only (see TOLERANCES for the measured figures and their source); abort is bitwise. Continuation rows
 are teacher-forced with the oracle's tokens; an argmax that differs must be a near tie (top-2 margin within twice
 the row's logit difference), else the cell fails.
+
+``--batch B`` (B >= 2): the batched transaction through ``tt/batch_spec.py`` TTBatchSpecBackend (one packed
+B x (K+1) verify, per-user on-device acceptance and commit), each user against its own single-user oracle
+(``run_tp_batch_cell``). B users (prompts of different lengths) share one backend whose extra slots stay free
+(at least one: the slot count is the smallest above B whose verify rows, slots x (K+1), the decode-path core grid holds) and are
+poisoned with NaN (GDN recurrent + conv, the ring blocks of shadow_commit, KV pages) for the whole cell. Per cell
+(mechanism x K):
+  1. every user joins, then 2 real batched steps at depth K with oracle drafts (the traces are captured);
+  2. one step with forced drafts (each user's own greedy continuation with a wrong token at a_b + 1; the plan of
+     ``transaction_plan.user_plan``): user 0 a = 0, user 1 a = K and, at B >= 4, user 2 drafts only K - 1 (its
+     last row inert) and accepts all of them, user 3 sits the step out;
+  3. abort leg (snapshot / recompute: draft -> verify -> abort; shadow_commit: draft -> abort, its abort after a
+     verify being refused by design): every user's committed GDN recurrent, conv and KV rows < n bit-identical;
+  4. accept leg: draft -> verify -> accept -> commit (trace replays): emitted tokens and a_b as forced; a user that
+     sat out bit-identical to its pre-step state; the free slots still NaN; every stepping user's logits finite;
+  5. continuation: the rows past each user's position poisoned with a large finite value, then 4 more batched
+     steps with oracle drafts: every user's tokens continue its plain greedy output (rejected rows never read);
+  6. oracle: per user, the TT batch-1 plain greedy decode (prefill + one single-row decode per token) of exactly
+     the tokens the user consumed; its GDN recurrent, conv and KV rows [0, n) compared with the user's committed
+     state (``TOLERANCES``).
+Host drafts (the batched backend drafts on the host; its label says so); the device is what ran (emulated here).
+
+Pieces: ``transaction_plan`` (forced drafts, the batch's per-user plan; shared with gdn-transaction),
+``gdn_transaction_tp_checks`` (device state to host, poisoning, comparisons, TOLERANCES); this module drives the
+cells.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import resource
 import tempfile
 import time
@@ -44,10 +68,14 @@ from pathlib import Path
 
 import torch
 
-from qwen36.numerics import pcc
 from qwen36.errors import UserError
 from qwen36.probes.records import ProbeReport
 from qwen36.speculative.mechanisms import MECHANISMS
+
+from .gdn_transaction_tp_checks import (TOLERANCES, argmax_flips, compare, free_slot_intact, gdn_host_batch1,
+                                        kv_host, kv_logical, kv_states, per_device, poison_free_slot, poison_kv,
+                                        poison_past_rows, slot_state, states_equal, worst, write_per_device)
+from .transaction_plan import BATCH_KS, forced_drafts, user_plan
 
 NAME = "gdn-transaction-tp"
 HELP = ("speculative transaction through the TT path at TP=N: 3 mechanisms x K x acceptance length vs TT "
@@ -57,29 +85,6 @@ DRIVE_STEPS = 2
 CONTINUATION_STEPS = 16
 PROMPT_LEN = 12
 MAX_SEQ_LEN = 128
-# value written into target KV rows past the accepted prefix before the continuation. Finite on purpose: the
-# paged SDPA reads whole KV blocks and masks by position; NaN survives a -inf mask (NaN + -inf = NaN, in the
-# emulator's golden and in a flash kernel alike), a finite value contributes exactly 0 when masked. Large enough
-# (bf16-exact) that attending to one such row by mistake moves the logits far past the tolerance.
-POISON = 64.0
-
-# name -> (max abs, min PCC) of committed state vs the single-row decode replay (same TT kernels, same weights).
-# Measured worst cases on emulated-p150x2 (all 51 cells; docs/tt_spec.md "gdn-transaction-tp"):
-#   ci preset: recurrent max abs 2.4e-7, conv / target KV / MTP KV / continuation bit-equal (asserted in CI);
-#   --full (27b-ratios): recurrent 9.0e-3 (PCC 0.999993), conv 1.5e-2, KV and MTP KV 3.1e-2 (= 1 bf16 ulp at
-#   |x| in [4, 8)), teacher-forced continuation logits 2.7e-2 (PCC 0.99998). Source of the --full differences:
-#   the emulator's CPU goldens: torch fp32 matmul over M >= 4 rows (GEMM) rounds differently from M = 1 (GEMV)
-#   (measured 3.8e-5 at a 256-long reduction; M = 2, 3 are identical), so a K >= 3 verify (T >= 4 rows) and the
-#   1-row decode disagree in the last bits, amplified through 4 layers (verify-tp at these shapes: logits 2.4e-3 at
-#   K = 7, 0 at K <= 2). Bounds sit ~4x above the --full figures and >= 25x below what a broken commit gives
-#   (wrong conv window: conv 5.4; ring slot a+1 / re-advance one row short: recurrent >= 1.5, PCC <= 0.8).
-TOLERANCES = {
-    "gdn_recurrent": (5e-2, 0.9999),
-    "conv": (5e-2, 0.9999),
-    "target_kv": (6.25e-2, 0.9999),  # 2 bf16 ulps at |x| in [4, 8)
-    "mtp_kv": (6.25e-2, 0.9999),
-    "continuation_logits": (1e-1, 0.9999),
-}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=1,
                    help="B >= 2: the batched transaction (B users in one packed B x (K+1) verify on the TT path, each "
-                        "against its own batch-1 TT oracle; gdn_transaction_tp_batch.py); default K in {2, 3}")
+                        "against its own batch-1 TT oracle; run_tp_batch_cell); default K in {2, 3}")
 
 
 def full_config():
@@ -105,42 +110,6 @@ def full_config():
     from qwen36.tiny import PRESETS
 
     return PRESETS["27b-ratios"]
-
-
-# ---- device <-> host (read-only views and probe-side restores, outside any trace) --------------------------
-def per_device(ttnn, t) -> list[torch.Tensor]:
-    return [ttnn.to_torch(x).clone() for x in ttnn.get_device_tensors(t)]
-
-
-def write_per_device(ttnn, mesh, t, parts: list[torch.Tensor]) -> None:
-    """Overwrite device buffer ``t`` in place with one host tensor per device (concat/shard on dim 0)."""
-    host = ttnn.from_torch(torch.cat(parts, 0), dtype=t.dtype, layout=t.layout,
-                           mesh_mapper=ttnn.ShardTensorToMesh(mesh, dim=0))
-    ttnn.copy_host_to_device_tensor(host, t)
-
-
-def kv_states(state) -> list:
-    from qwen36.tt.state import KVLayerState
-
-    return [s for s in state.layers if isinstance(s, KVLayerState)]
-
-
-def kv_logical(parts: list[torch.Tensor], table: torch.Tensor, end: int) -> torch.Tensor:
-    """Paged cache (one [nb, Hkv_d, bs, D] per device) -> logical rows [0, end) as [Hkv, end, D] fp32."""
-    c = torch.cat(parts, 1).float()[table.long()]  # sequence's blocks in order
-    nb, h, bs, d = c.shape
-    return c.permute(1, 0, 2, 3).reshape(h, nb * bs, d)[:, :end]
-
-
-def poison_kv(parts: list[torch.Tensor], table: torch.Tensor, end: int) -> list[torch.Tensor]:
-    out = [p.clone() for p in parts]
-    bs = parts[0].shape[2]
-    for j, blk in enumerate(table.tolist()):
-        lo = max(0, end - j * bs)
-        if lo < bs:
-            for p in out:
-                p[blk, :, lo:] = POISON
-    return out
 
 
 class Probe:
@@ -377,28 +346,6 @@ class Probe:
                 else ["not_refused"], "pass": refused}
 
 
-def compare(xs: list[torch.Tensor], ys: list[torch.Tensor], name: str) -> dict:
-    bit = all(torch.equal(x, y) for x, y in zip(xs, ys))
-    diffs = [float((x.float() - y.float()).abs().max()) if x.numel() else 0.0 for x, y in zip(xs, ys)]
-    max_abs = max(diffs) if diffs else 0.0
-    p = min(pcc(x, y) for x, y in zip(xs, ys)) if xs else 1.0
-    tol_abs, tol_pcc = TOLERANCES[name]
-    ok = bit or (not math.isnan(max_abs) and not math.isnan(p) and max_abs <= tol_abs and p >= tol_pcc)
-    return {"bit_equal": bit, "max_abs": max_abs, "pcc": p, "pass": ok}
-
-
-def argmax_flips(lg: torch.Tensor, ref: torch.Tensor) -> list[dict]:
-    """Rows whose argmax differs from the oracle's; a flip is a near tie when the oracle's top-1 - top-2 margin is
-    within twice that row's max abs logit difference (the states agree to tolerance, the tie broke differently)."""
-    out = []
-    for i in range(ref.shape[0]):
-        if int(lg[i].argmax()) != int(ref[i].argmax()):
-            top = ref[i].float().topk(2).values
-            margin, diff = float(top[0] - top[1]), float((lg[i].float() - ref[i].float()).abs().max())
-            out.append({"step": i, "margin": margin, "max_abs": diff, "near_tie": margin <= 2 * diff})
-    return out
-
-
 def run_matrix(probe: Probe, ks=KS, mechs=MECHANISMS, accepts=None) -> tuple[list[dict], dict]:
     cells, totals = [], {m: {} for m in mechs}
     for k in ks:
@@ -413,6 +360,210 @@ def run_matrix(probe: Probe, ks=KS, mechs=MECHANISMS, accepts=None) -> tuple[lis
     from qwen36.tt.mechanisms import TT_MECHANISMS
 
     cells += [probe.refusal_cell(m) for m in mechs if TT_MECHANISMS[m].ring]
+    return cells, totals
+
+
+# ---- the batched transaction (--batch B) ------------------------------------------------------------------
+CONTINUATION_BATCH_STEPS = 4
+
+
+def slots_for(b: int, k: int) -> int:
+    """The smallest slot count > b whose verify rows the backend accepts (<= 8, or a multiple of 8, up to 32)."""
+    t = k + 1
+    for s in range(b + 1, 33):
+        rows = s * t
+        if rows <= 32 and (rows <= 8 or rows % 8 == 0):
+            return s
+    raise ValueError(f"no slot count above {b} fits B x (K+1 = {t}) verify rows in 32")
+
+
+class Diverged(RuntimeError):
+    """A user's tokens left its plain greedy sequence (the batched run is not lossless)."""
+
+    def __init__(self, message: str, user: int, prompt, got, want):
+        super().__init__(message)
+        self.user, self.prompt, self.got, self.want = user, list(prompt), list(got), list(want)
+
+
+def _explain(gen, e: Diverged) -> str:
+    """The failure message with the reference model's top-2 margin where the user's tokens first left its plain
+    greedy sequence: a near tie (a last-bit difference flipped it) reads differently from a state bug."""
+    if gen.ckpt is None:
+        return str(e)
+    from qwen36.reference.model import Qwen36Model
+    from qwen36.speculative.oracle import divergence_note
+
+    ref = Qwen36Model.from_checkpoint(gen.ckpt, dtype=torch.float32, with_mtp=False)
+    return f"{e}; {divergence_note(ref, e.prompt, e.got, e.want)}"
+
+
+class _Drafts:
+    """The host drafter of every user: the oracle (plain greedy with deliberate misses) or forced drafts."""
+
+    def __init__(self, prompts, plains, vocab):
+        self.full = [list(p) + list(pl) for p, pl in zip(prompts, plains)]
+        self.prompts, self.vocab = prompts, vocab
+        self.forced: dict[int, list[int]] | None = None
+
+    def user(self, hist) -> int:
+        for u, p in enumerate(self.prompts):
+            if hist[: len(p)] == list(p):
+                return u
+        raise KeyError("history of no known prompt")
+
+    def cont(self, u: int, hist, n: int) -> list[int]:
+        """The plain greedy tokens after ``hist`` (which must be a prefix of the user's greedy sequence)."""
+        full = self.full[u]
+        if full[: len(hist)] != list(hist):
+            n = len(self.prompts[u])
+            raise Diverged(f"user {u}: history left the plain greedy sequence (lossless broken)", u,
+                           self.prompts[u], list(hist)[n:], full[n:len(hist)])
+        return full[len(hist): len(hist) + n]
+
+    def __call__(self, hist, k):
+        u = self.user(hist)
+        if self.forced is not None:
+            return self.forced[u][:k]
+        nxt = self.cont(u, hist, k)
+        return [(t + 1) % self.vocab if (len(hist) + j) % 3 == 0 else t for j, t in enumerate(nxt)]
+
+
+def _oracle(gen, tokens: list[int], prompt_len: int) -> dict:
+    """TT batch-1 plain greedy decode of ``tokens`` (prefill of the prompt, then one single-row decode per token)."""
+    ttnn = gen.ttnn
+    gen.prefill(torch.tensor(tokens[:prompt_len]))
+    for tok in tokens[prompt_len:]:
+        gen.decode_step(tok)
+    st = gen.state
+    out = {"n": len(tokens), "gdn": gdn_host_batch1(ttnn, st), "kv": kv_host(ttnn, st, 0, len(tokens))}
+    gen.release_trace()
+    return out
+
+
+def run_tp_batch_cell(gen, mechanism: str, k: int, b: int, prompts, plains) -> dict:
+    from qwen36.tt.batch_spec import TTBatchSpecBackend
+
+    vocab = gen.config.vocab_size
+    plan = user_plan(b, k)
+    slots = slots_for(b, k)
+    drafts = _Drafts(prompts, plains, vocab)
+    be = TTBatchSpecBackend(gen, slots, k, mechanism, drafter=drafts)
+    failed: list[str] = []
+    users: list[dict] = []
+    try:
+        for s, p in enumerate(prompts):
+            be.join(s, p)
+        for _ in range(DRIVE_STEPS):
+            d = be.draft({s: k for s in range(b)})
+            be.commit(be.accept(d, be.verify(d)))
+        free = list(range(b, slots))
+        for s in free:
+            poison_free_slot(be, s)
+        pre = {s: slot_state(be, s) for s in range(b)}
+        stepping = {s: kb for s, (kb, _) in enumerate(plan) if kb is not None}
+        cont = {s: drafts.cont(s, be.users[s].history, kb + 1) for s, kb in stepping.items()}
+        drafts.forced = {s: forced_drafts(cont[s], kb, plan[s][1], vocab) for s, kb in stepping.items()}
+
+        # abort leg
+        d = be.draft(stepping)
+        if not be.mechanism.ring:
+            be.verify(d)
+        be.abort()
+        abort = {f"user{s}": states_equal(slot_state(be, s), pre[s]) for s in range(b)}
+        failed += [f"abort:{u}" for u, ok in abort.items() if not ok]
+
+        # accept leg
+        before = be.counters.as_dict()
+        d = be.draft(stepping)
+        v = be.verify(d)
+        finite = bool(be.verify_logits()[list(stepping)].isfinite().all())
+        accepted = be.accept(d, v)
+        be.commit(accepted)
+        counters = {key: x - before[key] for key, x in be.counters.as_dict().items()}
+        drafts.forced = None
+        if not finite:
+            failed.append("nonfinite_logits")
+        if not all(free_slot_intact(be, s) for s in free):
+            failed.append("free_slot")
+        post = {s: slot_state(be, s) for s in range(b)}
+        for s, (kb, a) in enumerate(plan):
+            if kb is None:
+                ok = states_equal(post[s], pre[s])
+                users.append({"user": s, "k": None, "untouched": ok, "pass": ok})
+                if not ok:
+                    failed.append(f"user{s}:touched")
+                continue
+            acc = accepted[s]
+            tokens_ok = acc.num_accepted == a and acc.tokens == cont[s][: a + 1]
+            pos_ok = post[s]["n"] == pre[s]["n"] + a + 1
+            users.append({"user": s, "k": kb, "a": a, "accepted": acc.num_accepted, "tokens_ok": tokens_ok,
+                          "pos_ok": pos_ok, "prompt_len": len(prompts[s])})
+            failed += [f"user{s}:{name}" for name, ok in (("tokens", tokens_ok), ("pos", pos_ok)) if not ok]
+
+        # continuation: rejected / inert rows poisoned, then more batched steps must stay on the greedy path
+        for s in range(b):
+            poison_past_rows(be, s)
+        cont_ok = True
+        try:
+            for _ in range(CONTINUATION_BATCH_STEPS):
+                d = be.draft({s: k for s in range(b)})
+                be.commit(be.accept(d, be.verify(d)))
+                for s in range(b):
+                    drafts.cont(s, be.users[s].history, 0)  # raises when a user left its greedy sequence
+        except Diverged as e:
+            cont_ok = False
+            failed.append(f"continuation:{_explain(gen, e)}")
+        consumed = {s: list(be.users[s].history[:-1]) for s in range(b)}
+        final = {s: slot_state(be, s) for s in range(b)}
+        captures = be.captures
+    finally:
+        be.close()
+    if captures != 2:
+        failed.append(f"captures:{captures}")
+    # oracle per user (after the backend's traces are released: the batch-1 decode allocates)
+    for u in users:
+        s = u["user"]
+        orc = _oracle(gen, consumed[s], len(prompts[s]))
+        got = final[s]
+        u["oracle_n_ok"] = got["n"] == orc["n"]
+        u["gdn_recurrent"] = compare([g[0] for g in got["gdn"]], [g[0] for g in orc["gdn"]], "gdn_recurrent")
+        u["conv"] = compare([g[1] for g in got["gdn"]], [g[1] for g in orc["gdn"]], "conv")
+        u["target_kv"] = compare(got["kv"], orc["kv"], "target_kv")
+        for name in ("gdn_recurrent", "conv", "target_kv"):
+            if not u[name]["pass"]:
+                failed.append(f"user{s}:{name}")
+        if not u["oracle_n_ok"]:
+            failed.append(f"user{s}:oracle_n")
+        u["pass"] = not any(f.startswith(f"user{s}:") for f in failed)
+    return {"cell": f"B={b} K={k} {mechanism}", "batch": b, "slots": slots, "k": k, "mechanism": mechanism,
+            "plan": [{"k": kb, "a": a} for kb, a in plan], "users": users, "abort": abort,
+            "continuation_ok": cont_ok, "counters": counters, "captures": captures, "failed": failed,
+            "pass": not failed}
+
+
+def run_tp_batch_matrix(gen, *, batch: int, ks, mechanisms=MECHANISMS, seed: int = 0, prompt_len: int = 12):
+    """Every (mechanism, K) cell for B = ``batch`` users -> (cells, counters summed per mechanism)."""
+    if batch < 2:
+        raise ValueError(f"the batched probe needs B >= 2 users, got {batch}")
+    g = torch.Generator().manual_seed(seed)
+    v = gen.config.vocab_size
+    prompts = [torch.randint(0, v, (prompt_len + 3 * i,), generator=g).tolist() for i in range(batch)]
+    n_plain = (DRIVE_STEPS + 2 + CONTINUATION_BATCH_STEPS) * (max(ks) + 1) + 2
+    plains = []
+    for p in prompts:
+        plains.append(gen.greedy(p, n_plain))
+        gen.release_trace()
+    cells, totals = [], {m: {} for m in mechanisms}
+    for k in ks:
+        for mech in mechanisms:
+            try:
+                cell = run_tp_batch_cell(gen, mech, k, batch, prompts, plains)
+            except Diverged as e:  # before the forced step: nothing else of the cell is meaningful
+                cell = {"cell": f"B={batch} K={k} {mech}", "batch": batch, "k": k, "mechanism": mech, "users": [],
+                        "counters": {}, "failed": [f"lossless:{_explain(gen, e)}"], "pass": False}
+            cells.append(cell)
+            for key, x in cell["counters"].items():
+                totals[mech][key] = totals[mech].get(key, 0) + x
     return cells, totals
 
 
@@ -484,12 +635,9 @@ def run(args: argparse.Namespace) -> ProbeReport:
 
 
 def run_batch(args: argparse.Namespace, batch: int) -> ProbeReport:
-    """``--batch B``: the batched matrix of ``gdn_transaction_tp_batch`` (mechanisms x K, default K in {2, 3})."""
+    """``--batch B``: the batched matrix (``run_tp_batch_matrix``: mechanisms x K, default K in {2, 3})."""
     from qwen36.testing.tt import make_bf16_checkpoint
     from qwen36.tt.generator import TTGenerator
-
-    from .gdn_transaction import BATCH_KS
-    from .gdn_transaction_tp_batch import CONTINUATION_BATCH_STEPS, run_tp_batch_matrix, worst
 
     ks_arg = ",".join(map(str, BATCH_KS)) if args.ks == ",".join(map(str, KS)) else args.ks
     ks = tuple(int(x) for x in ks_arg.split(","))

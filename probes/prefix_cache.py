@@ -124,7 +124,7 @@ def _common(a: list[int], b: list[int]) -> int:
 def run(args: argparse.Namespace) -> ProbeReport:
     import torch
 
-    from qwen36.chat import load_chat_tokenizer
+    from qwen36.tokenizer import load_chat_tokenizer
     from qwen36.chat_session import ChatSession
     from qwen36.prefix_cache import PrefixCache
 

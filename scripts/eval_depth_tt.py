@@ -2,7 +2,7 @@
 """`--spec-k auto` on the TT path, per class, on the held-out prompts of the depth evaluation.
 
     python scripts/eval_depth_tt.py [--device emulated-p150x2] [--per-class 12] [--max-new-tokens 64]
-        [--out docs/depth_eval_tt.json] [--time-budget-s S] [--first-class prose] [--no-tt-traces]
+        [--out bench/depth/depth_eval_tt.json] [--time-budget-s S] [--first-class prose] [--no-tt-traces]
 
 The evaluation table of docs/depth.md replays depth policies on acceptance traces of the reference model (greedy:
 a step of depth K at position n accepts min(K, L_n)). This script measures the TT path itself on the held-out

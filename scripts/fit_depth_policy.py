@@ -2,7 +2,7 @@
 """Fit the draft-depth controller from data and evaluate it on held-out prompts.
 
     python scripts/fit_depth_policy.py --gate0b-record REC.jsonl [--prompts P.json] [--max-new-tokens 64]
-        [--out models/qwen36/speculative/depth_policy.json] [--report docs/depth_eval.json]
+        [--out models/qwen36/speculative/depth_policy.json] [--report bench/depth/depth_eval.json]
 
 1. Acceptance traces (reference model, default checkpoint, greedy). For every prompt and every position n of its
    greedy continuation, L_n = how many of 7 MTP drafts made from the prefix up to n the target accepts. Made with

@@ -11,7 +11,6 @@ import torch
 
 from qwen36.commands.common import DEFAULT_CHECKPOINT
 from qwen36.probes import gdn_transaction as probe
-from qwen36.probes import gdn_transaction_batch as batch_probe
 from qwen36.reference.batch import SlotDecoder, packed_forward
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.batch_backend import BatchSpecBackend
@@ -270,12 +269,12 @@ class ShadowCommitsEveryone(BatchShadowCommit):
                                               (ShadowCommitsEveryone, "user3:touched")])
 def test_broken_batch_mechanisms_fail_the_probe(ci_model, monkeypatch, broken, must_fail):
     """The probe catches a user committed past its own valid rows, and a user moved although it sat out."""
-    import qwen36.probes.gdn_transaction_batch as mod
+    import qwen36.probes.gdn_transaction as mod
 
     real = mod.ReferenceBatchBackend
     monkeypatch.setattr(mod, "ReferenceBatchBackend",
                         lambda model, slots, mechanism, **kw: real(model, slots, broken(), **kw))
-    cells, _ = batch_probe.run_batch_matrix(ci_model, batch=4, ks=(3,), mechanisms=("shadow_commit",))
+    cells, _ = probe.run_batch_matrix(ci_model, batch=4, ks=(3,), mechanisms=("shadow_commit",))
     assert not cells[0]["pass"] and must_fail in cells[0]["failed"], cells[0]["failed"]
 
 

@@ -1,4 +1,4 @@
-"""The CI subset of the conformance cases (qwen36.tt_ops.conformance, written from Tenstorrent's op tests) on the
+"""The CI subset of the conformance cases (qwen36.testing.emulator_conformance, written from Tenstorrent's op tests) on the
 emulated 1x2 mesh, and the probe that runs them all."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("ttnn")
 
-from qwen36.tt_ops import conformance as C  # noqa: E402
+from qwen36.testing import emulator_conformance as C  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 
 

@@ -237,7 +237,7 @@ def test_prefill_cost_probe_record(tmp_path):
     one = perf["ttft"]["256"]
     assert sum(x["programs"] for x in rank) == one["programs"] - perf["programs_per_chunk"]["head"]
     # qwen36 report shows it
-    from qwen36.probes.dashboard import write_report
+    from qwen36.commands.report import write_report
 
     md = write_report([rec], tmp_path / "report")["markdown"].read_text()
     assert "## Time to first token (modelled (calibrated), batch 1, TP=2, prefill-cost)" in md

@@ -93,7 +93,7 @@ def test_gate0b_decode_layer_no_costlier_than_verify_layer(tp4_figures):
 
 def test_mtp_tok_s_per_scenario():
     """tokens per step (1 + p + .. + p^K, or 1 + a1 + .. + aK for a per-position profile) over the step time."""
-    from qwen36.probes.gate_0b import mtp_tok_s
+    from qwen36.probes.step_figures import mtp_tok_s
 
     fig = {"step_ms_shadow_commit": {"1": 50.0, "3": 60.0, "7": 80.0}}
     out = mtp_tok_s(fig, [1, 3, 7])

@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from qwen36.probes.gdn_transaction_tp_batch import gdn_host_batch1, kv_host
+from qwen36.probes.gdn_transaction_tp_checks import gdn_host_batch1, kv_host
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.batch_backend import BatchSpecBackend, speculative_generate_slots
 from qwen36.speculative.mechanisms import MECHANISMS
@@ -368,7 +368,7 @@ def test_probe_tp_batch_cell_passes_and_catches_a_broken_commit(gen, monkeypatch
     """One cell of `qwen36 probe gdn-transaction-tp --batch 4` (K = 3, snapshot: users at a = 0 and a = K, one with
     fewer drafts, one sitting out, NaN-poisoned free slots) passes against each user's batch-1 TT oracle; the same
     cell with the commit's masked re-advance dropped (live keeps the state after all K+1 rows) fails."""
-    from qwen36.probes import gdn_transaction_tp_batch as probe
+    from qwen36.probes import gdn_transaction_tp as probe
     from qwen36.tt import batch_spec
 
     cells, _ = probe.run_tp_batch_matrix(gen, batch=4, ks=(3,), mechanisms=("snapshot",))

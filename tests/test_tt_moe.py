@@ -289,7 +289,7 @@ def test_35b_a3b_preset_matches_transformers_defaults_and_builds_64_experts():
 
 
 def test_expected_distinct_experts_under_uniform_routing():
-    from qwen36.probes.gate_0b import expected_distinct_experts
+    from qwen36.probes.step_figures import expected_distinct_experts
 
     assert expected_distinct_experts(256, 8, 1) == pytest.approx(8.0)
     assert expected_distinct_experts(256, 8, 8) == pytest.approx(57.4, abs=0.05)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.probes.gdn_transaction_tp import compare, kv_logical, kv_states, per_device
+from qwen36.probes.gdn_transaction_tp_checks import compare, kv_logical, kv_states, per_device
 from qwen36.speculative.depth import DepthPolicy
 from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.mechanisms import MECHANISMS

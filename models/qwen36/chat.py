@@ -83,14 +83,6 @@ def check_chat_tokenizer(tok) -> None:
         raise ChatFormatError("the tokenizer carries no chat template (tokenizer_config.json 'chat_template')")
 
 
-def load_chat_tokenizer(checkpoint_dir):
-    """The checkpoint's tokenizer (transformers AutoTokenizer), checked to carry the chat format."""
-    from .tokenizer import load_tokenizer
-
-    tok = load_tokenizer(checkpoint_dir)
-    check_chat_tokenizer(tok)
-    return tok
-
 
 def validate_messages(messages: Any) -> list[dict]:
     if not isinstance(messages, list) or not messages:

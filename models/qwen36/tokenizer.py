@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Iterable
 
+from .chat import CHAT_TEMPLATE, check_chat_tokenizer
 from .errors import UserError
 from .io_utils import atomic_write_json, atomic_write_text
 
@@ -92,8 +93,6 @@ def add_chat_format(checkpoint_dir: str | Path) -> list[int]:
     has one row per id), so the markers take the ids of the last BPE merges, which are removed (their text then
     encodes as its two halves; the trained model loses two rare tokens and nothing else). Returns the markers' ids.
     Idempotent."""
-    from .chat import CHAT_TEMPLATE
-
     checkpoint_dir = Path(checkpoint_dir)
     path, cfg_path = checkpoint_dir / "tokenizer.json", checkpoint_dir / "tokenizer_config.json"
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -127,6 +126,13 @@ def load_tokenizer(checkpoint_dir: str | Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(checkpoint_dir))
+
+
+def load_chat_tokenizer(checkpoint_dir: str | Path):
+    """The checkpoint's tokenizer (transformers AutoTokenizer), checked to carry the chat format (qwen36.chat)."""
+    tok = load_tokenizer(checkpoint_dir)
+    check_chat_tokenizer(tok)
+    return tok
 
 
 def tokenizer_vocab_size(checkpoint_dir: str | Path) -> int:

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from .common import add_checkpoint_arg, positive_int, resolve_checkpoint, torch_dtype
-from .generate import add_sampling_args, sampling_params
+from .common import (add_checkpoint_arg, add_sampling_args, add_thinking_arg, positive_int, read_messages,
+                     resolve_checkpoint, sampling_params, torch_dtype)
 
 DEFAULT_PREFIX_BLOCK = 64  # tokens per cached block (docs/chat.md: why 64)
 DEFAULT_PREFIX_BUDGET_MB = 1024
@@ -25,12 +25,6 @@ def add_prefix_args(p: argparse.ArgumentParser) -> None:
                    help="the most MiB of cached blocks (per device on TT); least recently used unreferenced blocks "
                         "are evicted")
     g.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt from token 0")
-
-
-def add_thinking_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--thinking-budget", type=int, default=None, metavar="N",
-                   help="at N thinking tokens without </think>, inject Qwen's stop-thinking phrase and continue "
-                        "(0 = non-thinking mode; default unlimited)")
 
 
 def add_parser(sub, name: str) -> None:
@@ -63,7 +57,7 @@ def make_cache(args, with_mtp: bool):
 
 
 def load_chat_tokenizer(ckpt):
-    from ..chat import load_chat_tokenizer as load
+    from ..tokenizer import load_chat_tokenizer as load
 
     return load(ckpt)
 
@@ -102,18 +96,6 @@ def load_session(args, ckpt, tok):
                        max_new_tokens=args.max_new_tokens, thinking_budget=args.thinking_budget, spec_k=args.spec_k,
                        mechanism=args.commit, preserve_thinking=args.preserve_thinking, system=args.system,
                        drafter=drafter)
-
-
-def read_messages(path: Path) -> list[dict]:
-    from ..chat import validate_messages
-
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise UserError(f"--messages: cannot read {path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"--messages {path}: not JSON ({e.msg}, line {e.lineno})") from None
-    return validate_messages(data)
 
 
 def run(args: argparse.Namespace) -> int:

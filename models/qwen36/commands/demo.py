@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UserError
-from .common import DEFAULT_CHECKPOINT, positive_int
-from .generate import add_spec_args, print_logprobs, sampling_params
+from .common import DEFAULT_CHECKPOINT, positive_int, print_logprobs, sampling_params
+from .generate import add_spec_args
 
 DEFAULT_PROMPT = '''class Counter:
     """Count hashable items."""

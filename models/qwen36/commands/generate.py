@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..speculative.mechanisms import DEFAULT_MECHANISM, DRAFT_MODES, MECHANISMS
-from ..speculative.sampling import MAX_LOGPROBS, PENALTY_RANGE
-from .common import add_checkpoint_arg, parse_ids, positive_int, resolve_checkpoint, torch_dtype
+from .common import (add_checkpoint_arg, add_sampling_args, add_thinking_arg, parse_ids, positive_int, print_logprobs,
+                     print_outputs, read_messages, resolve_checkpoint, sampling_params, torch_dtype)
 
 
 def add_parser(sub, name: str) -> None:
@@ -33,8 +33,6 @@ def add_parser(sub, name: str) -> None:
                         f"so that the two decode the same model (default {DEFAULT_TT_PRECISION}); the reference's "
                         f"numerics are set by --dtype")
     add_spec_args(p)
-    from .chat import add_thinking_arg
-
     add_thinking_arg(p)
     p.set_defaults(run=run)
 
@@ -68,53 +66,6 @@ def add_spec_args(p: argparse.ArgumentParser, default_k: int = 0) -> None:
                    help="stochastic mode only: MTP drafts sampled from the transformed draft distribution (default) "
                         "or argmax drafts (acceptance then uses a one-hot draft distribution)")
     add_sampling_args(p)
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    """vLLM's sampling parameters, names and meanings; the same on plain and speculative decoding (speculative
-    sampling with them is exact: it emits the target's own distribution)."""
-    g = p.add_argument_group("sampling (vLLM's names and meanings; plain and speculative decoding alike)")
-    g.add_argument("--temperature", type=float, default=0.0,
-                   help="0 = greedy (argmax of the penalised logits); > 0 = sample (speculative: rejection sampling)")
-    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 or -1 = off)")
-    g.add_argument("--top-p", type=float, default=1.0,
-                   help="keep the smallest set of most likely tokens whose mass reaches p, in (0, 1] (1 = off)")
-    g.add_argument("--min-p", type=float, default=0.0,
-                   help="drop tokens less likely than min_p x the most likely one, in [0, 1] (0 = off)")
-    g.add_argument("--repetition-penalty", type=float, default=1.0,
-                   help="> 0: tokens seen in the prompt or output get positive logits divided by it and negative "
-                        "ones multiplied by it (1 = off)")
-    g.add_argument("--presence-penalty", type=float, default=0.0,
-                   help=f"in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}]: subtracted from the logit of every token "
-                        "already in the output (0 = off)")
-    g.add_argument("--frequency-penalty", type=float, default=0.0,
-                   help=f"in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}]: subtracted once per occurrence in the output "
-                        "(0 = off)")
-    g.add_argument("--logprobs", type=int, default=None, metavar="N",
-                   help=f"print each emitted token's logprob and rank plus the N most likely tokens, N in "
-                        f"[0, {MAX_LOGPROBS}] (raw logprobs: the model's log-softmax before penalties, temperature "
-                        "and truncation, vLLM's default)")
-    g.add_argument("--seed", type=int, default=0, help="seed of every random draw of the run (same seed, same output)")
-
-
-def sampling_params(args: argparse.Namespace):
-    """The one SamplingParams of a run, validated (a bad value is a one-line UserError naming it)."""
-    from ..speculative.sampling import SamplingParams
-
-    return SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft, min_p=args.min_p,
-                          repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-                          frequency_penalty=args.frequency_penalty, logprobs=args.logprobs)
-
-
-def print_logprobs(logprobs, tok) -> None:
-    """One line per emitted token: index, id, logprob, rank, then the top-n as id:logprob (and the token text)."""
-    if logprobs is None:
-        return
-    print("logprobs (raw; per emitted token: i id logprob rank | top-n id:logprob):")
-    for i, lp in enumerate(logprobs):
-        top = " ".join(f"{t}:{v:.4f}" for t, v in lp.top)
-        text = f"  {tok.decode([lp.token])!r}" if tok is not None else ""
-        print(f"  {i} {lp.token} {lp.logprob:.4f} {lp.rank} | {top}{text}".rstrip())
 
 
 def spec_k_arg(text: str) -> int | str:
@@ -158,7 +109,7 @@ def encode_prompts(args, ckpt) -> tuple[list[list[int]], list[str] | None, objec
     """-> (token ids per user, prompt texts or None, tokenizer or None)."""
     if getattr(args, "messages", None) is not None:
         from ..chat import prompt_ids
-        from .chat import load_chat_tokenizer, read_messages
+        from ..tokenizer import load_chat_tokenizer
 
         messages = read_messages(args.messages)
         tok = load_chat_tokenizer(ckpt)
@@ -177,16 +128,6 @@ def encode_prompts(args, ckpt) -> tuple[list[list[int]], list[str] | None, objec
     return ids, texts, tok
 
 
-def print_outputs(outputs: list[list[int]], texts: list[str] | None, tok) -> None:
-    """One user: ``ids:`` (+ ``prompt:`` / ``text:``); several: the same lines with ``[i]`` per user i."""
-    for i, out in enumerate(outputs):
-        tag = "" if len(outputs) == 1 else f"[{i}]"
-        print(f"ids{tag}:", ",".join(map(str, out)))
-        if tok is not None:
-            print(f"prompt{tag}:", texts[i])
-            print(f"text{tag}:", tok.decode(out))
-
-
 def thinking_budget(args, ckpt, tok, users: int):
     """The run's ThinkingBudget (None without --thinking-budget), from the chat tokenizer's markers and phrase."""
     if args.thinking_budget is None:
@@ -201,8 +142,8 @@ def thinking_budget(args, ckpt, tok, users: int):
     if args.logprobs is not None:
         raise UserError("--thinking-budget with --logprobs is not supported (forced tokens have no sampled logprob)")
     from ..chat import STOP_THINKING_PHRASE, THINK_END, THINK_START
+    from ..tokenizer import load_chat_tokenizer
     from ..speculative.thinking import ThinkingBudget
-    from .chat import load_chat_tokenizer
 
     tok = tok if tok is not None else load_chat_tokenizer(ckpt)
     start, end = tok.convert_tokens_to_ids([THINK_START, THINK_END])

@@ -142,10 +142,7 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     from loguru import logger
 
     from ..checkpoint import CheckpointError
-    from .common import torch_dtype
-    from .generate import print_outputs
-
-    from .generate import print_logprobs, sampling_params
+    from .common import print_logprobs, print_outputs, sampling_params, torch_dtype
 
     if thinking is not None and args.device not in REFERENCE_DEVICES:
         raise UserError(f"--thinking-budget with --spec-k on {args.device} is not built yet (the TT speculative "

@@ -3,7 +3,8 @@
 Each case restates, in our words and at CI-sized shapes, what a tt-metal test (or op docstring) asserts:
 the call form, the parametrisation, the reference formula and the tolerance. ``run_cases(ctx)`` runs them on
 an emulated mesh (the probe ``qwen36 probe emu-conformance`` and ``tests/test_emulator_conformance.py`` both
-use it). A case the emulator cannot express is listed with the reason instead of being dropped.
+use it). A case the emulator cannot express is listed with the reason instead of being dropped. They are test
+support, not part of the emulator: nothing at run time loads them (tests/test_layering.py).
 
 Sources (tenstorrent/tt-metal, read for facts):
 
