@@ -7,7 +7,8 @@ row count. On an AVX-512 host this once made a batched verify and a batch-1 deco
 gate g and flip a near-tie token, failing a lossless check that passed elsewhere.
 
 ``qwen36.testing.host_fingerprint`` runs the model's ops (1-row and 24-row calls), a plain and a traced greedy
-speculative run with the device MTP head, and a batched speculative run, and writes SHA-256 fingerprints. Here it
+speculative run with the device MTP head, a batched speculative run and the weights ``qwen36.tiny`` generates for
+the test checkpoints, and writes SHA-256 fingerprints. Here it
 runs in subprocesses under every ``ATEN_CPU_CAPABILITY`` this CPU has (scalar ``default``, ``avx2``, ``avx512``) and
 with 1 and 2 torch threads; every fingerprint must be identical, and every op's row 0 must be the same with 1 row
 as with 24. (Before rule N8 the scalar and SIMD settings gave softplus, sigmoid and silu different bits, and the

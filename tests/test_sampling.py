@@ -40,7 +40,9 @@ def model(ckpt):
 
 
 def prompts(vocab: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(5)
+    # seed 12: the penalties change plain greedy output on both prompts of the ci checkpoint (10 of 16 tokens each);
+    # on most seeds the untrained model repeats nothing in 16 tokens on the short prompt and they change nothing
+    g = torch.Generator().manual_seed(12)
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (4, 19)]
 
 

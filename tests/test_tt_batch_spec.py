@@ -284,7 +284,12 @@ def test_refuses_what_it_cannot_serve(gen, plain):
 # ---- vs the reference batched backend ---------------------------------------------------------------------------
 def test_verify_logits_track_reference_batch_backend(gen, ckpt):
     """The same prompts and forced drafts through one packed verify on TT and on the reference ReferenceBatchBackend
-    (users with depths 3 and 1, a third sitting out): PCC of every real row's logits >= TT_VS_REF_PCC."""
+    (users with depths 3 and 1, a third sitting out): PCC of every real row's logits >= TT_VS_REF_PCC.
+
+    Both backends must first emit the same token at join, so these prompts (PROMPTS' lengths, other seeds) have a
+    reference top-2 gap >= 0.3 at their last row; PROMPTS[0] and [1] have 0.013 and 0.016 there, near-ties that TT's
+    bf16 arithmetic may order otherwise."""
+    prompts = [prompt(5, 21), prompt(12, 20), prompt(3, 20)]
     forced = {0: [7, 8, 9], 1: [11]}
     be = TTBatchSpecBackend(gen, 4, 3, "snapshot", drafter=lambda h, k: forced[0 if len(h) == 6 else 1][:k],
                             use_trace=False)
@@ -292,7 +297,7 @@ def test_verify_logits_track_reference_batch_backend(gen, ckpt):
                                 max_len=64, max_k=3)
     try:
         for s in range(3):
-            assert be.join(s, PROMPTS[s]) == ref.join(s, PROMPTS[s])
+            assert be.join(s, prompts[s]) == ref.join(s, prompts[s])
         depths = {0: 3, 1: 1}
         be.verify(be.draft(depths))
         tt = be.verify_logits()

@@ -16,14 +16,16 @@ DECODE_STEPS = 32
 # Random-weight tiny models have near-ties (reference top-2 gaps down to ~1e-3) that no bf16 arithmetic can
 # order; exact-token gates run on prompts whose reference top-2 gap stays >= MIN_MARGIN at every step
 # (asserted, not assumed). TT's max abs logit error on the CI checkpoint is ~0.1 (accuracy preset); the error of a
-# top-2 *difference* is usually far smaller but reaches 0.08 on seed 0's step 14 (teacher-forced: reference gap
+# top-2 *difference* is usually far smaller but reached 0.08 on one step of an earlier draw of the CI weights (teacher-forced: reference gap
 # 0.096, TT gap 0.017 with fp32 matmul arithmetic, 0.008 with card arithmetic, where the fp32 GDN activations
 # enter the FPU as TF32; the greedy continuation flips there under card arithmetic). Token equality over 32
 # random-weight steps is a property of the arithmetic, not of the TT graph, so the exact-token test runs the
 # graph with fp32 matmul arithmetic (numerics="exact", an A/B mode of the emulator); card-arithmetic decisions are
 # gated by test_argmax_agrees_wherever_the_reference_decides (clear margins) and the PCC gates.
 MIN_MARGIN = 0.02
-GREEDY_PROMPT_SEED = 0  # prompt length 12; reference min top-2 gap over 32 greedy steps 0.032
+# prompt length 16; reference min top-2 gap over 32 greedy steps 0.054 (of prompt seeds 0-39, only 2, 12, 13, 22 and
+# 23 keep every gap >= 0.02)
+GREEDY_PROMPT_SEED = 2
 
 
 def prompt(seed: int) -> torch.Tensor:

@@ -29,7 +29,8 @@ from qwen36.speculative.sampling import SamplingParams
 
 K = 3
 PROMPT = 80  # MTP prefill in two chunks (64 + 16), the second partial
-SEQ_SEED = 22  # reference min top-2 gap over every draft these tests check: 0.055 (asserted per test)
+SEQ_SEED = 57  # reference min top-2 gap over every draft these tests check: 0.10 (asserted per test; of seeds 0-59,
+# half keep every gap >= MIN_MARGIN, 57 has the widest)
 MIN_MARGIN = 0.02  # same floor as tests/test_tt_model.py (TT top-2 difference error is far below it)
 PRESET_GATE = {"accuracy": "layer_bf16", "performance": "layer_bf8"}
 

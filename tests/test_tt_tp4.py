@@ -54,8 +54,9 @@ def test_tp4_logits_pcc_vs_reference(gen, ckpt):
     exp = ref(ids[None], ref.new_state(1, 64)).logits[0]
     ok, msg = comp_pcc(exp, got.reshape(exp.shape), PCC_GATES["model_prefill"])
     assert ok, f"TP=4 prefill logits: {msg}"
-    agree = float((exp.argmax(-1) == got.reshape(exp.shape).argmax(-1)).float().mean())
-    assert agree >= 0.9, f"TP=4 argmax agrees with the reference on only {agree:.0%} of rows"
+    # counted in integers: 36 of 40 rows is the 90% floor, but its fp32 mean (0.89999998) compares below 0.9
+    agree, rows = int((exp.argmax(-1) == got.reshape(exp.shape).argmax(-1)).sum()), exp.shape[0]
+    assert agree * 10 >= rows * 9, f"TP=4 argmax agrees with the reference on only {agree} of {rows} rows"
 
 
 @pytest.mark.parametrize("mech,k", [("shadow_commit", 3), ("snapshot", 2)])

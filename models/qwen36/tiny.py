@@ -10,6 +10,7 @@ Presets:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,8 +48,20 @@ EXPERT_LAYOUTS = ("stacked", "per-expert")
 
 def random_weights(cfg: Qwen36Config, seed: int, dtype: torch.dtype = torch.float32,
                    with_mtp: bool = True) -> dict[str, torch.Tensor]:
-    """Deterministic random weights (canonical names) with scales that keep activations O(1)."""
+    """Deterministic random weights (canonical names) with scales that keep activations O(1), the same bits on
+    every host.
+
+    torch's fp32 normal sampler gives other values on its scalar path (``ATEN_CPU_CAPABILITY=default``) than on its
+    SIMD path, so fp32 draws made a different model on each host. Its fp64 sampler and fp64 uniform draws give the
+    same bits under every capability, so the weights are drawn in fp64 and rounded once to ``dtype``. The one
+    transcendental (A_log's log) goes through Python's ``math.log``: torch's fp64 log runs Sleef in its vector loop
+    and libm in its scalar path, which differ in the last fp64 bit."""
     gen = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+
+    def randn(shape):
+        return torch.randn(shape, generator=gen, dtype=f64)
+
     shapes = dict(target_shapes(cfg))
     if with_mtp:
         shapes.update(mtp_shapes(cfg))
@@ -59,19 +72,20 @@ def random_weights(cfg: Qwen36Config, seed: int, dtype: torch.dtype = torch.floa
         if name.endswith("A_log"):
             # decay per token exp(g) mostly in ~[0.7, 0.99]: the state keeps several tokens, so GDN outputs are
             # not dominated by one q.k product (a near-zero one makes the gated norm ill-conditioned in fp32)
-            t = torch.empty(shape).uniform_(0.05, 1.0, generator=gen).log()
+            u = torch.empty(shape, dtype=f64).uniform_(0.05, 1.0, generator=gen)
+            t = torch.tensor([math.log(x) for x in u.flatten().tolist()], dtype=f64).reshape(shape)
         elif name.endswith("dt_bias"):
-            t = -1.0 + 0.1 * torch.randn(shape, generator=gen)
+            t = -1.0 + 0.1 * randn(shape)
         elif leaf == "norm" and "linear_attn" in name:  # gated norm: plain weight around 1
-            t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+            t = 1.0 + 0.1 * randn(shape)
         elif len(shape) == 1:  # zero-centred norms: weight around 0
-            t = 0.1 * torch.randn(shape, generator=gen)
+            t = 0.1 * randn(shape)
         elif leaf == "conv1d":
-            t = torch.randn(shape, generator=gen) * shape[-1] ** -0.5
+            t = randn(shape) * shape[-1] ** -0.5
         elif leaf == "embed_tokens":
-            t = torch.randn(shape, generator=gen)
+            t = randn(shape)
         else:  # linear [out, in]
-            t = torch.randn(shape, generator=gen) * shape[-1] ** -0.5
+            t = randn(shape) * shape[-1] ** -0.5
         out[name] = t.to(dtype)
     return out
 

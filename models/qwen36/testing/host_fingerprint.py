@@ -11,7 +11,9 @@ runs this module in subprocesses under those settings and compares the JSON they
   24 rows; the record holds both results' SHA-256 and whether row 0 of the 24-row call equals the 1-row call.
 * ``model``: the shipped checkpoint on the emulated P150a x2 mesh: prefill logits, plain greedy decode logits and
   tokens, a traced greedy speculative run with the device MTP head (tokens, accepted counts) and a batched
-  speculative run of two users (tokens, accepted counts).
+  speculative run of two users (tokens, accepted counts); and the weights ``qwen36.tiny.random_weights`` generates
+  for the test checkpoints (the ``ci`` and ``moe-ci`` presets, fp32 and bf16), which every test built on a generated
+  checkpoint relies on being the same model on every host.
 """
 from __future__ import annotations
 
@@ -120,6 +122,23 @@ def op_fingerprints() -> dict:
     return out
 
 
+def weights_digest(weights: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name].contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update((t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def tiny_weight_fingerprints() -> dict:
+    from ..tiny import PRESETS, random_weights
+
+    return {f"tiny:random_weights:{preset}:{dt}": weights_digest(random_weights(PRESETS[preset], 0, getattr(torch, dt)))
+            for preset in ("ci", "moe-ci") for dt in ("float32", "bfloat16")}
+
+
 def model_fingerprints() -> dict:
     from ..checkpoint import load_checkpoint
     from ..speculative.batch_backend import speculative_generate_slots
@@ -134,7 +153,7 @@ def model_fingerprints() -> dict:
     reader = load_checkpoint(ckpt, require_mtp=True)
     gen = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="performance", max_seq_len=128,
                                       progress=False, block_size=32, prefill_chunk=64, require_mtp=True)
-    out = {}
+    out = tiny_weight_fingerprints()
     try:
         prompt = PROMPTS[0]
         out["model:prefill_logits"] = digest(gen.prefill(prompt, all_rows=True))
