@@ -91,11 +91,19 @@ def kv_rows(caches, n: int) -> list[torch.Tensor]:
     return [t[:, :, :n] for c in caches for t in (c.k, c.v)]
 
 
-def poison_past(live: ReferenceLive, end: int) -> None:
-    """Fill target and MTP KV rows >= end (rejected / provisional rows) with NaN."""
+def poison_live_past(live: ReferenceLive, end: int) -> None:
+    """Fill a batch-1 copy's target and MTP KV rows >= end with NaN."""
     for c in live.state.kv_caches() + [live.mtp.kv]:
         c.k[:, :, end:] = float("nan")
         c.v[:, :, end:] = float("nan")
+
+
+def poison_past(be: ReferenceBackend, slot: int, end: int, value: float = float("nan")) -> None:
+    """Fill the user's target and MTP KV rows >= end (rejected / provisional rows) with ``value`` (NaN: it would
+    spread through anything that read it)."""
+    for c in be.state.kv_caches() + [be.mtp.kv]:
+        c.k[slot, :, end:] = value
+        c.v[slot, :, end:] = value
 
 
 def live_equal(live: ReferenceLive, pre: ReferenceLive) -> dict[str, bool]:
@@ -126,29 +134,29 @@ def forced_drafts(oracle: list[int], k: int, a: int, vocab: int) -> list[int]:
 def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, prompt: list[int]) -> dict:
     vocab = model.config.vocab_size
     max_len = len(prompt) + (DRIVE_STEPS + 3) * (k + 1) + CONTINUATION_STEPS + 4
-    be = factory(model, mechanism, max_len=max_len)
-    be.prefill(prompt, SamplingParams())
+    be = factory(model, mechanism, max_len=max_len)  # one slot: the user is slot 0
+    be.join(0, prompt, SamplingParams())
     for _ in range(DRIVE_STEPS):
-        speculative_step(be, k)
-    pre = be.live.clone()
+        speculative_step(be, {0: k})
+    pre = be.live(0)
     n = pre.state.pos
     cont = greedy_continuation(model, pre, k + 1)
-    forced = ReferenceDraft(torch.tensor([forced_drafts(cont, k, a, vocab)], device=be.device), None)
+    forced = ReferenceDraft({0: k}, {0: torch.tensor([forced_drafts(cont, k, a, vocab)], device=be.device)}, {0: None})
     failed: list[str] = []
 
     # abort leg
-    be.draft(k)
+    be.draft({0: k})
     be.verify(forced)
     be.abort()
-    abort = live_equal(be.live, pre)
+    abort = live_equal(be.live(0), pre)
     failed += [f"abort:{name}" for name, ok in abort.items() if not ok]
 
     # accept leg
     before = be.counters.as_dict()
-    be.draft(k)  # the real MTP draft: reseeds the MTP cache and writes provisional chain rows
+    be.draft({0: k})  # the real MTP draft: reseeds the MTP cache and writes provisional chain rows
     verify = be.verify(forced)
-    acc = be.accept(forced, verify)
-    be.commit(acc)
+    acc = be.accept(forced, verify)[0]
+    be.commit({0: acc})
     counters = {key: v - before[key] for key, v in be.counters.as_dict().items()}
     expected = be.mechanism.expected_step_counters(k, acc.num_accepted, *be.gdn_layout)
     counters_ok = all(counters[key] == v for key, v in expected.items())
@@ -160,7 +168,7 @@ def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, pro
 
     orc = replay(model, pre, acc.tokens)
     bitwise = be.mechanism.rerun_rows(k, acc.num_accepted) == 1  # a = 0 re-advanced like one decode step
-    live = be.live
+    live = be.live(0)
     end = n + acc.num_accepted + 1
     results = {
         "gdn_recurrent": compare([g.recurrent for g in live.state.gdn_states()],
@@ -173,11 +181,12 @@ def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, pro
         failed.append("pos")
 
     # rows past the accepted prefix must never affect later results: poison them (NaN would spread)
-    poison_past(live, end)
+    poison_past(be, 0, end)
     # MTP: the next draft reseeds rows n..n+a from the verify's hiddens; compare, then drop that draft
-    be.draft(k)
-    results["mtp_kv"] = compare(kv_rows([live.mtp.kv], end), kv_rows([orc.live.mtp.kv], end), "mtp_kv", False)
+    be.draft({0: k})
+    results["mtp_kv"] = compare(kv_rows([be.live(0).mtp.kv], end), kv_rows([orc.live.mtp.kv], end), "mtp_kv", False)
     be.abort()
+    live = be.live(0)  # the committed state with its rows past the prefix poisoned
 
     # continuation: serial decode from the committed state vs from the oracle's state
     toks_be, lg_be = serial_decode(model, live.state.clone(), live.pending, CONTINUATION_STEPS)

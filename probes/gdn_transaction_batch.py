@@ -1,7 +1,7 @@
 """``qwen36 probe gdn-transaction --batch B``: the batched speculative transaction on the reference against each
 user's own single-user autoregressive oracle.
 
-B users (prompts of different lengths) share one ``ReferenceBatchBackend`` with B + 1 slots; the extra slot stays
+B users (prompts of different lengths) share one ``ReferenceBackend`` with B + 1 slots; the extra slot stays
 free and is poisoned with NaN (GDN recurrent + conv, target and MTP KV, an odd position) for the whole cell, so
 any read of another slot's state by a user's rows would show up as NaN. Per cell (mechanism x K):
   1. every user joins, then 2 real batched speculative steps (non-trivial GDN state, MTP reseeded);
@@ -33,10 +33,10 @@ import torch
 from qwen36.reference.state import GDNState, KVCache
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.oracle import greedy_continuation, replay, serial_decode
-from qwen36.speculative.reference_batch_backend import BatchDraft, ReferenceBatchBackend
+from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft
 
 from .gdn_transaction import (BATCH_KS, CONTINUATION_STEPS, DRIVE_STEPS, PROMPT_LEN, compare, forced_drafts, kv_rows,
-                              live_equal, poison_past)
+                              live_equal, poison_live_past, poison_past)
 
 PAST_POISON = 1.0e4  # large and finite: see the module docstring
 FREE_SLOT_POS = 5  # the poisoned free slot's (odd) position
@@ -51,7 +51,7 @@ def user_plan(b: int, k: int) -> list[tuple[int | None, int]]:
     return plan[:b]
 
 
-def poison_free_slot(be: ReferenceBatchBackend, slot: int) -> None:
+def poison_free_slot(be: ReferenceBackend, slot: int) -> None:
     for s in be.state.layers:
         if isinstance(s, KVCache):
             s.k[slot], s.v[slot] = float("nan"), float("nan")
@@ -63,23 +63,21 @@ def poison_free_slot(be: ReferenceBatchBackend, slot: int) -> None:
     be.mtp.pos[slot] = FREE_SLOT_POS
 
 
-def free_slot_intact(be: ReferenceBatchBackend, slot: int) -> bool:
+def free_slot_intact(be: ReferenceBackend, slot: int) -> bool:
     gdn = [s for s in be.state.layers if isinstance(s, GDNState)]
     return (all(bool(g.recurrent[slot].isnan().all()) and bool(g.conv[slot].isnan().all()) for g in gdn)
             and int(be.state.pos[slot]) == FREE_SLOT_POS and not bool(be.occupied[slot]))
 
 
-def poison_past_rows(be: ReferenceBatchBackend, slot: int, end: int) -> None:
-    for c in be.state.kv_caches() + [be.mtp.kv]:
-        c.k[slot, :, end:] = PAST_POISON
-        c.v[slot, :, end:] = PAST_POISON
+def poison_past_rows(be: ReferenceBackend, slot: int, end: int) -> None:
+    poison_past(be, slot, end, PAST_POISON)
 
 
 def run_batch_cell(model, mechanism: str, k: int, b: int, prompts: list[list[int]]) -> dict:
     vocab = model.config.vocab_size
     plan = user_plan(b, k)
     max_len = max(map(len, prompts)) + (DRIVE_STEPS + 3) * (k + 1) + CONTINUATION_STEPS + 4
-    be = ReferenceBatchBackend(model, b + 1, mechanism, max_len=max_len, max_k=k)
+    be = ReferenceBackend(model, mechanism, max_len=max_len, slots=b + 1, max_k=k)
     free = b
     for slot, p in enumerate(prompts):
         be.join(slot, p)
@@ -94,7 +92,7 @@ def run_batch_cell(model, mechanism: str, k: int, b: int, prompts: list[list[int
     for s, kb in stepping.items():
         cont[s] = greedy_continuation(model, pre[s], kb + 1)
         forced[s] = torch.tensor([forced_drafts(cont[s], kb, plan[s][1], vocab)], device=be.device)
-    forced_draft = BatchDraft(stepping, forced, {s: None for s in stepping})
+    forced_draft = ReferenceDraft(stepping, forced, {s: None for s in stepping})
     failed: list[str] = []
 
     # abort leg: every user exactly as before
@@ -164,7 +162,7 @@ def run_batch_cell(model, mechanism: str, k: int, b: int, prompts: list[list[int
         if s not in stepping:
             continue
         live, orc = be.live(s), oracles[s].live
-        poison_past(live, live.state.pos)
+        poison_live_past(live, live.state.pos)
         toks_be, lg_be = serial_decode(model, live.state, live.pending, CONTINUATION_STEPS)
         toks_or, lg_or = serial_decode(model, orc.state.clone(), orc.pending, CONTINUATION_STEPS)
         u["continuation_logits"] = compare([lg_be], [lg_or], "continuation_logits", False)

@@ -155,7 +155,7 @@ def test_speculative_warm_equals_cold(gen, ckpt_factory, mech):
         gen.release_trace()
         be = TTSpecBackend(gen, mech, drafter=drafter, prefix_cache=cache)
         try:
-            res = speculative_generate(be, prompt, 10, 2, SamplingParams())
+            res = speculative_generate(be, [prompt], 10, [2], [SamplingParams()])[0]
             return res, be.prefill_logits.clone(), be.last_prefill.reused, mtp_prompt_rows()
         finally:
             be.close()
