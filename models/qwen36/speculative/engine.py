@@ -71,7 +71,6 @@ class MechanismCounters:
             setattr(self, k, getattr(self, k) + v)
 
 
-
 @runtime_checkable
 class SpecBackend(Protocol):
     """The contract a backend implements. Handles are backend-private; depths map slot -> k_b >= 1.
