@@ -21,7 +21,7 @@ so those compare with max-abs / PCC against ``gdn_transaction_checks.TOLERANCES`
 
 ``--batch B`` (B >= 2) runs the batched transaction instead, B users in one packed verify, each against its own
 single-user autoregressive oracle (``run_batch_cell``). B users (prompts of different lengths) share one
-``ReferenceBatchBackend`` with B + 1 slots; the extra slot stays free and is poisoned with NaN (GDN recurrent + conv, target and MTP KV, an odd position) for the whole cell, so
+``ReferenceBackend`` with B + 1 slots; the extra slot stays free and is poisoned with NaN (GDN recurrent + conv, target and MTP KV, an odd position) for the whole cell, so
 any read of another slot's state by a user's rows would show up as NaN. Per cell (mechanism x K):
   1. every user joins, then 2 real batched speculative steps (non-trivial GDN state, MTP reseeded);
   2. one step with forced drafts (from each user's own greedy continuation with a wrong token at a_b + 1), so
@@ -64,12 +64,11 @@ from qwen36.speculative.engine import speculative_step
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.oracle import greedy_continuation, replay, serial_decode
 from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft
-from qwen36.speculative.reference_batch_backend import BatchDraft, ReferenceBatchBackend
 from qwen36.speculative.sampling import SamplingParams
 from qwen36.probes.records import ProbeReport
 
 from .gdn_transaction_checks import (TOLERANCES, compare, free_slot_intact, kv_rows, live_equal, poison_free_slot,
-                                     poison_past, poison_past_rows)
+                                     poison_live_past, poison_past, poison_past_rows)
 from .transaction_plan import BATCH_KS, forced_drafts, user_plan
 
 NAME = "gdn-transaction"
@@ -97,29 +96,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, prompt: list[int]) -> dict:
     vocab = model.config.vocab_size
     max_len = len(prompt) + (DRIVE_STEPS + 3) * (k + 1) + CONTINUATION_STEPS + 4
-    be = factory(model, mechanism, max_len=max_len)
-    be.prefill(prompt, SamplingParams())
+    be = factory(model, mechanism, max_len=max_len)  # one slot: the user is slot 0
+    be.join(0, prompt, SamplingParams())
     for _ in range(DRIVE_STEPS):
-        speculative_step(be, k)
-    pre = be.live.clone()
+        speculative_step(be, {0: k})
+    pre = be.live(0)
     n = pre.state.pos
     cont = greedy_continuation(model, pre, k + 1)
-    forced = ReferenceDraft(torch.tensor([forced_drafts(cont, k, a, vocab)], device=be.device), None)
+    forced = ReferenceDraft({0: k}, {0: torch.tensor([forced_drafts(cont, k, a, vocab)], device=be.device)}, {0: None})
     failed: list[str] = []
 
     # abort leg
-    be.draft(k)
+    be.draft({0: k})
     be.verify(forced)
     be.abort()
-    abort = live_equal(be.live, pre)
+    abort = live_equal(be.live(0), pre)
     failed += [f"abort:{name}" for name, ok in abort.items() if not ok]
 
     # accept leg
     before = be.counters.as_dict()
-    be.draft(k)  # the real MTP draft: reseeds the MTP cache and writes provisional chain rows
+    be.draft({0: k})  # the real MTP draft: reseeds the MTP cache and writes provisional chain rows
     verify = be.verify(forced)
-    acc = be.accept(forced, verify)
-    be.commit(acc)
+    acc = be.accept(forced, verify)[0]
+    be.commit({0: acc})
     counters = {key: v - before[key] for key, v in be.counters.as_dict().items()}
     expected = be.mechanism.expected_step_counters(k, acc.num_accepted, *be.gdn_layout)
     counters_ok = all(counters[key] == v for key, v in expected.items())
@@ -131,7 +130,7 @@ def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, pro
 
     orc = replay(model, pre, acc.tokens)
     bitwise = be.mechanism.rerun_rows(k, acc.num_accepted) == 1  # a = 0 re-advanced like one decode step
-    live = be.live
+    live = be.live(0)
     end = n + acc.num_accepted + 1
     results = {
         "gdn_recurrent": compare([g.recurrent for g in live.state.gdn_states()],
@@ -144,11 +143,12 @@ def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, pro
         failed.append("pos")
 
     # rows past the accepted prefix must never affect later results: poison them (NaN would spread)
-    poison_past(live, end)
+    poison_past(be, 0, end)
     # MTP: the next draft reseeds rows n..n+a from the verify's hiddens; compare, then drop that draft
-    be.draft(k)
-    results["mtp_kv"] = compare(kv_rows([live.mtp.kv], end), kv_rows([orc.live.mtp.kv], end), "mtp_kv", False)
+    be.draft({0: k})
+    results["mtp_kv"] = compare(kv_rows([be.live(0).mtp.kv], end), kv_rows([orc.live.mtp.kv], end), "mtp_kv", False)
     be.abort()
+    live = be.live(0)  # the committed state with its rows past the prefix poisoned
 
     # continuation: serial decode from the committed state vs from the oracle's state
     toks_be, lg_be = serial_decode(model, live.state.clone(), live.pending, CONTINUATION_STEPS)
@@ -171,7 +171,7 @@ def run_batch_cell(model, mechanism: str, k: int, b: int, prompts: list[list[int
     vocab = model.config.vocab_size
     plan = user_plan(b, k)
     max_len = max(map(len, prompts)) + (DRIVE_STEPS + 3) * (k + 1) + CONTINUATION_STEPS + 4
-    be = ReferenceBatchBackend(model, b + 1, mechanism, max_len=max_len, max_k=k)
+    be = ReferenceBackend(model, mechanism, max_len=max_len, slots=b + 1, max_k=k)
     free = b
     for slot, p in enumerate(prompts):
         be.join(slot, p)
@@ -186,7 +186,7 @@ def run_batch_cell(model, mechanism: str, k: int, b: int, prompts: list[list[int
     for s, kb in stepping.items():
         cont[s] = greedy_continuation(model, pre[s], kb + 1)
         forced[s] = torch.tensor([forced_drafts(cont[s], kb, plan[s][1], vocab)], device=be.device)
-    forced_draft = BatchDraft(stepping, forced, {s: None for s in stepping})
+    forced_draft = ReferenceDraft(stepping, forced, {s: None for s in stepping})
     failed: list[str] = []
 
     # abort leg: every user exactly as before
@@ -256,7 +256,7 @@ def run_batch_cell(model, mechanism: str, k: int, b: int, prompts: list[list[int
         if s not in stepping:
             continue
         live, orc = be.live(s), oracles[s].live
-        poison_past(live, live.state.pos)
+        poison_live_past(live, live.state.pos)
         toks_be, lg_be = serial_decode(model, live.state, live.pending, CONTINUATION_STEPS)
         toks_or, lg_or = serial_decode(model, orc.state.clone(), orc.pending, CONTINUATION_STEPS)
         u["continuation_logits"] = compare([lg_be], [lg_or], "continuation_logits", False)

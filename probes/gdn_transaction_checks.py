@@ -15,8 +15,7 @@ import torch
 
 from qwen36.numerics import pcc
 from qwen36.reference.state import GDNState, KVCache
-from qwen36.speculative.reference_backend import ReferenceLive
-from qwen36.speculative.reference_batch_backend import ReferenceBatchBackend
+from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceLive
 
 # name -> (max abs error, min PCC) for multi-row-vs-single-row comparisons (fp32). Measured worst cases over all
 # 51 cells (torch 2.14 CPU): ci preset max abs 2.9e-6 (KV) / 4.1e-6 (continuation logits); 27b-ratios (--full)
@@ -48,11 +47,19 @@ def kv_rows(caches, n: int) -> list[torch.Tensor]:
     return [t[:, :, :n] for c in caches for t in (c.k, c.v)]
 
 
-def poison_past(live: ReferenceLive, end: int) -> None:
-    """Fill target and MTP KV rows >= end (rejected / provisional rows) with NaN."""
+def poison_live_past(live: ReferenceLive, end: int) -> None:
+    """Fill a batch-1 copy's target and MTP KV rows >= end with NaN."""
     for c in live.state.kv_caches() + [live.mtp.kv]:
         c.k[:, :, end:] = float("nan")
         c.v[:, :, end:] = float("nan")
+
+
+def poison_past(be: ReferenceBackend, slot: int, end: int, value: float = float("nan")) -> None:
+    """Fill the user's target and MTP KV rows >= end (rejected / provisional rows) with ``value`` (NaN: it would
+    spread through anything that read it)."""
+    for c in be.state.kv_caches() + [be.mtp.kv]:
+        c.k[slot, :, end:] = value
+        c.v[slot, :, end:] = value
 
 
 def live_equal(live: ReferenceLive, pre: ReferenceLive) -> dict[str, bool]:
@@ -71,7 +78,7 @@ def live_equal(live: ReferenceLive, pre: ReferenceLive) -> dict[str, bool]:
     }
 
 
-def poison_free_slot(be: ReferenceBatchBackend, slot: int) -> None:
+def poison_free_slot(be: ReferenceBackend, slot: int) -> None:
     for s in be.state.layers:
         if isinstance(s, KVCache):
             s.k[slot], s.v[slot] = float("nan"), float("nan")
@@ -83,13 +90,11 @@ def poison_free_slot(be: ReferenceBatchBackend, slot: int) -> None:
     be.mtp.pos[slot] = FREE_SLOT_POS
 
 
-def free_slot_intact(be: ReferenceBatchBackend, slot: int) -> bool:
+def free_slot_intact(be: ReferenceBackend, slot: int) -> bool:
     gdn = [s for s in be.state.layers if isinstance(s, GDNState)]
     return (all(bool(g.recurrent[slot].isnan().all()) and bool(g.conv[slot].isnan().all()) for g in gdn)
             and int(be.state.pos[slot]) == FREE_SLOT_POS and not bool(be.occupied[slot]))
 
 
-def poison_past_rows(be: ReferenceBatchBackend, slot: int, end: int) -> None:
-    for c in be.state.kv_caches() + [be.mtp.kv]:
-        c.k[slot, :, end:] = PAST_POISON
-        c.v[slot, :, end:] = PAST_POISON
+def poison_past_rows(be: ReferenceBackend, slot: int, end: int) -> None:
+    poison_past(be, slot, end, PAST_POISON)

@@ -227,11 +227,11 @@ class Probe:
         be = self.factory(self.gen, mech, drafter=self.drafter, use_trace=True)
         self.label = be.label  # derived from the MeshContext the generator opened
         failed: list[str] = []
-        be.prefill(self.prompt)
+        be.join(0, self.prompt)
         for _ in range(DRIVE_STEPS):
             from qwen36.speculative.engine import speculative_step
 
-            speculative_step(be, k)
+            speculative_step(be, {0: k})
         drive_ok = be.history[len(self.prompt):] == self.plain[:len(be.history) - len(self.prompt)]
         if not drive_ok:
             failed.append("drive_lossless")
@@ -242,7 +242,7 @@ class Probe:
         cont, drafts = self.forced(be, k, a)
 
         # abort leg
-        be.draft(k)
+        be.draft({0: k})
         if be.mechanism.ring:  # the ring verify overwrites the slot it started from: abort after it is refused
             abort_mode = "before verify (after verify: refused by design, see refusal cell)"
         else:
@@ -261,11 +261,11 @@ class Probe:
 
         # accept leg (after the abort)
         before = be.counters.as_dict()
-        be.draft(k)
+        be.draft({0: k})
         be.step_state.write_drafts(drafts)
         v = be.verify(None)
-        acc = be.accept(None, v)
-        be.commit(acc)
+        acc = be.accept(None, v)[0]
+        be.commit({0: acc})
         counters = {key: val - before[key] for key, val in be.counters.as_dict().items()}
         expected = be.mechanism.expected_step_counters(k, acc.num_accepted, self.n_gdn, self.state_bytes)
         if counters != expected:
@@ -332,8 +332,8 @@ class Probe:
 
         be = TTSpecBackend(self.gen, mech, drafter=self.drafter, use_trace=False)
         self.label = be.label
-        be.prefill(self.prompt)
-        be.verify(be.draft(1))
+        be.join(0, self.prompt)
+        be.verify(be.draft({0: 1}))
         msg = ""
         try:
             be.abort()

@@ -56,7 +56,7 @@ def run_matrix(gen, reader, ref_tokens, prompt, ks, mechs, max_new) -> list[dict
     for k in ks:
         for m in mechs:
             be = TTSpecBackend(gen, m, drafter=drafter, use_trace=True)
-            r = speculative_generate(be, prompt, max_new, k)
+            r = speculative_generate(be, [prompt], max_new, [k])[0]
             be.close()
             ok = r.tokens == plain
             cells.append({"cell": f"K={k} {m}", "k": k, "mechanism": m, "tokens_equal_plain": ok,

@@ -65,9 +65,9 @@ def run_case(gen, k: int, prompt: list[int], rows: list[int]) -> dict:
     seq_logits = torch.stack(seq_logits)
     # packed verify (shadow_commit ring: per-row states land in ring slots 0..K)
     be = TTSpecBackend(gen, "shadow_commit", drafter=lambda h, kk: rows[1:kk + 1], use_trace=False)
-    be.prefill(prompt)
+    be.join(0, prompt)
     be.history[-1] = rows[0]  # verify row 0 = rows[0] (the pending token)
-    be.draft(k)
+    be.draft({0: k})
     vout = be.verify(None)
     packed = gen.model.to_host(vout.out.logits).float().reshape(k + 1, -1)
     ring_states = []

@@ -99,8 +99,9 @@ def main(argv=None) -> int:
         per[it["class"]] = per.get(it["class"], 0) + 1
         plain = fit.plain_greedy(model, it["ids"], n_new)[0]
         for make in [lambda: DepthController(params, costs)] + [lambda k=k: FixedDepth(k) for k in (1, 3, 7)]:
-            be = ReferenceBackend(model, "shadow_commit", max_len=len(it["ids"]) + n_new + fit.K_MAX + 2)
-            res = speculative_generate(be, it["ids"], n_new, make())
+            be = ReferenceBackend(model, "shadow_commit", max_len=len(it["ids"]) + n_new + fit.K_MAX + 2,
+                                  max_k=fit.K_MAX)
+            res = speculative_generate(be, [it["ids"]], n_new, [make()])[0]
             _, steps = fit.replay(traces[it["key"]], n_new, make())
             real = list(zip(res.stats.depths, res.stats.accepted))
             if res.tokens != plain or real != steps[: len(real)]:

@@ -69,16 +69,17 @@ def tt_acceptance_trace(be, prompt: list[int], n: int, k_max: int = fit.K_MAX) -
     the acceptor's result whatever was accepted (the first accepted draft equals it, or it is the correction). The
     write is a device copy between two trace replays (no allocation, nothing captured)."""
     ttnn = be.ttnn
-    tokens, trace = [be.prefill(prompt)], []
+    tokens, trace = [be.join(0, prompt)], []
     while len(tokens) < n:
-        d = be.draft(k_max)
+        d = be.draft({0: k_max})
         v = be.verify(d)
-        acc = be.accept(d, v)
+        acc = be.accept(d, v)[0]
         trace.append(acc.num_accepted)
         ttnn.copy(be.step_state.c_zero, be.acceptor.count)
-        be.plan_next_depth(k_max)
-        be.commit(Acceptance(0, acc.tokens[:1]))
+        be.plan_next_depths({0: k_max})
+        be.commit({0: Acceptance(0, acc.tokens[:1])})
         tokens.append(acc.tokens[0])
+    be.leave(0)
     be.release()
     return trace, tokens
 
@@ -298,7 +299,7 @@ def main(argv=None) -> int:
         backend()
         trace, ref_plain = fit.acceptance_trace(ref, it["ids"], n_new)
         t0 = time.perf_counter()
-        res = speculative_generate(be, it["ids"], n_new, make())
+        res = speculative_generate(be, [it["ids"]], n_new, [make()])[0]
         wall = time.perf_counter() - t0
         tt_steps = [list(s) for s in zip(res.stats.depths, res.stats.accepted)]
         _, replay_steps = fit.replay(trace, n_new, make())
@@ -330,7 +331,7 @@ def main(argv=None) -> int:
             break
         if not row["tt_equals_reference_greedy"] and "tt_equals_tt_plain_greedy" not in row:
             # the auto run's tokens (earlier reports did not store them)
-            res = speculative_generate(backend(), row["ids"], n_new, make())
+            res = speculative_generate(backend(), [row["ids"]], n_new, [make()])[0]
             if [list(s) for s in zip(res.stats.depths, res.stats.accepted)] != row["tt_steps"]:
                 raise SystemExit(f"error: prompt {row['key']}: the TT auto run is not reproducible (steps differ "
                                  "from the recorded run)")

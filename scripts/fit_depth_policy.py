@@ -64,14 +64,14 @@ def plain_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[floa
 def acceptance_trace(model, prompt: list[int], n: int) -> tuple[list[int], list[int]]:
     """(L_n for each emitted position, the emitted tokens): drafts of depth K_MAX at every position, one token
     committed per step."""
-    be = ReferenceBackend(model, "shadow_commit", max_len=len(prompt) + n + K_MAX + 2)
-    tokens, trace = [be.prefill(prompt)], []
+    be = ReferenceBackend(model, "shadow_commit", max_len=len(prompt) + n + K_MAX + 2, max_k=K_MAX)
+    tokens, trace = [be.join(0, prompt)], []
     while len(tokens) < n:
-        d = be.draft(K_MAX)
+        d = be.draft({0: K_MAX})
         v = be.verify(d)
-        acc = be.accept(d, v)
+        acc = be.accept(d, v)[0]
         trace.append(acc.num_accepted)
-        be.commit(Acceptance(0, acc.tokens[:1]))
+        be.commit({0: Acceptance(0, acc.tokens[:1])})
         tokens.append(acc.tokens[0])
     return trace, tokens
 
@@ -135,8 +135,8 @@ def reference_costs(model, prompts: list[list[int]], n_new: int, rounds: int = 8
     for p in prompts:
         spec = {}
         for k in range(1, K_MAX + 1):
-            spec[k] = ReferenceBackend(model, "shadow_commit", max_len=len(p) + rounds * (K_MAX + 1) + 2)
-            spec[k].prefill(p)
+            spec[k] = ReferenceBackend(model, "shadow_commit", max_len=len(p) + rounds * (K_MAX + 1) + 2, max_k=K_MAX)
+            spec[k].join(0, p)
         state = model.new_state(1, len(p) + rounds + 2)
         dev = next(model.parameters()).device
         tok = int(model(torch.tensor([p], device=dev), state).logits[0, -1].argmax())
@@ -146,7 +146,7 @@ def reference_costs(model, prompts: list[list[int]], n_new: int, rounds: int = 8
             times[0].append(time.perf_counter() - t0)
             for k, be in spec.items():
                 t0 = time.perf_counter()
-                d = be.draft(k)
+                d = be.draft({0: k})
                 v = be.verify(d)
                 be.commit(be.accept(d, v))
                 times[k].append(time.perf_counter() - t0)
@@ -284,9 +284,9 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: prompt {it['key']}: one-token-per-step speculative output != plain greedy")
         for make in [lambda: DepthController(fitted["reference"], tables["reference"])] + \
                     [lambda k=k: FixedDepth(k) for k in (1, 3, 7)]:
-            be = ReferenceBackend(model, "shadow_commit", max_len=len(it["ids"]) + n_new + K_MAX + 2)
+            be = ReferenceBackend(model, "shadow_commit", max_len=len(it["ids"]) + n_new + K_MAX + 2, max_k=K_MAX)
             depth = make()
-            res = speculative_generate(be, it["ids"], n_new, depth)
+            res = speculative_generate(be, [it["ids"]], n_new, [depth])[0]
             if res.tokens != local_plain:
                 raise SystemExit(f"error: prompt {it['key']} {depth.describe()}: speculative output != plain greedy")
             _, steps = replay(local_trace, n_new, make())

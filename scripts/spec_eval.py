@@ -111,8 +111,8 @@ def engine_acceptance(model, prompts: list[list[int]], k: int, max_new_tokens: i
     per_prompt, outs = [], []
     t0 = time.perf_counter()
     for p in prompts:
-        backend = ReferenceBackend(model, mechanism, max_len=len(p) + max_new_tokens + k + 2)
-        res = speculative_generate(backend, p, max_new_tokens, k)
+        backend = ReferenceBackend(model, mechanism, max_len=len(p) + max_new_tokens + k + 2, max_k=k)
+        res = speculative_generate(backend, [p], max_new_tokens, [k])[0]
         per_prompt.append(res.stats.accepted)
         outs.append(res.tokens)
     summ = summarize(k, [a for acc in per_prompt for a in acc])
@@ -136,7 +136,8 @@ def full_split_ce(model, data_dir: Path, window: int = 512) -> dict:
 
 def evaluate(ckpt: Path, ks: list[int], max_new_tokens: int, n_prompts: int | None, cross_check_k: int = 3,
              data_dir: Path | None = None) -> dict:
-    from qwen36.reference.model import Qwen36Model, greedy_generate
+    from qwen36.reference.batch import greedy_generate
+    from qwen36.reference.model import Qwen36Model
     from qwen36.speculative.greedy_loop import greedy_speculative_generate
 
     torch.manual_seed(0)

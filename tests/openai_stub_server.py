@@ -51,7 +51,7 @@ class StubServer:
         """Yield lists of new token ids as the backend produces them."""
         if self.mode == "spec":
             backend = ReferenceBackend(self.model, "shadow_commit", max_len=len(prompt) + n + self.k + 2)
-            res = speculative_generate(backend, prompt, n, self.k)
+            res = speculative_generate(backend, [prompt], n, [self.k])[0]
             c = self.counters
             c["spec_decode_num_drafts"] += res.stats.steps
             c["spec_decode_num_draft_tokens"] += sum(res.stats.depths)

@@ -1,5 +1,5 @@
-"""Batched speculative verify on the reference (``ReferenceBatchBackend``: one packed B x (K+1) forward per step,
-per-user accept and commit): lossless against each user's batch-1 greedy output, per-user stochastic exactness
+"""Batched speculative verify on the reference (``ReferenceBackend`` with B slots: one packed B x (K+1) forward per
+step, per-user accept and commit): lossless against each user's batch-1 greedy output, per-user stochastic exactness
 (chi-square), the masked-inert rows of ``packed_forward`` against batch-1 forwards (logits and states), and the
 batched transaction probe (fast: B = 2; slow: B = 4)."""
 from __future__ import annotations
@@ -13,11 +13,10 @@ from qwen36.commands.common import DEFAULT_CHECKPOINT
 from qwen36.probes import gdn_transaction as probe
 from qwen36.reference.batch import SlotDecoder, packed_forward
 from qwen36.reference.model import Qwen36Model
-from qwen36.speculative.batch_backend import BatchSpecBackend
-from qwen36.speculative.engine import speculative_generate, speculative_generate_batch
+from qwen36.speculative.engine import SpecBackend, speculative_generate
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.reference_backend import ReferenceBackend
-from qwen36.speculative.reference_batch_backend import BatchShadowCommit, ReferenceBatchBackend
+from qwen36.speculative.reference_mechanisms import ShadowCommit
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 from test_spec_acceptance import P_VALUE_MIN, chi_square_p
 
@@ -105,7 +104,7 @@ def test_packed_forward_inert_rows_leave_no_trace(ci_model):
 @pytest.mark.parametrize("b,mechanism", [(2, "snapshot"), (4, "shadow_commit"),
                                          pytest.param(8, "recompute", marks=pytest.mark.slow)])
 def test_packed_speculative_greedy_is_lossless(default_model, code_prompts, b, mechanism):
-    """B users in one ReferenceBatchBackend: prompts of different lengths, different depths (users with fewer
+    """B users in one ReferenceBackend: prompts of different lengths, different depths (users with fewer
     valid drafts than the step's K), one user joining mid-run while the others sit in their steps and, with
     fewer slots than users, a late user reusing the slot of one that stopped early at an EOS. Each user's tokens
     equal its plain batch-1 greedy output, and tokens + per-step accepted counts equal its own single-user
@@ -116,12 +115,13 @@ def test_packed_speculative_greedy_is_lossless(default_model, code_prompts, b, m
     arrivals = [0] * (b - 1) + [8 if b >= 4 else 2]
     eos = (plain_greedy(m, prompts[1], n)[2],)  # user 1 stops within 3 rounds and frees its slot
     slots = b - 1 if b >= 4 else b
-    be = ReferenceBatchBackend(m, slots, mechanism, max_len=max(map(len, prompts)) + n + 4, max_k=3)
-    assert isinstance(be, BatchSpecBackend)
-    got = speculative_generate_batch(be, prompts, n, depths, [SamplingParams()] * b, eos, arrivals)
+    be = ReferenceBackend(m, mechanism, max_len=max(map(len, prompts)) + n + 4, slots=slots, max_k=3)
+    assert isinstance(be, SpecBackend)
+    got = speculative_generate(be, prompts, n, depths, [SamplingParams()] * b, eos, arrivals)
     for p, k, r in zip(prompts, depths, got):
         assert r.tokens == plain_greedy(m, p, n, eos)
-        alone = speculative_generate(ReferenceBackend(m, mechanism, max_len=len(p) + n + 4), p, n, k, eos_ids=eos)
+        alone = speculative_generate(ReferenceBackend(m, mechanism, max_len=len(p) + n + 4), [p], n, [k],
+                                     eos_ids=eos)[0]
         assert (r.tokens, r.stats.accepted) == (alone.tokens, alone.stats.accepted)
     steps = [(a, k) for r in got for a, k in zip(r.stats.accepted, r.stats.depths)]
     assert any(a == 0 for a, _ in steps) and any(a == k for a, k in steps), steps  # both commit branches ran
@@ -131,7 +131,7 @@ def test_packed_speculative_greedy_is_lossless(default_model, code_prompts, b, m
 
 
 def test_packed_speculative_refuses_misuse(ci_model):
-    be = ReferenceBatchBackend(ci_model, 2, max_len=16, max_k=2)
+    be = ReferenceBackend(ci_model, max_len=16, slots=2, max_k=2)
     be.join(0, [1, 2, 3])
     with pytest.raises(ValueError, match="holds no user"):
         be.draft({1: 1})
@@ -145,8 +145,8 @@ def test_packed_speculative_refuses_misuse(ci_model):
         be.commit({})
     be.commit(be.accept(d, v))
     with pytest.raises(ValueError, match="no slot is free"):
-        speculative_generate_batch(ReferenceBatchBackend(ci_model, 1, max_len=16, max_k=1), [[1], [2]], 4, [1, 1],
-                                   [SamplingParams()] * 2)
+        speculative_generate(ReferenceBackend(ci_model, max_len=16, max_k=1), [[1], [2]], 4, [1, 1],
+                             [SamplingParams()] * 2)
 
 
 # ---- stochastic --------------------------------------------------------------------------------------------
@@ -157,10 +157,10 @@ def test_packed_speculative_stochastic_equals_each_users_batch1_run(default_mode
     params = [SamplingParams(temperature=0.8, top_k=50, seed=10, presence_penalty=0.5),
               SamplingParams(temperature=1.0, seed=11, repetition_penalty=1.2, draft="greedy"),
               SamplingParams(temperature=0.7, top_p=0.9, seed=12, logprobs=2)]
-    be = ReferenceBatchBackend(default_model, 3, "recompute", max_len=64, max_k=k)
-    got = speculative_generate_batch(be, prompts, n, [k] * 3, params)
+    be = ReferenceBackend(default_model, "recompute", max_len=64, slots=3, max_k=k)
+    got = speculative_generate(be, prompts, n, [k] * 3, params)
     for p, pr, r in zip(prompts, params, got):
-        alone = speculative_generate(ReferenceBackend(default_model, "recompute", max_len=64), p, n, k, pr)
+        alone = speculative_generate(ReferenceBackend(default_model, "recompute", max_len=64), [p], n, [k], [pr])[0]
         assert (r.tokens, r.stats.accepted) == (alone.tokens, alone.stats.accepted)
         if pr.logprobs is not None:
             assert [x.token for x in r.logprobs] == r.tokens
@@ -179,14 +179,15 @@ def test_packed_speculative_stochastic_chi_square_per_user(ci_model):
     g = torch.Generator().manual_seed(5)
     params = [SamplingParams(temperature=t, top_k=tk, seed=0) for t, tk in ((1.0, 6), (0.7, 8), (1.3, 5), (1.0, 10))]
     params[3] = SamplingParams(temperature=1.0, top_k=10, seed=0, draft="greedy")
-    be = ReferenceBatchBackend(m, 4, "shadow_commit", max_len=32, max_k=k)
+    be = ReferenceBackend(m, "shadow_commit", max_len=32, slots=4, max_k=k)
     targets = []
     for s, p in enumerate(params):
         prompt = torch.randint(0, v, (4 + 3 * s,), generator=g).tolist()
         be.join(s, prompt, p)
         alone = ReferenceBackend(m, "shadow_commit", max_len=32)  # the user's own target row 0, batch 1
-        alone.prefill(prompt, p)
-        row0 = m(torch.tensor([[alone.live.pending]]), alone.live.state.clone()).logits[:, -1]
+        alone.join(0, prompt, p)
+        live = alone.live(0)
+        row0 = m(torch.tensor([[live.pending]]), live.state).logits[:, -1]
         targets.append(probs_from_logits(row0, p)[0])
     counts = torch.zeros(4, v)
     depths = {s: k for s in range(4)}
@@ -246,7 +247,7 @@ def test_batch_probe_b4_passes():
         assert c["users"][3]["pass"] and all(c["users"][3]["untouched"].values())
 
 
-class ShadowIgnoresInertRows(BatchShadowCommit):
+class ShadowIgnoresInertRows(ShadowCommit):
     """Broken: points a user that drafted fewer rows than the step's K at the state after the step's last row."""
 
     def commit(self, be, txn, a):
@@ -257,7 +258,7 @@ class ShadowIgnoresInertRows(BatchShadowCommit):
             g.recurrent = torch.where(txn.part[:, None, None, None], s.recurrent[rows, wrong], g.recurrent)
 
 
-class ShadowCommitsEveryone(BatchShadowCommit):
+class ShadowCommitsEveryone(ShadowCommit):
     """Broken: commits every slot, also the one sitting the step out."""
 
     def commit(self, be, txn, a):
@@ -271,9 +272,8 @@ def test_broken_batch_mechanisms_fail_the_probe(ci_model, monkeypatch, broken, m
     """The probe catches a user committed past its own valid rows, and a user moved although it sat out."""
     import qwen36.probes.gdn_transaction as mod
 
-    real = mod.ReferenceBatchBackend
-    monkeypatch.setattr(mod, "ReferenceBatchBackend",
-                        lambda model, slots, mechanism, **kw: real(model, slots, broken(), **kw))
+    real = mod.ReferenceBackend
+    monkeypatch.setattr(mod, "ReferenceBackend", lambda model, mechanism, **kw: real(model, broken(), **kw))
     cells, _ = probe.run_batch_matrix(ci_model, batch=4, ks=(3,), mechanisms=("shadow_commit",))
     assert not cells[0]["pass"] and must_fail in cells[0]["failed"], cells[0]["failed"]
 
@@ -288,10 +288,10 @@ def test_packed_speculative_with_depth_controllers(default_model, code_prompts):
 
     prompts, n = code_prompts[:3], 12
     ctrls = [ctrl() for _ in prompts]
-    be = ReferenceBatchBackend(default_model, 3, "shadow_commit", max_len=64, max_k=ctrls[0].k_max)
-    got = speculative_generate_batch(be, prompts, n, ctrls, [SamplingParams()] * 3)
+    be = ReferenceBackend(default_model, "shadow_commit", max_len=64, slots=3, max_k=ctrls[0].k_max)
+    got = speculative_generate(be, prompts, n, ctrls, [SamplingParams()] * 3)
     for p, r in zip(prompts, got):
-        alone = speculative_generate(ReferenceBackend(default_model, "shadow_commit", max_len=64), p, n, ctrl())
+        alone = speculative_generate(ReferenceBackend(default_model, "shadow_commit", max_len=64), [p], n, [ctrl()])[0]
         assert (r.tokens, r.stats.accepted, r.stats.depths) == (alone.tokens, alone.stats.accepted, alone.stats.depths)
     assert len({k for r in got for k in r.stats.depths}) > 1  # K differed between users / steps
 
@@ -301,7 +301,7 @@ def test_plan_next_depths_is_called_between_accept_and_commit(ci_model):
     step, after accept and before commit, naming every user that goes on (not the ones that just finished)."""
     calls: list[tuple[str, dict]] = []
 
-    class Planning(ReferenceBatchBackend):
+    class Planning(ReferenceBackend):
         def accept(self, draft, verify):
             calls.append(("accept", {}))
             return super().accept(draft, verify)
@@ -313,8 +313,8 @@ def test_plan_next_depths_is_called_between_accept_and_commit(ci_model):
             calls.append(("commit", {}))
             super().commit(acceptances)
 
-    be = Planning(ci_model, 2, max_len=32, max_k=2)
-    got = speculative_generate_batch(be, [[1, 2, 3], [4, 5]], 6, [2, 1], [SamplingParams()] * 2)
+    be = Planning(ci_model, max_len=32, slots=2, max_k=2)
+    got = speculative_generate(be, [[1, 2, 3], [4, 5]], 6, [2, 1], [SamplingParams()] * 2)
     assert [c[0] for c in calls] == ["accept", "plan", "commit"] * be.counters.steps
     plans = [c[1] for c in calls if c[0] == "plan"]
     assert all(set(p.values()) <= {1, 2} and p.get(0, 2) == 2 and p.get(1, 1) == 1 for p in plans)

@@ -14,7 +14,8 @@ from qwen36.cli import main
 from qwen36.commands.bench import build_prompt
 from qwen36.commands.common import DEFAULT_CHECKPOINT
 from qwen36.probes.records import read_records
-from qwen36.reference.model import Qwen36Model, greedy_generate
+from qwen36.reference.batch import greedy_generate
+from qwen36.reference.model import Qwen36Model
 from qwen36.tokenizer import load_tokenizer
 
 RUNGS = [48, 160]

@@ -116,7 +116,8 @@ def test_shipped_p150_table_is_the_calibrated_gate0b_record():
 
 @pytest.mark.parametrize("mechanism", ["shadow_commit", pytest.param("snapshot", marks=pytest.mark.slow)])
 def test_auto_depth_is_lossless_on_the_reference(ci_ckpt, mechanism):
-    from qwen36.reference.model import Qwen36Model, greedy_generate
+    from qwen36.reference.batch import greedy_generate
+    from qwen36.reference.model import Qwen36Model
     from qwen36.speculative.engine import speculative_generate
     from qwen36.speculative.reference_backend import ReferenceBackend
 
@@ -125,8 +126,8 @@ def test_auto_depth_is_lossless_on_the_reference(ci_ckpt, mechanism):
     plain = greedy_generate(model, torch.tensor([prompt]), n)
     be = ReferenceBackend(model, mechanism, max_len=len(prompt) + n + 9)
     controller = DepthController(DepthParams(0.5, (0.5,) * 7, 0.5), COSTS)
-    res = speculative_generate(be, prompt, n, controller)
-    ref = speculative_generate(ReferenceBackend(model, mechanism, max_len=len(prompt) + n + 9), prompt, n, 1)
+    res = speculative_generate(be, [prompt], n, [controller])[0]
+    ref = speculative_generate(ReferenceBackend(model, mechanism, max_len=len(prompt) + n + 9), [prompt], n, [1])[0]
     assert res.tokens == ref.tokens
     assert res.tokens == plain
     assert res.stats.depths == controller.chosen

@@ -72,7 +72,7 @@ def test_tt_speculative_equals_tt_plain_greedy_at_a_near_tie():
     be = load_tt_backend(DEFAULT_CHECKPOINT, "emulated-p150x2", "shadow_commit", len(ids) + 24,
                          depths=policy().depths)
     try:
-        spec = speculative_generate(be, ids, 8, policy()).tokens
+        spec = speculative_generate(be, [ids], 8, [policy()])[0].tokens
         be.release()
         plain = be.gen.greedy(ids, 8)
     finally:

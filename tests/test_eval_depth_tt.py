@@ -134,7 +134,7 @@ def test_tt_acceptance_trace_commits_one_token_per_step_and_predicts_the_engine(
         assert tokens == plain and len(trace) == n - 1
         assert all(0 <= x <= k_max for x in trace) and max(trace) >= 2, trace
         for policy in (make, lambda: FixedDepth(3)):
-            r = speculative_generate(be, prompt, n, policy())
+            r = speculative_generate(be, [prompt], n, [policy()])[0]
             _, steps = fit.replay(trace, n, policy())
             assert r.tokens == plain
             assert list(zip(r.stats.depths, r.stats.accepted)) == steps[: len(r.stats.depths)]

@@ -25,7 +25,7 @@ def model_and_prompt():
 
 def engine(model, prompt, n, k, mechanism, eos=()):
     backend = ReferenceBackend(model, mechanism, max_len=len(prompt) + n + k + 2)
-    res = speculative_generate(backend, prompt, n, k, eos_ids=eos)
+    res = speculative_generate(backend, [prompt], n, [k], eos_ids=eos)[0]
     return res.tokens, res.stats.accepted
 
 
@@ -38,7 +38,7 @@ def test_same_tokens_and_acceptances_as_the_engine(model_and_prompt, k):
     assert (tokens, accepted) == engine(model, prompt, 32, k, "shadow_commit")
     if k == 3:  # both branches of the commit ran: a rejection (restore + re-advance) and a full acceptance
         assert min(accepted) < k and max(accepted) == k, accepted
-    from qwen36.reference.model import greedy_generate
+    from qwen36.reference.batch import greedy_generate
 
     assert tokens == greedy_generate(model, torch.tensor(prompt), 32)  # lossless vs plain greedy
 

@@ -139,11 +139,6 @@ def describe_cycle(graph: dict[str, set[str]], knot: frozenset[str]) -> str:
 # new cycle appears, or one is removed without its entry being deleted here. Imports under `if TYPE_CHECKING:` count
 # (they are a dependency a reader has to follow, even though they do not run).
 KNOWN_CYCLES = {
-    # the speculative seam (being reworked on another branch): batch_backend builds on the engine's types and
-    # helpers, and engine.speculative_generate_batch imports batch_backend inside the function
-    frozenset({"qwen36.speculative.batch_backend", "qwen36.speculative.engine"}),
-    # reference.batch builds on the model; model.greedy_generate imports batch inside the function (its batch of one)
-    frozenset({"qwen36.reference.batch", "qwen36.reference.model"}),
     # the reference backend builds its mechanism objects; reference_mechanisms names the backend's types for
     # annotations only (TYPE_CHECKING)
     frozenset({"qwen36.speculative.reference_backend", "qwen36.speculative.reference_mechanisms"}),

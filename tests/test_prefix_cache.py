@@ -17,7 +17,6 @@ from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.plain import plain_generate
 from qwen36.speculative.reference_backend import ReferenceBackend
-from qwen36.speculative.reference_batch_backend import ReferenceBatchBackend
 from qwen36.speculative.sampling import SamplingParams
 
 BLOCK = 4
@@ -118,10 +117,14 @@ class Recording(ReferenceBackend):
         super().__init__(*a, **kw)
         self.seen: list[torch.Tensor] = []
 
-    def prefill(self, prompt, params=SamplingParams()):
-        first = super().prefill(prompt, params)
+    def join(self, slot, prompt, params=SamplingParams()):
+        first = super().join(slot, prompt, params)
         self.seen.append(self.last_prefill.logits.clone())
         return first
+
+    def leave(self, slot):
+        self.final = self.live(slot)  # the finished user's state, as it leaves
+        super().leave(slot)
 
     def verify(self, draft):
         out = super().verify(draft)
@@ -131,13 +134,12 @@ class Recording(ReferenceBackend):
 
 def spec_run(model, prompt, mech, params, cache, k=3, n=10):
     be = Recording(model, mech, max_len=64, prefix_cache=cache)
-    res = speculative_generate(be, prompt, n, k, params)
-    be.release()
+    res = speculative_generate(be, [prompt], n, [k], [params])[0]
     return be, res
 
 
-def live_equal(a: ReferenceBackend, b: ReferenceBackend) -> None:
-    la, lb = a.live, b.live
+def live_equal(a: Recording, b: Recording) -> None:
+    la, lb = a.final, b.final
     assert la.state.pos == lb.state.pos and la.mtp.pos == lb.mtp.pos
     for x, y in zip(la.state.layers, lb.state.layers):
         if hasattr(x, "recurrent"):
@@ -168,13 +170,13 @@ def test_speculative_steps_never_enter_the_cache(model, prompt):
     """Drafts, rejected rows and an aborted verify leave the cache as a plain fill of the prompt leaves it."""
     cache = PrefixCache(BLOCK, BIG)
     be = ReferenceBackend(model, "snapshot", max_len=64, prefix_cache=cache)
-    be.prefill(prompt, GREEDY)
-    d = be.draft(3)
+    be.join(0, prompt, GREEDY)
+    d = be.draft({0: 3})
     be.verify(d)
     be.abort()  # an aborted verify
-    speculative_generate(be, prompt, 12, 3, GREEDY)  # a fresh prefill (hits), then steps with rejections
+    be.leave(0)
+    speculative_generate(be, [prompt], 12, [3], [GREEDY])  # a fresh prefill (hits), then steps with rejections
     assert be.counters.steps >= 2
-    be.release()
     ref = PrefixCache(BLOCK, BIG)
     prime(model, ref, prompt)
     got = {tuple(t for a in path for t in a.tokens): n for n, path in _paths(cache)}
@@ -202,7 +204,7 @@ def _tensors(pl):
 def _batch_schedule(model, mech, cache, prompts, fillers):
     """slot 0 joins; 2 steps; slot 1 joins (shares slot 0's prefix); 2 steps; slot 0 finishes and leaves; other
     prompts fill the cache (eviction pressure); slot 2 joins with the prefix held by running slot 1; 3 steps."""
-    be = ReferenceBatchBackend(model, slots=3, mechanism=mech, max_len=64, max_k=3, prefix_cache=cache)
+    be = ReferenceBackend(model, mech, max_len=64, slots=3, max_k=3, prefix_cache=cache)
     out = {s: [] for s in range(3)}
     logits = []
 

@@ -38,19 +38,24 @@ def test_probe_passes_every_cell_at_ci_size():
 
 
 class OffByOneSlot(ShadowCommit):
-    def select_slots(self, be, slots, a):
-        super().select_slots(be, slots, a - 1)
+    def commit(self, be, txn, a):
+        super().commit(be, txn, a - 1)  # the state after the row before the accepted one (a = 0: after row K)
+        be.state.pos = torch.where(txn.part, txn.pos + a + 1, be.state.pos)  # positions stay right
 
 
 class SnapshotWithoutRestore(Snapshot):
-    def restore(self, be, saved):
-        pass  # re-advances on top of the already advanced state
+    def commit(self, be, txn, a):
+        txn.saved = [g.clone() for g in be.gdn()]  # "restores" the advanced state, then re-advances on top of it
+        super().commit(be, txn, a)
 
 
 class RecomputeOneRowShort(ReferenceBackend):
-    def advance(self, rows):
-        super().advance(rows[:, :-1] if rows.shape[1] > 1 else rows)
-        self.live.state.pos = self.live.state.pos + (1 if rows.shape[1] > 1 else 0)
+    def advance(self, rows, n_valid):
+        if rows.shape[1] == 1:  # a = 0 re-runs one row: nothing to drop
+            return super().advance(rows, n_valid)
+        short = n_valid > 1
+        super().advance(rows[:, :-1], torch.where(short, n_valid - 1, n_valid))
+        self.state.pos = self.state.pos + short.long()
 
 
 class AbortForgetsShadow(ReferenceBackend):

@@ -1,17 +1,14 @@
 """Batch > 1 on the reference (the oracle): plain greedy decoding of B users in one batch-B state with per-row
-positions, and the batched speculative engine. Every user's batched output must be its own batch-1 output;
-logits are compared too (max abs), since equal tokens alone would hide a small leak between users."""
+positions (the speculative engine at B >= 1: test_spec_engine.py, test_batch_verify.py). Every user's batched
+output must be its own batch-1 output; logits are compared too (max abs), since equal tokens alone would hide a
+small leak between users."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from qwen36.commands.common import DEFAULT_CHECKPOINT
 from qwen36.reference.batch import SlotDecoder, batched_greedy_generate
 from qwen36.reference.model import Qwen36Model
-from qwen36.speculative.engine import speculative_generate, speculative_generate_batch
-from qwen36.speculative.reference_backend import ReferenceBackend
-from qwen36.speculative.sampling import SamplingParams
 
 # fp32 on CPU: a [B, H] matmul may round differently from the [1, H] one, so batched logits equal the batch-1
 # logits to float rounding, not bit for bit (observed max abs ~1e-6 on these checkpoints).
@@ -43,11 +40,6 @@ def batch1_greedy(model, prompt, n, eos=()):
 @pytest.fixture(scope="module")
 def ci_model(ci_ckpt):
     return Qwen36Model.from_checkpoint(ci_ckpt)
-
-
-@pytest.fixture(scope="module")
-def default_model():
-    return Qwen36Model.from_checkpoint(DEFAULT_CHECKPOINT, require_mtp=True)
 
 
 @pytest.mark.parametrize("b", [2, 4, 8])
@@ -150,63 +142,6 @@ def test_slot_decoder_rejects_misuse(ci_model):
         dec.join(1, list(range(8)))
     with pytest.raises(ValueError, match="slot 1 is not in use"):
         dec.leave(1)
-
-
-def spec_backends(model, prompts, n, k, mechanism):
-    return [ReferenceBackend(model, mechanism, max_len=len(p) + n + k + 2) for p in prompts]
-
-
-@pytest.mark.parametrize("b,mechanism", [(2, "snapshot"), (4, "shadow_commit"),
-                                         pytest.param(8, "recompute", marks=pytest.mark.slow)])
-def test_batched_speculative_greedy_equals_each_users_batch1(default_model, b, mechanism):
-    """Greedy speculative, B users with different prompt lengths and their own acceptance per step, one joining
-    mid-run: each user's tokens and per-step accepted counts equal its own batch-1 speculative run and its plain
-    greedy output."""
-    from qwen36.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(DEFAULT_CHECKPOINT)
-    texts = ["def add(a, b):\n", "import os\n", "class Point:\n    def __init__(self, x, y):\n",
-             "x = [", "for i in range(10):\n    ", "# sum of squares\n", "def f(", "while True:\n"]
-    prompts = [tok.encode(t) for t in texts[:b]]
-    n, k = 16, 3
-    arrivals = [0] * (b - 1) + [2]  # the last user joins in round 2, while the others are mid-run
-    got = speculative_generate_batch(spec_backends(default_model, prompts, n, k, mechanism), prompts, n,
-                                     [k] * b, [SamplingParams()] * b, arrivals=arrivals)
-    for p, r in zip(prompts, got):
-        alone = speculative_generate(spec_backends(default_model, [p], n, k, mechanism)[0], p, n, k)
-        assert (r.tokens, r.stats.accepted) == (alone.tokens, alone.stats.accepted)
-        assert r.tokens == batch1_greedy(default_model, p, n)[0]
-    accepted = [a for r in got for a in r.stats.accepted]
-    assert min(accepted) < k and max(accepted) == k, accepted  # users took different branches of the commit
-    assert len({r.stats.steps for r in got}) > 1  # so users finished after different numbers of steps
-
-
-def test_batched_speculative_stochastic_is_per_user_seeded(default_model):
-    """Stochastic: user i's sampler is its own (seeded from its params), so its output equals its batch-1 run
-    with the same params, whatever the other users draw."""
-    from qwen36.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(DEFAULT_CHECKPOINT)
-    prompts = [tok.encode(t) for t in ("def add(a, b):\n", "import os\n", "x = [")]
-    n, k = 12, 2
-    params = [SamplingParams(temperature=0.8, top_k=50, seed=10 + i) for i in range(3)]
-    got = speculative_generate_batch(spec_backends(default_model, prompts, n, k, "snapshot"), prompts, n,
-                                     [k] * 3, params)
-    for p, pr, r in zip(prompts, params, got):
-        alone = speculative_generate(spec_backends(default_model, [p], n, k, "snapshot")[0], p, n, k, pr)
-        assert (r.tokens, r.stats.accepted) == (alone.tokens, alone.stats.accepted)
-
-
-def test_batched_speculative_refuses_shared_state(default_model):
-    backend = ReferenceBackend(default_model, max_len=32)
-    with pytest.raises(ValueError, match="its own backend"):
-        speculative_generate_batch([backend, backend], [[1], [2]], 4, [1, 1], [SamplingParams()] * 2)
-    from qwen36.speculative.depth import FixedDepth
-
-    d = FixedDepth(1)
-    other = ReferenceBackend(default_model, max_len=32)
-    with pytest.raises(ValueError, match="its own depth policy"):
-        speculative_generate_batch([backend, other], [[1], [2]], 4, [d, d], [SamplingParams()] * 2)
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.reference.model import Qwen36Model, greedy_generate
+from qwen36.reference.batch import greedy_generate
+from qwen36.reference.model import Qwen36Model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none visible to torch)")
 
@@ -40,9 +41,9 @@ def test_sampling_parameters_on_cuda(ci_ckpt):
     gpu = plain_generate(gpu_model, prompt, 16, greedy)
     assert gpu.tokens == cpu.tokens
     assert max(abs(a.logprob - b.logprob) for a, b in zip(gpu.logprobs, cpu.logprobs)) < 1e-3
-    spec = speculative_generate(ReferenceBackend(gpu_model, "shadow_commit", 64), prompt, 16, 3, greedy)
+    spec = speculative_generate(ReferenceBackend(gpu_model, "shadow_commit", 64), [prompt], 16, [3], [greedy])[0]
     assert spec.tokens == gpu.tokens
     sampled = SamplingParams(temperature=0.9, top_k=30, min_p=0.02, seed=3, **pen)
     assert plain_generate(gpu_model, prompt, 12, sampled).tokens == plain_generate(gpu_model, prompt, 12, sampled).tokens
-    a = speculative_generate(ReferenceBackend(gpu_model, "snapshot", 64), prompt, 12, 2, sampled).tokens
-    assert a == speculative_generate(ReferenceBackend(gpu_model, "snapshot", 64), prompt, 12, 2, sampled).tokens
+    a = speculative_generate(ReferenceBackend(gpu_model, "snapshot", 64), [prompt], 12, [2], [sampled])[0].tokens
+    assert a == speculative_generate(ReferenceBackend(gpu_model, "snapshot", 64), [prompt], 12, [2], [sampled])[0].tokens

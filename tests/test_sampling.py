@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from qwen36.errors import UserError
-from qwen36.reference.model import Qwen36Model, greedy_generate
+from qwen36.reference.batch import greedy_generate
+from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.engine import speculative_generate, speculative_step
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.plain import plain_generate
 from qwen36.speculative.reference_backend import ReferenceBackend
 from qwen36.speculative.sampling import (MAX_LOGPROBS, Penalties, SamplingParams, TokenHistory, penalize,
                                          probs_from_logits, token_logprobs)
-from qwen36.testing.speculative import load_live
 
 from test_spec_acceptance import P_VALUE_MIN, chi_square_p
 from test_spec_engine import DistDrafter, ScriptedDrafter
@@ -127,10 +127,10 @@ def test_greedy_speculative_with_penalties_is_plain_greedy_with_penalties(model,
         for k in (1, 3):
             # the real MTP drafts (an untrained head here: mostly rejected), then drafts from the known answer with
             # 30% wrong tokens, so that every acceptance length occurs
-            spec = speculative_generate(ReferenceBackend(model, mechanism, 64), p, 16, k, params)
+            spec = speculative_generate(ReferenceBackend(model, mechanism, 64), [p], 16, [k], [params])[0]
             assert spec.tokens == plain.tokens, (mechanism, k)
-            spec = speculative_generate(ScriptedDrafter(model, mechanism, 64, plain.tokens, len(p), seed=k), p, 16, k,
-                                        params)
+            spec = speculative_generate(ScriptedDrafter(model, mechanism, 64, [plain.tokens], [len(p)], seed=k), [p], 16,
+                                        [k], [params])[0]
             assert spec.tokens == plain.tokens, (mechanism, k, "scripted")
             assert sum(spec.stats.accepted) > 0 and min(spec.stats.accepted) == 0
             assert [lp.token for lp in spec.logprobs] == spec.tokens
@@ -144,13 +144,13 @@ def test_stochastic_abort_with_penalties_leaves_no_trace(model):
     """The token counts are part of the commit: aborted steps change neither the sampler nor the counts."""
     p = prompts(model.config.vocab_size)[0]
     params = SamplingParams(temperature=1.0, top_k=16, seed=2, **PENALTIES)
-    want = speculative_generate(ReferenceBackend(model, "shadow_commit", 64), p, 10, 2, params).tokens
+    want = speculative_generate(ReferenceBackend(model, "shadow_commit", 64), [p], 10, [2], [params])[0].tokens
     be = ReferenceBackend(model, "shadow_commit", 64)
-    toks = [be.prefill(p, params)]
+    toks = [be.join(0, p, params)]
     while len(toks) < 10:
-        be.verify(be.draft(2))
+        be.verify(be.draft({0: 2}))
         be.abort()
-        toks += speculative_step(be, 2).tokens
+        toks += speculative_step(be, {0: 2})[0].tokens
     assert toks[:10] == want
 
 
@@ -182,8 +182,8 @@ def test_speculative_sampling_with_penalties_and_min_p_is_the_target_law(model, 
     params = SamplingParams(temperature=1.0, top_k=6, min_p=0.05, seed=7, draft=draft, **STOCH_PENALTIES)
     prompt = prompts(v)[0]
     probe = ReferenceBackend(model, "shadow_commit", 32)
-    probe.prefill(prompt, params)
-    pre = probe.live.clone()
+    probe.join(0, prompt, params)
+    pre = probe.live(0)
     joint = _joint_law(model, pre, params)
     support = joint.sum(1).nonzero().flatten().tolist()
     # drafts that overlap the target's support (the untrained MTP's are almost always rejected): a distribution
@@ -196,14 +196,14 @@ def test_speculative_sampling_with_penalties_and_min_p_is_the_target_law(model, 
         be = DistDrafter(model, "shadow_commit", 32, q=q / q.sum())
     else:
         be = DistDrafter(model, "shadow_commit", 32, fixed=[support[1], int(joint[support[1]].argmax())])
-    be.prefill(prompt, params)
+    be.join(0, prompt, params)
     counts = torch.zeros(v, v, dtype=torch.float64)
     accepted = []
     for _ in range(n):
-        load_live(be, pre)
+        be.restore(0, pre)  # the same state every time, the sampler running on
         emitted = []
         while len(emitted) < 2:
-            acc = speculative_step(be, k)
+            acc = speculative_step(be, {0: k})[0]
             accepted.append(acc.num_accepted)
             emitted += acc.tokens
         counts[emitted[0], emitted[1]] += 1

@@ -1,19 +1,25 @@
-"""Speculative engine on the reference backend: greedy lossless vs plain greedy (K = 1..7, every commit
-mechanism, several prompts, EOS inside an accepted block), mechanism counters, stochastic exactness end to
-end (chi-square of the emitted joint distribution vs the target's own sampling distribution), CLI."""
+"""The speculative engine (one protocol, one driver, one step) on the reference backend, every test at B = 1 and
+at B >= 4 users in one backend where the behaviour is per user: greedy lossless vs plain greedy (K = 1..7, every
+commit mechanism, several prompts, EOS inside an accepted block, a user joining mid-run), per-user seeded sampling,
+aborts, mechanism counters, stochastic exactness end to end (chi-square of the emitted joint distribution vs the
+target's own sampling distribution), CLI."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from qwen36.reference.model import Qwen36Model, greedy_generate
-from qwen36.speculative.engine import Acceptance, MechanismCounters, SpecBackend, speculative_generate, speculative_step
+from qwen36.reference.batch import greedy_generate
+from qwen36.reference.model import Qwen36Model
+from qwen36.speculative.depth import FixedDepth
+from qwen36.speculative.engine import (Acceptance, MechanismCounters, SpecBackend, SpecBatch, speculative_generate,
+                                       speculative_step)
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
-from qwen36.testing.speculative import load_live
 
 from test_spec_acceptance import P_VALUE_MIN, chi_square_p
+
+BATCHES = [1, 4]  # B = 1 and several users in one backend: the same code path
 
 
 @pytest.fixture(scope="module")
@@ -26,48 +32,92 @@ def model(ckpt):
     return Qwen36Model.from_checkpoint(ckpt, require_mtp=True)
 
 
-def prompts(vocab: int) -> list[list[int]]:
+def prompts(vocab: int, n: int = 3) -> list[list[int]]:
     g = torch.Generator().manual_seed(11)
-    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (5, 17, 30)]  # 30 > 16: chunked prefill
+    return [torch.randint(0, vocab, (m,), generator=g).tolist() for m in (5, 17, 30, 9, 12, 3)[:n]]  # 30 > 16: chunked
+
+
+def decode(model, mechanism, users: list[list[int]], n: int, k, b: int, params=None, eos=(), arrivals=None,
+           backend=ReferenceBackend, **kw):
+    """Every user of ``users`` decoded on ``backend``: b = 1 one one-slot backend per user, else all users in one
+    b-slot backend (one packed verify per step). -> (results, backends)."""
+    params = params or [SamplingParams()] * len(users)
+    ks = [k] * len(users) if isinstance(k, int) else k
+    if b == 1:
+        bes = [backend(model, mechanism, 96, **kw) for _ in users]
+        return [speculative_generate(be, [u], n, [kk], [pp], eos)[0]
+                for be, u, kk, pp in zip(bes, users, ks, params)], bes
+    be = backend(model, mechanism, 96, slots=b, **kw)
+    return speculative_generate(be, users, n, ks, params, eos, arrivals=arrivals), [be]
 
 
 class ScriptedDrafter(ReferenceBackend):
-    """Drafts from a known greedy continuation ``script`` (each token wrong with probability ``wrong``), so
-    every acceptance length occurs. The real MTP still runs first (reseed + chain), then its tokens are replaced."""
+    """Drafts from each user's known greedy continuation ``scripts[slot]`` (each token wrong with probability
+    ``wrong``), so every acceptance length occurs. The real MTP still runs first (reseed + chain), then its tokens
+    are replaced."""
 
-    def __init__(self, model, mechanism, max_len, script: list[int], prompt_len: int, wrong: float = 0.3, seed: int = 0):
-        super().__init__(model, mechanism, max_len)
-        self.script, self.prompt_len, self.wrong = script, prompt_len, wrong
+    def __init__(self, model, mechanism, max_len, scripts=(), prompt_lens=(), wrong: float = 0.3, seed: int = 0,
+                 slots: int = 1):
+        super().__init__(model, mechanism, max_len, slots=slots)
+        self.scripts, self.prompt_lens, self.wrong = list(scripts), list(prompt_lens), wrong
         self.g = torch.Generator().manual_seed(seed)
-        self.committed: list[Acceptance] = []
+        self.committed: list[dict[int, Acceptance]] = []
 
-    def draft(self, k):
-        super().draft(k)
-        i = self.live.state.pos - self.prompt_len + 1  # tokens emitted so far; the pending one is script[i-1]
-        toks = (self.script[i:i + k] + [0] * k)[:k]
-        bad = torch.rand(k, generator=self.g) < self.wrong
-        toks = [(t + 1) % self.model.config.vocab_size if b else t for t, b in zip(toks, bad.tolist())]
-        return ReferenceDraft(torch.tensor([toks]), None)
+    def draft(self, depths):
+        super().draft(depths)
+        tokens = {}
+        for slot, k in depths.items():
+            i = int(self.state.pos[slot]) - self.prompt_lens[slot] + 1  # tokens emitted; the pending one is script[i-1]
+            toks = (self.scripts[slot][i:i + k] + [0] * k)[:k]
+            bad = torch.rand(k, generator=self.g) < self.wrong
+            tokens[slot] = torch.tensor([[(t + 1) % self.model.config.vocab_size if w else t
+                                          for t, w in zip(toks, bad.tolist())]])
+        return ReferenceDraft(dict(depths), tokens, {s: None for s in depths})
 
-    def commit(self, acceptance):
-        super().commit(acceptance)
-        self.committed.append(acceptance)
+    def commit(self, acceptances):
+        super().commit(acceptances)
+        self.committed.append(dict(acceptances))
+
+
+def scripted(model, mechanism, users, refs, b, **kw) -> list[ScriptedDrafter]:
+    """b = 1: one scripted one-slot backend per user; else one b-slot backend for all (user i in slot i)."""
+    if b == 1:
+        return [ScriptedDrafter(model, mechanism, 96, [r], [len(u)], **kw) for u, r in zip(users, refs)]
+    return [ScriptedDrafter(model, mechanism, 96, refs, [len(u) for u in users], slots=b, **kw)]
+
+
+def run_scripted(bes, users, n, k, eos=()):
+    if len(bes) == len(users) and bes[0].slots == 1:
+        return [speculative_generate(be, [u], n, [k], eos_ids=eos)[0] for be, u in zip(bes, users)]
+    return speculative_generate(bes[0], users, n, [k] * len(users), eos_ids=eos)
 
 
 class CannedBackend:
-    """A model-free SpecBackend: each step emits the next canned Acceptance (tests the loop alone)."""
+    """A model-free SpecBackend: the i-th user to join gets ``first[i]``, then each step emits its next canned
+    Acceptance from ``steps[i]`` (tests the loop alone)."""
 
     label, mechanism = "canned (no model)", "shadow_commit"
 
-    def __init__(self, first: int, steps: list[Acceptance]):
-        self.first, self.steps, self.counters, self.calls = first, list(steps), MechanismCounters(), []
+    def __init__(self, first: list[int], steps: list[list[Acceptance]]):
+        self.slots = len(first)
+        self.first, self.canned, self.counters, self.calls = first, [list(s) for s in steps], MechanismCounters(), []
+        self.steps: dict[int, list[Acceptance]] = {}  # slot -> its user's canned steps
+        self.joined, self.left = 0, []
 
-    def prefill(self, prompt, params):
-        return self.first
+    def join(self, slot, prompt, params):
+        self.steps[slot] = self.canned[self.joined]
+        self.joined += 1
+        return self.first[self.joined - 1]
 
-    def draft(self, k):
+    def first_logprobs(self, slot):
+        return None
+
+    def leave(self, slot):
+        self.left.append(slot)
+
+    def draft(self, depths):
         self.calls.append("draft")
-        return k
+        return dict(depths)
 
     def verify(self, draft):
         self.calls.append("verify")
@@ -75,9 +125,9 @@ class CannedBackend:
 
     def accept(self, draft, verify):
         self.calls.append("accept")
-        return self.steps.pop(0)
+        return {s: self.steps[s].pop(0) for s in draft}
 
-    def commit(self, acceptance):
+    def commit(self, acceptances):
         self.calls.append("commit")
 
     def abort(self):
@@ -86,69 +136,115 @@ class CannedBackend:
 
 def test_loop_without_a_model_cuts_at_eos_and_length():
     steps = [Acceptance(2, [11, 12, 13]), Acceptance(0, [14]), Acceptance(3, [15, 99, 16, 17])]
-    be = CannedBackend(10, steps)
+    be = CannedBackend([10], [steps])
     assert isinstance(be, SpecBackend)
-    out = speculative_generate(be, [1, 2], 100, 3, eos_ids=(99,))
+    out = speculative_generate(be, [[1, 2]], 100, [3], eos_ids=(99,))[0]
     assert out.tokens == [10, 11, 12, 13, 14, 15, 99]  # EOS inside the third block ends the output there
-    assert be.calls == ["draft", "verify", "accept", "commit"] * 3
+    assert be.calls == ["draft", "verify", "accept", "commit"] * 3 and be.left == [0]
     assert out.stats.histogram() == [1, 0, 1, 1] and out.stats.per_position() == [2 / 3, 2 / 3, 1 / 3]
     assert out.stats.mean_accepted == pytest.approx(5 / 3) and out.stats.mean_emitted == pytest.approx(8 / 3)
-    out = speculative_generate(CannedBackend(10, [Acceptance(2, [11, 12, 13])]), [1], 3, 2)
+    out = speculative_generate(CannedBackend([10], [[Acceptance(2, [11, 12, 13])]]), [[1]], 3, [2])[0]
     assert out.tokens == [10, 11, 12]  # max_new_tokens cuts inside a block
-    assert speculative_generate(CannedBackend(99, []), [1], 5, 2, eos_ids=(99,)).tokens == [99]
+    assert speculative_generate(CannedBackend([99], [[]]), [[1]], 5, [2], eos_ids=(99,))[0].tokens == [99]
     with pytest.raises(ValueError, match="num_accepted"):
         Acceptance(1, [5])
 
 
+def test_loop_without_a_model_steps_users_together_and_each_stops_on_its_own():
+    """Four users in one backend: one draft/verify/accept/commit per round for all of them; a user that is done
+    leaves its slot at once (its join's token was EOS, or EOS / the length inside a block) while the others go on;
+    user 3 arrives in round 2, takes the lowest free slot and sits that round's step out."""
+    a = Acceptance
+    be = CannedBackend([10, 99, 20, 30], [[a(1, [11, 12]), a(0, [13]), a(0, [14])], [],
+                                          [a(2, [21, 99, 22])], [a(0, [31]), a(1, [32, 33])]])
+    out = speculative_generate(be, [[1]] * 4, 4, [2] * 4, eos_ids=(99,), arrivals=[0, 0, 0, 2])
+    assert [r.tokens for r in out] == [[10, 11, 12, 13], [99], [20, 21, 99], [30, 31, 32, 33]]
+    assert [r.stats.steps for r in out] == [2, 0, 1, 2]
+    # slots freed: user 1 at its join, user 2 (slot 1) in round 1, user 0 in round 2, user 3 (slot 1 again) in round 4
+    assert be.left == [1, 1, 0, 1]
+    assert be.calls == ["draft", "verify", "accept", "commit"] * 4  # rounds 1..4 (round 0: joins only)
+
+
+def test_spec_batch_step_is_the_one_step_order():
+    """SpecBatch: add() joins now (lowest free slot), step() runs the requests that joined before the last step."""
+    be = CannedBackend([10, 20], [[Acceptance(0, [11]), Acceptance(0, [12])], [Acceptance(0, [21])]])
+    batch = SpecBatch(be)
+    r0 = batch.add([1], 3, 1)
+    assert batch.step() == [] and be.calls == []  # r0 joined since the last step: its first token came from the join
+    r1 = batch.add([1], 2, 1)
+    assert (r0.slot, r1.slot) == (0, 1)
+    assert batch.step() == [r0] and r0.tokens == [10, 11]
+    assert batch.step() == [r0, r1] and r0.done and r1.done and batch.free == [0, 1] and not batch.running
+    assert r0.result().tokens == [10, 11, 12] and r1.result().tokens == [20, 21]
+    with pytest.raises(ValueError, match="no slot is free"):
+        full = SpecBatch(CannedBackend([10], [[]]))
+        full.add([1], 5, 1)
+        full.add([1], 5, 1)
+
+
 def test_reference_backend_satisfies_the_protocol(model):
     assert isinstance(ReferenceBackend(model), SpecBackend)
-    assert ReferenceBackend(model).label == "reference (torch CPU)"
+    assert ReferenceBackend(model).label == "reference (torch CPU)" and ReferenceBackend(model).slots == 1
     with pytest.raises(ValueError, match="commit mechanism"):
         ReferenceBackend(model, "copy_everything")
-    with pytest.raises(RuntimeError, match="before prefill"):
-        ReferenceBackend(model).draft(2)
+    with pytest.raises(ValueError, match="slot 0 holds no user"):
+        ReferenceBackend(model).draft({0: 2})
+    be = ReferenceBackend(model, max_len=32, slots=2)
+    d = FixedDepth(1)
+    with pytest.raises(ValueError, match="its own depth policy"):
+        speculative_generate(be, [[1], [2]], 4, [d, d], [SamplingParams()] * 2)
+    with pytest.raises(ValueError, match="no slot is free"):
+        speculative_generate(be, [[1], [2], [3]], 4, [1, 1, 1])
 
 
+@pytest.mark.parametrize("b", BATCHES)
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 # K = 1 and 3 in the fast tier; the other depths in the slow tier
 @pytest.mark.parametrize("k", [k if k in (1, 3) else pytest.param(k, marks=pytest.mark.slow) for k in range(1, 8)])
-def test_greedy_lossless(model, mechanism, k):
-    ps = prompts(model.config.vocab_size)
-    # scripted drafts (all acceptance lengths occur) on the first prompt
-    ref = greedy_generate(model, torch.tensor(ps[0]), 20 + k)
-    be = ScriptedDrafter(model, mechanism, 64, ref, len(ps[0]), seed=k)
-    out = speculative_generate(be, ps[0], 20, k)
-    assert out.tokens == ref[:20], f"scripted drafts, K={k} {mechanism}"
-    assert len(set(out.stats.accepted)) > 1 or k == 1
-    # the real MTP drafts on the other prompts
-    for p in ps[1:]:
-        ref = greedy_generate(model, torch.tensor(p), 10)
-        out = speculative_generate(ReferenceBackend(model, mechanism, 64), p, 10, k)
-        assert out.tokens == ref, f"MTP drafts, K={k} {mechanism}, prompt len {len(p)}"
+def test_greedy_lossless(model, mechanism, k, b):
+    ps = prompts(model.config.vocab_size, max(3, b))
+    # scripted drafts (all acceptance lengths occur) on the first prompt(s)
+    users = ps[:1] if b == 1 else ps[:b]
+    refs = [greedy_generate(model, torch.tensor(p), 20 + k) for p in users]
+    out = run_scripted(scripted(model, mechanism, users, refs, b, seed=k), users, 20, k)
+    for r, ref in zip(out, refs):
+        assert r.tokens == ref[:20], f"scripted drafts, K={k} {mechanism} B={b}"
+    assert len({a for r in out for a in r.stats.accepted}) > 1 or k == 1
+    # the real MTP drafts on the other prompts (B > 1: the last one joins while the others are mid-run)
+    users = ps[1:] if b == 1 else ps[:b]
+    arrivals = None if b == 1 else [0] * (b - 1) + [2]
+    got, _ = decode(model, mechanism, users, 10, k, b, arrivals=arrivals)
+    for p, r in zip(users, got):
+        assert r.tokens == greedy_generate(model, torch.tensor(p), 10), f"MTP drafts, K={k} {mechanism} B={b}"
 
 
+@pytest.mark.parametrize("b", BATCHES)
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-def test_eos_inside_an_accepted_block_stops_there(model, mechanism):
-    p, k = prompts(model.config.vocab_size)[1], 4
-    ref = greedy_generate(model, torch.tensor(p), 16)
+def test_eos_inside_an_accepted_block_stops_there(model, mechanism, b):
+    ps, k = prompts(model.config.vocab_size, 4), 4
+    users = [ps[1]] if b == 1 else [ps[1], ps[0], ps[2], ps[3]]
+    refs = [greedy_generate(model, torch.tensor(p), 16) for p in users]
+    ref = refs[0]
     # with perfect drafts step 1 emits ref[1..5]; put EOS at the first new token id in positions 2..4
     j = next(j for j in (2, 3, 4) if ref[j] not in ref[:j])
     eos = ref[j]
-    want = greedy_generate(model, torch.tensor(p), 16, eos_ids=(eos,))
-    assert want == ref[: j + 1]
-    be = ScriptedDrafter(model, mechanism, 64, ref, len(p), wrong=0.0)
-    out = speculative_generate(be, p, 16, k, eos_ids=(eos,))
-    assert out.tokens == want
-    block = be.committed[0].tokens
+    wants = [greedy_generate(model, torch.tensor(p), 16, eos_ids=(eos,)) for p in users]
+    assert wants[0] == ref[: j + 1]
+    bes = scripted(model, mechanism, users, refs, b, wrong=0.0)
+    out = run_scripted(bes, users, 16, k, eos=(eos,))
+    assert [r.tokens for r in out] == wants
+    block = bes[0].committed[0][0].tokens
     assert eos in block[:-1], f"EOS {eos} should sit inside the accepted block {block}"
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_mechanism_counters(model, mechanism):
+    """One user: the counters equal the mechanism's closed form summed over the steps (a packed step of several
+    users counts each forward once: tests/test_batch_verify.py)."""
     p, k = prompts(model.config.vocab_size)[0], 3
     ref = greedy_generate(model, torch.tensor(p), 30)
-    be = ScriptedDrafter(model, mechanism, 64, ref, len(p), seed=3)
-    out = speculative_generate(be, p, 24, k)
+    be = ScriptedDrafter(model, mechanism, 64, [ref], [len(p)], seed=3)
+    out = speculative_generate(be, [p], 24, [k])[0]
     n_gdn, nbytes = be.gdn_layout
     assert n_gdn == 3
     steps, partial = out.stats.steps, sum(a < k for a in out.stats.accepted)
@@ -182,13 +278,15 @@ class DistDrafter(ReferenceBackend):
     def __init__(self, model, mechanism, max_len, q=None, fixed=None):
         super().__init__(model, mechanism, max_len)
         self.q, self.fixed = q, fixed
+        self.g = torch.Generator().manual_seed(5)
 
-    def draft(self, k):
-        super().draft(k)
+    def draft(self, depths):
+        super().draft(depths)
+        k = depths[0]
         if self.q is not None:
-            toks = torch.multinomial(self.q, k, replacement=True, generator=self.generator)
-            return ReferenceDraft(toks[None], self.q.expand(1, k, -1).clone())
-        return ReferenceDraft(torch.tensor([self.fixed[:k]]), None)
+            toks = torch.multinomial(self.q, k, replacement=True, generator=self.g)
+            return ReferenceDraft(dict(depths), {0: toks[None]}, {0: self.q.expand(1, k, -1).clone()})
+        return ReferenceDraft(dict(depths), {0: torch.tensor([self.fixed[:k]])}, {0: None})
 
 
 @pytest.mark.parametrize("drafts,mechanism", [("sampled", "shadow_commit"), ("one-hot", "snapshot")])
@@ -200,8 +298,8 @@ def test_stochastic_exactness_end_to_end(model, drafts, mechanism):
     p = prompts(v)[0]
     # the target's own law: p1 after the pending token, p2 after each possible first token
     probe = ReferenceBackend(model, "shadow_commit", 32)
-    probe.prefill(p, params)
-    pre = probe.live.clone()
+    probe.join(0, p, params)
+    pre = probe.live(0)
     st = pre.state.clone()
     p1 = probs_from_logits(model(torch.tensor([[pre.pending]]), st).logits[0, -1], params)
     support = p1.nonzero().flatten().tolist()
@@ -217,15 +315,16 @@ def test_stochastic_exactness_end_to_end(model, drafts, mechanism):
         be = DistDrafter(model, mechanism, 32, q=q / q.sum())
     else:
         be = DistDrafter(model, mechanism, 32, fixed=[support[1], int(joint[support[1]].argmax())])
-    be.prefill(p, params)
-    assert be.live.pending == pre.pending
+    be.join(0, p, params)
+    pre = be.live(0)
+    assert pre.pending == probe.live(0).pending
     counts = torch.zeros(v, v, dtype=torch.float64)
     accepted = []
     for _ in range(n):
-        load_live(be, pre)
+        be.restore(0, pre)  # the same state every time, the sampler running on
         emitted = []
         while len(emitted) < 2:
-            acc = speculative_step(be, k)
+            acc = speculative_step(be, {0: k})[0]
             accepted.append(acc.num_accepted)
             emitted += acc.tokens
         counts[emitted[0], emitted[1]] += 1
@@ -235,41 +334,54 @@ def test_stochastic_exactness_end_to_end(model, drafts, mechanism):
     assert pval > P_VALUE_MIN, f"{drafts} drafts: chi-square p={pval:.2e}"
 
 
-def test_stochastic_with_mtp_drafts_is_seeded(model):
-    p = prompts(model.config.vocab_size)[0]
-    params = SamplingParams(temperature=0.9, top_k=8, top_p=0.95, seed=4)
-    a = speculative_generate(ReferenceBackend(model, "recompute", 64), p, 12, 3, params)
-    b = speculative_generate(ReferenceBackend(model, "recompute", 64), p, 12, 3, params)
-    assert a.tokens == b.tokens and len(a.tokens) == 12
+@pytest.mark.parametrize("b", BATCHES)
+def test_stochastic_with_mtp_drafts_is_seeded_per_user(model, b):
+    """User i's sampler is its own (seeded from its params): the same params give the same tokens, and in a batch
+    each user's output equals its one-user run, whatever the other users draw."""
+    ps = prompts(model.config.vocab_size, b)
+    params = [SamplingParams(temperature=0.9, top_k=8, top_p=0.95, seed=4 + i) for i in range(b)]
+    got, _ = decode(model, "recompute", ps, 12, 3, b, params)
+    again, _ = decode(model, "recompute", ps, 12, 3, b, params)
+    assert [r.tokens for r in got] == [r.tokens for r in again] and all(len(r.tokens) == 12 for r in got)
+    alone, _ = decode(model, "recompute", ps, 12, 3, 1, params)
+    assert [(r.tokens, r.stats.accepted) for r in got] == [(r.tokens, r.stats.accepted) for r in alone]
+    if b > 1:
+        assert len({tuple(r.tokens) for r in got}) == b
 
 
-def test_abort_then_step_matches_uninterrupted(model):
-    p = prompts(model.config.vocab_size)[1]
+@pytest.mark.parametrize("b", BATCHES)
+def test_abort_then_step_matches_uninterrupted(model, b):
+    users = prompts(model.config.vocab_size, max(2, b))[1:] if b == 1 else prompts(model.config.vocab_size, b)
+    users = users[:1] if b == 1 else users
     for mechanism in MECHANISMS:
-        ref = greedy_generate(model, torch.tensor(p), 12)
-        be = ScriptedDrafter(model, mechanism, 64, ref, len(p), seed=9)
-        toks = [be.prefill(p, SamplingParams())]
-        while len(toks) < 12:
-            d = be.draft(3)
-            be.verify(d)
+        refs = [greedy_generate(model, torch.tensor(p), 12) for p in users]
+        be = scripted(model, mechanism, users, refs, b if b > 1 else 1, seed=9)[0]
+        toks = [[be.join(s, p, SamplingParams())] for s, p in enumerate(users)]
+        depths = {s: 3 for s in range(len(users))}
+        while min(map(len, toks)) < 12:
+            be.verify(be.draft(depths))
             be.abort()
-            toks += speculative_step(be, 3).tokens
-        assert toks[:12] == ref, mechanism
+            for s, acc in speculative_step(be, depths).items():
+                toks[s] += acc.tokens
+        assert [t[:12] for t in toks] == refs, mechanism
         assert be.counters.aborts == be.counters.steps
 
 
-def test_stochastic_abort_rewinds_the_sampler(model):
+@pytest.mark.parametrize("b", BATCHES)
+def test_stochastic_abort_rewinds_the_sampler(model, b):
     """An aborted step leaves no trace, sampler included: with aborts interleaved, the same tokens come out."""
-    p = prompts(model.config.vocab_size)[0]
-    params = SamplingParams(temperature=1.0, top_k=16, seed=2)
-    want = speculative_generate(ReferenceBackend(model, "shadow_commit", 64), p, 10, 2, params).tokens
-    be = ReferenceBackend(model, "shadow_commit", 64)
-    toks = [be.prefill(p, params)]
-    while len(toks) < 10:
-        be.verify(be.draft(2))
+    users = prompts(model.config.vocab_size, b)
+    params = [SamplingParams(temperature=1.0, top_k=16, seed=2 + i) for i in range(b)]
+    want, _ = decode(model, "shadow_commit", users, 10, 2, b, params)
+    be = ReferenceBackend(model, "shadow_commit", 64, slots=b)
+    toks = [[be.join(s, p, pp)] for s, (p, pp) in enumerate(zip(users, params))]
+    depths = {s: 2 for s in range(b)}
+    while min(map(len, toks)) < 10:
+        be.verify(be.draft(depths))
         be.abort()
-        toks += speculative_step(be, 2).tokens
-    assert toks[:10] == want
+        for s, acc in speculative_step(be, depths).items():
+            toks[s] += acc.tokens
+    assert [t[:10] for t in toks] == [r.tokens for r in want]
 
 
 @pytest.mark.slow  # a CLI run per mechanism

@@ -62,7 +62,7 @@ def test_plain_injects_at_exactly_n_and_continues_as_a_prefill(model, n):
 def test_speculative_equals_plain_with_the_same_injection(model, mech, n):
     want = plain_generate(model, PROMPT, 20, thinking=budget(n)).tokens
     be = ReferenceBackend(model, mech, max_len=64)
-    got = speculative_generate(be, PROMPT, 20, 3, SamplingParams(), thinking=budget(n))
+    got = speculative_generate(be, [PROMPT], 20, [3], [SamplingParams()], thinking=budget(n))[0]
     assert got.tokens == want
     assert tuple(got.tokens[n:n + len(PHRASE)]) == PHRASE
 
@@ -74,14 +74,15 @@ class OracleDrafts(ReferenceBackend):
         super().__init__(model, mech, max_len=64)
         self.want, self.prompt_len, self.commits = want, prompt_len, []
 
-    def draft(self, k):
-        super().draft(k)
-        i = self.live.state.pos - self.prompt_len + 1  # tokens emitted so far (the pending one included)
-        return ReferenceDraft(torch.tensor([(self.want[i:i + k] + [0] * k)[:k]]), None)
+    def draft(self, depths):
+        super().draft(depths)
+        k = depths[0]
+        i = int(self.state.pos[0]) - self.prompt_len + 1  # tokens emitted so far (the pending one included)
+        return ReferenceDraft(dict(depths), {0: torch.tensor([(self.want[i:i + k] + [0] * k)[:k]])}, {0: None})
 
-    def commit(self, acceptance):
-        super().commit(acceptance)
-        self.commits.append(acceptance.num_accepted)
+    def commit(self, acceptances):
+        super().commit(acceptances)
+        self.commits.append(acceptances[0].num_accepted)
 
 
 @pytest.mark.parametrize("mech", MECHANISMS)
@@ -89,7 +90,7 @@ def test_budget_inside_a_fully_accepted_step(model, mech):
     n = 2
     want = plain_generate(model, PROMPT, 20, thinking=budget(n)).tokens
     be = OracleDrafts(model, mech, want, len(PROMPT))
-    got = speculative_generate(be, PROMPT, 20, 3, SamplingParams(), thinking=budget(n))
+    got = speculative_generate(be, [PROMPT], 20, [3], [SamplingParams()], thinking=budget(n))[0]
     assert got.tokens == want
     # step 1 had 3 correct drafts after the prefill's token, but commits only up to the 2nd thinking token (a = 0:
     # the pending token is the 2nd), then the phrase is injected (all 6 forced rows committed)
@@ -101,32 +102,28 @@ def test_speculative_sampled_injects_at_exactly_n_with_a_prefix_cache(model):
     for n in (2, 6):
         cache = PrefixCache(4, 1 << 30)
         be = ReferenceBackend(model, "shadow_commit", max_len=64, prefix_cache=cache)
-        got = speculative_generate(be, PROMPT, 24, 3, params, thinking=budget(n)).tokens
+        got = speculative_generate(be, [PROMPT], 24, [3], [params], thinking=budget(n))[0].tokens
         assert END not in got[:n] and tuple(got[n:n + len(PHRASE)]) == PHRASE
-        be.release()
         assert cache.stats.inserts == 2  # the prompt's two whole blocks before its last token, nothing else
 
 
 def test_refusals(model):
     be = ReferenceBackend(model, "snapshot", max_len=64)
     with pytest.raises(ValueError, match="logprobs"):
-        speculative_generate(be, PROMPT, 8, 2, SamplingParams(logprobs=2), thinking=budget(2))
+        speculative_generate(be, [PROMPT], 8, [2], [SamplingParams(logprobs=2)], thinking=budget(2))[0]
     with pytest.raises(ValueError, match="logprobs"):
         plain_generate(model, PROMPT, 8, SamplingParams(logprobs=2), thinking=budget(2))
 
 
 def test_batched_speculative_budgets_equal_single_user_runs(model):
-    """Three users of one ReferenceBatchBackend, each with the budget counted on its own (users reach it in
+    """Three users of one ReferenceBackend, each with the budget counted on its own (users reach it in
     different steps, one at its first token); the phrases of users reaching it in the same step go in one packed
     inject. Each user's tokens == its plain run with the budget."""
-    from qwen36.speculative.engine import speculative_generate_batch
-    from qwen36.speculative.reference_batch_backend import ReferenceBatchBackend
-
     prompts = [PROMPT, [3, 4, 5, START], [60, 61, START, 62, 63]]  # the third: thinking opened mid-prompt
     for n in (1, 3):
         want = [plain_generate(model, p, 20, thinking=budget(n)).tokens for p in prompts]
-        be = ReferenceBatchBackend(model, slots=3, mechanism="snapshot", max_len=64, max_k=3)
-        got = speculative_generate_batch(be, prompts, 20, [3, 2, 3], [SamplingParams()] * 3, thinking=budget(n),
-                                         arrivals=[0, 0, 1])
+        be = ReferenceBackend(model, "snapshot", max_len=64, slots=3, max_k=3)
+        got = speculative_generate(be, prompts, 20, [3, 2, 3], [SamplingParams()] * 3, thinking=budget(n),
+                                   arrivals=[0, 0, 1])
         assert [r.tokens for r in got] == want
         assert all(tuple(w[n:n + len(PHRASE)]) == PHRASE for w in want)

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from qwen36.checkpoint import load_checkpoint
-from qwen36.speculative.batch_backend import speculative_generate_slots
 from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.sampling import SamplingParams
 from qwen36.testing.tt import small_tt_generator
@@ -104,7 +103,7 @@ def test_batched_drafts_equal_single_user_drafts(gen, reader, plain):
     prompts, k = PROMPTS[:2], 2
     be = Recording(batch_backend(gen, reader, 2, k, "snapshot"), lambda: be.backend.drafter.read_drafts())
     try:
-        got = speculative_generate_slots(be, prompts, N_NEW, [k, k], [SamplingParams()] * 2, arrivals=[0, 1])
+        got = speculative_generate(be, prompts, N_NEW, [k, k], [SamplingParams()] * 2, arrivals=[0, 1])
     finally:
         be.close()
     assert be.label == f"tt ({gen.label})"  # no host drafter
@@ -117,7 +116,7 @@ def test_batched_drafts_equal_single_user_drafts(gen, reader, plain):
         single = Recording(TTSpecBackend(gen, "snapshot", drafter=drafter, use_trace=False),
                            lambda: drafter.head.read_drafts())
         try:
-            ref = speculative_generate(single, p, N_NEW, k)
+            ref = speculative_generate(single, [p], N_NEW, [k])[0]
         finally:
             single.release()
         assert ref.tokens == got[u].tokens
@@ -141,7 +140,7 @@ def test_batched_mtp_greedy_is_lossless_b4(gen, reader, plain, mech):
     depths = [3, 1, 2, 3]
     be = batch_backend(gen, reader, 4, 3, mech)
     try:
-        got = speculative_generate_slots(be, PROMPTS, N_NEW, depths, [SamplingParams()] * 4, arrivals=[0, 0, 0, 2])
+        got = speculative_generate(be, PROMPTS, N_NEW, depths, [SamplingParams()] * 4, arrivals=[0, 0, 0, 2])
     finally:
         be.close()
     for u, r in enumerate(got):
@@ -305,7 +304,7 @@ def test_sampled_drafts_follow_the_acceptors_transform(gen, reader):
         be.close()
     be = TTBatchSpecBackend(gen, 2, 2, "snapshot", drafter=TTBatchMTPDrafter(reader), params=sp)
     try:
-        got = speculative_generate_slots(be, PROMPTS[:2], 6, [2, 1], [sp, SamplingParams(temperature=1.0, top_k=6,
+        got = speculative_generate(be, PROMPTS[:2], 6, [2, 1], [sp, SamplingParams(temperature=1.0, top_k=6,
                                                                                          seed=4)])
     finally:
         be.close()

@@ -7,7 +7,7 @@ mesh: one packed B x (K+1) verify per step over TTBatchDecoder's slots, per-user
 * state: each user's committed GDN recurrent, conv and KV rows equal its own single-user TT speculative run
   (TTSpecBackend with the same drafts), within BATCH_VS_SINGLE_MAX_ABS; a user sitting a step out is bit-unchanged;
   a NaN-poisoned free slot never reaches a user;
-* the batched verify's logits track the reference ReferenceBatchBackend's packed verify (PCC per real row);
+* the batched verify's logits track the reference ReferenceBackend's packed verify (PCC per real row);
 * stochastic: each user's first emitted token follows its own target distribution (chi-square, B = 4).
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ import torch
 
 from qwen36.probes.gdn_transaction_tp_checks import gdn_host_batch1, kv_host
 from qwen36.reference.model import Qwen36Model
-from qwen36.speculative.batch_backend import BatchSpecBackend, speculative_generate_slots
+from qwen36.speculative.engine import SpecBackend, speculative_generate
 from qwen36.speculative.mechanisms import MECHANISMS
-from qwen36.speculative.reference_batch_backend import BatchDraft as RefBatchDraft, ReferenceBatchBackend
+from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft as RefBatchDraft
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.speculative import oracle_drafter
 from qwen36.testing.tt import make_bf16_checkpoint
@@ -94,8 +94,8 @@ def test_batched_speculative_greedy_is_lossless(gen, plain, mech, b):
     arrivals = [0] * (b - 1) + [2]
     be = TTBatchSpecBackend(gen, b, 3, mech, drafter=users_drafter(plain))
     try:
-        assert isinstance(be, BatchSpecBackend)
-        got = speculative_generate_slots(be, prompts, N_NEW, depths, [SamplingParams()] * b, arrivals=arrivals)
+        assert isinstance(be, SpecBackend)
+        got = speculative_generate(be, prompts, N_NEW, depths, [SamplingParams()] * b, arrivals=arrivals)
     finally:
         be.close()
     for u, r in enumerate(got):
@@ -113,9 +113,9 @@ def single_user_state(gen, plain, p, k, steps, prompts=PROMPTS):
     oracle drafts: (history, [(recurrent, conv)] per GDN layer, KV rows)."""
     be = TTSpecBackend(gen, "snapshot", drafter=users_drafter(plain, prompts), use_trace=False)
     try:
-        be.prefill(p)
+        be.join(0, p)
         for _ in range(steps):
-            d = be.draft(k)
+            d = be.draft({0: k})
             v = be.verify(d)
             be.commit(be.accept(d, v))
         return list(be.history), gdn_host_batch1(gen.ttnn, gen.state), kv_host(gen.ttnn, gen.state, 0, be.n)
@@ -202,7 +202,7 @@ def test_batched_speculative_greedy_b8_is_lossless_and_matches_single_user_state
     arrivals = [0, 0, 0, 0, 0, 1, 2, 2]
     be = TTBatchSpecBackend(gen, b, 3, "shadow_commit", drafter=users_drafter(plain8, PROMPTS8))
     try:
-        got = speculative_generate_slots(be, PROMPTS8, N_NEW, depths, [SamplingParams()] * b, arrivals=arrivals)
+        got = speculative_generate(be, PROMPTS8, N_NEW, depths, [SamplingParams()] * b, arrivals=arrivals)
         for u, r in enumerate(got):
             assert r.tokens == plain8[u][:N_NEW], f"user {u}"
         steps = [(a, k) for r in got for a, k in zip(r.stats.accepted, r.stats.depths)]
@@ -283,7 +283,7 @@ def test_refuses_what_it_cannot_serve(gen, plain):
 
 # ---- vs the reference batched backend ---------------------------------------------------------------------------
 def test_verify_logits_track_reference_batch_backend(gen, ckpt):
-    """The same prompts and forced drafts through one packed verify on TT and on the reference ReferenceBatchBackend
+    """The same prompts and forced drafts through one packed verify on TT and on the reference ReferenceBackend
     (users with depths 3 and 1, a third sitting out): PCC of every real row's logits >= TT_VS_REF_PCC.
 
     Both backends must first emit the same token at join, so these prompts (PROMPTS' lengths, other seeds) have a
@@ -293,8 +293,8 @@ def test_verify_logits_track_reference_batch_backend(gen, ckpt):
     forced = {0: [7, 8, 9], 1: [11]}
     be = TTBatchSpecBackend(gen, 4, 3, "snapshot", drafter=lambda h, k: forced[0 if len(h) == 6 else 1][:k],
                             use_trace=False)
-    ref = ReferenceBatchBackend(Qwen36Model.from_checkpoint(ckpt, dtype=torch.float32), 4, "snapshot",
-                                max_len=64, max_k=3)
+    ref = ReferenceBackend(Qwen36Model.from_checkpoint(ckpt, dtype=torch.float32), "snapshot", max_len=64, slots=4,
+                           max_k=3)
     try:
         for s in range(3):
             assert be.join(s, prompts[s]) == ref.join(s, prompts[s])

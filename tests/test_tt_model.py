@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.reference.model import Qwen36Model, greedy_generate
+from qwen36.reference.batch import greedy_generate
+from qwen36.reference.model import Qwen36Model
 from qwen36.tiny import PRESETS
 from qwen36.tt.generator import TTGenerator
 from qwen36.tt.model_config import PrecisionSetting, TPSplitError, TTModelArgs

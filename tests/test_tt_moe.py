@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.reference.model import Qwen36Model, greedy_generate
+from qwen36.reference.batch import greedy_generate
+from qwen36.reference.model import Qwen36Model
 from qwen36.tiny import PRESETS
 from qwen36.tt.model_config import PrecisionSetting
 from qwen36.tt.moe import row_onehot
@@ -272,7 +273,7 @@ def test_moe_speculative_greedy_lossless_all_mechanisms(ckpt, ref):
         for k in (1, 3):
             for m in MECHANISMS:
                 be = TTSpecBackend(gen, m, drafter=drafter, use_trace=True)
-                r = speculative_generate(be, PROMPT, 16, k)
+                r = speculative_generate(be, [PROMPT], 16, [k])[0]
                 be.close()
                 assert r.tokens == plain, f"K={k} {m}: speculative != plain greedy"
     finally:
@@ -335,14 +336,16 @@ def test_moe_stochastic_speculation_emits_the_target_distribution(ckpt):
     done, seg = 0, 0
     try:
         while done < steps:
-            be.prefill([(PROMPT[i] + 37 * seg) % CFG.vocab_size for i in range(6)], params)
+            if seg:
+                be.leave(0)  # the next segment is a new user
+            be.join(0, [(PROMPT[i] + 37 * seg) % CFG.vocab_size for i in range(6)], params)
             seg += 1
             while done < steps and be.n + 2 * (k + 1) < gen.model.args.max_seq_len:
-                d = be.draft(k)
+                d = be.draft({0: k})
                 v = be.verify(d)
                 p = probs_from_logits(gen.model.to_host(v.out.logits).float().reshape(k + 1, -1), params)
-                acc = be.accept(d, v)
-                be.commit(acc)
+                acc = be.accept(d, v)[0]
+                be.commit({0: acc})
                 kept = p[0].nonzero().flatten()
                 order = kept[p[0][kept].argsort(descending=True)].tolist()
                 rank = order.index(acc.tokens[0]) if acc.tokens[0] in order else top_k

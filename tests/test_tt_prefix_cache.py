@@ -155,7 +155,7 @@ def test_speculative_warm_equals_cold(gen, ckpt_factory, mech):
         gen.release_trace()
         be = TTSpecBackend(gen, mech, drafter=drafter, prefix_cache=cache)
         try:
-            res = speculative_generate(be, prompt, 10, 2, SamplingParams())
+            res = speculative_generate(be, [prompt], 10, [2], [SamplingParams()])[0]
             return res, be.prefill_logits.clone(), be.last_prefill.reused, mtp_prompt_rows()
         finally:
             be.close()
@@ -178,7 +178,7 @@ def test_batched_speculative_shares_blocks(ckpt_factory):
     every user's tokens
     and accepted counts equal the same schedule with nothing cached."""
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.speculative.engine import speculative_generate_batch
+    from qwen36.speculative.engine import speculative_generate
     from qwen36.tt.batch_spec import TTBatchSpecBackend
     from qwen36.tt.mtp_drafter import TTBatchMTPDrafter
 
@@ -191,7 +191,7 @@ def test_batched_speculative_shares_blocks(ckpt_factory):
     def run(cache):
         be = TTBatchSpecBackend(g, 4, 1, "shadow_commit", drafter=TTBatchMTPDrafter(reader), prefix_cache=cache)
         try:
-            return speculative_generate_batch(be, prompts, 8, [1, 1, 1], [SamplingParams()] * 3, arrivals=[0, 0, 3])
+            return speculative_generate(be, prompts, 8, [1, 1, 1], [SamplingParams()] * 3, arrivals=[0, 0, 3])
         finally:
             be.release()
 

@@ -547,7 +547,7 @@ def test_tt_speculative_greedy_with_penalties_is_plain_greedy_with_penalties(mtp
         return [(t + 1) % ref.config.vocab_size if torch.rand(1, generator=g).item() < 0.3 else t for t in toks]
 
     be = TTSpecBackend(gen, mechanism, drafter=drafter)
-    out = speculative_generate(be, prompt, 16, 3, params)
+    out = speculative_generate(be, [prompt], 16, [3], [params])[0]
     be.release()
     assert out.tokens == plain
     assert sum(out.stats.accepted) > 0 and min(out.stats.accepted) == 0
@@ -560,8 +560,8 @@ def test_tt_speculative_sampling_with_penalties_is_seeded(mtp_gen, ckpt):
     prompt = [5, 6, 7, 8, 9]
     be = TTSpecBackend(mtp_gen, "shadow_commit", drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)))
     params = SamplingParams(temperature=0.9, top_k=30, min_p=0.02, seed=2, **PENALTIES)
-    a = speculative_generate(be, prompt, 12, 2, params).tokens
-    b = speculative_generate(be, prompt, 12, 2, params).tokens
+    a = speculative_generate(be, [prompt], 12, [2], [params])[0].tokens
+    b = speculative_generate(be, [prompt], 12, [2], [params])[0].tokens
     be.release()
     assert a == b and len(a) == 12
 
@@ -581,7 +581,7 @@ def test_tt_speculative_logprobs_equal_plain(mtp_gen, ref):
         return [(t + 1) % ref.config.vocab_size if torch.rand(1, generator=g).item() < 0.3 else t for t in toks]
 
     be = TTSpecBackend(gen, "shadow_commit", drafter=drafter)
-    spec = speculative_generate(be, prompt, 12, 3, params)
+    spec = speculative_generate(be, [prompt], 12, [3], [params])[0]
     be.release()
     assert spec.tokens == plain.tokens and sum(spec.stats.accepted) > 0
     assert [lp.token for lp in spec.logprobs] == spec.tokens

@@ -41,7 +41,7 @@ def plain(gen):
 @pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow), pytest.param(7, marks=pytest.mark.slow)])
 def test_spec_greedy_lossless_vs_plain(gen, plain, mech, k):
     be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, plain), use_trace=True)
-    r = speculative_generate(be, PROMPT, MAX_NEW, k)
+    r = speculative_generate(be, [PROMPT], MAX_NEW, [k])[0]
     be.close()
     assert r.tokens == plain
     hist = r.stats.histogram()
@@ -56,14 +56,14 @@ def test_spec_greedy_lossless_vs_plain(gen, plain, mech, k):
 def _run_recording(gen, plain, mech, k, steps, use_trace):
     """Run `steps` spec steps; record per-step verify logits + acceptor result (host reads after each step)."""
     be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, plain), use_trace=use_trace)
-    be.prefill(PROMPT)
+    be.join(0, PROMPT)
     logits, accs = [], []
     for _ in range(steps):
-        d = be.draft(k)
+        d = be.draft({0: k})
         v = be.verify(d)
         logits.append(gen.model.to_host(v.out.logits).clone())
-        acc = be.accept(d, v)
-        be.commit(acc)
+        acc = be.accept(d, v)[0]
+        be.commit({0: acc})
         accs.append((acc.num_accepted, acc.tokens))
     pos = device_position(be)
     n_traces = len(be._traces)
@@ -98,20 +98,20 @@ def test_verify_vs_decode_shared_rows(gen):
 
 def test_abort_after_verify_restores(gen, plain):
     be = TTSpecBackend(gen, "snapshot", drafter=oracle_drafter(PROMPT, plain), use_trace=False)
-    be.prefill(PROMPT)
-    d = be.draft(3)
+    be.join(0, PROMPT)
+    d = be.draft({0: 3})
     be.verify(d)
     be.abort()
     r_tokens = []
     while len(r_tokens) < 12:
-        d = be.draft(3)
-        acc = be.accept(d, be.verify(d))
-        be.commit(acc)
+        d = be.draft({0: 3})
+        acc = be.accept(d, be.verify(d))[0]
+        be.commit({0: acc})
         r_tokens += acc.tokens
     assert r_tokens[:12] == plain[1:13]
     sh = TTSpecBackend(gen, "shadow_commit", drafter=oracle_drafter(PROMPT, plain), use_trace=False)
-    sh.prefill(PROMPT)
-    sh.verify(sh.draft(2))
+    sh.join(0, PROMPT)
+    sh.verify(sh.draft({0: 2}))
     with pytest.raises(RuntimeError, match="shadow_commit"):
         sh.abort()
 

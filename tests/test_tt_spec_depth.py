@@ -95,12 +95,12 @@ def test_forced_depth_schedule_commits_the_decode_oracle_state(ci_gen, ci_plain,
     gen = ci_gen
     steps = []
     be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, ci_plain), depths=DEPTHS, use_trace=True)
-    be.prefill(PROMPT)
+    be.join(0, PROMPT)
     for i, k in enumerate(SCHEDULE):
-        d = be.draft(k)
-        acc = be.accept(d, be.verify(d))
-        be.plan_next_depth(SCHEDULE[i + 1] if i + 1 < len(SCHEDULE) else k)
-        be.commit(acc)
+        d = be.draft({0: k})
+        acc = be.accept(d, be.verify(d))[0]
+        be.plan_next_depths({0: SCHEDULE[i + 1] if i + 1 < len(SCHEDULE) else k})
+        be.commit({0: acc})
         n = device_position(be)
         assert n == be.n and int(read_scalar(be.step_state, be.step_state.pending)) == be.history[-1]
         steps.append((k, acc.num_accepted, n, _state(gen, _committed_rec(be))))
@@ -131,25 +131,25 @@ def test_forced_depth_schedule_commits_the_decode_oracle_state(ci_gen, ci_plain,
 
 def test_refuses_depths_it_was_not_built_for(ci_gen, ci_plain):
     be = TTSpecBackend(ci_gen, "snapshot", drafter=oracle_drafter(PROMPT, ci_plain), depths=(1, 2), use_trace=False)
-    be.prefill(PROMPT)
+    be.join(0, PROMPT)
     with pytest.raises(ValueError, match="not one of this backend's depths"):
-        be.draft(3)
-    d = be.draft(2)
-    acc = be.accept(d, be.verify(d))
+        be.draft({0: 3})
+    d = be.draft({0: 2})
+    acc = be.accept(d, be.verify(d))[0]
     with pytest.raises(ValueError, match="not one of this backend's depths"):
-        be.plan_next_depth(4)
-    be.commit(acc)  # nothing planned: the next step drafts at the same depth
+        be.plan_next_depths({0: 4})
+    be.commit({0: acc})  # nothing planned: the next step drafts at the same depth
     with pytest.raises(ValueError, match="plan_next_depth"):
-        be.draft(1)
+        be.draft({0: 1})
     with pytest.raises(RuntimeError, match="between accept"):
-        be.plan_next_depth(1)
+        be.plan_next_depths({0: 1})
     be.close()
     fixed = TTSpecBackend(ci_gen, "snapshot", drafter=oracle_drafter(PROMPT, ci_plain), use_trace=False)
-    fixed.prefill(PROMPT)
-    d = fixed.draft(2)
-    acc = fixed.accept(d, fixed.verify(d))
+    fixed.join(0, PROMPT)
+    d = fixed.draft({0: 2})
+    acc = fixed.accept(d, fixed.verify(d))[0]
     with pytest.raises(ValueError, match="within one generation"):
-        fixed.plan_next_depth(1)
+        fixed.plan_next_depths({0: 1})
     fixed.close()
 
 
@@ -192,7 +192,7 @@ def test_auto_depth_greedy_with_penalties_is_plain_greedy_with_penalties(ci_ck, 
 
     controller = _controller()
     be = TTSpecBackend(ci_gen, mech, drafter=drafter, depths=controller.depths)
-    r = speculative_generate(be, PROMPT, n, controller, params)
+    r = speculative_generate(be, [PROMPT], n, [controller], [params])[0]
     assert r.tokens == want
     hist = TokenHistory(PROMPT, vocab)
     hist.add(be.history[len(PROMPT):])  # every emitted token, the last step's past n included
@@ -231,7 +231,8 @@ def _controller():
 
 @pytest.fixture(scope="module")
 def auto_plain(gen):
-    from qwen36.reference.model import Qwen36Model, greedy_generate
+    from qwen36.reference.batch import greedy_generate
+    from qwen36.reference.model import Qwen36Model
 
     tt = gen.greedy(AUTO_PROMPT, AUTO_NEW)
     gen.release_trace()
@@ -247,7 +248,7 @@ def test_auto_depth_greedy_equals_plain_and_reference(gen, drafter, auto_plain, 
     assert tt_plain == ref_plain, "TT plain greedy differs from the reference on this prompt"
     controller = _controller()
     be = TTSpecBackend(gen, mech, drafter=drafter, depths=controller.depths)
-    r = speculative_generate(be, AUTO_PROMPT, AUTO_NEW, controller)
+    r = speculative_generate(be, [AUTO_PROMPT], AUTO_NEW, [controller])[0]
     captures = dict(be._traces.captures)
     be.close()
     assert r.tokens == tt_plain
@@ -273,7 +274,7 @@ def test_auto_depth_greedy_with_penalties_device_mtp(gen, drafter):
     assert tt == ref
     controller = _controller()
     be = TTSpecBackend(gen, "shadow_commit", drafter=drafter, depths=controller.depths)
-    r = speculative_generate(be, AUTO_PROMPT, AUTO_NEW, controller, params)
+    r = speculative_generate(be, [AUTO_PROMPT], AUTO_NEW, [controller], [params])[0]
     be.close()
     assert r.tokens == tt
     assert len(set(r.stats.depths)) > 1, f"the controller never changed K: {r.stats.depths}"
@@ -307,21 +308,23 @@ def test_auto_depth_stochastic_chi_square(gen, drafter, draft, seed, penalties):
     while done < steps:
         prompt = STOCH_PROMPTS[seg % len(STOCH_PROMPTS)]
         hist = TokenHistory(prompt, gen.model.args.cfg.vocab_size)
-        hist.add([be.prefill(prompt, params)])
+        if seg:
+            be.leave(0)  # the next segment is a new user
+        hist.add([be.join(0, prompt, params)])
         seg += 1
         k = STOCH_DEPTHS[done % len(STOCH_DEPTHS)]
         while done < steps and be.n + 2 * (max(STOCH_DEPTHS) + 1) < max_len:
-            d = be.draft(k)
+            d = be.draft({0: k})
             dr = be.drafter.head.read_drafts()[0]
             q = (gen.model.to_host(be.drafter.sampler.draft_probs).float().reshape(k, -1) if draft == "sample"
                  else None)
             v = be.verify(d)
             pen = hist.rows(torch.as_tensor(dr)) if penalties else None
             p = probs_from_logits(gen.model.to_host(v.out.logits).float().reshape(k + 1, -1), params, pen)
-            acc = be.accept(d, v)
+            acc = be.accept(d, v)[0]
             nxt = STOCH_DEPTHS[(done + 1) % len(STOCH_DEPTHS)]
-            be.plan_next_depth(nxt)
-            be.commit(acc)
+            be.plan_next_depths({0: nxt})
+            be.commit({0: acc})
             hist.add(acc.tokens)
             if penalties:
                 _counts_match(be, hist)

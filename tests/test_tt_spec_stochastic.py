@@ -193,17 +193,19 @@ def _e2e(gen, drafter, draft: str, steps: int, seed: int):
     a_ge1, alpha_sum, alpha_var, hist = 0, 0.0, 0.0, [0] * (K_E2E + 1)
     done, seg, max_len = 0, 0, gen.model.args.max_seq_len
     while done < steps:
-        be.prefill(PROMPTS[seg % len(PROMPTS)], params)
+        if seg:
+            be.leave(0)  # the next segment is a new user
+        be.join(0, PROMPTS[seg % len(PROMPTS)], params)
         seg += 1
         while done < steps and be.n + 2 * (K_E2E + 1) < max_len:
-            d = be.draft(K_E2E)
+            d = be.draft({0: K_E2E})
             dr = be.drafter.head.read_drafts()[0]
             q = (gen.model.to_host(be.drafter.sampler.draft_probs).float().reshape(K_E2E, -1)
                  if draft == "sample" else None)
             v = be.verify(d)
             p = probs_from_logits(gen.model.to_host(v.out.logits).float().reshape(K_E2E + 1, -1), params)
-            acc = be.accept(d, v)
-            be.commit(acc)
+            acc = be.accept(d, v)[0]
+            be.commit({0: acc})
             done += 1
             hist[acc.num_accepted] += 1
             srt = p.sort(dim=-1, descending=True).values[:, :TOP_K]
@@ -239,7 +241,7 @@ def test_seeded_runs_are_deterministic(gen, drafter):
 
     def run(seed, draft="sample"):
         be = TTSpecBackend(gen, "shadow_commit", drafter=drafter)
-        r = speculative_generate(be, PROMPTS[0], 24, 3, SamplingParams(0.8, 20, 1.0, seed, draft=draft))
+        r = speculative_generate(be, [PROMPTS[0]], 24, [3], [SamplingParams(0.8, 20, 1.0, seed, draft=draft)])[0]
         be.close()
         return r.tokens, r.stats.accepted
 

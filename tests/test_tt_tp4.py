@@ -64,7 +64,7 @@ def test_tp4_spec_greedy_equals_plain_host_drafter(gen, plain, mech, k):
     """Drafts with deliberate misses, so steps accept mixed lengths: the committed state after a partial accept
     must continue exactly like plain decoding."""
     be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, plain), use_trace=True)
-    r = speculative_generate(be, PROMPT, MAX_NEW, k)
+    r = speculative_generate(be, [PROMPT], MAX_NEW, [k])[0]
     be.close()
     assert r.tokens == plain
     assert sum(1 for c in r.stats.histogram() if c) >= 2, f"acceptance lengths not mixed: {r.stats.histogram()}"
@@ -75,6 +75,6 @@ def test_tp4_spec_greedy_equals_plain_device_mtp(gen, ckpt, plain):
 
     be = TTSpecBackend(gen, "shadow_commit", drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)),
                        use_trace=True)
-    r = speculative_generate(be, PROMPT, MAX_NEW, 3)
+    r = speculative_generate(be, [PROMPT], MAX_NEW, [3])[0]
     be.close()
     assert r.tokens == plain

@@ -81,9 +81,9 @@ def test_verify_rows_across_a_page_boundary_one_indexed_kv_write(gen):
                     ttnn.from_torch(torch.zeros(list(buf.shape)), dtype=buf.dtype, layout=buf.layout,
                                     mesh_mapper=ttnn.ReplicateTensorToMesh(gen.mesh)), buf)
     be = TTSpecBackend(gen, "shadow_commit", drafter=lambda h, kk: rows[1:kk + 1], use_trace=False)
-    be.prefill(prompt)
+    be.join(0, prompt)
     be.history[-1] = rows[0]
-    be.draft(3)
+    be.draft({0: 3})
     with gen.ctx.counters.scope("verify") as n:
         vout = be.verify(None)
     packed = gen.model.to_host(vout.out.logits).float().reshape(4, -1)
@@ -100,7 +100,7 @@ def test_verify_rows_across_a_page_boundary_one_indexed_kv_write(gen):
 @pytest.mark.parametrize("k", [1, 3])
 def test_spec_greedy_lossless_two_kv_heads(gen, plain, mech, k):
     be = TTSpecBackend(gen, mech, drafter=oracle_drafter(PROMPT, plain), use_trace=True)
-    r = speculative_generate(be, PROMPT, MAX_NEW, k)
+    r = speculative_generate(be, [PROMPT], MAX_NEW, [k])[0]
     be.close()
     assert r.tokens == plain
     assert sum(1 for c in r.stats.histogram() if c) >= 2, f"acceptance lengths not mixed: {r.stats.histogram()}"

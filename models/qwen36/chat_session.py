@@ -84,9 +84,9 @@ class _RefSpec(_RefPlain):
 
         forced = len(thinking.phrase) if thinking is not None else 0  # the phrase's rows
         be = ReferenceBackend(self.model, self.mechanism, max_len=len(prompt) + max_new + forced + self.k + 2,
-                              prefix_cache=self.cache)
-        res = speculative_generate(be, prompt, max_new, self.k, params, eos, thinking=thinking)
-        be.release()
+                              max_k=self.k, prefix_cache=self.cache)
+        # the finished user leaves its slot: its cached prefix blocks become evictable
+        res = speculative_generate(be, [prompt], max_new, [self.k], [params], eos, thinking=thinking)[0]
         self.label = be.label + f" speculative K={self.k} {be.mechanism.name}"
         return res.tokens, be.last_prefill.reused, be.last_prefill.computed, be.prefill_s, None
 
@@ -127,7 +127,7 @@ class _TTSpec(_TTPlain):
         self.gen.release_trace()
         be = TTSpecBackend(self.gen, self.mechanism, drafter=self.drafter, prefix_cache=self.cache)
         try:
-            res = speculative_generate(be, prompt, max_new, self.k, params, eos)
+            res = speculative_generate(be, [prompt], max_new, [self.k], [params], eos)[0]
         finally:
             be.close()
         self.label = f"{be.label} speculative K={self.k} {be.mechanism.name}"

@@ -42,7 +42,7 @@ class ReferenceTarget:
 
     @torch.no_grad()
     def greedy(self, prompt: list[int], max_new_tokens: int, eos_ids: tuple[int, ...]) -> list[int]:
-        from ..reference.model import greedy_generate
+        from ..reference.batch import greedy_generate
 
         dev = self.model.embed_tokens.weight.device
         return greedy_generate(self.model, torch.tensor(prompt, device=dev), max_new_tokens, eos_ids)

@@ -110,12 +110,12 @@ def run(args: argparse.Namespace) -> int:
 
     release = getattr(backend, "release", lambda: None)  # TT: free the spec traces before plain decode allocates
     # warm-up (first-call allocations) so that the timed runs compare like with like
-    speculative_generate(backend, ids[:8], 4, fresh_depth(), params, eos_ids=eos)
+    speculative_generate(backend, [ids[:8]], 4, [fresh_depth()], [params], eos_ids=eos)
     release()
     target.generate(ids[:8], 4, params, eos)
 
     t0 = time.perf_counter()
-    result = speculative_generate(backend, ids, args.max_new_tokens, fresh_depth(), params, eos_ids=eos)
+    result = speculative_generate(backend, [ids], args.max_new_tokens, [fresh_depth()], [params], eos_ids=eos)[0]
     t_spec = time.perf_counter() - t0
     release()
     t0 = time.perf_counter()

@@ -7,17 +7,17 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..speculative.engine import GenerationResult, MechanismCounters, SpecBackend, speculative_generate_batch
+from ..speculative.engine import GenerationResult, MechanismCounters, SpecBackend, speculative_generate
 from .backends import REFERENCE_DEVICES
 
 
 def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, depth=None, users: int = 1,
                  params=None, precision: str = "accuracy"):
     """The speculative backend for --device: the torch reference, or the TT target + device MTP. ``depth``: the
-    depth policy (the TT backend allocates every depth a controller may pick). ``users`` > 1: one batched backend
-    with that many slots (one packed verify per step for all users): ``ReferenceBatchBackend``, or on TT
-    ``TTBatchSpecBackend`` with the batched device MTP drafter (fixed K; ``params``: the users' shared sampling
-    parameters, seeds aside). ``precision``: the TT precision preset (`generate` passes the one its plain path
+    depth policy (the TT backend allocates every depth a controller may pick; the reference sizes its verify for
+    the largest). ``users``: the backend's slots (one packed verify per step for all users): ``ReferenceBackend``,
+    or on TT ``TTSpecBackend`` for one user and ``TTBatchSpecBackend`` with the batched device MTP drafter for
+    several (fixed K; ``params``: the users' shared sampling parameters, seeds aside). ``precision``: the TT precision preset (`generate` passes the one its plain path
     uses, so that speculative and plain decoding run the same model)."""
     if device not in REFERENCE_DEVICES:
         if users != 1:
@@ -35,14 +35,8 @@ def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, d
         raise UserError("--device reference-cuda but torch sees no CUDA device; use --device reference")
     model = Qwen36Model.from_checkpoint(ckpt, dtype=dtype, device="cuda" if device == "reference-cuda" else "cpu",
                                         require_mtp=True)
-    if users == 1:
-        return ReferenceBackend(model, mechanism, max_len=max_len)
-    from ..speculative.reference_batch_backend import ReferenceBatchBackend
-
-    if depth is None:
-        raise ValueError("a batched backend needs the depth policy (it sizes its verify for the largest K)")
-    k_max = depth if isinstance(depth, int) else depth.k_max
-    return ReferenceBatchBackend(model, users, mechanism, max_len=max_len, max_k=k_max)
+    k_max = 8 if depth is None else depth if isinstance(depth, int) else depth.k_max
+    return ReferenceBackend(model, mechanism, max_len=max_len, slots=users, max_k=k_max)
 
 
 def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, precision: str = "accuracy",
@@ -137,7 +131,7 @@ def config_of(ckpt: Path):
 def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list[list[int]], texts: list[str] | None,
                              tok, precision: str | None = None, thinking=None) -> int:
     """Speculative generation of one or several users (several: one batched backend, every step one packed verify
-    over all users, driven by ``speculative_generate_batch``; user i samples with seed ``--seed`` + i).
+    over all users, driven by ``speculative_generate``; user i samples with seed ``--seed`` + i).
     ``precision``: the TT preset `generate` resolved for its plain path too (None on the reference)."""
     from loguru import logger
 
@@ -162,14 +156,13 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
                               params=first, **kw)
     except CheckpointError as e:
         raise UserError(str(e)) from None
-    backends = [loaded] if b == 1 else loaded  # b > 1: one BatchSpecBackend for all users
     backend = loaded
     vocab = backend_config(backend).vocab_size
     if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
-    results = speculative_generate_batch(backends, prompts, args.max_new_tokens, depths, params,
-                                         eos_ids=backend_config(backend).eos_token_id, thinking=thinking)
+    results = speculative_generate(backend, prompts, args.max_new_tokens, depths, params,
+                                   eos_ids=backend_config(backend).eos_token_id, thinking=thinking)
     dt = time.perf_counter() - t0
     mode = first.describe() + ("" if b == 1 else " (user i: seed + i)")
     n = sum(len(r.tokens) for r in results)

@@ -203,3 +203,11 @@ def batched_greedy_generate(model: Qwen36Model, prompts: Sequence[Sequence[int]]
         for b in active:
             emit(b, int(logits[b].argmax()))
     return outputs
+
+
+@torch.no_grad()
+def greedy_generate(model: Qwen36Model, prompt: torch.Tensor, max_new_tokens: int,
+                    eos_ids: tuple[int, ...] = ()) -> list[int]:
+    """Plain greedy decoding of one prompt: the batch of one of :func:`batched_greedy_generate` (one code path for
+    any number of users)."""
+    return batched_greedy_generate(model, [prompt.view(-1).tolist()], max_new_tokens, eos_ids)[0]

@@ -190,13 +190,3 @@ class Qwen36Model(nn.Module):
                 lg3, hh = self.mtp_forward(tok[:, None], hh, pos0 + n + i, mtp_state)
                 lg = lg3[:, -1]
         return DraftOutput(torch.stack(toks, 1), torch.stack(lgs, 1))
-
-
-@torch.no_grad()
-def greedy_generate(model: Qwen36Model, prompt: torch.Tensor, max_new_tokens: int,
-                    eos_ids: tuple[int, ...] = ()) -> list[int]:
-    """Plain greedy decoding of one prompt: chunked prefill, then one recurrent decode step per token. The
-    batch of one of ``batch.batched_greedy_generate`` (one code path for any number of users)."""
-    from .batch import batched_greedy_generate
-
-    return batched_greedy_generate(model, [prompt.view(-1).tolist()], max_new_tokens, eos_ids)[0]

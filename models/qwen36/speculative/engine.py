@@ -1,18 +1,29 @@
-"""The speculative engine: one transaction per step, over a small backend interface.
+"""The speculative engine: one backend protocol, one step, one driver, for any number of users (one user is B = 1).
 
-    step:  draft -> verify -> accept -> commit (publish accepted, discard the rest)    [or abort]
+    step:  draft(depths) -> verify (ONE forward, B x (K+1) rows) -> accept (per user)
+           -> the next step's depths -> commit (per user: publish accepted rows, discard the rest)   [or abort]
 
-A backend owns all model state (target KV + GDN + conv, MTP KV, the pending token, the sampler) and may
-keep it on a device: :meth:`SpecBackend.draft` and :meth:`SpecBackend.verify` return opaque handles the
-engine never looks into, and :meth:`SpecBackend.accept` hands back only the emitted tokens and the accepted
-count, so a device backend reads back only a few integers per step. The reference backend (``reference_backend.py``) implements the same contract on torch
-and also exposes finer primitives for the probes; a TT backend runs the same four calls as device work.
+A :class:`SpecBackend` owns ``slots`` user slots and all model state (target KV + GDN + conv, MTP KV, each user's
+pending token and sampler), possibly on a device. A user enters with :meth:`~SpecBackend.join` (its prefill, alone
+in its slot) and leaves with :meth:`~SpecBackend.leave`. Each step names the users that take part and the draft
+depth of each (``depths``: slot -> k_b >= 1; K = max k_b). The verify runs every slot's K+1 rows in one forward:
+user b's rows ``[pending_b, d_1..d_{k_b}]`` are real; its rows past k_b and every row of a slot outside the step
+(free, or a user sitting this step out) are inert: no GDN, conv or position change, and their KV rows lie past the
+user's position (scratch by design, like rejected rows). Acceptance and commit are per user: greedy or rejection
+sampling with the user's own params and sampler, then the state after its own accepted row a_b, through the
+backend's commit mechanism object (``mechanisms.MECHANISMS``). Draft and verify return opaque handles the engine
+never looks into; accept hands back only per-user counts and tokens, so a device backend reads back a few
+integers per step.
+
+The step order lives in one place, :meth:`SpecBatch.step` (one object per batch of running requests; the driver
+:func:`speculative_generate` and a server both call it). ``reference_backend.py`` implements the protocol on the
+torch reference (the oracle); ``tt/spec_backend.py`` (B = 1) and ``tt/batch_spec.py`` on the TT model.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from .depth import DepthController, FixedDepth
 from .sampling import SamplingParams, TokenLogprobs
@@ -62,47 +73,60 @@ class MechanismCounters:
 
 @runtime_checkable
 class SpecBackend(Protocol):
-    """The contract a backend implements. Batch 1; K >= 1; handles are backend-private.
+    """The contract a backend implements. Handles are backend-private; depths map slot -> k_b >= 1.
 
-    label: what actually runs, derived from the live objects (e.g. "reference (torch CPU)").
-    first_logprobs: after prefill, the prefill token's TokenLogprobs when the params asked for logprobs, else None.
-    mechanism: the backend's commit mechanism object (named in ``mechanisms.MECHANISMS``; ``.name`` is the name),
-    fixed at construction. counters: a MechanismCounters, updated in place.
+    label: what actually runs, derived from the live objects (e.g. "reference (torch CPU)"). slots: how many users
+    it holds at once (1: a single-user backend). mechanism: the commit mechanism object (``.name`` in
+    ``mechanisms.MECHANISMS``), fixed at construction. counters: a MechanismCounters over all slots, updated in
+    place (``steps`` counts steps of the whole batch).
+
+    Optional: ``plan_next_depths(depths)`` (a backend that drafts the next step inside this step's commit is told
+    the next depths between accept and commit) and ``inject(forced)`` (the thinking budget's forced tokens).
     """
 
     label: str
+    slots: int
     mechanism: Any
     counters: MechanismCounters
 
-    def prefill(self, prompt: Sequence[int], params: SamplingParams) -> int:
-        """Consume the prompt, seed the sampler from params, pick and return the first new token (pending).
-        Penalties (params.penalized) count the prompt and every emitted token, this first one included."""
+    def join(self, slot: int, prompt: Sequence[int], params: SamplingParams) -> int:
+        """Prefill ``prompt`` into the free ``slot`` (no other slot read or written), seed the user's sampler from
+        ``params``, return its first token (pending). Penalties (params.penalized) count the prompt and every
+        emitted token, this first one included."""
 
-    def draft(self, k: int) -> Any:
-        """MTP: reseed the verified rows, then chain k drafts. Returns a handle (draft ids, draft probs)."""
+    def first_logprobs(self, slot: int) -> TokenLogprobs | None:
+        """The joined user's first token's logprobs when its params asked for them, else None."""
+
+    def leave(self, slot: int) -> None:
+        """Free ``slot`` (no open step may be running)."""
+
+    def draft(self, depths: Mapping[int, int]) -> Any:
+        """Per user in ``depths``: MTP reseed of its verified rows, then a chain of k_b drafts. Returns a handle."""
 
     def verify(self, draft: Any) -> Any:
-        """ONE target forward over the K+1 rows [pending, d_1..d_K] (state per the mechanism). Returns a handle."""
+        """ONE target forward over B x (K+1) rows, the rows past each user's k_b and every row of the slots not
+        in the step inert. Returns a handle."""
 
-    def accept(self, draft: Any, verify: Any) -> Acceptance:
-        """Greedy or rejection sampling (per the prefill params). Only tokens + count cross to the host."""
+    def accept(self, draft: Any, verify: Any) -> dict[int, Acceptance]:
+        """Per user in the step: greedy or rejection sampling (its own params) -> slot -> Acceptance."""
 
-    def commit(self, acceptance: Acceptance) -> None:
-        """Publish the state after row num_accepted; discard later rows; the last token becomes pending."""
+    def commit(self, acceptances: Mapping[int, Acceptance]) -> None:
+        """Per user: publish the state after its row a_b; its last emitted token becomes pending. Every user of
+        the step must be in ``acceptances``."""
 
     def abort(self) -> None:
-        """Discard the step (any time before commit): live state and sampler exactly as before draft().
-        A backend that fuses accept + commit on device may refuse abort after accept, saying so."""
+        """Discard the open step (any time before commit): every slot's state and sampler exactly as before
+        draft(). A backend that keeps the verified state in place (shadow_commit on device) may refuse after
+        verify, saying so."""
 
 
-def speculative_step(backend: SpecBackend, k: int) -> Acceptance:
-    """One transaction: draft, verify (one packed K+1 forward), accept, commit."""
-    draft = backend.draft(k)
+def speculative_step(backend: SpecBackend, depths: Mapping[int, int]) -> dict[int, Acceptance]:
+    """One transaction, nothing else: draft, verify (one packed forward), accept, commit."""
+    draft = backend.draft(depths)
     verify = backend.verify(draft)
-    acceptance = backend.accept(draft, verify)
-    backend.commit(acceptance)
-    return acceptance
-
+    accepted = backend.accept(draft, verify)
+    backend.commit(accepted)
+    return accepted
 
 @dataclass
 class AcceptanceStats:
@@ -167,176 +191,188 @@ def _cut(tokens: list[int], max_new_tokens: int, eos_ids: Sequence[int]) -> tupl
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 
-def speculative_generate(backend: SpecBackend, prompt: Sequence[int], max_new_tokens: int,
-                         k: "int | FixedDepth | DepthController", params: SamplingParams = SamplingParams(),
-                         eos_ids: Sequence[int] = (), thinking: ThinkingBudget | None = None) -> GenerationResult:
-    """Prefill, then speculative steps until EOS or max_new_tokens. EOS inside an accepted block ends it there.
 
-    ``k``: a fixed draft depth, or a depth policy (``depth.DepthController``) asked for K before every step and
-    told the outcome after it. ``thinking``: the thinking budget (``thinking.py``; the backend needs ``inject``).
-    The one-user case of :func:`speculative_generate_batch`."""
-    return speculative_generate_batch([backend], [prompt], max_new_tokens, [k], [params], eos_ids,
-                                      thinking=thinking)[0]
+class SpecRequest:
+    """One user's request and its bookkeeping: emitted tokens (cut at EOS / ``max_new_tokens``), logprobs,
+    acceptance statistics, its depth policy and the depth of its next step (``next_k``), its thinking-budget
+    tracker. ``slot``: the backend slot it holds while running (-1 before it joins and after it leaves)."""
+
+    def __init__(self, prompt: Sequence[int], max_new_tokens: int, depth: "FixedDepth | DepthController",
+                 params: SamplingParams, eos_ids: Sequence[int] = (), thinking: ThinkingBudget | None = None):
+        self.prompt, self.max_new_tokens, self.eos_ids = list(prompt), max_new_tokens, eos_ids
+        self.depth, self.params = depth, params
+        self.stats = AcceptanceStats(depth.k_max)
+        self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprobs] = []
+        self.done = False
+        self.slot = -1
+        self.next_k = 0
+        self.tracker = thinking.tracker(prompt) if thinking is not None else None
+        self.inject_now = False  # the thinking budget is reached: force the stop-thinking phrase after this step
+
+    @property
+    def want_logprobs(self) -> bool:
+        return self.params.logprobs is not None
+
+    def emit(self, tokens: Sequence[int]) -> None:
+        self.tokens, self.done = _cut(self.tokens + list(tokens), self.max_new_tokens, self.eos_ids)
+
+    def joined(self, forced: list[int], first: int, first_logprobs) -> None:
+        """The prefill's token (after the ``forced`` tokens a budget of 0 put into the prefill);
+        ``first_logprobs()`` gives its logprobs (called only when they were asked for)."""
+        self.emit([first])
+        if self.want_logprobs:
+            self.logprobs.append(first_logprobs())
+        self.next_k = 0 if self.done else self.depth.choose()
+        self.tokens, self.done = _cut(forced + self.tokens, self.max_new_tokens, self.eos_ids)
+        self.inject_now = self.tracker is not None and self.tracker.cut([first], len(forced))[1]
+
+    def record(self, label: str, acceptance: Acceptance) -> Acceptance:
+        """One step's outcome at depth ``next_k``: cut it after the thinking budget's last token, tell the depth
+        policy, append the tokens, choose the next depth. Returns the acceptance as cut."""
+        if self.tracker is not None:  # cut the step right after the budget's last thinking token
+            keep, self.inject_now = self.tracker.cut(acceptance.tokens, len(self.tokens))
+            if keep < len(acceptance.tokens):
+                acceptance = Acceptance(keep - 1, acceptance.tokens[:keep])
+        k = self.next_k
+        self.depth.observe(k, acceptance.num_accepted)
+        self.stats.record(acceptance, k)
+        self.emit(acceptance.tokens)
+        if self.want_logprobs:
+            if acceptance.logprobs is None or len(acceptance.logprobs) != len(acceptance.tokens):
+                raise RuntimeError(f"{label}: logprobs were asked for but the step returned none per token")
+            self.logprobs += acceptance.logprobs
+        self.next_k = k if self.done else self.depth.choose()
+        return acceptance
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(self.tokens, self.stats, self.logprobs[: len(self.tokens)] if self.want_logprobs
+                                else None)
 
 
-def speculative_generate_batch(backends: "Sequence[SpecBackend] | BatchSpecBackend", prompts: Sequence[Sequence[int]],
-                               max_new_tokens: int, depths: "Sequence[int | FixedDepth | DepthController]",
-                               params: Sequence[SamplingParams], eos_ids: Sequence[int] = (),
-                               arrivals: Sequence[int] | None = None,
-                               thinking: ThinkingBudget | None = None) -> list[GenerationResult]:
-    """Several users decoded together: user i owns ``backends[i]`` (its own target / MTP state, pending token and
-    sampler), ``depths[i]`` (a depth policy is stateful: one object per user) and ``params[i]``.
+class SpecBatch:
+    """The running requests of one backend, and the step order, in one place.
 
-    Every round prefills or steps each unfinished user once, in user order, so users advance in lockstep and each
-    accepts its own number of drafts; a user that reaches EOS or ``max_new_tokens`` stops while the others go on.
-    ``arrivals[i]`` (default 0) is the round in which user i joins (its prefill), for users arriving mid-run.
-    A user's result depends on its own inputs only: the same as decoding it alone.
+    ``add`` joins a request into the lowest free slot (its prefill); ``step`` runs one speculative step for every
+    running request that joined before the last ``step`` (one joined since sits it out: its first token came from
+    the prefill), in this order: draft at each request's depth -> verify -> accept -> record (each request's next
+    depth is chosen here, between accept and commit: a backend that drafts the next step inside the commit is told
+    it through ``plan_next_depths``; the choice uses only the accepted counts accept() brought to the host) ->
+    commit -> force the stop-thinking phrase of every request that reached its budget, in ONE packed
+    ``backend.inject`` -> leave the slots of finished requests."""
 
-    ``backends`` may instead be one batched backend (``batch_backend.BatchSpecBackend``, e.g. the reference's
-    ``ReferenceBatchBackend``): then every round's steps run as one packed verify over all users
-    (``batch_backend.speculative_generate_slots``), with the same rounds and per-user results."""
-    from .batch_backend import BatchSpecBackend, speculative_generate_slots  # it builds on this module
+    def __init__(self, backend: SpecBackend, thinking: ThinkingBudget | None = None):
+        if thinking is not None and not hasattr(backend, "inject"):
+            raise ValueError(f"{backend.label}: a thinking budget needs the backend's inject() (forced tokens); this "
+                             "backend has none yet")
+        self.backend, self.thinking = backend, thinking
+        self.free = list(range(backend.slots))
+        self.running: list[SpecRequest] = []
+        self._fresh: list[SpecRequest] = []  # joined since the last step()
+        self._plan = getattr(backend, "plan_next_depths", None)
 
-    if isinstance(backends, BatchSpecBackend):
-        if thinking is not None and any(p.logprobs is not None for p in params):
-            raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
-        return speculative_generate_slots(backends, prompts, max_new_tokens, depths, params, eos_ids, arrivals,
-                                          thinking=thinking)
-    n = len(backends)
-    if len({id(b) for b in backends}) != n:
-        raise ValueError("each user needs its own backend (a backend holds one user's state)")
-    arrivals, ctrls = _per_user_inputs({"backend": n, "prompt": len(prompts)}, depths, params, arrivals)
-    if thinking is not None:
-        for b in backends:
-            if not hasattr(b, "inject"):
-                raise ValueError(f"{b.label}: a thinking budget needs the backend's inject() (forced tokens); "
-                                 "this backend has none yet")
-        if any(p.logprobs is not None for p in params):
-            raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
-    users = [_UserRun(b, c, p, max_new_tokens, eos_ids, thinking) for b, c, p in zip(backends, ctrls, params)]
-    round_ = 0
-    while not all(u.done for u in users):
-        for i, u in enumerate(users):
-            if u.done or arrivals[i] > round_:
-                continue
-            if arrivals[i] == round_:
-                u.prefill(prompts[i])
-            else:
-                u.step()
-        round_ += 1
-    return [u.result() for u in users]
+    def add(self, prompt: Sequence[int], max_new_tokens: int, depth: "int | FixedDepth | DepthController",
+            params: SamplingParams = SamplingParams(), eos_ids: Sequence[int] = ()) -> SpecRequest:
+        """Join a request now; a budget of 0 with the thinking block open puts the stop phrase into the prefill."""
+        if self.thinking is not None and params.logprobs is not None:
+            raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled "
+                             "logprob)")
+        if not self.free:
+            raise ValueError(f"no slot is free (the backend has {self.backend.slots})")
+        if isinstance(depth, int):
+            depth = FixedDepth(depth)
+        if any(r.depth is depth for r in self.running):
+            raise ValueError("each user needs its own depth policy object (a policy tracks one user's acceptance)")
+        req = SpecRequest(prompt, max_new_tokens, depth, params, eos_ids, self.thinking)
+        req.slot = self.free.pop(0)
+        forced = req.tracker.forced(0) if req.tracker is not None and req.tracker.inject_first() else []
+        first = self.backend.join(req.slot, req.prompt + forced, params)
+        req.joined(forced, first, lambda: self._first_logprobs(req.slot))
+        self.running.append(req)
+        if req.inject_now and not req.done:
+            self._inject([req])  # the budget is reached at the join's token (budget 1)
+        if req.done:
+            self._leave(req)
+        else:
+            self._fresh.append(req)
+        return req
+
+    def step(self) -> list[SpecRequest]:
+        """One speculative step of every running request that joined before the last step; returns them."""
+        backend = self.backend
+        stepping = [r for r in self.running if r not in self._fresh]
+        self._fresh = []
+        if not stepping:
+            return []
+        draft = backend.draft({r.slot: r.next_k for r in stepping})
+        verify = backend.verify(draft)
+        accepted = backend.accept(draft, verify)
+        for r in stepping:
+            accepted[r.slot] = r.record(backend.label, accepted[r.slot])
+        if self._plan is not None:
+            self._plan({r.slot: r.next_k for r in stepping if not r.done})
+        backend.commit(accepted)
+        forcing = [r for r in stepping if r.inject_now and not r.done]
+        if forcing:
+            self._inject(forcing)
+        for r in stepping:
+            if r.done:
+                self._leave(r)
+        return stepping
+
+    def _inject(self, reqs: list[SpecRequest]) -> None:
+        accepted = self.backend.inject({r.slot: r.tracker.forced(len(r.tokens)) for r in reqs})
+        for r in reqs:
+            r.emit(accepted[r.slot].tokens)
+
+    def _leave(self, req: SpecRequest) -> None:
+        self.backend.leave(req.slot)
+        self.running.remove(req)
+        self.free = sorted(self.free + [req.slot])
+        req.slot = -1
+
+    def _first_logprobs(self, slot: int) -> TokenLogprobs:
+        lp = self.backend.first_logprobs(slot)
+        if lp is None:
+            raise RuntimeError(f"{self.backend.label}: logprobs were asked for but the join recorded none")
+        return lp
 
 
-def _per_user_inputs(counts: dict[str, int], depths, params, arrivals) -> tuple[list[int], list]:
-    """Check one depth, params and arrival per user (and each of ``counts``: name -> how many were given, the first
-    being the number of users); returns the arrival rounds (default 0) and one depth policy object per user."""
-    n = next(iter(counts.values()))
+def speculative_generate(backend: SpecBackend, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                         depths: "Sequence[int | FixedDepth | DepthController]",
+                         params: Sequence[SamplingParams] | None = None, eos_ids: Sequence[int] = (),
+                         arrivals: Sequence[int] | None = None,
+                         thinking: ThinkingBudget | None = None) -> list[GenerationResult]:
+    """Decode ``prompts`` on ``backend`` (one prompt: B = 1); user i has its own depth policy ``depths[i]`` (a fixed
+    K, or a ``depth.DepthController`` asked for K before every step and told the outcome after it; one object per
+    user), ``params[i]`` (default greedy) and arrival round ``arrivals[i]`` (default 0).
+
+    Round r first adds the users arriving in round r (each takes the lowest free slot), then runs one
+    :meth:`SpecBatch.step`. Users advance in lockstep, each accepting its own number of drafts; a user that reaches
+    EOS (kept; EOS inside an accepted block ends it there) or ``max_new_tokens`` leaves its slot while the others go
+    on. A user's result depends on its own inputs only: the same as decoding it alone. ``thinking``: the thinking
+    budget (``thinking.py``), each user its own count (the backend needs ``inject``)."""
+    n = len(prompts)
+    params = [SamplingParams()] * n if params is None else list(params)
     arrivals = [0] * n if arrivals is None else list(arrivals)
-    given = {**counts, "depth": len(depths), "params": len(params), "arrival": len(arrivals)}
-    if n == 0 or any(c != n for c in given.values()):
-        names = list(given)
-        raise ValueError(f"one {', '.join(names[:-1])} and {names[-1]} per user: got "
-                         f"{', '.join(str(c) for c in given.values())}")
+    if n == 0 or not len(depths) == len(params) == len(arrivals) == n:
+        raise ValueError(f"one prompt, depth, params and arrival per user: got {n}, {len(depths)}, {len(params)}, "
+                         f"{len(arrivals)}")
     if min(arrivals) < 0:
         raise ValueError(f"arrival rounds must be >= 0, got {arrivals}")
     ctrls = [FixedDepth(k) if isinstance(k, int) else k for k in depths]
     if len({id(c) for c in ctrls}) != n:
         raise ValueError("each user needs its own depth policy object (a policy tracks one user's acceptance)")
-    return arrivals, ctrls
-
-
-class _UserBook:
-    """One user's bookkeeping, whatever runs the backend calls: emitted tokens (cut at EOS / ``max_new_tokens``),
-    logprobs, acceptance statistics and the depth of its next step. Used by the per-user scheduler
-    (:class:`_UserRun`) and the batched driver (``batch_backend._SlotUser``)."""
-
-    def __init__(self, depth, params: SamplingParams, max_new_tokens: int, eos_ids: Sequence[int]):
-        self.depth, self.params = depth, params
-        self.max_new_tokens, self.eos_ids = max_new_tokens, eos_ids
-        self.stats = AcceptanceStats(depth.k_max)
-        self.tokens: list[int] = []
-        self.done = False
-        self.want_lp = params.logprobs is not None
-        self.logprobs: list[TokenLogprobs] = []
-        self.step_k = 0
-
-    def start(self, first: int, first_logprobs) -> None:
-        """The prefill's token; ``first_logprobs()`` gives its logprobs (called only when they were asked for)."""
-        self.tokens, self.done = _cut([first], self.max_new_tokens, self.eos_ids)
-        if self.want_lp:
-            self.logprobs.append(first_logprobs())
-        self.step_k = 0 if self.done else self.depth.choose()
-
-    def record(self, label: str, acceptance: Acceptance) -> int:
-        """One step's outcome at depth ``step_k``; returns (and keeps) the depth of the next step."""
-        k = self.step_k
-        self.depth.observe(k, acceptance.num_accepted)
-        self.stats.record(acceptance, k)
-        self.tokens, self.done = _cut(self.tokens + acceptance.tokens, self.max_new_tokens, self.eos_ids)
-        if self.want_lp:
-            if acceptance.logprobs is None or len(acceptance.logprobs) != len(acceptance.tokens):
-                raise RuntimeError(f"{label}: logprobs were asked for but the step returned none per token")
-            self.logprobs += acceptance.logprobs
-        self.step_k = k if self.done else self.depth.choose()
-        return self.step_k
-
-    def result(self) -> GenerationResult:
-        return GenerationResult(self.tokens, self.stats,
-                                self.logprobs[: len(self.tokens)] if self.want_lp else None)
-
-
-class _UserRun(_UserBook):
-    """One user's speculative decoding: prefill, then one step per call until EOS or ``max_new_tokens``.
-
-    The depth of the next step is chosen between accept and commit: a backend that drafts the next step inside
-    this step's commit (the TT backend) is told it then (``plan_next_depth``); the choice uses only the accepted
-    count that accept() already brought to the host, and the controller sees the same choose/observe sequence as
-    when it is asked before each step."""
-
-    def __init__(self, backend: SpecBackend, depth, params: SamplingParams, max_new_tokens: int,
-                 eos_ids: Sequence[int], thinking: ThinkingBudget | None = None):
-        super().__init__(depth, params, max_new_tokens, eos_ids)
-        self.backend = backend
-        self.plan_next = getattr(backend, "plan_next_depth", None)
-        self.thinking, self.tracker = thinking, None
-
-    def prefill(self, prompt: Sequence[int]) -> None:
-        forced: list[int] = []
-        if self.thinking is not None:
-            self.tracker = self.thinking.tracker(prompt)
-            if self.tracker.inject_first():  # budget 0, block open: the phrase is part of the prefill
-                forced = self.tracker.forced(0)
-        first = self.backend.prefill(list(prompt) + forced, self.params)
-        self.start(first, lambda: _first_logprobs(self.backend))
-        self.tokens, self.done = _cut(forced + self.tokens, self.max_new_tokens, self.eos_ids)
-        if self.tracker is not None and not self.done and self.tracker.cut([first], len(forced))[1]:
-            self._inject()  # the budget is reached at the prefill's token (budget 1)
-
-    def _inject(self) -> None:
-        """Force the stop-thinking phrase now (the backend commits it like a prefill continuation and picks the
-        token after it); the tracker counts nothing after an injection."""
-        acc = self.backend.inject(self.tracker.forced(len(self.tokens)))
-        self.tokens, self.done = _cut(self.tokens + acc.tokens, self.max_new_tokens, self.eos_ids)
-
-    def step(self) -> None:
-        backend = self.backend
-        draft = backend.draft(self.step_k)
-        acceptance = backend.accept(draft, backend.verify(draft))
-        inject = False
-        if self.tracker is not None:  # cut the step right after the budget's last thinking token
-            keep, inject = self.tracker.cut(acceptance.tokens, len(self.tokens))
-            if keep < len(acceptance.tokens):
-                acceptance = Acceptance(keep - 1, acceptance.tokens[:keep])
-        next_k = self.record(backend.label, acceptance)
-        if self.plan_next is not None:
-            self.plan_next(next_k)
-        backend.commit(acceptance)
-        if inject and not self.done:
-            self._inject()
-
-
-def _first_logprobs(backend) -> TokenLogprobs:
-    lp = getattr(backend, "first_logprobs", None)
-    if lp is None:
-        raise RuntimeError(f"{backend.label}: logprobs were asked for but prefill recorded none")
-    return lp
+    batch = SpecBatch(backend, thinking)
+    reqs: list[SpecRequest | None] = [None] * n
+    round_ = 0
+    while not all(r is not None and r.done for r in reqs):
+        for i in range(n):
+            if arrivals[i] == round_:
+                if not batch.free:
+                    raise ValueError(f"user {i} arrives in round {round_} but no slot is free (the backend has "
+                                     f"{backend.slots})")
+                reqs[i] = batch.add(prompts[i], max_new_tokens, ctrls[i], params[i], eos_ids)
+        batch.step()
+        round_ += 1
+    return [r.result() for r in reqs]

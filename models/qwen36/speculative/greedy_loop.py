@@ -2,7 +2,7 @@
 
 Batch 1, greedy, on the pure-torch reference model (qwen36.reference.model.Qwen36Model), with the simplest
 commit: copy the state before the verify and restore it when a draft is rejected (the engine's ``snapshot``
-mechanism). ``qwen36.speculative.engine.speculative_generate`` / ``speculative_step`` run the same step over any
+mechanism). ``qwen36.speculative.engine.speculative_generate`` / ``SpecBatch.step`` run the same step over any
 backend (reference or TT), with stochastic acceptance and the ``shadow_commit`` / ``recompute`` mechanisms;
 for greedy decoding both give the same tokens and the same accepted counts (tests/test_greedy_loop.py).
 

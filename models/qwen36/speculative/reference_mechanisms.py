@@ -1,44 +1,44 @@
 """The three commit mechanisms on the torch reference backend, one class each (names: ``mechanisms.MECHANISMS``).
 
-A mechanism routes the GDN state through the verify (:meth:`ReferenceMechanism.verify`), publishes the state after
-the accepted row (:meth:`~ReferenceMechanism.commit`) or undoes the verify (:meth:`~ReferenceMechanism.abort`),
-and counts the copies it makes where it makes them. What it keeps between verify and commit lives in the step's
-transaction (``txn.saved``). :meth:`~ReferenceMechanism.expected_step_counters` is the closed form the probes and
-tests check those counts against.
+A mechanism routes the GDN state of every slot through a packed verify (:meth:`ReferenceMechanism.verify`),
+publishes each user's state after its own accepted row (:meth:`~ReferenceMechanism.commit`) or undoes the verify
+(:meth:`~ReferenceMechanism.abort`), and counts the copies it makes where it makes them. What it keeps between
+verify and commit lives in the step's transaction (``txn.saved``). :meth:`~ReferenceMechanism.expected_step_counters`
+is the closed form of one user's step that the probes and tests check those counts against.
 
 The reference model never mutates state tensors in place (it reassigns them), so shadow_commit's "point live at
-slot a" is an assignment, like a ring index on device.
+slot a" is an assignment (a per-row gather), like a ring index on device.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from ..reference.batch import packed_forward
 from ..reference.state import GDNState, ModelState
 from .mechanisms import resolve
 
 if TYPE_CHECKING:
     from .reference_backend import ReferenceBackend, _Transaction
 
-VERIFY_GDN_MODE = "recurrent"  # the token-by-token recurrence, as in single-row decode
-
-
 class ReferenceMechanism:
+    """Routes the batch's GDN state through a packed verify and commits each user at its own accepted row."""
+
     name: ClassVar[str]
 
-    def verify(self, be: "ReferenceBackend", txn: "_Transaction", rows: torch.Tensor) -> Any:
-        """Run the K+1 ``rows`` [1, K+1] through the target with this mechanism's state routing -> model output."""
+    def verify(self, be: "ReferenceBackend", txn: "_Transaction", rows: torch.Tensor, n_valid: torch.Tensor):
         raise NotImplementedError
 
-    def commit(self, be: "ReferenceBackend", txn: "_Transaction", a: int, accepted_rows: torch.Tensor) -> None:
-        """Leave live GDN state = the state after row ``a`` and ``live.state.pos`` = n + a + 1."""
+    def commit(self, be: "ReferenceBackend", txn: "_Transaction", a: torch.Tensor) -> None:
+        """``a`` [B]: accepted drafts per slot (0 outside the step). Leave every user of the step at the state
+        after its row a_b with position pos_b + a_b + 1; slots outside the step unchanged."""
         raise NotImplementedError
 
     def abort(self, be: "ReferenceBackend", txn: "_Transaction") -> None:
-        """Undo a verify: live GDN state exactly as before it (positions are the backend's)."""
+        """Undo a verify: GDN state of every slot exactly as before it (positions are the backend's)."""
 
-    # ---- the closed form of one committed step ----------------------------------------------------------------
+    # ---- the closed form of one committed step of one user alone in the backend ----------------------------
     def copies(self, k: int, a: int, n_gdn: int) -> int:
         """GDN layer-state copies of one step."""
         raise NotImplementedError
@@ -52,7 +52,8 @@ class ReferenceMechanism:
         return 0
 
     def expected_step_counters(self, k: int, a: int, n_gdn: int, gdn_bytes: int) -> dict[str, int]:
-        """Counters of one committed step (draft k, accept a) with n_gdn GDN layers holding gdn_bytes of state."""
+        """Counters of one committed step (draft k, accept a) of a one-slot backend with n_gdn GDN layers holding
+        gdn_bytes of state."""
         copies, rerun = self.copies(k, a, n_gdn), self.rerun_rows(k, a)
         return {
             "steps": 1,
@@ -66,33 +67,40 @@ class ReferenceMechanism:
         }
 
 
+
+def _where_rows(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask.view(-1, *([1] * (new.dim() - 1))), new, old)
+
+
 class Snapshot(ReferenceMechanism):
-    """Verify copies live GDN state (1 copy / layer) and advances live through the K+1 rows; a commit with a < K
-    restores the copy (1 copy / layer) and re-advances the a+1 accepted rows."""
+    """Copy the batch's GDN state, verify on live; users with a_b < k_b get their rows restored from the copy and
+    re-advanced over their a_b + 1 accepted rows in one packed forward (the others inert)."""
 
     name = "snapshot"
 
-    def verify(self, be, txn, rows):
-        c = be.counters
-        c.state_bytes_moved += be.gdn_bytes()
+    def verify(self, be, txn, rows, n_valid):
         txn.saved = [g.clone() for g in be.gdn()]
-        c.state_copies += len(txn.saved)
-        return be.model(rows, be.live.state, gdn_mode=VERIFY_GDN_MODE)
+        be.counters.state_copies += len(txn.saved)
+        be.counters.state_bytes_moved += be.gdn_bytes()
+        return packed_forward(be.model, be.state, rows, n_valid, be.occupied)
 
-    def commit(self, be, txn, a, accepted_rows):
-        if a < txn.k:  # partial acceptance: restore and re-advance the accepted rows
-            self.restore(be, txn.saved)
-            be.live.state.pos = txn.pos
-            be.advance(accepted_rows)
+    def commit(self, be, txn, a):
+        redo = txn.part & (a < txn.kvec)
+        if not bool(redo.any()):
+            return
+        for g, s in zip(be.gdn(), txn.saved):
+            g.recurrent, g.conv = _where_rows(redo, s.recurrent, g.recurrent), _where_rows(redo, s.conv, g.conv)
+        be.counters.state_copies += len(txn.saved)
+        be.counters.state_bytes_moved += be.gdn_bytes() // be.slots * int(redo.sum())
+        be.state.pos = torch.where(redo, txn.pos, be.state.pos)
+        n = torch.where(redo, a + 1, 0)
+        be.advance(txn.verify.rows[:, : int(n.max())], n)
 
     def abort(self, be, txn):
-        self.restore(be, txn.saved)
-
-    def restore(self, be: "ReferenceBackend", saved: list[GDNState]) -> None:
-        for g, s in zip(be.gdn(), saved):
-            g.copy_(s)  # live tensors were freshly produced by the verify: no one else holds them
-        be.counters.state_copies += len(saved)
-        be.counters.state_bytes_moved += sum(s.nbytes() for s in saved)
+        for g, s in zip(be.gdn(), txn.saved):
+            g.recurrent, g.conv = s.recurrent, s.conv
+        be.counters.state_copies += len(txn.saved)
+        be.counters.state_bytes_moved += be.gdn_bytes()
 
     def copies(self, k, a, n_gdn):
         return n_gdn * (1 + (a < k))
@@ -102,30 +110,27 @@ class Snapshot(ReferenceMechanism):
 
 
 class ShadowCommit(ReferenceMechanism):
-    """Verify runs on live and keeps the state after every row (slots); commit points live at slot a: zero
-    copies. Abort points live back at the pre-verify tensors (kept by reference, not copied)."""
+    """Verify keeps every slot's state after every row; commit points each user at its own row a_b: no copies."""
 
     name = "shadow_commit"
 
-    def verify(self, be, txn, rows):
+    def verify(self, be, txn, rows, n_valid):
         txn.saved = [(g.recurrent, g.conv) for g in be.gdn()]  # references, not copies
-        out = be.model(rows, be.live.state, gdn_mode=VERIFY_GDN_MODE, per_token_states=True)
+        out = packed_forward(be.model, be.state, rows, n_valid, be.occupied)
         be.counters.slot_bytes_written += rows.shape[1] * be.gdn_bytes()
         return out
 
-    def commit(self, be, txn, a, accepted_rows):
-        self.select_slots(be, txn.verify.slots, a)
-        be.live.state.pos = txn.pos + a + 1
+    def commit(self, be, txn, a):
+        rows = torch.arange(be.slots, device=a.device)
+        for i in be.gdn_ids:
+            g, s = be.state.layers[i], txn.verify.slots[i]
+            g.recurrent = _where_rows(txn.part, s.recurrent[rows, a], g.recurrent)
+            g.conv = _where_rows(txn.part, s.conv[rows, a], g.conv)
+        be.state.pos = torch.where(txn.part, txn.pos + a + 1, be.state.pos)
 
     def abort(self, be, txn):
         for g, (rec, conv) in zip(be.gdn(), txn.saved):
             g.recurrent, g.conv = rec, conv
-
-    def select_slots(self, be: "ReferenceBackend", slots: dict, a: int) -> None:
-        """The live state becomes slot a (the state after row a). No copy."""
-        for i in be.gdn_ids:
-            g = be.live.state.layers[i]
-            g.recurrent, g.conv = slots[i].recurrent[:, a], slots[i].conv[:, a]
 
     def copies(self, k, a, n_gdn):
         return 0
@@ -138,20 +143,20 @@ class ShadowCommit(ReferenceMechanism):
 
 
 class Recompute(ReferenceMechanism):
-    """Verify runs on a scratch copy of the GDN state (1 copy / layer; KV is shared, rows >= pos are scratch space
-    anyway); commit re-runs the a+1 accepted rows on live, which the verify never touched. Abort: nothing to undo."""
+    """Verify on a scratch copy of the batch's GDN state (KV shared: rows past each position are scratch); commit
+    re-runs every user's a_b + 1 accepted rows on live in one packed forward."""
 
     name = "recompute"
 
-    def verify(self, be, txn, rows):
-        c, live = be.counters, be.live
-        c.state_bytes_moved += be.gdn_bytes()
-        scratch = ModelState([s.clone() if isinstance(s, GDNState) else s for s in live.state.layers], live.state.pos)
-        c.state_copies += len(be.gdn_ids)
-        return be.model(rows, scratch, gdn_mode=VERIFY_GDN_MODE)
+    def verify(self, be, txn, rows, n_valid):
+        scratch = ModelState([s.clone() if isinstance(s, GDNState) else s for s in be.state.layers], be.state.pos)
+        be.counters.state_copies += len(be.gdn_ids)
+        be.counters.state_bytes_moved += be.gdn_bytes()
+        return packed_forward(be.model, scratch, rows, n_valid, be.occupied)
 
-    def commit(self, be, txn, a, accepted_rows):
-        be.advance(accepted_rows)
+    def commit(self, be, txn, a):
+        n = torch.where(txn.part, a + 1, 0)
+        be.advance(txn.verify.rows[:, : int(n.max())], n)
 
     def copies(self, k, a, n_gdn):
         return n_gdn
@@ -163,6 +168,6 @@ class Recompute(ReferenceMechanism):
 REFERENCE_MECHANISMS: dict[str, type[ReferenceMechanism]] = {m.name: m for m in (Snapshot, ShadowCommit, Recompute)}
 
 
-def reference_mechanism(mechanism: str | ReferenceMechanism) -> ReferenceMechanism:
+def reference_mechanism(mechanism: "str | ReferenceMechanism") -> ReferenceMechanism:
     """A name from ``mechanisms.MECHANISMS`` (or a built ReferenceMechanism) -> the reference backend's object."""
     return resolve(REFERENCE_MECHANISMS, mechanism)

@@ -141,7 +141,6 @@ def tiny_weight_fingerprints() -> dict:
 
 def model_fingerprints() -> dict:
     from ..checkpoint import load_checkpoint
-    from ..speculative.batch_backend import speculative_generate_slots
     from ..speculative.engine import speculative_generate
     from ..speculative.sampling import SamplingParams
     from ..tt.batch_spec import TTBatchSpecBackend
@@ -169,14 +168,14 @@ def model_fingerprints() -> dict:
         out["model:decode_tokens"] = toks
         be = TTSpecBackend(gen, "snapshot", drafter=TTMTPDrafter(reader))
         try:
-            r = speculative_generate(be, prompt, 12, 3)
+            r = speculative_generate(be, [prompt], 12, [3])[0]
         finally:
             be.release()
         out["model:spec_tokens"] = r.tokens
         out["model:spec_accepted"] = list(r.stats.accepted)
         bb = TTBatchSpecBackend(gen, 2, 3, "shadow_commit", drafter=TTBatchMTPDrafter(reader))
         try:
-            rs = speculative_generate_slots(bb, PROMPTS, 8, [3, 3], [SamplingParams()] * 2)
+            rs = speculative_generate(bb, PROMPTS, 8, [3, 3], [SamplingParams()] * 2)
         finally:
             bb.close()
         out["model:batch_tokens"] = [x.tokens for x in rs]

@@ -1,10 +1,7 @@
-"""Test support for the speculative engine: drafters with a known acceptance pattern and state loading that
-production code has no use for."""
+"""Test support for the speculative engine: drafters with a known acceptance pattern."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
-
-from ..speculative.reference_backend import ReferenceBackend, ReferenceLive
 
 
 def oracle_drafter(prompt: Sequence[int], plain: Sequence[int], vocab: int = 512) -> Callable[[list[int], int], list[int]]:
@@ -24,10 +21,3 @@ def oracle_drafter(prompt: Sequence[int], plain: Sequence[int], vocab: int = 512
 
     return draft
 
-
-def load_live(backend: ReferenceBackend, live: ReferenceLive) -> None:
-    """Replace the backend's live state (outside a step) with a deep copy of ``live``; the sampler keeps running
-    (repeats one step from the same state many times with fresh randomness)."""
-    if backend._txn is not None:
-        raise RuntimeError("load_live() inside an open step")
-    backend.live = live.clone()

@@ -1,4 +1,4 @@
-"""TTBatchSpecBackend: the batched speculative contract (``speculative.batch_backend.BatchSpecBackend``) on the TT
+"""TTBatchSpecBackend: the speculative contract (``speculative.engine.SpecBackend``) with B user slots on the TT
 model, over the user slots of a :class:`~.batch.TTBatchDecoder` (B slots: GDN recurrent blocks b*Hv_d.., conv row
 b, page-table row b).
 
@@ -190,7 +190,7 @@ def _is_batch_device_drafter(drafter) -> bool:
 
 
 class TTBatchSpecBackend:
-    """``BatchSpecBackend`` on the TT model: ``slots`` users, verify width ``k`` (every step runs B x (k+1) rows)."""
+    """``SpecBackend`` on the TT model: ``slots`` users, verify width ``k`` (every step runs B x (k+1) rows)."""
 
     def __init__(self, gen: TTGenerator, slots: int, k: int, mechanism: str | TTMechanism = DEFAULT_MECHANISM,
                  drafter: Callable[[list[int], int], list[int]] | None = None,

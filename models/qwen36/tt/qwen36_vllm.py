@@ -212,9 +212,10 @@ def _rows(x, what: str) -> torch.Tensor:
 
 
 class _VllmSpecBackend(TTSpecBackend):
-    """TTSpecBackend whose prefill also hands back the prompt's last-row logits (the contract returns logits) and
-    whose greedy acceptor reads a separate draft buffer (``accept_drafts``) in which the placeholder columns of a
-    short row hold an id no argmax equals, so acceptance stops at ``num_valid_drafts`` like vLLM's host walk."""
+    """TTSpecBackend whose join replaces the last sequence (the prompt's last-row logits, which the vllm-tt
+    contract returns, are its ``prefill_logits``) and whose greedy acceptor reads a separate draft buffer
+    (``accept_drafts``) in which the placeholder columns of a short row hold an id no argmax equals, so acceptance
+    stops at ``num_valid_drafts`` like vLLM's host walk."""
 
     _accept_bufs: dict = {}
 
@@ -222,9 +223,12 @@ class _VllmSpecBackend(TTSpecBackend):
     def accept_drafts(self):
         return self._accept_bufs[self._k]
 
-    def prefill(self, prompt, params: SamplingParams = SamplingParams()):
-        first = super().prefill(prompt, params)
-        return first, self.prefill_logits
+    def join(self, slot: int, prompt, params: SamplingParams = SamplingParams()) -> int:
+        """A new sequence replaces the last one (this path has one sequence slot and no explicit leave)."""
+        if self.history:
+            self._phase = "idle"  # an outstanding proposal belonged to the replaced sequence
+            self.leave(slot)
+        return super().join(slot, prompt, params)
 
     def _alloc_accept_drafts(self, ks) -> None:
         ttnn = self.ttnn
@@ -709,7 +713,8 @@ class Qwen36ForCausalLM:
     def _prefill(self, prompt: list[int]) -> torch.Tensor:
         if self.spec_backend is not None:
             self.spec_backend.use_trace = self.gen.use_trace
-            _, logits = self.spec_backend.prefill(prompt, SamplingParams())  # greedy; also keeps the MTP's h_t
+            self.spec_backend.join(0, prompt, SamplingParams())  # greedy; also keeps the MTP's h_t
+            logits = self.spec_backend.prefill_logits
             if self.spec_depth == "auto":  # a new sequence: acceptance estimates start from the fitted prior
                 self._new_controller(self.model.args.cfg, self.spec_k)
         else:
@@ -912,7 +917,7 @@ class Qwen36ForCausalLM:
         self.spec_backend.write_accept_drafts(drafts + [vocab] * (kd - nv))  # never equal to an argmax: acceptance <= n
         vout = self.spec_backend.verify(None)
         ids = self.model.to_host(vout.out.tokens).reshape(-1).to(torch.int64)[: kd + 1]
-        acc = self.spec_backend.accept(None, vout)
+        acc = self.spec_backend.accept(None, vout)[0]
         host_a = 0
         while host_a < nv and drafts[host_a] == int(ids[host_a]):
             host_a += 1
@@ -922,8 +927,8 @@ class Qwen36ForCausalLM:
             # the next depth, from the count accept() just read (no other device read), before the commit drafts it
             if nv:
                 self.controller.observe(nv, acc.num_accepted)
-            self.spec_backend.plan_next_depth(self.controller.choose())
-        self.spec_backend.commit(acc)
+            self.spec_backend.plan_next_depths({0: self.controller.choose()})
+        self.spec_backend.commit({0: acc})
         self._accepted_count = acc.num_accepted + 1
         out = torch.zeros(b, k + 1, dtype=torch.int32)  # padding rows / columns past this step's depth: never read
         out[0, : kd + 1] = ids.to(torch.int32)
@@ -945,7 +950,7 @@ class Qwen36ForCausalLM:
 
     def _draft(self, k: int) -> None:
         if self.spec_backend._phase != "drafted":
-            self.spec_backend.draft(k)  # first call at this K: allocates, MTP prefill + first chain
+            self.spec_backend.draft({0: k})  # first call at this K: allocates, MTP prefill + first chain
         elif k != self.spec_backend._k:
             raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec_backend._k})")
 

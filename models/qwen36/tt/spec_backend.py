@@ -1,4 +1,7 @@
-"""TTSpecBackend: the speculative engine's SpecBackend on the TT target.
+"""TTSpecBackend: the speculative engine's ``SpecBackend`` on the TT target, one user slot (``slots = 1``).
+
+It speaks the engine's one protocol with slot 0 only: ``join(0, prompt, params)``, ``draft({0: k})``,
+``accept(...) -> {0: Acceptance}``, ``commit({0: acceptance})``, ``plan_next_depths({0: k})``, ``leave(0)``.
 
 One step = two device programs sequences, each captured once and replayed:
 
@@ -19,7 +22,7 @@ verify replay). Capture and replay go through ``tt/trace.py``.
 
 Draft depth per step (``depths=``, what ``--spec-k auto`` builds): the next step's drafts are made on device
 inside the current step's commit, so the depth K' of step n+1 must be known before step n's commit is launched.
-The engine decides it on the host between accept() and commit() (``plan_next_depth``) from the accepted count
+The engine decides it on the host between accept() and commit() (``plan_next_depths``) from the accepted count
 accept() just read back (the step's one device->host transfer), so choosing K adds no device sync. Every depth
 has its own acceptor, drafts buffer, row constants, MTP head view and (shadow_commit) ring, all allocated at the
 first step of a generation, and all of them are views of ONE device state: position, pending token, KV caches,
@@ -44,13 +47,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from ..speculative.engine import Acceptance, MechanismCounters
 from ..speculative.mechanisms import DEFAULT_MECHANISM
-from ..speculative.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
+from ..speculative.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
 from .accept import DeviceAcceptor
 from .commit import abort_after_verify, commit
 from .generator import TTGenerator
@@ -69,6 +72,8 @@ class _DepthBuffers:
 
 
 class TTSpecBackend:
+    slots = 1  # one user; tt/batch_spec.py holds several
+
     def __init__(self, gen: TTGenerator, mechanism: str | TTMechanism = DEFAULT_MECHANISM, drafter: Any = None,
                  use_trace: bool = True, rng: str = "device", depths: Sequence[int] | None = None,
                  prefix_cache=None):
@@ -87,7 +92,7 @@ class TTSpecBackend:
         self.label = f"tt ({gen.label or 'mesh'})" + ("" if self.device_drafter else " + host drafter")
         self.counters = MechanismCounters()
         self.params = SamplingParams()
-        self.first_logprobs = None  # the prefill token's TokenLogprobs when the params ask for logprobs
+        self._first_logprobs: TokenLogprobs | None = None  # the join token's, when the params ask for logprobs
         self.step_state: SpecDeviceState | None = None
         self.acceptor: DeviceAcceptor | None = None
         self.history: list[int] = []
@@ -107,7 +112,7 @@ class TTSpecBackend:
                 check_verify_shape(self.model.args, d)
         self._by_k: dict[int, _DepthBuffers] = {}
         self._next_k: int | None = None  # depth of the drafts now on device (made by the last commit)
-        self._planned_k: int | None = None  # plan_next_depth() of the open step
+        self._planned_k: int | None = None  # plan_next_depths() of the open step
 
     @property
     def config(self):
@@ -197,8 +202,21 @@ class TTSpecBackend:
         self._vout = self._result = None
 
     # ---- the contract --------------------------------------------------------------------------------
+    @staticmethod
+    def _check_slot(slot: int) -> None:
+        if slot != 0:
+            raise ValueError(f"slot {slot}: this backend holds one user, in slot 0")
+
+    def _only(self, per_slot: Mapping[int, Any], what: str) -> Any:
+        if set(per_slot) != {0}:
+            raise ValueError(f"{what}: this backend holds one user, in slot 0; got slots {sorted(per_slot)}")
+        return per_slot[0]
+
     @torch.no_grad()
-    def prefill(self, prompt: Sequence[int], params: SamplingParams = SamplingParams()) -> int:
+    def join(self, slot: int, prompt: Sequence[int], params: SamplingParams = SamplingParams()) -> int:
+        self._check_slot(slot)
+        if self.history:
+            raise ValueError("slot 0 is in use: leave() it first")
         if len(prompt) == 0:
             raise ValueError("empty prompt")
         self.release()
@@ -216,7 +234,7 @@ class TTSpecBackend:
         first = int(pick_token(logits.reshape(1, -1), params, self._host_gen,
                                TokenHistory(prompt, self.config.vocab_size).now()))
         self._prompt_len = len(prompt)
-        self.first_logprobs = token_logprobs(logits, first, params.logprobs) if params.logprobs is not None else None
+        self._first_logprobs = token_logprobs(logits, first, params.logprobs) if params.logprobs is not None else None
         self._prompt_hidden = None
         if hs:
             self._prompt_hidden = hs[0] if len(hs) == 1 else self.ttnn.concat(hs, dim=2)
@@ -228,9 +246,25 @@ class TTSpecBackend:
         self._phase = "idle"
         return first
 
-    def draft(self, k: int):
+    def first_logprobs(self, slot: int) -> TokenLogprobs | None:
+        self._check_slot(slot)
+        return self._first_logprobs
+
+    def leave(self, slot: int) -> None:
+        """The user is done: slot 0 is free for the next join (device state is reset by that join's prefill; the
+        traces stay captured until then); its cached prefix blocks become evictable."""
+        self._check_slot(slot)
         if not self.history:
-            raise RuntimeError("draft() before prefill()")
+            raise ValueError("slot 0 holds no user")
+        if self._phase != "idle":
+            raise RuntimeError("leave() inside an open step: commit() or abort() first")
+        self.history = []
+        self.release_prefix()
+
+    def draft(self, depths: Mapping[int, int]):
+        k = self._only(depths, "draft()")
+        if not self.history:
+            raise RuntimeError("draft() before join()")
         if self._phase != "idle":
             raise RuntimeError("draft() inside an open step: commit() or abort() first")
         if self.n + k + 1 > self.model.args.max_seq_len:
@@ -258,17 +292,22 @@ class TTSpecBackend:
             self._setup_depths(k)
         elif k != self._next_k:
             raise ValueError(f"the drafts on device were made at depth {self._next_k} inside the last commit; "
-                             f"to draft at depth {k}, call plan_next_depth({k}) between accept() and commit()")
+                             f"to draft at depth {k}, call plan_next_depths({{0: {k}}}) between accept() and commit()")
         b = self._by_k[k]
         self.acceptor, self.step_state, self._k, self._next_k = b.acceptor, b.step_state, k, k
         if self.device_drafter:
             self.drafter.use(k)
 
-    def plan_next_depth(self, k: int) -> None:
+    def plan_next_depths(self, depths: Mapping[int, int]) -> None:
         """The depth of the next step, decided on the host after accept() (from the accepted count it read) and
-        before commit(), which drafts the next step on device at that depth."""
+        before commit(), which drafts the next step on device at that depth. ``{}``: the user is done (the commit
+        keeps the step's depth)."""
         if self._phase != "accepted":
-            raise RuntimeError("plan_next_depth() goes between accept() and commit()")
+            raise RuntimeError("plan_next_depths() goes between accept() and commit()")
+        if not depths:
+            self._planned_k = None
+            return
+        k = self._only(depths, "plan_next_depths()")
         if self.depths is None:
             if k != self._k:
                 raise ValueError(f"draft depth changed from {self._k} to {k} within one generation; this backend "
@@ -304,13 +343,13 @@ class TTSpecBackend:
         self.mechanism.count_verify(c, t, n_gdn, self.step_state.state_bytes)
         return self._vout
 
-    def accept(self, draft, verify) -> Acceptance:
+    def accept(self, draft, verify) -> dict[int, Acceptance]:
         if self._phase != "verified":
             raise RuntimeError("accept() needs verify() first")
         toks, a = self.acceptor.read_result(self._result)  # the one readback: tokens + count
         lps = self.acceptor.read_logprobs(toks[: a + 1]) if self.params.logprobs is not None else None  # (+ asked)
         self._phase = "accepted"
-        return Acceptance(a, toks[: a + 1], lps)
+        return {0: Acceptance(a, toks[: a + 1], lps)}
 
     def _commit_device(self):
         if self.device_drafter:  # reads n before the commit advances it
@@ -330,9 +369,10 @@ class TTSpecBackend:
             self.acceptor.commit_counts()  # into the counts every depth shares, before the next step's chain reads them
         return None
 
-    def commit(self, acceptance: Acceptance) -> None:
+    def commit(self, acceptances: Mapping[int, Acceptance]) -> None:
         if self._phase != "accepted":
             raise RuntimeError("commit() needs accept() first")
+        acceptance = self._only(acceptances, "commit()")
         if self.device_drafter:
             self.drafter.before_device_draft()  # outside capture: sampled-draft RNG table refill when used up
         a, c, n_gdn = acceptance.num_accepted, self.counters, len(self.state.gdn_states())
