@@ -280,7 +280,7 @@ def test_decode_plan_readers_per_bank_at_27b_shapes():
     pytest.importorskip("ttnn")
     from qwen36.tiny import PRESETS
     from qwen36.tt.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
-                                        decode_readers_per_bank)
+                                        decode_readers_per_bank, dram_bank_shard_tiles)
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     args = _args()
@@ -299,5 +299,10 @@ def test_decode_plan_readers_per_bank_at_27b_shapes():
     assert decode_readers_per_bank(args, 2048, group=TensorGroup.ATTN_QKV) == 1
     one = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=1)
     assert decode_readers_per_bank(one, 8704) == 1 and decode_readers_per_bank(args, 8704) == 2
+    # 27B gate/up at TP=4: 136 tiles are 17 per bank, which two readers cannot split; laid out 18 wide they can
+    assert dram_bank_shard_tiles(136, 8, 2) == 18 and decode_readers_per_bank(args, 4352) == 2
+    three = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=3)
+    assert [decode_readers_per_bank(three, n, group=g) for n, g in ((8704, TensorGroup.MLP_GATE_UP),
+            (5120, TensorGroup.MLP_DOWN), (124160, TensorGroup.LM_HEAD))] == [3, 3, 3]  # 36-, 21-, 486-tile shards
     with pytest.raises(ValueError, match="dram_readers"):
         TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=4)

@@ -20,9 +20,10 @@ its ``_ttnncpp.so``; the program factory is
 One reader per bank is refused here where the device would not refuse it but would read the wrong tiles: its
 reader streams ``ceil(N_t / banks_used)`` tiles per K row as one contiguous run (no bank row stride: the split-bank
 path with its stride exists for R > 1 only), so a bank shard wider than that (e.g. one laid out for two readers and
-then read by one) shifts every K row after the first. The factory's ``per_core_N_compute = div_up(N,
-num_dram_banks)``, and a public audit of another Blackhole port whose one-reader LM head with 20-tile shards for 19
-tiles per reader failed PCC (0.79) on cards and passed once the shard was 19 wide, state it.
+then read by one) shifts every K row after the first. Sources: tt-metal's DRAM-sharded factory (a later version
+than 0.81.1, read for facts) sizes its reader's row as ``per_core_N_compute = div_up(N, num_dram_banks)`` after
+dropping padding-only banks; a public audit of another Blackhole port found its one-reader LM head with 20-tile
+shards for 19 tiles per reader at PCC 0.79 on cards, and at >= 0.9999999 once the shard was 19 tiles wide.
 """
 from __future__ import annotations
 

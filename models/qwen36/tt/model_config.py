@@ -281,12 +281,13 @@ def uses_dram_sharded_weights(args: "TTModelArgs", group: TensorGroup, k: int, n
 
 def dram_bank_shard_tiles(n_tiles: int, banks: int, readers: int = 1) -> int:
     """Width in tiles of each bank's shard of a weight N tiles wide, DRAM-sharded over ``banks`` banks for a matmul
-    of ``readers`` readers per bank: R x ceil(N / (banks x R)). The 0.81.1 program factory reads
-    ceil(N / (banks x R)) tiles per reader (banks holding only padding dropped first) and asserts
-    ``in1_shard_width_tiles == workers_per_bank * per_core_N_in1_sender`` for R > 1; with one reader it asserts
-    nothing but reads ceil(N / banks) tiles per row contiguously, so a wider physical shard would be misread
-    (emulator/dram_sharded_readers.py refuses both). At R = 1 this is ceil(N / banks) as before; for R = 2 it rounds
-    the shard up to an even width (the 27B LM head: 485 -> 486 tiles, the last bank's shard padded)."""
+    of ``readers`` readers per bank: R x ceil(N / (banks x R)). The 0.81.1 device op reads ceil(N / (banks x R))
+    tiles per reader (banks holding only padding dropped first) and asserts ``in1_shard_width_tiles ==
+    workers_per_bank * per_core_N_in1_sender`` for R > 1 (the wheel's message); with one reader it asserts nothing
+    but reads ceil(N / banks) tiles per K row with no bank row stride, so a wider physical shard would be misread
+    (emulator/dram_sharded_readers.py says where that is from, and refuses both). At R = 1 this is ceil(N / banks)
+    as before; for R = 2 it rounds the shard up to an even width (the 27B LM head: 485 -> 486 tiles, the last
+    bank's shard padded)."""
     return readers * -(-n_tiles // (banks * readers))
 
 
@@ -357,8 +358,8 @@ def decode_readers_per_bank(args: "TTModelArgs", n: int, banks: int = 8,
     with two or three (tt-metal PR 54242); Tenstorrent's Llama-3.1-8B on P150 takes two for its QKV, output,
     gate/up and down weights wherever the bank shard splits evenly (PR 54242 / 55080, 30.53 -> 23.76 ms per step).
     The 27B MLP shards (34 and 20 tiles per bank at TP=2) split evenly; the LM head's 3880 tiles per device take
-    486-tile shards (the last bank holds 478 tiles and 8 of padding, +0.2 % bytes). Whether two beats one for a given shape is
-    a card measurement (docs/cost_model.md)."""
+    486-tile shards (the last bank holds 478 tiles and 8 of padding, +0.2 % bytes). Whether two beats one for a
+    given shape is a card measurement (docs/cost_model.md)."""
     from qwen36.tt_ops.emulator.dram_sharded_readers import readers_rule_violation
 
     if group not in MULTI_READER_GROUPS:
