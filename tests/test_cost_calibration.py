@@ -106,7 +106,8 @@ def mesh1():
         yield ctx
 
 
-def _dram_sharded_matmul(ctx, k, n, readers):
+def _dram_sharded_matmul(ctx, k, n, readers, layout_readers=1):
+    """y = x @ w through a DRAM-sharded matmul of ``readers`` per bank, w laid out for ``layout_readers``."""
     from qwen36.tiny import PRESETS
     from qwen36.tt.model_config import PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan
     from qwen36.tt.model_config import dram_sharded_weight_memory_config
@@ -121,7 +122,7 @@ def _dram_sharded_matmul(ctx, k, n, readers):
     torch.manual_seed(0)
     wt, xt = torch.randn(k, n) / 16, torch.randn(1, 1, 1, k)
     w = ttnn.from_torch(wt, dtype=ttnn.bfloat8_b, layout=ttnn.TILE_LAYOUT, device=mesh,
-                        memory_config=dram_sharded_weight_memory_config(ttnn, k, n, 8))
+                        memory_config=dram_sharded_weight_memory_config(ttnn, k, n, 8, layout_readers))
     x = ttnn.from_torch(xt, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh,
                         memory_config=plan.input_memory_config)
     with ctx.counters.scope("mm") as c:
@@ -156,6 +157,28 @@ def test_readers_per_bank_rules(mesh1, n, readers, match):
 
     with pytest.raises(EmulatorError, match=match):
         _dram_sharded_matmul(mesh1, 256, n, readers)
+
+
+def test_readers_on_padded_bank_shards(mesh1):
+    """The 27B LM head's case in small: 72 N tiles over 8 banks are 9 per bank, which two readers cannot split; laid
+    out for two readers the shards are 10 tiles wide (the last bank's padded) and two readers take 5 each, computing
+    exactly what one reader on 9-tile shards does. Regression: one reader on those 10-tile shards is refused (the
+    device's one-reader path reads ceil(N / banks) = 9 tiles per K row with no bank stride, so it would misread)."""
+    from qwen36.tt.model_config import dram_bank_shard_tiles
+    from qwen36.tt_ops.emulator.dram_sharded_readers import readers_rule_violation
+    from qwen36.tt_ops.emulator.errors import EmulatorError
+
+    assert (dram_bank_shard_tiles(72, 8, 1), dram_bank_shard_tiles(72, 8, 2)) == (9, 10)
+    assert (dram_bank_shard_tiles(3880, 8, 1), dram_bank_shard_tiles(3880, 8, 2)) == (485, 486)
+    assert readers_rule_violation(486, 3880, 8, 2) is None and readers_rule_violation(485, 3880, 8, 2) is not None
+    assert "one worker per DRAM bank" in readers_rule_violation(486, 3880, 8, 1)
+    one, y1 = _dram_sharded_matmul(mesh1, 256, 2304, 1)
+    two, y2 = _dram_sharded_matmul(mesh1, 256, 2304, 2, layout_readers=2)
+    assert torch.equal(y1, y2)
+    assert one.bytes_read["BFLOAT8_B@dram_sharded/8"] == 8 * 8 * 9 * 1088  # bytes of the whole padded bank shards
+    assert two.bytes_read["BFLOAT8_B@dram_sharded/8x2"] == 8 * 8 * 10 * 1088
+    with pytest.raises(EmulatorError, match="one worker per DRAM bank the weight shard width \\(10 tiles\\)"):
+        _dram_sharded_matmul(mesh1, 256, 2304, 1, layout_readers=2)
 
 
 def test_readers_split_rule():

@@ -156,16 +156,30 @@ def test_decode_plan_at_27b_mlp_shapes():
 
 def test_decode_plan_at_27b_lm_head_shapes():
     """27B LM head per device at TP=2: [5120, 124160] (160 x 3880 tiles): 40 cores (8 x 5), 4 K tiles and 97 N tiles
-    each; 485 tiles per DRAM bank, no padding. The interleaved layout keeps ttnn's default config."""
+    each; two readers per DRAM bank on 486-tile bank shards (3880 / 8 = 485 does not split between two readers: the
+    last bank's shard carries 8 tiles of padding), one reader on 485-tile shards. The interleaved layout keeps
+    ttnn's default config."""
     pytest.importorskip("ttnn")
-    from qwen36.tt.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
+    from qwen36.tiny import PRESETS
+    from qwen36.tt.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
+                                        dram_sharded_weight_memory_config, matrix_memory_config)
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     p = decode_matmul_plan(ttnn, _args(), TensorGroup.LM_HEAD, 1, 5120, 124160)
     assert (p.cores, p.grid) == (40, (8, 5))
     assert (p.program_config.in0_block_w, p.program_config.per_core_M, p.program_config.per_core_N) == (4, 1, 97)
+    assert p.program_config.num_workers_per_dram_bank == 2
     assert list(p.output_memory_config.shard_spec.shape) == [32, 3104]
     assert list(dram_sharded_weight_memory_config(ttnn, 5120, 124160, 8).shard_spec.shape) == [5120, 15520]
+    assert list(dram_sharded_weight_memory_config(ttnn, 5120, 124160, 8, 2).shard_spec.shape) == [5120, 15552]
+    # the weight is placed for the readers its matmul asks for, at either reader setting
+    assert list(matrix_memory_config(ttnn, _args(), TensorGroup.LM_HEAD, 5120, 124160, 8).shard_spec.shape) == \
+        [5120, 15552]
+    one = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=1)
+    assert decode_matmul_plan(ttnn, one, TensorGroup.LM_HEAD, 1, 5120, 124160).program_config \
+        .num_workers_per_dram_bank == 1
+    assert list(matrix_memory_config(ttnn, one, TensorGroup.LM_HEAD, 5120, 124160, 8).shard_spec.shape) == \
+        [5120, 15520]
     assert decode_matmul_plan(ttnn, _args(), TensorGroup.LM_HEAD, 33, 5120, 124160) is None
     assert decode_matmul_plan(ttnn, _args("interleaved"), TensorGroup.LM_HEAD, 1, 5120, 124160) is None
 
@@ -261,13 +275,12 @@ def test_moe_shared_expert_stays_interleaved():
 
 
 def test_decode_plan_readers_per_bank_at_27b_shapes():
-    """Two readers per DRAM bank where the 0.81.1 rule accepts the bank shards (27B MLP at TP=2: 34- and 20-tile
-    shards split evenly), one where it does not (the LM head's 485-tile shards); dram_readers=1 asks one everywhere;
-    out of range is refused."""
+    """Two readers per DRAM bank for the 27B MLP (34- and 20-tile shards split evenly at TP=2) and the LM head (its
+    shards laid out 486 tiles wide for two readers); dram_readers=1 asks one everywhere; out of range is refused."""
     pytest.importorskip("ttnn")
     from qwen36.tiny import PRESETS
     from qwen36.tt.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
-                                        decode_readers_per_bank)
+                                        decode_readers_per_bank, dram_bank_shard_tiles)
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     args = _args()
@@ -275,13 +288,21 @@ def test_decode_plan_readers_per_bank_at_27b_shapes():
     readers = {g: decode_matmul_plan(ttnn, args, g, 1, k, n).program_config.num_workers_per_dram_bank
                for g, k, n in ((TensorGroup.MLP_GATE_UP, 5120, 8704), (TensorGroup.MLP_DOWN, 8704, 5120),
                                (TensorGroup.LM_HEAD, 5120, 124160))}
-    assert readers == {TensorGroup.MLP_GATE_UP: 2, TensorGroup.MLP_DOWN: 2, TensorGroup.LM_HEAD: 1}
-    # regression: the probes build a cut vocabulary (4096 -> 2048 columns per device, 8-tile bank shards that would
-    # split) and scale the LM head's bytes to the real one, whose 485-tile shards cannot: the head's reader count must
-    # not depend on the built vocabulary (it charged 1.48 instead of 2.42 ms per step)
-    assert decode_readers_per_bank(args, 2048, group=TensorGroup.LM_HEAD) == 1
+    assert readers == {TensorGroup.MLP_GATE_UP: 2, TensorGroup.MLP_DOWN: 2, TensorGroup.LM_HEAD: 2}
+    # regression: the probes build a cut vocabulary (4096 -> 2048 columns per device) and scale the LM head's bytes
+    # to the real one: the head's reader count must not depend on the built vocabulary (once the cut head got two
+    # readers where the real one had one, and the probe charged 1.48 instead of 2.42 ms per step). Both get two now,
+    # the real one through its 486-tile shards; a vocabulary whose shards cannot be laid out for two keeps one.
+    assert decode_readers_per_bank(args, 2048, group=TensorGroup.LM_HEAD) == 2
+    assert decode_readers_per_bank(args, 124160, group=TensorGroup.LM_HEAD) == 2
     assert decode_readers_per_bank(args, 2048, group=TensorGroup.MLP_GATE_UP) == 2
+    assert decode_readers_per_bank(args, 2048, group=TensorGroup.ATTN_QKV) == 1
     one = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=1)
     assert decode_readers_per_bank(one, 8704) == 1 and decode_readers_per_bank(args, 8704) == 2
+    # 27B gate/up at TP=4: 136 tiles are 17 per bank, which two readers cannot split; laid out 18 wide they can
+    assert dram_bank_shard_tiles(136, 8, 2) == 18 and decode_readers_per_bank(args, 4352) == 2
+    three = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=3)
+    assert [decode_readers_per_bank(three, n, group=g) for n, g in ((8704, TensorGroup.MLP_GATE_UP),
+            (5120, TensorGroup.MLP_DOWN), (124160, TensorGroup.LM_HEAD))] == [3, 3, 3]  # 36-, 21-, 486-tile shards
     with pytest.raises(ValueError, match="dram_readers"):
         TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=4)

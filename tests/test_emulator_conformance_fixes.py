@@ -350,4 +350,5 @@ def test_ccl_owner_works_with_a_mesh_that_takes_no_weak_references():
     mesh = Mesh()
     owner = ccl.ccl_for(fake, mesh)
     assert ccl.ccl_for(fake, mesh) is owner and owner.mesh is mesh
-    assert len(made) == 2 * (1 + 2 + 3)  # two cycled sets of barrier / all-gather / reduce-scatter semaphores
+    # two cycled sets of barrier / all-gather / reduce-scatter semaphores and of the single-op all-reduce's one
+    assert len(made) == 2 * (1 + 2 + 3 + 1)

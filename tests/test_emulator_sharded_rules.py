@@ -174,3 +174,53 @@ def test_all_reduce_async_program_plan_follows_the_scatter_dim(shape, dtype, pro
         assert (c.programs, c.collectives) == (programs, collectives), dict(c.programs_per_op)
         got = ttnn.to_torch(ttnn.get_device_tensors(out)[0])
         torch.testing.assert_close(got.float(), (parts[0] + parts[1]).float(), rtol=0.05, atol=0.05)
+
+
+def test_single_op_all_reduce_is_one_program_and_refuses_what_the_device_refuses(case):
+    """``experimental.all_reduce_async``'s single-op form (persistent buffer tensor, one semaphore; TTCCL
+    .all_reduce_sharded, the form Tenstorrent's Llama-3 70B Galaxy decode uses): 1 program, 1 collective, the same sum
+    as the composite form. Its 0.81.1 device op validation, each broken once: a DRAM input on Blackhole, a layout other
+    than WIDTH_SHARDED (input, output), a buffer shard too small for N copies of the output shard, a buffer on other
+    cores than the output; and the wrapper refuses a result layout whose buffer was not allocated before."""
+    from qwen36.tt.ccl import ccl_for
+
+    ctx, x, _, _ = case
+    ttnn = ctx.ttnn
+    ccl = ccl_for(ttnn, ctx.mesh_device)
+    mc = _width(ttnn)
+    xs = ttnn.to_memory_config(x, mc)
+    with pytest.raises(RuntimeError, match="prepare_reduce_buffer"):
+        ccl.all_reduce_sharded(xs, mc)
+    ccl.prepare_reduce_buffer(mc, ttnn.bfloat16)
+    with ctx.counters.scope("single") as c:
+        out = ccl.all_reduce_sharded(xs, mc)
+    assert (c.programs, c.collectives) == (1, 1), dict(c.programs_per_op)
+    assert c.collective_bytes == 32 * H * 2  # each device sends its whole [32, 256] bf16 input to the other
+    assert out.memory_config() == mc
+    ref = ccl.all_reduce(x, memory_config=ttnn.DRAM_MEMORY_CONFIG)
+    torch.testing.assert_close(_host(ctx, out), _host(ctx, ref), rtol=0, atol=0)
+
+    key = ccl._buffer_key(mc, ttnn.bfloat16)
+    buf = ccl._reduce_buffers[key]
+    sem = ccl._ar1[0]
+
+    def call(inp, buffer, out_mc):
+        return ttnn.experimental.all_reduce_async(inp, buffer, cluster_axis=1, mesh_device=ctx.mesh_device,
+                                                  multi_device_global_semaphore=sem, memory_config=out_mc,
+                                                  topology=ttnn.Topology.Linear)
+
+    with pytest.raises(EmulatorError, match="does not support blackhole dram"):
+        call(x, buf, mc)
+    with pytest.raises(EmulatorError, match="memory layout for input tensor"):
+        call(ttnn.to_memory_config(x, ttnn.L1_MEMORY_CONFIG), buf, mc)
+    with pytest.raises(EmulatorError, match="memory layout for output tensor"):
+        call(xs, buf, ttnn.L1_MEMORY_CONFIG)
+    small = ttnn.from_torch(torch.zeros(1, 1, 32, H), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT,
+                            device=ctx.mesh_device, memory_config=mc)
+    with pytest.raises(EmulatorError, match="large enough to hold the intermediate tensor"):
+        call(xs, small, mc)
+    other = _width(ttnn, cores=2, width=2 * H)  # buffer on cores (0..1, 0): the output's 4 cores are not inside
+    wide = ttnn.from_torch(torch.zeros(1, 1, 32, 2 * H), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT,
+                           device=ctx.mesh_device, memory_config=other)
+    with pytest.raises(EmulatorError, match="subset of the cores of the buffer tensor"):
+        call(xs, wide, mc)

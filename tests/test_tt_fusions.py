@@ -87,23 +87,40 @@ def test_attention_decode_programs(harness):
 
 
 def test_mlp_programs(harness):
-    """Prefill (and interleaved decode): 6 programs (gate, up, multiply, down, the all-reduce's reduce-scatter and
-    all-gather), no slices or silu. DRAM-sharded decode: the same 6 plus the two reshards that bracket it (x into L1
-    width shards, the down output back to DRAM for the collective)."""
+    """Prefill (and interleaved decode): 6 programs (gate, up, multiply, down, the composite all-reduce's
+    reduce-scatter and all-gather: 2 collectives), no slices or silu. DRAM-sharded decode: gate, up, multiply, down,
+    the single-op all-reduce on the down output's L1 width shards (1 program, 1 collective), the reshard of its sum
+    to DRAM, plus the reshard of x into L1 width shards when x arrives interleaved: 7 programs, 1 collective."""
     ctx, h = harness
-    for rows, want, reshards in ((40, 6, 0), (1, 8, 2)):
+    for rows, want, reshards, collectives in ((40, 6, 0, 2), (1, 7, 2, 1)):
         x = h.to_device(torch.randn(1, rows, 64))
         c = _count(ctx, "mlp", lambda: h.layer.mlp.forward(x))
         ops = dict(c.per_op)
         assert c.programs == want, f"MLP, {rows} rows: {c.programs} programs (fused gate_up + slices + silu: 8) {ops}"
+        assert c.collectives == collectives, (rows, c.collectives, ops)
         assert "ttnn.slice" not in ops and "ttnn.silu" not in ops, ops
         assert ops.get("ttnn.to_memory_config", 0) == reshards, ops
     assert any(k.startswith("BFLOAT8_B@dram_sharded/8") for k in c.bytes_read), dict(c.bytes_read)
 
 
+def test_mlp_single_op_all_reduce_matches_the_composite(harness):
+    """The decode MLP's single-op all-reduce on the L1 down output gives exactly the composite all-reduce of the same
+    partials (the emulated reduction is the same fp32 sum rounded once; cards sum two bf16 partials in one rounding
+    either way)."""
+    from qwen36.tt.ccl import all_reduce
+
+    ctx, h = harness
+    mlp = h.layer.mlp
+    x = h.to_device(torch.randn(1, 1, 64))
+    got = h.model.to_host(mlp.forward(x))
+    want = h.model.to_host(all_reduce(ctx.ttnn, mlp.partial(x), h.model.args.num_devices))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_decoder_layer_norm_writes_the_mlp_input_shards(harness):
     """Decode rows: the post-attention RMSNorm writes the L1 width shards the DRAM-sharded gate/up matmuls read, so
-    the MLP inside the layer is 7 programs (one reshard: the down output back to DRAM); prefill rows keep DRAM."""
+    the MLP inside the layer is 6 programs (one reshard: the reduced down output back to DRAM); prefill rows keep
+    DRAM."""
     ctx, h = harness
     mlp = h.layer.mlp
     assert mlp.input_memory_config(40) is None
@@ -112,7 +129,7 @@ def test_decoder_layer_norm_writes_the_mlp_input_shards(harness):
     x = h.to_device(torch.randn(1, 1, 64))
     xs = ctx.ttnn.rms_norm(x, epsilon=1e-6, weight=h.layer.w.post_norm, memory_config=mc)
     c = _count(ctx, "mlp", lambda: mlp.forward(xs))
-    assert c.programs == 7 and dict(c.per_op).get("ttnn.to_memory_config") == 1, dict(c.per_op)
+    assert c.programs == 6 and dict(c.per_op).get("ttnn.to_memory_config") == 1, dict(c.per_op)
     torch.testing.assert_close(h.model.to_host(mlp.forward(xs)), h.model.to_host(mlp.forward(
         ctx.ttnn.rms_norm(x, epsilon=1e-6, weight=h.layer.w.post_norm))), rtol=0, atol=0)
 

@@ -267,3 +267,22 @@ def test_cli_generate_and_logits_on_emulated_mesh(ckpt, ref, gen_perf, tmp_path,
     ok, msg = comp_pcc(ref(torch.tensor([ids]), ref.new_state(1, 64)).logits[0], load_file(out)["logits"],
                        PCC_GATES["model_prefill"])
     assert ok, msg
+
+
+def test_weight_cache_names_carry_the_bank_shard_width(ckpt, tmp_path):
+    """ttnn.as_tensor (0.81.1) loads a cached tensor with the memory config it was stored with, so a DRAM-sharded
+    weight whose bank shards change width (readers per bank: 1 -> 2 makes the CI LM head's shards 1 -> 2 tiles) must
+    not load an old file: the width is in the file name, and the second loader converts the head again."""
+    from qwen36.checkpoint import load_checkpoint
+    from qwen36.tt.weights import WeightLoader
+    from qwen36.tt_ops.device import open_mesh
+
+    reader = load_checkpoint(ckpt)
+    with open_mesh("emulated-p150x2") as ctx:
+        for readers in (1, 2):
+            args = TTModelArgs.from_config(reader.config, 2, PrecisionSetting.performance(), max_seq_len=64,
+                                           dram_readers=readers)
+            w = WeightLoader(reader, args, ctx.ttnn, ctx.mesh_device, tmp_path, progress=False).load(layers=[])
+            assert list(w.lm_head.memory_config().shard_spec.shape) == [64, 32 * readers]
+    names = sorted(p.name.split("_dtype_")[0] for p in (tmp_path / "tp2").iterdir() if p.name.startswith("lm_head"))
+    assert names == ["lm_head_bankw32", "lm_head_bankw64"], names

@@ -16,6 +16,14 @@ its ``_ttnncpp.so``; the program factory is
 * ``workers_per_bank == 1 || in1_shard_width_tiles == workers_per_bank * per_core_N_in1_sender``, where
   ``per_core_N_in1_sender`` is N tiles split over every reader (``ceil(N_t / (banks_used x R))``; banks holding only
   padding are dropped first, as the factory's worker list does).
+
+One reader per bank is refused here where the device would not refuse it but would read the wrong tiles: its
+reader streams ``ceil(N_t / banks_used)`` tiles per K row as one contiguous run (no bank row stride: the split-bank
+path with its stride exists for R > 1 only), so a bank shard wider than that (e.g. one laid out for two readers and
+then read by one) shifts every K row after the first. Sources: tt-metal's DRAM-sharded factory (a later version
+than 0.81.1, read for facts) sizes its reader's row as ``per_core_N_compute = div_up(N, num_dram_banks)`` after
+dropping padding-only banks; a public audit of another Blackhole port found its one-reader LM head with 20-tile
+shards for 19 tiles per reader at PCC 0.79 on cards, and at >= 0.9999999 once the shard was 19 tiles wide.
 """
 from __future__ import annotations
 
@@ -43,12 +51,14 @@ def readers_rule_violation(shard_width_tiles: int, n_tiles: int, banks: int, rea
     r, sw = readers, shard_width_tiles
     if not 1 <= r <= MAX_READERS:
         return f"num_workers_per_dram_bank must be in [1, {MAX_READERS}], got {r}"
-    if r == 1:
-        return None
     if sw % r:
         return f"DRAM-sharded matmul weight shard width {sw} tiles per bank must be divisible by workers_per_bank {r}"
     used = banks - ((sw * banks - n_tiles) // sw if sw else 0)
     per_reader = -(-n_tiles // (used * r))
+    if r == 1 and sw != per_reader:
+        return (f"with one worker per DRAM bank the weight shard width ({sw} tiles) must equal the tiles it reads per "
+                f"K row, ceil({n_tiles} / {used} banks) = {per_reader} (its reader has no bank row stride: a wider "
+                "shard is read at the wrong offsets)")
     if sw != r * per_reader:
         return (f"with {r} workers per DRAM bank the weight shard width ({sw} tiles) must equal workers_per_bank x "
                 f"per-reader N ({r} x ceil({n_tiles} / ({used} banks x {r})) = {r * per_reader} tiles)")

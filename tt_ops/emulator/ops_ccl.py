@@ -217,7 +217,45 @@ def _ar_async_bytes(args, kwargs, out):
     b = bind_arguments("ttnn.experimental.all_reduce_async", ttnn.experimental.all_reduce_async, args, kwargs)
     t = b["input_tensor"]
     n = _group_size(t, b.get("cluster_axis"))
+    if b.get("multi_device_global_semaphore") is not None:
+        return (n - 1) * _bytes(t)  # the single-op form sends the whole input to every other device
     return 2 * (n - 1) * _bytes(t) // n
+
+
+def _check_single_op_all_reduce(name: str, t: EmuTensor, buf, out_mc, ring_size: int) -> None:
+    """The 0.81.1 device op's validation of the single-op form (``buffer_tensor`` + one
+    ``multi_device_global_semaphore``; ``AllReduceAsyncDeviceOperation::validate_on_program_cache_miss``, its
+    messages present in the wheel's ``_ttnncpp.so``): on Blackhole the input may not be in DRAM (its kernel takes
+    NoC addresses without a tensor accessor); input, buffer and output WIDTH_SHARDED; the output's shard grid inside
+    the buffer's; the buffer's shard at least ring_size x the output's (it holds every device's copy of the output
+    shard for the reduction); an even ring size."""
+    width = ttnn.TensorMemoryLayout.WIDTH_SHARDED
+    mc = t.memory_config()
+    arch = t.mesh.arch() if t.mesh is not None else None
+    if arch == ttnn.Arch.BLACKHOLE and mc.buffer_type == ttnn.BufferType.DRAM:
+        raise EmulatorError(f"{name}: This kernel does not support blackhole dram as it does not use an accessor to "
+                            "get the noc address as needed by the fabric api (the input must be in L1)")
+    if mc.memory_layout != width:
+        raise EmulatorError(f"{name}: Unsupported memory layout for input tensor {mc.memory_layout} (WIDTH_SHARDED)")
+    if not isinstance(buf, EmuTensor):
+        raise EmulatorError(f"{name}: the single-op form needs buffer_tensor (a persistent device tensor)")
+    bmc = buf.memory_config()
+    if bmc.memory_layout != width:
+        raise EmulatorError(f"{name}: Unsupported memory layout for buffer tensor {bmc.memory_layout} (WIDTH_SHARDED)")
+    if out_mc.memory_layout != width:
+        raise EmulatorError(f"{name}: Unsupported memory layout for output tensor {out_mc.memory_layout} "
+                            "(WIDTH_SHARDED)")
+    bspec, ospec = bmc.shard_spec, out_mc.shard_spec
+    if not bspec.grid.contains(ospec.grid):
+        raise EmulatorError(f"{name}: The output tensor must reside on a subset of the cores of the buffer tensor")
+    need = int(ospec.shape[0]) * int(ospec.shape[1]) * ring_size
+    have = int(bspec.shape[0]) * int(bspec.shape[1])
+    if need > have:
+        raise EmulatorError(f"{name}: The shard size for the buffer must be large enough to hold the intermediate "
+                            f"tensor. Require at least {need} but has {have}")
+    if ring_size % 2:
+        raise EmulatorError(f"{name}: AllReduceAsync currently only supports even number of blocks in the reduction "
+                            f"kernel. ring_size={ring_size}")
 
 
 @device_op("ttnn.experimental.all_reduce_async", collective_bytes=_ar_async_bytes)
@@ -225,8 +263,12 @@ def all_reduce_async(*args, **kwargs):
     name = "ttnn.experimental.all_reduce_async"
     b = bind_arguments(name, ttnn.experimental.all_reduce_async, args, kwargs)
     t = b["input_tensor"]
-    if b.get("multi_device_global_semaphore") is not None:
+    single = b.get("multi_device_global_semaphore") is not None
+    if single:
         _require_semaphores(name, t, multi_device_global_semaphore=b["multi_device_global_semaphore"])
+        out_mc = b.get("memory_config") or t.memory_config()  # the op's default: the input's memory config
+        _check_single_op_all_reduce(name, t, b.get("buffer_tensor"), out_mc, _group_size(t, b.get("cluster_axis")))
+        return _emit(t, _all_reduce_shards(t, b.get("cluster_axis")), out_mc, dtype=b.get("dtype"))
     else:
         _require_semaphores(name, t, barrier_semaphores=b.get("barrier_semaphores"),
                             rs_global_semaphores=b.get("rs_global_semaphores"),

@@ -45,7 +45,9 @@ class TTCCL:
         self._barrier = [sems(1) for _ in range(self.CYCLE)]
         self._ag = [sems(2) for _ in range(self.CYCLE)]
         self._rs = [sems(3) for _ in range(self.CYCLE)]
-        self._i = {"barrier": 0, "ag": 0, "rs": 0}
+        self._ar1 = [sems(1)[0] for _ in range(self.CYCLE)]  # the single-op all-reduce takes one semaphore
+        self._i = {"barrier": 0, "ag": 0, "rs": 0, "ar1": 0}
+        self._reduce_buffers: dict = {}  # (grid, shard shape, dtype) -> persistent buffer of all_reduce_sharded
 
     @property
     def ttnn(self):
@@ -68,6 +70,49 @@ class TTCCL:
             rs_global_semaphores=self._next("rs", self._rs), ag_global_semaphores=self._next("ag", self._ag),
             math_op=ttnn.ReduceType.Sum, topology=ttnn.Topology.Linear,
             memory_config=memory_config or activation_memory_config(ttnn))
+
+    @staticmethod
+    def _buffer_key(memory_config, dtype) -> tuple:
+        spec = memory_config.shard_spec
+        return (str(spec.grid), tuple(int(v) for v in spec.shape), str(dtype))
+
+    def prepare_reduce_buffer(self, memory_config, dtype) -> None:
+        """Allocate (once, before any trace capture) the persistent buffer :meth:`all_reduce_sharded` needs for a
+        result in ``memory_config`` (L1 WIDTH_SHARDED): the same cores, each shard N x the output shard wide, where
+        each core gathers every device's copy of its output shard before summing them (the device op requires
+        buffer shard volume >= N x output shard volume, on a superset of the output's cores). One buffer serves
+        every layer: the collectives run one after another on one command queue."""
+        key = self._buffer_key(memory_config, dtype)
+        if key in self._reduce_buffers:
+            return
+        import torch
+
+        ttnn, n = self.ttnn, self.mesh.get_num_devices()
+        spec = memory_config.shard_spec
+        rows, width = int(spec.shape[0]), int(spec.shape[1]) * n
+        cores = spec.grid.num_cores()
+        mc = ttnn.MemoryConfig(ttnn.TensorMemoryLayout.WIDTH_SHARDED, ttnn.BufferType.L1,
+                               ttnn.ShardSpec(spec.grid, (rows, width), ttnn.ShardOrientation.ROW_MAJOR))
+        self._reduce_buffers[key] = ttnn.from_torch(
+            torch.zeros(1, 1, rows, width * cores), dtype=dtype, layout=ttnn.TILE_LAYOUT, device=self.mesh,
+            memory_config=mc, mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+
+    def all_reduce_sharded(self, t, memory_config):
+        """Sum over the mesh row of an L1 WIDTH_SHARDED ``t`` into ``memory_config`` (L1 WIDTH_SHARDED) as one
+        program and one collective: ``experimental.all_reduce_async``'s single-op form (a persistent buffer tensor
+        and one semaphore), against the composite form's reduce-scatter + all-gather (two of each). ttnn 0.81.1
+        refuses this form for a DRAM input on Blackhole and for any layout but WIDTH_SHARDED (its device op's
+        validation; the emulator applies it), so only a result that is already L1 width-sharded (the DRAM-sharded
+        MLP down projection, tt/mlp.py) takes it. Needs :meth:`prepare_reduce_buffer` first."""
+        key = self._buffer_key(memory_config, t.dtype)
+        if key not in self._reduce_buffers:
+            raise RuntimeError(f"all_reduce_sharded: no persistent buffer for {key}; call prepare_reduce_buffer "
+                               "when the model is built (allocating one inside a trace capture is not allowed)")
+        ttnn = self.ttnn
+        return ttnn.experimental.all_reduce_async(
+            t, self._reduce_buffers[key], cluster_axis=1, mesh_device=self.mesh,
+            multi_device_global_semaphore=self._next("ar1", self._ar1), memory_config=memory_config,
+            topology=ttnn.Topology.Linear)
 
     def all_gather(self, t, dim: int, memory_config=None):
         """Concatenate the per-device shards along ``dim`` on every device (one async all-gather)."""

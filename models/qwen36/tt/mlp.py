@@ -14,13 +14,20 @@ runs its decode MLP: the weights width-sharded over the DRAM banks (one bank per
 in parallel), x width-sharded in L1 over the compute cores, gate/up/silu-multiply/down outputs staying in L1 on the
 same cores (gate/up's output shard is down's input shard: both split I_d over the same cores). The decoder layer's
 post-attention RMSNorm writes x straight into the L1 width shards the gate/up matmuls read (``input_memory_config``;
-an x in any other layout is resharded here), and the down output goes back to DRAM for the collective (one reshard):
-six programs per layer instead of five (seven when x arrives DRAM-interleaved).
+an x in any other layout is resharded here). The down output is summed over the mesh where it lies, in its L1 width
+shards, by the single-op form of ``ttnn.experimental.all_reduce_async`` (a persistent buffer tensor and one
+semaphore, ``TTCCL.all_reduce_sharded``: one program and one collective), and the sum goes back to DRAM for the
+residual add (one reshard): gate, up, multiply, down, all-reduce, reshard: six programs and one collective per layer.
 
-Why the down output is not handed to the all-reduce in L1: ``ttnn.experimental.all_reduce_async`` (the composite
-form with reduce-scatter / all-gather semaphores) converts a sharded input to interleaved itself and converts its
-result to the requested memory config afterwards (``all_reduce_async.cpp``, read for facts), so a sharded input
-costs the same program plus one more; the emulator charges those internal programs (``programs.py``).
+Why the single-op form: the composite form (reduce-scatter / all-gather semaphores) is a reduce-scatter then an
+all-gather, two programs and two collective handshakes, and it converts a sharded input to interleaved itself and
+its result back afterwards (``all_reduce_async.cpp``, read for facts), so it took the down output after a reshard
+to DRAM. The single-op form's 0.81.1 device op requires WIDTH_SHARDED input, buffer and output, and on Blackhole
+refuses a DRAM input ("does not support blackhole dram"): it fits this L1 output exactly, and the mixers' DRAM
+outputs not at all (a reshard into L1 costs more than the collective it saves). Tenstorrent's Llama-3 70B Galaxy
+decode (``models/demos/llama3_70b_galaxy/tt/llama_ccl.py`` ``line_all_reduce``: one persistent buffer per cluster
+axis shared by every layer, semaphores cycled) reduces its sharded outputs this way on Wormhole; we found no
+Tenstorrent model running it on a Blackhole pair, so it stays a card check (docs/cost_model.md).
 
 x [1, 1, T, H] -> [1, 1, T, H] (replicated after the reduce).
 """
@@ -34,8 +41,11 @@ from .weights import MLPWeights
 class TTMLP:
     def __init__(self, args: TTModelArgs, weights: MLPWeights, ttnn, mesh):
         self.args, self.w, self.ttnn, self.mesh = args, weights, ttnn, mesh
-        ccl_for(ttnn, mesh)  # the collectives' persistent semaphores exist before any trace capture
+        ccl = ccl_for(ttnn, mesh)  # the collectives' persistent semaphores exist before any trace capture
         self.i_d = args.intermediate_d
+        plans = self.decode_plans(1)
+        if plans is not None and args.num_devices > 1:  # the single-op all-reduce's buffer, before any capture
+            ccl.prepare_reduce_buffer(plans[1].output_memory_config, args.dtype(TensorGroup.ACTIVATION, ttnn))
 
     def decode_plans(self, rows: int):
         """(gate/up plan, down plan) of the DRAM-sharded decode matmuls for ``rows`` rows, or None (module doc)."""
@@ -57,30 +67,46 @@ class TTMLP:
         plans = self.decode_plans(rows)
         return None if plans is None else plans[0].input_memory_config
 
+    def _decode_down(self, x, plans):
+        """The DRAM-sharded decode MLP up to h @ down_d, left in down's L1 width shards (module doc)."""
+        ttnn, a = self.ttnn, self.args
+        act = a.dtype(TensorGroup.ACTIVATION, ttnn)
+        cfg = compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_GATE_UP))
+        cfg_down = compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_DOWN))
+        gu, dn = plans
+        xs = x if x.memory_config() == gu.input_memory_config else ttnn.to_memory_config(x, gu.input_memory_config)
+        gate = ttnn.linear(xs, self.w.gate, dtype=act, memory_config=gu.output_memory_config,
+                           program_config=gu.program_config, compute_kernel_config=cfg)
+        up = ttnn.linear(xs, self.w.up, dtype=act, memory_config=gu.output_memory_config,
+                         program_config=gu.program_config, compute_kernel_config=cfg)
+        h = ttnn.multiply(gate, up, input_tensor_a_activations=[ttnn.UnaryOpType.SILU],
+                          memory_config=gu.output_memory_config)
+        return ttnn.linear(h, self.w.down, dtype=act, memory_config=dn.output_memory_config,
+                           program_config=dn.program_config, compute_kernel_config=cfg_down)
+
     def partial(self, x):
         """This device's h @ down_d before the reduce: [1, 1, T, H] (the MoE block adds it to its routed part)."""
         ttnn, a = self.ttnn, self.args
         mc = activation_memory_config(ttnn)
+        plans = self.decode_plans(x.shape[-2])
+        if plans is not None:
+            return ttnn.to_memory_config(self._decode_down(x, plans), mc)
         act = a.dtype(TensorGroup.ACTIVATION, ttnn)
         cfg = compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_GATE_UP))
         cfg_down = compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_DOWN))
-        plans = self.decode_plans(x.shape[-2])
-        if plans is not None:
-            gu, dn = plans
-            xs = x if x.memory_config() == gu.input_memory_config else ttnn.to_memory_config(x, gu.input_memory_config)
-            gate = ttnn.linear(xs, self.w.gate, dtype=act, memory_config=gu.output_memory_config,
-                               program_config=gu.program_config, compute_kernel_config=cfg)
-            up = ttnn.linear(xs, self.w.up, dtype=act, memory_config=gu.output_memory_config,
-                             program_config=gu.program_config, compute_kernel_config=cfg)
-            h = ttnn.multiply(gate, up, input_tensor_a_activations=[ttnn.UnaryOpType.SILU],
-                              memory_config=gu.output_memory_config)
-            out = ttnn.linear(h, self.w.down, dtype=act, memory_config=dn.output_memory_config,
-                              program_config=dn.program_config, compute_kernel_config=cfg_down)
-            return ttnn.to_memory_config(out, mc)
         gate = ttnn.linear(x, self.w.gate, dtype=act, memory_config=mc, compute_kernel_config=cfg)
         up = ttnn.linear(x, self.w.up, dtype=act, memory_config=mc, compute_kernel_config=cfg)
         h = ttnn.multiply(gate, up, input_tensor_a_activations=[ttnn.UnaryOpType.SILU], memory_config=mc)
         return ttnn.linear(h, self.w.down, dtype=act, memory_config=mc, compute_kernel_config=cfg_down)
 
     def forward(self, x):
-        return all_reduce(self.ttnn, self.partial(x), self.args.num_devices)
+        """MLP(x), reduced over the mesh. Decode rows on DRAM-sharded weights: the down output is reduced where it
+        lies, in L1 width shards, by the single-op all-reduce (one program, one collective), then moved to DRAM
+        (module doc); otherwise the partial goes to DRAM and through the composite all-reduce."""
+        ttnn, a = self.ttnn, self.args
+        plans = self.decode_plans(x.shape[-2])
+        if plans is None or a.num_devices == 1:
+            return all_reduce(ttnn, self.partial(x), a.num_devices)
+        out = self._decode_down(x, plans)
+        red = ccl_for(ttnn, self.mesh).all_reduce_sharded(out, plans[1].output_memory_config)
+        return ttnn.to_memory_config(red, activation_memory_config(ttnn))

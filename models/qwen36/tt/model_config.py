@@ -279,11 +279,24 @@ def uses_dram_sharded_weights(args: "TTModelArgs", group: TensorGroup, k: int, n
             and k % TILE == 0 and n % TILE == 0)
 
 
-def dram_sharded_weight_memory_config(ttnn, k: int, n: int, banks: int):
+def dram_bank_shard_tiles(n_tiles: int, banks: int, readers: int = 1) -> int:
+    """Width in tiles of each bank's shard of a weight N tiles wide, DRAM-sharded over ``banks`` banks for a matmul
+    of ``readers`` readers per bank: R x ceil(N / (banks x R)). The 0.81.1 device op reads ceil(N / (banks x R))
+    tiles per reader (banks holding only padding dropped first) and asserts ``in1_shard_width_tiles ==
+    workers_per_bank * per_core_N_in1_sender`` for R > 1 (the wheel's message); with one reader it asserts nothing
+    but reads ceil(N / banks) tiles per K row with no bank row stride, so a wider physical shard would be misread
+    (emulator/dram_sharded_readers.py says where that is from, and refuses both). At R = 1 this is ceil(N / banks)
+    as before; for R = 2 it rounds the shard up to an even width (the 27B LM head: 485 -> 486 tiles, the last
+    bank's shard padded)."""
+    return readers * -(-n_tiles // (banks * readers))
+
+
+def dram_sharded_weight_memory_config(ttnn, k: int, n: int, banks: int, readers: int = 1):
     """A [k, n] weight width-sharded over the ``banks`` DRAM banks: bank b holds columns [b*w, (b+1)*w) of every
-    row, w = n / banks rounded up to a tile (the last bank's shard is padded). Each reading core of a DRAM-sharded
-    matmul then streams one bank only, so all banks are read in parallel without NoC contention between readers."""
-    w = -(-n // (TILE * banks)) * TILE
+    row, w = :func:`dram_bank_shard_tiles` for the matmul's ``readers`` per bank (the last bank's shard is padded).
+    Each reading core of a DRAM-sharded matmul then streams one bank only, so all banks are read in parallel without
+    NoC contention between readers."""
+    w = dram_bank_shard_tiles(-(-n // TILE), banks, readers) * TILE
     grid = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(banks - 1, 0))})
     return ttnn.MemoryConfig(ttnn.TensorMemoryLayout.WIDTH_SHARDED, ttnn.BufferType.DRAM,
                              ttnn.ShardSpec(grid, (k, w), ttnn.ShardOrientation.ROW_MAJOR))
@@ -293,7 +306,9 @@ def matrix_memory_config(ttnn, args: "TTModelArgs", group: TensorGroup, k: int, 
     """Where a per-device [k, n] weight matrix of ``group`` lives: DRAM-sharded for the groups whose decode matmuls
     are DRAM-sharded (prefill reads the same tensor with ttnn's default program config), else DRAM-interleaved."""
     if uses_dram_sharded_weights(args, group, k, n):
-        return dram_sharded_weight_memory_config(ttnn, k, n, banks)
+        # the bank shard width follows the readers its decode matmul will ask for (decode_matmul_plan): both come
+        # from decode_readers_per_bank, so the weight's layout and the program config cannot disagree
+        return dram_sharded_weight_memory_config(ttnn, k, n, banks, decode_readers_per_bank(args, n, banks, group))
     return weight_memory_config(ttnn)
 
 
@@ -325,30 +340,34 @@ def _decode_grid(k_tiles: int, n_tiles: int) -> tuple[int, int, int]:
     raise AssertionError("unreachable: c = 1 always fits")
 
 
-# groups whose DRAM-sharded decode matmuls ask for ``args.dram_readers`` readers per bank; the LM head keeps one, as
-# Tenstorrent's Llama-3.1-8B does (PR 55080), and at 27B its 485-tile bank shards could not split anyway (probes that
-# build a cut vocabulary would otherwise charge a reader count the real head cannot have)
-MULTI_READER_GROUPS = frozenset({TensorGroup.MLP_GATE_UP, TensorGroup.MLP_DOWN})
+# groups whose DRAM-sharded decode matmuls ask for ``args.dram_readers`` readers per bank. The LM head is one of them
+# since its bank shards are laid out for the readers (dram_bank_shard_tiles: 485 -> 486 tiles at 27B TP=2, the last
+# bank's shard padded); the real head and a probe's cut vocabulary then get the same reader count.
+MULTI_READER_GROUPS = frozenset({TensorGroup.MLP_GATE_UP, TensorGroup.MLP_DOWN, TensorGroup.LM_HEAD})
 
 
 def decode_readers_per_bank(args: "TTModelArgs", n: int, banks: int = 8,
                             group: TensorGroup = TensorGroup.MLP_GATE_UP) -> int:
     """Readers per DRAM bank of a DRAM-sharded decode matmul whose [k, n] weight is width-sharded over ``banks``
-    (:func:`dram_sharded_weight_memory_config`): ``args.dram_readers`` where the 0.81.1 device op's rule accepts it for
-    these bank shards (tt_ops/emulator/dram_sharded_readers.py, which the emulated op enforces), else one.
+    in bank shards :func:`dram_bank_shard_tiles` wide for that reader count: ``args.dram_readers`` where the 0.81.1
+    device op's rule accepts those shards (tt_ops/emulator/dram_sharded_readers.py, which the emulated op enforces),
+    else one. The weight's memory config (:func:`matrix_memory_config`) asks the same question, so weight layout and
+    program config agree.
 
     Why two: Blackhole's DRAM-sharded matmul reaches about 55 % of DRAM peak with one reader per bank and about 90 %
     with two or three (tt-metal PR 54242); Tenstorrent's Llama-3.1-8B on P150 takes two for its QKV, output,
     gate/up and down weights wherever the bank shard splits evenly (PR 54242 / 55080, 30.53 -> 23.76 ms per step).
-    The 27B MLP shards (34 and 20 tiles per bank at TP=2) split evenly; the LM head's (485 tiles) does not and keeps
-    one (MULTI_READER_GROUPS). Whether two beats one for a given shape is a card measurement (docs/cost_model.md)."""
+    The 27B MLP shards (34 and 20 tiles per bank at TP=2) split evenly; the LM head's 3880 tiles per device take
+    486-tile shards (the last bank holds 478 tiles and 8 of padding, +0.2 % bytes). Whether two beats one for a
+    given shape is a card measurement (docs/cost_model.md)."""
     from qwen36.tt_ops.emulator.dram_sharded_readers import readers_rule_violation
 
     if group not in MULTI_READER_GROUPS:
         return 1
-    sw = -(-n // (TILE * banks))
-    ok = readers_rule_violation(sw, -(-n // TILE), banks, args.dram_readers) is None
-    return args.dram_readers if ok else 1
+    n_tiles = -(-n // TILE)
+    r = args.dram_readers
+    ok = readers_rule_violation(dram_bank_shard_tiles(n_tiles, banks, r), n_tiles, banks, r) is None
+    return r if ok else 1
 
 
 def decode_matmul_plan(ttnn, args: "TTModelArgs", group: TensorGroup, rows: int, k: int, n: int):

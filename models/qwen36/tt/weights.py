@@ -221,7 +221,13 @@ class WeightLoader:
         k, n = w.shape  # per device: column-parallel splits n, row-parallel splits k
         k, n = (k, n // self.n) if parallel == "column" else (k // self.n, n)
         mc = matrix_memory_config(self.ttnn, self.args, group, k, n, dram_bank_count(self.mesh))
-        return self._put(name, w, self.args.dtype(group, self.ttnn), mapper=mapper, memory_config=mc)
+        # ttnn.as_tensor's cache file stores the tensor with its memory config and a cache hit loads it as stored
+        # (ttnn/operations/core.py, 0.81.1): a DRAM-sharded weight's bank shard width (which follows its readers
+        # per bank, model_config.dram_bank_shard_tiles) is part of its file name, so a layout change never loads an
+        # old file
+        spec = mc.shard_spec if mc.is_sharded() else None
+        cache_name = name if spec is None else f"{name}_bankw{int(spec.shape[1])}"
+        return self._put(cache_name, w, self.args.dtype(group, self.ttnn), mapper=mapper, memory_config=mc)
 
     # ---- blocks ---------------------------------------------------------------------------------------
     def gdn(self, p: str) -> GDNWeights:
