@@ -47,7 +47,7 @@ def test_gdn_decode_programs_upper_bound(bench):
 
 
 def test_gdn_decoder_layer_programs_upper_bound(bench):
-    from qwen36.tt.state import allocate_decode_inputs
+    from qwen36.tt.model.state import allocate_decode_inputs
 
     model, ttnn = bench.model, bench.ttnn
     inputs = allocate_decode_inputs(ttnn, bench.mesh)

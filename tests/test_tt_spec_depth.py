@@ -27,7 +27,7 @@ from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.speculative import oracle_drafter
 from qwen36.testing.tt import device_position, make_bf16_checkpoint, read_scalar, small_tt_generator
-from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.tt.spec.spec_backend import TTSpecBackend
 
 PROMPT = list(range(5, 17))
 SCHEDULE = [3, 1, 5, 2, 2, 5, 1, 3, 3, 1, 2, 5]
@@ -215,7 +215,7 @@ def gen():
 @pytest.fixture(scope="module")
 def drafter():
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.tt.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 
     return TTMTPDrafter(load_checkpoint(CKPT, require_mtp=True))
 

@@ -1,4 +1,4 @@
-"""The vllm-tt plugin's call sequence, replayed against models/qwen36/tt/qwen36_vllm.py on the emulated 1x2 mesh
+"""The vllm-tt plugin's call sequence, replayed against models/qwen36/tt/serving/qwen36_vllm.py on the emulated 1x2 mesh
 (CI checkpoint, bf16), without vLLM or the plugin installed.
 
 ``PluginReplay`` issues the calls the plugin's runner makes (tenstorrent/vllm-tt-plugin e3fc849: worker.py
@@ -24,10 +24,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from qwen36.tt.generator import DEFAULT_TRACE_REGION
-from qwen36.tt.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
+from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
+from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
 from qwen36.testing.tt import make_bf16_checkpoint
-from qwen36.tt import vllm_types as vt
+from qwen36.tt.serving import vllm_types as vt
 from qwen36.tt_ops.device import open_mesh
 
 HELPER_TRACE = Path(__file__).parent / "data" / "vllm_tt_plugin_spec_helpers.json"

@@ -1,7 +1,7 @@
 """Qwen3.6 model class for the vllm-tt plugin (tenstorrent/vllm-tt-plugin): a thin adapter over
 :class:`TTGenerator` (prefill, plain decode) and :class:`TTSpecBackend` with the device MTP drafter (verify +
 on-device greedy acceptance + commit + next drafts). vLLM is not imported here (not a dependency); the plugin's
-contract value types come from :mod:`qwen36.tt.vllm_types`.
+contract value types come from :mod:`qwen36.tt.serving.vllm_types`.
 
 Written against the plugin's runner as it calls a model (model_runner.py, async_decode.py, worker.py, loader.py,
 platform.py at tenstorrent/vllm-tt-plugin e3fc849; the speculative side from spec_decode.py, spec_admission.py,
@@ -81,24 +81,24 @@ from pathlib import Path
 import torch
 from loguru import logger
 
-from ..checkpoint import load_checkpoint
-from ..config import FULL, LINEAR, Qwen36Config
-from ..speculative.depth import DepthPolicy, cost_key
-from ..speculative.mechanisms import DEFAULT_MECHANISM
-from ..speculative.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
-from ..tt_ops.device import ttnn_for_mesh
+from ...checkpoint import load_checkpoint
+from ...config import FULL, LINEAR, Qwen36Config
+from ...speculative.depth import DepthPolicy, cost_key
+from ...speculative.mechanisms import DEFAULT_MECHANISM
+from ...speculative.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
+from ...tt_ops.device import ttnn_for_mesh
 from . import vllm_types as vt
-from .accept import UNIFORMS_PER_ROW
-from .batch import DEFAULT_BUCKETS, FREE
-from .batch_buckets import BucketedBatchDecoder
-from .generator import TTGenerator
-from .model import TTQwen36Model
-from .model_config import PrecisionSetting, TTModelArgs
-from .mtp_drafter import TTMTPDrafter
-from .spec_backend import TTSpecBackend
-from .state import KVLayerState, allocate_state, new_layer_state
-from .verify import max_spec_tiles
-from .weights import WeightLoader
+from ..spec.accept import UNIFORMS_PER_ROW
+from ..runtime.batch import DEFAULT_BUCKETS, FREE
+from ..runtime.batch_buckets import BucketedBatchDecoder
+from ..runtime.generator import TTGenerator
+from ..model.model import TTQwen36Model
+from ..model.model_config import PrecisionSetting, TTModelArgs
+from ..spec.mtp_drafter import TTMTPDrafter
+from ..spec.spec_backend import TTSpecBackend
+from ..model.state import KVLayerState, allocate_state, new_layer_state
+from ..spec.verify import max_spec_tiles
+from ..model.weights import WeightLoader
 
 MAX_BATCH = max(DEFAULT_BUCKETS)  # plain decode: one TTBatchDecoder slot per vLLM sequence
 MAX_K = UNIFORMS_PER_ROW - 1  # the device acceptor draws K accept uniforms + 1 per row (one tile row)

@@ -40,9 +40,9 @@ from qwen36.errors import UserError
 from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID
 from qwen36.speculative.sampling import SamplingParams
 
-from .ccl import ccl_for
-from .model_config import compute_config_exact_count
-from .sampler import TokenCounts, UniformTable, inverse_cdf_draw, penalize, probs_from_logits
+from ..model.ccl import ccl_for
+from ..model.model_config import compute_config_exact_count
+from ..runtime.sampler import TokenCounts, UniformTable, inverse_cdf_draw, penalize, probs_from_logits
 
 RESULT_EXTRA_COLS = 2  # accepted count, RNG row
 MAX_EXACT_FP32_INT = 1 << 24  # token ids / counts are carried in fp32: exact below 2**24
