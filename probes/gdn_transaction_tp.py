@@ -278,7 +278,7 @@ class Probe:
         pos_ok = post["n"] == end and post["pending"] == acc.tokens[-1]
         if not pos_ok:
             failed.append("pos")
-        traces = len(be._traces)
+        traces = len(be.traces)
         be.release()  # the oracle below allocates (eager forwards): no trace may be live
 
         # oracle: single-row decode replay from the pre-step state

@@ -66,7 +66,7 @@ def _run_recording(gen, plain, mech, k, steps, use_trace):
         be.commit({0: acc})
         accs.append((acc.num_accepted, acc.tokens))
     pos = device_position(be)
-    n_traces = len(be._traces)
+    n_traces = len(be.traces)
     be.close()
     return logits, accs, pos, n_traces
 

@@ -448,7 +448,7 @@ class Qwen36ForCausalLM:
         if self.spec_depth == "fixed":
             return {"mode": "fixed", "depths": (self.spec_k,) if self.spec_k else (), "next_k": self.spec_k}
         be = self.spec_backend
-        nxt = be._next_k if be is not None and be._k is not None else self._first_k
+        nxt = be.next_depth if be is not None and be.depth is not None else self._first_k
         return {"mode": "auto", "depths": tuple(self.controller.depths), "next_k": nxt,
                 "costs": self.controller.describe()}
 
@@ -942,17 +942,17 @@ class Qwen36ForCausalLM:
         if width < self.controller.k_max:
             raise ValueError(f"verify block width K={width} < the deepest step {self.controller.k_max}")
         be = self.spec_backend
-        if be._k is not None:
-            return be._next_k
+        if be.depth is not None:
+            return be.next_depth
         if self._first_k is None:
             self._first_k = self.controller.choose()
         return self._first_k
 
     def _draft(self, k: int) -> None:
-        if self.spec_backend._phase != "drafted":
+        if self.spec_backend.phase != "drafted":
             self.spec_backend.draft({0: k})  # first call at this K: allocates, MTP prefill + first chain
-        elif k != self.spec_backend._k:
-            raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec_backend._k})")
+        elif k != self.spec_backend.depth:
+            raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec_backend.depth})")
 
     @stops_on_device_failure
     @torch.no_grad()
@@ -995,7 +995,7 @@ class Qwen36ForCausalLM:
             return
         if int(slot) != 0:
             raise ValueError(f"release_request(slot={slot}): the only state slot is 0")
-        if self.spec_backend is not None and self.spec_backend._phase == "drafted":
+        if self.spec_backend is not None and self.spec_backend.phase == "drafted":
             self.spec_backend.abort()  # the outstanding proposal belongs to the released request
         self._mode, self._accepted_count = None, None
         self._prompt, self._sampling, self._emitted, self._request_seed = None, None, [], None

@@ -115,6 +115,26 @@ class TTSpecBackend:
         self._planned_k: int | None = None  # plan_next_depths() of the open step
 
     @property
+    def phase(self) -> str:
+        """Where the open step stands: idle -> drafted -> verified -> accepted (-> idle after commit or abort)."""
+        return self._phase
+
+    @property
+    def depth(self) -> int | None:
+        """K of the open (or last) step; None before the first draft of a generation."""
+        return self._k
+
+    @property
+    def next_depth(self) -> int | None:
+        """K of the drafts already on device for the next step (made inside the last commit); None before it."""
+        return self._next_k
+
+    @property
+    def traces(self) -> StepTraces:
+        """The captured verify / commit traces (per depth), read-only for callers counting captures."""
+        return self._traces
+
+    @property
     def config(self):
         return self.model.args.cfg
 
