@@ -203,6 +203,11 @@ class TTBatchSpecBackend:
         if drafter is None or (not self.device_drafter and not callable(drafter)):
             raise BatchSpecError("TTBatchSpecBackend needs a drafter: the batched device MTP "
                                  "(tt/spec/mtp_drafter.py TTBatchMTPDrafter) or a host drafter (history, k) -> k ids")
+        if params.penalized or params.logprobs is not None:
+            # the batched step neither seeds the acceptor's token counts nor reads its logprobs rows, at any slot
+            # count (slots = 1 included): refuse rather than drop them
+            raise BatchSpecError("TTBatchSpecBackend does not apply penalties or return logprobs; use TTSpecBackend "
+                                 "(one user) for those")
         rows = slots * (k + 1)
         if rows > TILE_ROWS:
             raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) = {rows} verify rows: the decode-path attention "
