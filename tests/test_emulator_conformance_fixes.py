@@ -334,7 +334,7 @@ def test_buffer_allocated_while_a_trace_is_live_is_clobbered_by_its_replay(ctx1)
 
 def test_ccl_owner_works_with_a_mesh_that_takes_no_weak_references():
     """ttnn's nanobind MeshDevice is not weak-referenceable (__weakrefoffset__ == 0): the owner registry must cope."""
-    from qwen36.tt.model.model import ccl
+    from qwen36.tt.model import ccl
 
     assert ttnn_real.MeshDevice.__weakrefoffset__ == 0
     made = []
