@@ -274,7 +274,7 @@ def uses_dram_sharded_weights(args: "TTModelArgs", group: TensorGroup, k: int, n
     matmuls alike). A MoE model's only dense MLP is its shared expert (3 x 2048 x 256 bf8 per device at 35B-A3B,
     1.7 MB: about 0.6 us per layer saved at the DRAM-sharded rate), where the MLP's two extra reshard programs
     (8 us of dispatch) cost more than the bandwidth saves, so it stays interleaved; its LM head stays interleaved
-    too, as the MoE figures in docs/tt_moe.md were recorded."""
+    too, as the MoE figures (docs/tt_model.md) were recorded."""
     return (args.decode_matmuls == "dram_sharded" and group in DRAM_SHARDED_GROUPS and not args.cfg.is_moe
             and k % TILE == 0 and n % TILE == 0)
 

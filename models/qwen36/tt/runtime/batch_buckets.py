@@ -10,7 +10,7 @@ current bucket's decoder:
   (``grow``);
 * when the users have fitted a smaller bucket for ``shrink_after`` consecutive steps, they move down to the
   smallest bucket that holds them (``shrink``); the patience keeps a server whose load hovers at a bucket boundary
-  from moving its state back and forth every step (a move reads and rewrites every GDN state row, docs/batch.md);
+  from moving its state back and forth every step (a move reads and rewrites every GDN state row, docs/tt_runtime.md);
 * ``slot_remap`` (the vLLM-tt contract: row i takes the state of slot ``remap[i]``) only relabels which row holds
   which slot: no state moves on device.
 
