@@ -14,7 +14,7 @@ Method (``--preset 27b``):
 ``--preset 35b-a3b`` (the MoE sibling) is built the same way with 64 routed experts instead of 256 (see
 ``BUILT_EXPERTS``); the router's extra bytes at 256 experts are added per MoE layer, and the weight bytes per token
 count the k routed experts each layer reads, not the resident expert stack.
-``--batch B`` counts one step of the batched plain decode (tt/batch.py): B user rows, every user at position
+``--batch B`` counts one step of the batched plain decode (tt/runtime/batch.py): B user rows, every user at position
 ``--context - 1`` with its own KV pages and GDN slot. The emulator's counters charge each op what it reads, so a
 weight matrix is read once per step whatever B, while activation tiles, each user's KV blocks (paged SDPA decode
 reads every user's blocks up to its own position) and the B-slot GDN ring are charged for all users; per-user
@@ -141,14 +141,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vocabulary actually built (LM head extrapolated to the real vocab)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--decode-matmuls", default="dram_sharded", choices=["dram_sharded", "interleaved"],
-                   help="decode layout of the MLP matmuls (tt/model_config.py decode_matmul_plan); interleaved: "
+                   help="decode layout of the MLP matmuls (tt/model/model_config.py decode_matmul_plan); interleaved: "
                         "the DRAM-interleaved weights and default program configs of before, for A/B figures")
     p.add_argument("--dram-readers", type=int, default=2, choices=[1, 2, 3],
                    help="readers per DRAM bank asked of the DRAM-sharded decode matmuls (num_workers_per_dram_bank; "
-                        "tt/model_config.py decode_readers_per_bank: a matmul whose bank shards the rule refuses "
+                        "tt/model/model_config.py decode_readers_per_bank: a matmul whose bank shards the rule refuses "
                         "keeps one); 1: the 0.81.1 default, for A/B figures")
     p.add_argument("--batch", type=int, default=1,
-                   help="users decoded per step (batched plain decode, tt/batch.py; 1, 8 or 32 are the buckets)")
+                   help="users decoded per step (batched plain decode, tt/runtime/batch.py; 1, 8 or 32 are the buckets)")
 
 
 def _tensor_bytes(obj) -> int:
@@ -221,7 +221,7 @@ class CostBench:
     def corrected_embed(self, counts, rows: int):
         """An embedding/RoPE region of ``rows`` tokens: the emulator counts each gather's whole table as read;
         on cards a lookup reads one row per token (module docstring)."""
-        from qwen36.tt.model_config import TensorGroup
+        from qwen36.tt.model.model_config import TensorGroup
 
         w, h, d = self.weights, self.cfg.hidden_size, self.cfg.head_dim
         out = counts.copy(counts.name)
@@ -252,10 +252,10 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
     from qwen36.tt_ops.device import open_mesh
 
     from qwen36.config import FULL
-    from qwen36.tt.model import TTQwen36Model
-    from qwen36.tt.model_config import PrecisionSetting, TTModelArgs
-    from qwen36.tt.state import allocate_state
-    from qwen36.tt.weights import WeightLoader
+    from qwen36.tt.model.model import TTQwen36Model
+    from qwen36.tt.model.model_config import PrecisionSetting, TTModelArgs
+    from qwen36.tt.model.state import allocate_state
+    from qwen36.tt.model.weights import WeightLoader
 
     ctx = open_mesh(device, trace_region_size=64 << 20, **({"numerics": numerics} if numerics != "strict" else {}))
     if emulated_only and not ctx.is_emulated:
@@ -323,8 +323,8 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
     from qwen36.tt_ops.cost_model import LABEL, ROOFLINE_LABEL, CalibratedP150aModel, P150aCostModel, decode_layout_bounds
 
     from qwen36.config import FULL
-    from qwen36.tt.state import allocate_decode_inputs
-    from qwen36.tt.trace import TracedStep
+    from qwen36.tt.model.state import allocate_decode_inputs
+    from qwen36.tt.runtime.trace import TracedStep
 
     if batch < 1:
         raise UserError(f"--batch must be >= 1, got {batch}")
@@ -360,7 +360,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         gdn = regions["layer0"].copy("GDN layer")
         moe = None
         if cfg.is_moe:
-            from qwen36.tt.model_config import TensorGroup
+            from qwen36.tt.model.model_config import TensorGroup
 
             real = real_cfg or cfg
             corr = router_correction(cfg, real, 1, bench.dtype_name(TensorGroup.MOE_ROUTER),

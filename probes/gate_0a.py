@@ -45,7 +45,7 @@ ROOFLINE = "modelled (roofline lower bound)"
 HELP = "per-step time breakdown (decode, speculative step at K=1,3,7) by cost term and layer type, program lists"
 MEASURED = "measured"
 
-# weight fields of each module -> tensor group (models/qwen36/tt/weights.py); a field not listed fails fast
+# weight fields of each module -> tensor group (models/qwen36/tt/model/weights.py); a field not listed fails fast
 GDN_FIELDS = {"in_proj": "gdn_in", "in_proj_z": "gdn_in", "in_proj_b": "gdn_in", "in_proj_a": "gdn_in",
               "out_proj": "gdn_out", "conv_taps": "norm", "qk_l2_weight": "norm", "neg_exp_a": "norm",
               "dt_bias": "norm", "norm": "norm"}
@@ -232,13 +232,13 @@ def forward_components(regs: dict, corr: Cost, ratio: float, n_gdn: int, n_attn:
 def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, seed: int, real_vocab: int,
             acceptance=("0.8", "0.6", "0.5", "0.8/0.6/0.5")) -> dict:
     from qwen36.speculative.sampling import SamplingParams
-    from qwen36.tt.accept import DeviceAcceptor
-    from qwen36.tt.commit import commit
-    from qwen36.tt.mtp import TTMTPHead
-    from qwen36.tt.sampler import DeviceSampler, SamplerStages
-    from qwen36.tt.state import allocate_decode_inputs
-    from qwen36.tt.verify import SpecDeviceState
-    from qwen36.tt.weights import WeightLoader, load_mtp_weights
+    from qwen36.tt.spec.accept import DeviceAcceptor
+    from qwen36.tt.spec.commit import commit
+    from qwen36.tt.spec.mtp import TTMTPHead
+    from qwen36.tt.runtime.sampler import DeviceSampler, SamplerStages
+    from qwen36.tt.model.state import allocate_decode_inputs
+    from qwen36.tt.spec.verify import SpecDeviceState
+    from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
 
     from qwen36.probes.decode_cost import RandomCheckpoint
 
@@ -303,7 +303,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
         out = meter.run("decode", lambda: model.decode_forward(inputs, state))
         regs, corr = meter.take()
         decode, decode_layers = forward_components(regs, corr, ratio, n_gdn, n_attn)
-        # plain decoding picks on device (tt/sampler.py DeviceSampler; greedy = one argmax over the row, which the
+        # plain decoding picks on device (tt/runtime/sampler.py DeviceSampler; greedy = one argmax over the row, which the
         # head region's argmax stands for here) and reads back only the pick's small result from device 0
         sampler = DeviceSampler(ttnn, mesh, cfg.vocab_size,
                                 stages=SamplerStages.of([SamplingParams()], cfg.vocab_size)).allocate()

@@ -22,10 +22,10 @@ counted as none). The MTP head (one full layer + fc, shared LM head) is built on
 part beside the verify's (the verify defers its GDN state writes to the commit).
 
 ``--batch B`` (B > 1; 1, the default, is everything above): B users per step, every user at position
-``--context - 1`` with its own KV pages and GDN slot. Costed the same way: the B-row plain decode (tt/batch.py),
+``--context - 1`` with its own KV pages and GDN slot. Costed the same way: the B-row plain decode (tt/runtime/batch.py),
 and per K of ``--ks`` that the packed verify admits (``batch_verify_refusal``: B x (K+1) <= 32 rows, whole rows
 of 8 cores above 8; the others are listed in ``ks_refused`` with the reason) the ONE B x (K+1)-row verify, the
-batched acceptor and the per-user commit of tt/batch_spec.py (``BatchSpecDeviceState``), plus every mechanism's
+batched acceptor and the per-user commit of tt/spec/batch_spec.py (``BatchSpecDeviceState``), plus every mechanism's
 commit at ``--commit-k``. verify_cost_ratio = packed verify / B-row decode. Plain decode tok/s per user = 1000 /
 ms per step, aggregate = B x that. The draft is the batched device MTP of the backend (``TTBatchMTPHead``): the
 reseed over the B x (K+1) verified rows and the chain of K drafts of B rows each (every user drafting K); the MTP
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=1,
                    help="users per step: B > 1 costs the batched plain decode (B rows) and the packed batched verify "
-                        "(B x (K+1) rows, tt/batch_spec.py) at each K of --ks that verify admits; 1: the single-user "
+                        "(B x (K+1) rows, tt/spec/batch_spec.py) at each K of --ks that verify admits; 1: the single-user "
                         "step above")
 
 
@@ -78,7 +78,7 @@ def _instrument(bench, cfg, real_cfg, real_vocab: int):
     the layer counts, and the MoE router correction. Every step here has <= 32 rows, so the router's extra tiles are
     those of one row (``decode_cost.router_correction`` at the real expert count).
     Returns (meter, emulated, ratio, n_gdn, n_attn, router_corr)."""
-    from qwen36.tt.model_config import TensorGroup
+    from qwen36.tt.model.model_config import TensorGroup
 
     meter = Meter(bench)
     bench.model.region = meter.region
@@ -118,12 +118,12 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
             real_cfg=None) -> dict:
     from qwen36.tt_ops.cost_model import P150aCostModel
 
-    from qwen36.tt.accept import DeviceAcceptor
-    from qwen36.tt.commit import commit
-    from qwen36.tt.mtp import TTMTPHead
-    from qwen36.tt.state import allocate_decode_inputs
-    from qwen36.tt.verify import SpecDeviceState
-    from qwen36.tt.weights import WeightLoader, load_mtp_weights
+    from qwen36.tt.spec.accept import DeviceAcceptor
+    from qwen36.tt.spec.commit import commit
+    from qwen36.tt.spec.mtp import TTMTPHead
+    from qwen36.tt.model.state import allocate_decode_inputs
+    from qwen36.tt.spec.verify import SpecDeviceState
+    from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
 
     bench = build_bench(device, cfg, precision, context, seed, probe=NAME, emulated_only=False)
     try:
@@ -262,14 +262,14 @@ def draft_phase(meter: Meter, model, mtp_w, head_cls, k: int, pos: int, ratio: f
     return {"total": draft_total, "reseed": reseed}
 
 
-# ---- batch B > 1: the batched plain decode and the packed B x (K+1) verify (tt/batch_spec.py) ----------------------
+# ---- batch B > 1: the batched plain decode and the packed B x (K+1) verify (tt/spec/batch_spec.py) ----------------------
 def batch_verify_refusal(batch: int, k: int) -> str | None:
     """Why the packed verify of ``batch`` users x (K+1) rows cannot run, or None. The bound is the one
-    ``tt/batch_spec.py`` ``TTBatchSpecBackend`` refuses by, read from the same sources: at most ``TILE_ROWS`` rows
+    ``tt/spec/batch_spec.py`` ``TTBatchSpecBackend`` refuses by, read from the same sources: at most ``TILE_ROWS`` rows
     (the decode-path attention puts one row per core) and, above one row of cores, whole rows of cores
     (``model_config.user_core_grid``)."""
-    from qwen36.tt.gdn import TILE_ROWS
-    from qwen36.tt.model_config import user_core_grid
+    from qwen36.tt.model.gdn import TILE_ROWS
+    from qwen36.tt.model.model_config import user_core_grid
 
     rows = batch * (k + 1)
     if rows > TILE_ROWS:
@@ -283,19 +283,19 @@ def batch_verify_refusal(batch: int, k: int) -> str | None:
 
 def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: int, seed: int, real_vocab: int,
                   batch: int, real_cfg=None) -> dict:
-    """gate-0b at ``batch`` users per step: the B-row plain decode (tt/batch.py) and, per admitted K, the packed
-    B x (K+1)-row verify, the batched acceptor, the per-user commit (tt/batch_spec.py ``BatchSpecDeviceState``,
+    """gate-0b at ``batch`` users per step: the B-row plain decode (tt/runtime/batch.py) and, per admitted K, the packed
+    B x (K+1)-row verify, the batched acceptor, the per-user commit (tt/spec/batch_spec.py ``BatchSpecDeviceState``,
     every user at position ``context - 1`` with its own KV pages and GDN slot) and the packed device MTP reseed +
     chain (:func:`packed_draft_phase`). Counted and extrapolated exactly as :func:`measure` counts the single-user step."""
     from types import SimpleNamespace
 
     from qwen36.tt_ops.cost_model import P150aCostModel
 
-    from qwen36.tt.accept import DeviceAcceptor
-    from qwen36.tt.batch_spec import BatchSpecDeviceState
-    from qwen36.tt.mtp import TTBatchMTPHead
-    from qwen36.tt.state import allocate_decode_inputs
-    from qwen36.tt.weights import WeightLoader, load_mtp_weights
+    from qwen36.tt.spec.accept import DeviceAcceptor
+    from qwen36.tt.spec.batch_spec import BatchSpecDeviceState
+    from qwen36.tt.spec.mtp import TTBatchMTPHead
+    from qwen36.tt.model.state import allocate_decode_inputs
+    from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
 
     refused = {str(k): r for k in ks if (r := batch_verify_refusal(batch, k)) is not None}
     admitted = [k for k in ks if str(k) not in refused]
@@ -497,8 +497,8 @@ def run(args: argparse.Namespace) -> ProbeReport:
     if cfg.num_experts != base.num_experts and not device.startswith("emulated"):
         raise UserError("gate-0b on cards measures wall-clock: build the real expert count")
     if args.batch != 1:
-        from qwen36.tt.gdn import TILE_ROWS
-        from qwen36.tt.model_config import user_core_grid
+        from qwen36.tt.model.gdn import TILE_ROWS
+        from qwen36.tt.model.model_config import user_core_grid
 
         try:
             if not 1 <= args.batch <= TILE_ROWS:

@@ -20,7 +20,7 @@ K in {1,2,3,7} x a in [0, K]. One cell:
   6. continuation: 16 single-row greedy decode steps from the committed state (target KV rows >= n+a+1 poisoned
      with a large finite value (POISON) first: rejected rows must never be read) vs 16 from the oracle state
      (teacher-forced with its tokens): logits within tolerance, argmax equal except at near ties.
-Counters are checked against TT's own closed form (``TTMechanism.expected_step_counters``, tt/mechanisms.py): the
+Counters are checked against TT's own closed form (``TTMechanism.expected_step_counters``, tt/spec/mechanisms.py): the
 device shapes are fixed, so the cost does not depend on a (snapshot always restores; snapshot/recompute re-advance
 all K+1 rows masked).
 
@@ -33,7 +33,7 @@ arithmetic only (see TOLERANCES for the measured figures and their source); abor
 are teacher-forced with the oracle's tokens; an argmax that differs must be a near tie (top-2 margin within twice
 the row's logit difference), else the cell fails.
 
-``--batch B`` (B >= 2): the batched transaction through ``tt/batch_spec.py`` TTBatchSpecBackend (one packed
+``--batch B`` (B >= 2): the batched transaction through ``tt/spec/batch_spec.py`` TTBatchSpecBackend (one packed
 B x (K+1) verify, per-user on-device acceptance and commit), each user against its own single-user oracle
 (``run_tp_batch_cell``). B users (prompts of different lengths) share one backend whose extra slots stay free
 (at least one: the slot count is the smallest above B whose verify rows, slots x (K+1), the decode-path core grid holds) and are
@@ -116,14 +116,14 @@ class Probe:
     """Holds the generator, the device MTP drafter and the cell logic."""
 
     def __init__(self, gen, reader, plain: list[int], prompt: list[int], backend_factory=None):
-        from qwen36.tt.mtp_drafter import TTMTPDrafter
-        from qwen36.tt.spec_backend import TTSpecBackend
+        from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+        from qwen36.tt.spec.spec_backend import TTSpecBackend
 
         self.gen, self.ttnn, self.mesh, self.model = gen, gen.ttnn, gen.mesh, gen.model
         self.plain, self.prompt = plain, prompt
         self.drafter = TTMTPDrafter(reader)
         self.factory = backend_factory or TTSpecBackend
-        from qwen36.tt.mechanisms import GDNStateBytes
+        from qwen36.tt.spec.mechanisms import GDNStateBytes
 
         self.n_gdn = len(gen.state.gdn_states())
         self.state_bytes = GDNStateBytes.of(self.model.args, self.n_gdn)
@@ -278,7 +278,7 @@ class Probe:
         pos_ok = post["n"] == end and post["pending"] == acc.tokens[-1]
         if not pos_ok:
             failed.append("pos")
-        traces = len(be._traces)
+        traces = len(be.traces)
         be.release()  # the oracle below allocates (eager forwards): no trace may be live
 
         # oracle: single-row decode replay from the pre-step state
@@ -328,7 +328,7 @@ class Probe:
 
     def refusal_cell(self, mech: str) -> dict:
         """A ring mechanism (shadow_commit): abort after verify must be refused (ring slots overwritten in place)."""
-        from qwen36.tt.spec_backend import TTSpecBackend
+        from qwen36.tt.spec.spec_backend import TTSpecBackend
 
         be = TTSpecBackend(self.gen, mech, drafter=self.drafter, use_trace=False)
         self.label = be.label
@@ -357,7 +357,7 @@ def run_matrix(probe: Probe, ks=KS, mechs=MECHANISMS, accepts=None) -> tuple[lis
                 cells.append(c)
                 for key, v in c["counters"].items():
                     totals[m][key] = totals[m].get(key, 0) + v
-    from qwen36.tt.mechanisms import TT_MECHANISMS
+    from qwen36.tt.spec.mechanisms import TT_MECHANISMS
 
     cells += [probe.refusal_cell(m) for m in mechs if TT_MECHANISMS[m].ring]
     return cells, totals
@@ -441,7 +441,7 @@ def _oracle(gen, tokens: list[int], prompt_len: int) -> dict:
 
 
 def run_tp_batch_cell(gen, mechanism: str, k: int, b: int, prompts, plains) -> dict:
-    from qwen36.tt.batch_spec import TTBatchSpecBackend
+    from qwen36.tt.spec.batch_spec import TTBatchSpecBackend
 
     vocab = gen.config.vocab_size
     plan = user_plan(b, k)
@@ -569,7 +569,7 @@ def run_tp_batch_matrix(gen, *, batch: int, ks, mechanisms=MECHANISMS, seed: int
 
 def open_probe(ckpt: Path, device: str, precision: str, seed: int, backend_factory=None):
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.tt.generator import TTGenerator
+    from qwen36.tt.runtime.generator import TTGenerator
 
     gen = TTGenerator.from_checkpoint(ckpt, device, precision=precision, max_seq_len=MAX_SEQ_LEN, use_trace=True,
                                       progress=False, block_size=32, prefill_chunk=64, require_mtp=True)
@@ -637,7 +637,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
 def run_batch(args: argparse.Namespace, batch: int) -> ProbeReport:
     """``--batch B``: the batched matrix (``run_tp_batch_matrix``: mechanisms x K, default K in {2, 3})."""
     from qwen36.testing.tt import make_bf16_checkpoint
-    from qwen36.tt.generator import TTGenerator
+    from qwen36.tt.runtime.generator import TTGenerator
 
     ks_arg = ",".join(map(str, BATCH_KS)) if args.ks == ",".join(map(str, KS)) else args.ks
     ks = tuple(int(x) for x in ks_arg.split(","))

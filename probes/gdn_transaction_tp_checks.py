@@ -48,7 +48,7 @@ def write_per_device(ttnn, mesh, t, parts: list[torch.Tensor]) -> None:
 
 
 def kv_states(state) -> list:
-    from qwen36.tt.state import KVLayerState
+    from qwen36.tt.model.state import KVLayerState
 
     return [s for s in state.layers if isinstance(s, KVLayerState)]
 

@@ -36,8 +36,8 @@ def run_matrix(gen, reader, ref_tokens, prompt, ks, mechs, max_new) -> list[dict
     from qwen36.reference.model import Qwen36Model
     from qwen36.speculative.engine import speculative_generate
     from qwen36.speculative.oracle import divergence_note
-    from qwen36.tt.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec_backend import TTSpecBackend
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec.spec_backend import TTSpecBackend
 
     gen.use_trace = True
     plain = gen.greedy(prompt, max_new)
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
 
     from qwen36.checkpoint import load_checkpoint
     from qwen36.reference.model import Qwen36Model
-    from qwen36.tt.generator import TTGenerator
+    from qwen36.tt.runtime.generator import TTGenerator
 
     t0 = time.perf_counter()
     ks = tuple(int(x) for x in args.ks.split(","))

@@ -11,7 +11,7 @@ block-float bytes, padded shards; nothing here is measured on cards):
 * the MTP head (its fc, norms and decoder layer; embedding and LM head are the target's);
 * KV: every attention layer plus the MTP layer's, whole pages of ``block_size`` tokens up to ``--max-len`` per user;
 * GDN: the recurrent (fp32) and conv state of every GDN layer, one slot per user;
-* the trace region the generator reserves (``tt/generator.py`` ``DEFAULT_TRACE_REGION``).
+* the trace region the generator reserves (``tt/runtime/generator.py`` ``DEFAULT_TRACE_REGION``).
 
 Capacity: 32 GB of GDDR6 per Blackhole card (docs.tenstorrent.com, tt-system-firmware, "Tenstorrent Blackhole PCI
 Express Cards": "32 GB of on-board GDDR6 memory"), taken as 32 GiB; what firmware and tt-metal reserve of it is not
@@ -54,8 +54,8 @@ def _ints(text: str, what: str) -> list[int]:
 def measure(device: str, cfg, base, precision: str, seed: int = 0) -> dict:
     """Per-device bytes of each allocation kind, per unit (layer, token, slot) and fixed."""
     from qwen36.probes.decode_cost import BUILT_EXPERTS, _tensor_bytes, build_bench
-    from qwen36.tt.generator import DEFAULT_TRACE_REGION
-    from qwen36.tt.weights import WeightLoader, load_mtp_weights
+    from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
+    from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
 
     from qwen36.probes.decode_cost import RandomCheckpoint
 

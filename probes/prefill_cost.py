@@ -80,7 +80,7 @@ def count_chunks(bench, ids: torch.Tensor) -> list[dict]:
     with ``all_rows=False``."""
     model, state, ctx = bench.model, bench.state, bench.ctx
     ttnn, a = bench.ttnn, bench.args
-    from qwen36.tt.model_config import activation_memory_config
+    from qwen36.tt.model.model_config import activation_memory_config
 
     rm, mc = ttnn.ROW_MAJOR_LAYOUT, activation_memory_config(ttnn)
     ids = ids.reshape(-1).to(torch.int32)
@@ -253,7 +253,7 @@ def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, 
     from qwen36.config import FULL
     from qwen36.probes.decode_cost import build_bench
 
-    from qwen36.tt.model_config import TTModelArgs
+    from qwen36.tt.model.model_config import TTModelArgs
 
     chunk = TTModelArgs.__dataclass_fields__["prefill_chunk"].default
     bench = build_bench(device, cfg, precision, context=2 * chunk, seed=seed, probe=NAME, numerics=numerics)

@@ -140,14 +140,14 @@ def run(args: argparse.Namespace) -> ProbeReport:
         with_mtp = target.mtp is not None
         drafter = None
     else:
-        from qwen36.tt.generator import TTGenerator
+        from qwen36.tt.runtime.generator import TTGenerator
 
         target = TTGenerator.from_checkpoint(args.checkpoint, args.device, precision="accuracy", max_seq_len=512,
                                              progress=False, block_size=32, prefill_chunk=64)
         with_mtp, drafter = False, None
         if args.spec_k:
             from qwen36.checkpoint import load_checkpoint
-            from qwen36.tt.mtp_drafter import TTMTPDrafter
+            from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 
             drafter = TTMTPDrafter(load_checkpoint(args.checkpoint, require_mtp=True))
     cache = PrefixCache(args.block, 1 << 34, with_mtp=with_mtp)

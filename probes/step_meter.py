@@ -88,7 +88,7 @@ class Meter:
             regs[name] = regs[name].plus(c)
         corr = Cost()
         if self.emulated:
-            from qwen36.tt.model_config import TensorGroup
+            from qwen36.tt.model.model_config import TensorGroup
 
             b, w = self.bench, self.bench.weights
             h, d = b.cfg.hidden_size, b.cfg.head_dim

@@ -52,7 +52,7 @@ def gdn_host(gen, t):
 
 def run_case(gen, k: int, prompt: list[int], rows: list[int]) -> dict:
     """One K: sequential decode vs packed verify from the same prefill."""
-    from qwen36.tt.spec_backend import TTSpecBackend
+    from qwen36.tt.spec.spec_backend import TTSpecBackend
 
     ttnn = gen.ttnn
     gen.use_trace = False
@@ -109,7 +109,7 @@ def run_matrix(gen, ks=KS, seed: int = 0) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from qwen36.tt.generator import TTGenerator
+    from qwen36.tt.runtime.generator import TTGenerator
     from qwen36.testing.tt import make_bf16_checkpoint
 
     t0 = time.perf_counter()

@@ -41,6 +41,6 @@ git -C "$work/vllm-tt-plugin" checkout -q "$PLUGIN_REF"
 "$PY" -m pip install "$work/vllm-tt-plugin"
 "$PY" -m pip install --no-deps -e "$REPO"
 "$PY" - <<'PY'
-import vllm, vllm_tt_plugin, qwen36.tt.qwen36_vllm as a
+import vllm, vllm_tt_plugin, qwen36.tt.serving.qwen36_vllm as a
 print(f"vllm {vllm.__version__}, vllm_tt_plugin at {vllm_tt_plugin.__file__}, adapter {a.__file__}")
 PY

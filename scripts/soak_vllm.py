@@ -92,8 +92,8 @@ def main(argv=None) -> int:
     from qwen36 import DEFAULT_CHECKPOINT
     from qwen36.testing.tt import make_bf16_checkpoint
     from qwen36.testing.vllm_calls import record_calls
-    from qwen36.tt.generator import DEFAULT_TRACE_REGION, load_tt_target
-    from qwen36.tt.qwen36_vllm import Qwen36ForCausalLM
+    from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION, load_tt_target
+    from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
     from qwen36.tt_ops.device import open_mesh
 
     torch.set_num_threads(1)

@@ -132,7 +132,7 @@ def test_plain_and_speculative_generate_load_the_same_tt_precision(monkeypatch):
         seen.setdefault("plain" if not kw.get("require_mtp") else "spec", []).append(precision)
         raise SystemExit(0)
 
-    monkeypatch.setattr("qwen36.tt.generator.load_tt_target", fake_target)
+    monkeypatch.setattr("qwen36.tt.runtime.generator.load_tt_target", fake_target)
     for extra in ([], ["--spec-k", "2"], ["--precision", "accuracy"], ["--precision", "accuracy", "--spec-k", "2"],
                   ["--ids", "3,4", "--spec-k", "2"]):
         ns = argparse.ArgumentParser()
@@ -174,9 +174,9 @@ def test_library_errors_are_user_errors_and_keep_their_builtin_types():
     from qwen36.checkpoint import CheckpointError
     from qwen36.config import ConfigError
     from qwen36.tokenizer import TokenizerMissingError
-    from qwen36.tt.accept import DraftDepthError
-    from qwen36.tt.model_config import TPSplitError
-    from qwen36.tt.verify import VerifyShapeError
+    from qwen36.tt.spec.accept import DraftDepthError
+    from qwen36.tt.model.model_config import TPSplitError
+    from qwen36.tt.spec.verify import VerifyShapeError
     from qwen36.tt_ops.device import DeviceSelectionError
 
     for cls, builtin in [(CheckpointError, ValueError), (ConfigError, ValueError), (TPSplitError, ValueError),

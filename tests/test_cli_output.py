@@ -75,8 +75,8 @@ def test_cli_log_level(capsys, tmp_path):
 
 def test_weight_conversion_bar_has_a_total(ci_ckpt, monkeypatch):
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.tt import weights as weights_mod
-    from qwen36.tt.model_config import TTModelArgs
+    from qwen36.tt.model import weights as weights_mod
+    from qwen36.tt.model.model_config import TTModelArgs
     from qwen36.tt_ops.device import open_mesh
 
     bars = []

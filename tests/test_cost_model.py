@@ -124,7 +124,7 @@ def test_reads_are_charged_by_placement():
 
 def _args(decode_matmuls="dram_sharded"):
     from qwen36.tiny import PRESETS
-    from qwen36.tt.model_config import PrecisionSetting, TTModelArgs
+    from qwen36.tt.model.model_config import PrecisionSetting, TTModelArgs
 
     return TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), decode_matmuls=decode_matmuls)
 
@@ -133,7 +133,7 @@ def test_decode_plan_at_27b_mlp_shapes():
     """27B per device at TP=2: gate/up [5120, 8704], down [8704, 5120]: 160 and 272 tiles share 16 cores, so the
     gate/up output shard (8704 / 16 wide) is exactly down's input shard; no bank padding (272 and 160 tiles over 8)."""
     pytest.importorskip("ttnn")
-    from qwen36.tt.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
+    from qwen36.tt.model.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     args = _args()
@@ -161,7 +161,7 @@ def test_decode_plan_at_27b_lm_head_shapes():
     ttnn's default config."""
     pytest.importorskip("ttnn")
     from qwen36.tiny import PRESETS
-    from qwen36.tt.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
+    from qwen36.tt.model.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
                                         dram_sharded_weight_memory_config, matrix_memory_config)
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
@@ -187,7 +187,7 @@ def test_decode_plan_at_27b_lm_head_shapes():
 @pytest.fixture(scope="module")
 def dram_sharded_case():
     pytest.importorskip("ttnn")
-    from qwen36.tt.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
+    from qwen36.tt.model.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
     from qwen36.tt_ops.device import open_mesh
 
     with open_mesh("emulated-p150x2") as ctx:
@@ -206,7 +206,7 @@ def dram_sharded_case():
 
 
 def test_dram_sharded_matmul_runs_and_counts_bank_bytes(dram_sharded_case):
-    from qwen36.tt.pcc import comp_pcc
+    from qwen36.testing.pcc import comp_pcc
 
     ctx, plan, w, _, x, want = dram_sharded_case
     ttnn = ctx.ttnn
@@ -264,7 +264,7 @@ def test_moe_shared_expert_stays_interleaved():
     """A MoE model's shared expert is too small for the two reshards to pay: no DRAM-sharded plan, no sharded weight."""
     pytest.importorskip("ttnn")
     from qwen36.tiny import PRESETS
-    from qwen36.tt.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
+    from qwen36.tt.model.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
                                         uses_dram_sharded_weights)
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
@@ -279,7 +279,7 @@ def test_decode_plan_readers_per_bank_at_27b_shapes():
     shards laid out 486 tiles wide for two readers); dram_readers=1 asks one everywhere; out of range is refused."""
     pytest.importorskip("ttnn")
     from qwen36.tiny import PRESETS
-    from qwen36.tt.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
+    from qwen36.tt.model.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
                                         decode_readers_per_bank, dram_bank_shard_tiles)
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 

@@ -242,7 +242,7 @@ def test_sync_ccl_inside_capture_raises_async_with_persistent_semaphores_replays
             bad()
         ttnn.end_trace_capture(mesh, tid, cq_id=0)
         ttnn.release_trace(mesh, tid)
-    from qwen36.tt.ccl import TTCCL
+    from qwen36.tt.model.ccl import TTCCL
 
     ccl = TTCCL(ttnn, mesh)  # semaphores before the capture
     tid = ttnn.begin_trace_capture(mesh, cq_id=0)
@@ -334,7 +334,7 @@ def test_buffer_allocated_while_a_trace_is_live_is_clobbered_by_its_replay(ctx1)
 
 def test_ccl_owner_works_with_a_mesh_that_takes_no_weak_references():
     """ttnn's nanobind MeshDevice is not weak-referenceable (__weakrefoffset__ == 0): the owner registry must cope."""
-    from qwen36.tt import ccl
+    from qwen36.tt.model import ccl
 
     assert ttnn_real.MeshDevice.__weakrefoffset__ == 0
     made = []

@@ -22,6 +22,7 @@ LEVELS = [
     ("goldens",),
     ("trace", "ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_gdn", "ops_trace", "ops_sampling",
      "ops_gather", "ops_sparse"),
+    ("work",),
     ("namespace",),
     ("mesh",),
 ]

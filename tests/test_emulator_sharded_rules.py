@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("ttnn")
 
-from qwen36.tt.pcc import comp_pcc  # noqa: E402
+from qwen36.testing.pcc import comp_pcc  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 from qwen36.tt_ops.emulator import EmulatorError  # noqa: E402
 
@@ -112,7 +112,7 @@ def test_all_reduce_async_charges_its_internal_reshards(case):
     """The composite async all-reduce is a reduce-scatter plus an all-gather (2 programs, 2 collectives); it converts
     a sharded input to interleaved itself and its result back to the requested layout: a sharded input costs one
     program more, a sharded output one more again; values unchanged."""
-    from qwen36.tt.ccl import ccl_for
+    from qwen36.tt.model.ccl import ccl_for
 
     ctx, x, _, _ = case
     ttnn = ctx.ttnn
@@ -161,7 +161,7 @@ def test_all_reduce_async_program_plan_follows_the_scatter_dim(shape, dtype, pro
     whose tile count splits over the devices is scattered (reduce-scatter + all-gather: 2 programs, 2 collectives);
     when none does, or the scattered extent would pad a tile, it all-gathers and sums locally (1 collective, the
     sum's programs by dtype). Values are the sum either way."""
-    from qwen36.tt.ccl import ccl_for
+    from qwen36.tt.model.ccl import ccl_for
     from qwen36.tt_ops.device import open_mesh
 
     with open_mesh("emulated-p150x2") as ctx:
@@ -182,7 +182,7 @@ def test_single_op_all_reduce_is_one_program_and_refuses_what_the_device_refuses
     as the composite form. Its 0.81.1 device op validation, each broken once: a DRAM input on Blackhole, a layout other
     than WIDTH_SHARDED (input, output), a buffer shard too small for N copies of the output shard, a buffer on other
     cores than the output; and the wrapper refuses a result layout whose buffer was not allocated before."""
-    from qwen36.tt.ccl import ccl_for
+    from qwen36.tt.model.ccl import ccl_for
 
     ctx, x, _, _ = case
     ttnn = ctx.ttnn

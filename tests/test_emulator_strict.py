@@ -195,7 +195,7 @@ def test_program_counts_views_and_unaligned_data_movement(ctx):
 def test_rotate_half_matmul_needs_hifi4(ctx):
     """Known-bad: a +-1 permutation matmul with no config (LoFi, bf16 dest by the struct defaults) drops the last
     mantissa bit of bf16 inputs; HiFi4 (model_config.compute_config_exact_select) moves them exactly."""
-    from qwen36.tt.model_config import compute_config_exact_select
+    from qwen36.tt.model.model_config import compute_config_exact_select
 
     ttnn = ctx.ttnn
     x = (torch.randn(1, 1, 32, 64, generator=torch.Generator().manual_seed(6))).bfloat16().float()

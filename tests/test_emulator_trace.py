@@ -9,7 +9,7 @@ pytest.importorskip("ttnn")
 
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 from qwen36.tt_ops.emulator import EmulatorError, TraceRuleError  # noqa: E402
-from qwen36.tt.ccl import TTCCL  # noqa: E402
+from qwen36.tt.model.ccl import TTCCL  # noqa: E402
 
 HID, FF = 64, 128
 

@@ -196,7 +196,7 @@ def world(tmp_path_factory):
 
     project = _source_tree(tmp / "project", "qwen36", "0.0.1",
                            {"qwen36/__init__.py": "", "qwen36/tt/__init__.py": "",
-                            "qwen36/tt/qwen36_vllm.py": "import ttnn\n"})
+                            "qwen36/tt/serving/qwen36_vllm.py": "import ttnn\n"})
     (project / "scripts").mkdir()
     shutil.copy(SCRIPT, project / "scripts" / SCRIPT.name)
 
@@ -230,11 +230,11 @@ def test_install_script_runs_as_written(world):
     assert got["vllm"] == "0.25.1+empty" and got["fakedep"] == "1.0" and got["tblib"] == "3.1.0"
     assert got["numpy"] == "1.26.4" and got["opencv-python-headless"] == "4.11.0.86"
     assert "torch" not in got  # only the isolated build env had it: vLLM went in with --no-deps
-    rev = subprocess.run([str(world["py"]), "-c", "import vllm_tt_plugin as p, qwen36.tt.qwen36_vllm as a; "
+    rev = subprocess.run([str(world["py"]), "-c", "import vllm_tt_plugin as p, qwen36.tt.serving.qwen36_vllm as a; "
                           "print(p.REV, a.__file__)"], check=True, capture_output=True, text=True, env=world["env"])
     plugin_rev, adapter = rev.stdout.split()
     assert plugin_rev == "first"  # the commit asked for, not the branch head
-    assert Path(adapter).resolve() == (world["project"] / "qwen36/tt/qwen36_vllm.py").resolve()  # editable
+    assert Path(adapter).resolve() == (world["project"] / "qwen36/tt/serving/qwen36_vllm.py").resolve()  # editable
 
 
 @pytest.mark.slow

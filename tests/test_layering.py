@@ -4,6 +4,7 @@ imports, module-level and inside functions alike, are checked against the rules 
     command line   qwen36.cli, qwen36.commands: wires everything together; nothing else imports it
     probes         qwen36.probes: may use the models, the engine, the TT backend and qwen36.testing
     TT backend     qwen36.tt: gets ttnn only through qwen36.tt_ops.device (the real module on cards, the emulator here)
+                   its wings import downwards only: tt.model <- tt.runtime <- tt.spec <- tt.serving
     engine, model  qwen36.speculative, qwen36.reference: torch only, no ttnn, no TT backend (a CUDA box without ttnn
                    runs them), nothing from above
     test support   qwen36.testing: used by tests and probes only (the TP test checkpoints, the emulator's
@@ -79,7 +80,24 @@ def rule_breaks(name: str, imp: str) -> list[tuple[str, str]]:
         out.append(("testing", f"{name} imports test support ({imp}); only tests and probes may"))
     if under(imp, "tests"):
         out.append(("tests", f"{name} imports {imp}: a foreign `tests` package may come first on sys.path"))
+    wing, imp_wing = tt_wing(name), tt_wing(imp)
+    if wing is not None and imp_wing is not None and TT_WINGS.index(imp_wing) > TT_WINGS.index(wing):
+        out.append(("wings", f"{name} ({wing}) imports {imp} ({imp_wing}): the TT wings import downwards only, "
+                             f"{' <- '.join(TT_WINGS)}"))
     return out
+
+
+# The TT backend's wings, lowest first: the model (layers, weights, state, model config, collectives), the runtime
+# that runs it (generator, slot decoders, sampler, traces, prefix cache), speculation on top of it (MTP head, drafter,
+# verify, accept, commit, mechanisms, backends) and serving (the vLLM class). A wing imports only wings below it.
+TT_WINGS = ("model", "runtime", "spec", "serving")
+
+
+def tt_wing(name: str) -> str | None:
+    parts = name.split(".")
+    if parts[:2] == ["qwen36", "tt"] and len(parts) >= 3 and parts[2] in TT_WINGS:
+        return parts[2]
+    return None
 
 
 def layering_violations(modules: dict[str, tuple[str, bool]]) -> list[str]:
@@ -144,7 +162,7 @@ KNOWN_CYCLES = {
     frozenset({"qwen36.speculative.reference_backend", "qwen36.speculative.reference_mechanisms"}),
     # tt.verify builds its mechanism objects; tt.mechanisms names verify's SpecDeviceState for annotations only
     # (TYPE_CHECKING)
-    frozenset({"qwen36.tt.mechanisms", "qwen36.tt.verify"}),
+    frozenset({"qwen36.tt.spec.mechanisms", "qwen36.tt.spec.verify"}),
 }
 
 
@@ -177,7 +195,7 @@ def test_cycle_finder_on_planted_graphs(modules, expect):
 
 def test_the_package_keeps_its_layers():
     modules = package_sources()
-    assert {"qwen36.cli", "qwen36.speculative.engine", "qwen36.tt.verify", "qwen36.tt_ops.device",
+    assert {"qwen36.cli", "qwen36.speculative.engine", "qwen36.tt.spec.verify", "qwen36.tt_ops.device",
             "qwen36.probes.gdn_transaction_tp", "qwen36.testing.tt",
             "qwen36.testing.emulator_conformance"} <= set(modules)  # the walk saw everything
     assert layering_violations(modules) == []
@@ -195,10 +213,15 @@ def test_tests_do_not_import_the_tests_package():
     ("qwen36.reference.model", "from qwen36.tt_ops.device import open_mesh", False, "free of ttnn"),
     ("qwen36.speculative.oracle", "from ..commands.backends import load_target", False, "command line"),
     ("qwen36.probes.lossless", "from qwen36.commands.common import DEFAULT_CHECKPOINT", False, "command line"),
-    ("qwen36.tt.model", "from qwen36 import cli", False, "command line"),
-    ("qwen36.tt.gdn", "import ttnn", False, "from qwen36.tt_ops.device"),
-    ("qwen36.tt.spec_backend", "from ..testing.speculative import oracle_drafter", False, "test support"),
-    ("qwen36.tt.spec_backend", "from tests.test_tt_spec import oracle_drafter", False, "foreign `tests`"),
+    ("qwen36.tt.model.model", "from qwen36 import cli", False, "command line"),
+    ("qwen36.tt.model.gdn", "import ttnn", False, "from qwen36.tt_ops.device"),
+    ("qwen36.tt.spec.spec_backend", "from ...testing.speculative import oracle_drafter", False, "test support"),
+    # the TT wings import downwards only (model <- runtime <- spec <- serving), inside functions too
+    ("qwen36.tt.model.gdn", "from ..runtime.generator import TTGenerator", False, "wings import downwards"),
+    ("qwen36.tt.runtime.generator", "def f():\n    from ..spec.spec_backend import TTSpecBackend\n", False,
+     "wings import downwards"),
+    ("qwen36.tt.spec.verify", "from qwen36.tt.serving import vllm_types", False, "wings import downwards"),
+    ("qwen36.tt.spec.spec_backend", "from tests.test_tt_spec import oracle_drafter", False, "foreign `tests`"),
     # the emulator's conformance cases are test support: the emulator and the device layer never load them
     ("qwen36.tt_ops.emulator.mesh", "from qwen36.testing.emulator_conformance import CASES", False, "test support"),
     ("qwen36.tt_ops.device", "def f():\n    from ..testing import emulator_conformance\n", False, "test support"),
@@ -211,12 +234,14 @@ def test_checker_catches_planted_violations(module, source, is_pkg, expect):
 
 def test_checker_allows_what_the_layers_allow():
     ok = {
-        "qwen36.commands.generate": ("from ..tt.generator import load_tt_target\nfrom ..speculative import engine", False),
-        "qwen36.tt.model": ("from ..tt_ops.device import open_mesh\nfrom ..speculative.sampling import SamplingParams", False),
+        "qwen36.commands.generate": ("from ..tt.runtime.generator import load_tt_target\nfrom ..speculative import engine", False),
+        "qwen36.tt.model.model": ("from ...tt_ops.device import open_mesh\nfrom ...speculative.sampling import SamplingParams", False),
+        "qwen36.tt.spec.verify": ("from ..model.model import TTQwen36Model\nfrom ..runtime.trace import StepTraces", False),
+        "qwen36.tt.serving.qwen36_vllm": ("from ..spec.spec_backend import TTSpecBackend\nfrom ..runtime import generator", False),
         "qwen36.probes.verify_tp": ("from qwen36.testing.tt import make_bf16_checkpoint", False),
         "qwen36.probes.emu_conformance": ("def run(a):\n    from qwen36.testing.emulator_conformance import run_cases", False),
         "qwen36.tt_ops.emulator.ttnn_import": ("import ttnn", False),
     }
     assert layering_violations(ok) == []
-    assert imports_of("qwen36.tt.verify", "from .mechanisms import tt_mechanism") >= {"qwen36.tt.mechanisms"}
+    assert imports_of("qwen36.tt.spec.verify", "from .mechanisms import tt_mechanism") >= {"qwen36.tt.spec.mechanisms"}
     assert imports_of("qwen36.speculative", "from . import engine", True) >= {"qwen36.speculative.engine"}

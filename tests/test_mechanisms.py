@@ -8,7 +8,7 @@ import pytest
 from qwen36.speculative.mechanisms import DEFAULT_MECHANISM, DRAFT_MODES, MECHANISMS, check_mechanism
 from qwen36.speculative.reference_mechanisms import REFERENCE_MECHANISMS, ReferenceMechanism, reference_mechanism
 from qwen36.speculative.sampling import SamplingParams
-from qwen36.tt.mechanisms import TT_MECHANISMS, GDNStateBytes, TTMechanism, tt_mechanism
+from qwen36.tt.spec.mechanisms import TT_MECHANISMS, GDNStateBytes, TTMechanism, tt_mechanism
 
 
 @pytest.mark.parametrize("family", [REFERENCE_MECHANISMS, TT_MECHANISMS], ids=["reference", "tt"])

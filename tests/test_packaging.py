@@ -123,7 +123,7 @@ from qwen36.cli import main
 from qwen36.probes.registry import PROBES, load_probe
 for name in sorted(PROBES):
     load_probe(name)
-from qwen36.tt.qwen36_vllm import Qwen36ForCausalLM
+from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 assert callable(getattr(Qwen36ForCausalLM, "initialize_vllm_model"))
 for argv in (["--help"], ["probe", "--help"]):
     try:

@@ -134,7 +134,7 @@ def ci_units():
             ids = torch.randint(0, cfg.vocab_size, (3 * 256,), generator=torch.Generator().manual_seed(0))
             out[numerics] = pc.count_chunks(bench, ids)
             # the same prompt through prefill_forward itself, from a fresh state
-            from qwen36.tt.state import allocate_state
+            from qwen36.tt.model.state import allocate_state
 
             bench.state = allocate_state(bench.args, bench.ttnn, bench.mesh, [0, 3])
             bench.model.region = lambda name: __import__("contextlib").nullcontext()

@@ -91,7 +91,7 @@ def test_gate0a_program_lists_match_counts(record):
         mlp = sum(lists["mlp (GDN layer)"].values()) * n_gdn + sum(lists["mlp (attention layer)"].values()) * n_attn
         assert mlp == comps["mlp"]["programs"]
         assert lists["gdn_layer (mixer + norms)"]["ttnn.transformer.fused_recurrent_gated_delta_rule"] == 1
-        # the vocab-parallel LM head gathers once, through the trace-safe async collective (tt/ccl.py)
+        # the vocab-parallel LM head gathers once, through the trace-safe async collective (tt/model/ccl.py)
         assert lists["lm_head"]["ttnn.experimental.all_gather_async"] == 1
 
 

@@ -246,7 +246,7 @@ def test_tt_split_checks_name_the_moe_fields():
     divide fails fast naming the field (the dense intermediate_size, 0 for MoE, is not checked)."""
     from dataclasses import replace
 
-    from qwen36.tt.model_config import TPSplitError, TTModelArgs
+    from qwen36.tt.model.model_config import TPSplitError, TTModelArgs
 
     args = TTModelArgs.from_config(PRESETS["moe-ci"], 2)
     assert (args.moe_intermediate_d, args.shared_intermediate_d) == (16, 32)

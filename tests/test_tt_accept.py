@@ -1,4 +1,4 @@
-"""On-device acceptance (models/qwen36/tt/accept.py) on the emulated 1x2 P150a mesh vs the reference engine.
+"""On-device acceptance (models/qwen36/tt/spec/accept.py) on the emulated 1x2 P150a mesh vs the reference engine.
 
 Gates:
 * greedy == spec.acceptance.greedy_accept exactly (K in {1,2,3,7}, every forced acceptance length, argmax ties);
@@ -21,8 +21,8 @@ pytest.importorskip("ttnn")
 from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID, greedy_accept, rejection_sample  # noqa: E402
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits  # noqa: E402
 from qwen36.testing.tt_hooks import acceptor_host_draft_probs, acceptor_host_drafts, acceptor_host_logits  # noqa: E402
-from qwen36.tt.accept import DeviceAcceptor  # noqa: E402
-from qwen36.tt.trace import TracedStep  # noqa: E402
+from qwen36.tt.spec.accept import DeviceAcceptor  # noqa: E402
+from qwen36.tt.runtime.trace import TracedStep  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 
 P_MIN = 1e-3  # chi-square acceptance threshold (fixed seeds: the tests are deterministic)

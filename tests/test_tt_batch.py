@@ -1,4 +1,4 @@
-"""Batched TT plain decode (tt/batch.py) on the emulated P150a x2 mesh: every user's tokens and logits in a batch
+"""Batched TT plain decode (tt/runtime/batch.py) on the emulated P150a x2 mesh: every user's tokens and logits in a batch
 equal its own batch-1 TT run (TTGenerator), users join and leave a bucket without a new trace capture, an inactive
 slot (even NaN-poisoned) never reaches an active user's output, slot_remap moves state rows on device, and the
 batched logits track the reference SlotDecoder."""
@@ -9,10 +9,10 @@ import torch
 
 from qwen36.reference.batch import SlotDecoder
 from qwen36.reference.model import Qwen36Model
-from qwen36.tt.batch import TTBatchDecoder, batched_greedy, bucket_for
-from qwen36.tt.generator import TTGenerator
-from qwen36.tt.pcc import comp_pcc
-from qwen36.tt.state import GDNLayerState, KVLayerState
+from qwen36.tt.runtime.batch import TTBatchDecoder, batched_greedy, bucket_for
+from qwen36.tt.runtime.generator import TTGenerator
+from qwen36.testing.pcc import comp_pcc
+from qwen36.tt.model.state import GDNLayerState, KVLayerState
 from qwen36.testing.tt import make_bf16_checkpoint
 from test_reference_batch import cli
 

@@ -1,4 +1,4 @@
-"""Bucket switching of the batched TT plain decode (tt/batch_buckets.py) on the emulated P150a x2 mesh: users
+"""Bucket switching of the batched TT plain decode (tt/runtime/batch_buckets.py) on the emulated P150a x2 mesh: users
 grow the decoder into a bigger bucket and it shrinks back when they fit a smaller one, every user's tokens and
 logits stay its batch-1 ones, a move copies the GDN state rows bit for bit, each bucket's step is captured once
 however often the decoder comes back to it, and slot_remap relabels slots without moving state."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.tt.batch import batched_greedy
-from qwen36.tt.batch_buckets import BucketedBatchDecoder
+from qwen36.tt.runtime.batch import batched_greedy
+from qwen36.tt.runtime.batch_buckets import BucketedBatchDecoder
 from test_tt_batch import assert_users_match_single, ckpt, gdn_rows, gen, prompt, single  # noqa: F401 (fixtures)
 
 

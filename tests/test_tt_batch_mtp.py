@@ -1,5 +1,5 @@
-"""The per-user device MTP draft chain of the batched TT speculative backend (tt/mtp.py TTBatchMTPHead driven by
-tt/mtp_drafter.py TTBatchMTPDrafter inside tt/batch_spec.py TTBatchSpecBackend), on the emulated P150a x2 mesh with
+"""The per-user device MTP draft chain of the batched TT speculative backend (tt/spec/mtp.py TTBatchMTPHead driven by
+tt/spec/mtp_drafter.py TTBatchMTPDrafter inside tt/spec/batch_spec.py TTBatchSpecBackend), on the emulated P150a x2 mesh with
 the shipped trained checkpoint (its MTP head drafts well enough that steps accept 0..K drafts).
 
 * drafts: each user's device drafts (ids) equal, step for step, those of the single-user TT spec backend
@@ -24,10 +24,10 @@ from qwen36.checkpoint import load_checkpoint
 from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.sampling import SamplingParams
 from qwen36.testing.tt import small_tt_generator
-from qwen36.tt.batch_spec import BatchSpecError, TTBatchSpecBackend
-from qwen36.tt.mtp_drafter import TTBatchMTPDrafter, TTMTPDrafter
-from qwen36.tt.pcc import pcc
-from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.tt.spec.batch_spec import BatchSpecError, TTBatchSpecBackend
+from qwen36.tt.spec.mtp_drafter import TTBatchMTPDrafter, TTMTPDrafter
+from qwen36.testing.pcc import pcc
+from qwen36.tt.spec.spec_backend import TTSpecBackend
 from test_reference_batch import cli
 
 CKPT = "models/qwen36/default_checkpoint"
@@ -257,7 +257,7 @@ def test_rejoined_slot_and_abort(gen, reader):
 
 # ---- sampled drafts ------------------------------------------------------------------------------------------------
 def _inverse_cdf(probs: torch.Tensor, u: float) -> int:
-    """Host twin of tt/sampler.py inverse_cdf_draw for one row."""
+    """Host twin of tt/runtime/sampler.py inverse_cdf_draw for one row."""
     cdf = torch.cumsum(probs, 0)
     total = cdf.max()
     return int(((cdf <= u * total) & (cdf < total)).sum())

@@ -1,4 +1,4 @@
-"""Batched speculative decoding on the TT model (tt/batch_spec.py TTBatchSpecBackend) on the emulated P150a x2
+"""Batched speculative decoding on the TT model (tt/spec/batch_spec.py TTBatchSpecBackend) on the emulated P150a x2
 mesh: one packed B x (K+1) verify per step over TTBatchDecoder's slots, per-user on-device acceptance and commit.
 
 * lossless: each user's batched speculative greedy output equals its own plain batch-1 TT greedy output (B = 2 and 4,
@@ -25,10 +25,10 @@ from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraf
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.speculative import oracle_drafter
 from qwen36.testing.tt import make_bf16_checkpoint
-from qwen36.tt.batch_spec import BatchSpecError, TTBatchSpecBackend
-from qwen36.tt.generator import TTGenerator
-from qwen36.tt.pcc import comp_pcc, pcc
-from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.tt.spec.batch_spec import BatchSpecError, TTBatchSpecBackend
+from qwen36.tt.runtime.generator import TTGenerator
+from qwen36.testing.pcc import comp_pcc, pcc
+from qwen36.tt.spec.spec_backend import TTSpecBackend
 from test_tt_batch import poison_slot
 
 # Batched vs batch-1 on the same TT graph: row-wise ops see the same tiles (measured: bit-equal); a cross-user
@@ -279,6 +279,11 @@ def test_refuses_what_it_cannot_serve(gen, plain):
         TTBatchSpecBackend(gen, 3, 3, drafter=users_drafter(plain))
     with pytest.raises(BatchSpecError, match="at most 32"):
         TTBatchSpecBackend(gen, 8, 4, drafter=users_drafter(plain))
+    # penalties and logprobs: the batched step would drop them silently (slots = 1 included), so it refuses them
+    for slots in (1, 2):
+        for params in (SamplingParams(repetition_penalty=1.3), SamplingParams(logprobs=2)):
+            with pytest.raises(BatchSpecError, match="penalties or return logprobs"):
+                TTBatchSpecBackend(gen, slots, 2, drafter=users_drafter(plain), params=params)
 
 
 # ---- vs the reference batched backend ---------------------------------------------------------------------------
@@ -374,7 +379,7 @@ def test_probe_tp_batch_cell_passes_and_catches_a_broken_commit(gen, monkeypatch
     fewer drafts, one sitting out, NaN-poisoned free slots) passes against each user's batch-1 TT oracle; the same
     cell with the commit's masked re-advance dropped (live keeps the state after all K+1 rows) fails."""
     from qwen36.probes import gdn_transaction_tp as probe
-    from qwen36.tt import batch_spec
+    from qwen36.tt.spec import batch_spec
 
     cells, _ = probe.run_tp_batch_matrix(gen, batch=4, ks=(3,), mechanisms=("snapshot",))
     cell = cells[0]

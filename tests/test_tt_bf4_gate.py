@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from qwen36.tiny import PRESETS, random_weights, write_checkpoint
-from qwen36.tt.model_config import PrecisionSetting, TensorGroup
-from qwen36.tt.pcc import PCC_GATES, comp_pcc
+from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup
+from qwen36.testing.pcc import PCC_GATES, comp_pcc
 from qwen36.testing.tt import LayerHarness
 
 LAYER = 1  # a CI-config layer; only its MLP is run
@@ -94,7 +94,7 @@ def test_realistic_weights_fail_the_gate_in_bf4(realistic_ckpt, mesh):
 
 def test_bf4_preset_is_the_mixed_mlp_precision(mesh):
     """bf4 only where tt_transformers' performance mode puts it (gate/up, LoFi); down stays bf8 (HiFi2)."""
-    from qwen36.tt.model_config import compute_config_matmul
+    from qwen36.tt.model.model_config import compute_config_matmul
 
     ttnn = mesh.ttnn
     d = PrecisionSetting.named("performance-bf4").dtypes
@@ -108,7 +108,7 @@ def test_realistic_weights_whole_model_prefill_gate(realistic_model_ckpt, preset
     """Whole-model prefill logits with realistic statistics in every MLP: both presets pass the 0.98 model gate
     (the layer gate above is the binding one for bf4), and bf4 costs accuracy against bf8 on the same weights."""
     from qwen36.reference.model import Qwen36Model
-    from qwen36.tt.generator import TTGenerator
+    from qwen36.tt.runtime.generator import TTGenerator
 
     ref = Qwen36Model.from_checkpoint(realistic_model_ckpt, dtype=torch.float32)
     ids = torch.randint(0, 512, (100,), generator=torch.Generator().manual_seed(7))

@@ -1,14 +1,14 @@
 """TT building blocks have one owner each; a second copy fails here (an AST scan, no device).
 
 * trace capture/replay (``ttnn.begin_trace_capture`` / ``end_trace_capture`` / ``execute_trace`` /
-  ``release_trace``): only ``tt/trace.py``. Everything else (generator, speculative step, MTP, probes, TT tests)
+  ``release_trace``): only ``tt/runtime/trace.py``. Everything else (generator, speculative step, MTP, probes, TT tests)
   goes through ``TracedStep`` / ``StepTraces``. The emulator's own trace tests (tests/test_emulator_*.py) call the
   raw API on purpose: they test it.
-* compute kernel configs (``WormholeComputeKernelConfig`` and its relatives): only ``tt/model_config.py``, where
+* compute kernel configs (``WormholeComputeKernelConfig`` and its relatives): only ``tt/model/model_config.py``, where
   each is a named function that says why.
-* RNG draws on device (``ttnn.uniform``): only ``tt/sampler.py`` (the uniform table both the acceptor and the
+* RNG draws on device (``ttnn.uniform``): only ``tt/runtime/sampler.py`` (the uniform table both the acceptor and the
   sampled draft pick use).
-* the chunked-prefill attention context: only ``TTQwen36Model.prefill_chunk_context`` (tt/model.py), which the
+* the chunked-prefill attention context: only ``TTQwen36Model.prefill_chunk_context`` (tt/model/model.py), which the
   target prefill, the MTP prefill and the layer harness call.
 Configs and RNG draws are checked in the sources (tests exercise those ops directly); traces everywhere.
 """
@@ -22,8 +22,8 @@ TRACE_CALLS = {"begin_trace_capture", "end_trace_capture", "execute_trace", "rel
 CONFIG_CALLS = {"WormholeComputeKernelConfig", "BlackholeComputeKernelConfig", "ComputeKernelConfig",
                 "GrayskullComputeKernelConfig"}
 RNG_CALLS = {"uniform", "rand", "bernoulli"}
-OWNERS = {"trace": "models/qwen36/tt/trace.py", "config": "models/qwen36/tt/model_config.py",
-          "rng": "models/qwen36/tt/sampler.py", "prefill_ctx": "models/qwen36/tt/model.py"}
+OWNERS = {"trace": "models/qwen36/tt/runtime/trace.py", "config": "models/qwen36/tt/model/model_config.py",
+          "rng": "models/qwen36/tt/runtime/sampler.py", "prefill_ctx": "models/qwen36/tt/model/model.py"}
 
 
 def _is_ttnn(node: ast.AST) -> bool:
@@ -81,13 +81,13 @@ def test_scan_sees_a_second_copy():
         "    self.gen.release_trace()\n"  # a method of ours, not the ttnn call: allowed
         "    ctx = AttentionContext('prefill', cos, sin, pt, chunk_start=0, chunk_page_table=cpt)\n"
     )
-    got = violations(bad, "models/qwen36/tt/accept.py")
+    got = violations(bad, "models/qwen36/tt/spec/accept.py")
     assert [v.split(": ", 1)[1] for v in got] == [
         "trace begin_trace_capture", "trace end_trace_capture", "trace execute_trace",
         "compute config WormholeComputeKernelConfig", "device rng uniform", "prefill attention context"], got
     assert violations(bad, OWNERS["trace"]) == [
-        "models/qwen36/tt/trace.py:5: compute config WormholeComputeKernelConfig",
-        "models/qwen36/tt/trace.py:6: device rng uniform", "models/qwen36/tt/trace.py:8: prefill attention context"]
+        "models/qwen36/tt/runtime/trace.py:5: compute config WormholeComputeKernelConfig",
+        "models/qwen36/tt/runtime/trace.py:6: device rng uniform", "models/qwen36/tt/runtime/trace.py:8: prefill attention context"]
     scanned = {rel for rel, _ in _scanned_files()}
-    assert {"models/qwen36/tt/generator.py", "models/qwen36/tt/spec_backend.py", "models/qwen36/tt/mtp.py",
+    assert {"models/qwen36/tt/runtime/generator.py", "models/qwen36/tt/spec/spec_backend.py", "models/qwen36/tt/spec/mtp.py",
             "probes/decode_cost.py", "tests/test_tt_mtp.py"} <= scanned

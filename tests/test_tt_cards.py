@@ -28,8 +28,8 @@ def ckpt(cards, tmp_path_factory):
 def test_layers_on_cards(cards, ckpt, preset, layer_id):
     from qwen36.tt_ops.device import open_mesh
 
-    from qwen36.tt.model_config import PrecisionSetting
-    from qwen36.tt.pcc import PCC_GATES, comp_pcc
+    from qwen36.tt.model.model_config import PrecisionSetting
+    from qwen36.testing.pcc import PCC_GATES, comp_pcc
     from qwen36.testing.tt import LayerHarness
 
     gate = PCC_GATES["layer_bf16" if preset == "accuracy" else "layer_bf8"]
@@ -48,7 +48,7 @@ NEAR_TIE = 0.15  # reference top-2 logit gap below which TT may pick the second 
 
 def test_traced_greedy_on_cards_matches_reference(cards, ckpt):
     from qwen36.reference.model import Qwen36Model
-    from qwen36.tt.generator import TTGenerator
+    from qwen36.tt.runtime.generator import TTGenerator
 
     ref = Qwen36Model.from_checkpoint(ckpt, dtype=torch.float32)
     g = torch.Generator().manual_seed(0)

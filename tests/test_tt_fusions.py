@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qwen36.reference.layers import apply_partial_rope, rope_cos_sin
-from qwen36.tt.weights import rope_head_permutation, rope_tables
+from qwen36.tt.model.weights import rope_head_permutation, rope_tables
 
 
 def _rotate_half(x):
@@ -45,7 +45,7 @@ def test_rope_head_permutation_rejects_odd_dims():
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    from qwen36.tt.model_config import PrecisionSetting
+    from qwen36.tt.model.model_config import PrecisionSetting
     from qwen36.tt_ops.device import open_mesh
     from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
 
@@ -107,7 +107,7 @@ def test_mlp_single_op_all_reduce_matches_the_composite(harness):
     """The decode MLP's single-op all-reduce on the L1 down output gives exactly the composite all-reduce of the same
     partials (the emulated reduction is the same fp32 sum rounded once; cards sum two bf16 partials in one rounding
     either way)."""
-    from qwen36.tt.ccl import all_reduce
+    from qwen36.tt.model.ccl import all_reduce
 
     ctx, h = harness
     mlp = h.layer.mlp
@@ -137,7 +137,7 @@ def test_decoder_layer_norm_writes_the_mlp_input_shards(harness):
 def test_mlp_programs_interleaved_decode(tmp_path):
     """decode_matmuls="interleaved" keeps the six-program decode MLP (the all-reduce is two) on DRAM-interleaved weights."""
     from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
-    from qwen36.tt.model_config import PrecisionSetting
+    from qwen36.tt.model.model_config import PrecisionSetting
     from qwen36.tt_ops.device import open_mesh
 
     ckpt = make_bf16_checkpoint(tmp_path / "ckpt", "ci", seed=0)
@@ -154,9 +154,9 @@ def test_lm_head_dram_sharded_decode(tmp_path):
     over the 8 banks, bracketed by two reshards; the logits equal the interleaved layout's (same bf8 weight, same
     contraction); prefill-size row counts keep the default matmul on the same weight."""
     from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
-    from qwen36.tt.model import lm_head_logits
-    from qwen36.tt.model_config import PrecisionSetting
-    from qwen36.tt.pcc import comp_pcc
+    from qwen36.tt.model.model import lm_head_logits
+    from qwen36.tt.model.model_config import PrecisionSetting
+    from qwen36.testing.pcc import comp_pcc
     from qwen36.tt_ops.device import open_mesh
 
     ckpt = make_bf16_checkpoint(tmp_path / "ckpt", "ci", seed=0)

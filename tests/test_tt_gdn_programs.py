@@ -1,4 +1,4 @@
-"""Programs per GDN layer on the emulated mesh, pinned as upper bounds (docs/tt_model.md has the 27B figures).
+"""Programs per GDN layer on the emulated mesh, pinned as upper bounds (docs/tt_model.md, "Programs per step").
 
 Counted at the "27b-ratios" shapes (27B head counts and head dims 128 per device at TP=2, so tile alignment is
 that of 27B; hidden 256 keeps it cheap). Before the fused layer the GDN mixer was 58 programs per 1-row decode
@@ -47,7 +47,7 @@ def test_gdn_decode_programs_upper_bound(bench):
 
 
 def test_gdn_decoder_layer_programs_upper_bound(bench):
-    from qwen36.tt.state import allocate_decode_inputs
+    from qwen36.tt.model.state import allocate_decode_inputs
 
     model, ttnn = bench.model, bench.ttnn
     inputs = allocate_decode_inputs(ttnn, bench.mesh)

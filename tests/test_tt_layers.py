@@ -1,6 +1,6 @@
 """TT layers vs the pure-torch reference on the emulated 1x2 mesh, same inputs (per-layer PCC gates).
 
-Gates (models/qwen36/tt/pcc.py): PCC >= 0.9999 with bf16 weights (accuracy preset), >= 0.99 with bf8
+Gates (models/qwen36/testing/pcc.py): PCC >= 0.9999 with bf16 weights (accuracy preset), >= 0.99 with bf8
 weights (performance preset); GDN recurrent state after prefill + decode steps PCC >= 0.999.
 """
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.tt.model_config import PrecisionSetting
-from qwen36.tt.pcc import PCC_GATES, comp_pcc
+from qwen36.tt.model.model_config import PrecisionSetting
+from qwen36.testing.pcc import PCC_GATES, comp_pcc
 from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
 
 PRESET_GATE = {"accuracy": "layer_bf16", "performance": "layer_bf8"}
@@ -94,10 +94,10 @@ def test_gdn_multi_row_decode_matches_reference(mesh, bf16_ckpt):
 def test_gdn_bf16_activations_miss_the_bf16_gate(mesh, bf16_ckpt):
     """Why GDN_ACTIVATION is fp32 in every preset: with bf16 GDN activations the per-head gated norm amplifies the
     rounding and layer 0 misses the 0.9999 gate within 8 decode steps (measured 0.99977 at the 4th step; fp32:
-    0.99999 at every step). The fused layer (tt/gdn.py: conv summed with fp32 accumulation, silu(z) fused into the
+    0.99999 at every step). The fused layer (tt/model/gdn.py: conv summed with fp32 accumulation, silu(z) fused into the
     gate multiply) rounds less than the composite one did, which missed the gate within 3 steps (0.99982)."""
-    from qwen36.tt.model_config import TensorGroup
-    from qwen36.tt.pcc import pcc
+    from qwen36.tt.model.model_config import TensorGroup
+    from qwen36.testing.pcc import pcc
 
     prec = PrecisionSetting.accuracy().with_group(TensorGroup.GDN_ACTIVATION, "bfloat16")
     h = LayerHarness(bf16_ckpt, mesh, prec, 0)

@@ -8,9 +8,9 @@ import torch
 from qwen36.reference.batch import greedy_generate
 from qwen36.reference.model import Qwen36Model
 from qwen36.tiny import PRESETS
-from qwen36.tt.generator import TTGenerator
-from qwen36.tt.model_config import PrecisionSetting, TPSplitError, TTModelArgs
-from qwen36.tt.pcc import PCC_GATES, comp_pcc
+from qwen36.tt.runtime.generator import TTGenerator
+from qwen36.tt.model.model_config import PrecisionSetting, TPSplitError, TTModelArgs
+from qwen36.testing.pcc import PCC_GATES, comp_pcc
 from qwen36.testing.tt import make_bf16_checkpoint, tp4_config
 
 DECODE_STEPS = 32
@@ -199,7 +199,7 @@ def test_weight_cache_second_load_skips_conversion(ckpt, tmp_path):
     from qwen36.tt_ops.emulator import ops_core
 
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.tt.weights import WeightLoader
+    from qwen36.tt.model.weights import WeightLoader
 
     reader = load_checkpoint(ckpt)
     with open_mesh("emulated-p150x2") as ctx:
@@ -221,7 +221,7 @@ def test_weight_cache_second_load_skips_conversion(ckpt, tmp_path):
 def test_gdn_and_attention_row_layouts():
     """Host rearrangement: device d gets [q_d | k_d | v_d] of the GDN rows, [q_d | k_d | v_d] and gate_d of the
     attention rows."""
-    from qwen36.tt.weights import attention_qkv_rows, gdn_qkv_rows
+    from qwen36.tt.model.weights import attention_qkv_rows, gdn_qkv_rows
 
     hk, dk, hv, dv, n, h = 4, 2, 12, 3, 2, 5
     qkv = torch.arange((2 * hk * dk + hv * dv) * h, dtype=torch.float32).reshape(-1, h)
@@ -274,7 +274,7 @@ def test_weight_cache_names_carry_the_bank_shard_width(ckpt, tmp_path):
     weight whose bank shards change width (readers per bank: 1 -> 2 makes the CI LM head's shards 1 -> 2 tiles) must
     not load an old file: the width is in the file name, and the second loader converts the head again."""
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.tt.weights import WeightLoader
+    from qwen36.tt.model.weights import WeightLoader
     from qwen36.tt_ops.device import open_mesh
 
     reader = load_checkpoint(ckpt)

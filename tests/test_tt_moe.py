@@ -1,6 +1,6 @@
-"""The MoE sibling on the emulated 1x2 mesh: the TT MoE block (tt/moe.py) and the full MoE model vs the reference.
+"""The MoE sibling on the emulated 1x2 mesh: the TT MoE block (tt/model/moe.py) and the full MoE model vs the reference.
 
-Gates (models/qwen36/tt/pcc.py): block PCC >= 0.9999 with bf16 weights (accuracy), >= 0.99 with bfloat8_b experts
+Gates (models/qwen36/testing/pcc.py): block PCC >= 0.9999 with bf16 weights (accuracy), >= 0.99 with bfloat8_b experts
 (performance), at 1 row (decode), 4 rows (a K=3 packed verify; indexed expert matmuls) and 40 rows (a prefill chunk
 with rows*k > E: every expert over all rows). On-device routing picks the reference's experts (ids equal) with
 weights within 1e-3. The routed experts read exactly rows*k expert groups per device (k for decode), counted by
@@ -16,10 +16,10 @@ import torch
 from qwen36.reference.batch import greedy_generate
 from qwen36.reference.model import Qwen36Model
 from qwen36.tiny import PRESETS
-from qwen36.tt.model_config import PrecisionSetting
-from qwen36.tt.moe import row_onehot
-from qwen36.tt.pcc import PCC_GATES, comp_pcc
-from qwen36.tt.weights import expert_gate_up_blocks
+from qwen36.tt.model.model_config import PrecisionSetting
+from qwen36.tt.model.moe import row_onehot
+from qwen36.testing.pcc import PCC_GATES, comp_pcc
+from qwen36.tt.model.weights import expert_gate_up_blocks
 from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
 
 pytest.importorskip("ttnn")
@@ -150,7 +150,7 @@ def test_routed_experts_read_only_the_routed_groups(mesh, ckpt, rows):
 
 # ---- the full MoE model ---------------------------------------------------------------------------------------
 def make_gen(ckpt, precision="accuracy", **kw):
-    from qwen36.tt.generator import TTGenerator
+    from qwen36.tt.runtime.generator import TTGenerator
 
     return TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision=precision, max_seq_len=256, progress=False,
                                        block_size=32, prefill_chunk=64, **kw)
@@ -259,8 +259,8 @@ def test_moe_speculative_greedy_lossless_all_mechanisms(ckpt, ref):
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
     from qwen36.speculative.mechanisms import MECHANISMS
-    from qwen36.tt.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec_backend import TTSpecBackend
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec.spec_backend import TTSpecBackend
 
     exp, _, margins = ref_greedy_with_margins(ref, torch.tensor(PROMPT), 16)
     assert margins.min() >= MIN_MARGIN
@@ -323,8 +323,8 @@ def test_moe_stochastic_speculation_emits_the_target_distribution(ckpt):
     probability 0, and both rejection and acceptance occur."""
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.sampling import SamplingParams, probs_from_logits
-    from qwen36.tt.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec_backend import TTSpecBackend
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec.spec_backend import TTSpecBackend
 
     top_k, k, steps = 50, 2, 100
     bins = [(0, 1), (1, 2), (2, 3), (3, 10), (10, top_k)]

@@ -1,6 +1,6 @@
 """TT MTP head on the emulated 1x2 mesh vs the reference MTP, including the reseed over verified rows.
 
-Gates (models/qwen36/tt/pcc.py): MTP logits PCC >= 0.9999 with bf16 weights (accuracy preset), >= 0.99 with bf8
+Gates (models/qwen36/testing/pcc.py): MTP logits PCC >= 0.9999 with bf16 weights (accuracy preset), >= 0.99 with bf8
 (performance); K=3 draft tokens == reference ``mtp_draft`` tokens on inputs whose reference top-2 gap is
 >= MIN_MARGIN at every draft (asserted); per-step draft-logit PCC >= 0.9999; MTP KV rows 0..n+a after a reseed
 vs the oracle cache (reference ``mtp_forward`` over every verified position) PCC >= 0.9999; reseed rows past a
@@ -17,14 +17,14 @@ import torch
 from qwen36.checkpoint import load_checkpoint
 from qwen36.reference.model import Qwen36Model
 from qwen36.testing.tt_hooks import acceptor_host_logits, mtp_kv_from_host, mtp_kv_to_host
-from qwen36.tt.accept import DeviceAcceptor
-from qwen36.tt.model import TTQwen36Model
-from qwen36.tt.model_config import PrecisionSetting, TTModelArgs
-from qwen36.tt.mtp import TTMTPHead, load_tt_mtp
-from qwen36.tt.pcc import PCC_GATES, comp_pcc
+from qwen36.tt.spec.accept import DeviceAcceptor
+from qwen36.tt.model.model import TTQwen36Model
+from qwen36.tt.model.model_config import PrecisionSetting, TTModelArgs
+from qwen36.tt.spec.mtp import TTMTPHead, load_tt_mtp
+from qwen36.testing.pcc import PCC_GATES, comp_pcc
 from qwen36.testing.tt import make_bf16_checkpoint
-from qwen36.tt.trace import TracedStep
-from qwen36.tt.weights import WeightLoader, load_mtp_weights
+from qwen36.tt.runtime.trace import TracedStep
+from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
 from qwen36.speculative.sampling import SamplingParams
 
 K = 3

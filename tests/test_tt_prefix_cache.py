@@ -1,4 +1,4 @@
-"""The prefix cache on the emulated TT mesh (``tt/prefix.py``): a warm request (GDN recurrent + conv and KV pages
+"""The prefix cache on the emulated TT mesh (``tt/runtime/prefix.py``): a warm request (GDN recurrent + conv and KV pages
 restored by device copies) emits the same tokens with bit-identical logits as the same request served cold on the
 same backend, greedy and seeded sampling, at every block boundary, for prefixes that diverge mid-block and under
 eviction; the device buffers of evicted or uncached blocks are freed."""
@@ -74,7 +74,7 @@ def test_warm_equals_cold_sampled_traced_and_eviction(gen):
 
 
 def _batch_run(gen, cache, prompts, limits, arrivals):
-    from qwen36.tt.batch import TTBatchDecoder, batched_greedy
+    from qwen36.tt.runtime.batch import TTBatchDecoder, batched_greedy
 
     gen.release_trace()
     dec = TTBatchDecoder(gen.model, 4, prefix_cache=cache)
@@ -134,8 +134,8 @@ def test_speculative_warm_equals_cold(gen, ckpt_factory, mech):
     the warm request's prefill logits, tokens and accepted counts equal the cold request's, at both boundaries."""
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
-    from qwen36.tt.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec_backend import TTSpecBackend
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec.spec_backend import TTSpecBackend
 
     drafter = TTMTPDrafter(load_checkpoint(ckpt_factory("ci"), require_mtp=True))
     prompt = prompt_of(gen.config.vocab_size, 70, 11)
@@ -179,8 +179,8 @@ def test_batched_speculative_shares_blocks(ckpt_factory):
     and accepted counts equal the same schedule with nothing cached."""
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
-    from qwen36.tt.batch_spec import TTBatchSpecBackend
-    from qwen36.tt.mtp_drafter import TTBatchMTPDrafter
+    from qwen36.tt.spec.batch_spec import TTBatchSpecBackend
+    from qwen36.tt.spec.mtp_drafter import TTBatchMTPDrafter
 
     ckpt = ckpt_factory("ci")
     g = small_tt_generator(ckpt, prefill_chunk=64, require_mtp=True)

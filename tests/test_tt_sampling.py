@@ -1,5 +1,5 @@
 """Plain TT decoding with the sampling parameters, on the emulated 1x2 P150a mesh: the device pick
-(``tt/sampler.py::DeviceSampler``) at B = 1 and B = 4 rows against the torch transform given the same uniforms,
+(``tt/runtime/sampler.py::DeviceSampler``) at B = 1 and B = 4 rows against the torch transform given the same uniforms,
 penalties from the device-resident counts, raw logprobs, every row independent of its neighbours' parameters, and
 the decoders' traced steps (batch-1 generator, batched decoder, bucketed decoder) reading back only the pick's
 result; each batched user's tokens are its batch-1 run's."""
@@ -17,11 +17,11 @@ from qwen36.speculative.plain import plain_generate
 from qwen36.speculative.sampling import (SamplingParams, TokenHistory, penalize, pick_token, probs_from_logits,
                                          token_logprobs)
 from qwen36.testing.tt import small_tt_generator
-from qwen36.tt.accept import DeviceAcceptor
-from qwen36.tt.batch import TTBatchDecoder, batched_generate
-from qwen36.tt.spec_backend import TTSpecBackend
-from qwen36.tt.sampler import DeviceSampler, SamplerStages
-from qwen36.tt.trace import TracedStep
+from qwen36.tt.spec.accept import DeviceAcceptor
+from qwen36.tt.runtime.batch import TTBatchDecoder, batched_generate
+from qwen36.tt.spec.spec_backend import TTSpecBackend
+from qwen36.tt.runtime.sampler import DeviceSampler, SamplerStages
+from qwen36.tt.runtime.trace import TracedStep
 
 from test_sampling import prompts
 from test_tt_spec_stochastic import chi2_p
@@ -414,7 +414,7 @@ def test_sampling_users_move_between_buckets(gen):
     """The device sampler inside the bucketed decoder: five users with their own parameters and seeds join and
     leave buckets 1 / 2 / 4 (grow, shrink, grow again); their sampler rows (parameters, penalty rows, uniform
     streams) move with them, and every user's tokens are its batch-1 ``TTGenerator.generate`` tokens."""
-    from qwen36.tt.batch_buckets import BucketedBatchDecoder
+    from qwen36.tt.runtime.batch_buckets import BucketedBatchDecoder
 
     v = gen.config.vocab_size
     prompts_ = [_prompt(n, 300 + n, v) for n in (4, 9, 6, 12, 3)]
@@ -555,7 +555,7 @@ def test_tt_speculative_greedy_with_penalties_is_plain_greedy_with_penalties(mtp
 
 def test_tt_speculative_sampling_with_penalties_is_seeded(mtp_gen, ckpt):
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.tt.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 
     prompt = [5, 6, 7, 8, 9]
     be = TTSpecBackend(mtp_gen, "shadow_commit", drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)))

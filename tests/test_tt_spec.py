@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from qwen36.speculative.engine import speculative_generate
-from qwen36.tt.generator import TTGenerator
-from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.tt.runtime.generator import TTGenerator
+from qwen36.tt.spec.spec_backend import TTSpecBackend
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.testing.speculative import oracle_drafter
 from qwen36.testing.tt import device_position, make_bf16_checkpoint
-from qwen36.tt.mechanisms import GDNStateBytes
-from qwen36.tt.verify import VerifyShapeError, check_verify_shape
+from qwen36.tt.spec.mechanisms import GDNStateBytes
+from qwen36.tt.spec.verify import VerifyShapeError, check_verify_shape
 
 PROMPT = list(range(5, 17))
 MAX_NEW = 24
@@ -66,7 +66,7 @@ def _run_recording(gen, plain, mech, k, steps, use_trace):
         be.commit({0: acc})
         accs.append((acc.num_accepted, acc.tokens))
     pos = device_position(be)
-    n_traces = len(be._traces)
+    n_traces = len(be.traces)
     be.close()
     return logits, accs, pos, n_traces
 

@@ -27,7 +27,7 @@ from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.speculative import oracle_drafter
 from qwen36.testing.tt import device_position, make_bf16_checkpoint, read_scalar, small_tt_generator
-from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.tt.spec.spec_backend import TTSpecBackend
 
 PROMPT = list(range(5, 17))
 SCHEDULE = [3, 1, 5, 2, 2, 5, 1, 3, 3, 1, 2, 5]
@@ -82,7 +82,7 @@ def _committed_rec(be: TTSpecBackend) -> list:
     ttnn = be.ttnn
     if not be.mechanism.ring:
         return [per_device(ttnn, s.recurrent) for s in be.state.gdn_states()]
-    nxt = be._by_k[be._next_k]
+    nxt = be._by_k[be.next_depth]
     idx = per_device(ttnn, nxt.acceptor.block_idx)
     return [[r[i.reshape(-1).long()] for r, i in zip(per_device(ttnn, nxt.step_state.layer_bufs[id(s)].ring),
                                                             idx)]
@@ -104,7 +104,7 @@ def test_forced_depth_schedule_commits_the_decode_oracle_state(ci_gen, ci_plain,
         n = device_position(be)
         assert n == be.n and int(read_scalar(be.step_state, be.step_state.pending)) == be.history[-1]
         steps.append((k, acc.num_accepted, n, _state(gen, _committed_rec(be))))
-    captures = dict(be._traces.captures)
+    captures = dict(be.traces.captures)
     be.close()
     emitted = be.history[len(PROMPT):]
     assert emitted == ci_plain[:len(emitted)]
@@ -192,12 +192,21 @@ def test_auto_depth_greedy_with_penalties_is_plain_greedy_with_penalties(ci_ck, 
 
     controller = _controller()
     be = TTSpecBackend(ci_gen, mech, drafter=drafter, depths=controller.depths)
+    emitted: list[int] = []
+    leave = be.leave
+
+    def keep_history_then_leave(slot):  # the driver frees the slot when the user is done, which clears history
+        emitted[:] = be.history[len(PROMPT):]
+        leave(slot)
+
+    be.leave = keep_history_then_leave
     r = speculative_generate(be, [PROMPT], n, [controller], [params])[0]
     assert r.tokens == want
     hist = TokenHistory(PROMPT, vocab)
-    hist.add(be.history[len(PROMPT):])  # every emitted token, the last step's past n included
+    hist.add(emitted)  # every emitted token, the last step's past n included
+    assert len(emitted) >= n
     _counts_match(be, hist)
-    captures = dict(be._traces.captures)
+    captures = dict(be.traces.captures)
     be.close()
     assert len(set(r.stats.depths)) > 1, f"the controller never changed K: {r.stats.depths}"
     assert len(set(r.stats.accepted)) >= 3, r.stats.accepted
@@ -215,7 +224,7 @@ def gen():
 @pytest.fixture(scope="module")
 def drafter():
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.tt.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 
     return TTMTPDrafter(load_checkpoint(CKPT, require_mtp=True))
 
@@ -249,7 +258,7 @@ def test_auto_depth_greedy_equals_plain_and_reference(gen, drafter, auto_plain, 
     controller = _controller()
     be = TTSpecBackend(gen, mech, drafter=drafter, depths=controller.depths)
     r = speculative_generate(be, [AUTO_PROMPT], AUTO_NEW, [controller])[0]
-    captures = dict(be._traces.captures)
+    captures = dict(be.traces.captures)
     be.close()
     assert r.tokens == tt_plain
     assert r.stats.depths == controller.chosen[:len(r.stats.depths)]
@@ -340,7 +349,7 @@ def test_auto_depth_stochastic_chi_square(gen, drafter, draft, seed, penalties):
             a_ge1 += acc.num_accepted >= 1
             alpha_sum += al
             alpha_var += al * (1 - al)
-    captures = dict(be._traces.captures)
+    captures = dict(be.traces.captures)
     be.close()
     assert obs1[TOP_K] == 0 and obs2[TOP_K] == 0, "emitted a token the target's transform gives probability 0"
     assert all(c <= seg for c in captures.values()), captures  # once per generation (a prefill releases traces)

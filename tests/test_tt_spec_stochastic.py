@@ -3,7 +3,7 @@ emulated 1x2 P150a mesh.
 
 Two levels, because an end-to-end TT step costs ~0.1 s on a 2-core CPU (too slow for many thousands of samples):
 
-* device level (many samples, traced replays): the sampled-draft pick (``tt/sampler.py::SampledDraftPick``) draws
+* device level (many samples, traced replays): the sampled-draft pick (``tt/runtime/sampler.py::SampledDraftPick``) draws
   K=2 drafts on device from fixed draft logits with the acceptor's transform, and ``DeviceAcceptor.stochastic``
   accepts them against fixed target logits using the pick's draft probabilities. Chi-square of the joint
   draft distribution vs q1 x q2, of the first emitted token vs target row 0, of the second emitted token
@@ -28,11 +28,11 @@ import torch
 
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.tt import small_tt_generator
-from qwen36.tt.accept import DeviceAcceptor
-from qwen36.tt.mtp_drafter import TTMTPDrafter
-from qwen36.tt.sampler import SampledDraftPick
-from qwen36.tt.spec_backend import TTSpecBackend
-from qwen36.tt.trace import TracedStep
+from qwen36.tt.spec.accept import DeviceAcceptor
+from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+from qwen36.tt.runtime.sampler import SampledDraftPick
+from qwen36.tt.spec.spec_backend import TTSpecBackend
+from qwen36.tt.runtime.trace import TracedStep
 
 P_MIN = 1e-3
 P_NEG = 1e-6

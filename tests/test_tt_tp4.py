@@ -14,9 +14,9 @@ from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.engine import speculative_generate
 from qwen36.testing.speculative import oracle_drafter
 from qwen36.testing.tt import make_bf16_checkpoint, tp4_config
-from qwen36.tt.generator import TTGenerator
-from qwen36.tt.pcc import PCC_GATES, comp_pcc
-from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.tt.runtime.generator import TTGenerator
+from qwen36.testing.pcc import PCC_GATES, comp_pcc
+from qwen36.tt.spec.spec_backend import TTSpecBackend
 
 pytestmark = pytest.mark.slow  # one 1x4 mesh build and a few emulated generations: ~tens of seconds
 
@@ -71,7 +71,7 @@ def test_tp4_spec_greedy_equals_plain_host_drafter(gen, plain, mech, k):
 
 
 def test_tp4_spec_greedy_equals_plain_device_mtp(gen, ckpt, plain):
-    from qwen36.tt.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 
     be = TTSpecBackend(gen, "shadow_commit", drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)),
                        use_trace=True)

@@ -2,7 +2,7 @@
 emulated 1x2 mesh, at CI size: the CI config with doubled heads (8 q / 4 KV heads -> 4 q / 2 KV per device).
 
 The multi-position SDPA takes one KV head per cache; the verify runs one group per local KV head over a per-head
-view of the paged cache (tt/attention.py ``attend_verify``). Tolerances are those of tests/test_tt_spec.py."""
+view of the paged cache (tt/model/attention.py ``attend_verify``). Tolerances are those of tests/test_tt_spec.py."""
 from __future__ import annotations
 
 import pytest
@@ -11,10 +11,10 @@ import torch
 from qwen36.config import FULL
 
 from qwen36.speculative.engine import speculative_generate
-from qwen36.tt.generator import TTGenerator
-from qwen36.tt.spec_backend import TTSpecBackend
+from qwen36.tt.runtime.generator import TTGenerator
+from qwen36.tt.spec.spec_backend import TTSpecBackend
 from qwen36.testing.tt import make_bf16_checkpoint, tp4_config
-from qwen36.tt.verify import VerifyShapeError, check_verify_shape
+from qwen36.tt.spec.verify import VerifyShapeError, check_verify_shape
 from qwen36.testing.speculative import oracle_drafter
 
 PROMPT = list(range(5, 17))
@@ -66,7 +66,7 @@ def test_verify_rows_across_a_page_boundary_one_indexed_kv_write(gen):
     indexed_fused_update_cache (no per-row paged_update_cache)."""
     from qwen36.numerics import pcc
     from qwen36.probes.verify_tp import shuffle_pages
-    from qwen36.tt.state import KVLayerState
+    from qwen36.tt.model.state import KVLayerState
 
     ttnn = gen.ttnn
     shuffle_pages(gen, 5)

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from qwen36.speculative.sampling import SamplingParams
-from qwen36.tt import vllm_types as vt
-from qwen36.tt.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
+from qwen36.tt.serving import vllm_types as vt
+from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
 from test_vllm_contract import _load, open_env
 
 TRACE = json.loads((Path(__file__).parent / "data/vllm_tt_plugin_batch_trace.json").read_text())

@@ -1,4 +1,4 @@
-"""The vllm-tt plugin's call sequence, replayed against models/qwen36/tt/qwen36_vllm.py on the emulated 1x2 mesh
+"""The vllm-tt plugin's call sequence, replayed against models/qwen36/tt/serving/qwen36_vllm.py on the emulated 1x2 mesh
 (CI checkpoint, bf16), without vLLM or the plugin installed.
 
 ``PluginReplay`` issues the calls the plugin's runner makes (tenstorrent/vllm-tt-plugin e3fc849: worker.py
@@ -24,10 +24,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from qwen36.tt.generator import DEFAULT_TRACE_REGION
-from qwen36.tt.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
+from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
+from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
 from qwen36.testing.tt import make_bf16_checkpoint
-from qwen36.tt import vllm_types as vt
+from qwen36.tt.serving import vllm_types as vt
 from qwen36.tt_ops.device import open_mesh
 
 HELPER_TRACE = Path(__file__).parent / "data" / "vllm_tt_plugin_spec_helpers.json"
@@ -410,7 +410,7 @@ def test_spec_sequence_equals_greedy(reference, spec):
         step += 1
     assert emitted[:N_NEW] == reference[:N_NEW]
     assert len(seen_a) >= 2, seen_a
-    assert len(r.m.spec_backend._traces) == 2  # verify and commit traces captured and replayed
+    assert len(r.m.spec_backend.traces) == 2  # verify and commit traces captured and replayed
     assert r.null_block_untouched()
     r.finish()
 
@@ -458,7 +458,7 @@ def test_spec_auto_depth_sequence_equals_greedy(reference, spec_auto):
     TTGenerator.greedy."""
     r, (reference, _) = spec_auto, reference
     emitted = [r.prefill(PROMPT)]
-    before = dict(r.m.spec_backend._traces.captures)  # the warmup's generations captured too
+    before = dict(r.m.spec_backend.traces.captures)  # the warmup's generations captured too
     pos = P
     block = r.verify(emitted[-1], pos, [], 1)  # first decode step of a speculating launch: no drafts
     emitted += block
@@ -476,7 +476,7 @@ def test_spec_auto_depth_sequence_equals_greedy(reference, spec_auto):
     assert r.proposed == r.m.controller.chosen[1:len(r.proposed) + 1]
     assert len(set(r.proposed)) > 1, r.proposed  # the controller moved (the CI MTP drafts are rarely accepted)
     assert r.m.depth_plan()["mode"] == "auto" and max(r.m.depth_plan()["depths"]) == K_AUTO
-    caps = {n: c - before.get(n, 0) for n, c in r.m.spec_backend._traces.captures.items()}
+    caps = {n: c - before.get(n, 0) for n, c in r.m.spec_backend.traces.captures.items()}
     caps = {n: c for n, c in caps.items() if c}
     assert caps and all(c == 1 for c in caps.values()), caps  # this request: each depth's traces captured once
     assert {f"verify:{k}" for k in r.proposed} <= set(caps)

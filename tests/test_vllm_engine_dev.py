@@ -27,7 +27,7 @@ plugin_worker = pytest.importorskip("vllm_tt_plugin.worker",
                                     reason="the vllm-tt plugin is not installed (dev-only check; see docs/serving.md)")
 
 from qwen36.speculative.sampling import SamplingParams  # noqa: E402
-from qwen36.tt.generator import DEFAULT_TRACE_REGION, load_tt_target  # noqa: E402
+from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION, load_tt_target  # noqa: E402
 from qwen36.testing.tt import make_bf16_checkpoint  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 
@@ -134,7 +134,7 @@ SAMPLED_TRACE = REPO / "tests/data/vllm_tt_plugin_batch_sampled_trace.json"
 def _recording(monkeypatch, calls: list):
     """Record every call the plugin makes on the model class's serving methods (name, arguments by keyword)."""
     from qwen36.testing.vllm_calls import record_calls
-    from qwen36.tt.qwen36_vllm import Qwen36ForCausalLM
+    from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 
     record_calls(Qwen36ForCausalLM, calls, monkeypatch.setattr)
 
@@ -217,7 +217,7 @@ def test_vllm_llm_device_fault_stops_the_engine(tmp_path, monkeypatch):
     ``DeviceStepFailed`` naming the op (vLLM 0.25.1 has no per-request failure path from the model: the exception
     ends the step), and a later request is refused with the same reason instead of being served from half-updated
     device state."""
-    from qwen36.tt.qwen36_vllm import DeviceStepFailed
+    from qwen36.tt.serving.qwen36_vllm import DeviceStepFailed
     from qwen36.tt_ops.emulator.faults import clear_fault, inject_fault
 
     ck = make_bf16_checkpoint(tmp_path / "ci", "ci")

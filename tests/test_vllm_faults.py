@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from qwen36.tt.qwen36_vllm import DeviceStepFailed, Qwen36ForCausalLM
+from qwen36.tt.serving.qwen36_vllm import DeviceStepFailed, Qwen36ForCausalLM
 from qwen36.tt_ops.emulator.faults import InjectedDeviceFault, clear_fault, inject_fault
 from test_vllm_batch import TRACE, _arg, _served, replay
 from test_vllm_contract import _load, open_env

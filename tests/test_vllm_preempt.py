@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from qwen36.tt.qwen36_vllm import Qwen36ForCausalLM
+from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 from test_vllm_batch import LOGITS_TOL, TRACE, _served
 from test_vllm_contract import K, PluginReplay, _load, open_env
 

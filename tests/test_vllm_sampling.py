@@ -1,4 +1,4 @@
-"""Sampling through the vllm-tt adapter (models/qwen36/tt/qwen36_vllm.py) the way the plugin's runner drives it
+"""Sampling through the vllm-tt adapter (models/qwen36/tt/serving/qwen36_vllm.py) the way the plugin's runner drives it
 when the launch samples on device (``--additional-config '{"tt": {"sample_on_device_mode": "all" | "decode_only"}}'``).
 
 The payload is built as tenstorrent/vllm-tt-plugin e3fc849 builds it: ``InputBatch.add_request`` copies a request's
@@ -26,8 +26,8 @@ import pytest
 import torch
 
 from qwen36.speculative.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
-from qwen36.tt import vllm_types as vt
-from qwen36.tt.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM, sampling_from_plugin
+from qwen36.tt.serving import vllm_types as vt
+from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM, sampling_from_plugin
 from test_vllm_contract import BLOCK, MAX_LEN, PROMPT, PluginReplay, _load, greedy_accept, open_env
 
 PLUGIN_FIELDS = Path(__file__).resolve().parent / "data" / "vllm_tt_plugin_sampling_params.json"

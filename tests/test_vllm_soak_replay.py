@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from qwen36.tt.qwen36_vllm import Qwen36ForCausalLM
+from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 from test_vllm_batch import LOGITS_TOL, _arg
 from test_vllm_contract import _load, open_env
 

@@ -29,7 +29,7 @@ spec_decode = pytest.importorskip(
 
 import test_vllm_contract as contract  # noqa: E402
 from qwen36.tt import vllm_types as vt  # noqa: E402
-from qwen36.tt.qwen36_vllm import Qwen36ForCausalLM  # noqa: E402
+from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM  # noqa: E402
 from test_vllm_contract import K, N_NEW, P, PROMPT, env, reference, spec  # noqa: E402,F401  (fixtures)
 
 

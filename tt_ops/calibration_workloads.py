@@ -83,7 +83,7 @@ def llama_step_programs(shapes: DecoderShapes) -> tuple:
 
 def dram_sharded_weight_bytes(k: int, n: int, dtype: str, banks: int = P150_DRAM_BANKS) -> int:
     """Bytes the emulator counts for a [k, n] weight width-sharded over ``banks`` DRAM banks (padded bank shards:
-    tt/model_config.py ``dram_sharded_weight_memory_config``, emulator/namespace.py ``_read_bytes_of``)."""
+    tt/model/model_config.py ``dram_sharded_weight_memory_config``, emulator/namespace.py ``_read_bytes_of``)."""
     w = -(-n // (TILE * banks)) * TILE
     return banks * _tile_bytes([k, w], dtype)
 

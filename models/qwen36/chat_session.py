@@ -112,7 +112,7 @@ class _TTPlain:
 
 class _TTSpec(_TTPlain):
     """TTSpecBackend (traced verify / commit, device MTP drafter) through the cache: the target state is restored,
-    the MTP prefill redone over the prompt from the (cached + computed) hidden rows (tt/prefix.py)."""
+    the MTP prefill redone over the prompt from the (cached + computed) hidden rows (tt/runtime/prefix.py)."""
 
     def __init__(self, gen, cache, mechanism, k, drafter):
         super().__init__(gen, cache, False)
@@ -120,7 +120,7 @@ class _TTSpec(_TTPlain):
 
     def run(self, prompt, max_new, params, eos, thinking):
         from .speculative.engine import speculative_generate
-        from .tt.spec_backend import TTSpecBackend
+        from .tt.spec.spec_backend import TTSpecBackend
 
         if thinking is not None:
             raise UserError("a thinking budget with speculative decoding on a TT device is not built yet")

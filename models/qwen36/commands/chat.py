@@ -81,14 +81,14 @@ def load_session(args, ckpt, tok):
         model = Qwen36Model.from_checkpoint(ckpt, dtype=torch_dtype(args.dtype), require_mtp=args.spec_k > 0)
         target, with_mtp = model, model.mtp is not None
     else:
-        from ..tt.generator import load_tt_target
+        from ..tt.runtime.generator import load_tt_target
 
         if args.spec_k:
             if args.thinking_budget:
                 raise UserError(f"--thinking-budget with --spec-k on {args.device} is not built yet (the TT "
                                 "speculative backend has no forced-token step; plain decoding on TT takes it)")
             from ..checkpoint import load_checkpoint
-            from ..tt.mtp_drafter import TTMTPDrafter
+            from ..tt.spec.mtp_drafter import TTMTPDrafter
 
             drafter = TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
         target, with_mtp = load_tt_target(ckpt, args.device, precision=args.precision), False

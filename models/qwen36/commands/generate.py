@@ -37,7 +37,7 @@ def add_parser(sub, name: str) -> None:
     p.set_defaults(run=run)
 
 
-# The TT precision presets (tt/model_config.py PrecisionSetting.named) and the one `generate` uses unless told.
+# The TT precision presets (tt/model/model_config.py PrecisionSetting.named) and the one `generate` uses unless told.
 TT_PRECISIONS = ("accuracy", "performance", "performance-bf4")
 DEFAULT_TT_PRECISION = "performance"
 

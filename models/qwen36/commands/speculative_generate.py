@@ -44,9 +44,9 @@ def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, preci
     """TTSpecBackend on ``device`` (emulated-p150x2, p150x2, ...): traced verify+accept / commit+MTP draft;
     ``depths``: every draft depth a depth controller may pick (per-depth traces over one device state)."""
     from ..checkpoint import load_checkpoint
-    from ..tt.generator import load_tt_target
-    from ..tt.mtp_drafter import TTMTPDrafter
-    from ..tt.spec_backend import TTSpecBackend
+    from ..tt.runtime.generator import load_tt_target
+    from ..tt.spec.mtp_drafter import TTMTPDrafter
+    from ..tt.spec.spec_backend import TTSpecBackend
 
     block = 32
     gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,
@@ -64,9 +64,9 @@ def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int,
 
     from ..checkpoint import load_checkpoint
     from ..speculative.sampling import SamplingParams
-    from ..tt.batch_spec import TTBatchSpecBackend, verify_slots
-    from ..tt.generator import load_tt_target
-    from ..tt.mtp_drafter import TTBatchMTPDrafter
+    from ..tt.spec.batch_spec import TTBatchSpecBackend, verify_slots
+    from ..tt.runtime.generator import load_tt_target
+    from ..tt.spec.mtp_drafter import TTBatchMTPDrafter
 
     slots = verify_slots(users, k)
     if slots != users:
@@ -112,7 +112,7 @@ def depth_policy(spec_k, device: str, config=None):
     if not device.startswith("reference"):
         if config is None:
             raise ValueError("--spec-k auto on a TT device needs the model config (the verify bounds K by head_dim)")
-        from ..tt.verify import max_spec_tiles
+        from ..tt.spec.verify import max_spec_tiles
 
         k_max = max_spec_tiles(config.head_dim) - 1
     return DepthPolicy.load().controller(cost_key(device), k_max=k_max)

@@ -45,7 +45,7 @@ def int_tensor(seed: int, *shape: int, scale: float = 2.0 ** -12) -> torch.Tenso
 
 
 def op_fingerprints() -> dict:
-    from ..tt.model_config import compute_config_norm
+    from ..tt.model.model_config import compute_config_norm
     from ..tt_ops.device import open_mesh
 
     out = {}
@@ -143,10 +143,10 @@ def model_fingerprints() -> dict:
     from ..checkpoint import load_checkpoint
     from ..speculative.engine import speculative_generate
     from ..speculative.sampling import SamplingParams
-    from ..tt.batch_spec import TTBatchSpecBackend
-    from ..tt.generator import TTGenerator
-    from ..tt.mtp_drafter import TTBatchMTPDrafter, TTMTPDrafter
-    from ..tt.spec_backend import TTSpecBackend
+    from ..tt.spec.batch_spec import TTBatchSpecBackend
+    from ..tt.runtime.generator import TTGenerator
+    from ..tt.spec.mtp_drafter import TTBatchMTPDrafter, TTMTPDrafter
+    from ..tt.spec.spec_backend import TTSpecBackend
 
     ckpt = files("qwen36") / "default_checkpoint"
     reader = load_checkpoint(ckpt, require_mtp=True)

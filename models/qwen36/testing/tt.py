@@ -16,11 +16,11 @@ from ..checkpoint import load_checkpoint
 from ..config import FULL, Qwen36Config
 from ..reference.model import Qwen36Model
 from ..tiny import PRESETS, random_weights, write_checkpoint
-from ..tt.attention import AttentionContext
-from ..tt.model import TTDecoderLayer, TTQwen36Model
-from ..tt.model_config import PrecisionSetting, TTModelArgs
-from ..tt.state import GDNLayerState, allocate_decode_inputs, allocate_state
-from ..tt.weights import WeightLoader
+from ..tt.model.attention import AttentionContext
+from ..tt.model.model import TTDecoderLayer, TTQwen36Model
+from ..tt.model.model_config import PrecisionSetting, TTModelArgs
+from ..tt.model.state import GDNLayerState, allocate_decode_inputs, allocate_state
+from ..tt.model.weights import WeightLoader
 
 
 def tp4_config() -> Qwen36Config:
@@ -33,7 +33,7 @@ def small_tt_generator(ckpt, **kw):
     """The emulated-mesh TT generator the speculative and sampling tests share: accuracy preset, 128-token
     sequences in 32-token KV blocks, no progress bars; ``kw`` adds what a test needs (``require_mtp``,
     ``prefill_chunk``, ...)."""
-    from ..tt.generator import TTGenerator
+    from ..tt.runtime.generator import TTGenerator
 
     return TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=128,
                                        progress=False, block_size=32, **kw)

@@ -48,7 +48,7 @@ def acceptor_host_draft_probs(acc, probs: torch.Tensor):
 
 def _k_head_order(head) -> torch.Tensor:
     """The device K cache stores each head's dims in the RoPE order (weights.rope_head_permutation)."""
-    from qwen36.tt.weights import rope_head_permutation
+    from qwen36.tt.model.weights import rope_head_permutation
 
     c = head.args.cfg
     return rope_head_permutation(c.head_dim, c.rotary_dim)

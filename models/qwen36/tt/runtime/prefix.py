@@ -25,9 +25,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ..errors import UserError
-from ..prefix_cache import Lease, Node, PrefixCache
-from .state import GDNLayerState, KVLayerState, TTModelState
+from ...errors import UserError
+from ...prefix_cache import Lease, Node, PrefixCache
+from ..model.state import GDNLayerState, KVLayerState, TTModelState
 
 _BYTES = {"bfloat16": 2.0, "float32": 4.0, "bfloat8_b": 1088 / 1024, "bfloat4_b": 576 / 1024, "int32": 4.0,
           "uint32": 4.0}

@@ -103,7 +103,7 @@ class TTCCL:
         and one semaphore), against the composite form's reduce-scatter + all-gather (two of each). ttnn 0.81.1
         refuses this form for a DRAM input on Blackhole and for any layout but WIDTH_SHARDED (its device op's
         validation; the emulator applies it), so only a result that is already L1 width-sharded (the DRAM-sharded
-        MLP down projection, tt/mlp.py) takes it. Needs :meth:`prepare_reduce_buffer` first."""
+        MLP down projection, tt/model/mlp.py) takes it. Needs :meth:`prepare_reduce_buffer` first."""
         key = self._buffer_key(memory_config, t.dtype)
         if key not in self._reduce_buffers:
             raise RuntimeError(f"all_reduce_sharded: no persistent buffer for {key}; call prepare_reduce_buffer "

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..config import FULL, Qwen36Config
-from ..errors import UserError
+from ...config import FULL, Qwen36Config
+from ...errors import UserError
 
 
 class TPSplitError(UserError, ValueError):
@@ -158,7 +158,7 @@ class TTModelArgs:
             need(c.num_attention_heads, "num_attention_heads", "each device owns whole query heads")
         need(c.linear_num_key_heads, "linear_num_key_heads", "each device owns whole GDN key-head groups")
         if c.is_moe:
-            # every expert (and the shared expert) is tensor-parallel over its intermediate dim (tt/moe.py says why)
+            # every expert (and the shared expert) is tensor-parallel over its intermediate dim (tt/model/moe.py says why)
             need(c.moe_intermediate_size, "moe_intermediate_size", "each expert's gate/up column-parallel, down row-parallel")
             need(c.shared_expert_intermediate_size, "shared_expert_intermediate_size",
                  "shared expert gate/up column-parallel, down row-parallel")
@@ -274,7 +274,7 @@ def uses_dram_sharded_weights(args: "TTModelArgs", group: TensorGroup, k: int, n
     matmuls alike). A MoE model's only dense MLP is its shared expert (3 x 2048 x 256 bf8 per device at 35B-A3B,
     1.7 MB: about 0.6 us per layer saved at the DRAM-sharded rate), where the MLP's two extra reshard programs
     (8 us of dispatch) cost more than the bandwidth saves, so it stays interleaved; its LM head stays interleaved
-    too, as the MoE figures in docs/tt_moe.md were recorded."""
+    too, as the MoE figures (docs/tt_model.md) were recorded."""
     return (args.decode_matmuls == "dram_sharded" and group in DRAM_SHARDED_GROUPS and not args.cfg.is_moe
             and k % TILE == 0 and n % TILE == 0)
 
@@ -486,7 +486,7 @@ def compute_config_exact_select(ttnn):
 
 
 def compute_config_exact_count(ttnn):
-    """Acceptance and sampling reductions (tt/accept.py, tt/sampler.py): sums of 0/1 masks that become token ids
+    """Acceptance and sampling reductions (tt/spec/accept.py, tt/runtime/sampler.py): sums of 0/1 masks that become token ids
     and accepted counts, and of probabilities. HiFi4 with fp32 dest accumulation keeps integer sums exact below
     2**24 (a bf16 dest would round ids above 256); no L1 packer accumulation, these are single-tile reductions."""
     return ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,

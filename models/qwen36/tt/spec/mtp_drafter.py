@@ -1,20 +1,20 @@
-"""The device drafters of the TT speculative step: the MTP head (tt/mtp.py) driven inside the commit trace, with
-argmax or sampled draft picks (tt/sampler.py); :class:`TTBatchMTPDrafter`, the same head packed over the user
-slots of the batched backend (tt/batch_spec.py)."""
+"""The device drafters of the TT speculative step: the MTP head (tt/spec/mtp.py) driven inside the commit trace, with
+argmax or sampled draft picks (tt/runtime/sampler.py); :class:`TTBatchMTPDrafter`, the same head packed over the user
+slots of the batched backend (tt/spec/batch_spec.py)."""
 from __future__ import annotations
 
 from typing import Sequence
 
 import torch
 
-from .model_config import TensorGroup
+from ..model.model_config import TensorGroup
 from .mtp import TTBatchMTPHead, TTMTPHead, load_tt_batch_mtp, load_tt_mtp
-from .sampler import SampledDraftPick, argmax_pick
+from ..runtime.sampler import SampledDraftPick, argmax_pick
 from .verify import SpecDeviceState
 
 
 class TTMTPDrafter:
-    """Device drafter: the TT MTP head (models/qwen36/tt/mtp.py). Reseed over the K+1 verify rows (tokens = the
+    """Device drafter: the TT MTP head (models/qwen36/tt/spec/mtp.py). Reseed over the K+1 verify rows (tokens = the
     acceptor's result, hidden = the verify's post-norm rows), select row a, chain K-1 drafts: all inside the
     commit trace, writing the drafts buffer the next verify reads.
 
@@ -146,7 +146,7 @@ class TTMTPDrafter:
 
 
 class TTBatchMTPDrafter:
-    """Device drafter of the batched backend (tt/batch_spec.py ``TTBatchSpecBackend``): one
+    """Device drafter of the batched backend (tt/spec/batch_spec.py ``TTBatchSpecBackend``): one
     :class:`~.mtp.TTBatchMTPHead` over the backend's B slots at the backend's verify depth K, every user's reseed and
     chain packed into the same device ops (per-user positions, per-slot MTP pages). Draft choice follows the
     backend's SamplingParams as the single-user drafter's does: argmax (greedy, or ``draft="greedy"``: one-hot

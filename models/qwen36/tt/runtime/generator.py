@@ -28,16 +28,16 @@ from pathlib import Path
 import torch
 from loguru import logger
 
-from ..checkpoint import load_checkpoint
-from ..speculative.plain import PlainResult
-from ..speculative.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
-from .model import DecodeOutputs, TTQwen36Model
+from ...checkpoint import load_checkpoint
+from ...speculative.plain import PlainResult
+from ...speculative.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
+from ..model.model import DecodeOutputs, TTQwen36Model
 from .prefix import TTPrefillResult, prefill as tt_prefix_prefill
-from .model_config import PrecisionSetting, TTModelArgs
+from ..model.model_config import PrecisionSetting, TTModelArgs
 from .sampler import DeviceSampler, SamplerStages
-from .state import TTModelState, allocate_decode_inputs, allocate_state, reset_state
+from ..model.state import TTModelState, allocate_decode_inputs, allocate_state, reset_state
 from .trace import TracedStep
-from .weights import WeightLoader
+from ..model.weights import WeightLoader
 
 DEFAULT_TRACE_REGION = 64 * 1024 * 1024  # bytes reserved for the decode trace (27B decode trace: a few MB)
 
@@ -169,7 +169,7 @@ class TTGenerator:
         return s
 
     def prefill_cached(self, prompt: list[int], cache) -> "TTPrefillResult":
-        """Reset and prefill through the prefix cache (``tt/prefix.py``: resume from the longest cached block
+        """Reset and prefill through the prefix cache (``tt/runtime/prefix.py``: resume from the longest cached block
         boundary, device copies only). The result's lease holds the prompt's blocks until released."""
         self.reset()
         return tt_prefix_prefill(self.model, self.state, list(prompt), cache)
@@ -258,7 +258,7 @@ class TTGenerator:
     @torch.no_grad()
     def greedy_batch(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...] = (),
                      buckets=None) -> list[list[int]]:
-        """Plain greedy decoding of several users as one TT batch (tt/batch.py): a decoder of the smallest bucket
+        """Plain greedy decoding of several users as one TT batch (tt/runtime/batch.py): a decoder of the smallest bucket
         holding every prompt, one traced forward per step over all its slots; each user's tokens are its own
         batch-1 greedy tokens."""
         from .batch import DEFAULT_BUCKETS, TTBatchDecoder, batched_greedy, bucket_for

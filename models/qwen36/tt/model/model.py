@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import FULL
+from ...config import FULL
 from .attention import AttentionContext, TTGatedAttention
 from .ccl import ccl_for
 from .gdn import TTGatedDeltaNet

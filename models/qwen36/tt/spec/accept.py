@@ -5,7 +5,7 @@ is a composition of ttnn ops: no host reads or writes, no tensor creation (const
 and the persistent result buffers are made in :meth:`DeviceAcceptor.allocate`, before any capture), so a
 caller can record :meth:`DeviceAcceptor.greedy` / :meth:`DeviceAcceptor.stochastic` inside its traced spec
 step. Semantics are those of the reference engine (``models/qwen36/speculative/acceptance.py`` and
-``speculative/sampling.py``); see docs/tt_accept.md for the derivation, approximations and card caveats.
+``speculative/sampling.py``); see docs/tt_spec.md ("Acceptance on device") for the semantics and card caveats.
 
 Shapes (B = batch/users, K = draft depth, R = K + 1 verify rows, V = vocab; all 4-D, TILE unless noted):
 
@@ -40,9 +40,9 @@ from qwen36.errors import UserError
 from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID
 from qwen36.speculative.sampling import SamplingParams
 
-from .ccl import ccl_for
-from .model_config import compute_config_exact_count
-from .sampler import TokenCounts, UniformTable, inverse_cdf_draw, penalize, probs_from_logits
+from ..model.ccl import ccl_for
+from ..model.model_config import compute_config_exact_count
+from ..runtime.sampler import TokenCounts, UniformTable, inverse_cdf_draw, penalize, probs_from_logits
 
 RESULT_EXTRA_COLS = 2  # accepted count, RNG row
 MAX_EXACT_FP32_INT = 1 << 24  # token ids / counts are carried in fp32: exact below 2**24

@@ -16,9 +16,9 @@ the host inside a capture; between replays the host writes only draft tokens whe
 (tests / no device MTP), never state.
 
 Drafting: ``drafter`` is either an object with ``device_draft(step_state, vout)`` (the device MTP,
-``tt/mtp_drafter.py``; runs inside trace B and writes ``step_state.drafts``) or a host callable
+``tt/spec/mtp_drafter.py``; runs inside trace B and writes ``step_state.drafts``) or a host callable
 ``(history: list[int], k) -> list[int]`` (written into the drafts buffer with copy_host_to_device_tensor before the
-verify replay). Capture and replay go through ``tt/trace.py``.
+verify replay). Capture and replay go through ``tt/runtime/trace.py``.
 
 Draft depth per step (``depths=``, what ``--spec-k auto`` builds): the next step's drafts are made on device
 inside the current step's commit, so the depth K' of step n+1 must be known before step n's commit is launched.
@@ -27,7 +27,7 @@ accept() just read back (the step's one device->host transfer), so choosing K ad
 has its own acceptor, drafts buffer, row constants, MTP head view and (shadow_commit) ring, all allocated at the
 first step of a generation, and all of them are views of ONE device state: position, pending token, KV caches,
 conv windows, live GDN state (snapshot/recompute buffers), the MTP KV cache, the acceptance RNG stream and the
-penalty token counts (``tt/sampler.py`` ``TokenCounts``: every depth's acceptor reads and commits the same
+penalty token counts (``tt/runtime/sampler.py`` ``TokenCounts``: every depth's acceptor reads and commits the same
 buffers) are shared. Per step:
 
     trace verify:K            verify + acceptance at depth K (as above)
@@ -51,15 +51,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..speculative.engine import Acceptance, MechanismCounters
-from ..speculative.mechanisms import DEFAULT_MECHANISM
-from ..speculative.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
+from ...speculative.engine import Acceptance, MechanismCounters
+from ...speculative.mechanisms import DEFAULT_MECHANISM
+from ...speculative.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
 from .accept import DeviceAcceptor
 from .commit import abort_after_verify, commit
-from .generator import TTGenerator
-from .prefix import prefill as tt_prefix_prefill
+from ..runtime.generator import TTGenerator
+from ..runtime.prefix import prefill as tt_prefix_prefill
 from .mechanisms import TTMechanism, tt_mechanism
-from .trace import StepTraces
+from ..runtime.trace import StepTraces
 from .verify import SpecDeviceState, VerifyOutputs, check_verify_shape
 
 
@@ -72,7 +72,7 @@ class _DepthBuffers:
 
 
 class TTSpecBackend:
-    slots = 1  # one user; tt/batch_spec.py holds several
+    slots = 1  # one user; tt/spec/batch_spec.py holds several
 
     def __init__(self, gen: TTGenerator, mechanism: str | TTMechanism = DEFAULT_MECHANISM, drafter: Any = None,
                  use_trace: bool = True, rng: str = "device", depths: Sequence[int] | None = None,
@@ -81,11 +81,11 @@ class TTSpecBackend:
         generation (the first draft()'s K), the single-depth traces "verify" / "commit"."""
         mechanism = tt_mechanism(mechanism)
         if drafter is None:
-            raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/mtp_drafter.py) or a "
+            raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/spec/mtp_drafter.py) or a "
                              "host callable (history, k) -> k draft ids")
         self.gen, self.model, self.state = gen, gen.model, gen.state
-        self.prefix_cache = prefix_cache  # qwen36.prefix_cache.PrefixCache (tt/prefix.py; the MTP prefill is redone)
-        self.last_prefill = None  # tt/prefix.py TTPrefillResult of the last prompt (tokens reused, its lease)
+        self.prefix_cache = prefix_cache  # qwen36.prefix_cache.PrefixCache (tt/runtime/prefix.py; the MTP prefill is redone)
+        self.last_prefill = None  # tt/runtime/prefix.py TTPrefillResult of the last prompt (tokens reused, its lease)
         self.ttnn, self.mesh = gen.ttnn, gen.mesh
         self.mechanism, self.drafter, self.use_trace, self.rng = mechanism, drafter, use_trace, rng
         self.device_drafter = hasattr(drafter, "device_draft")
@@ -113,6 +113,26 @@ class TTSpecBackend:
         self._by_k: dict[int, _DepthBuffers] = {}
         self._next_k: int | None = None  # depth of the drafts now on device (made by the last commit)
         self._planned_k: int | None = None  # plan_next_depths() of the open step
+
+    @property
+    def phase(self) -> str:
+        """Where the open step stands: idle -> drafted -> verified -> accepted (-> idle after commit or abort)."""
+        return self._phase
+
+    @property
+    def depth(self) -> int | None:
+        """K of the open (or last) step; None before the first draft of a generation."""
+        return self._k
+
+    @property
+    def next_depth(self) -> int | None:
+        """K of the drafts already on device for the next step (made inside the last commit); None before it."""
+        return self._next_k
+
+    @property
+    def traces(self) -> StepTraces:
+        """The captured verify / commit traces (per depth), read-only for callers counting captures."""
+        return self._traces
 
     @property
     def config(self):

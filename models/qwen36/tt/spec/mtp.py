@@ -40,7 +40,7 @@ Host/device boundary of the traced step (all buffers persistent, allocated by :m
  -> draft_tokens [1, 1, 1, K] uint32 ROW_MAJOR, draft_logits [1, 1, K, V] fp32 TILE (persistent outputs;
     ``DeviceAcceptor.greedy/stochastic(logits, draft_tokens, probs_from_logits(draft_logits))`` take them).
 
-:class:`TTBatchMTPHead` is the same layer packed over the B user slots of the batched backend (tt/batch_spec.py):
+:class:`TTBatchMTPHead` is the same layer packed over the B user slots of the batched backend (tt/spec/batch_spec.py):
 a B-slot MTP KV cache, the reseed over every user's verify rows in one forward (user b's rows as virtual users on
 its own pages) and a chain of B rows per step; its class doc gives the layout.
 """
@@ -52,15 +52,15 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import FULL
-from .attention import AttentionContext, TTGatedAttention
-from .ccl import ccl_for
-from .model import TTDecoderLayer, TTQwen36Model, lm_head_logits
-from .model_config import (TensorGroup, activation_memory_config, compute_config_matmul, compute_config_norm,
+from ...config import FULL
+from ..model.attention import AttentionContext, TTGatedAttention
+from ..model.ccl import ccl_for
+from ..model.model import TTDecoderLayer, TTQwen36Model, lm_head_logits
+from ..model.model_config import (TensorGroup, activation_memory_config, compute_config_matmul, compute_config_norm,
                            kv_update_input_memory_config, sdpa_decode_program_config, state_memory_config)
-from .sampler import DRAFT_UNIFORMS_PER_ROW, UniformTable, argmax_pick, draft_uniform_seeds, inverse_cdf_draw
-from .state import KVLayerState, new_layer_state
-from .weights import MTPWeights
+from ..runtime.sampler import DRAFT_UNIFORMS_PER_ROW, UniformTable, argmax_pick, draft_uniform_seeds, inverse_cdf_draw
+from ..model.state import KVLayerState, new_layer_state
+from ..model.weights import MTPWeights
 
 PLACEHOLDER_SUBSTITUTE = 0  # token id fed for acceptor placeholders (-1) in reseed rows past a (relu(-1) = 0)
 
@@ -398,7 +398,7 @@ class TTMTPHead:
 
 
 class TTBatchMTPHead(TTMTPHead):
-    """The MTP head packed over the B user slots of the batched speculative backend (tt/batch_spec.py): one MTP
+    """The MTP head packed over the B user slots of the batched speculative backend (tt/spec/batch_spec.py): one MTP
     KV cache of B slots (slot b's pages = row b of :attr:`page_table`), the reseed over every user's K+1 verify
     rows in ONE body forward of B*(K+1) rows, row a_b of each user selected by one row gather, and a chain of K
     steps of B rows each (one row per user). Argmax drafts, or (:meth:`enable_sampling`) drafts sampled on device
@@ -655,7 +655,7 @@ class TTBatchMTPHead(TTMTPHead):
 
 def load_tt_batch_mtp(target: TTQwen36Model, reader, k: int, slots: int, cache_dir=None) -> TTBatchMTPHead:
     """Convert ``mtp.*`` of ``reader`` for ``target``'s mesh/precision and allocate the B-slot head."""
-    from .weights import WeightLoader, load_mtp_weights
+    from ..model.weights import WeightLoader, load_mtp_weights
 
     loader = WeightLoader(reader, target.args, target.ttnn, target.mesh, cache_dir, progress=False)
     return TTBatchMTPHead(target, load_mtp_weights(loader), k, slots).allocate()
@@ -663,7 +663,7 @@ def load_tt_batch_mtp(target: TTQwen36Model, reader, k: int, slots: int, cache_d
 
 def load_tt_mtp(target: TTQwen36Model, reader, k: int, cache_dir=None, pick=None) -> TTMTPHead:
     """Convert ``mtp.*`` of ``reader`` for ``target``'s mesh/precision and allocate the head."""
-    from .weights import WeightLoader, load_mtp_weights
+    from ..model.weights import WeightLoader, load_mtp_weights
 
     loader = WeightLoader(reader, target.args, target.ttnn, target.mesh, cache_dir, progress=False)
     return TTMTPHead(target, load_mtp_weights(loader), k, pick=pick).allocate()

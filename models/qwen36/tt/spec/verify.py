@@ -13,12 +13,12 @@ From n the verify derives on device: rope rows (uint32 [1, T]), the SDPA bounds 
 (int32 [G*T], G = Hkv/N); from the page table, the physical KV cache row of every row (int32 [1, T]) and the
 per-KV-head table ``pt*G + h`` ([G, blocks] int32). Attention: ONE ``indexed_fused_update_cache`` writes the K+1
 rows of K and V, then ONE paged SDPA decode in multi-position mode (``spec_multi_pos_tiles=T``) with one group per local KV head
-over a per-head view of the cache: every candidate shares one scan of each KV head (``tt/attention.py``
+over a per-head view of the cache: every candidate shares one scan of each KV head (``tt/model/attention.py``
 ``attend_verify``). GDN: ``fused_recurrent_gated_delta_rule`` over the T rows, routed by the commit mechanism
-(``tt/mechanisms.py``): shadow_commit in ring mode (per-token states in place, head h starting from ring block
+(``tt/spec/mechanisms.py``): shadow_commit in ring mode (per-token states in place, head h starting from ring block
 ``initial_state_block_idx[h]`` = the slot the previous commit selected), snapshot on the live state (after copying
 it), recompute on a scratch copy. The conv window of every
-GDN layer is kept for the commit (``models/qwen36/tt/commit.py``), which selects the accepted row's window.
+GDN layer is kept for the commit (``models/qwen36/tt/spec/commit.py``), which selects the accepted row's window.
 
 Limits (refused clearly by :func:`check_verify_shape`): the kernel's multi-position mode takes one KV head per
 cache (the emulator enforces the same), which the per-head view satisfies for any Hkv/N; the query heads of one KV
@@ -32,13 +32,13 @@ from typing import Any
 
 import torch
 
-from ..config import FULL
-from ..errors import UserError
-from .attention import AttentionContext
+from ...config import FULL
+from ...errors import UserError
+from ..model.attention import AttentionContext
 from .mechanisms import GDNStateBytes, SpecLayerBuffers, TTMechanism, tt_mechanism
-from .model import DecodeOutputs, TTQwen36Model
-from .model_config import TensorGroup, compute_config_exact_count, state_memory_config
-from .state import GDNLayerState, TTModelState
+from ..model.model import DecodeOutputs, TTQwen36Model
+from ..model.model_config import TensorGroup, compute_config_exact_count, state_memory_config
+from ..model.state import GDNLayerState, TTModelState
 
 SPEC_TILES_AT_HD256 = 11  # multi-position paged SDPA fits about 11 candidate rows per core at head_dim 256 (L1 budget)
 
@@ -112,7 +112,7 @@ class VerifyOutputs:
 class SpecDeviceState:
     """Persistent device buffers of the speculative step for one model state and one K (see module doc)."""
 
-    plan_class = VerifyPlan  # what a verify records into (tt/batch_spec.py plugs in its batched plan)
+    plan_class = VerifyPlan  # what a verify records into (tt/spec/batch_spec.py plugs in its batched plan)
 
     def __init__(self, model: TTQwen36Model, state: TTModelState, k: int, mechanism: str | TTMechanism,
                  shared: "SpecDeviceState | None" = None):

@@ -1,4 +1,4 @@
-"""Device sampling building blocks shared by the acceptor (tt/accept.py) and the MTP drafter's sampled picks.
+"""Device sampling building blocks shared by the acceptor (tt/spec/accept.py) and the MTP drafter's sampled picks.
 
 * :class:`UniformTable`: a persistent fp32 table of uniforms plus a device-resident row counter. A traced step
   gathers the row at the counter (``ttnn.embedding``) and advances the counter in place; no RNG op runs inside a
@@ -11,7 +11,7 @@
 * :func:`penalize` and :func:`probs_from_logits`: the device twin of ``speculative.sampling``'s transform
   (penalties -> temperature -> min_p -> top-k -> top-p -> softmax) with one user's parameters as scalars, which
   the acceptor and the draft pick share; the plain-decode sampler runs the same steps with per-row operands.
-* :func:`argmax_pick` and :class:`SampledDraftPick`: the ``pick`` hooks of the MTP draft chain (tt/mtp.py).
+* :func:`argmax_pick` and :class:`SampledDraftPick`: the ``pick`` hooks of the MTP draft chain (tt/spec/mtp.py).
 * :class:`DeviceSampler`: plain decoding's token pick inside the traced decode step, for ``rows`` users at once
   (batch 1 is ``rows=1``): each row greedy or sampled with its own user's parameters and seeded stream, penalties
   from device-resident token counts updated in place, raw logprobs; only a few numbers per row cross to the host.
@@ -27,7 +27,7 @@ import torch
 
 from qwen36.speculative.sampling import SamplingParams, TokenLogprobs
 
-from .model_config import compute_config_exact_count
+from ..model.model_config import compute_config_exact_count
 
 RNG_SOURCES = ("device", "host")
 
@@ -223,7 +223,7 @@ DRAFT_UNIFORMS_PER_ROW = 32  # one tile row of uniforms per chain: draft i uses 
 def draft_uniform_seeds(seed: int):
     """(device_seed(refill), host_seed) of the draft picks' uniform stream for ``seed``: nonzero, deterministic per
     (seed, refill), a different affine map than the acceptor's seeds (independent streams). Shared by the
-    single-user :class:`SampledDraftPick` and the batched MTP head's sampled chain (tt/mtp.py)."""
+    single-user :class:`SampledDraftPick` and the batched MTP head's sampled chain (tt/spec/mtp.py)."""
     s = int(seed)
     return ((lambda refill: (s * 2_246_822_519 + refill * 3_266_489_917 + 0x5EED) % 0x7FFFFFFF or 1),
             (s * 0x9E3779B1 + 0x5EED) % (1 << 62))

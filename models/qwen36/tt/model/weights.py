@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..checkpoint import CheckpointReader
-from ..config import FULL
-from ..reference.layers import rope_cos_sin
+from ...checkpoint import CheckpointReader
+from ...config import FULL
+from ...reference.layers import rope_cos_sin
 from .model_config import TensorGroup, TTModelArgs, dram_bank_count, matrix_memory_config, weight_memory_config
 
 
@@ -346,7 +346,7 @@ class MTPWeights:
 
 def load_mtp_weights(loader: WeightLoader) -> MTPWeights:
     """Convert the ``mtp.*`` tensors (15 for a dense config; the layer's MLP is the MoE block for a MoE one) with ``loader`` (same cache directory / precision as the target).
-    ``mtp.fc`` is column-parallel (see models/qwen36/tt/mtp.py for why) and uses the ATTN_QKV precision."""
+    ``mtp.fc`` is column-parallel (see models/qwen36/tt/spec/mtp.py for why) and uses the ATTN_QKV precision."""
     if not loader.reader.has_mtp:
         raise ValueError(f"{loader.reader.path}: checkpoint has no 'mtp.*' tensors (MTP head needed for drafting)")
     p = "mtp."

@@ -1,7 +1,7 @@
 """Qwen3.6 model class for the vllm-tt plugin (tenstorrent/vllm-tt-plugin): a thin adapter over
 :class:`TTGenerator` (prefill, plain decode) and :class:`TTSpecBackend` with the device MTP drafter (verify +
 on-device greedy acceptance + commit + next drafts). vLLM is not imported here (not a dependency); the plugin's
-contract value types come from :mod:`qwen36.tt.vllm_types`.
+contract value types come from :mod:`qwen36.tt.serving.vllm_types`.
 
 Written against the plugin's runner as it calls a model (model_runner.py, async_decode.py, worker.py, loader.py,
 platform.py at tenstorrent/vllm-tt-plugin e3fc849; the speculative side from spec_decode.py, spec_admission.py,
@@ -81,24 +81,24 @@ from pathlib import Path
 import torch
 from loguru import logger
 
-from ..checkpoint import load_checkpoint
-from ..config import FULL, LINEAR, Qwen36Config
-from ..speculative.depth import DepthPolicy, cost_key
-from ..speculative.mechanisms import DEFAULT_MECHANISM
-from ..speculative.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
-from ..tt_ops.device import ttnn_for_mesh
+from ...checkpoint import load_checkpoint
+from ...config import FULL, LINEAR, Qwen36Config
+from ...speculative.depth import DepthPolicy, cost_key
+from ...speculative.mechanisms import DEFAULT_MECHANISM
+from ...speculative.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
+from ...tt_ops.device import ttnn_for_mesh
 from . import vllm_types as vt
-from .accept import UNIFORMS_PER_ROW
-from .batch import DEFAULT_BUCKETS, FREE
-from .batch_buckets import BucketedBatchDecoder
-from .generator import TTGenerator
-from .model import TTQwen36Model
-from .model_config import PrecisionSetting, TTModelArgs
-from .mtp_drafter import TTMTPDrafter
-from .spec_backend import TTSpecBackend
-from .state import KVLayerState, allocate_state, new_layer_state
-from .verify import max_spec_tiles
-from .weights import WeightLoader
+from ..spec.accept import UNIFORMS_PER_ROW
+from ..runtime.batch import DEFAULT_BUCKETS, FREE
+from ..runtime.batch_buckets import BucketedBatchDecoder
+from ..runtime.generator import TTGenerator
+from ..model.model import TTQwen36Model
+from ..model.model_config import PrecisionSetting, TTModelArgs
+from ..spec.mtp_drafter import TTMTPDrafter
+from ..spec.spec_backend import TTSpecBackend
+from ..model.state import KVLayerState, allocate_state, new_layer_state
+from ..spec.verify import max_spec_tiles
+from ..model.weights import WeightLoader
 
 MAX_BATCH = max(DEFAULT_BUCKETS)  # plain decode: one TTBatchDecoder slot per vLLM sequence
 MAX_K = UNIFORMS_PER_ROW - 1  # the device acceptor draws K accept uniforms + 1 per row (one tile row)
@@ -448,7 +448,7 @@ class Qwen36ForCausalLM:
         if self.spec_depth == "fixed":
             return {"mode": "fixed", "depths": (self.spec_k,) if self.spec_k else (), "next_k": self.spec_k}
         be = self.spec_backend
-        nxt = be._next_k if be is not None and be._k is not None else self._first_k
+        nxt = be.next_depth if be is not None and be.depth is not None else self._first_k
         return {"mode": "auto", "depths": tuple(self.controller.depths), "next_k": nxt,
                 "costs": self.controller.describe()}
 
@@ -942,17 +942,17 @@ class Qwen36ForCausalLM:
         if width < self.controller.k_max:
             raise ValueError(f"verify block width K={width} < the deepest step {self.controller.k_max}")
         be = self.spec_backend
-        if be._k is not None:
-            return be._next_k
+        if be.depth is not None:
+            return be.next_depth
         if self._first_k is None:
             self._first_k = self.controller.choose()
         return self._first_k
 
     def _draft(self, k: int) -> None:
-        if self.spec_backend._phase != "drafted":
+        if self.spec_backend.phase != "drafted":
             self.spec_backend.draft({0: k})  # first call at this K: allocates, MTP prefill + first chain
-        elif k != self.spec_backend._k:
-            raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec_backend._k})")
+        elif k != self.spec_backend.depth:
+            raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec_backend.depth})")
 
     @stops_on_device_failure
     @torch.no_grad()
@@ -995,7 +995,7 @@ class Qwen36ForCausalLM:
             return
         if int(slot) != 0:
             raise ValueError(f"release_request(slot={slot}): the only state slot is 0")
-        if self.spec_backend is not None and self.spec_backend._phase == "drafted":
+        if self.spec_backend is not None and self.spec_backend.phase == "drafted":
             self.spec_backend.abort()  # the outstanding proposal belongs to the released request
         self._mode, self._accepted_count = None, None
         self._prompt, self._sampling, self._emitted, self._request_seed = None, None, [], None

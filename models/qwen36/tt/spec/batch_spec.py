@@ -6,14 +6,14 @@ One step, K fixed per backend (the verify width; a user drafts k_b <= K):
 
     host:             the step's row inputs (RoPE rows, physical KV rows, SDPA bounds, row mask, active flags,
                       and the MTP's reseed and chain positions) into persistent buffers
-    trace draft:      the device MTP chain (``tt/mtp.py`` ``TTBatchMTPHead``): K drafts (argmax or sampled) for every
+    trace draft:      the device MTP chain (``tt/spec/mtp.py`` ``TTBatchMTPHead``): K drafts (argmax or sampled) for every
                       user, B rows per chain step, written into the verify's token rows and the acceptor's drafts
                       [with a host drafter instead: its drafts written from the host, no draft trace]
     trace verify:     ONE target forward over B x (K+1) rows (user b's rows at b*(K+1)..), on-device acceptance of
                       every user ([1, B, K+1, V] logits -> per-user count + tokens)
     host:             read the acceptor's result (the step's one device->host transfer)
     trace commit:     per user, on device: conv window rows a_b+1.., the commit mechanism's per-user state select,
-                      masked re-advance from the user's own rows (``tt/commit.py`` ``commit_gdn_layers``);
+                      masked re-advance from the user's own rows (``tt/spec/commit.py`` ``commit_gdn_layers``);
                       then the MTP reseed over every stepping user's verified rows (its own positions, its own
                       MTP pages), row a_b of each user kept as the start of its next chain
 
@@ -30,7 +30,7 @@ row of a slot not in the step (a free slot, or a user sitting out), are inert:
 No op mixes users: matmuls, norms and the LM head are row-wise, the conv unfold reads each user's own window, the
 recurrence has one batch entry per user, and each SDPA group is one (user, KV head) pair.
 
-Mechanisms (the same ``tt/mechanisms.py`` objects the single-user backend uses, on B-slot shapes):
+Mechanisms (the same ``tt/spec/mechanisms.py`` objects the single-user backend uses, on B-slot shapes):
 * snapshot: live recurrent + conv of every slot copied before the verify; the commit re-advances each user's rows
   <= a_b from the copy.
 * recompute: the verify runs on a scratch copy; the commit re-advances live the same masked way.
@@ -43,7 +43,7 @@ Traces: one "draft" (device drafter), one "verify" and one "commit" per backend 
 step runs eagerly, the second captures, every later step replays. Joins and leaves run eagerly between replays
 inside the decoder's ``corruptible_allocation_scope`` (no retrace).
 
-Drafting: the batched device MTP (``tt/mtp_drafter.py`` ``TTBatchMTPDrafter``), every user's reseed and chain packed
+Drafting: the batched device MTP (``tt/spec/mtp_drafter.py`` ``TTBatchMTPDrafter``), every user's reseed and chain packed
 into the same device ops; or a host drafter ``(history, k) -> k ids`` per user (tests and probes; written to
 device between replays, the label then says "+ host drafter"). Unlike the single-user backend, the chain runs in
 its own trace at draft() rather than at the end of the commit: the next step's per-user depths (which rows of the
@@ -65,18 +65,18 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..errors import UserError
-from ..speculative.engine import Acceptance, MechanismCounters
-from ..speculative.mechanisms import DEFAULT_MECHANISM
-from ..speculative.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
+from ...errors import UserError
+from ...speculative.engine import Acceptance, MechanismCounters
+from ...speculative.mechanisms import DEFAULT_MECHANISM
+from ...speculative.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
 from .accept import DeviceAcceptor
-from .batch import TTBatchDecoder
+from ..runtime.batch import TTBatchDecoder
 from .commit import abort_after_verify, commit_gdn_layers
-from .generator import TTGenerator
-from .gdn import TILE_ROWS
+from ..runtime.generator import TTGenerator
+from ..model.gdn import TILE_ROWS
 from .mechanisms import GDNStateBytes, TTMechanism, tt_mechanism
-from .model_config import user_core_grid
-from .trace import StepTraces
+from ..model.model_config import user_core_grid
+from ..runtime.trace import StepTraces
 from .verify import SpecDeviceState, VerifyOutputs, VerifyPlan
 
 
@@ -197,12 +197,17 @@ class TTBatchSpecBackend:
                  params: SamplingParams = SamplingParams(), use_trace: bool = True, rng: str = "device",
                  prefix_cache=None):
         """``prefix_cache``: a ``qwen36.prefix_cache.PrefixCache``: joins resume from cached block boundaries
-        (tt/prefix.py; the MTP prefill is redone from the cached hidden rows); new blocks are cached only by joins
+        (tt/runtime/prefix.py; the MTP prefill is redone from the cached hidden rows); new blocks are cached only by joins
         while no step trace is live."""
         self.device_drafter = _is_batch_device_drafter(drafter)
         if drafter is None or (not self.device_drafter and not callable(drafter)):
             raise BatchSpecError("TTBatchSpecBackend needs a drafter: the batched device MTP "
-                                 "(tt/mtp_drafter.py TTBatchMTPDrafter) or a host drafter (history, k) -> k ids")
+                                 "(tt/spec/mtp_drafter.py TTBatchMTPDrafter) or a host drafter (history, k) -> k ids")
+        if params.penalized or params.logprobs is not None:
+            # the batched step neither seeds the acceptor's token counts nor reads its logprobs rows, at any slot
+            # count (slots = 1 included): refuse rather than drop them
+            raise BatchSpecError("TTBatchSpecBackend does not apply penalties or return logprobs; use TTSpecBackend "
+                                 "(one user) for those")
         rows = slots * (k + 1)
         if rows > TILE_ROWS:
             raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) = {rows} verify rows: the decode-path attention "

@@ -1,4 +1,4 @@
-"""In-place commit of a packed K+1 verify on device, every commit mechanism (``tt/mechanisms.py``), traceable.
+"""In-place commit of a packed K+1 verify on device, every commit mechanism (``tt/spec/mechanisms.py``), traceable.
 
 Input: the verify's per-GDN-layer records (``verify.GDNRecord``) and the acceptor's accepted count ``a``
 (``DeviceAcceptor.count``, fp32 [1,1,1,1] on device). Nothing is read back.
@@ -20,7 +20,7 @@ attend them (bounds are n'..n'+K and n' <= n+a+1), and the masked recurrence ign
 """
 from __future__ import annotations
 
-from .model_config import compute_config_exact_count
+from ..model.model_config import compute_config_exact_count
 from .verify import SpecDeviceState, VerifyOutputs
 
 
@@ -46,7 +46,7 @@ def commit(step_state: SpecDeviceState, vout: VerifyOutputs, result) -> None:
 
 
 def commit_gdn_layers(step_state, records, conv_idx, mask) -> None:
-    """The GDN part of a commit, shared by the single-user and the batched (tt/batch_spec.py) commit: per layer,
+    """The GDN part of a commit, shared by the single-user and the batched (tt/spec/batch_spec.py) commit: per layer,
     conv state = window rows ``conv_idx`` (uint32 ROW_MAJOR [1, B*(Kc-1)], rows of the window viewed as
     [B*(Kc-1+T), Cd]); for the re-advance mechanisms, the K+1 rows re-run with g and beta multiplied by ``mask``
     (1 for the rows to keep); then the mechanism's own commit work (``after_commit``)."""
@@ -56,7 +56,7 @@ def commit_gdn_layers(step_state, records, conv_idx, mask) -> None:
         rows = 1
         for d in shape[:-1]:
             rows *= d
-        table = ttnn.reshape(r.window, [rows, shape[-1]])  # the window is ROW_MAJOR (tt/gdn.py causal_conv): a view
+        table = ttnn.reshape(r.window, [rows, shape[-1]])  # the window is ROW_MAJOR (tt/model/gdn.py causal_conv): a view
         conv = ttnn.embedding(conv_idx, table, layout=r.state.conv.layout, dtype=r.state.conv.dtype)
         ttnn.copy(ttnn.reshape(conv, list(r.state.conv.shape)), r.state.conv)
         if mask is not None:

@@ -19,13 +19,13 @@ One forward for any number of rows T (prefill chunk, 1-row decode, K+1-row verif
 Shapes per device: x [1, 1, T, H] -> out [1, 1, T, H] (replicated after the reduce). Needs Dk == Dv (the head
 split reshapes q, k and v together).
 
-Batched plain decode (B user slots, tt/batch.py): x [1, 1, B, H] holds one row per user, row b reading and writing
+Batched plain decode (B user slots, tt/runtime/batch.py): x [1, 1, B, H] holds one row per user, row b reading and writing
 slot b of the state (conv [B, 1, K-1, Cd], recurrent [B*Hv, Dk, Dv]). The same ops run: the conv window becomes
 [B, 1, K, Cd] (each user's own shift register), q/k/v/g/beta are viewed as [B, 1, heads, D] and the recurrence is
 the ring mode with B slots (head h of user b reads and rewrites block b*Hv + h in place). B = 1 is the plain
 decode.
 
-Batched verify (B users x T = K+1 rows, tt/batch_spec.py): x [1, 1, B*T, H] holds user b's T rows at b*T..b*T+T-1.
+Batched verify (B users x T = K+1 rows, tt/spec/batch_spec.py): x [1, 1, B*T, H] holds user b's T rows at b*T..b*T+T-1.
 The conv window is [B, 1, K-1+T, Cd] (each user's state then its T inputs), unfolded by one embedding whose index
 reads user b's window rows only; q/k/v/g/beta are [B, T, heads, D] and the recurrence runs every user's T rows in
 one call (ring mode: user b's head h starts from block idx[b*Hv + h] and leaves the state after row t in block
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from ..reference.gdn import L2NORM_EPS
+from ...reference.gdn import L2NORM_EPS
 from .ccl import all_reduce, ccl_for
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_fp32_state,
                            compute_config_matmul, compute_config_norm, state_memory_config)
@@ -272,11 +272,11 @@ class TTGatedDeltaNet:
     # ---- forward -----------------------------------------------------------------------------------
     def forward(self, x, state: GDNLayerState, mode: str, verify_plan=None):
         """x [1, 1, T, H] (T rows at consecutive positions) -> [1, 1, T, H]; advances ``state`` in place.
-        ``verify_plan`` (a K+1-row speculative verify, models/qwen36/tt/verify.py VerifyPlan) decides where the conv window and the
+        ``verify_plan`` (a K+1-row speculative verify, models/qwen36/tt/spec/verify.py VerifyPlan) decides where the conv window and the
         recurrent state go for a K+1-row verify (ring / snapshot / scratch) and records what the commit needs."""
         rows = x.shape[2]
         users = state.conv.shape[0]  # user slots of the state: a batched decode feeds one row per slot
-        plan_users = getattr(verify_plan, "users", 1)  # a batched verify plan (tt/batch_spec.py) covers every slot
+        plan_users = getattr(verify_plan, "users", 1)  # a batched verify plan (tt/spec/batch_spec.py) covers every slot
         if users > 1 and (mode != "decode" or (verify_plan is not None and plan_users != users)):
             raise NotImplementedError(f"GDN {mode}{' verify' if verify_plan is not None else ''} over a {users}-slot "
                                       "state: prefill runs on a batch-1 view of one slot, and a verify over B slots "

@@ -10,7 +10,7 @@ current bucket's decoder:
   (``grow``);
 * when the users have fitted a smaller bucket for ``shrink_after`` consecutive steps, they move down to the
   smallest bucket that holds them (``shrink``); the patience keeps a server whose load hovers at a bucket boundary
-  from moving its state back and forth every step (a move reads and rewrites every GDN state row, docs/batch.md);
+  from moving its state back and forth every step (a move reads and rewrites every GDN state row, docs/tt_runtime.md);
 * ``slot_remap`` (the vLLM-tt contract: row i takes the state of slot ``remap[i]``) only relabels which row holds
   which slot: no state moves on device.
 
@@ -36,9 +36,9 @@ from __future__ import annotations
 import torch
 
 from .batch import DEFAULT_BUCKETS, FREE, TTBatchDecoder, sampled_step
-from .model import TTQwen36Model
+from ..model.model import TTQwen36Model
 from .sampler import DeviceSampler
-from .state import GDNLayerState, KVLayerState
+from ..model.state import GDNLayerState, KVLayerState
 
 SHRINK_AFTER = 16  # steps the users must fit a smaller bucket before they move down to it
 
@@ -63,7 +63,7 @@ class BucketedBatchDecoder:
                     self.ttnn.deallocate(st.k)
                     self.ttnn.deallocate(st.v)
                     dec.state.layers[i] = top.state.layers[i]
-        # with ``sampling``: one device sampler per bucket (tt/sampler.py, every stage), its rows follow the users
+        # with ``sampling``: one device sampler per bucket (tt/runtime/sampler.py, every stage), its rows follow the users
         self.samplers = ({b: DeviceSampler(self.ttnn, model.mesh, model.args.cfg.vocab_size, b, rng=rng).allocate()
                           for b in buckets} if sampling else None)
         # slot s's pages: row s of the largest bucket's identity table, until set_page_table says otherwise

@@ -25,7 +25,7 @@ try:  # the plugin's own types: what its runner's isinstance checks expect
 
     SOURCE = "vllm_tt_plugin.spec_decode"
 except ImportError:
-    SOURCE = "qwen36.tt.vllm_types (plugin not installed)"
+    SOURCE = "qwen36.tt.serving.vllm_types (plugin not installed)"
 
     #: tail marker of a padded draft column / short committed block (never a real token id)
     PLACEHOLDER_TOKEN_ID = -1
@@ -144,7 +144,7 @@ try:  # the plugin's per-step sampling payload (model_input.py; imports vLLM, he
 
     SAMPLING_SOURCE = "vllm_tt_plugin.model_input"
 except ImportError:
-    SAMPLING_SOURCE = "qwen36.tt.vllm_types (plugin not installed)"
+    SAMPLING_SOURCE = "qwen36.tt.serving.vllm_types (plugin not installed)"
 
     @dataclass(frozen=True)
     class TTSamplingParams:  # type: ignore[no-redef]

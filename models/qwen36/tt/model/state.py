@@ -5,7 +5,7 @@ Every tensor here is a *persistent* device buffer allocated once before any trac
 them in place (``ttnn.copy`` / paged cache ops), so a captured decode trace keeps pointing at them.
 
 Shapes are per device (TP width N, B user slots: 1 for the single-user generator and the speculative
-backend, the bucket size for the batched decoder, tt/batch.py):
+backend, the bucket size for the batched decoder, tt/runtime/batch.py):
   GDN layer:   recurrent [B*Hv/N, Dk, Dv] fp32 (TILE: the ring layout of fused_recurrent_gated_delta_rule, block
                b*Hv/N + h is head h of slot b, so a decode of one row per slot updates it in place);
                conv [B, 1, kernel-1, conv_dim/N] (ROW_MAJOR: the shift register's row concat/slice then needs no
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..config import FULL
+from ...config import FULL
 from .model_config import TensorGroup, TTModelArgs, state_memory_config
 
 

@@ -1,6 +1,6 @@
 """Batched plain decode on the TT model: B user slots decoded by one traced forward per step.
 
-Slots. The decoder owns one B-slot state (tt/state.py): slot b is GDN recurrent blocks b*Hv_d..(b+1)*Hv_d-1, conv
+Slots. The decoder owns one B-slot state (tt/model/state.py): slot b is GDN recurrent blocks b*Hv_d..(b+1)*Hv_d-1, conv
 row b, and the KV pages of page-table row b; the persistent decode inputs hold one row per slot (tokens [1, B],
 rope rows [1, B], pos [B]). Row b of a step reads and writes slot b only (the GDN ring index, the per-user page
 table and cache position); no op mixes rows, so a slot's contents never reach another slot's output.
@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import FULL
-from .model import TTQwen36Model
-from .model_config import TensorGroup, state_memory_config
+from ...config import FULL
+from ..model.model import TTQwen36Model
+from ..model.model_config import TensorGroup, state_memory_config
 from .prefix import TTPrefillResult, prefill as tt_prefix_prefill
 from .sampler import DeviceSampler
-from .state import GDNLayerState, KVLayerState, TTModelState, allocate_decode_inputs, allocate_state, new_layer_state
+from ..model.state import GDNLayerState, KVLayerState, TTModelState, allocate_decode_inputs, allocate_state, new_layer_state
 from .trace import StepTraces
 
 DEFAULT_BUCKETS = (1, 8, 32)
@@ -166,7 +166,7 @@ class TTBatchDecoder:
                     for cache in (st.k, st.v):
                         ttnn.experimental.paged_fill_cache(cache, self.kv_zeros, self.slot_page_table, batch_idx=0)
             # with a cache: resume from the longest cached boundary; new blocks are cached only while no decode trace
-            # is live (a cached block's device buffers outlive this call; see tt/prefix.py)
+            # is live (a cached block's device buffers outlive this call; see tt/runtime/prefix.py)
             res = tt_prefix_prefill(self.model, view, ids.tolist(), self.prefix_cache, hidden_out=hidden_out,
                                     insert=len(self.traces) == 0 if insert is None else insert)
         self._install_scratch(slot)
