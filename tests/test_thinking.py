@@ -127,3 +127,27 @@ def test_batched_speculative_budgets_equal_single_user_runs(model):
                                    arrivals=[0, 0, 1])
         assert [r.tokens for r in got] == want
         assert all(tuple(w[n:n + len(PHRASE)]) == PHRASE for w in want)
+
+
+@pytest.mark.parametrize("n", [0, 2, 5])
+def test_batched_plain_budgets_equal_single_user_runs(model, n):
+    """The reference slot decoder (``reference.batch``) with a budget: each user's forced phrase is fed one decode
+    row a time, replacing its picks (``ForcedFeed``); its tokens equal its own ``plain_generate`` with the budget
+    (one forward over the phrase there). The users reach the budget in different steps, one never opens a block."""
+    from qwen36.reference.batch import batched_greedy_generate
+
+    prompts = [PROMPT, [3, 4, 5, START], [60, 61, 62, 63], [60, 61, START, 62, 63]]
+    want = [plain_generate(model, p, 20, thinking=budget(n)).tokens for p in prompts]
+    assert batched_greedy_generate(model, prompts, 20, thinking=budget(n)) == want
+    forced_users = [u for u in (0, 1, 3) if END not in want[u][:n]]
+    assert forced_users and all(tuple(want[u][n:n + len(PHRASE)]) == PHRASE for u in forced_users)
+
+
+def test_forced_feed_replaces_picks_in_order():
+    from qwen36.speculative.thinking import ForcedFeed
+
+    feed = ForcedFeed(budget(2), PROMPT)
+    emitted = [feed.choose(p, i) for i, p in enumerate([50, 51, 52, 53, 54, 55, 56, 57, 58])]
+    assert emitted == [(50, False), (51, False), *[(t, True) for t in PHRASE], (58, False)]
+    first = ForcedFeed(budget(0), PROMPT)  # budget 0, block open: the phrase comes before any pick
+    assert [first.choose(99, i)[0] for i in range(len(PHRASE) + 1)] == [*PHRASE, 99]

@@ -48,11 +48,12 @@ class ReferenceTarget:
         return greedy_generate(self.model, torch.tensor(prompt, device=dev), max_new_tokens, eos_ids)
 
     @torch.no_grad()
-    def greedy_batch(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...]) -> list[list[int]]:
+    def greedy_batch(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...],
+                     thinking=None) -> list[list[int]]:
         """Plain greedy decoding of several users as one batch (reference.batch: one forward per step)."""
         from ..reference.batch import batched_greedy_generate
 
-        return batched_greedy_generate(self.model, prompts, max_new_tokens, eos_ids)
+        return batched_greedy_generate(self.model, prompts, max_new_tokens, eos_ids, thinking=thinking)
 
 
 def load_target(ckpt: Path, device: str, dtype: torch.dtype, *, require_mtp: bool = False,

@@ -128,17 +128,12 @@ def encode_prompts(args, ckpt) -> tuple[list[list[int]], list[str] | None, objec
     return ids, texts, tok
 
 
-def thinking_budget(args, ckpt, tok, users: int):
+def thinking_budget(args, ckpt, tok):
     """The run's ThinkingBudget (None without --thinking-budget), from the chat tokenizer's markers and phrase."""
     if args.thinking_budget is None:
         return None
     if args.thinking_budget < 0:
         raise UserError(f"--thinking-budget must be >= 0, got {args.thinking_budget}")
-    from .backends import REFERENCE_DEVICES
-
-    if users != 1 and not (args.device in REFERENCE_DEVICES and args.spec_k != 0):
-        raise UserError("--thinking-budget with several prompts runs on the batched speculative reference backend "
-                        "(--device reference --spec-k K); the batched plain decoders and TT batches take no budget yet")
     if args.logprobs is not None:
         raise UserError("--thinking-budget with --logprobs is not supported (forced tokens have no sampled logprob)")
     from ..chat import STOP_THINKING_PHRASE, THINK_END, THINK_START
@@ -167,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--spec-k auto with several prompts (batch {len(prompts)}) on {args.device}: the batched TT "
                         f"verify runs K+1 rows for every user every step, so a per-user depth policy saves no verify "
                         f"work there; pass an integer --spec-k (or one prompt)")
-    thinking = thinking_budget(args, ckpt, tok, len(prompts))
+    thinking = thinking_budget(args, ckpt, tok)
     if speculative:
         from .speculative_generate import run_speculative_generate
 
@@ -177,13 +172,13 @@ def run(args: argparse.Namespace) -> int:
     if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
-    if thinking is not None:
+    if thinking is not None and len(prompts) == 1:
         if args.device in REFERENCE_DEVICES:
             from ..speculative.plain import plain_generate
 
             result = plain_generate(target.model, prompts[0], args.max_new_tokens, params,
                                     target.config.eos_token_id, thinking=thinking)
-        else:  # TT: the phrase fed as decode rows, picks on the host
+        else:  # TT: the phrase fed as decode rows, each replacing the step's pick
             result = target.generate(prompts[0], args.max_new_tokens, params, target.config.eos_token_id,
                                      thinking=thinking)
         outputs, logprobs = [result.tokens], result.logprobs
@@ -197,9 +192,11 @@ def run(args: argparse.Namespace) -> int:
                             f"{'--logprobs' if params.logprobs is not None else 'temperature or penalties'}; "
                             f"sampled batches run on the TT devices); pass one prompt, or add --spec-k")
         if sampled:
-            outputs = target.sample_batch(prompts, args.max_new_tokens, params, target.config.eos_token_id)
+            outputs = target.sample_batch(prompts, args.max_new_tokens, params, target.config.eos_token_id,
+                                          thinking=thinking)
         else:
-            outputs = target.greedy_batch(prompts, args.max_new_tokens, target.config.eos_token_id)
+            outputs = target.greedy_batch(prompts, args.max_new_tokens, target.config.eos_token_id,
+                                          thinking=thinking)
         logprobs = None
     dt = time.perf_counter() - t0
     n = sum(map(len, outputs))

@@ -180,19 +180,28 @@ def packed_forward(model: Qwen36Model, state: ModelState, tokens: torch.Tensor, 
 
 @torch.no_grad()
 def batched_greedy_generate(model: Qwen36Model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                            eos_ids: Sequence[int] = (), prefix_cache: PrefixCache | None = None) -> list[list[int]]:
+                            eos_ids: Sequence[int] = (), prefix_cache: PrefixCache | None = None,
+                            thinking=None) -> list[list[int]]:
     """Plain greedy decoding of several prompts as one batch (one slot per prompt, one forward per step).
-    Each user stops at its own EOS (kept) or at ``max_new_tokens`` and leaves its slot; the rest go on."""
+    Each user stops at its own EOS (kept) or at ``max_new_tokens`` and leaves its slot; the rest go on.
+    ``thinking``: one ``ThinkingBudget`` for every user, each counted on its own; the phrase's tokens are fed one
+    decode row at a time, replacing the step's pick (``ForcedFeed``)."""
+    from qwen36.speculative.thinking import ForcedFeed
+
     if not prompts:
         raise ValueError("no prompts")
     dec = SlotDecoder(model, len(prompts), max(len(p) for p in prompts) + max_new_tokens + 1, prefix_cache)
     outputs: list[list[int]] = [[] for _ in prompts]
     next_tok = torch.zeros(len(prompts), dtype=torch.long, device=dec.device)
+    feeds = [ForcedFeed(thinking, p) if thinking is not None else None for p in prompts]
 
     def emit(b: int, tok: int) -> None:
+        forced = False
+        if feeds[b] is not None:
+            tok, forced = feeds[b].choose(tok, len(outputs[b]))
         outputs[b].append(tok)
         next_tok[b] = tok
-        if tok in eos_ids or len(outputs[b]) >= max_new_tokens:
+        if (not forced and tok in eos_ids) or len(outputs[b]) >= max_new_tokens:
             dec.leave(b)
 
     for b, prompt in enumerate(prompts):

@@ -83,3 +83,35 @@ class ThinkingTracker:
         self.open = False
         self.injected_at = emitted_before
         return list(self.spec.phrase)
+
+
+class ForcedFeed:
+    """A plain decoder's thinking budget, one token per step: once the budget is reached the phrase's tokens replace
+    the decoder's picks, one per step, each fed as the next decode row (what ``plain_generate``'s one forward over
+    the phrase computes, a row at a time). Used alike by every plain decoder, at one user or a batch of them."""
+
+    def __init__(self, spec: ThinkingBudget, prompt: Sequence[int]):
+        self.tracker = spec.tracker(prompt)
+        self.queue: list[int] = []
+
+    def forced_next(self, index: int) -> int | None:
+        """The forced token at output index ``index``, or None when the decoder's own pick goes there (a forced
+        token is never an end of sequence: the phrase is emitted whole, up to the token limit)."""
+        if not self.queue and index == 0 and self.tracker.inject_first():
+            self.queue = self.tracker.forced(0)
+        return self.queue.pop(0) if self.queue else None
+
+    def picked(self, token: int, index: int) -> None:
+        """The decoder's own pick ``token`` was emitted at ``index``: the phrase follows it when it reached the
+        budget."""
+        if self.tracker.cut([token], index)[1]:
+            self.queue = self.tracker.forced(index + 1)
+
+    def choose(self, pick: int, index: int) -> tuple[int, bool]:
+        """For decoders that pick every step anyway (a device sampler): the token emitted at ``index`` given the
+        pick there, and whether it was forced (the pick is then dropped)."""
+        forced = self.forced_next(index)
+        if forced is not None:
+            return forced, True
+        self.picked(pick, index)
+        return pick, False

@@ -256,11 +256,13 @@ class BatchResult:
 
 @torch.no_grad()
 def batched_greedy(decoder: TTBatchDecoder, prompts: list, max_new_tokens: int | list[int], eos_ids=(), *,
-                   arrivals: list[int] | None = None, keep_logits: bool = False) -> BatchResult:
+                   arrivals: list[int] | None = None, keep_logits: bool = False, thinking=None) -> BatchResult:
     """Greedy decode of every prompt on ``decoder``'s slots: user i joins at step ``arrivals[i]`` (default 0) into
     the lowest free slot (waiting while none is free), emits its prompt's argmax then one token per step, and
     leaves at its EOS (kept) or after ``max_new_tokens`` (one count, or one per user), freeing the slot for a
-    later user."""
+    later user. ``thinking``: one ``ThinkingBudget`` for every user, each counted on its own (``ForcedFeed``)."""
+    from qwen36.speculative.thinking import ForcedFeed
+
     n = len(prompts)
     arrivals = [0] * n if arrivals is None else list(arrivals)
     limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -273,12 +275,16 @@ def batched_greedy(decoder: TTBatchDecoder, prompts: list, max_new_tokens: int |
     active: dict[int, int] = {}  # slot -> user
     step = 0
 
+    feeds = [ForcedFeed(thinking, p) if thinking is not None else None for p in prompts]
+
     def emit(user: int, logits: torch.Tensor) -> None:
-        tok = int(torch.argmax(logits))
+        tok, forced = int(torch.argmax(logits)), False
+        if feeds[user] is not None:
+            tok, forced = feeds[user].choose(tok, len(res.tokens[user]))
         res.tokens[user].append(tok)
         if keep_logits:
             res.logits[user].append(logits.clone())
-        if tok in eos_ids or len(res.tokens[user]) >= limits[user]:
+        if (not forced and tok in eos_ids) or len(res.tokens[user]) >= limits[user]:
             slot = res.slots[user]
             del active[slot]
             decoder.leave(slot)
@@ -327,12 +333,15 @@ def sampled_step(dec: TTBatchDecoder, sampler: DeviceSampler, tokens: dict[int, 
 
 @torch.no_grad()
 def batched_generate(dec: TTBatchDecoder, sampler: DeviceSampler, prompts: list, params: list,
-                     max_new_tokens: int | list[int], eos_ids=()) -> BatchResult:
+                     max_new_tokens: int | list[int], eos_ids=(), thinking=None) -> BatchResult:
     """Plain decoding of every prompt as one batch, user i with ``params[i]`` (``SamplingParams``): user i joins
     slot i, its first token is picked on the host from its prompt's last row (as ``TTGenerator.generate`` does),
     every later token on device by row i of ``sampler``; a user leaves at its EOS (kept) or after its token
-    budget. Logprobs of the users that ask for them in ``res.logprobs`` (None for the others)."""
+    budget. Logprobs of the users that ask for them in ``res.logprobs`` (None for the others). ``thinking``: one
+    ``ThinkingBudget`` for every user, each counted on its own: a forced token replaces the row's pick (its penalty
+    rows rewritten from the history), so each user's tokens are its own ``TTGenerator.generate`` tokens."""
     from qwen36.speculative.sampling import TokenHistory, pick_token, token_logprobs
+    from qwen36.speculative.thinking import ForcedFeed
 
     n = len(prompts)
     limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -344,28 +353,39 @@ def batched_generate(dec: TTBatchDecoder, sampler: DeviceSampler, prompts: list,
         raise ValueError("max_new_tokens must be >= 1")
     res = BatchResult([[] for _ in range(n)], slots=list(range(n)),
                       logprobs=[[] if p.logprobs is not None else None for p in params])
+    if thinking is not None and any(p.logprobs is not None for p in params):
+        raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
     active: set[int] = set()
+    ids_of: list[list[int]] = [[int(t) for t in torch.as_tensor(p).reshape(-1).tolist()] for p in prompts]
+    feeds = [ForcedFeed(thinking, ids) if thinking is not None else None for ids in ids_of]
 
-    def emit(u: int, tok: int, lp) -> bool:
+    def choose(u: int, pick: int) -> tuple[int, bool]:
+        return feeds[u].choose(pick, len(res.tokens[u])) if feeds[u] is not None else (pick, False)
+
+    def emit(u: int, tok: int, forced: bool, lp) -> bool:
         res.tokens[u].append(tok)
         if res.logprobs[u] is not None:
             res.logprobs[u].append(lp)
-        return tok in eos_ids or len(res.tokens[u]) >= limits[u]
+        return (not forced and tok in eos_ids) or len(res.tokens[u]) >= limits[u]
 
-    for u, (prompt, p) in enumerate(zip(prompts, params)):
-        ids = [int(t) for t in torch.as_tensor(prompt).reshape(-1).tolist()]
+    for u, (ids, p) in enumerate(zip(ids_of, params)):
         logits = dec.join(u, ids)
         gen = p.generator() if not p.greedy else None
         tok = int(pick_token(logits.reshape(1, -1), p, gen, TokenHistory(ids, sampler.vocab).now()))
+        lp = token_logprobs(logits, tok, p.logprobs) if p.logprobs is not None else None
+        tok, forced = choose(u, tok)  # a forced first token (budget 0) starts the row's history instead
         sampler.start(u, p, ids, tok)
-        if emit(u, tok, token_logprobs(logits, tok, p.logprobs) if p.logprobs is not None else None):
+        if emit(u, tok, forced, lp):
             dec.leave(u)
         else:
             active.add(u)
     while active:
         picked = sampled_step(dec, sampler, {u: res.tokens[u][-1] for u in sorted(active)})
         for u in sorted(active):
-            if emit(u, *picked[u]):
+            tok, forced = choose(u, picked[u][0])
+            if forced and sampler.stages.penalized:  # the device counted its own pick: rewrite from the history
+                sampler.resync(u, len(ids_of[u]), ids_of[u] + res.tokens[u] + [tok])
+            if emit(u, tok, forced, picked[u][1]):
                 active.discard(u)
                 dec.leave(u)
     return res

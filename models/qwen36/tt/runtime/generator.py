@@ -180,8 +180,8 @@ class TTGenerator:
         """Plain decoding with the full sampling transform; tokens cut after EOS (kept) or at max_new_tokens.
         ``prefix_cache``: resume the prompt from cached block boundaries (released when this returns);
         ``keep_logits``: read back every step's logits row (the full-logits decode step; tests); ``thinking``: a
-        ``speculative.thinking.ThinkingBudget``: at N thinking tokens the stop-thinking phrase is forced (fed as
-        decode rows: a TT prefill must start on a KV page boundary), picks on the host from the logits rows."""
+        ``speculative.thinking.ThinkingBudget``: at N thinking tokens the stop-thinking phrase is forced, fed as
+        decode rows (a TT prefill must start on a KV page boundary), each replacing the step's pick."""
         if thinking is not None and params.logprobs is not None:
             raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
         t0 = time.perf_counter()
@@ -201,50 +201,47 @@ class TTGenerator:
 
     def _decode_from(self, prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre,
                      thinking=None) -> PlainResult:
-        if keep_logits or thinking is not None:  # the full-logits step: host pick from each row (as plain_generate)
-            history = TokenHistory(prompt, self.config.vocab_size)
-            gen = params.generator() if not params.greedy else None
-            tracker = thinking.tracker(prompt) if thinking is not None else None
-            tokens, kept = [], []
+        from qwen36.speculative.thinking import ForcedFeed
 
-            def force(forced) -> bool:  # committed, not picked: each fed as one decode row; True when the limit hit
-                nonlocal logits
-                for t in forced:
-                    tokens.append(t)
-                    kept.append(logits.clone())
-                    history.add([t])
-                    if len(tokens) >= max_new_tokens:
-                        return True
-                    logits, _ = self.decode_step(t)
-                return False
-
-            if tracker is not None and tracker.inject_first() and force(tracker.forced(0)):
-                return PlainResult(tokens, None, kept if keep_logits else None, pre)
+        feed = ForcedFeed(thinking, prompt) if thinking is not None else None
+        history = TokenHistory(prompt, self.config.vocab_size)
+        gen = params.generator() if not params.greedy else None
+        tokens: list[int] = []
+        if keep_logits:  # the full-logits step: every pick on the host from the read-back row (as plain_generate)
+            kept = []
             while True:
-                tok = int(pick_token(logits.reshape(1, -1), params, gen, history.now()))
+                forced = feed.forced_next(len(tokens)) if feed is not None else None
+                tok = forced if forced is not None else int(pick_token(logits.reshape(1, -1), params, gen,
+                                                                       history.now()))
+                if forced is None and feed is not None:
+                    feed.picked(tok, len(tokens))
                 tokens.append(tok)
                 kept.append(logits.clone())
                 history.add([tok])
-                if tok in eos_ids or len(tokens) >= max_new_tokens:
-                    return PlainResult(tokens, None, kept if keep_logits else None, pre)
+                if (forced is None and tok in eos_ids) or len(tokens) >= max_new_tokens:
+                    return PlainResult(tokens, None, kept, pre)
                 logits, _ = self.decode_step(tok)
-                if tracker is not None and tracker.cut([tok], len(tokens) - 1)[1]:
-                    if force(tracker.forced(len(tokens))):
-                        return PlainResult(tokens, None, kept if keep_logits else None, pre)
+        # the device sampler picks every step; a forced token replaces its pick (the first one is picked on the host
+        # from the prompt's row, as batched_generate does) and its penalty rows are rewritten from the history
         self.sampler = self._sampler_for(params)
-        history = TokenHistory(prompt, self.config.vocab_size)
-        gen = params.generator() if not params.greedy else None
         tok = int(pick_token(logits.reshape(1, -1), params, gen, history.now()))
         lp = token_logprobs(logits, tok, params.logprobs) if params.logprobs is not None else None
+        forced = False
+        if feed is not None:
+            tok, forced = feed.choose(tok, 0)
         self.sampler.start(0, params, prompt, tok)
-        tokens, lps = [], ([] if params.logprobs is not None else None)
+        lps = [] if params.logprobs is not None else None
         while True:
             tokens.append(tok)
             if lps is not None:
                 lps.append(lp)
-            if tok in eos_ids or len(tokens) >= max_new_tokens:
+            if (not forced and tok in eos_ids) or len(tokens) >= max_new_tokens:
                 return PlainResult(tokens, lps, None, pre)
             tok, lp = self.sample_step(tok)
+            if feed is not None:
+                tok, forced = feed.choose(tok, len(tokens))
+                if forced and self.sampler.stages.penalized:
+                    self.sampler.resync(0, len(prompt), list(prompt) + tokens + [tok])
 
     # ---- CLI contract (same as ReferenceTarget) ----------------------------------------------------------
     @torch.no_grad()
@@ -257,7 +254,7 @@ class TTGenerator:
 
     @torch.no_grad()
     def greedy_batch(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...] = (),
-                     buckets=None) -> list[list[int]]:
+                     buckets=None, thinking=None) -> list[list[int]]:
         """Plain greedy decoding of several users as one TT batch (tt/runtime/batch.py): a decoder of the smallest bucket
         holding every prompt, one traced forward per step over all its slots; each user's tokens are its own
         batch-1 greedy tokens."""
@@ -266,13 +263,13 @@ class TTGenerator:
         self.release_trace()
         dec = TTBatchDecoder(self.model, bucket_for(len(prompts), buckets or DEFAULT_BUCKETS), use_trace=self.use_trace)
         try:
-            return batched_greedy(dec, prompts, max_new_tokens, eos_ids).tokens
+            return batched_greedy(dec, prompts, max_new_tokens, eos_ids, thinking=thinking).tokens
         finally:
             dec.release()
 
     @torch.no_grad()
     def sample_batch(self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
-                     eos_ids: tuple[int, ...] = (), buckets=None) -> list[list[int]]:
+                     eos_ids: tuple[int, ...] = (), buckets=None, thinking=None) -> list[list[int]]:
         """Plain decoding of several users as one TT batch with the full sampling transform on device (a
         :class:`DeviceSampler` of the bucket's rows; every user with ``params``, each its own uniform stream of
         ``params.seed``): each user's tokens are its own batch-1 ``generate`` tokens."""
@@ -283,7 +280,8 @@ class TTGenerator:
         sampler = DeviceSampler(self.ttnn, self.mesh, self.config.vocab_size, dec.slots, rng=self.rng,
                                 stages=SamplerStages.of([params], self.config.vocab_size)).allocate()
         try:
-            return batched_generate(dec, sampler, prompts, [params] * len(prompts), max_new_tokens, eos_ids).tokens
+            return batched_generate(dec, sampler, prompts, [params] * len(prompts), max_new_tokens, eos_ids,
+                                    thinking=thinking).tokens
         finally:
             dec.release()
             sampler.release()
