@@ -157,9 +157,6 @@ def describe_cycle(graph: dict[str, set[str]], knot: frozenset[str]) -> str:
 # new cycle appears, or one is removed without its entry being deleted here. Imports under `if TYPE_CHECKING:` count
 # (they are a dependency a reader has to follow, even though they do not run).
 KNOWN_CYCLES = {
-    # the reference backend builds its mechanism objects; reference_mechanisms names the backend's types for
-    # annotations only (TYPE_CHECKING)
-    frozenset({"qwen36.speculative.reference_backend", "qwen36.speculative.reference_mechanisms"}),
     # tt.verify builds its mechanism objects; tt.mechanisms names verify's SpecDeviceState for annotations only
     # (TYPE_CHECKING)
     frozenset({"qwen36.tt.spec.mechanisms", "qwen36.tt.spec.verify"}),

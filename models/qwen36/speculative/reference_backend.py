@@ -34,7 +34,7 @@ from ..reference.state import GDNState, KVCache, ModelState, MTPState
 from .acceptance import ONE_HOT_DRAFT, greedy_accept, rejection_sample
 from .engine import Acceptance, MechanismCounters
 from .mechanisms import DEFAULT_MECHANISM
-from .reference_mechanisms import ReferenceMechanism, reference_mechanism
+from .reference_mechanisms import ReferenceMechanism, ReferenceVerify, Transaction, reference_mechanism
 from .sampling import (Penalties, SamplingParams, TokenHistory, TokenLogprobs, penalize, pick_token,
                        probs_from_logits, sample, token_logprobs)
 
@@ -115,29 +115,6 @@ class ReferenceDraft:
         return max(self.depths.values())
 
 
-@dataclass
-class ReferenceVerify:
-    rows: torch.Tensor  # [B, K+1] int64: user b's [pending, d_1..d_{k_b}] then inert padding
-    n_valid: torch.Tensor  # [B] real rows per slot (k_b + 1; 0 outside the step)
-    logits: torch.Tensor  # [B, K+1, V] fp32
-    hidden: torch.Tensor  # [B, K+1, H]
-    slots: dict[int, Any] | None = None  # layer -> GDN state after every row (shadow_commit)
-
-
-@dataclass
-class _Transaction:
-    depths: dict[int, int]
-    pos: torch.Tensor  # [B] target positions before the step
-    mtp_pos: torch.Tensor  # [B]
-    rng: dict[int, torch.Tensor]
-    k: int = 0
-    part: torch.Tensor | None = None  # [B] bool: slots in the step
-    kvec: torch.Tensor | None = None  # [B] k_b (0 outside the step)
-    verified: bool = False
-    saved: Any = None
-    verify: ReferenceVerify | None = None
-
-
 class ReferenceBackend:
     """``engine.SpecBackend`` on the torch reference model. ``mechanism``: a name in ``mechanisms.MECHANISMS`` (or a
     built ReferenceMechanism); ``slots`` users at once; ``max_len`` bounds each user's prompt + generated tokens +
@@ -160,7 +137,7 @@ class ReferenceBackend:
         self.mtp.pos = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.users: dict[int, _User] = {}
         self.gdn_ids = [i for i, s in enumerate(self.state.layers) if isinstance(s, GDNState)]
-        self._txn: _Transaction | None = None
+        self._txn: Transaction | None = None
         self.last_prefill = None  # the last join's PrefillResult (tokens reused / computed, the lease)
         self.prefill_s: float | None = None  # the last join's prefill + first pick, wall time (measured)
 
@@ -282,7 +259,7 @@ class ReferenceBackend:
         kvec = torch.zeros(b, dtype=torch.long, device=dev)
         for slot, k in depths.items():
             part[slot], kvec[slot] = True, k
-        txn = _Transaction(depths, self.state.pos.clone(), self.mtp.pos.clone(),
+        txn = Transaction(depths, self.state.pos.clone(), self.mtp.pos.clone(),
                         {s: self.users[s].generator.get_state() for s in depths}, big_k, part, kvec)
         self._txn = txn
 
@@ -415,7 +392,7 @@ class ReferenceBackend:
             part[slot], kvec[slot] = True, len(toks)
         before = {slot: self.users[slot].reseed for slot in forced}
         depths = {s: len(t) for s, t in forced.items()}
-        self._txn = _Transaction(depths, self.state.pos.clone(), self.mtp.pos.clone(),
+        self._txn = Transaction(depths, self.state.pos.clone(), self.mtp.pos.clone(),
                               {s: self.users[s].generator.get_state() for s in forced}, big, part, kvec)
         tokens = {slot: torch.tensor([toks], device=dev) for slot, toks in forced.items()}
         verify = self.verify(ReferenceDraft(depths, tokens, {s: ONE_HOT_DRAFT for s in forced}))

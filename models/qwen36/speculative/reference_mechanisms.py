@@ -11,31 +11,73 @@ slot a" is an assignment (a per-row gather), like a ring index on device.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 from ..reference.batch import packed_forward
 from ..reference.state import GDNState, ModelState
+from .engine import MechanismCounters
 from .mechanisms import resolve
 
-if TYPE_CHECKING:
-    from .reference_backend import ReferenceBackend, _Transaction
+
+@dataclass
+class ReferenceVerify:
+    rows: torch.Tensor  # [B, K+1] int64: user b's [pending, d_1..d_{k_b}] then inert padding
+    n_valid: torch.Tensor  # [B] real rows per slot (k_b + 1; 0 outside the step)
+    logits: torch.Tensor  # [B, K+1, V] fp32
+    hidden: torch.Tensor  # [B, K+1, H]
+    slots: dict[int, Any] | None = None  # layer -> GDN state after every row (shadow_commit)
+
+
+@dataclass
+class Transaction:
+    """One step of the backend, from draft to commit or abort: what the mechanisms read and leave (``saved``)."""
+
+    depths: dict[int, int]
+    pos: torch.Tensor  # [B] target positions before the step
+    mtp_pos: torch.Tensor  # [B]
+    rng: dict[int, torch.Tensor]
+    k: int = 0
+    part: torch.Tensor | None = None  # [B] bool: slots in the step
+    kvec: torch.Tensor | None = None  # [B] k_b (0 outside the step)
+    verified: bool = False
+    saved: Any = None
+    verify: ReferenceVerify | None = None
+
+
+class MechanismHost(Protocol):
+    """What a mechanism uses of the backend that owns it (``ReferenceBackend``)."""
+
+    model: Any
+    state: ModelState
+    occupied: torch.Tensor
+    counters: MechanismCounters
+    slots: int
+    gdn_ids: list[int]
+
+    def gdn(self) -> list[GDNState]: ...
+
+    def gdn_bytes(self) -> int: ...
+
+    def advance(self, rows: torch.Tensor, n_valid: torch.Tensor) -> None: ...
+
 
 class ReferenceMechanism:
     """Routes the batch's GDN state through a packed verify and commits each user at its own accepted row."""
 
     name: ClassVar[str]
 
-    def verify(self, be: "ReferenceBackend", txn: "_Transaction", rows: torch.Tensor, n_valid: torch.Tensor):
+    def verify(self, be: MechanismHost, txn: Transaction, rows: torch.Tensor, n_valid: torch.Tensor):
         raise NotImplementedError
 
-    def commit(self, be: "ReferenceBackend", txn: "_Transaction", a: torch.Tensor) -> None:
+    def commit(self, be: MechanismHost, txn: Transaction, a: torch.Tensor) -> None:
         """``a`` [B]: accepted drafts per slot (0 outside the step). Leave every user of the step at the state
         after its row a_b with position pos_b + a_b + 1; slots outside the step unchanged."""
         raise NotImplementedError
 
-    def abort(self, be: "ReferenceBackend", txn: "_Transaction") -> None:
+    def abort(self, be: MechanismHost, txn: Transaction) -> None:
         """Undo a verify: GDN state of every slot exactly as before it (positions are the backend's)."""
 
     # ---- the closed form of one committed step of one user alone in the backend ----------------------------
