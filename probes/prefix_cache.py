@@ -9,11 +9,12 @@ returns rows (plain decoding), and the warm prefill computed at most the prompt'
 tokens after the longest common prefix with the history the previous turn left). Wall times are measured on the
 backend that ran; on the emulator they are emulator times, not card times.
 
-The 27B figure (``performance.ttft_27b_modelled``) is an analytic roofline, not a measurement and not calibrated
-against cards: per prefill chunk of ``CHUNK`` rows the time is the larger of (weights + KV read) / the effective DRAM
-bandwidth of ``tt_ops/cost_model.py`` and the chunk's matmul + attention FLOPs / the public BF16 peak, plus the cost
-model's dispatch per program; both cards split the work (TP=2). Cold prefills the whole prompt, warm restores the
-cached blocks (a device copy of their KV and one GDN checkpoint) and prefills the rest.
+With ``--ttft-preset`` (e.g. ``27b``) the record also carries ``performance.ttft_modelled``: the time to first
+token of a prompt of ``--ttft-prefix`` + 256 tokens served cold and warm (the prefix cached up to its last whole
+prefill chunk), **modelled (calibrated)** by ``probe prefill-cost``'s term (its real chunks counted on the emulated
+mesh at that preset's shapes, priced by ``tt_ops/cost_model.py``'s calibrated constants) plus the warm request's
+restore: device copies of the cached KV rows and one GDN checkpoint per layer, read and written at the calibrated
+interleaved DRAM bandwidth. Device time only; the counting takes minutes at the 27B shapes.
 """
 from __future__ import annotations
 
@@ -21,82 +22,48 @@ import argparse
 import time
 from pathlib import Path
 
+from qwen36.errors import UserError
 from qwen36.probes.records import ProbeReport
 
 NAME = "prefix-cache"
-HELP = "multi-turn chat through the hybrid prefix cache: hits, tokens saved, warm == cold exactness; modelled 27B TTFT"
+HELP = "multi-turn chat through the hybrid prefix cache: hits, tokens saved, warm == cold exactness; modelled TTFT"
 TURNS = ("def add(a, b):", "import os\nimport sys", "class Stack:\n    def __init__(self):",
          "for i in range(10):", "def main():\n    args = parse()", "with open(path) as f:", "try:\n    run()")
 SYSTEM = "You write Python code."
 
-# --- the 27B TTFT roofline (module doc) -------------------------------------------------------------------
-CHUNK = 256  # TTModelArgs.prefill_chunk default
-BF16_PEAK_TFLOPS = 332.0  # P150a BF16 dense peak, public (Tenstorrent, after the 120-core firmware); not measured
-PREFILL_PROGRAMS_PER_CHUNK = 2267  # the 27B decode step's program count (decode-cost record, B = 1): a prefill
-                                   # chunk runs the same layer ops; the count is an assumption, not a count
+def ttft_modelled(preset: str, prefix: int, new: int = 256, precision: str = "performance", seed: int = 0) -> dict:
+    """Calibrated TTFT (ms, with bands) of ``prefix`` + ``new`` tokens cold and warm at ``preset``'s shapes, TP=2
+    (module doc). ``prefix`` and ``new`` are multiples of the prefill chunk (the warm prefill starts at a chunk
+    boundary, as a TT prefill must start on a KV page boundary)."""
+    from qwen36.probes.decode_cost import build_config
+    from qwen36.probes.prefill_cost import figures, measure_units
+    from qwen36.tt_ops.cost_model import CalibratedP150aModel
 
-
-def model_flops_per_token(cfg, context: int) -> float:
-    """Matmul FLOPs of one token at the 27B shapes (2 per multiply-add) plus attention scores over ``context``
-    keys and the GDN recurrence (chunked form, ~4 Dk Dv per head per token)."""
-    h, c = cfg.hidden_size, cfg
-    gdn = h * (c.gdn_conv_dim + c.linear_num_value_heads * c.linear_value_head_dim + 2 * c.linear_num_value_heads) \
-        + c.linear_num_value_heads * c.linear_value_head_dim * h
-    attn = h * (2 * c.num_attention_heads * c.head_dim + 2 * c.num_key_value_heads * c.head_dim) \
-        + c.num_attention_heads * c.head_dim * h
-    mlp = 3 * h * c.intermediate_size
-    n_attn = sum(t == "full_attention" for t in c.layer_types)
-    n_gdn = c.num_hidden_layers - n_attn
-    matmul = 2 * (n_gdn * gdn + n_attn * attn + c.num_hidden_layers * mlp)
-    scores = n_attn * 4 * context * c.num_attention_heads * c.head_dim
-    recur = n_gdn * 4 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
-    return matmul + scores + recur
-
-
-def ttft_27b_modelled(prefix: int = 16384, new: int = 256, block: int = 64) -> dict:
-    """Modelled TTFT (ms) of a prompt of ``prefix`` + ``new`` tokens, cold vs warm (prefix cached up to its last
-    whole block)."""
-    from qwen36.probes.decode_cost import qwen36_27b_config
-    from qwen36.tt_ops.cost_model import P150aCostModel
-
-    cfg, cm, tp = qwen36_27b_config(), P150aCostModel(), 2
-    weight_bytes_dev = 13.63e9  # per device per forward at the performance preset (decode-cost record, B = 1)
-    kv_per_token = sum(t == "full_attention" for t in cfg.layer_types) * cfg.num_key_value_heads * cfg.head_dim * 2 * 2
-    gdn_ckpt = (cfg.num_hidden_layers - cfg.num_hidden_layers // 4) * (
-        cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
-        + (cfg.linear_conv_kernel_dim - 1) * cfg.gdn_conv_dim * 2)
-
-    def prefill_ms(start: int, end: int) -> tuple[float, dict]:
-        total, parts = 0.0, {"bandwidth_ms": 0.0, "compute_ms": 0.0, "dispatch_ms": 0.0}
-        for s in range(start, end, CHUNK):
-            rows = min(CHUNK, end - s)
-            ctx = s + rows / 2
-            bw = (weight_bytes_dev + (s + rows) * kv_per_token / tp) / (cm.dram_bw_gbps * 1e9) * 1e3
-            fl = rows * model_flops_per_token(cfg, int(ctx)) / tp / (BF16_PEAK_TFLOPS * 1e12) * 1e3
-            dp = PREFILL_PROGRAMS_PER_CHUNK * cm.dispatch_us_per_program / 1e3
-            total += max(bw, fl) + dp
-            parts["bandwidth_ms"] += bw
-            parts["compute_ms"] += fl
-            parts["dispatch_ms"] += dp
-        return total, parts
-
-    n = prefix + new
-    hit = (min(prefix, n - 1)) // block * block
-    cold, cold_parts = prefill_ms(0, n)
-    # warm: restore = read + write the cached KV rows and one GDN checkpoint (device copies), then the rest
-    restore = 2 * (hit * kv_per_token + gdn_ckpt) / tp / (cm.dram_bw_gbps * 1e9) * 1e3
-    # a warm prefill's pieces start on block boundaries: the tail after the hit
-    warm_rest, warm_parts = prefill_ms(hit, n)
-    warm = restore + warm_rest
-    return {"label": "modelled (analytic roofline; not calibrated: no card measurement)", "prefix_tokens": prefix,
-            "new_tokens": new, "block": block, "tokens_reused": hit, "cold_ms": round(cold, 1),
-            "warm_ms": round(warm, 1), "saving_ms": round(cold - warm, 1), "speedup": round(cold / warm, 1),
-            "restore_ms": round(restore, 2), "cold_parts_ms": {k: round(v, 1) for k, v in cold_parts.items()},
-            "warm_parts_ms": {k: round(v, 1) for k, v in warm_parts.items()},
-            "assumptions": {"dram_gbps_effective": cm.dram_bw_gbps, "bf16_peak_tflops": BF16_PEAK_TFLOPS,
-                            "weight_bytes_per_device": weight_bytes_dev, "chunk": CHUNK,
-                            "programs_per_chunk": PREFILL_PROGRAMS_PER_CHUNK,
-                            "dispatch_us_per_program": cm.dispatch_us_per_program, "tp": tp}}
+    cfg, base = build_config(preset, 4096)
+    if base.is_moe:
+        raise UserError(f"--ttft-preset {preset}: the MoE presets are priced by `qwen36 probe prefill-cost` alone")
+    unit = measure_units("emulated-p150x2", cfg, precision, seed, base.vocab_size)
+    chunk, tp = unit["chunk"], unit["tp"]
+    if prefix % chunk or new % chunk or prefix <= 0 or new <= 0:
+        raise UserError(f"--ttft-prefix {prefix} and the 256 new tokens must be positive multiples of the prefill "
+                        f"chunk ({chunk})")
+    n_gdn, n_attn = len(base.gdn_layer_ids), len(base.attention_layer_ids)
+    cold = figures(unit, n_gdn, n_attn, prefix + new)
+    warm = figures(unit, n_gdn, n_attn, new, start=prefix)
+    kv_per_token = n_attn * base.num_key_value_heads * base.head_dim * 2 * 2  # K and V, bf16
+    gdn_ckpt = n_gdn * (base.linear_num_value_heads * base.linear_key_head_dim * base.linear_value_head_dim * 4
+                        + (base.linear_conv_kernel_dim - 1) * base.gdn_conv_dim * 2)  # fp32 recurrent + bf16 conv
+    restore_bytes = 2 * (prefix * kv_per_token + gdn_ckpt) // tp  # read + write, per device
+    restore = {key: restore_bytes / (CalibratedP150aModel(which).interleaved_gbps("bfloat16") * 1e9) * 1e3
+               for which, key in (("value", "ms"), ("low", "ms_low"), ("high", "ms_high"))}
+    out = {"label": cold["label"], "preset": preset, "precision": precision, "tp": tp, "backend": unit["backend"],
+           "prefix_tokens": prefix, "new_tokens": new, "tokens_reused": prefix,
+           "restore_bytes_per_device": restore_bytes,
+           "cold_ms": {k: round(cold[k], 1) for k in ("ms", "ms_low", "ms_high")},
+           "warm_ms": {k: round(warm[k] + restore[k], 1) for k in ("ms", "ms_low", "ms_high")},
+           "restore_ms": {k: round(v, 4) for k, v in restore.items()}}
+    out["speedup"] = round(cold["ms"] / out["warm_ms"]["ms"], 1)
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -109,7 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-k", type=int, default=0, help="speculative decoding (reference, or TT with the device MTP)")
     p.add_argument("--commit", default="shadow_commit")
     p.add_argument("--thinking-budget", type=int, default=None)
-    p.add_argument("--prefix-27b", type=int, default=16384, help="shared prefix of the modelled 27B TTFT")
+    p.add_argument("--ttft-preset", default=None, choices=["27b", "ci"],
+                   help="also model the calibrated TTFT cold vs warm at this preset's shapes (module doc; minutes at 27b)")
+    p.add_argument("--ttft-prefix", type=int, default=16384, help="the shared prefix of the modelled TTFT (tokens)")
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -194,6 +163,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
         gate_complete=args.turns >= 5,
         performance={"tokens_reused_total": saved,
                      "tokens_computed_total": sum(c["computed"] for c in cells),
-                     "ttft_27b_modelled": ttft_27b_modelled(args.prefix_27b, 256, 64)},
+                     **({"ttft_modelled": ttft_modelled(args.ttft_preset, args.ttft_prefix)}
+                        if args.ttft_preset else {})},
         notes={"wall_s_measured": round(time.perf_counter() - t0, 2),
                "timing": f"ttft_*_s_measured: wall time on {session.label}"})
