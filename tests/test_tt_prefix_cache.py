@@ -73,16 +73,18 @@ def test_warm_equals_cold_sampled_traced_and_eviction(gen):
     cache.check()
 
 
-def _batch_run(gen, cache, prompts, limits, arrivals):
+def _batch_run(gen, cache, prompts, limits, arrivals, pool_blocks=0, keep_pool=False):
     from qwen36.tt.runtime.batch import TTBatchDecoder, batched_greedy
 
     gen.release_trace()
-    dec = TTBatchDecoder(gen.model, 4, prefix_cache=cache)
+    dec = TTBatchDecoder(gen.model, 4, prefix_cache=cache, pool_blocks=pool_blocks)
     try:
         res = batched_greedy(dec, prompts, limits, arrivals=arrivals, keep_logits=True)
-        return res, dict(dec.prefills)
+        return (res, dict(dec.prefills)) if not keep_pool else (res, dec)
     finally:
         dec.release()
+        if not keep_pool:
+            dec.release_pool()
 
 
 def test_batched_users_share_blocks_running_and_finished(gen):
@@ -103,6 +105,81 @@ def test_batched_users_share_blocks_running_and_finished(gen):
     assert cache.stats.lookups == 3 and cache.stats.tokens_reused == 2 * 64  # users 1 and 2 each reused 2 blocks
     assert cache.stats.inserts == 2  # only user 0's blocks: user 1 found them, user 2 joined under a live trace
     assert all(n.refs == 0 for n in cache.nodes())  # every user left
+
+
+def test_block_pool_caches_under_a_live_trace(gen):
+    """With a block pool (device buffers allocated before the first capture) a user joining under the live decode
+    trace caches its new blocks too: user 2 (step 3) inserts its own third block, user 3 (step 6) reuses all three.
+    Tokens and every logits row equal the schedule with nothing cached; a pool of 2 slots evicts the least recently
+    used unheld block, and refuses (caches nothing more) while every slot is held."""
+    vocab = gen.config.vocab_size
+    common = prompt_of(vocab, 64, 9)
+    third = prompt_of(vocab, 32, 10)
+    prompts = [common + prompt_of(vocab, 5, 11), common + third + [3, 4], common + third + [5, 6, 7]]
+    limits, arrivals = [3, 6, 4], [0, 3, 6]
+    cold, _ = _batch_run(gen, PrefixCache(BLOCK, 0, with_mtp=False), prompts, limits, arrivals)
+    cache = PrefixCache(BLOCK, BIG, with_mtp=False)
+    warm, dec = _batch_run(gen, cache, prompts, limits, arrivals, pool_blocks=4, keep_pool=True)
+    try:
+        assert warm.tokens == cold.tokens
+        for a, b in zip(warm.logits, cold.logits):
+            assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+        # user 0: blocks 0-1 inserted; user 1 (live trace): block 2 inserted into the pool; user 2: all three reused
+        assert cache.stats.inserts == 3 and cache.stats.tokens_reused == 2 * BLOCK + 3 * BLOCK
+        assert len(dec.pool.free) == 1 and all(n.refs == 0 for n in cache.nodes())
+    finally:
+        dec.release_pool()
+    small = PrefixCache(BLOCK, BIG, with_mtp=False)
+    other = [prompt_of(vocab, 70, 12), prompt_of(vocab, 70, 13)]  # two blocks each, no common prefix
+    warm2, dec2 = _batch_run(gen, small, other, [8, 2], [0, 0], pool_blocks=2, keep_pool=True)
+    try:
+        # user 0 takes both slots; user 1's blocks find every slot held by running user 0: refused, not cached
+        assert small.stats.inserts == 2 and small.stats.refused == 1 and small.stats.evictions == 0
+        cold2, _ = _batch_run(gen, PrefixCache(BLOCK, 0, with_mtp=False), other, [8, 2], [0, 0])
+        assert warm2.tokens == cold2.tokens
+        gen.release_trace()
+        dec2.join(0, prompt_of(vocab, 40, 14))  # both earlier users left: the LRU block is evicted for this one
+        assert small.stats.evictions == 1 and small.stats.inserts == 3
+    finally:
+        dec2.leave(0)
+        dec2.release()
+        dec2.release_pool()
+
+
+def test_pool_joins_leave_no_buffer_behind_under_a_live_trace(gen):
+    """Why the pool exists: a snapshot without one allocates device buffers that outlive the join (allowed inside
+    the join's scratch scope, but a later replay may write over them on cards); with the pool a join under the live
+    trace caches its blocks and leaves the device's allocated DRAM exactly where it was."""
+    import gc
+
+    from qwen36.tt.runtime.batch import TTBatchDecoder
+
+    vocab = gen.config.vocab_size
+
+    def join_under_trace(pool_blocks):
+        gen.release_trace()
+        cache = PrefixCache(BLOCK, BIG, with_mtp=False)
+        dec = TTBatchDecoder(gen.model, 4, prefix_cache=cache, pool_blocks=pool_blocks)
+        try:
+            dec.join(0, prompt_of(vocab, 10, 15))
+            for t in (1, 2, 3):
+                dec.step({0: t})
+            assert len(dec.traces) > 0
+            gc.collect()
+            before = list(gen.mesh.dram_used)
+            dec.join(1, prompt_of(vocab, 70, 16), insert=True)
+            gc.collect()
+            grown = gen.mesh.dram_used[0] - before[0]
+            dec.step({0: 4, 1: 5})  # the trace replays with the new user
+            return grown, cache.stats.inserts
+        finally:
+            dec.release()
+            dec.release_pool()
+
+    grown, inserts = join_under_trace(0)
+    assert inserts == 2 and grown > 0  # two blocks cached into fresh buffers
+    grown, inserts = join_under_trace(2)
+    assert inserts == 2 and grown == 0  # the same blocks copied into the pool's slots
 
 
 def test_thinking_budget_on_tt_plain(gen):

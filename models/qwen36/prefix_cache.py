@@ -165,6 +165,15 @@ class PrefixCache:
         lease.hold(node)
         return node
 
+    def evict_lru(self, keep: Node | None = None) -> bool:
+        """Evict the least recently used block that no request holds and that has no cached continuation (never
+        ``keep``); False when there is none. For owners whose payload slots run out before the byte budget."""
+        leaves = self._evictable(keep)
+        if not leaves:
+            return False
+        self._evict(min(leaves, key=lambda n: n.last_used))
+        return True
+
     def _evictable(self, keep: Node) -> list[Node]:
         out, stack = [], list(self.root.children.values())
         while stack:

@@ -38,7 +38,7 @@ import torch
 from ...config import FULL
 from ..model.model import TTQwen36Model
 from ..model.model_config import TensorGroup, state_memory_config
-from .prefix import TTPrefillResult, prefill as tt_prefix_prefill
+from .prefix import TTBlockPool, TTPrefillResult, prefill as tt_prefix_prefill
 from .sampler import DeviceSampler
 from ..model.state import GDNLayerState, KVLayerState, TTModelState, allocate_decode_inputs, allocate_state, new_layer_state
 from .trace import StepTraces
@@ -56,7 +56,8 @@ def bucket_for(users: int, buckets=DEFAULT_BUCKETS) -> int:
 
 
 class TTBatchDecoder:
-    def __init__(self, model: TTQwen36Model, slots: int, *, use_trace: bool = True, prefix_cache=None):
+    def __init__(self, model: TTQwen36Model, slots: int, *, use_trace: bool = True, prefix_cache=None,
+                 pool_blocks: int = 0):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.model, self.slots, self.use_trace = model, slots, use_trace
@@ -85,6 +86,15 @@ class TTBatchDecoder:
         self.trace_name = f"decode/B{slots}"
         self.prefix_cache = prefix_cache  # qwen36.prefix_cache.PrefixCache: users sharing a prefix share its blocks
         self.prefills: dict[int, TTPrefillResult] = {}  # slot -> its user's prefill (tokens reused, the lease)
+        # ``pool_blocks`` > 0: device buffers for that many cached blocks, allocated now (before any capture), so
+        # joins cache new blocks while the step trace is live too (tt/runtime/prefix.py)
+        self.pool = None
+        if pool_blocks:
+            if prefix_cache is None:
+                raise ValueError("pool_blocks needs a prefix_cache")
+            template = TTModelState([sc if sc is not None else st for st, sc in zip(self.state.layers, self.scratch)],
+                                    self.slot_page_table, self.state.page_table_host[:1], 0)
+            self.pool = TTBlockPool(model, template, prefix_cache.block_size, pool_blocks)
 
     # ---- host helpers -----------------------------------------------------------------------------------
     def free_slots(self) -> list[int]:
@@ -147,7 +157,8 @@ class TTBatchDecoder:
         """Prefill ``prompt`` into free ``slot`` (writes only that slot); returns the last row's fp32 logits [V].
         ``hidden_out`` (a list) receives the prompt's post-final-norm hidden rows per prefill chunk (device
         [1, 1, rows, H]: what the MTP prefill of a speculative user reads). ``insert``: whether new prefix blocks may
-        be cached (default: while this decoder's trace is not live; an owner with its own traces decides)."""
+        be cached (default: with a block pool always, without one while this decoder's trace is not live; an owner
+        with its own traces decides)."""
         self._check_slot(slot)
         if self.pos[slot] != FREE:
             raise ValueError(f"slot {slot} is held (position {self.pos[slot]}); leave() it first")
@@ -165,10 +176,12 @@ class TTBatchDecoder:
                 if isinstance(st, KVLayerState):
                     for cache in (st.k, st.v):
                         ttnn.experimental.paged_fill_cache(cache, self.kv_zeros, self.slot_page_table, batch_idx=0)
-            # with a cache: resume from the longest cached boundary; new blocks are cached only while no decode trace
-            # is live (a cached block's device buffers outlive this call; see tt/runtime/prefix.py)
+            # with a cache: resume from the longest cached boundary; new blocks are cached into the pool, or without
+            # one only while no decode trace is live (a cached block's device buffers outlive this call)
+            if insert is None:
+                insert = self.pool is not None or len(self.traces) == 0
             res = tt_prefix_prefill(self.model, view, ids.tolist(), self.prefix_cache, hidden_out=hidden_out,
-                                    insert=len(self.traces) == 0 if insert is None else insert)
+                                    insert=insert, pool=self.pool)
         self._install_scratch(slot)
         self.pos[slot] = ids.numel()
         self.prefills[slot] = res
@@ -243,7 +256,14 @@ class TTBatchDecoder:
         return sum(self.traces.captures.values())
 
     def release(self) -> None:
+        """Release the traces. The block pool's buffers stay while its cache holds blocks in them
+        (:meth:`release_pool` frees them once the cache is dropped)."""
         self.traces.release()
+
+    def release_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.release()
+            self.pool = None
 
 
 @dataclass

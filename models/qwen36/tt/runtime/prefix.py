@@ -9,6 +9,12 @@ trip:
   ``paged_fill_cache`` (a raw tile copy) into the pages the *restoring* request's row names, so a request whose
   pages differ from the one that cached the block (another slot, another server block table) restores correctly.
 
+Under a live decode trace a snapshot may not allocate (a buffer allocated after capture can share addresses a replay
+writes). A decoder that caches blocks while its trace is live owns a :class:`TTBlockPool`: the device buffers of
+``blocks`` cached blocks, allocated before any capture; a snapshot is then a copy into a free pool slot (the slices
+it copies from are scratch that dies inside the join), an evicted block gives its slot back, and when every slot is
+taken the least recently used unheld block is evicted first (none evictable: the block is not cached).
+
 Exactness as on the reference: with a cache the prompt always runs in the same pieces (blocks of ``block_size``
 rows, each one ``prefill_forward`` from the block's first position, then the tail), so a warm request continues with
 exactly the forwards a cold one runs after the restored boundary, on bit-identical state. The MTP layer's rows are
@@ -27,6 +33,7 @@ import torch
 
 from ...errors import UserError
 from ...prefix_cache import Lease, Node, PrefixCache
+from ..model.model_config import TensorGroup, activation_memory_config
 from ..model.state import GDNLayerState, KVLayerState, TTModelState
 
 _BYTES = {"bfloat16": 2.0, "float32": 4.0, "bfloat8_b": 1088 / 1024, "bfloat4_b": 576 / 1024, "int32": 4.0,
@@ -61,6 +68,101 @@ class TTBlockPayload:
         for h in self.hidden:
             self.ttnn.deallocate(h)
         self.kv, self.gdn, self.hidden = [], [], []
+
+
+@dataclass
+class PooledPayload:
+    """A cached block held in a :class:`TTBlockPool` slot (the fields :func:`_restore` reads, as TTBlockPayload)."""
+
+    kv: list[tuple[list[Any], list[Any]]]
+    gdn: list[tuple[Any, Any]]
+    hidden: list[Any]
+    nbytes: int
+    pool: "TTBlockPool"
+    index: int
+
+    def release(self) -> None:
+        """The cache evicted the block (or did not cache it): its slot is free again (the buffers stay)."""
+        self.pool.give_back(self.index)
+
+
+class TTBlockPool:
+    """Device buffers for ``blocks`` cached blocks of ``block`` tokens, allocated at construction (before any trace
+    capture) in the shapes a snapshot of ``view`` takes: per attention layer the block's K and V pages, per GDN
+    layer one recurrent + conv state of ``view``'s (batch-1) shape, the block's hidden rows per prefill chunk."""
+
+    def __init__(self, model, view: TTModelState, block: int, blocks: int):
+        if blocks < 1:
+            raise ValueError(f"a block pool needs at least one block, got {blocks}")
+        ttnn, a = model.ttnn, model.args
+        if block % a.block_size:
+            raise PrefixBlockError(f"prefix cache block size {block} must be a multiple of the paged-KV block size "
+                                   f"{a.block_size}")
+        self.block, self.ttnn = block, ttnn
+        chunks = [min(a.prefill_chunk, block - i) for i in range(0, block, a.prefill_chunk)]
+        res, mc = a.dtype(TensorGroup.RESIDUAL, ttnn), activation_memory_config(ttnn)
+        rep = ttnn.ReplicateTensorToMesh(model.mesh)
+        self.slots: list[tuple[list, list, list]] = []
+        for _ in range(blocks):
+            kv = []
+            for s in view.layers:
+                if isinstance(s, KVLayerState):
+                    pair = []
+                    for cache in (s.k, s.v):
+                        _, h, page, d = (int(x) for x in cache.shape)
+                        pair.append([ttnn.slice(cache, [0, 0, 0, 0], [1, h, page, d])
+                                     for _ in range(block // a.block_size)])
+                    kv.append((pair[0], pair[1]))
+            gdn = [(ttnn.clone(s.recurrent), ttnn.clone(s.conv)) for s in view.layers if isinstance(s, GDNLayerState)]
+            hid = [ttnn.from_torch(torch.zeros(1, 1, r, a.cfg.hidden_size), dtype=res, layout=ttnn.TILE_LAYOUT,
+                                   device=model.mesh, memory_config=mc, mesh_mapper=rep) for r in chunks]
+            self.slots.append((kv, gdn, hid))
+        first = self.slots[0]
+        self.nbytes = (sum(_nbytes(t) for ks, vs in first[0] for t in ks + vs)
+                       + sum(_nbytes(r) + _nbytes(c) for r, c in first[1]) + sum(_nbytes(h) for h in first[2]))
+        self.free = list(range(blocks))
+
+    def give_back(self, index: int) -> None:
+        if index in self.free:
+            raise RuntimeError(f"pool slot {index} given back twice")
+        self.free.append(index)
+
+    def snapshot(self, model, view: TTModelState, lo: int, hi: int, hidden: list, cache: PrefixCache,
+                 keep: Node | None) -> PooledPayload | None:
+        """Copy the block [lo, hi) of ``view`` into a free slot, evicting the cache's least recently used unheld
+        block (never ``keep``) when none is free; None when nothing can be evicted."""
+        while not self.free:
+            if not cache.evict_lru(keep):
+                return None
+        ttnn, a = self.ttnn, model.args
+        index = self.free.pop(0)
+        kv, gdn, hid = self.slots[index]
+        pages = _pages(view, lo, hi, a.block_size)
+        for s, (ks, vs) in zip([s for s in view.layers if isinstance(s, KVLayerState)], kv):
+            for cache_t, dst in ((s.k, ks), (s.v, vs)):
+                _, h, page, d = (int(x) for x in cache_t.shape)
+                for p, buf in zip(pages, dst):
+                    ttnn.copy(ttnn.slice(cache_t, [p, 0, 0, 0], [p + 1, h, page, d]), buf)
+        for s, (rec, conv) in zip([s for s in view.layers if isinstance(s, GDNLayerState)], gdn):
+            ttnn.copy(s.recurrent, rec)
+            ttnn.copy(s.conv, conv)
+        if len(hidden) != len(hid):
+            raise RuntimeError(f"a block's prefill gave {len(hidden)} hidden chunks, the pool holds {len(hid)}")
+        for h, buf in zip(hidden, hid):
+            ttnn.copy(h, buf)
+        return PooledPayload(kv, gdn, hid, self.nbytes, self, index)
+
+    def release(self) -> None:
+        for kv, gdn, hid in self.slots:
+            for ks, vs in kv:
+                for t in ks + vs:
+                    self.ttnn.deallocate(t)
+            for rec, conv in gdn:
+                self.ttnn.deallocate(rec)
+                self.ttnn.deallocate(conv)
+            for h in hid:
+                self.ttnn.deallocate(h)
+        self.slots, self.free = [], []
 
 
 @dataclass
@@ -123,11 +225,13 @@ def check_block_size(cache: PrefixCache, model) -> None:
 
 @torch.no_grad()
 def prefill(model, view: TTModelState, prompt: Sequence[int], cache: PrefixCache | None = None,
-            lease: Lease | None = None, hidden_out: list | None = None, insert: bool = True) -> TTPrefillResult:
+            lease: Lease | None = None, hidden_out: list | None = None, insert: bool = True,
+            pool: TTBlockPool | None = None) -> TTPrefillResult:
     """Prefill ``prompt`` into ``view`` (GDN buffers of one user, the KV caches and the user's page-table row; at
     position 0, GDN state zero). Without ``cache``: ``model.prefill_forward`` over the whole prompt, as before.
     ``insert=False``: reuse cached blocks but cache no new ones (the pieces are the same either way): a snapshot
-    allocates device buffers that outlive the call, which is not allowed while a decode trace is live."""
+    allocates device buffers that outlive the call, which is not allowed while a decode trace is live, unless
+    ``pool`` holds them (a copy into a slot allocated before capture)."""
     n = len(prompt)
     if n == 0:
         raise ValueError("empty prompt")
@@ -153,10 +257,21 @@ def prefill(model, view: TTModelState, prompt: Sequence[int], cache: PrefixCache
         if hidden_out is not None:
             hidden_out += hs
         if caching:
-            pl = _snapshot(model, view, p, p + b, hs)
-            node = cache.insert(parent, prompt[p:p + b], pl, pl.nbytes, lease)
-            if node is None or node.payload is not pl:
-                pl.release()  # not cached (budget) or an equal block was already there
+            block_ids = prompt[p:p + b]
+            have = cache.child(parent, block_ids)
+            if have is not None:  # an equal block is cached already (its bits are this computation's): hold it
+                pl = None
+            elif pool is not None:
+                pl = pool.snapshot(model, view, p, p + b, hs, cache, keep=parent)
+            else:
+                pl = _snapshot(model, view, p, p + b, hs)
+            if have is None and pl is None:  # the pool is full of blocks held by running requests
+                cache.stats.refused += 1
+                node = None
+            else:
+                node = cache.insert(parent, block_ids, pl, pl.nbytes if pl is not None else have.nbytes, lease)
+                if pl is not None and (node is None or node.payload is not pl):
+                    pl.release()  # not cached (budget)
             parent, caching = node, node is not None
         p += b
     logits = model.prefill_forward(ids[p:], view, hidden_out=hidden_out)[-1]
