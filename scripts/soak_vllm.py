@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         return dict(step=step, running=len(sched.running), waiting=len(sched.waiting),
                     free_blocks=sched.kv_cache_manager.block_pool.get_num_free_blocks(),
                     slots_held=(sum(f is not None for f in model.batch.fed) if model.batch is not None else
-                                int(model._mode is not None)),
+                                int(model.server.mode is not None)),
                     slots_busy=sum(p >= 0 for p in dec.pos) if dec is not None else None,
                     live_traces=len(ctx.mesh_device.trace.live_trace_ids()),
                     captures=(sum(c for d in dec.decs.values() for c in d.traces.captures.values())
