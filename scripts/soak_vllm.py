@@ -62,6 +62,36 @@ def make_requests(args, vocab: int) -> list[dict]:
     return reqs
 
 
+def carry_discarded_finishes(scheduler_cls) -> list:
+    """Workaround for the plugin's lost finishes (docs/serving.md, "Long runs"): in DEFAULT mode
+    ``TTScheduler.schedule`` (e3fc849) runs a prefill-only pass, and when it schedules nothing while decodes run it
+    throws that pass's ``SchedulerOutput`` away and returns a decode-only pass; but the base scheduler already
+    cleared its ``finished_req_ids`` (and preempted ids) into the discarded output, so the runner never hears of
+    those requests and keeps their device state slots until ``_alloc_prefill_state_slots`` runs out. This carries
+    the discarded pass's finished / preempted ids onto the decode-only pass (what the plugin's lane scheduler does
+    for its own fallback). Returns the list of carried id sets, appended to as it happens."""
+    carried: list = []
+    prefill_only, decode_only = scheduler_cls._schedule_prefill_only, scheduler_cls._schedule_decode_only
+
+    def prefill_pass(self):
+        self._soak_prefill_pass = out = prefill_only(self)
+        return out
+
+    def decode_pass(self):
+        out = decode_only(self)
+        dropped, self._soak_prefill_pass = getattr(self, "_soak_prefill_pass", None), None
+        if dropped is not None and dropped.total_num_scheduled_tokens == 0:
+            if dropped.finished_req_ids:
+                carried.append(sorted(dropped.finished_req_ids))
+            out.finished_req_ids |= dropped.finished_req_ids
+            if dropped.preempted_req_ids:
+                out.preempted_req_ids = (out.preempted_req_ids or set()) | dropped.preempted_req_ids
+        return out
+
+    scheduler_cls._schedule_prefill_only, scheduler_cls._schedule_decode_only = prefill_pass, decode_pass
+    return carried
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=200)
@@ -80,6 +110,9 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", default="default",
                     help="checkpoint dir, 'default' (the embedded one) or 'ci' (the CI test preset, bf16)")
     ap.add_argument("--sample-every", type=int, default=20, help="engine steps between resource samples")
+    ap.add_argument("--carry-finishes", action="store_true",
+                    help="patch the plugin's TTScheduler so a discarded prefill pass's finished ids reach the runner "
+                         "(workaround for the lost finishes, docs/serving.md 'Long runs'); off: the plugin as is")
     ap.add_argument("--record", type=Path, help="write the plugin's calls here (JSON, replayable in CI)")
     ap.add_argument("--out", type=Path, help="write the run's summary and resource curve here (JSON)")
     args = ap.parse_args(argv)
@@ -97,6 +130,12 @@ def main(argv=None) -> int:
     from qwen36.tt_ops.device import open_mesh
 
     torch.set_num_threads(1)
+    carried = None
+    if args.carry_finishes:
+        from vllm_tt_plugin.scheduler import TTScheduler
+        carried = carry_discarded_finishes(TTScheduler)
+        print("soak_vllm: TTScheduler patched to carry a discarded prefill pass's finished ids (--carry-finishes)",
+              flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="soak-"))
     ck = (DEFAULT_CHECKPOINT if args.checkpoint == "default"
           else make_bf16_checkpoint(tmp / "ci", "ci") if args.checkpoint == "ci" else Path(args.checkpoint))
@@ -149,7 +188,7 @@ def main(argv=None) -> int:
         return dict(step=step, running=len(sched.running), waiting=len(sched.waiting),
                     free_blocks=sched.kv_cache_manager.block_pool.get_num_free_blocks(),
                     slots_held=(sum(f is not None for f in model.batch.fed) if model.batch is not None else
-                                int(model._mode is not None)),
+                                int(model.server.mode is not None)),
                     slots_busy=sum(p >= 0 for p in dec.pos) if dec is not None else None,
                     live_traces=len(ctx.mesh_device.trace.live_trace_ids()),
                     captures=(sum(c for d in dec.decs.values() for c in d.traces.captures.values())
@@ -250,7 +289,8 @@ def main(argv=None) -> int:
         soak_s=round(t_soak, 1), completed=len(done), aborted=len(aborted), preempted_seen=len(preempted),
         resumed=len(resumed), greedy_equal=greedy_ok, greedy_checked=sum(r["id"] in greedy_ref for r in done),
         sampled_equal=sampled_ok, sampled_checked=len(sampled_done), alone_s=round(t_alone, 1), mismatches=bad,
-        flat=flat, plugin_calls=soak_calls, args={k: str(v) for k, v in vars(args).items()}, curve=curve)
+        flat=flat, plugin_calls=soak_calls, carried_finishes=carried,
+        args={k: str(v) for k, v in vars(args).items()}, curve=curve)
     print("\nstep  running waiting free_blocks slots_held slots_busy live_traces captures rss_mb  t")
     for c in curve:
         print(f"{c['step']:5d} {c['running']:7d} {c['waiting']:7d} {c['free_blocks']:11d} {c['slots_held']:10d} "

@@ -473,7 +473,7 @@ def test_spec_auto_depth_sequence_equals_greedy(reference, spec_auto):
     assert emitted[:N_NEW] == reference[:N_NEW]
     assert r.proposed == plans  # what each proposal offered is the depth the plan reported
     # = the controller's choice per step (its first choice went to the first verify, which carries no drafts)
-    assert r.proposed == r.m.controller.chosen[1:len(r.proposed) + 1]
+    assert r.proposed == r.m.server.controller.chosen[1:len(r.proposed) + 1]
     assert len(set(r.proposed)) > 1, r.proposed  # the controller moved (the CI MTP drafts are rarely accepted)
     assert r.m.depth_plan()["mode"] == "auto" and max(r.m.depth_plan()["depths"]) == K_AUTO
     caps = {n: c - before.get(n, 0) for n, c in r.m.spec_backend.traces.captures.items()}
@@ -539,7 +539,7 @@ def test_lifecycle_hooks_and_refusals(spec):
     # the same step, well formed, still runs after every refusal above (they changed no state)
     assert len(r.verify(block[0], P + 1, [], 1)) == 1
     r.finish()
-    assert m._mode is None
+    assert m.server.mode is None
     with pytest.raises(RuntimeError, match="prefill_forward first"):
         m.decode_forward(tokens=torch.tensor([[first]]), start_pos=torch.tensor([P]))
 

@@ -1,0 +1,477 @@
+"""One vLLM sequence on :class:`TTGenerator` (prefill, plain decode, device sampling) and the adapter's
+:class:`TTSpecBackend` (the speculative step): the vllm-tt adapter's server for ``max_num_seqs`` 1, the launch
+speculative decoding needs. The sequence lives in GDN state slot 0; rows past the first are accepted only as the
+runner's padding rows (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert outputs."""
+from __future__ import annotations
+
+import secrets
+
+import torch
+
+from ...config import LINEAR, Qwen36Config
+from ...speculative.depth import DepthPolicy, cost_key
+from ...speculative.sampling import SamplingParams, TokenHistory, pick_token
+from . import vllm_types as vt
+from .vllm_args import DEPTH_COSTS, ONE_USER, DecodeHandle, batch_rows, max_depth, sampling_from_plugin
+
+
+def depth_controller(k_max: int, costs: str = DEPTH_COSTS):
+    """The fitted draft-depth controller (``speculative/depth.py``) for steps of at most ``k_max`` drafts."""
+    return DepthPolicy.load().controller(cost_key(costs), k_max=k_max)
+
+
+def spec_bytes(cfg: Qwen36Config, depths, max_len: int) -> int:
+    """Declared device bytes of one speculating sequence over the whole mesh (the plugin records, does not yet
+    budget, this): the K+1 fp32 GDN recurrent-state candidate slots of the shadow commit for every depth the
+    step may use (one ring per depth), plus the MTP head's own bf16 KV cache for ``max_len`` tokens. An
+    estimate from the config, not a measurement."""
+    n_gdn = sum(1 for t in cfg.layer_types if t == LINEAR)
+    slots = sum(int(k) + 1 for k in depths)
+    gdn = slots * n_gdn * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    mtp_kv = cfg.mtp_num_hidden_layers * 2 * max_len * cfg.num_key_value_heads * cfg.head_dim * 2
+    return int(gdn + mtp_kv)
+
+
+class OneSequenceServer:
+    """The live sequence of a ``max_num_seqs`` 1 launch: its prompt, mode (None: no sequence, "new" after the
+    prefill, then "plain" or "spec"), the device-sampling state and, under ``spec_depth`` auto, its depth
+    controller. ``owner`` holds the generator, the speculative backend and the launch options."""
+
+    slots = 1
+
+    def __init__(self, owner):
+        self.owner = owner
+        self.gen, self.model, self.state = owner.gen, owner.model, owner.state
+        self.spec_k, self.spec_depth, self.uses_mrope = owner.spec_k, owner.spec_depth, owner.uses_mrope
+        self.controller = None  # the depth controller of the live sequence (auto)
+        self._first_k = None  # auto: the depth chosen for a sequence's first step
+        if self.spec_depth == "auto":
+            self.new_controller()
+        self.mode = None  # None (no sequence) | "new" (after prefill) | "plain" | "spec"
+        self._accepted_count = None  # tokens committed by the last spec call (1 right after prefill)
+        self._prompt: list[int] | None = None  # the live sequence's prefilled tokens
+        self._request_seed = None  # the seed of a live request that carries none (drawn at its prefill)
+        self._sampling: SamplingParams | None = None  # the device-sampled sequence's params (None: logits)
+        self._emitted: list[int] = []  # tokens the device-sampled sequence emitted (the plugin's output tokens)
+
+    @property
+    def spec_backend(self):
+        return self.owner.spec_backend
+
+    def new_controller(self):
+        """A new sequence (or the launch): acceptance estimates start from the fitted prior."""
+        k_max = min(int(self.spec_k), max_depth(self.model.args.cfg))
+        self.controller = depth_controller(k_max, self.owner.depth_costs)
+        self._first_k = None
+        return self.controller
+
+    def depth_plan(self) -> dict:
+        if self.spec_depth == "fixed":
+            return {"mode": "fixed", "depths": (self.spec_k,) if self.spec_k else (), "next_k": self.spec_k}
+        be = self.spec_backend
+        nxt = be.next_depth if be is not None and be.depth is not None else self._first_k
+        return {"mode": "auto", "depths": tuple(self.controller.depths), "next_k": nxt,
+                "costs": self.controller.describe()}
+
+    def on_kv_pool(self, num_blocks: int) -> None:
+        """vLLM's pool replaced the model's cache: the generator and the speculative backend read it directly."""
+
+    def release_traces(self) -> None:
+        """The generator's and the speculative backend's traces are the owner's to release."""
+
+    def _live_rows(self, positions: torch.Tensor, what: str) -> None:
+        """Row 0 is the sequence; every other row must be a padding row (position -1 in the first column)."""
+        first = positions.reshape(positions.shape[0], -1)[:, 0]
+        live = [i for i in range(1, first.numel()) if int(first[i]) >= 0]
+        if live:
+            raise NotImplementedError(f"{what}: rows {live} carry a second live request; {ONE_USER}")
+
+    def _bind_page_table(self, page_table) -> None:
+        """Copy the sequence's row of vLLM's block table into the model's persistent page-table buffer (host ->
+        device, outside any trace) when it changed. Entries past the model's blocks_per_seq must be the null
+        block 0; every id must index the allocated cache."""
+        if page_table is None:
+            return
+        pt = torch.as_tensor(page_table)
+        if pt.dim() != 2:
+            raise ValueError(f"page_table must be [B, max_blocks], got shape {tuple(pt.shape)}")
+        row = pt[0].to(torch.int32)
+        bps = self.model.args.blocks_per_seq
+        if row.numel() > bps and bool((row[bps:] != 0).any()):
+            raise ValueError(f"page_table row 0 names blocks past blocks_per_seq={bps} (max_seq_len "
+                             f"{self.model.args.max_seq_len}): {row[bps:].tolist()}")
+        limit = getattr(self.owner, "num_blocks", self.model.args.num_blocks)
+        if int(row.min()) < 0 or int(row.max()) >= limit:
+            raise ValueError(f"page_table row 0 has block ids outside [0, {limit}): {row.tolist()}")
+        new = torch.zeros(bps, dtype=torch.int32)
+        w = min(bps, row.numel())
+        new[:w] = row[:w]
+        host = self.state.page_table_host
+        if torch.equal(host[0], new):
+            return
+        host[0] = new
+        ttnn, dev = self.gen.ttnn, self.state.page_table
+        h = ttnn.from_torch(host.clone(), dtype=dev.dtype, layout=dev.layout,
+                            mesh_mapper=ttnn.ReplicateTensorToMesh(dev.device()))
+        ttnn.copy_host_to_device_tensor(h, dev)
+
+    # ---- prefill -------------------------------------------------------------------------------------------
+    def prefill(self, tokens, lens, start_pos, page_table, empty_slots, sampling_params, enable_trace: bool):
+        """Prefill the sequence ``tokens[0, :lens[0]]`` (or continue it by one token: its next decode step)."""
+        if tokens.shape[0] > 1:
+            raise NotImplementedError(f"prefill of {tokens.shape[0]} requests in one call: {ONE_USER}")
+        start = 0 if start_pos is None else int(torch.as_tensor(start_pos).reshape(-1)[0])
+        if empty_slots is not None and list(empty_slots) != [0]:
+            raise NotImplementedError(f"empty_slots={list(empty_slots)}: the only state slot is 0; {ONE_USER}")
+        if start != 0:
+            return self._one_token_continuation(tokens, start, int(lens[0]), page_table, enable_trace,
+                                                sampling_params)
+        self._bind_page_table(page_table)
+        prompt = tokens[0, : int(lens[0])].tolist()
+        logits = self._prefill(prompt)
+        out = logits.reshape(1, 1, -1)
+        if sampling_params is not None:  # sample_on_device_mode "all": the runner expects the first token
+            out = torch.tensor([[self._first_token(prompt, logits, sampling_params)]], dtype=torch.int32)
+        if self.uses_mrope:
+            return out, torch.zeros(1, dtype=torch.int64)
+        return out
+
+    def _one_token_continuation(self, tokens, start: int, end: int, page_table, enable_trace: bool,
+                                sampling_params):
+        """A prefill call that continues the live sequence by exactly one token is that sequence's next decode step.
+
+        The plugin's synchronous runner sends decode steps this way: its ``_prepare_model_inputs`` classifies a
+        request as "still prefilling" while ``num_computed_tokens < num_tokens``, and after a step's token is
+        applied to its input batch that holds for the next step too (the scheduler counts the new token as not
+        yet computed), so the step arrives as ``prefill_forward(tokens[:, :n+1], start_pos=[n], prompt_lens=[n+1])``
+        and expects the prefill's return form. Anything else that starts past 0 (a cached prefix, a real chunked
+        prefill) is refused."""
+        if self.mode not in ("new", "plain") or start != self.state.pos or end != start + 1:
+            raise NotImplementedError(f"prefill start_pos=[{start}], prompt_lens=[{end}]: a prefill continues no "
+                                      f"cached prefix here (run vLLM without prefix caching / chunked prefill); only the "
+                                      f"one-token continuation of the live sequence (its next decode step) is served")
+        if tokens[0, : len(self._prompt)].tolist() != self._prompt:
+            raise ValueError("prefill continuation: its tokens do not start with the live sequence's prompt")
+        self._bind_page_table(page_table)
+        pos = torch.full((tokens.shape[0],), -1, dtype=torch.int32)  # rows past 0: padding (position -1)
+        pos[0] = start
+        out = self.owner.decode_forward(tokens[:, start: start + 1], None, None, pos, enable_trace=enable_trace,
+                                  read_from_device=True, sampling_params=sampling_params)
+        if self.uses_mrope:
+            return out, torch.zeros(tokens.shape[0], dtype=torch.int64)
+        return out
+
+    def _prefill(self, prompt: list[int]) -> torch.Tensor:
+        if self.spec_backend is not None:
+            self.spec_backend.use_trace = self.gen.use_trace
+            self.spec_backend.join(0, prompt, SamplingParams())  # greedy; also keeps the MTP's h_t
+            logits = self.spec_backend.prefill_logits
+            if self.spec_depth == "auto":  # a new sequence: acceptance estimates start from the fitted prior
+                self.new_controller()
+        else:
+            logits = self.gen.prefill(prompt)
+        self.mode, self._accepted_count = "new", 1
+        self._prompt, self._sampling, self._emitted = list(prompt), None, []
+        self._request_seed = secrets.randbits(31)  # used only if the request carries no seed
+        return logits
+
+    # ---- sampling (sample_on_device_mode) ------------------------------------------------------------------
+    def _request_params(self, sampling_params) -> SamplingParams:
+        """Row 0 of the plugin's payload as our params; within one sequence they must stay the same."""
+        params = sampling_from_plugin(sampling_params, self.model.args.cfg.vocab_size, self._request_seed)
+        if self._sampling is not None and params != self._sampling:
+            raise ValueError(f"sampling_params changed within one sequence ({self._sampling.describe()} -> "
+                             f"{params.describe()}): a new request starts with a prefill")
+        if self.spec_k and (not params.greedy or params.penalized):
+            raise NotImplementedError(f"speculative launch: {params.describe()} requested, but the verify serves "
+                                      f"greedy requests without penalties only (accept mode argmax_ids; the plugin "
+                                      f"admits no other request under speculation)")
+        return params
+
+    def _first_token(self, prompt: list[int], logits: torch.Tensor, sampling_params) -> int:
+        """The prefill's token from the prompt's last row, picked on the host with the request's params (as
+        ``TTGenerator.generate`` picks it); a plain launch then starts the device sampler for the decode steps."""
+        params = self._request_params(sampling_params)
+        gen = params.generator() if not params.greedy else None
+        tok = int(pick_token(logits.reshape(1, -1), params, gen,
+                             TokenHistory(prompt, self.model.args.cfg.vocab_size).now()))
+        if not self.spec_k:
+            self._start_sampler(params, tok)
+        return tok
+
+    def _start_sampler(self, params: SamplingParams, first: int) -> None:
+        """Device sampling for the live sequence: the sampler of ``params`` (re)allocated while no trace is live
+        (the prefill released them), penalty state from the prompt and ``first``, the seeded stream restarted."""
+        self.gen.release_trace()  # the sample trace reads the sampler's buffers: never live across a swap
+        self.gen.sampler = self.gen._sampler_for(params)
+        self.gen.sampler.start(0, params, self._prompt, first)
+        self._sampling, self._emitted = params, [first]
+
+    def _check_history(self, prompt_tokens, output_tokens) -> None:
+        """The plugin's token history (sent with device sampling when a penalty is on) must be the sequence the
+        device penalty state was built from."""
+        if prompt_tokens is None and output_tokens is None:
+            return
+        pt = [int(t) for t in torch.as_tensor(prompt_tokens)[0].tolist() if int(t) != -1]
+        ot = [int(t) for t in torch.as_tensor(output_tokens)[0].tolist() if int(t) != -1]
+        if pt != self._prompt or ot != self._emitted:
+            raise ValueError(f"the runner's token history (prompt {len(pt)} tokens, output {len(ot)}) differs from the "
+                             f"sequence the device penalty state holds (prompt {len(self._prompt)}, output "
+                             f"{len(self._emitted)}): a request resumed after preemption re-prefills its output as "
+                             f"prompt, which the penalty state cannot tell apart")
+
+    # ---- decode / verify -----------------------------------------------------------------------------------
+    def decode(self, tokens, pos, page_table, enable_trace: bool, read_from_device: bool, sampling_params,
+               num_valid_drafts, accepted_counts, spec_mode, extra: dict):
+        """Plain decode of the sequence (row 0; other rows padding), or with ``spec_mode`` its verify step."""
+        self._live_rows(pos, "decode_forward")
+        if self.mode is None:
+            raise RuntimeError("decode_forward with no live sequence (prefill_forward first)")
+        self._bind_page_table(page_table)
+        if spec_mode is not None:
+            if sampling_params is not None:
+                self._request_params(sampling_params)  # greedy without penalties, or refused
+            out = self._verify(tokens, pos, num_valid_drafts, accepted_counts, spec_mode, enable_trace)
+            return out
+        if num_valid_drafts is not None or accepted_counts is not None:
+            # a TypeError, as the plugin's reference model raises: a caller that sends the side tensors and forgets
+            # the mode called this wrong and must not get a plain decode back
+            raise TypeError("num_valid_drafts / accepted_counts arrive together with spec_mode, never without")
+        if tokens.shape[1] != 1:
+            raise ValueError(f"plain decode takes tokens [B, 1], got {tuple(tokens.shape)}")
+        self._enter("plain")
+        start = int(pos.reshape(-1)[0])
+        if start != self.state.pos:
+            raise ValueError(f"start_pos {start} != the sequence's next position {self.state.pos} (decode continues "
+                             f"the prefilled sequence; a resumed request is prefilled again)")
+        self.gen.use_trace = bool(enable_trace)
+        if sampling_params is not None:
+            return self._sampled_decode(tokens, sampling_params, read_from_device, extra)
+        if self._sampling is not None:
+            raise RuntimeError("decode without sampling_params in a sequence sampled on device: one sequence is "
+                               "sampled on device or on the host throughout")
+        logits, _ = self.gen.decode_step(int(tokens[0, 0]))
+        out = torch.zeros(tokens.shape[0], 1, logits.shape[-1], dtype=torch.float32)
+        out[0, 0] = logits
+        return out if read_from_device else DecodeHandle(out)
+
+    def _sampled_decode(self, tokens, sampling_params, read_from_device: bool, kwargs: dict):
+        """Plain decode step whose token the device picks (the traced decode + DeviceSampler step)."""
+        params = self._request_params(sampling_params)
+        tok_in = int(tokens[0, 0])
+        if self._sampling is None:
+            # sample_on_device_mode "decode_only": vLLM sampled the prefill's token on the host; it is this input
+            if self.state.pos != len(self._prompt):
+                raise RuntimeError("sampling_params on a sequence whose earlier decode steps returned logits: one "
+                                   "sequence is sampled on device or on the host throughout")
+            self._start_sampler(params, tok_in)
+        elif tok_in != self._emitted[-1]:
+            raise ValueError(f"decode input token {tok_in} != the token this model sampled last ({self._emitted[-1]})")
+        self._check_history(kwargs.get("prompt_tokens"), kwargs.get("output_tokens"))
+        tok, _ = self.gen.sample_step(tok_in)
+        self._emitted.append(tok)
+        out = torch.zeros(tokens.shape[0], 1, dtype=torch.int32)  # padding rows: token 0, never read
+        out[0, 0] = tok
+        return out if read_from_device else DecodeHandle(tokens=out)
+
+    def _enter(self, mode: str) -> None:
+        if self.mode not in ("new", mode):
+            raise RuntimeError(f"{mode} step in a sequence that runs {self.mode} steps: plain decode and spec "
+                               f"steps cannot be mixed within one sequence (prefill a new one)")
+        if mode == "spec" and self.spec_backend is None:
+            raise NotImplementedError("speculative decoding needs the checkpoint's MTP head (mtp_num_hidden_layers"
+                                      " = 0 here)")
+        self.mode = mode
+
+    def _check_accepted(self, accepted_counts, rows: int) -> None:
+        if accepted_counts is None:
+            raise ValueError("spec step needs accepted_counts[B] (tokens the previous step committed; 1 after the "
+                             "prefill)")
+        ac = torch.as_tensor(accepted_counts).reshape(-1)
+        if ac.numel() != rows:
+            raise ValueError(f"accepted_counts has {ac.numel()} rows, the block {rows}")
+        if int(ac[0]) != self._accepted_count:
+            raise ValueError(f"accepted_counts[0]={int(ac[0])} selects state slot {int(ac[0]) - 1}, but the device "
+                             f"committed slot {self._accepted_count - 1} ({self._accepted_count} tokens): our step "
+                             f"commits on device with the greedy count, a different slot is not supported")
+
+    def _verify(self, tokens, pos, num_valid_drafts, accepted_counts, spec_mode, enable_trace: bool):
+        if spec_mode != vt.ACCEPT_MODE_ARGMAX_IDS:
+            raise NotImplementedError(f"spec_mode={spec_mode!r}: this model serves {vt.ACCEPT_MODE_ARGMAX_IDS!r}")
+        b, k = tokens.shape[0], tokens.shape[1] - 1
+        if k < 1 or b < 1 or tuple(pos.shape) != tuple(tokens.shape):
+            raise ValueError(f"verify needs tokens and start_pos [B, 1+K] with at least one row and K >= 1, got "
+                             f"{tuple(tokens.shape)} and {tuple(pos.shape)}")
+        # the contract's domain for the side tensors, on every row (padding rows too): both sides check the same
+        vt.check_spec_side_tensors(num_valid_drafts, accepted_counts, b, k)
+        self._enter("spec")
+        self._check_accepted(accepted_counts, b)
+        if num_valid_drafts is None:
+            raise ValueError("spec_mode needs num_valid_drafts[B]")
+        nv_all = torch.as_tensor(num_valid_drafts).reshape(-1)
+        nv = int(nv_all[0])
+        if nv_all.numel() != b or not 0 <= nv <= k:
+            raise ValueError(f"num_valid_drafts {nv_all.tolist()} must be [B={b}] in [0, K={k}]")
+        row = [int(t) for t in tokens[0].tolist()]
+        prow = [int(p) for p in pos[0].tolist()]
+        n = self.spec_backend.n
+        if row[0] != self.spec_backend.history[-1] or prow[0] != n:
+            raise ValueError(f"verify row 0 (token {row[0]} at {prow[0]}) must be the pending token "
+                             f"{self.spec_backend.history[-1]} at position {n}")
+        if prow[: nv + 1] != list(range(n, n + nv + 1)):
+            raise ValueError(f"verify positions {prow[: nv + 1]} != {list(range(n, n + nv + 1))}")
+        self.spec_backend.use_trace = bool(enable_trace)
+        kd = self._step_depth(k)  # the depth of this step: the block width, or (auto) the controller's choice
+        if nv > kd:
+            raise ValueError(f"num_valid_drafts={nv} but this step drafted {kd} (propose_draft_tokens' num_valid)")
+        self._draft(kd)
+        drafts = row[1: nv + 1]
+        vocab = self.model.args.cfg.vocab_size
+        self.spec_backend.step_state.write_drafts(drafts + [0] * (kd - nv))  # placeholder columns: any valid id, never read
+        self.spec_backend.write_accept_drafts(drafts + [vocab] * (kd - nv))  # never equal to an argmax: acceptance <= n
+        vout = self.spec_backend.verify(None)
+        ids = self.model.to_host(vout.out.tokens).reshape(-1).to(torch.int64)[: kd + 1]
+        acc = self.spec_backend.accept(None, vout)[0]
+        host_a = 0
+        while host_a < nv and drafts[host_a] == int(ids[host_a]):
+            host_a += 1
+        if host_a != acc.num_accepted:
+            raise RuntimeError(f"device acceptor accepted {acc.num_accepted} drafts but the argmax ids imply {host_a}")
+        if self.spec_depth == "auto":
+            # the next depth, from the count accept() just read (no other device read), before the commit drafts it
+            if nv:
+                self.controller.observe(nv, acc.num_accepted)
+            self.spec_backend.plan_next_depths({0: self.controller.choose()})
+        self.spec_backend.commit({0: acc})
+        self._accepted_count = acc.num_accepted + 1
+        out = torch.zeros(b, k + 1, dtype=torch.int32)  # padding rows / columns past this step's depth: never read
+        out[0, : kd + 1] = ids.to(torch.int32)
+        return vt.VerifyOutput(spec_mode=vt.ACCEPT_MODE_ARGMAX_IDS, argmax_ids=out, hidden=None)
+
+    def _step_depth(self, width: int) -> int:
+        """Depth of the open step: the block width K (fixed), or the depth the last commit drafted at (auto; the
+        controller's first choice for a sequence's first step)."""
+        if self.spec_depth == "fixed":
+            return width
+        if width < self.controller.k_max:
+            raise ValueError(f"verify block width K={width} < the deepest step {self.controller.k_max}")
+        be = self.spec_backend
+        if be.depth is not None:
+            return be.next_depth
+        if self._first_k is None:
+            self._first_k = self.controller.choose()
+        return self._first_k
+
+    def _draft(self, k: int) -> None:
+        if self.spec_backend.phase != "drafted":
+            self.spec_backend.draft({0: k})  # first call at this K: allocates, MTP prefill + first chain
+        elif k != self.spec_backend.depth:
+            raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec_backend.depth})")
+
+    def propose(self, num_drafts: int, committed_tokens, committed_positions, accepted_counts, hidden):
+        """``DraftOutput(draft_token_ids [B, K] int32, num_valid [B] int32)`` from the device MTP: the drafts its
+        chain already wrote after the last commit (moves no state). ``committed_tokens`` [B, 1+K]: this step's
+        committed block; entry ``accepted_counts - 1`` of row 0 is the pending token. Padding rows get
+        placeholder ids and ``num_valid`` 0. ``hidden`` is None: the MTP reads the verify hidden on device."""
+        if hidden is not None:
+            raise NotImplementedError("hidden must be None: the MTP reads the verify's hidden state on device "
+                                      "(spec_hidden_handoff on_device)")
+        ct = batch_rows(committed_tokens, "committed_tokens")
+        cp = torch.as_tensor(committed_positions)
+        b, width = ct.shape[0], int(num_drafts)
+        if ct.dim() != 2 or tuple(cp.shape) != tuple(ct.shape) or b < 1 or ct.shape[1] != width + 1:
+            raise ValueError(f"propose needs committed tokens and positions of one shape [B, 1+K] (K = num_drafts "
+                             f"= {width}, at least one row), got {tuple(ct.shape)} and {tuple(cp.shape)}")
+        vt.check_spec_side_tensors(torch.zeros(b, dtype=torch.int32), accepted_counts, b, width, call="propose")
+        self._enter("spec")
+        self._check_accepted(accepted_counts, b)
+        k = self._step_depth(width)
+        pending = int(ct.reshape(b, -1)[0, self._accepted_count - 1])
+        if pending != self.spec_backend.history[-1]:
+            raise ValueError(f"committed token {pending} (entry {self._accepted_count - 1}) != the model's pending "
+                             f"token {self.spec_backend.history[-1]}")
+        self._draft(k)
+        drafts, _ = self.spec_backend.drafter.head.read_drafts()
+        ids = torch.full((b, width), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+        ids[0, :k] = torch.tensor(drafts, dtype=torch.int32)
+        nv = torch.zeros(b, dtype=torch.int32)
+        nv[0] = k  # auto: the controller's depth for this step (<= the width vLLM reserved)
+        return vt.DraftOutput(draft_token_ids=ids, num_valid=nv)
+
+    # ---- request lifecycle ---------------------------------------------------------------------------------
+    def release(self, slot: int) -> None:
+        """A finished / preempted request: forget the sequence (its GDN state is zeroed by the next prefill)."""
+        if int(slot) != 0:
+            raise ValueError(f"release_request(slot={slot}): the only state slot is 0")
+        if self.spec_backend is not None and self.spec_backend.phase == "drafted":
+            self.spec_backend.abort()  # the outstanding proposal belongs to the released request
+        self.mode, self._accepted_count = None, None
+        self._prompt, self._sampling, self._emitted, self._request_seed = None, None, [], None
+
+    def check_moved(self, moved: dict) -> None:
+        if moved:
+            raise NotImplementedError(f"state slots moved {moved}: the only state slot is 0 ({ONE_USER})")
+
+    def check_remap(self, remap) -> None:
+        r = torch.as_tensor(remap).reshape(-1)
+        if r.numel() and int(r[0]) != 0:
+            raise NotImplementedError(f"slot_remap {r.tolist()}: row 0 must read slot 0 ({ONE_USER})")
+
+    def warmup_prefill(self, lens: list[int]) -> None:
+        self._bind_page_table(self.owner._warm_page_table())
+        for n in lens:
+            self._prefill([i % self.model.args.cfg.vocab_size for i in range(1, n + 1)])
+        self.owner.release_request(0)
+
+    def warmup_decode(self, steps: int, enable_trace: bool, sampled: bool = False) -> None:
+        """The one-sequence step of this launch: plain decode (and with ``sampled`` the device-sampled step), or the
+        K-draft verify + commit + MTP chain when the launch speculates."""
+        self._bind_page_table(self.owner._warm_page_table())
+        self.gen.use_trace = bool(enable_trace)
+        prompt = [1, 2]
+        first = int(self._prefill(prompt).argmax())
+        if self.spec_k:
+            k = self.spec_k
+            self.spec_backend.use_trace = bool(enable_trace)
+            pos, tok, ac, block = len(prompt), first, 1, [first]
+            for i in range(steps):  # as the runner: the first verify after a prefill carries no drafts
+                nv, drafts = 0, [vt.PLACEHOLDER_TOKEN_ID] * k
+                if i:
+                    pad = [vt.PLACEHOLDER_TOKEN_ID] * (k + 1 - len(block))
+                    d = self.owner.propose_draft_tokens(k, torch.tensor([block + pad], dtype=torch.int32),
+                                                  torch.tensor([list(range(pos - ac + 1, pos + 1)) + [-1] * len(pad)],
+                                                               dtype=torch.int32),
+                                                  torch.tensor([ac], dtype=torch.int32))
+                    nv, drafts = int(d.num_valid[0]), d.draft_token_ids[0].tolist()  # auto: nv <= k
+                v = self.owner.decode_forward(torch.tensor([[tok] + drafts]), None, None,
+                                        torch.tensor([[pos + j if j <= nv else -1 for j in range(k + 1)]]),
+                                        enable_trace=enable_trace,
+                                        num_valid_drafts=torch.tensor([nv], dtype=torch.int32),
+                                        accepted_counts=torch.tensor([ac], dtype=torch.int32),
+                                        spec_mode=vt.ACCEPT_MODE_ARGMAX_IDS)
+                a = self._accepted_count - 1
+                block = v.argmax_ids[0, : a + 1].tolist()
+                tok, pos, ac = block[-1], pos + a + 1, a + 1
+        else:
+            tok = first
+            for i in range(steps):
+                logits = self.owner.decode_forward(torch.tensor([[tok]]), None, None, torch.tensor([len(prompt) + i]),
+                                             enable_trace=enable_trace)
+                tok = int(logits[0, -1].argmax())
+            if sampled:
+                # the device-sampled step, greedy and stochastic with every penalty (all of the sampler's programs)
+                for sp in (vt.TTSamplingParams(temperature=[0.0], top_k=[1], top_p=[0.0], seed=[None],
+                                               num_logprobs=[vt.LOGPROBS_NONE], enable_log_probs=[False]),
+                           vt.TTSamplingParams(temperature=[1.0], top_k=[8], top_p=[0.9], presence_penalty=[0.5],
+                                               frequency_penalty=[0.5], repetition_penalty=[1.1], seed=[0],
+                                               num_logprobs=[vt.LOGPROBS_NONE], enable_log_probs=[False])):
+                    self.owner.release_request(0)
+                    tok = int(self._first_token(prompt, self._prefill(prompt), sp))
+                    for i in range(steps):
+                        out = self.owner.decode_forward(torch.tensor([[tok]]), None, None,
+                                                  torch.tensor([len(prompt) + i]), enable_trace=enable_trace,
+                                                  sampling_params=sp)
+                        tok = int(out[0, 0])
+        self.owner.release_request(0)
+
+    # ---- shutdown ------------------------------------------------------------------------------------------
