@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from qwen36.testing.cards import card_device_or_skip_reason
+
 # One intra-op thread for the whole suite: the shapes are tiny (batch-1 decode, emulator goldens that are many small
 # torch ops), where one thread is as fast as two on an idle 2-core machine and 10-30x faster on a busy one
 # (measured). Tests and commands that change it (the demo's --threads, training) are undone after each test.
@@ -50,25 +52,6 @@ def pytest_addoption(parser):
                      help="device for the `cards`-marked tests: p150x2 (cards, or ttsim when TT_METAL_SIMULATOR is "
                           "set), p150, or emulated-p150x2 to run the same tests on the emulated mesh. Default: p150x2 "
                           "when two cards or ttsim are present, else those tests skip")
-
-
-def card_device_or_skip_reason(requested: str | None, need: int = 2) -> tuple[str | None, str | None]:
-    """(device, None) when the card tests can run, else (None, reason naming what is missing)."""
-    from qwen36.tt_ops.device import (EMULATED_DEVICES, HARDWARE_DEVICES, SIMULATOR, resolve_device_name,
-                                      select_backend, count_tenstorrent_cards)
-
-    name = resolve_device_name(requested or "p150x2")
-    n = EMULATED_DEVICES.get(name) or HARDWARE_DEVICES[name]
-    if n < need:
-        return None, f"needs a {need}-device mesh; --tt-device {name} has {n}"
-    if name in EMULATED_DEVICES or select_backend(name) == SIMULATOR:
-        return name, None
-    cards = count_tenstorrent_cards()
-    if cards < n:
-        return None, (f"needs {n} Tenstorrent P150a cards for --device {name} ({cards} present on this machine) "
-                      "or the ttsim simulator (TT_METAL_SIMULATOR unset); pass --tt-device emulated-p150x2 to run "
-                      "these tests on the emulated mesh")
-    return name, None
 
 
 @pytest.fixture(scope="session")

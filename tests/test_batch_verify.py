@@ -18,7 +18,7 @@ from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.reference_backend import ReferenceBackend
 from qwen36.speculative.reference_mechanisms import ShadowCommit
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
-from test_spec_acceptance import P_VALUE_MIN, chi_square_p
+from qwen36.testing.stats import P_VALUE_MIN, chi_square_p
 
 # fp32 on CPU: a [B, T] forward may round differently from [1, T] (observed max abs ~1e-6 here)
 ATOL = 1e-4

@@ -11,25 +11,8 @@ import pytest
 
 from qwen36.cli import main
 from qwen36.errors import UserError
+from qwen36.testing.cli import assert_one_line_error, run_cli
 
-
-def run_cli(capsys, *argv: str) -> tuple[int, str]:
-    """Exit status and stderr of `qwen36 ARGV` run in-process (argparse usage errors exit through SystemExit)."""
-    capsys.readouterr()
-    try:
-        rc = main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    return rc, capsys.readouterr().err
-
-
-def assert_one_line_error(rc: int, err: str, *fragments: str) -> None:
-    assert rc == 2, err
-    assert "Traceback" not in err
-    lines = [l for l in err.splitlines() if "error:" in l]
-    assert len(lines) == 1, err
-    for f in fragments:
-        assert f in lines[0], (f, lines[0])
 
 
 def test_missing_checkpoint(capsys, tmp_path):

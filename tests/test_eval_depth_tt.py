@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from script_loader import load_script
+from qwen36.testing.scripts import load_script
 
 from qwen36.speculative.depth import DepthPolicy, FixedDepth
 

@@ -8,7 +8,10 @@ imports, module-level and inside functions alike, are checked against the rules 
     engine, model  qwen36.speculative, qwen36.reference: torch only, no ttnn, no TT backend (a CUDA box without ttnn
                    runs them), nothing from above
     test support   qwen36.testing: used by tests and probes only (the TP test checkpoints, the emulator's
-                   conformance cases); runtime code (models, engine, TT backend, tt_ops, command line) never imports it
+                   conformance cases); runtime code (models, engine, TT backend, tt_ops, command line) never imports it;
+                   qwen36.testing.cli alone runs the command line (in-process, as a test does)
+    tests          no test file imports another test file or conftest.py: shared helpers live in qwen36.testing,
+                   shared fixtures in conftest.py
 
 The checker is a plain function over {module name: source}, so the test below plants each kind of violation and
 shows that it is caught.
@@ -24,6 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 COMMAND_LINE = ("qwen36.cli", "qwen36.commands")
+CLI_RUNNER = "qwen36.testing.cli"  # test support that runs the command line in-process, as the tests do
 TT_SIDE = ("ttnn", "qwen36.tt", "qwen36.tt_ops")
 TEST_SUPPORT = "qwen36.testing"
 
@@ -69,7 +73,7 @@ def imports_of(name: str, source: str, is_package: bool = False) -> set[str]:
 def rule_breaks(name: str, imp: str) -> list[tuple[str, str]]:
     """(rule, message) for each rule that module ``name`` importing ``imp`` breaks."""
     out = []
-    if under(imp, COMMAND_LINE) and not under(name, COMMAND_LINE):
+    if under(imp, COMMAND_LINE) and not under(name, COMMAND_LINE + (CLI_RUNNER,)):
         out.append(("cli", f"{name} imports the command line ({imp}); only qwen36.cli / qwen36.commands may"))
     if under(name, ("qwen36.speculative", "qwen36.reference")) and under(imp, TT_SIDE + (TEST_SUPPORT,)):
         out.append(("engine", f"{name} imports {imp}: the engine and the reference model stay free of ttnn, the TT "
@@ -198,10 +202,60 @@ def test_the_package_keeps_its_layers():
     assert layering_violations(modules) == []
 
 
-def test_tests_do_not_import_the_tests_package():
-    for f in sorted((ROOT / "tests").glob("*.py")):
-        bad = [i for i in imports_of(f"tests.{f.stem}", f.read_text()) if under(i, "tests")]
-        assert not bad, f"{f.name} imports {bad}: share helpers through qwen36.testing instead"
+def sources_under_tests(root: Path = ROOT) -> dict[str, str]:
+    """{path under tests/ (posix): source} of every Python file under tests/, subfolders included."""
+    tests = root / "tests"
+    return {p.relative_to(tests).as_posix(): p.read_text() for p in sorted(tests.rglob("*.py"))}
+
+
+def cross_test_imports(sources: dict[str, str]) -> list[str]:
+    """Imports of one test file by another: a module named like any Python file under tests/ (conftest included),
+    any relative import, or a `tests` package. Helpers shared by tests belong in qwen36.testing, fixtures in
+    conftest.py; an import by file name depends on which folders pytest put on sys.path."""
+    local = {Path(rel).stem for rel in sources}
+    bad = []
+    for rel, src in sources.items():
+        name = "tests." + rel.removesuffix(".py").replace("/", ".")
+        found: list[str] = []
+        for imp in sorted(imports_of(name, src)):  # a parent sorts before its children: `from a import b` once, as a
+            if (imp.split(".")[0] in local or under(imp, "tests")) and not any(under(imp, f) for f in found):
+                found.append(imp)
+        bad += [f"tests/{rel} imports {imp}" for imp in found]
+    return bad
+
+
+def test_no_test_file_imports_another():
+    sources = sources_under_tests()
+    assert "conftest.py" in sources and "test_layering.py" in {Path(r).name for r in sources}  # the walk saw them
+    bad = cross_test_imports(sources)
+    assert not bad, "test files importing test files (move the helper to qwen36.testing):\n" + "\n".join(bad)
+
+
+def test_test_file_basenames_are_unique():
+    """pytest imports each test file by its base name (its folder is put on sys.path; tests/ has no __init__.py, so
+    no `tests` package can collide with a foreign one): two files of one name in different folders would clash.
+    conftest.py files are the exception: pytest loads each one afresh."""
+    seen: dict[str, str] = {}
+    for rel in sources_under_tests():
+        name = Path(rel).name
+        if name == "conftest.py":
+            continue
+        assert name not in seen, f"tests/{rel} and tests/{seen[name]}: test files need distinct base names"
+        seen[name] = rel
+
+
+@pytest.mark.parametrize("source,expect", [
+    ("from test_b import helper", "test_b"),
+    ("def f():\n    import test_b as other\n", "test_b"),  # inside a function too
+    ("from conftest import card_device", "conftest"),
+    ("from .test_b import helper", "tests"),  # relative: resolved under tests
+    ("from tests.test_b import helper", "tests.test_b"),
+])
+def test_test_file_check_catches_planted_imports(source, expect):
+    bad = cross_test_imports({"sub/test_a.py": source, "other/test_b.py": "", "conftest.py": ""})
+    assert bad and all(b.startswith("tests/sub/test_a.py imports ") for b in bad) and any(expect in b for b in bad), bad
+    assert cross_test_imports({"sub/test_a.py": "from qwen36.testing.stats import chi2_p\nimport torch",
+                              "test_b.py": ""}) == []
 
 
 @pytest.mark.parametrize("module,source,is_pkg,expect", [
@@ -223,6 +277,8 @@ def test_tests_do_not_import_the_tests_package():
     ("qwen36.tt_ops.emulator.mesh", "from qwen36.testing.emulator_conformance import CASES", False, "test support"),
     ("qwen36.tt_ops.device", "def f():\n    from ..testing import emulator_conformance\n", False, "test support"),
     ("qwen36.commands.probe", "from ..testing.emulator_conformance import run_cases", False, "test support"),
+    # test support other than its CLI runner keeps off the command line
+    ("qwen36.testing.tt_batch", "from ..cli import main", False, "command line"),
 ])
 def test_checker_catches_planted_violations(module, source, is_pkg, expect):
     bad = layering_violations({module: (source, is_pkg)})
@@ -236,6 +292,7 @@ def test_checker_allows_what_the_layers_allow():
         "qwen36.tt.spec.verify": ("from ..model.model import TTQwen36Model\nfrom ..runtime.trace import StepTraces", False),
         "qwen36.tt.serving.qwen36_vllm": ("from ..spec.spec_backend import TTSpecBackend\nfrom ..runtime import generator", False),
         "qwen36.probes.verify_tp": ("from qwen36.testing.tt import make_bf16_checkpoint", False),
+        "qwen36.testing.cli": ("def run(a):\n    from ..cli import main", False),
         "qwen36.probes.emu_conformance": ("def run(a):\n    from qwen36.testing.emulator_conformance import run_cases", False),
         "qwen36.tt_ops.emulator.ttnn_import": ("import ttnn", False),
     }

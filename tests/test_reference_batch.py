@@ -9,6 +9,7 @@ import torch
 
 from qwen36.reference.batch import SlotDecoder, batched_greedy_generate
 from qwen36.reference.model import Qwen36Model
+from qwen36.testing.cli import run_cli_streams as cli
 
 # fp32 on CPU: a [B, H] matmul may round differently from the [1, H] one, so batched logits equal the batch-1
 # logits to float rounding, not bit for bit (observed max abs ~1e-6 on these checkpoints).
@@ -142,18 +143,6 @@ def test_slot_decoder_rejects_misuse(ci_model):
         dec.join(1, list(range(8)))
     with pytest.raises(ValueError, match="slot 1 is not in use"):
         dec.leave(1)
-
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    from qwen36.cli import main
-
-    capsys.readouterr()
-    try:
-        rc = main(list(argv))
-    except SystemExit as e:
-        rc = e.code
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
 
 
 def test_generate_cli_several_prompts(capsys, tmp_path):

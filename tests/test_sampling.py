@@ -18,8 +18,8 @@ from qwen36.speculative.reference_backend import ReferenceBackend
 from qwen36.speculative.sampling import (MAX_LOGPROBS, Penalties, SamplingParams, TokenHistory, penalize,
                                          probs_from_logits, token_logprobs)
 
-from test_spec_acceptance import P_VALUE_MIN, chi_square_p
-from test_spec_engine import DistDrafter, ScriptedDrafter
+from qwen36.testing.speculative import DistDrafter, ScriptedDrafter, penalty_prompts as prompts
+from qwen36.testing.stats import P_VALUE_MIN, chi_square_p
 
 # repetition > 1 (divides positive logits), a negative presence penalty and a positive frequency penalty: on the
 # untrained tiny model only this mix changes greedy output on both prompts (it rarely repeats on its own)
@@ -37,13 +37,6 @@ def ckpt(ckpt_factory):
 @pytest.fixture(scope="module")
 def model(ckpt):
     return Qwen36Model.from_checkpoint(ckpt, require_mtp=True)
-
-
-def prompts(vocab: int) -> list[list[int]]:
-    # seed 12: the penalties change plain greedy output on both prompts of the ci checkpoint (10 of 16 tokens each);
-    # on most seeds the untrained model repeats nothing in 16 tokens on the short prompt and they change nothing
-    g = torch.Generator().manual_seed(12)
-    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (4, 19)]
 
 
 @pytest.mark.parametrize("kw,match", [

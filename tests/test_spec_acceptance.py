@@ -7,24 +7,7 @@ import torch
 
 from qwen36.speculative.acceptance import ONE_HOT_DRAFT, PLACEHOLDER_TOKEN_ID as P, greedy_accept, rejection_sample
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
-
-P_VALUE_MIN = 1e-3  # fixed seeds make these deterministic; 1e-3 leaves room for an unlucky-but-valid seed
-
-
-def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-square p-value of observed ``counts`` vs expected ``probs`` (cells with expected < 5 merged)."""
-    n = counts.sum()
-    expected = probs.double() * n
-    order = expected.argsort(descending=True)
-    e, o = expected[order], counts.double()[order]
-    big = e >= 5
-    e = torch.cat([e[big], e[~big].sum()[None]]) if (~big).any() else e
-    o = torch.cat([o[big], o[~big].sum()[None]]) if (~big).any() else o
-    keep = e > 0
-    e, o = e[keep], o[keep]
-    stat = ((o - e) ** 2 / e).sum()
-    dof = e.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
+from qwen36.testing.stats import P_VALUE_MIN, chi_square_p
 
 
 def test_greedy_accept_prefix_correction_and_bonus():

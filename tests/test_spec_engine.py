@@ -14,10 +14,11 @@ from qwen36.speculative.depth import FixedDepth
 from qwen36.speculative.engine import (Acceptance, MechanismCounters, SpecBackend, SpecBatch, speculative_generate,
                                        speculative_step)
 from qwen36.speculative.mechanisms import MECHANISMS
-from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft
+from qwen36.speculative.reference_backend import ReferenceBackend
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 
-from test_spec_acceptance import P_VALUE_MIN, chi_square_p
+from qwen36.testing.speculative import DistDrafter, ScriptedDrafter, engine_prompts as prompts
+from qwen36.testing.stats import P_VALUE_MIN, chi_square_p
 
 BATCHES = [1, 4]  # B = 1 and several users in one backend: the same code path
 
@@ -32,11 +33,6 @@ def model(ckpt):
     return Qwen36Model.from_checkpoint(ckpt, require_mtp=True)
 
 
-def prompts(vocab: int, n: int = 3) -> list[list[int]]:
-    g = torch.Generator().manual_seed(11)
-    return [torch.randint(0, vocab, (m,), generator=g).tolist() for m in (5, 17, 30, 9, 12, 3)[:n]]  # 30 > 16: chunked
-
-
 def decode(model, mechanism, users: list[list[int]], n: int, k, b: int, params=None, eos=(), arrivals=None,
            backend=ReferenceBackend, **kw):
     """Every user of ``users`` decoded on ``backend``: b = 1 one one-slot backend per user, else all users in one
@@ -49,34 +45,6 @@ def decode(model, mechanism, users: list[list[int]], n: int, k, b: int, params=N
                 for be, u, kk, pp in zip(bes, users, ks, params)], bes
     be = backend(model, mechanism, 96, slots=b, **kw)
     return speculative_generate(be, users, n, ks, params, eos, arrivals=arrivals), [be]
-
-
-class ScriptedDrafter(ReferenceBackend):
-    """Drafts from each user's known greedy continuation ``scripts[slot]`` (each token wrong with probability
-    ``wrong``), so every acceptance length occurs. The real MTP still runs first (reseed + chain), then its tokens
-    are replaced."""
-
-    def __init__(self, model, mechanism, max_len, scripts=(), prompt_lens=(), wrong: float = 0.3, seed: int = 0,
-                 slots: int = 1):
-        super().__init__(model, mechanism, max_len, slots=slots)
-        self.scripts, self.prompt_lens, self.wrong = list(scripts), list(prompt_lens), wrong
-        self.g = torch.Generator().manual_seed(seed)
-        self.committed: list[dict[int, Acceptance]] = []
-
-    def draft(self, depths):
-        super().draft(depths)
-        tokens = {}
-        for slot, k in depths.items():
-            i = int(self.state.pos[slot]) - self.prompt_lens[slot] + 1  # tokens emitted; the pending one is script[i-1]
-            toks = (self.scripts[slot][i:i + k] + [0] * k)[:k]
-            bad = torch.rand(k, generator=self.g) < self.wrong
-            tokens[slot] = torch.tensor([[(t + 1) % self.model.config.vocab_size if w else t
-                                          for t, w in zip(toks, bad.tolist())]])
-        return ReferenceDraft(dict(depths), tokens, {s: None for s in depths})
-
-    def commit(self, acceptances):
-        super().commit(acceptances)
-        self.committed.append(dict(acceptances))
 
 
 def scripted(model, mechanism, users, refs, b, **kw) -> list[ScriptedDrafter]:
@@ -269,24 +237,6 @@ def test_mechanism_counters(model, mechanism):
         assert c.state_copies == n_gdn * steps and c.target_forwards == 2 * steps
         assert c.recurrence_steps == n_gdn * (steps * (k + 1) + accepted_rows)
     assert c.mtp_forwards == steps * k
-
-
-class DistDrafter(ReferenceBackend):
-    """Drafts from a fixed distribution ``q`` [V] (sampled drafts) or fixed tokens (one-hot drafts), so the
-    draft overlaps the target's top-k support and both accept and reject paths occur."""
-
-    def __init__(self, model, mechanism, max_len, q=None, fixed=None):
-        super().__init__(model, mechanism, max_len)
-        self.q, self.fixed = q, fixed
-        self.g = torch.Generator().manual_seed(5)
-
-    def draft(self, depths):
-        super().draft(depths)
-        k = depths[0]
-        if self.q is not None:
-            toks = torch.multinomial(self.q, k, replacement=True, generator=self.g)
-            return ReferenceDraft(dict(depths), {0: toks[None]}, {0: self.q.expand(1, k, -1).clone()})
-        return ReferenceDraft(dict(depths), {0: torch.tensor([self.fixed[:k]])}, {0: None})
 
 
 @pytest.mark.parametrize("drafts,mechanism", [("sampled", "shadow_commit"), ("one-hot", "snapshot")])

@@ -10,61 +10,25 @@ import torch
 from qwen36.reference.batch import SlotDecoder
 from qwen36.reference.model import Qwen36Model
 from qwen36.tt.runtime.batch import TTBatchDecoder, batched_greedy, bucket_for
-from qwen36.tt.runtime.generator import TTGenerator
 from qwen36.testing.pcc import comp_pcc
-from qwen36.tt.model.state import GDNLayerState, KVLayerState
-from qwen36.testing.tt import make_bf16_checkpoint
-from test_reference_batch import cli
+from qwen36.testing.tt_batch import (assert_users_match_single, batch_cli_equals_alone, batch_one_greedy as single,
+                                     batch_test_checkpoint, batch_test_generator, gdn_rows, poison_slot,
+                                     random_prompt as prompt)
 
-# Batched vs batch-1 on the same TT graph: every op is row-wise (a row of a [B, H] matmul sees the same tiles and
-# accumulation order as the [1, H] one in the emulator's tile arithmetic), so the logits agree to this bound
-# (measured: bit-equal); any cross-row leak or wrong slot would be O(1).
-BATCH_VS_SINGLE_MAX_ABS = 1e-4
 # TT (accuracy preset, bf16 weights) vs the fp32 reference: the same gates as tests/test_tt_model.py's decode.
 TT_VS_REF_PCC = 0.99
 
 
-def prompt(n: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    return make_bf16_checkpoint(tmp_path_factory.mktemp("tt-batch-ci"), "ci", seed=0)
+    return batch_test_checkpoint(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def gen(ckpt):
-    g = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=256, progress=False,
-                                    block_size=32, prefill_chunk=64)
+    g = batch_test_generator(ckpt)
     yield g
     g.close()
-
-
-_single_cache: dict = {}
-
-
-def single(gen: TTGenerator, ids: torch.Tensor, n: int) -> tuple[list[int], list[torch.Tensor]]:
-    """Batch-1 TT greedy: tokens and the logits row each was picked from (prefill row, then decode rows)."""
-    key = (tuple(ids.tolist()), n)
-    if key not in _single_cache:
-        logits = [gen.prefill(ids)]
-        toks = [int(logits[0].argmax())]
-        while len(toks) < n:
-            row, _ = gen.decode_step(toks[-1])
-            logits.append(row)
-            toks.append(int(row.argmax()))
-        gen.release_trace()  # the batch decoder's join allocates while its own trace is live, not the generator's
-        _single_cache[key] = (toks, logits)
-    return _single_cache[key]
-
-
-def assert_users_match_single(gen, prompts, res, limits):
-    for u, p in enumerate(prompts):
-        toks, logits = single(gen, p, limits[u])
-        assert res.tokens[u] == toks, f"user {u} (prompt length {p.numel()})"
-        diff = max(float((a - b).abs().max()) for a, b in zip(res.logits[u], logits))
-        assert diff <= BATCH_VS_SINGLE_MAX_ABS, f"user {u}: batched vs batch-1 logits max abs {diff}"
 
 
 def test_bucket_for():
@@ -133,26 +97,6 @@ def test_batched_logits_track_reference_slot_decoder(gen, ckpt):
             assert ok, f"user {u} token {t}: PCC {pcc} < {TT_VS_REF_PCC}"
 
 
-def poison_slot(dec: TTBatchDecoder, slot: int) -> None:
-    """NaN into the slot's GDN recurrent and conv rows and its KV pages, on every device."""
-    ttnn, mesh = dec.ttnn, dec.mesh
-    pages = dec.state.page_table_host[slot].tolist()
-    for st in dec.state.layers:
-        if isinstance(st, GDNLayerState):
-            per = st.recurrent.shape[0] // dec.slots
-            bufs = [(st.recurrent, slice(slot * per, (slot + 1) * per)), (st.conv, slice(slot, slot + 1))]
-        else:
-            assert isinstance(st, KVLayerState)
-            bufs = [(st.k, pages), (st.v, pages)]
-        for buf, rows in bufs:
-            parts = [ttnn.to_torch(d).float().clone() for d in ttnn.get_device_tensors(buf)]
-            for h in parts:
-                h[rows] = float("nan")
-            host = ttnn.from_torch(torch.cat(parts, 0), dtype=buf.dtype, layout=buf.layout,
-                                   mesh_mapper=ttnn.ShardTensorToMesh(mesh, dim=0))
-            ttnn.copy_host_to_device_tensor(host, buf)
-
-
 def test_poisoned_free_slot_is_inert(gen):
     """Slot 1 free and NaN in its GDN, conv and KV: slot 0's logits equal the clean run's exactly and are finite;
     the poisoned slot's position does not move; a user joining it afterwards gets its batch-1 prefill logits."""
@@ -174,16 +118,6 @@ def test_poisoned_free_slot_is_inert(gen):
         assert torch.equal(dec.join(1, joiner), joiner_logits)
     finally:
         dec.release()
-
-
-def gdn_rows(dec: TTBatchDecoder, st: GDNLayerState) -> tuple[torch.Tensor, torch.Tensor]:
-    """(recurrent [B, devices, Hv_d, Dk, Dv], conv [B, devices, K-1, Cd]) of one GDN layer, slot-major."""
-    ttnn = dec.ttnn
-    rec = torch.stack([ttnn.to_torch(d).float() for d in ttnn.get_device_tensors(st.recurrent)], 0)
-    conv = torch.stack([ttnn.to_torch(d).float() for d in ttnn.get_device_tensors(st.conv)], 0)
-    rec = rec.reshape(rec.shape[0], dec.slots, -1, *rec.shape[-2:]).transpose(0, 1)
-    conv = conv.reshape(conv.shape[0], dec.slots, *conv.shape[-2:]).transpose(0, 1)
-    return rec, conv
 
 
 def test_slot_remap_moves_state_rows(gen):
@@ -241,25 +175,6 @@ def test_join_rejects_a_held_slot(gen):
         dec.join(0, prompt(3, 52))
     with pytest.raises(ValueError, match="no user"):
         dec.step({1: 5})
-
-
-CLI_TEXTS = ["def add(a, b):\n", "import os\nimport sys\n"]
-
-
-def batch_cli_equals_alone(capsys, base: list[str], texts: list[str] = CLI_TEXTS) -> list[str]:
-    """Runs ``qwen36 <base>`` once per prompt, then with every prompt as one batch; asserts the batch's ``ids[i]``
-    lines equal each prompt's own run and that stderr names the batch. Returns the batch run's stdout lines."""
-    alone = []
-    for t in texts:
-        rc, out, err = cli(capsys, *base, "--prompt", t)
-        assert rc == 0, err
-        alone.append(out.splitlines()[0].removeprefix("ids: "))
-    rc, out, err = cli(capsys, *base, *[a for t in texts for a in ("--prompt", t)])
-    assert rc == 0, err
-    lines = out.splitlines()
-    assert [l for l in lines if l.startswith("ids[")] == [f"ids[{i}]: {a}" for i, a in enumerate(alone)]
-    assert f"batch {len(texts)}" in err
-    return lines
 
 
 @pytest.mark.slow

@@ -9,7 +9,15 @@ import torch
 
 from qwen36.tt.runtime.batch import batched_greedy
 from qwen36.tt.runtime.batch_buckets import BucketedBatchDecoder
-from test_tt_batch import assert_users_match_single, ckpt, gdn_rows, gen, prompt, single  # noqa: F401 (fixtures)
+from qwen36.testing.tt_batch import (assert_users_match_single, batch_one_greedy as single, batch_test_checkpoint,
+                                     batch_test_generator, gdn_rows, random_prompt as prompt)
+
+
+@pytest.fixture(scope="module")
+def gen(tmp_path_factory):
+    g = batch_test_generator(batch_test_checkpoint(tmp_path_factory))
+    yield g
+    g.close()
 
 
 def captures_per_bucket(dec: BucketedBatchDecoder) -> dict[int, int]:

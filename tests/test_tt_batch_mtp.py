@@ -28,7 +28,7 @@ from qwen36.tt.spec.batch_spec import BatchSpecError, TTBatchSpecBackend
 from qwen36.tt.spec.mtp_drafter import TTBatchMTPDrafter, TTMTPDrafter
 from qwen36.testing.pcc import pcc
 from qwen36.tt.spec.spec_backend import TTSpecBackend
-from test_reference_batch import cli
+from qwen36.testing.cli import run_cli_streams as cli
 
 CKPT = "models/qwen36/default_checkpoint"
 # token ids of the shipped tokenizer, of different lengths (any ids would do)

@@ -29,7 +29,7 @@ from qwen36.tt.spec.batch_spec import BatchSpecError, TTBatchSpecBackend
 from qwen36.tt.runtime.generator import TTGenerator
 from qwen36.testing.pcc import comp_pcc, pcc
 from qwen36.tt.spec.spec_backend import TTSpecBackend
-from test_tt_batch import poison_slot
+from qwen36.testing.tt_batch import poison_slot
 
 # Batched vs batch-1 on the same TT graph: row-wise ops see the same tiles (measured: bit-equal); a cross-user
 # leak or a wrong row select would be O(1).

@@ -23,8 +23,8 @@ from qwen36.tt.spec.spec_backend import TTSpecBackend
 from qwen36.tt.runtime.sampler import DeviceSampler, SamplerStages
 from qwen36.tt.runtime.trace import TracedStep
 
-from test_sampling import prompts
-from test_tt_spec_stochastic import chi2_p
+from qwen36.testing.speculative import penalty_prompts as prompts
+from qwen36.testing.stats import chi2_p
 
 V = 64
 PENALTIES = dict(repetition_penalty=1.3, presence_penalty=-1.5, frequency_penalty=0.7)
@@ -460,8 +460,8 @@ def test_sampling_users_move_between_buckets(gen):
 def test_generate_cli_sampled_batch_on_tt(capsys, tmp_path, monkeypatch):
     """`qwen36 generate --device emulated-p150x2` with two prompts and --temperature: `ids[i]` equal each prompt's
     own single-prompt run with the same settings and seed; --logprobs with several prompts is refused in one line."""
-    from test_reference_batch import cli
-    from test_tt_batch import CLI_TEXTS, batch_cli_equals_alone
+    from qwen36.testing.cli import run_cli_streams as cli
+    from qwen36.testing.tt_batch import CLI_TEXTS, batch_cli_equals_alone
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
     base = ["generate", "--max-new-tokens", "6", "--device", "emulated-p150x2", "--temperature", "0.8",

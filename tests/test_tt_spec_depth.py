@@ -305,7 +305,7 @@ def test_auto_depth_stochastic_chi_square(gen, drafter, draft, seed, penalties):
     tests/test_tt_spec_stochastic.py); P(a >= 1) vs the sum of the per-step closed forms. With penalties the
     target distribution of row j is the one plain sampling would use there (host token history of the committed
     tokens plus d_1..d_j), and after every step the device's shared token counts equal the host history's."""
-    from test_tt_spec_stochastic import P_MIN, _rank_cell, chi2_p
+    from qwen36.testing.stats import P_VALUE_MIN as P_MIN, chi2_p, rank_cell
 
     from qwen36.speculative.sampling import TokenHistory
 
@@ -340,10 +340,10 @@ def test_auto_depth_stochastic_chi_square(gen, drafter, draft, seed, penalties):
             seen.add((k, acc.num_accepted))
             done, k = done + 1, nxt
             srt = p.sort(dim=-1, descending=True).values[:, :TOP_K]
-            obs1[_rank_cell(p[0], acc.tokens[0])] += 1
+            obs1[rank_cell(p[0], acc.tokens[0], TOP_K)] += 1
             exp1[:TOP_K] += srt[0].double()
             if acc.num_accepted >= 1:
-                obs2[_rank_cell(p[1], acc.tokens[1])] += 1
+                obs2[rank_cell(p[1], acc.tokens[1], TOP_K)] += 1
                 exp2[:TOP_K] += srt[1].double()
             al = float(torch.minimum(p[0], q[0]).sum()) if q is not None else float(p[0, dr[0]])
             a_ge1 += acc.num_accepted >= 1

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+from qwen36.testing.stats import chi2_p, rank_cell
 from qwen36.testing.tt import small_tt_generator
 from qwen36.tt.spec.accept import DeviceAcceptor
 from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
@@ -38,23 +39,6 @@ P_MIN = 1e-3
 P_NEG = 1e-6
 CKPT = "models/qwen36/default_checkpoint"
 TOP_K = 3
-
-
-def chi2_p(observed, expected) -> float:
-    """Pearson chi-square p-value; cells with expected < 5 are pooled into one."""
-    o = torch.as_tensor(observed, dtype=torch.float64).flatten()
-    e = torch.as_tensor(expected, dtype=torch.float64).flatten()
-    assert abs(float(o.sum() - e.sum())) < 1e-6 * float(e.sum()) + 1e-9, (o.sum(), e.sum())
-    small = e < 5
-    if small.any():
-        o = torch.cat([o[~small], o[small].sum()[None]])
-        e = torch.cat([e[~small], e[small].sum()[None]])
-    keep = e > 0
-    assert float(o[~keep].sum()) == 0.0, "observations in a zero-probability cell"
-    o, e = o[keep], e[keep]
-    stat = float(((o - e) ** 2 / e).sum())
-    dof = o.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
 
 
 @pytest.fixture(scope="module")
@@ -179,13 +163,6 @@ PROMPTS = [[5, 100, 7, 300, 12], [44, 901, 17, 3, 250], [201, 5, 4064, 273], [28
 K_E2E = 2
 
 
-def _rank_cell(probs_row: torch.Tensor, token: int) -> int:
-    """Cell of `token` = its rank among the kept (nonzero) tokens by descending probability; TOP_K = impossible."""
-    kept = probs_row.nonzero().flatten()
-    order = kept[probs_row[kept].argsort(descending=True)].tolist()
-    return order.index(token) if token in order else TOP_K
-
-
 def _e2e(gen, drafter, draft: str, steps: int, seed: int):
     be = TTSpecBackend(gen, "shadow_commit", drafter=drafter)
     params = SamplingParams(1.0, TOP_K, 1.0, seed, draft=draft)
@@ -209,10 +186,10 @@ def _e2e(gen, drafter, draft: str, steps: int, seed: int):
             done += 1
             hist[acc.num_accepted] += 1
             srt = p.sort(dim=-1, descending=True).values[:, :TOP_K]
-            obs1[_rank_cell(p[0], acc.tokens[0])] += 1
+            obs1[rank_cell(p[0], acc.tokens[0], TOP_K)] += 1
             exp1[:TOP_K] += srt[0].double()
             if acc.num_accepted >= 1:
-                obs2[_rank_cell(p[1], acc.tokens[1])] += 1
+                obs2[rank_cell(p[1], acc.tokens[1], TOP_K)] += 1
                 exp2[:TOP_K] += srt[1].double()
             al = float(torch.minimum(p[0], q[0]).sum()) if q is not None else float(p[0, dr[0]])
             a_ge1 += acc.num_accepted >= 1

@@ -23,26 +23,12 @@ import pytest
 import torch
 
 from qwen36.speculative.sampling import SamplingParams
-from qwen36.tt.serving import vllm_types as vt
 from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
-from test_vllm_contract import _load, open_env
+from qwen36.testing.vllm_calls import replay_calls as replay
+from qwen36.testing.vllm_replay import LOGITS_TOL, load_on_mesh as _load, open_env, served_model
 
 TRACE = json.loads((Path(__file__).parent / "data/vllm_tt_plugin_batch_trace.json").read_text())
 SAMPLED = json.loads((Path(__file__).parent / "data/vllm_tt_plugin_batch_sampled_trace.json").read_text())
-LOGITS_TOL = 1e-4
-
-
-def _arg(v):
-    """A recorded argument back into what the runner passed: torch tensors, numpy arrays, plain values."""
-    if isinstance(v, dict) and v.get("dataclass") == "TTSamplingParams":
-        return vt.TTSamplingParams(**{k: _arg(x) for k, x in v["fields"].items()})
-    if isinstance(v, dict) and "values" in v:
-        if v.get("ndarray"):
-            return np.array(v["values"], dtype=v["dtype"]).reshape(v["shape"])
-        return torch.tensor(v["values"], dtype=getattr(torch, v["dtype"])).reshape(v["shape"])
-    if isinstance(v, list):
-        return [_arg(x) for x in v]
-    return v
 
 
 @pytest.fixture(scope="module")
@@ -72,47 +58,10 @@ def batch1(env):
     return runs
 
 
-def _served(ck, ctx, seqs: int) -> Qwen36ForCausalLM:
-    hf = json.loads((ck / "config.json").read_text())
-    # loader.TTModelLoader at e3fc849: no vllm_config, so the model keeps its own block size (64, as recorded)
-    return _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
-        hf, ctx.mesh_device, seqs, max_seq_len=TRACE["max_model_len"], tt_data_parallel=1, checkpoint=ck,
-        optimizations="accuracy"))
-
-
-def replay(m: Qwen36ForCausalLM, trace: dict) -> list[list[tuple[int, torch.Tensor | None]]]:
-    """Feed ``trace``'s calls to ``m`` with their recorded arguments; every prefill's return must have the recorded
-    shape, dtype and tokens (argmax of the logits, or the device-sampled ids). Returns per request the (token,
-    logits row or None) of every step, in emission order."""
-    prompts = trace["prompts"]
-    got = [[] for _ in prompts]
-    kv = None
-    for c in trace["calls"]:
-        name, args = c["call"], {k: _arg(v) for k, v in c["args"].items()}
-        if name == "allocate_kv_cache_per_layer":
-            specs = [(tuple(s), getattr(torch, d.replace("torch.", "")), i) for s, d, i in c["args"]["per_layer_specs"]]
-            kv = m.allocate_kv_cache_per_layer(specs)
-            continue
-        out = getattr(m, name)(kv_cache=kv, **args) if name != "release_request" else m.release_request(**args)
-        if name != "prefill_forward":
-            continue
-        res = out[0] if isinstance(out, tuple) else out
-        want = c["returned"]
-        assert list(res.shape) == want["shape"] and str(res.dtype) == f"torch.{want['dtype']}"
-        toks = (res[:, -1].argmax(-1) if res.dim() == 3 else res[:, -1]).tolist()
-        assert toks == want["tokens"]
-        tokens, lens = args["tokens"], args["prompt_lens"]
-        for i in range(tokens.shape[0]):
-            user = next(u for u, p in enumerate(prompts) if tokens[i, : len(p)].tolist() == p)
-            assert int(lens[i]) == len(prompts[user]) + len(got[user])  # the row is this request's next step
-            got[user].append((toks[i], res[i, -1].clone() if res.dim() == 3 else None))
-    return got
-
-
 def test_replay_of_the_engines_calls(env, batch1):
     ck, ctx = env
     assert [t for t, _ in batch1] == TRACE["outputs"]  # the engine's own output was each prompt's batch-1 output
-    m = _served(ck, ctx, TRACE["max_num_seqs"])
+    m = served_model(ck, ctx, TRACE["max_num_seqs"], TRACE["max_model_len"])
     got = replay(m, TRACE)
     worst = 0.0
     for user, (toks, ref_logits) in enumerate(batch1):
@@ -141,7 +90,7 @@ def test_replay_of_the_engines_device_sampled_calls(env):
             for p, n, r in zip(SAMPLED["prompts"], SAMPLED["max_tokens"], SAMPLED["requests"])]
     ref.close()
     assert want == SAMPLED["outputs"]
-    m = _served(ck, ctx, SAMPLED["max_num_seqs"])
+    m = served_model(ck, ctx, SAMPLED["max_num_seqs"], TRACE["max_model_len"])
     got = replay(m, SAMPLED)
     assert [[t for t, _ in g] for g in got] == want
     caps = [c for d in m.batch.dec.decs.values() for c in d.traces.captures.values()]
@@ -154,7 +103,7 @@ def test_decode_calls_with_slot_remap(env, batch1):
     async decode controller uses: two requests prefilled into slots 0 and 1, then decoded with their rows
     swapped (remap [1, 0, 2, 3]: row 0 reads slot 1) and a padding row, each still equal to its batch-1 run."""
     ck, ctx = env
-    m = _served(ck, ctx, 4)
+    m = served_model(ck, ctx, 4, TRACE["max_model_len"])
     kv = m.allocate_kv_cache_per_layer([((20, 1, 64, m.model.args.cfg.head_dim), torch.bfloat16, 0)])
     m.warmup_model_prefill(kv_cache=kv, enable_trace=False)
     m.warmup_model_decode(kv_cache=kv, enable_trace=True, max_batch_size=4)
@@ -201,7 +150,7 @@ def test_refusals_of_a_multi_sequence_launch(env):
         Qwen36ForCausalLM.initialize_vllm_model(hf, ctx.mesh_device, 64, max_seq_len=256, checkpoint=ck)
     with pytest.raises(NotImplementedError, match="speculative"):
         Qwen36ForCausalLM.initialize_vllm_model(hf, ctx.mesh_device, 2, max_seq_len=256, checkpoint=ck, spec_k=2)
-    m = _served(ck, ctx, 2)
+    m = served_model(ck, ctx, 2, TRACE["max_model_len"])
     kv = m.allocate_kv_cache_per_layer([((12, 1, 64, m.model.args.cfg.head_dim), torch.bfloat16, 0)])
     table = torch.tensor([[1, 0, 0, 0]], dtype=torch.int32)
     m.prefill_forward(torch.tensor([[5, 6, 7]]), table, kv, np.array([3]), start_pos=np.array([0]), empty_slots=[1])

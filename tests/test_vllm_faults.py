@@ -9,14 +9,17 @@ are not device failures: the model goes on serving after them."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from qwen36.tt.serving.qwen36_vllm import DeviceStepFailed, Qwen36ForCausalLM
 from qwen36.tt_ops.emulator.faults import InjectedDeviceFault, clear_fault, inject_fault
-from test_vllm_batch import TRACE, _arg, _served, replay
-from test_vllm_contract import _load, open_env
+from qwen36.testing.vllm_calls import replay_calls as replay, restore as _arg
+from qwen36.testing.vllm_replay import load_on_mesh as _load, open_env, served_model
+
+TRACE = json.loads((Path(__file__).parent / "data/vllm_tt_plugin_batch_trace.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def _call(m, c, kv):
 def test_fault_inside_a_traced_batch_step_stops_the_model_and_a_restart_serves(env):
     ck, ctx = env
     calls = TRACE["calls"]
-    m = _served(ck, ctx, TRACE["max_num_seqs"])
+    m = served_model(ck, ctx, TRACE["max_num_seqs"], TRACE["max_model_len"])
     kv = _calls(m, calls[:9])
     # a bad call is refused by name and is no device failure: the model goes on serving
     bad = dict(calls[9], args={**calls[9]["args"]})
@@ -75,7 +78,7 @@ def test_fault_inside_a_traced_batch_step_stops_the_model_and_a_restart_serves(e
     m.release_persistent_capture()  # cleanup still works (the worker's shutdown)
 
     # a restart (a new model on the same mesh) serves the whole recorded run, each request as recorded
-    fresh = _served(ck, ctx, TRACE["max_num_seqs"])
+    fresh = served_model(ck, ctx, TRACE["max_num_seqs"], TRACE["max_model_len"])
     got = replay(fresh, TRACE)
     assert [[t for t, _ in g] for g in got] == TRACE["outputs"]
     fresh.release_persistent_capture()

@@ -15,14 +15,17 @@ verify or MTP state survives the preemption."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
-from test_vllm_batch import LOGITS_TOL, TRACE, _served
-from test_vllm_contract import K, PluginReplay, _load, open_env
+from qwen36.testing.vllm_replay import (K, LOGITS_TOL, PluginReplay, load_on_mesh as _load, open_env,
+                                        served_model)
+
+TRACE = json.loads((Path(__file__).parent / "data/vllm_tt_plugin_batch_trace.json").read_text())
 
 PROMPTS = [TRACE["prompts"][0][:20], TRACE["prompts"][1], TRACE["prompts"][2][:12], TRACE["prompts"][3]]
 MAX_LEN = TRACE["max_model_len"]
@@ -124,7 +127,7 @@ def _close(got: list, want: list) -> float:
 @pytest.mark.slow
 def test_preempted_request_resumes_into_another_slot_and_slots_reused(env, alone):
     ck, ctx = env
-    m = _served(ck, ctx, 4)
+    m = served_model(ck, ctx, 4, TRACE["max_model_len"])
     run = Runner(m, num_blocks=24)
     a, b, c, d = PROMPTS
     run.add("A", a)
@@ -265,7 +268,7 @@ def test_stale_block_in_a_new_rows_tail_is_not_zeroed(env, alone):
     writing, so the tail must not reach the pool: the live request decodes exactly as alone. Regression: its
     logits moved by ~0.1 and its sampled tokens changed."""
     ck, ctx = env
-    m = _served(ck, ctx, 4)
+    m = served_model(ck, ctx, 4, TRACE["max_model_len"])
     run = Runner(m, num_blocks=8)
     long_prompt = (PROMPTS[0] * 4)[:70]  # positions 0..69: two blocks
     run.add("A", long_prompt)

@@ -28,7 +28,8 @@ import torch
 from qwen36.speculative.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
 from qwen36.tt.serving import vllm_types as vt
 from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM, sampling_from_plugin
-from test_vllm_contract import BLOCK, MAX_LEN, PROMPT, PluginReplay, _load, greedy_accept, open_env
+from qwen36.testing.vllm_replay import (BLOCK, MAX_LEN, PROMPT, PluginReplay, greedy_accept, load_on_mesh as _load,
+                                        open_env)
 
 PLUGIN_FIELDS = Path(__file__).resolve().parent / "data" / "vllm_tt_plugin_sampling_params.json"
 P = len(PROMPT)

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
-from test_vllm_batch import LOGITS_TOL, _arg
-from test_vllm_contract import _load, open_env
+from qwen36.testing.vllm_calls import restore as _arg
+from qwen36.testing.vllm_replay import LOGITS_TOL, load_on_mesh as _load, open_env
 
 SOAK = json.loads((Path(__file__).parent / "data/vllm_tt_plugin_soak_trace.json").read_text())
 

@@ -18,6 +18,7 @@ What runs here is the plugin's code, not our reading of it:
 """
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -27,10 +28,31 @@ spec_decode = pytest.importorskip(
     "vllm_tt_plugin.spec_decode",
     reason="no vllm-tt plugin with spec_decode installed (dev-only check; see docs/serving.md)")
 
-import test_vllm_contract as contract  # noqa: E402
+import qwen36.testing.vllm_replay as harness  # noqa: E402
 from qwen36.tt import vllm_types as vt  # noqa: E402
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM  # noqa: E402
-from test_vllm_contract import K, N_NEW, P, PROMPT, env, reference, spec  # noqa: E402,F401  (fixtures)
+from qwen36.testing.vllm_replay import K, N_NEW, P, PROMPT, PluginReplay, load_on_mesh, open_env, reference_greedy  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    ck, ctx = open_env(tmp_path_factory, "vllm")
+    yield ck, ctx
+    ctx.close()
+
+
+@pytest.fixture(scope="module")
+def reference(env):
+    """TTGenerator.greedy on its own identity table (as the CI replay's fixture of the same name)."""
+    return reference_greedy(*env)
+
+
+@pytest.fixture(scope="module")
+def spec(env):
+    ck, ctx = env
+    r = load_on_mesh(ctx, lambda: PluginReplay(ck, ctx.mesh_device, spec_k=K))
+    yield r
+    r.m.close()
 
 
 def test_adapter_uses_the_plugins_contract_code():
@@ -68,7 +90,7 @@ def test_ci_accept_walk_equals_the_plugins():
         agree = torch.rand(rows, k, generator=g) < 0.7  # mostly matching drafts, so long accepts occur
         ids[:, :k] = torch.where(agree & (drafts >= 0), drafts, ids[:, :k])
         want = spec_decode.accept_greedy_drafts(ids, drafts, nv)
-        got = contract.greedy_accept(ids, drafts, nv)
+        got = harness.greedy_accept(ids, drafts, nv)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -129,7 +151,7 @@ def test_contract_conformance_inputs_are_refused(spec):
     first = r.prefill(PROMPT)
     block = r.verify(first, P, [], 1)
     committed, counts, vpos = r.last
-    cp = contract.committed_positions(vpos, 1 + K)
+    cp = harness.committed_positions(vpos, 1 + K)
     i32 = dict(dtype=torch.int32)
     tok = torch.tensor([[block[0]] + [vt.PLACEHOLDER_TOKEN_ID] * K], **i32)
     pos = torch.tensor([[P + 1] + [-1] * K], **i32)
@@ -222,7 +244,7 @@ def test_runner_builds_what_the_ci_replay_builds(reference, spec):
                                accepted_counts=counts, spec_mode="argmax_ids")
         committed, counts = spec_decode.accept_greedy_drafts(out.argmax_ids, drafts, nv)
         cp = runner._committed_positions(positions, K + 1)
-        assert torch.equal(cp, contract.committed_positions(positions.to(torch.int32), K + 1))
+        assert torch.equal(cp, harness.committed_positions(positions.to(torch.int32), K + 1))
         a = int(counts[0])
         seen.append(a)
         emitted += committed[0, :a].tolist()
@@ -235,7 +257,7 @@ def test_runner_builds_what_the_ci_replay_builds(reference, spec):
     r.finish()
 
 
-HELPER_TRACE = contract.HELPER_TRACE
+HELPER_TRACE = Path(__file__).parent / "data" / "vllm_tt_plugin_spec_helpers.json"
 
 
 def _helper_cases(runner) -> dict:

@@ -1,5 +1,5 @@
 """Recording the vllm-tt plugin's calls on the model class (dev runs through the real engine), in the JSON form the
-CI replays read back (tests/test_vllm_batch.py ``_arg``): tensors as {"shape", "dtype", "values"}, numpy arrays
+CI replays read back (``restore``, ``replay_calls``): tensors as {"shape", "dtype", "values"}, numpy arrays
 with "ndarray", the plugin's TTSamplingParams as {"dataclass", "fields"}."""
 from __future__ import annotations
 
@@ -60,3 +60,53 @@ def record_calls(cls, calls: list, setattr_=setattr, instances: list | None = No
             return out
 
         setattr_(cls, name, wrap)
+
+
+def restore(v):
+    """A recorded argument back into what the runner passed (the inverse of ``summarize``): torch tensors, numpy
+    arrays, the adapter's TTSamplingParams, plain values."""
+    import numpy as np
+    import torch
+
+    from ..tt.serving import vllm_types as vt
+
+    if isinstance(v, dict) and v.get("dataclass") == "TTSamplingParams":
+        return vt.TTSamplingParams(**{k: restore(x) for k, x in v["fields"].items()})
+    if isinstance(v, dict) and "values" in v:
+        if v.get("ndarray"):
+            return np.array(v["values"], dtype=v["dtype"]).reshape(v["shape"])
+        return torch.tensor(v["values"], dtype=getattr(torch, v["dtype"])).reshape(v["shape"])
+    if isinstance(v, list):
+        return [restore(x) for x in v]
+    return v
+
+
+def replay_calls(m, trace: dict) -> list[list[tuple]]:
+    """Feed ``trace``'s calls to the model ``m`` with their recorded arguments; every prefill's return must have the
+    recorded shape, dtype and tokens (argmax of the logits, or the device-sampled ids). Returns per request the
+    (token, logits row or None) of every step, in emission order."""
+    import torch
+
+    prompts = trace["prompts"]
+    got = [[] for _ in prompts]
+    kv = None
+    for c in trace["calls"]:
+        name, args = c["call"], {k: restore(v) for k, v in c["args"].items()}
+        if name == "allocate_kv_cache_per_layer":
+            specs = [(tuple(s), getattr(torch, d.replace("torch.", "")), i) for s, d, i in c["args"]["per_layer_specs"]]
+            kv = m.allocate_kv_cache_per_layer(specs)
+            continue
+        out = getattr(m, name)(kv_cache=kv, **args) if name != "release_request" else m.release_request(**args)
+        if name != "prefill_forward":
+            continue
+        res = out[0] if isinstance(out, tuple) else out
+        want = c["returned"]
+        assert list(res.shape) == want["shape"] and str(res.dtype) == f"torch.{want['dtype']}"
+        toks = (res[:, -1].argmax(-1) if res.dim() == 3 else res[:, -1]).tolist()
+        assert toks == want["tokens"]
+        tokens, lens = args["tokens"], args["prompt_lens"]
+        for i in range(tokens.shape[0]):
+            user = next(u for u, p in enumerate(prompts) if tokens[i, : len(p)].tolist() == p)
+            assert int(lens[i]) == len(prompts[user]) + len(got[user])  # the row is this request's next step
+            got[user].append((toks[i], res[i, -1].clone() if res.dim() == 3 else None))
+    return got

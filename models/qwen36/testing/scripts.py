@@ -1,0 +1,25 @@
+"""Loading a file under the repository's scripts/ as a module by path. scripts/ is not an import package (a
+`scripts` package of some other project may sit first on sys.path beside tt-metal), so tests never import it by
+name. Only a source checkout has scripts/ (the wheel does not ship it): loading fails naming the folder otherwise."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "scripts"  # models/qwen36/testing/ -> the checkout's root
+
+
+def load_script(name: str):
+    """scripts/<name>.py as module `qwen36_script_<name>` (cached in sys.modules, so dataclasses and pickling work)."""
+    mod_name = f"qwen36_script_{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    path = SCRIPTS_DIR / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: scripts/ exists only in a source checkout (editable install)")
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    return module
