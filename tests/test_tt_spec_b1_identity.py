@@ -1,7 +1,8 @@
-"""The record of one user on the TT speculative step, frozen bit for bit: the single-user step (TTSpecBackend +
-TTMTPDrafter: device-derived row inputs, no GDN row mask, n/pending advanced on device) and the batched step at one
-slot (TTBatchSpecBackend(slots=1) + TTBatchMTPDrafter: host-written row inputs, the GDN row mask, three traces)
-run different programs (tests/test_tt_spec_program_golden.py) and must give the same numbers.
+"""The record of one user on the TT speculative step, frozen bit for bit: TTSpecBackend's two step layouts at one
+slot, the one-user layout (``rows="device"``, the default: device-derived row inputs, no GDN row mask, n/pending
+advanced on device, the one-user MTP head) and the B-slot layout at B = 1 (``rows="host"``: host-written row inputs,
+the GDN row mask, the packed MTP head, three traces), run different programs (tests/test_tt_spec_program_golden.py)
+and must give the same numbers.
 
 Per step, ``torch.equal``: the device MTP's draft ids and fp32 draft logits, the verify's fp32 logits [K+1, V], the
 accepted count and tokens, every GDN layer's committed recurrent state (through the ring index for shadow_commit)
@@ -22,8 +23,8 @@ from qwen36.checkpoint import load_checkpoint
 from qwen36.probes.gdn_transaction_tp_checks import kv_host
 from qwen36.speculative.sampling import SamplingParams
 from qwen36.testing.tt import small_tt_generator
-from qwen36.tt.spec.batch_spec import TTBatchSpecBackend
-from qwen36.tt.spec.mtp_drafter import TTBatchMTPDrafter, TTMTPDrafter
+from qwen36.tt.spec.spec_backend import TTSpecBackend
+from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 from qwen36.tt.spec.spec_backend import TTSpecBackend
 
 pytestmark = pytest.mark.slow
@@ -88,8 +89,8 @@ def run_b1(gen, reader, mech, K, params):
 
 
 def run_slots1(gen, reader, mech, K, params):
-    d = TTBatchMTPDrafter(reader)
-    be = TTBatchSpecBackend(gen, 1, K, mech, drafter=d, use_trace=True, params=params)
+    d = TTMTPDrafter(reader)
+    be = TTSpecBackend(gen, mech, drafter=d, use_trace=True, slots=1, k=K, params=params, rows="host")
     try:
         first = be.join(0, PROMPT, params)
         log = [{"first": first, "prefill_logits": be.decoder.prefills[0].logits.reshape(-1).clone()}]
