@@ -455,8 +455,7 @@ class TTBatchSpecBackend:
         if self._phase in ("verified", "accepted"):
             with self._scope():
                 abort_after_verify(self.step_state)  # shadow_commit refuses here (see mechanisms.ShadowCommit)
-            if not self.params.greedy:
-                self.acceptor.uniforms.step_back()  # the acceptor advanced its RNG row counter on device
+            self.acceptor.step_back_rng()  # a step with sampled rows advanced the RNG row counters on device
         if self.device_drafter:
             self.drafter.step_back()  # the chain's uniform row (sampled drafts; no-op otherwise)
         self.counters.aborts += 1
