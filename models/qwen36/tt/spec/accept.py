@@ -470,14 +470,17 @@ class DeviceAcceptor:
         are not added; the draft distribution only has to be the one the drafts were drawn from)."""
         return self.seen, self.counts
 
-    def commit_counts(self):
+    def commit_counts(self, active=None):
         """Add the step's emitted tokens (the result's token columns; placeholders match nothing) to the counts,
         in place: part of the commit, inside its trace. Acceptors sharing one :class:`.sampler.TokenCounts` see each
-        other's commits."""
+        other's commits. ``active``: ``[1, B, 1, 1]`` fp32 0/1, the rows whose users were in the step (the others'
+        results come from inert rows and are not added)."""
         ttnn, b, r = self.ttnn, self.batch, self.rows
         toks = ttnn.typecast(ttnn.slice(self.result, [0, 0, 0, 0], [1, b, 1, r]), ttnn.float32)
         onehot = ttnn.eq(self.c_vocab_idx, ttnn.reshape(toks, [1, b, r, 1]))  # [1, B, R, V]
         added = ttnn.sum(onehot, dim=2, keepdim=True, compute_kernel_config=self._ckc)  # [1, B, 1, V]
+        if active is not None:
+            added = ttnn.multiply(added, active)
         self.token_counts.add(added)
 
     def _uniforms(self):

@@ -53,10 +53,14 @@ slots of its own pages; a joining user's MTP prefill zeroes and fills only its s
 the params as the single-user drafter's do: argmax (greedy, or ``draft="greedy"``: one-hot draft distributions),
 or sampled on device (temperature > 0, ``draft="sample"``) from the acceptor's transform of the MTP logits, user b
 drawing from its own columns of one uniform row per chain, the draft distributions handed to the stochastic
-acceptance (zero past k_b). Sampling: every user of one backend shares the backend's ``SamplingParams`` (apart
-from the seed, which picks its first token on the host); stochastic acceptance draws each user's uniforms from its own
-columns of one device table (exact in distribution per user, not the same draws as a batch-1 run). Penalties
-and logprobs are batch-1 only on the device acceptor and refused here.
+acceptance (zero past k_b). Sampling: every user has its own uniform stream on the acceptor, seeded with its
+own seed when it joins (a user's draws are those of the same user alone at B = 1). With ``stages`` (a
+``SamplerStages``: what the traced step may need) each user also has its own params, as per-row device operands
+of the one acceptance (greedy and sampled users in one step; tt/spec/accept.py); the device drafter then drafts by
+argmax for every user (sampled drafts need ``draft="greedy"`` there: the batched MTP chain's sampled picks take one
+set of params). Without ``stages`` every user shares the backend's params apart from the seed. Penalties (each
+user's token counts, written at its join, committed in the commit trace) and logprobs (read with the result) are
+per user either way; penalised users cannot have sampled device drafts (the MTP chain has no token counts).
 """
 from __future__ import annotations
 
@@ -70,6 +74,7 @@ from ...speculative.engine import Acceptance, MechanismCounters
 from ...speculative.mechanisms import DEFAULT_MECHANISM
 from ...speculative.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
 from .accept import DeviceAcceptor
+from ..runtime.sampler import SamplerStages
 from ..runtime.batch import TTBatchDecoder
 from .commit import abort_after_verify, commit_gdn_layers
 from ..runtime.generator import TTGenerator
@@ -195,19 +200,17 @@ class TTBatchSpecBackend:
     def __init__(self, gen: TTGenerator, slots: int, k: int, mechanism: str | TTMechanism = DEFAULT_MECHANISM,
                  drafter: Callable[[list[int], int], list[int]] | None = None,
                  params: SamplingParams = SamplingParams(), use_trace: bool = True, rng: str = "device",
-                 prefix_cache=None):
-        """``prefix_cache``: a ``qwen36.prefix_cache.PrefixCache``: joins resume from cached block boundaries
+                 prefix_cache=None, stages: SamplerStages | None = None):
+        """``stages``: per-user params (module doc): what the traced step contains, e.g. ``SamplerStages.of`` the
+        users' params or ``SamplerStages.every()``; None: every user has ``params`` (apart from the seed).
+        ``prefix_cache``: a ``qwen36.prefix_cache.PrefixCache``: joins resume from cached block boundaries
         (tt/runtime/prefix.py; the MTP prefill is redone from the cached hidden rows); new blocks are cached only by joins
         while no step trace is live."""
         self.device_drafter = _is_batch_device_drafter(drafter)
         if drafter is None or (not self.device_drafter and not callable(drafter)):
             raise BatchSpecError("TTBatchSpecBackend needs a drafter: the batched device MTP "
                                  "(tt/spec/mtp_drafter.py TTBatchMTPDrafter) or a host drafter (history, k) -> k ids")
-        if params.penalized or params.logprobs is not None:
-            # the batched step neither seeds the acceptor's token counts nor reads its logprobs rows, at any slot
-            # count (slots = 1 included): refuse rather than drop them
-            raise BatchSpecError("TTBatchSpecBackend does not apply penalties or return logprobs; use TTSpecBackend "
-                                 "(one user) for those")
+        self._check_drafts(params, stages)
         rows = slots * (k + 1)
         if rows > TILE_ROWS:
             raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) = {rows} verify rows: the decode-path attention "
@@ -225,8 +228,9 @@ class TTBatchSpecBackend:
         self.decoder = TTBatchDecoder(self.model, slots, use_trace=use_trace, prefix_cache=prefix_cache)
         a = self.model.args
         self.vocab = a.cfg.vocab_size
+        self.stages = stages
         self.acceptor = DeviceAcceptor(self.ttnn, self.mesh, k=k, vocab=self.vocab, sampling_params=params,
-                                       batch=slots, rng=rng, ring_heads=a.gdn_hv_d).allocate()
+                                       batch=slots, rng=rng, ring_heads=a.gdn_hv_d, stages=stages).allocate()
         self.step_state = BatchSpecDeviceState(self.decoder, k, self.mechanism)
         self.step_state.attach_acceptor(self.acceptor)
         st = self.step_state
@@ -245,6 +249,17 @@ class TTBatchSpecBackend:
         self._n_gdn = len(self.decoder.state.gdn_states())
 
     # ---- helpers ------------------------------------------------------------------------------------------------
+    def _check_drafts(self, params: SamplingParams, stages: SamplerStages | None, slot: int | None = None) -> None:
+        """Refuse sampled device drafts the batched MTP chain cannot draw (per-user params, or penalties)."""
+        if not (self.device_drafter and params.sampled_drafts):
+            return
+        who = "" if slot is None else f"slot {slot}: "
+        if stages is not None:
+            raise BatchSpecError(f"{who}per-user params draft by argmax on the device drafter; pass draft='greedy'")
+        if params.penalized:
+            raise BatchSpecError(f"{who}penalties with sampled device drafts are not supported in a batch; pass "
+                                 "draft='greedy'")
+
     @property
     def config(self):
         return self.model.args.cfg
@@ -283,10 +298,15 @@ class TTBatchSpecBackend:
     @torch.no_grad()
     def join(self, slot: int, prompt: Sequence[int], params: SamplingParams = SamplingParams()) -> int:
         self._check_idle("join()")
-        if replace(params, seed=self.params.seed) != self.params:
-            raise BatchSpecError(f"slot {slot}: sampling params {params} differ from the backend's {self.params} "
-                                 "(one device acceptor serves every slot with one set of params; only the seed may "
-                                 "differ)")
+        if self.stages is None and replace(params, seed=self.params.seed) != self.params:
+            raise BatchSpecError(f"slot {slot}: {params.describe()} differ from the backend's {self.params.describe()} "
+                                 "(build it with stages=SamplerStages... for per-user params)")
+        if self.stages is not None:
+            self._check_drafts(params, self.stages, slot)
+            missing = self.stages.missing(params, self.vocab)
+            if missing:
+                raise BatchSpecError(f"slot {slot}: {params.describe()} needs {', '.join(missing)}, which this "
+                                     f"backend's stages do not contain")
         logits: list[torch.Tensor] = []
         hidden: list | None = [] if self.device_drafter else None
         insert = len(self._traces) == 0  # a cached block's buffers outlive the join: not while a trace is live
@@ -301,6 +321,8 @@ class TTBatchSpecBackend:
             with self._scope():
                 h = hidden[0] if len(hidden) == 1 else self.ttnn.concat(hidden, dim=2)
                 self.drafter.join(slot, history, h)
+        self.acceptor.set_row(slot, params)  # its params and its own uniform stream, from its seed
+        self.acceptor.start_penalties(len(prompt), history, slot)  # no-op without penalties
         self.users[slot] = _User(params, history, lp)
         return first
 
@@ -388,12 +410,9 @@ class TTBatchSpecBackend:
         st = self.step_state
         vout = st.verify()
         logits = self.ttnn.reshape(vout.out.logits, [1, self.slots, self.k + 1, self.vocab])
-        if self.params.greedy:
-            res = self.acceptor.greedy(logits, st.drafts)
-        else:  # argmax or host drafts: one-hot draft distribution (None)
-            probs = self.drafter.draft_probs() if self.device_drafter else None
-            res = self.acceptor.stochastic(logits, st.drafts, probs)
-        return vout, res
+        # sampled device drafts: their distributions; argmax or host drafts: one-hot (None)
+        probs = self.drafter.draft_probs() if self.device_drafter else None
+        return vout, self.acceptor.accept(logits, st.drafts, probs)
 
     def verify(self, draft: BatchDraft) -> VerifyOutputs:
         if self._phase != "drafted" or draft is not self._draft:
@@ -421,7 +440,8 @@ class TTBatchSpecBackend:
             r = results[s]
             if r.num_accepted > kb:
                 raise RuntimeError(f"slot {s}: device acceptance a={r.num_accepted} past the user's {kb} drafts")
-            out[s] = Acceptance(r.num_accepted, r.emitted)
+            lps = self.acceptor.read_logprobs(r.emitted, s) if self.users[s].params.logprobs is not None else None
+            out[s] = Acceptance(r.num_accepted, r.emitted, lps)
         self._phase = "accepted"
         return out
 
@@ -446,6 +466,8 @@ class TTBatchSpecBackend:
     def _commit_device(self) -> None:
         """The commit trace: per-user state commit, then (device drafter) the MTP reseed over the verified rows."""
         self.step_state.commit(self._vout)  # also zeroes the count of slots outside the step
+        if self.acceptor.penalized:
+            self.acceptor.commit_counts(self.step_state.active)  # the users' token counts are part of the commit
         if self.device_drafter:
             self.drafter.device_reseed(self.step_state, self._vout)
 
