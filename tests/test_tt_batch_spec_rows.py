@@ -2,7 +2,7 @@
 ``stages``: per-user params on the device acceptor) on the emulated P150a x2 mesh, ci checkpoint.
 
 Three users in one batch, a greedy one and two seeded sampled ones (one with top-k, one with top-p, a frequency
-penalty and logprobs), every one asking for logprobs: each user's tokens, accepted counts and logprobs (the raw
+penalty and logprobs, joining two rounds later and sitting its join round out), two asking for logprobs: each user's tokens, accepted counts and logprobs (the raw
 log-softmax of its verify rows: a logits-level check, compared exactly) equal the same user's run alone in a batch-1
 backend with the same seed, and the greedy user's tokens its plain batch-1 greedy output. Exact equality holds
 because each user's uniform stream is seeded per user and advances once per step whatever its row, the batched
@@ -54,7 +54,9 @@ def test_users_with_different_params_in_one_batch_equal_each_user_alone(gen):
     drafter = _drafter(plain)
     be = TTBatchSpecBackend(gen, 3, 1, "snapshot", drafter=drafter, stages=SamplerStages.of(USERS, 512))
     try:
-        got = speculative_generate(be, PROMPTS, N_NEW, [1, 1, 1], USERS)
+        # the penalised user joins in round 2 and sits that round out: its token counts must not take the inert
+        # rows' tokens
+        got = speculative_generate(be, PROMPTS, N_NEW, [1, 1, 1], USERS, arrivals=[0, 0, 2])
         assert be.captures == 2  # one verify and one commit trace for the whole run
     finally:
         be.close()
