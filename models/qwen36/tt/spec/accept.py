@@ -244,11 +244,12 @@ class DeviceAcceptor:
         for u in self.row_uniforms:
             u.restart()
 
-    def step_back_rng(self) -> None:
-        """Undo an aborted step's advance of the uniform counters (no-op when steps draw nothing)."""
+    def step_back_rng(self, rows=None) -> None:
+        """Undo an aborted step's advance of the uniform counters of ``rows`` (default: every row; no-op when steps
+        draw nothing). Outside any capture."""
         if self.advances_rng:
-            for u in self.row_uniforms:
-                u.step_back()
+            for b in range(self.batch) if rows is None else rows:
+                self.row_uniforms[b].step_back()
 
     def _check_row(self, row: int) -> None:
         self._require_allocated()
@@ -605,11 +606,13 @@ class DeviceAcceptor:
     # ------------------------------------------------------------------------------------------------
     # host read-back (the only device->host transfer)
     # ------------------------------------------------------------------------------------------------
-    def read_results(self, result_dev=None, *, check_replicas: bool = True) -> list[AcceptResult]:
+    def read_results(self, result_dev=None, *, check_replicas: bool = True, idle_rows=()) -> list[AcceptResult]:
         """Read the result tensor (one small int32 tensor) -> one :class:`AcceptResult` per user.
 
         Checks that every device holds the same result (replicated acceptance must agree across cards) and
-        refills the RNG table when the step used its last row. Call it after each step, before the next.
+        refills a row's RNG table when the step used its last row. ``idle_rows``: rows whose users were not in the
+        step: their stream row is given back (a user's draws follow its own steps only). Call it after each step,
+        before the next.
         """
         self._require_allocated()
         ttnn = self.ttnn
@@ -628,8 +631,13 @@ class DeviceAcceptor:
             if not 0 <= a <= self.k:
                 raise RuntimeError(f"device acceptance returned a={a} outside [0, {self.k}]: {row}")
             out.append(AcceptResult(tokens=toks, num_accepted=a, rng_row=rng_row))
-        for u, r in zip(self.row_uniforms, out):  # a row's stream used up: refill it
-            if r.rng_row >= self.rng_rows - 1:
+        idle = set(idle_rows)
+        for b, (u, r) in enumerate(zip(self.row_uniforms, out)):
+            if b in idle:
+                if r.rng_row >= 0:  # back to the row it did not use (a host write: no device op, any trace live)
+                    self.ttnn.copy_host_to_device_tensor(self._replicated_host(torch.full((1, 1, 1, 1),
+                                                                                          float(r.rng_row))), u.counter)
+            elif r.rng_row >= self.rng_rows - 1:  # a row's stream used up: refill it
                 u.refill()
         return out
 

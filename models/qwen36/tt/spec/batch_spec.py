@@ -434,7 +434,8 @@ class TTBatchSpecBackend:
     def accept(self, draft: BatchDraft, verify) -> dict[int, Acceptance]:
         if self._phase != "verified":
             raise RuntimeError("accept() needs verify() first")
-        results = self.acceptor.read_results(self._result)  # the one readback: tokens + counts of every slot
+        idle = [s for s in self.users if s not in draft.depths]  # users sitting the step out keep their uniforms
+        results = self.acceptor.read_results(self._result, idle_rows=idle)  # the one readback: every slot's result
         out = {}
         for s, kb in draft.depths.items():
             r = results[s]
@@ -477,7 +478,9 @@ class TTBatchSpecBackend:
         if self._phase in ("verified", "accepted"):
             with self._scope():
                 abort_after_verify(self.step_state)  # shadow_commit refuses here (see mechanisms.ShadowCommit)
-            self.acceptor.step_back_rng()  # a step with sampled rows advanced the RNG row counters on device
+            # a step with sampled rows advanced the RNG row counters on device (accept() gave the idle users' back)
+            with self._scope():
+                self.acceptor.step_back_rng(None if self._phase == "verified" else list(self._draft.depths))
         if self.device_drafter:
             self.drafter.step_back()  # the chain's uniform row (sampled drafts; no-op otherwise)
         self.counters.aborts += 1
