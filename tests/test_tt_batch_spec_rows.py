@@ -1,13 +1,14 @@
 """Users with different sampling settings in one TT speculative batch (tt/spec/batch_spec.py TTBatchSpecBackend with
 ``stages``: per-user params on the device acceptor) on the emulated P150a x2 mesh, ci checkpoint.
 
-Three users in one batch, a greedy one and two seeded sampled ones (one with top-k, one with top-p, a frequency
-penalty and logprobs, joining two rounds later and sitting its join round out), two asking for logprobs: each user's tokens, accepted counts and logprobs (the raw
-log-softmax of its verify rows: a logits-level check, compared exactly) equal the same user's run alone in a batch-1
-backend with the same seed, and the greedy user's tokens its plain batch-1 greedy output. Exact equality holds
-because each user's uniform stream is seeded per user and advances once per step whatever its row, the batched
-verify's per-user logits are bit-equal to a batch-1 verify's (row-wise ops), and the per-row parameters are exact in
-fp32 (tests/test_tt_accept_rows.py says why that matters on the emulator).
+Three users in one batch: a greedy one and two seeded sampled ones (one with top-k; one with top-p, a frequency
+penalty and logprobs, joining two rounds later and sitting its join round out); two ask for logprobs. Each user's
+tokens, accepted counts and logprobs (the raw log-softmax of its verify rows: a logits-level check, compared
+exactly) equal the same user's run alone in a batch-1 backend with the same seed, and the greedy user's tokens its
+plain batch-1 greedy output. Exact equality holds because each user's uniform stream is seeded per user and
+advances once per step it is in, whatever its row, the batched verify's per-user logits are bit-equal to a batch-1
+verify's (row-wise ops), and the per-row parameters are exact in fp32 (tests/test_tt_accept_rows.py says why that
+matters on the emulator).
 """
 from __future__ import annotations
 

@@ -222,7 +222,8 @@ class DeviceAcceptor:
             self.token_counts.allocate()
             self.c_zero_vocab_row = self._replicated(torch.zeros(1, b, 1, v), f32)
         if self.stages is not None:  # per-row operands, neutral until a row gets a user
-            self.ops_host = {key: torch.full((1, b, 1, 1), neutral_value(key, v)) for key in row_operand_keys(self.stages)}
+            self.ops_host = {key: torch.full((1, b, 1, 1), neutral_value(key, v))
+                             for key in row_operand_keys(self.stages)}
             self.ops = {key: self._replicated(t, f32) for key, t in self.ops_host.items()}
         if b > 1:
             self.c_zero_1 = self._replicated(torch.zeros(1, 1, 1, 1), f32)

@@ -478,8 +478,7 @@ class TTBatchSpecBackend:
         if self._phase in ("verified", "accepted"):
             with self._scope():
                 abort_after_verify(self.step_state)  # shadow_commit refuses here (see mechanisms.ShadowCommit)
-            # a step with sampled rows advanced the RNG row counters on device (accept() gave the idle users' back)
-            with self._scope():
+                # a step with sampled rows advanced the RNG counters on device (accept() gave the idle users' back)
                 self.acceptor.step_back_rng(None if self._phase == "verified" else list(self._draft.depths))
         if self.device_drafter:
             self.drafter.step_back()  # the chain's uniform row (sampled drafts; no-op otherwise)
