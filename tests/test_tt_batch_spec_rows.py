@@ -93,3 +93,29 @@ def test_per_user_params_refused_where_unsupported(gen):
             scalar.join(0, PROMPTS[0], SamplingParams(temperature=0.7))
     finally:
         scalar.close()
+
+
+class _DeviceDrafterShape:
+    """Has the hooks by which TTBatchSpecBackend recognises a batched device drafter (nothing runs: the refusals come
+    before the generator is touched)."""
+
+    def allocate(self, *a): ...
+    def join(self, *a): ...
+    def write_inputs(self, *a): ...
+    def device_chain(self, *a): ...
+    def device_reseed(self, *a): ...
+
+
+def test_sampled_device_drafts_refused_where_the_batched_chain_cannot_draw_them():
+    sampled = SamplingParams(temperature=0.8)
+    with pytest.raises(BatchSpecError, match="per-user params draft by argmax"):
+        TTBatchSpecBackend(None, 2, 1, drafter=_DeviceDrafterShape(), params=sampled,
+                           stages=SamplerStages.of([sampled], 512))
+    with pytest.raises(BatchSpecError, match="penalties with sampled device drafts"):
+        TTBatchSpecBackend(None, 2, 1, drafter=_DeviceDrafterShape(), params=SamplingParams(temperature=0.8,
+                                                                                          presence_penalty=0.5))
+    # argmax drafts pass these checks (and then need a generator)
+    with pytest.raises(AttributeError):
+        TTBatchSpecBackend(None, 2, 1, drafter=_DeviceDrafterShape(), params=SamplingParams(temperature=0.8,
+                                                                                          draft="greedy"),
+                           stages=SamplerStages.of([sampled], 512))
