@@ -278,11 +278,7 @@ def test_refuses_what_it_cannot_serve(gen, plain):
         TTSpecBackend(gen, slots=3, k=3, drafter=users_drafter(plain))
     with pytest.raises(BatchSpecError, match="at most 32"):
         TTSpecBackend(gen, slots=8, k=4, drafter=users_drafter(plain))
-    # penalties and logprobs: the batched step would drop them silently (slots = 1 included), so it refuses them
-    for slots in (1, 2):
-        for params in (SamplingParams(repetition_penalty=1.3), SamplingParams(logprobs=2)):
-            with pytest.raises(BatchSpecError, match="penalties or return logprobs"):
-                TTSpecBackend(gen, slots=slots, k=2, drafter=users_drafter(plain), params=params, rows="host")
+    # penalties and logprobs are per user now, and per-user params need stages (tests/test_tt_batch_spec_rows.py)
 
 
 # ---- vs the reference batched backend ---------------------------------------------------------------------------

@@ -109,12 +109,15 @@ slots of its own pages; a joining user's MTP prefill zeroes and fills only its s
 the params as one user's do: argmax (greedy, or ``draft="greedy"``: one-hot draft distributions),
 or sampled on device (temperature > 0, ``draft="sample"``) from the acceptor's transform of the MTP logits, user b
 drawing from its own columns of one uniform row per chain, the draft distributions handed to the stochastic
-acceptance (zero past k_b). Sampling: every user of one backend shares the backend's ``SamplingParams`` (apart
-from the seed, which picks its first token on the host); stochastic acceptance draws each user's uniforms from its own
-columns of one device table (exact in distribution per user, not the same draws as a one-user run). Penalties
-and per-step logprobs are served by the one-user layout only (the device acceptor's are one-user): host rows
-refuse them at construction, at one slot too. ``plan_next_depths`` only checks the depths there: each user's
-depth is chosen at draft().
+acceptance (zero past k_b). Sampling: every user has its own uniform stream on the acceptor, seeded with its
+own seed when it joins (a user's draws are those of the same user alone at B = 1). With ``stages`` (a
+``SamplerStages``: what the traced step may need) each user also has its own params, as per-row device operands
+of the one acceptance (greedy and sampled users in one step; tt/spec/accept.py); the device drafter then drafts by
+argmax for every user (sampled drafts need ``draft="greedy"`` there: the packed MTP chain's sampled picks take one
+set of params). Without ``stages`` every user shares the backend's params apart from the seed. Penalties (each
+user's token counts, written at its join, committed in the commit trace) and logprobs (read with the result) are
+per user either way; penalised users cannot have sampled device drafts (the packed chain has no token counts).
+``plan_next_depths`` only checks the depths there: each user's depth is chosen at draft().
 """
 from __future__ import annotations
 
@@ -129,6 +132,7 @@ from ...speculative.engine import Acceptance, MechanismCounters
 from ...speculative.mechanisms import DEFAULT_MECHANISM
 from ...speculative.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
 from .accept import DeviceAcceptor
+from ..runtime.sampler import SamplerStages
 from .commit import abort_after_verify, commit
 from ..model.gdn import TILE_ROWS
 from ..model.model_config import user_core_grid
@@ -191,19 +195,21 @@ class _DepthBuffers:
 class TTSpecBackend:
     """``SpecBackend`` on the TT model: ``slots`` users (module doc). One user (``slots=1``, device rows) picks K at
     its first draft (or steps at ``depths``); B slots (host rows) verify ``k`` drafts per user (every step runs
-    B x (k+1) rows) with the backend's ``params``."""
+    B x (k+1) rows) with the backend's ``params``, or each user its own with ``stages``."""
 
     def __init__(self, gen: TTGenerator, mechanism: str | TTMechanism = DEFAULT_MECHANISM, drafter: Any = None,
                  use_trace: bool = True, rng: str = "device", depths: Sequence[int] | None = None,
                  prefix_cache=None, *, slots: int = 1, k: int | None = None, params: SamplingParams | None = None,
-                 rows: str | None = None):
+                 rows: str | None = None, stages: SamplerStages | None = None):
         """``depths``: the draft depths steps of one generation may use (``--spec-k auto``, one user); None = one
         depth per generation (the first draft()'s K), the single-depth traces "verify" / "commit".
         ``prefix_cache``: a ``qwen36.prefix_cache.PrefixCache`` (tt/runtime/prefix.py; the MTP prefill is redone
         from the cached hidden rows); with B slots new blocks are cached only by joins while no step trace is live.
         ``rows``: the step layout, "device" (one user; default at one slot) or "host" (B slots; default above one,
         and at one slot the batched step at B = 1); ``k`` and ``params`` are the host rows' verify width and
-        sampling params (one user takes its params at join())."""
+        sampling params (one user takes its params at join()). ``stages``: host rows only, per-user params (module
+        doc): what the traced step contains, e.g. ``SamplerStages.of`` the users' params or ``SamplerStages.every()``;
+        None: every user has ``params`` (apart from the seed)."""
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be an int >= 1, got {slots!r}")
         self.rows = rows or ("device" if slots == 1 else "host")
@@ -214,13 +220,13 @@ class TTSpecBackend:
                 raise BatchSpecError("depths= (per-step depth switching) is the one-user layout's; B slots verify "
                                      "k drafts per user and each user drafts k_b <= k")
             self._init_host_rows(gen, slots, k, mechanism, drafter, params or SamplingParams(), use_trace, rng,
-                                 prefix_cache)
+                                 prefix_cache, stages)
             return
         if slots != 1:
             raise ValueError(f"device rows hold one user's position; {slots} slots need rows='host'")
-        if k is not None or params is not None:
-            raise ValueError("k and params are the host rows' (B slots); one user picks K at its first draft() and "
-                             "takes its params at join()")
+        if k is not None or params is not None or stages is not None:
+            raise ValueError("k, params and stages are the host rows' (B slots); one user picks K at its first "
+                             "draft() and takes its params at join()")
         self.slots = 1
         mechanism = tt_mechanism(mechanism)
         if drafter is None:
@@ -235,6 +241,7 @@ class TTSpecBackend:
         self.label = f"tt ({gen.label or 'mesh'})" + ("" if self.device_drafter else " + host drafter")
         self.counters = MechanismCounters()
         self.params = SamplingParams()
+        self.stages = None  # per-user params are the host rows' (one user takes its params at join())
         self._first_logprobs: TokenLogprobs | None = None  # the join token's, when the params ask for logprobs
         self.step_state: SpecDeviceState | None = None
         self.acceptor: DeviceAcceptor | None = None
@@ -258,7 +265,8 @@ class TTSpecBackend:
         self._planned_k: int | None = None  # plan_next_depths() of the open step
 
     def _init_host_rows(self, gen: TTGenerator, slots: int, k: int | None, mechanism, drafter,
-                        params: SamplingParams, use_trace: bool, rng: str, prefix_cache) -> None:
+                        params: SamplingParams, use_trace: bool, rng: str, prefix_cache,
+                        stages: SamplerStages | None) -> None:
         """B slots over a decoder of their own (module doc); the checks come before the generator is touched."""
         if not isinstance(k, int) or k < 1:
             raise BatchSpecError(f"{slots} slots (host rows) need the verify width k >= 1, got {k!r}")
@@ -266,11 +274,7 @@ class TTSpecBackend:
         if drafter is None or (not self.device_drafter and not callable(drafter)):
             raise BatchSpecError("B slots (host rows) need a drafter: the device MTP "
                                  "(tt/spec/mtp_drafter.py TTMTPDrafter) or a host drafter (history, k) -> k ids")
-        if params.penalized or params.logprobs is not None:
-            # the B-slot step neither seeds the acceptor's token counts nor reads its logprobs rows, at any slot
-            # count (slots = 1 included): refuse rather than drop them
-            raise BatchSpecError("B slots (host rows) do not apply penalties or return logprobs; use one user "
-                                 "(slots=1, device rows) for those")
+        self._check_drafts(params, stages)
         n_rows = slots * (k + 1)
         if n_rows > TILE_ROWS:
             raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) = {n_rows} verify rows: the decode-path attention "
@@ -290,8 +294,9 @@ class TTSpecBackend:
         self.state = self.decoder.state
         a = self.model.args
         self.vocab = a.cfg.vocab_size
+        self.stages = stages
         self.acceptor = DeviceAcceptor(self.ttnn, self.mesh, k=k, vocab=self.vocab, sampling_params=params,
-                                       batch=slots, rng=rng, ring_heads=a.gdn_hv_d).allocate()
+                                       batch=slots, rng=rng, ring_heads=a.gdn_hv_d, stages=stages).allocate()
         # host rows at every slot count, B = 1 included
         self.step_state = SpecDeviceState(self.model, self.decoder.state, k, self.mechanism, users=slots, rows="host")
         self.step_state.attach_acceptor(self.acceptor)
@@ -664,11 +669,14 @@ class TTSpecBackend:
             if self.rows == "host":
                 with self._scope():
                     abort_after_verify(self.step_state)
+                    # a step with sampled rows advanced the RNG counters on device (accept() gave the idle users'
+                    # back): every row before accept(), the step's rows after it
+                    self.acceptor.step_back_rng(None if self._phase == "verified" else list(self._draft.depths))
             else:
                 abort_after_verify(self.step_state)  # shadow_commit refuses here (see mechanisms.ShadowCommit)
-            if not self.params.greedy:
-                # the acceptor advanced its RNG row counter on device; step back one row
-                self.acceptor.uniforms.step_back()
+                if not self.params.greedy:
+                    # the acceptor advanced its RNG row counter on device; step back one row
+                    self.acceptor.uniforms.step_back()
         if self.rows == "host":
             if self.device_drafter:
                 self.drafter.step_back()  # the chain's uniform row (sampled drafts; no-op otherwise)
@@ -690,6 +698,17 @@ class TTSpecBackend:
         self.release()
 
     # ---- B slots (host rows; module doc) ------------------------------------------------------------------------
+    def _check_drafts(self, params: SamplingParams, stages: SamplerStages | None, slot: int | None = None) -> None:
+        """Refuse sampled device drafts the packed MTP chain cannot draw (per-user params, or penalties)."""
+        if not (self.device_drafter and params.sampled_drafts):
+            return
+        who = "" if slot is None else f"slot {slot}: "
+        if stages is not None:
+            raise BatchSpecError(f"{who}per-user params draft by argmax on the device drafter; pass draft='greedy'")
+        if params.penalized:
+            raise BatchSpecError(f"{who}penalties with sampled device drafts are not supported in a batch; pass "
+                                 "draft='greedy'")
+
     def _scope(self):
         return self.decoder._scratch_scope()
 
@@ -709,10 +728,15 @@ class TTSpecBackend:
     @torch.no_grad()
     def _join_slot(self, slot: int, prompt: Sequence[int], params: SamplingParams) -> int:
         self._check_idle("join()")
-        if replace(params, seed=self.params.seed) != self.params:
-            raise BatchSpecError(f"slot {slot}: sampling params {params} differ from the backend's {self.params} "
-                                 "(one device acceptor serves every slot with one set of params; only the seed may "
-                                 "differ)")
+        if self.stages is None and replace(params, seed=self.params.seed) != self.params:
+            raise BatchSpecError(f"slot {slot}: {params.describe()} differ from the backend's {self.params.describe()} "
+                                 "(build it with stages=SamplerStages... for per-user params)")
+        if self.stages is not None:
+            self._check_drafts(params, self.stages, slot)
+            missing = self.stages.missing(params, self.vocab)
+            if missing:
+                raise BatchSpecError(f"slot {slot}: {params.describe()} needs {', '.join(missing)}, which this "
+                                     f"backend's stages do not contain")
         logits: list[torch.Tensor] = []
         hidden: list | None = [] if self.device_drafter else None
         insert = len(self._traces) == 0  # a cached block's buffers outlive the join: not while a trace is live
@@ -727,6 +751,8 @@ class TTSpecBackend:
             with self._scope():
                 h = hidden[0] if len(hidden) == 1 else self.ttnn.concat(hidden, dim=2)
                 self.drafter.join(slot, history, h)
+        self.acceptor.set_row(slot, params)  # its params and its own uniform stream, from its seed
+        self.acceptor.start_penalties(len(prompt), history, slot)  # no-op without penalties
         self.users[slot] = _User(params, history, lp)
         return first
 
@@ -810,12 +836,9 @@ class TTSpecBackend:
         st = self.step_state
         vout = st.verify()
         logits = self.ttnn.reshape(vout.out.logits, [1, self.slots, self.k + 1, self.vocab])
-        if self.params.greedy:
-            res = self.acceptor.greedy(logits, st.drafts)
-        else:  # argmax or host drafts: one-hot draft distribution (None)
-            probs = self.drafter.draft_probs(self.acceptor) if self.device_drafter else None
-            res = self.acceptor.stochastic(logits, st.drafts, probs)
-        return vout, res
+        # sampled device drafts: their distributions; argmax or host drafts: one-hot (None)
+        probs = self.drafter.draft_probs(self.acceptor) if self.device_drafter else None
+        return vout, self.acceptor.accept(logits, st.drafts, probs)
 
     def _verify_slots(self, draft: BatchDraft) -> VerifyOutputs:
         if self._phase != "drafted" or draft is not self._draft:
@@ -829,13 +852,15 @@ class TTSpecBackend:
         return self._vout
 
     def _accept_slots(self, draft: BatchDraft) -> dict[int, Acceptance]:
-        results = self.acceptor.read_results(self._result)  # the one readback: tokens + counts of every slot
+        idle = [s for s in self.users if s not in draft.depths]  # users sitting the step out keep their uniforms
+        results = self.acceptor.read_results(self._result, idle_rows=idle)  # the one readback: every slot's result
         out = {}
         for s, kb in draft.depths.items():
             r = results[s]
             if r.num_accepted > kb:
                 raise RuntimeError(f"slot {s}: device acceptance a={r.num_accepted} past the user's {kb} drafts")
-            out[s] = Acceptance(r.num_accepted, r.emitted)
+            lps = self.acceptor.read_logprobs(r.emitted, s) if self.users[s].params.logprobs is not None else None
+            out[s] = Acceptance(r.num_accepted, r.emitted, lps)
         self._phase = "accepted"
         return out
 
@@ -858,6 +883,8 @@ class TTSpecBackend:
     def _commit_slots_device(self) -> None:
         """The commit trace of B slots: per-user state commit, then (device drafter) the MTP reseed over the verified rows."""
         commit(self.step_state, self._vout)  # also zeroes the count of slots outside the step
+        if self.acceptor.penalized:
+            self.acceptor.commit_counts(self.step_state.active)  # the users' token counts are part of the commit
         if self.device_drafter:
             self.drafter.device_reseed(self.step_state, self._vout)
 
