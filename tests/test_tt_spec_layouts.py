@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from qwen36.speculative.sampling import SamplingParams
+from qwen36.tt.runtime.sampler import SamplerStages
 from qwen36.tt.spec.mtp import TTMTPHead
 from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
 from qwen36.tt.spec.verify import SpecDeviceState
@@ -30,9 +31,9 @@ def test_backend_layout_refusals():
         TTSpecBackend(None, drafter=host_drafter, rows="hosted")
     with pytest.raises(ValueError, match="slots must be"):
         TTSpecBackend(None, drafter=host_drafter, slots=0)
-    # one slot with host rows is the B-slot step at B = 1: it refuses what that step would drop
-    with pytest.raises(BatchSpecError, match="penalties or return logprobs"):
-        TTSpecBackend(None, drafter=host_drafter, slots=1, k=2, rows="host", params=SamplingParams(logprobs=1))
+    # per-user params are the host rows' (one user takes its params at join())
+    with pytest.raises(ValueError, match="stages are the host rows'"):
+        TTSpecBackend(None, drafter=host_drafter, stages=SamplerStages.of([SamplingParams(temperature=1.0)], 512))
 
 
 def test_step_state_and_head_layout_refusals():
