@@ -118,3 +118,46 @@ def test_sampled_device_drafts_refused_where_the_batched_chain_cannot_draw_them(
     with pytest.raises(AttributeError):
         TTSpecBackend(None, drafter=_DeviceDrafterShape(), slots=2, k=1,
                       params=SamplingParams(temperature=0.8, draft="greedy"), stages=SamplerStages.of([sampled], 512))
+
+
+# ---- with the packed device MTP drafter, against the one-user layout --------------------------------------------
+MTP_CKPT = "models/qwen36/default_checkpoint"  # trained, with MTP: its drafts are accepted
+MTP_PROMPTS = [[1734, 4064, 17, 279, 1076], [4064, 17, 279, 1076, 4064, 17, 279], [17, 279, 1076]]
+MTP_USERS = [SamplingParams(logprobs=2),
+             SamplingParams(temperature=0.8, top_k=20, seed=3, draft="greedy"),
+             SamplingParams(repetition_penalty=1.3, logprobs=1)]
+
+
+@pytest.mark.slow
+def test_per_user_params_with_the_device_drafter_equal_each_user_on_the_one_user_layout():
+    """Three users (greedy with logprobs; sampled, argmax device drafts; greedy with a repetition penalty) in one
+    B-slot backend with the packed device MTP (host rows, per-user params; 4 slots at K = 1, one free): each user's tokens, accepted counts and
+    logprobs equal the same user run alone on the one-user layout (device rows, its own MTP head and acceptor seeded
+    from the user's seed), exactly: the packed drafts equal one user's, per-user logits are row-wise, and each user's
+    uniform stream follows its own seed and steps."""
+    from qwen36.checkpoint import load_checkpoint
+    from qwen36.testing.tt import small_tt_generator
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+
+    g = small_tt_generator(MTP_CKPT, prefill_chunk=64, require_mtp=True)
+    reader = load_checkpoint(MTP_CKPT, require_mtp=True)
+    try:
+        be = TTSpecBackend(g, "snapshot", drafter=TTMTPDrafter(reader), slots=4, k=1,
+                           stages=SamplerStages.of(MTP_USERS, g.model.args.cfg.vocab_size))
+        try:
+            got = speculative_generate(be, MTP_PROMPTS, N_NEW, [1, 1, 1], MTP_USERS)
+        finally:
+            be.close()
+        for u, (p, params) in enumerate(zip(MTP_PROMPTS, MTP_USERS)):
+            one = TTSpecBackend(g, "snapshot", drafter=TTMTPDrafter(reader))
+            try:
+                want = speculative_generate(one, [p], N_NEW, [1], [params])[0]
+            finally:
+                one.close()
+            r = got[u]
+            assert r.tokens == want.tokens, f"user {u} ({params.describe()})"
+            assert r.stats.accepted == want.stats.accepted, f"user {u}"
+            assert r.logprobs == want.logprobs and (r.logprobs is None) == (params.logprobs is None), f"user {u}"
+        assert any(a > 0 for r in got for a in r.stats.accepted)  # the device drafts were accepted
+    finally:
+        g.close()
