@@ -25,9 +25,9 @@ part beside the verify's (the verify defers its GDN state writes to the commit).
 ``--context - 1`` with its own KV pages and GDN slot. Costed the same way: the B-row plain decode (tt/runtime/batch.py),
 and per K of ``--ks`` that the packed verify admits (``batch_verify_refusal``: B x (K+1) <= 32 rows, whole rows
 of 8 cores above 8; the others are listed in ``ks_refused`` with the reason) the ONE B x (K+1)-row verify, the
-batched acceptor and the per-user commit of tt/spec/batch_spec.py (``BatchSpecDeviceState``), plus every mechanism's
+batched acceptor and the per-user commit (``SpecDeviceState(users=B)`` and ``commit``), plus every mechanism's
 commit at ``--commit-k``. verify_cost_ratio = packed verify / B-row decode. Plain decode tok/s per user = 1000 /
-ms per step, aggregate = B x that. The draft is the batched device MTP of the backend (``TTBatchMTPHead``): the
+ms per step, aggregate = B x that. The draft is the batched device MTP of the backend (``TTMTPHead(slots=B)``): the
 reseed over the B x (K+1) verified rows and the chain of K drafts of B rows each (every user drafting K); the MTP
 step = verify + accept + draft + commit, MTP tok/s per user at each acceptance scenario and aggregate = B x that.
 B = 32 admits no K (32 x 2 > 32 rows): its record is the plain decode only.
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=1,
                    help="users per step: B > 1 costs the batched plain decode (B rows) and the packed batched verify "
-                        "(B x (K+1) rows, tt/spec/batch_spec.py) at each K of --ks that verify admits; 1: the single-user "
+                        "(B x (K+1) rows, tt/spec/spec_backend.py B slots) at each K of --ks that verify admits; 1: the single-user "
                         "step above")
 
 
@@ -262,10 +262,10 @@ def draft_phase(meter: Meter, model, mtp_w, head_cls, k: int, pos: int, ratio: f
     return {"total": draft_total, "reseed": reseed}
 
 
-# ---- batch B > 1: the batched plain decode and the packed B x (K+1) verify (tt/spec/batch_spec.py) ----------------------
+# ---- batch B > 1: the batched plain decode and the packed B x (K+1) verify (TTSpecBackend B slots) ----------------
 def batch_verify_refusal(batch: int, k: int) -> str | None:
     """Why the packed verify of ``batch`` users x (K+1) rows cannot run, or None. The bound is the one
-    ``tt/spec/batch_spec.py`` ``TTBatchSpecBackend`` refuses by, read from the same sources: at most ``TILE_ROWS`` rows
+    ``TTSpecBackend`` with B slots (tt/spec/spec_backend.py) refuses by, read from the same sources: at most ``TILE_ROWS`` rows
     (the decode-path attention puts one row per core) and, above one row of cores, whole rows of cores
     (``model_config.user_core_grid``)."""
     from qwen36.tt.model.gdn import TILE_ROWS
@@ -284,17 +284,16 @@ def batch_verify_refusal(batch: int, k: int) -> str | None:
 def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: int, seed: int, real_vocab: int,
                   batch: int, real_cfg=None) -> dict:
     """gate-0b at ``batch`` users per step: the B-row plain decode (tt/runtime/batch.py) and, per admitted K, the packed
-    B x (K+1)-row verify, the batched acceptor, the per-user commit (tt/spec/batch_spec.py ``BatchSpecDeviceState``,
+    B x (K+1)-row verify, the batched acceptor, the per-user commit (``SpecDeviceState(users=B)``, ``commit``,
     every user at position ``context - 1`` with its own KV pages and GDN slot) and the packed device MTP reseed +
     chain (:func:`packed_draft_phase`). Counted and extrapolated exactly as :func:`measure` counts the single-user step."""
-    from types import SimpleNamespace
-
     from qwen36.tt_ops.cost_model import P150aCostModel
 
     from qwen36.tt.spec.accept import DeviceAcceptor
-    from qwen36.tt.spec.batch_spec import BatchSpecDeviceState
-    from qwen36.tt.spec.mtp import TTBatchMTPHead
+    from qwen36.tt.spec.commit import commit
+    from qwen36.tt.spec.mtp import TTMTPHead
     from qwen36.tt.model.state import allocate_decode_inputs
+    from qwen36.tt.spec.verify import SpecDeviceState
     from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
 
     refused = {str(k): r for k in ks if (r := batch_verify_refusal(batch, k)) is not None}
@@ -320,7 +319,6 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
         decode = layers(regs).plus(corr)
         per_layer = {"decode": {"gdn": regs["layer0"], "attention": regs["layer1"]}}
 
-        decoder = SimpleNamespace(slots=batch, model=model, state=state)  # what BatchSpecDeviceState reads of one
         heads, bs = a.hkv_d, a.block_size
         pt = state.page_table_host
 
@@ -328,7 +326,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
             """The step state of a K-wide batched verify with every user stepping k drafts from position pos (the
             row inputs the backend's host side writes between replays, here written once)."""
             t = k + 1
-            st = BatchSpecDeviceState(decoder, k, mech)
+            st = SpecDeviceState(model, state, k, mech, users=batch, rows="host")
             acc = DeviceAcceptor(ttnn, mesh, k=k, vocab=cfg.vocab_size, batch=batch, ring_heads=a.gdn_hv_d).allocate()
             st.attach_acceptor(acc)
             st.start()
@@ -361,8 +359,8 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
 
         def commit_phase(st, vout, pre):
             no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
-            meter.run("commit", lambda: st.commit(vout))
-            meter.run("commit_fixed", lambda: st.commit(no_layers))
+            meter.run("commit", lambda: commit(st, vout))
+            meter.run("commit_fixed", lambda: commit(st, no_layers))
             regs, _ = meter.take()
             gdn_part = regs["commit"].plus(regs["commit_fixed"], -1)
             return total(((regs["commit_fixed"], 1), (gdn_part, n_gdn), (pre, n_gdn))), gdn_part.plus(pre)
@@ -379,7 +377,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
             verify[k], accept[k] = v_cost, acc_cost
             commit_shadow[k], commit_gdn = commit_phase(st, vout, pre)
             per_layer[f"verify_k{k}"] = {**v_layers, "commit_per_gdn_layer": commit_gdn}
-            draft[k] = packed_draft_phase(meter, model, mtp_w, TTBatchMTPHead, st, acc, vout, k, batch, pos, ratio)
+            draft[k] = packed_draft_phase(meter, model, mtp_w, TTMTPHead, st, acc, vout, k, batch, pos, ratio)
         commits, commit_refused = {}, batch_verify_refusal(batch, commit_k)
         if commit_refused is None:
             for mech in MECHANISMS:
@@ -417,11 +415,11 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
 
 def packed_draft_phase(meter: Meter, model, mtp_w, head_cls, st, acc, vout, k: int, batch: int, pos: int,
                        ratio: float) -> dict:
-    """The batched device MTP (``TTBatchMTPHead``, as ``TTBatchMTPDrafter`` runs it) over every user drafting k:
+    """The batched device MTP (``TTMTPHead(slots=B)``, packed, as ``TTMTPDrafter`` runs it) over every user drafting k:
     the reseed over the B x (K+1) verified rows with each user's row a_b selected (in the backend's commit trace)
     and the chain of K drafts, B rows per step (its draft trace). The chain's LM-head-sized parts (logits, picks,
     logits copies) are scaled in bytes to the real vocabulary; the reseed has none."""
-    head = head_cls(model, mtp_w, k, batch).allocate()
+    head = head_cls(model, mtp_w, k, slots=batch, packed=True).allocate()
     users = range(batch)
     head.write_reseed_inputs({b: k for b in users}, {b: pos for b in users})
     head.write_chain_inputs({b: k for b in users}, {b: pos for b in users}, {b: 1 for b in users})

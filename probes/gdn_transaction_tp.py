@@ -33,7 +33,7 @@ arithmetic only (see TOLERANCES for the measured figures and their source); abor
 are teacher-forced with the oracle's tokens; an argmax that differs must be a near tie (top-2 margin within twice
 the row's logit difference), else the cell fails.
 
-``--batch B`` (B >= 2): the batched transaction through ``tt/spec/batch_spec.py`` TTBatchSpecBackend (one packed
+``--batch B`` (B >= 2): the batched transaction through ``tt/spec/spec_backend.py`` TTSpecBackend with B slots (one packed
 B x (K+1) verify, per-user on-device acceptance and commit), each user against its own single-user oracle
 (``run_tp_batch_cell``). B users (prompts of different lengths) share one backend whose extra slots stay free
 (at least one: the slot count is the smallest above B whose verify rows, slots x (K+1), the decode-path core grid holds) and are
@@ -441,13 +441,13 @@ def _oracle(gen, tokens: list[int], prompt_len: int) -> dict:
 
 
 def run_tp_batch_cell(gen, mechanism: str, k: int, b: int, prompts, plains) -> dict:
-    from qwen36.tt.spec.batch_spec import TTBatchSpecBackend
+    from qwen36.tt.spec.spec_backend import TTSpecBackend
 
     vocab = gen.config.vocab_size
     plan = user_plan(b, k)
     slots = slots_for(b, k)
     drafts = _Drafts(prompts, plains, vocab)
-    be = TTBatchSpecBackend(gen, slots, k, mechanism, drafter=drafts)
+    be = TTSpecBackend(gen, mechanism, slots=slots, k=k, drafter=drafts)
     failed: list[str] = []
     users: list[dict] = []
     try:

@@ -93,7 +93,7 @@ def states_equal(x: dict, y: dict) -> bool:
 
 def gdn_host_batch1(ttnn, state) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A batch-1 state's GDN layers as (recurrent [Hv, Dk, Dv], conv [K-1, Cd]) over all devices, the layout of
-    ``TTBatchSpecBackend.committed_gdn``."""
+    ``TTSpecBackend.committed_gdn``."""
     return [(torch.cat([p.float() for p in per_device(ttnn, s.recurrent)], 0),
              torch.cat([p.float()[0, 0] for p in per_device(ttnn, s.conv)], -1)) for s in state.gdn_states()]
 

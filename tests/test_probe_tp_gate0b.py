@@ -173,14 +173,14 @@ def test_gate0b_batch32_is_plain_decode_only(tmp_path):
 
 @pytest.mark.parametrize("b", [2, 3, 4, 8, 16, 32])
 def test_batch_verify_refusal_is_the_backends_bound(b):
-    """The probe's admission of B x (K+1) rows is the one TTBatchSpecBackend refuses by: refused (B, K) raise the
+    """The probe's admission of B x (K+1) rows is the one TTSpecBackend with B slots refuses by: refused (B, K) raise the
     backend's BatchSpecError before it touches the generator; admitted ones get past that check."""
     from qwen36.probes.gate_0b import batch_verify_refusal
-    from qwen36.tt.spec.batch_spec import BatchSpecError, TTBatchSpecBackend
+    from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
 
     for k in range(1, 8):
         with pytest.raises(Exception) as e:
-            TTBatchSpecBackend(None, b, k, drafter=lambda hist, n: [0] * n)  # no generator: only the checks run
+            TTSpecBackend(None, slots=b, k=k, drafter=lambda hist, n: [0] * n)  # no generator: only the checks run
         assert isinstance(e.value, BatchSpecError) == (batch_verify_refusal(b, k) is not None), (b, k, e.value)
 
 

@@ -351,7 +351,7 @@ def test_stochastic_traced_replay_equals_eager_same_rng_state(ctx, rng, monkeypa
         return acc.stochastic(bufs[0], bufs[1], pd)
 
     def reset_rng():
-        acc.uniforms.restart()
+        acc.restart_rng()
 
     eager = []
     for s in range(steps):

@@ -1,5 +1,5 @@
-"""The per-user device MTP draft chain of the batched TT speculative backend (tt/spec/mtp.py TTBatchMTPHead driven by
-tt/spec/mtp_drafter.py TTBatchMTPDrafter inside tt/spec/batch_spec.py TTBatchSpecBackend), on the emulated P150a x2 mesh with
+"""The per-user device MTP draft chain of the batched TT speculative backend (tt/spec/mtp.py TTMTPHead packed, driven by
+tt/spec/mtp_drafter.py TTMTPDrafter inside tt/spec/spec_backend.py TTSpecBackend with B slots), on the emulated P150a x2 mesh with
 the shipped trained checkpoint (its MTP head drafts well enough that steps accept 0..K drafts).
 
 * drafts: each user's device drafts (ids) equal, step for step, those of the single-user TT spec backend
@@ -24,10 +24,9 @@ from qwen36.checkpoint import load_checkpoint
 from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.sampling import SamplingParams
 from qwen36.testing.tt import small_tt_generator
-from qwen36.tt.spec.batch_spec import BatchSpecError, TTBatchSpecBackend
-from qwen36.tt.spec.mtp_drafter import TTBatchMTPDrafter, TTMTPDrafter
+from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
+from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 from qwen36.testing.pcc import pcc
-from qwen36.tt.spec.spec_backend import TTSpecBackend
 from qwen36.testing.cli import run_cli_streams as cli
 
 CKPT = "models/qwen36/default_checkpoint"
@@ -79,7 +78,7 @@ class Recording:
 
 
 def batch_backend(gen, reader, slots, k, mech):
-    return TTBatchSpecBackend(gen, slots, k, mech, drafter=TTBatchMTPDrafter(reader))
+    return TTSpecBackend(gen, mech, slots=slots, k=k, drafter=TTMTPDrafter(reader))
 
 
 def per_user_drafts(log, slot_of_user):
@@ -274,7 +273,7 @@ def test_sampled_drafts_follow_the_acceptors_transform(gen, reader):
     from qwen36.speculative.sampling import probs_from_logits
 
     sp = SamplingParams(temperature=1.0, top_k=6, seed=3)
-    be = TTBatchSpecBackend(gen, 2, 2, "snapshot", drafter=TTBatchMTPDrafter(reader), params=sp, rng="host")
+    be = TTSpecBackend(gen, "snapshot", slots=2, k=2, drafter=TTMTPDrafter(reader), params=sp, rng="host")
     head = be.drafter.head
     try:
         be.join(0, PROMPTS[0], sp)
@@ -302,7 +301,7 @@ def test_sampled_drafts_follow_the_acceptors_transform(gen, reader):
         assert len(seen) > 1, seen  # the draws moved with the uniforms
     finally:
         be.close()
-    be = TTBatchSpecBackend(gen, 2, 2, "snapshot", drafter=TTBatchMTPDrafter(reader), params=sp)
+    be = TTSpecBackend(gen, "snapshot", slots=2, k=2, drafter=TTMTPDrafter(reader), params=sp)
     try:
         got = speculative_generate(be, PROMPTS[:2], 6, [2, 1], [sp, SamplingParams(temperature=1.0, top_k=6,
                                                                                          seed=4)])
@@ -312,9 +311,19 @@ def test_sampled_drafts_follow_the_acceptors_transform(gen, reader):
 
 
 # ---- construction refusals (fast) -------------------------------------------------------------------------------
-def test_refuses_the_single_user_drafter(gen, reader):
-    with pytest.raises(BatchSpecError, match="TTBatchMTPDrafter"):
-        TTBatchSpecBackend(gen, 2, 2, drafter=TTMTPDrafter(reader))
+def test_refuses_a_drafter_it_cannot_drive(gen, reader):
+    with pytest.raises(BatchSpecError, match="TTMTPDrafter"):  # neither the device MTP's hooks nor a host callable
+        TTSpecBackend(gen, slots=2, k=2, drafter=object())
+
+
+def test_one_packed_drafter_per_backend(gen, reader):
+    drafter = TTMTPDrafter(reader)
+    be = TTSpecBackend(gen, slots=2, k=2, drafter=drafter)
+    try:
+        with pytest.raises(RuntimeError, match="one backend"):
+            TTSpecBackend(gen, slots=2, k=2, drafter=drafter)
+    finally:
+        be.close()
 
 
 # ---- the CLI -------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Batched speculative decoding on the TT model (tt/spec/batch_spec.py TTBatchSpecBackend) on the emulated P150a x2
+"""Batched speculative decoding on the TT model (tt/spec/spec_backend.py TTSpecBackend with B slots) on the emulated P150a x2
 mesh: one packed B x (K+1) verify per step over TTBatchDecoder's slots, per-user on-device acceptance and commit.
 
 * lossless: each user's batched speculative greedy output equals its own plain batch-1 TT greedy output (B = 2 and 4,
@@ -25,10 +25,9 @@ from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraf
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.speculative import oracle_drafter
 from qwen36.testing.tt import make_bf16_checkpoint
-from qwen36.tt.spec.batch_spec import BatchSpecError, TTBatchSpecBackend
+from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
 from qwen36.tt.runtime.generator import TTGenerator
 from qwen36.testing.pcc import comp_pcc, pcc
-from qwen36.tt.spec.spec_backend import TTSpecBackend
 from qwen36.testing.tt_batch import poison_slot
 
 # Batched vs batch-1 on the same TT graph: row-wise ops see the same tiles (measured: bit-equal); a cross-user
@@ -92,7 +91,7 @@ def test_batched_speculative_greedy_is_lossless(gen, plain, mech, b):
     and one commit trace (joins and leaves did not retrace)."""
     prompts, depths = PROMPTS[:b], [3, 1, 2, 3][:b]
     arrivals = [0] * (b - 1) + [2]
-    be = TTBatchSpecBackend(gen, b, 3, mech, drafter=users_drafter(plain))
+    be = TTSpecBackend(gen, mech, slots=b, k=3, drafter=users_drafter(plain))
     try:
         assert isinstance(be, SpecBackend)
         got = speculative_generate(be, prompts, N_NEW, depths, [SamplingParams()] * b, arrivals=arrivals)
@@ -137,7 +136,7 @@ def test_committed_state_equals_single_user_run(gen, plain, mech):
     stay bit-identical), slot 3 is free and NaN-poisoned throughout. Then each stepping user's GDN recurrent, conv
     and KV rows 0..n-1 equal its single-user TT speculative run of the same steps; every logit is finite."""
     depths = {0: 2, 1: 1, 2: 3}
-    be = TTBatchSpecBackend(gen, 4, 3, mech, drafter=users_drafter(plain), use_trace=True)
+    be = TTSpecBackend(gen, mech, slots=4, k=3, drafter=users_drafter(plain), use_trace=True)
     try:
         for s in depths:
             be.join(s, PROMPTS[s])
@@ -200,7 +199,7 @@ def test_batched_speculative_greedy_b8_is_lossless_and_matches_single_user_state
     b = len(PROMPTS8)
     depths = [3, 1, 2, 3, 2, 3, 1, 3]
     arrivals = [0, 0, 0, 0, 0, 1, 2, 2]
-    be = TTBatchSpecBackend(gen, b, 3, "shadow_commit", drafter=users_drafter(plain8, PROMPTS8))
+    be = TTSpecBackend(gen, "shadow_commit", slots=b, k=3, drafter=users_drafter(plain8, PROMPTS8))
     try:
         got = speculative_generate(be, PROMPTS8, N_NEW, depths, [SamplingParams()] * b, arrivals=arrivals)
         for u, r in enumerate(got):
@@ -236,7 +235,7 @@ def test_batched_speculative_greedy_b8_is_lossless_and_matches_single_user_state
 def test_abort_restores_every_slot(gen, plain):
     """snapshot: draft/verify/accept then abort leaves every user's state bit-identical; shadow_commit refuses an
     abort after verify (as the single-user backend)."""
-    be = TTBatchSpecBackend(gen, 2, 2, "snapshot", drafter=users_drafter(plain), use_trace=False)
+    be = TTSpecBackend(gen, "snapshot", slots=2, k=2, drafter=users_drafter(plain), use_trace=False)
     try:
         for s in (0, 1):
             be.join(s, PROMPTS[s])
@@ -250,7 +249,7 @@ def test_abort_restores_every_slot(gen, plain):
                 assert torch.equal(r0, r1) and torch.equal(c0, c1)
     finally:
         be.close()
-    sh = TTBatchSpecBackend(gen, 2, 2, "shadow_commit", drafter=users_drafter(plain), use_trace=False)
+    sh = TTSpecBackend(gen, "shadow_commit", slots=2, k=2, drafter=users_drafter(plain), use_trace=False)
     try:
         sh.join(0, PROMPTS[0])
         d = sh.draft({0: 2})
@@ -262,7 +261,7 @@ def test_abort_restores_every_slot(gen, plain):
 
 
 def test_refuses_what_it_cannot_serve(gen, plain):
-    be = TTBatchSpecBackend(gen, 2, 2, drafter=users_drafter(plain), use_trace=False)
+    be = TTSpecBackend(gen, slots=2, k=2, drafter=users_drafter(plain), use_trace=False)
     try:
         be.join(0, PROMPTS[0])
         with pytest.raises(BatchSpecError, match="outside 1..2"):
@@ -274,16 +273,12 @@ def test_refuses_what_it_cannot_serve(gen, plain):
     finally:
         be.close()
     with pytest.raises(BatchSpecError, match="host drafter"):
-        TTBatchSpecBackend(gen, 2, 2)
+        TTSpecBackend(gen, slots=2, k=2)
     with pytest.raises(BatchSpecError, match="multiple of 8"):  # 3 x 4 = 12 rows: no per-row core grid
-        TTBatchSpecBackend(gen, 3, 3, drafter=users_drafter(plain))
+        TTSpecBackend(gen, slots=3, k=3, drafter=users_drafter(plain))
     with pytest.raises(BatchSpecError, match="at most 32"):
-        TTBatchSpecBackend(gen, 8, 4, drafter=users_drafter(plain))
-    # penalties and logprobs: the batched step would drop them silently (slots = 1 included), so it refuses them
-    for slots in (1, 2):
-        for params in (SamplingParams(repetition_penalty=1.3), SamplingParams(logprobs=2)):
-            with pytest.raises(BatchSpecError, match="penalties or return logprobs"):
-                TTBatchSpecBackend(gen, slots, 2, drafter=users_drafter(plain), params=params)
+        TTSpecBackend(gen, slots=8, k=4, drafter=users_drafter(plain))
+    # penalties and logprobs are per user now, and per-user params need stages (tests/test_tt_batch_spec_rows.py)
 
 
 # ---- vs the reference batched backend ---------------------------------------------------------------------------
@@ -296,7 +291,7 @@ def test_verify_logits_track_reference_batch_backend(gen, ckpt):
     bf16 arithmetic may order otherwise."""
     prompts = [prompt(5, 21), prompt(12, 20), prompt(3, 20)]
     forced = {0: [7, 8, 9], 1: [11]}
-    be = TTBatchSpecBackend(gen, 4, 3, "snapshot", drafter=lambda h, k: forced[0 if len(h) == 6 else 1][:k],
+    be = TTSpecBackend(gen, "snapshot", slots=4, k=3, drafter=lambda h, k: forced[0 if len(h) == 6 else 1][:k],
                             use_trace=False)
     ref = ReferenceBackend(Qwen36Model.from_checkpoint(ckpt, dtype=torch.float32), "snapshot", max_len=64, slots=4,
                            max_k=3)
@@ -339,7 +334,7 @@ def test_stochastic_first_token_follows_each_users_target(gen, plain):
     N times from the same state (snapshot abort + a fresh uniform table each time) and each user's histogram is
     chi-square tested against its own p_target computed on the host from the verify logits (p > 1e-3)."""
     params = SamplingParams(temperature=1.0, top_k=6, seed=5)
-    be = TTBatchSpecBackend(gen, 4, 3, "snapshot", drafter=users_drafter(plain), params=params, rng="host")
+    be = TTSpecBackend(gen, "snapshot", slots=4, k=3, drafter=users_drafter(plain), params=params, rng="host")
     n = 150
     try:
         for s in range(4):
@@ -379,15 +374,15 @@ def test_probe_tp_batch_cell_passes_and_catches_a_broken_commit(gen, monkeypatch
     fewer drafts, one sitting out, NaN-poisoned free slots) passes against each user's batch-1 TT oracle; the same
     cell with the commit's masked re-advance dropped (live keeps the state after all K+1 rows) fails."""
     from qwen36.probes import gdn_transaction_tp as probe
-    from qwen36.tt.spec import batch_spec
+    from qwen36.tt.spec import commit as commit_module
 
     cells, _ = probe.run_tp_batch_matrix(gen, batch=4, ks=(3,), mechanisms=("snapshot",))
     cell = cells[0]
     assert cell["pass"], cell["failed"]
     assert [u.get("accepted") for u in cell["users"]] == [0, 3, 2, None]
     assert cell["slots"] == 6 and cell["captures"] == 2
-    real = batch_spec.commit_gdn_layers
-    monkeypatch.setattr(batch_spec, "commit_gdn_layers", lambda st, records, idx, mask: real(st, records, idx, None))
+    real = commit_module.commit_gdn_layers
+    monkeypatch.setattr(commit_module, "commit_gdn_layers", lambda st, records, idx, mask: real(st, records, idx, None))
     broken, _ = probe.run_tp_batch_matrix(gen, batch=4, ks=(3,), mechanisms=("snapshot",))
     # the drive steps already diverge from the plain greedy output (or, if not, the state check fails)
     assert not broken[0]["pass"], broken[0]

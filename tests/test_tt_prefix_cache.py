@@ -250,14 +250,14 @@ def test_speculative_warm_equals_cold(gen, ckpt_factory, mech):
 
 
 def test_batched_speculative_shares_blocks(ckpt_factory):
-    """TTBatchSpecBackend (one packed verify, batched device MTP) with a prefix cache: users sharing a prefix reuse
+    """TTSpecBackend with B slots (one packed verify, batched device MTP) with a prefix cache: users sharing a prefix reuse
     each other's blocks (user 2 joins in round 3, once the step traces are live: it reuses without inserting);
     every user's tokens
     and accepted counts equal the same schedule with nothing cached."""
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
-    from qwen36.tt.spec.batch_spec import TTBatchSpecBackend
-    from qwen36.tt.spec.mtp_drafter import TTBatchMTPDrafter
+    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 
     ckpt = ckpt_factory("ci")
     g = small_tt_generator(ckpt, prefill_chunk=64, require_mtp=True)
@@ -266,7 +266,7 @@ def test_batched_speculative_shares_blocks(ckpt_factory):
     prompts = [common + prompt_of(g.config.vocab_size, 2 + i, 22 + i) for i in range(3)]
 
     def run(cache):
-        be = TTBatchSpecBackend(g, 4, 1, "shadow_commit", drafter=TTBatchMTPDrafter(reader), prefix_cache=cache)
+        be = TTSpecBackend(g, "shadow_commit", slots=4, k=1, drafter=TTMTPDrafter(reader), prefix_cache=cache)
         try:
             return speculative_generate(be, prompts, 8, [1, 1, 1], [SamplingParams()] * 3, arrivals=[0, 0, 3])
         finally:

@@ -16,7 +16,7 @@ def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, d
     """The speculative backend for --device: the torch reference, or the TT target + device MTP. ``depth``: the
     depth policy (the TT backend allocates every depth a controller may pick; the reference sizes its verify for
     the largest). ``users``: the backend's slots (one packed verify per step for all users): ``ReferenceBackend``,
-    or on TT ``TTSpecBackend`` for one user and ``TTBatchSpecBackend`` with the batched device MTP drafter for
+    or on TT ``TTSpecBackend`` for one user and ``TTSpecBackend(slots=B)`` with the packed device MTP drafter for
     several (fixed K; ``params``: the users' shared sampling parameters, seeds aside). ``precision``: the TT precision preset (`generate` passes the one its plain path
     uses, so that speculative and plain decoding run the same model)."""
     if device not in REFERENCE_DEVICES:
@@ -56,7 +56,7 @@ def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, preci
 
 def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int, users: int, k: int, params=None,
                           precision: str = "accuracy"):
-    """TTBatchSpecBackend for ``users`` users on ``device``: traced draft (the packed device MTP chain) / verify +
+    """TTSpecBackend with B slots for ``users`` users on ``device``: traced draft (the packed device MTP chain) / verify +
     accept / commit + MTP reseed, every user verifying K+1 rows per step. The slot count is padded up to one the
     verify's core grid can lay out (``verify_slots``: 3 users at K = 3 get 4 slots, 16 rows); the spare slots stay
     free and their rows inert. Refused before anything loads when no slot count fits."""
@@ -64,9 +64,9 @@ def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int,
 
     from ..checkpoint import load_checkpoint
     from ..speculative.sampling import SamplingParams
-    from ..tt.spec.batch_spec import TTBatchSpecBackend, verify_slots
+    from ..tt.spec.spec_backend import TTSpecBackend, verify_slots
     from ..tt.runtime.generator import load_tt_target
-    from ..tt.spec.mtp_drafter import TTBatchMTPDrafter
+    from ..tt.spec.mtp_drafter import TTMTPDrafter
 
     slots = verify_slots(users, k)
     if slots != users:
@@ -75,9 +75,9 @@ def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int,
     block = 32
     gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,
                          max_seq_len=max(2 * block, -(-max_len // block) * block), block_size=block)
-    drafter = TTBatchMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
-    return TTBatchSpecBackend(gen, slots, k, mechanism, drafter=drafter,
-                              params=params if params is not None else SamplingParams())
+    drafter = TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
+    return TTSpecBackend(gen, mechanism, drafter=drafter, slots=slots, k=k, rows="host",
+                         params=params if params is not None else SamplingParams())
 
 
 def backend_config(backend):

@@ -143,9 +143,9 @@ def model_fingerprints() -> dict:
     from ..checkpoint import load_checkpoint
     from ..speculative.engine import speculative_generate
     from ..speculative.sampling import SamplingParams
-    from ..tt.spec.batch_spec import TTBatchSpecBackend
+    from ..tt.spec.spec_backend import TTSpecBackend
     from ..tt.runtime.generator import TTGenerator
-    from ..tt.spec.mtp_drafter import TTBatchMTPDrafter, TTMTPDrafter
+    from ..tt.spec.mtp_drafter import TTMTPDrafter
     from ..tt.spec.spec_backend import TTSpecBackend
 
     ckpt = files("qwen36") / "default_checkpoint"
@@ -173,7 +173,7 @@ def model_fingerprints() -> dict:
             be.release()
         out["model:spec_tokens"] = r.tokens
         out["model:spec_accepted"] = list(r.stats.accepted)
-        bb = TTBatchSpecBackend(gen, 2, 3, "shadow_commit", drafter=TTBatchMTPDrafter(reader))
+        bb = TTSpecBackend(gen, "shadow_commit", slots=2, k=3, drafter=TTMTPDrafter(reader))
         try:
             rs = speculative_generate(bb, PROMPTS, 8, [3, 3], [SamplingParams()] * 2)
         finally:

@@ -142,7 +142,7 @@ class TTGatedAttention:
         Name suffixes: T rows, G local KV heads, g query heads per KV head (padded to 32), R = T*32, D head dim.
         At G = 1 the view and the table are the plain ones.
 
-        Batched verify (``plan.users`` = B > 1, tt/spec/batch_spec.py): the rows are B users x T candidates (user b's at
+        Batched verify (``plan.users`` = B > 1, tt/spec host rows): the rows are B users x T candidates (user b's at
         b*T..), the groups are the B*G (user, KV head) pairs (group b*G + h: that user's page table ``pt_b*G + h``
         and its own bounds), phys_rows [1, B*T] (a negative row is not written: inert rows) and bounds [B*G*T]."""
         ttnn, plan = self.ttnn, ctx.verify_plan

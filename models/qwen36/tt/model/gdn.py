@@ -25,7 +25,7 @@ slot b of the state (conv [B, 1, K-1, Cd], recurrent [B*Hv, Dk, Dv]). The same o
 the ring mode with B slots (head h of user b reads and rewrites block b*Hv + h in place). B = 1 is the plain
 decode.
 
-Batched verify (B users x T = K+1 rows, tt/spec/batch_spec.py): x [1, 1, B*T, H] holds user b's T rows at b*T..b*T+T-1.
+Batched verify (B users x T = K+1 rows, tt/spec host rows): x [1, 1, B*T, H] holds user b's T rows at b*T..b*T+T-1.
 The conv window is [B, 1, K-1+T, Cd] (each user's state then its T inputs), unfolded by one embedding whose index
 reads user b's window rows only; q/k/v/g/beta are [B, T, heads, D] and the recurrence runs every user's T rows in
 one call (ring mode: user b's head h starts from block idx[b*Hv + h] and leaves the state after row t in block
@@ -276,7 +276,7 @@ class TTGatedDeltaNet:
         recurrent state go for a K+1-row verify (ring / snapshot / scratch) and records what the commit needs."""
         rows = x.shape[2]
         users = state.conv.shape[0]  # user slots of the state: a batched decode feeds one row per slot
-        plan_users = getattr(verify_plan, "users", 1)  # a batched verify plan (tt/spec/batch_spec.py) covers every slot
+        plan_users = getattr(verify_plan, "users", 1)  # a host-row verify plan (tt/spec/verify.py) covers every slot
         if users > 1 and (mode != "decode" or (verify_plan is not None and plan_users != users)):
             raise NotImplementedError(f"GDN {mode}{' verify' if verify_plan is not None else ''} over a {users}-slot "
                                       "state: prefill runs on a batch-1 view of one slot, and a verify over B slots "

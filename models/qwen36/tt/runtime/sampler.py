@@ -123,10 +123,12 @@ class TokenCounts:
     depth), and the sampled draft pick through its acceptor. :meth:`start` writes it from the host once per
     generation (outside capture); :meth:`add` is the traced in-place update a commit makes."""
 
-    def __init__(self, ttnn, mesh_device, vocab: int):
+    def __init__(self, ttnn, mesh_device, vocab: int, rows: int = 1):
         if vocab >= 1 << 24:
             raise ValueError(f"vocab={vocab} >= 2**24: token counts are carried in fp32 and would not be exact")
-        self.ttnn, self.mesh, self.vocab = ttnn, mesh_device, vocab
+        if not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rows must be an int >= 1, got {rows!r}")
+        self.ttnn, self.mesh, self.vocab, self.rows = ttnn, mesh_device, vocab, rows
         self.seen = self.counts = None
 
     def _host(self, x: torch.Tensor, device=None):
@@ -135,35 +137,45 @@ class TokenCounts:
                                mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
 
     def allocate(self) -> "TokenCounts":
-        """Both buffers (before any capture), zero."""
+        """Both buffers (before any capture), zero: ``[1, rows, 1, V]`` (one row per user of a batched acceptor)."""
         if self.seen is None:
-            zeros = torch.zeros(1, 1, 1, self.vocab)
+            zeros = torch.zeros(1, self.rows, 1, self.vocab)
             self.seen, self.counts = self._host(zeros, self.mesh), self._host(zeros, self.mesh)
         return self
 
-    def start(self, prompt_len: int, history: Sequence[int]) -> None:
+    def start(self, prompt_len: int, history: Sequence[int], row: int = 0) -> None:
         """``history`` = the prompt then every token emitted so far; the first ``prompt_len`` are the prompt.
-        Host writes into the persistent buffers, outside any capture."""
+        Host writes into the persistent buffers (row ``row``; the other rows keep their values), outside any
+        capture."""
         if self.seen is None:
             raise RuntimeError("TokenCounts.allocate() first")
-        seen = torch.zeros(1, 1, 1, self.vocab)
-        seen[..., torch.as_tensor(list(history), dtype=torch.long)] = 1.0
-        counts = torch.zeros(1, 1, 1, self.vocab)
+        if not isinstance(row, int) or not 0 <= row < self.rows:
+            raise ValueError(f"row {row!r} out of range ({self.rows} rows)")
+        if self.rows == 1:
+            seen, counts = torch.zeros(1, 1, 1, self.vocab), torch.zeros(1, 1, 1, self.vocab)
+        else:
+            seen, counts = (t.reshape(1, self.rows, 1, self.vocab).clone() for t in self._read_all())
+            seen[0, row], counts[0, row] = 0.0, 0.0
+        seen[0, row, 0, torch.as_tensor(list(history), dtype=torch.long)] = 1.0
         out = torch.as_tensor(list(history[prompt_len:]), dtype=torch.long)
-        counts[0, 0, 0].index_add_(0, out, torch.ones(out.numel()))
+        counts[0, row, 0].index_add_(0, out, torch.ones(out.numel()))
         self.ttnn.copy_host_to_device_tensor(self._host(seen), self.seen)
         self.ttnn.copy_host_to_device_tensor(self._host(counts), self.counts)
 
     def add(self, added_111V) -> None:
-        """Traced, in place: ``added`` ``[1, 1, 1, V]`` fp32 = how many times each token was just emitted."""
+        """Traced, in place: ``added`` ``[1, rows, 1, V]`` fp32 = how many times each token was just emitted."""
         ttnn = self.ttnn
         ttnn.copy(ttnn.add(self.counts, added_111V), self.counts)
         ttnn.copy(ttnn.maximum(self.seen, ttnn.gt(added_111V, 0.0)), self.seen)
 
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Host copies (device 0's replica) of (seen, counts), each ``[V]`` fp32: for tests and checks."""
+    def _read_all(self) -> tuple[torch.Tensor, torch.Tensor]:
         ttnn = self.ttnn
-        return tuple(ttnn.to_torch(ttnn.get_device_tensors(t)[0]).reshape(self.vocab) for t in (self.seen, self.counts))
+        return tuple(ttnn.to_torch(ttnn.get_device_tensors(t)[0]).float().reshape(self.rows, self.vocab)
+                     for t in (self.seen, self.counts))
+
+    def read(self, row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host copies (device 0's replica) of row ``row``'s (seen, counts), each ``[V]`` fp32: for tests and checks."""
+        return tuple(t[row] for t in self._read_all())
 
 
 def penalize(ttnn, x, params: SamplingParams, seen, counts):
@@ -384,6 +396,68 @@ class SamplerStages:
         return self.repetition or self.frequency or self.presence
 
 
+def neutral_value(key: str, vocab: int) -> float:
+    """The operand value of a row whose parameter ``key`` is off (see :data:`_NEUTRAL`)."""
+    return float(vocab - 1) if _NEUTRAL[key] is None else _NEUTRAL[key]
+
+
+def row_operand_keys(stages: SamplerStages) -> list[str]:
+    """The per-row operands a traced step with ``stages`` reads ("greedy" only when both kinds of rows are in it)."""
+    keys = [k for f, ks in _STAGE_PARAMS.items() if getattr(stages, f) for k in ks]
+    if not (stages.greedy and stages.sampled):
+        keys = [k for k in keys if k != "greedy"]  # one kind of row: no per-row selection
+    return keys
+
+
+def row_values(p: SamplingParams, vocab: int) -> dict[str, float]:
+    """One user's per-row operand values (every key; a parameter that is off gets its neutral value)."""
+    return {"greedy": 1.0 if p.greedy else 0.0,
+            "inv_temp": 1.0 if p.greedy else 1.0 / p.temperature,
+            "log_min_p": math.log(p.min_p) if p.min_p > 0.0 else float("-inf"),
+            "kth": float(p.top_k - 1) if 0 < p.top_k < vocab else float(vocab - 1),
+            "top_p": p.top_p if p.top_p < 1.0 else 2.0,
+            "rep": p.repetition_penalty, "inv_rep": 1.0 / p.repetition_penalty,
+            "freq": p.frequency_penalty, "pres": p.presence_penalty}
+
+
+def penalize_rows(ttnn, x, stages: SamplerStages, ops: dict, seen, counts):
+    """:func:`penalize` with per-row operands ``ops`` (fp32, broadcastable to ``x`` with one value per user) for the
+    penalty stages in ``stages``; ``seen`` / ``counts`` broadcastable to ``x``."""
+    if stages.repetition:
+        scaled = ttnn.where(ttnn.gt(x, 0.0), ttnn.multiply(x, ops["inv_rep"]), ttnn.multiply(x, ops["rep"]))
+        x = ttnn.where(seen, scaled, x)
+    if stages.frequency:
+        x = ttnn.subtract(x, ttnn.multiply(counts, ops["freq"]))
+    if stages.presence:
+        x = ttnn.subtract(x, ttnn.multiply(ttnn.gt(counts, 0.0), ops["pres"]))
+    return x
+
+
+def probs_rows(ttnn, x, stages: SamplerStages, ops: dict, c_vocab_idx, ckc):
+    """Temperature, min_p, top-k, top-p, softmax with per-row operands ``ops`` (:func:`probs_from_logits`'s steps,
+    an operand where that function takes a scalar). ``x`` fp32 ``[..., V]``; ``c_vocab_idx`` ``[1, 1, 1, V]`` fp32
+    0..V-1. Shared by :class:`DeviceSampler` (operands ``[1, 1, B, 1]``) and the acceptor (``[1, B, 1, 1]``)."""
+    x = ttnn.multiply(x, ops["inv_temp"])
+    if stages.min_p:
+        floor = ttnn.add(ttnn.max(x, dim=3, keepdim=True), ops["log_min_p"])
+        x = ttnn.where(ttnn.lt(x, floor), float("-inf"), x)
+    if stages.top_k or stages.top_p:
+        sorted_x, order = ttnn.sort(x, dim=3, descending=True)
+        if stages.top_k:  # the row's k-th largest: the sorted value at its own index
+            kth = ttnn.max(ttnn.where(ttnn.eq(c_vocab_idx, ops["kth"]), sorted_x, float("-inf")), dim=3,
+                           keepdim=True)
+            x = ttnn.where(ttnn.lt(x, kth), float("-inf"), x)
+            # the masked tokens sort last; the kept ones keep their order
+            sorted_x = ttnn.where(ttnn.lt(sorted_x, kth), float("-inf"), sorted_x)
+        if stages.top_p:
+            sp = ttnn.softmax(sorted_x, dim=3, numeric_stable=True, compute_kernel_config=ckc)
+            mass_before = ttnn.subtract(ttnn.cumsum(sp, dim=3), sp)
+            drop_sorted = ttnn.ge(mass_before, ops["top_p"])
+            drop = ttnn.scatter(drop_sorted, 3, order, drop_sorted)  # back to vocab order (a permutation)
+            x = ttnn.where(drop, float("-inf"), x)
+    return ttnn.softmax(x, dim=3, numeric_stable=True, compute_kernel_config=ckc)
+
+
 class DeviceSampler:
     """Plain decoding's pick for ``rows`` users at once, on device and traceable: logits ``[1, 1, B, V]`` (one row
     per user) -> one persistent ROW_MAJOR fp32 result ``[1, 1, B, 1]``, or with logprob columns
@@ -437,11 +511,7 @@ class DeviceSampler:
                          for _ in range(rows)] if st.sampled else []
         self.rows_used = [0] * rows  # host mirror of each row's uniform counter
         self.params: list[SamplingParams | None] = [None] * rows
-        keys = [k for f, ks in _STAGE_PARAMS.items() if getattr(st, f) for k in ks]
-        if not (st.greedy and st.sampled):
-            keys = [k for k in keys if k != "greedy"]  # one kind of row: no per-row selection
-        self.host = {k: torch.full((1, 1, rows, 1), float(vocab - 1) if _NEUTRAL[k] is None else _NEUTRAL[k])
-                     for k in keys}
+        self.host = {k: torch.full((1, 1, rows, 1), neutral_value(k, vocab)) for k in row_operand_keys(st)}
         self.allocated = False
 
     def _replicated(self, x: torch.Tensor, layout=None, device=True):
@@ -525,14 +595,8 @@ class DeviceSampler:
         if missing:
             raise ValueError(f"row {row}: {params.describe()} needs {', '.join(missing)}, which this sampler's "
                              f"traced step does not contain (its stages: {self.stages})")
-        p, v = params, self.vocab
-        vals = {"greedy": 1.0 if p.greedy else 0.0,
-                "inv_temp": 1.0 if p.greedy else 1.0 / p.temperature,
-                "log_min_p": math.log(p.min_p) if p.min_p > 0.0 else float("-inf"),
-                "kth": float(p.top_k - 1) if 0 < p.top_k < v else float(v - 1),
-                "top_p": p.top_p if p.top_p < 1.0 else 2.0,
-                "rep": p.repetition_penalty, "inv_rep": 1.0 / p.repetition_penalty,
-                "freq": p.frequency_penalty, "pres": p.presence_penalty}
+        p = params
+        vals = row_values(p, self.vocab)
         for k, t in self.host.items():
             t[0, 0, row, 0] = vals[k]
         self._write_params()
@@ -603,14 +667,7 @@ class DeviceSampler:
         penalty rows in place."""
         ttnn, st, d, b = self.ttnn, self.stages, self.dev, self.rows
         raw = logits_11BV if logits_11BV.dtype == ttnn.float32 else ttnn.typecast(logits_11BV, ttnn.float32)
-        x = raw
-        if st.repetition:
-            scaled = ttnn.where(ttnn.gt(x, 0.0), ttnn.multiply(x, d["inv_rep"]), ttnn.multiply(x, d["rep"]))
-            x = ttnn.where(self.seen, scaled, x)
-        if st.frequency:
-            x = ttnn.subtract(x, ttnn.multiply(self.counts, d["freq"]))
-        if st.presence:
-            x = ttnn.subtract(x, ttnn.multiply(ttnn.gt(self.counts, 0.0), d["pres"]))
+        x = penalize_rows(ttnn, raw, st, d, self.seen, self.counts) if st.penalized else raw
         if st.greedy:
             am = ttnn.argmax(ttnn.to_layout(x, ttnn.ROW_MAJOR_LAYOUT), dim=3, keepdim=True)  # multi-core layout
             tok = ttnn.typecast(ttnn.to_layout(am, ttnn.TILE_LAYOUT), ttnn.float32)
@@ -634,27 +691,7 @@ class DeviceSampler:
         return self.result
 
     def _probs(self, x):
-        """Temperature, min_p, top-k, top-p, softmax with per-row operands (:func:`probs_from_logits`'s steps)."""
-        ttnn, st, d, ckc = self.ttnn, self.stages, self.dev, self._ckc
-        x = ttnn.multiply(x, d["inv_temp"])
-        if st.min_p:
-            floor = ttnn.add(ttnn.max(x, dim=3, keepdim=True), d["log_min_p"])
-            x = ttnn.where(ttnn.lt(x, floor), float("-inf"), x)
-        if st.top_k or st.top_p:
-            sorted_x, order = ttnn.sort(x, dim=3, descending=True)
-            if st.top_k:  # the row's k-th largest: the sorted value at its own index
-                kth = ttnn.max(ttnn.where(ttnn.eq(self.c_vocab_idx, d["kth"]), sorted_x, float("-inf")), dim=3,
-                               keepdim=True)
-                x = ttnn.where(ttnn.lt(x, kth), float("-inf"), x)
-                # the masked tokens sort last; the kept ones keep their order
-                sorted_x = ttnn.where(ttnn.lt(sorted_x, kth), float("-inf"), sorted_x)
-            if st.top_p:
-                sp = ttnn.softmax(sorted_x, dim=3, numeric_stable=True, compute_kernel_config=ckc)
-                mass_before = ttnn.subtract(ttnn.cumsum(sp, dim=3), sp)
-                drop_sorted = ttnn.ge(mass_before, d["top_p"])
-                drop = ttnn.scatter(drop_sorted, 3, order, drop_sorted)  # back to vocab order (a permutation)
-                x = ttnn.where(drop, float("-inf"), x)
-        return ttnn.softmax(x, dim=3, numeric_stable=True, compute_kernel_config=ckc)
+        return probs_rows(self.ttnn, x, self.stages, self.dev, self.c_vocab_idx, self._ckc)
 
     def _logprobs(self, raw, onehot) -> list:
         """Raw log-softmax of the unprocessed logits, per row: [own, rank, top-n ids, top-n values] columns."""

@@ -15,6 +15,11 @@ Input: the verify's per-GDN-layer records (``verify.GDNRecord``) and the accepto
     recompute: the verify ran on scratch; re-run on live with the same masking. 1 copy per layer (scratch).
     positions: n' = n + a + 1; pending' = emitted token a (from the acceptor's result row).
 
+Host rows (``SpecDeviceState(rows="host")``, B user slots): user b's a_b = count_b for the users in the step and -1
+for the others (``active`` [1, B, 1, 1], written by the host): conv rows 0.. (unchanged), nothing re-advanced, and
+count_b zeroed so the ring points the user at slot 0 (its unchanged state). Positions and pending tokens are host
+inputs of the next step there, not device state.
+
 Rows > a never reach live state: KV rows past n+a are overwritten by the next verify before any query can
 attend them (bounds are n'..n'+K and n' <= n+a+1), and the masked recurrence ignores them.
 """
@@ -24,8 +29,12 @@ from ..model.model_config import compute_config_exact_count
 from .verify import SpecDeviceState, VerifyOutputs
 
 
-def commit(step_state: SpecDeviceState, vout: VerifyOutputs, result) -> None:
-    """Device-only commit of one step (see module doc). ``result`` = the acceptor's persistent result."""
+def commit(step_state: SpecDeviceState, vout: VerifyOutputs, result=None) -> None:
+    """Device-only commit of one step (see module doc). ``result`` = the acceptor's persistent result (device rows:
+    the pending token is read from it; host rows take none)."""
+    if step_state.rows == "host":
+        _commit_host_rows(step_state, vout)
+        return
     ttnn = step_state.ttnn
     acc = step_state.acceptor
     a = acc.count  # [1,1,1,1] fp32
@@ -45,8 +54,19 @@ def commit(step_state: SpecDeviceState, vout: VerifyOutputs, result) -> None:
     ttnn.copy(pend, step_state.pending)
 
 
+def _commit_host_rows(step_state: SpecDeviceState, vout: VerifyOutputs) -> None:
+    """The per-user commit of B slots (host rows): a_b = count_b for users in the step, -1 for the others."""
+    ttnn, b, acc = step_state.ttnn, step_state.users, step_state.acceptor
+    ttnn.copy(ttnn.multiply(acc.count, step_state.active), acc.count)  # 0 for slots outside the step (ring slot 0)
+    a_B111 = ttnn.add(acc.count, ttnn.subtract(step_state.active, 1.0))
+    idx = ttnn.typecast(ttnn.add(step_state.c_conv_rows, a_B111), ttnn.uint32)  # [1, B, 1, Kc-1]
+    idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, b * (step_state.kc - 1)])
+    mask = ttnn.le(step_state.c_rows, ttnn.reshape(a_B111, [b, 1, 1])) if step_state.mechanism.readvance else None
+    commit_gdn_layers(step_state, vout.plan.records, idx, mask)
+
+
 def commit_gdn_layers(step_state, records, conv_idx, mask) -> None:
-    """The GDN part of a commit, shared by the single-user and the batched (tt/spec/batch_spec.py) commit: per layer,
+    """The GDN part of a commit, device and host rows alike: per layer,
     conv state = window rows ``conv_idx`` (uint32 ROW_MAJOR [1, B*(Kc-1)], rows of the window viewed as
     [B*(Kc-1+T), Cd]); for the re-advance mechanisms, the K+1 rows re-run with g and beta multiplied by ``mask``
     (1 for the rows to keep); then the mechanism's own commit work (``after_commit``)."""

@@ -40,9 +40,9 @@ Host/device boundary of the traced step (all buffers persistent, allocated by :m
  -> draft_tokens [1, 1, 1, K] uint32 ROW_MAJOR, draft_logits [1, 1, K, V] fp32 TILE (persistent outputs;
     ``DeviceAcceptor.greedy/stochastic(logits, draft_tokens, probs_from_logits(draft_logits))`` take them).
 
-:class:`TTBatchMTPHead` is the same layer packed over the B user slots of the batched backend (tt/spec/batch_spec.py):
-a B-slot MTP KV cache, the reseed over every user's verify rows in one forward (user b's rows as virtual users on
-its own pages) and a chain of B rows per step; its class doc gives the layout.
+``TTMTPHead(slots=B, packed=True)`` is the same layer packed over the B user slots of the batched backend
+(``TTSpecBackend`` with B slots): a B-slot MTP KV cache, the reseed over every user's verify rows in one forward (user b's
+rows as virtual users on its own pages) and a chain of B rows per step; its class doc gives the layout.
 """
 from __future__ import annotations
 
@@ -124,12 +124,49 @@ class TTMTPHead:
     """MTP draft head of depth ``k`` sharing the target's embedding, RoPE tables and LM head.
 
     ``pick(logits [1,1,1,V] fp32) -> token [1,1,1,1] uint32`` (device ops only, traceable) chooses each draft;
-    default argmax. Call :meth:`allocate` once before any trace capture."""
+    default argmax. Call :meth:`allocate` once before any trace capture.
+
+    ``slots`` / ``packed``: one user (the default) drafts from device-resident inputs (its position from the verify
+    state, its pages in the target's page table layout: :meth:`draft`, :meth:`reseed_select`, :meth:`chain`);
+    ``packed`` (the default above one slot) is the same layer packed over the B user slots of the batched backend
+    (``TTSpecBackend`` with B slots), its own B-slot MTP KV cache and host-written positions (:meth:`reseed_select_batch`,
+    :meth:`chain_batch`, :meth:`join_slot`; the packed layout below). ``packed`` at one slot is the batched step
+    at B = 1 (the same numbers as the one-user head, other programs).
+
+    Packed layout, per step (all device ops, traceable; the host only writes the positions below between
+    replays, as it writes the verify's row inputs):
+
+        reseed (in the commit)  rows b*R + i (user-major, R = K+1): token = the acceptor's result[b, i]
+                                (placeholders -> 0), hidden = verify row b*R + i, position n_b + i. A row past
+                                the user's k_b, and every row of a slot not in the step, has position -1: no KV
+                                write (``paged_update_cache`` skips it), no attention (the SDPA skips it), so
+                                such slots' MTP pages are never touched. KV rows are written in R calls, call i
+                                writing row i of every user (B rows, one per update core, each into its own pages).
+                                Row a_b of user b -> row b of the persistent :attr:`h_sel` (a slot not in the step
+                                keeps its row: the gather reads it back from the old buffer).
+        chain (before verify)   step i: row b = user b's draft i at position pos_b + i, written and attended
+                                only when user b needs draft i+1 (i + 1 < k_b); the others get -1. The drafts
+                                become the next verify's inputs on device: tokens [pending_b, d_1..d_K] per user
+                                (rows past k_b zeroed) and the acceptor's drafts (id V past k_b: never accepted).
+
+    A joining user's MTP prefill (:meth:`join_slot`) zeroes and fills only that slot's pages and installs its
+    last row into row b of :attr:`h_sel`. Argmax drafts, or (:meth:`enable_sampling`) drafts sampled on device
+    from the acceptor's own transform of the MTP logits, each user with its own uniform columns. Name suffixes:
+    B users, R rows per user, N = B*R, K drafts, H hidden."""
 
     def __init__(self, target: TTQwen36Model, weights: MTPWeights, k: int,
-                 pick: Callable[[Any], Any] | None = None):
+                 pick: Callable[[Any], Any] | None = None, slots: int = 1, packed: bool | None = None):
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"draft depth k must be an int >= 1, got {k!r}")
+        if not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be an int >= 1, got {slots!r}")
+        packed = slots > 1 if packed is None else bool(packed)
+        if not packed and slots != 1:
+            raise ValueError(f"{slots} slots need the packed layout (packed=True); the one-user head holds one")
+        self.slots, self.packed = slots, packed
+        self.sampler_acceptor = None  # packed: the DeviceAcceptor whose transform sampled drafts follow
+        self.uniforms = self.draft_probs = None  # packed: enable_sampling's uniform table and draft distributions
+        self.rows_used = 0  # packed: host mirror of the draft uniform table's row counter
         self.target, self.w, self.k, self.rows = target, weights, k, k + 1
         self.args, self.ttnn, self.mesh = target.args, target.ttnn, target.mesh
         a = self.args
@@ -151,6 +188,8 @@ class TTMTPHead:
         """MTP KV cache (paged, zeroed), page tables, constants, persistent outputs."""
         if self.allocated:
             return self
+        if self.packed:
+            return self._allocate_packed()
         ttnn, a = self.ttnn, self.args
         rm = ttnn.ROW_MAJOR_LAYOUT
         self.kv: KVLayerState = new_layer_state(a, ttnn, self.mesh, FULL)
@@ -166,6 +205,8 @@ class TTMTPHead:
         """A head of depth ``k`` sharing this one's weights, layer, MTP KV cache, page table and pick: the MTP state
         of one sequence stays in one place whatever depth each step drafts at. Only the per-depth buffers (reseed
         rows, draft outputs) are its own. Allocates: call before any trace capture."""
+        if self.packed:
+            raise NotImplementedError("the packed MTP head drafts at one depth K (users draft k_b <= K through masks)")
         self._require()
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"draft depth k must be an int >= 1, got {k!r}")
@@ -193,9 +234,12 @@ class TTMTPHead:
                            self._dev(torch.zeros(1, dtype=torch.int32), ttnn.int32, rm),
                            self._dev(torch.zeros(1, 1, 1, 1), ttnn.float32, tile))
 
-    def _require(self):
+    def _require(self, packed: bool | None = None):
         if not self.allocated:
             raise RuntimeError("TTMTPHead.allocate() must be called (before any trace capture) first")
+        if packed is not None and packed != self.packed:
+            raise RuntimeError("this call is for the " + ("packed B-slot" if packed else "one-user") + " MTP head; "
+                               "this head is " + ("packed" if self.packed else "one-user"))
 
     # ---- host helpers (outside traces) -----------------------------------------------------------------
     def host_draft_inputs(self, tokens: list[int], hidden: torch.Tensor, n: int, a: int) -> dict:
@@ -323,7 +367,7 @@ class TTMTPHead:
     def reseed_select(self, tokens_dev, hidden_dev, pos_dev, select_dev):
         """The first half of :meth:`draft`: reseed over the R = K+1 verify rows, gather row a -> (post-norm hidden of
         row a [1, 1, 1, H], chain start n + a + 1 as fp32 [1, 1, 1, 1]). Device only."""
-        self._require()
+        self._require(packed=False)
         ttnn, r, hsz = self.ttnn, self.rows, self.args.cfg.hidden_size
         if [int(s) for s in hidden_dev.shape] != [1, 1, r, hsz]:
             raise ValueError(f"hidden: device shape {list(hidden_dev.shape)} != [1, 1, K+1={r}, H={hsz}]")
@@ -396,48 +440,8 @@ class TTMTPHead:
         self.chain(self.last_hidden, self._pos_f32(self.chain_pos))
         return self.read_drafts()
 
-
-class TTBatchMTPHead(TTMTPHead):
-    """The MTP head packed over the B user slots of the batched speculative backend (tt/spec/batch_spec.py): one MTP
-    KV cache of B slots (slot b's pages = row b of :attr:`page_table`), the reseed over every user's K+1 verify
-    rows in ONE body forward of B*(K+1) rows, row a_b of each user selected by one row gather, and a chain of K
-    steps of B rows each (one row per user). Argmax drafts, or (:meth:`enable_sampling`) drafts sampled on device
-    from the acceptor's own transform of the MTP logits, each user with its own uniform columns.
-
-    Per step (all device ops, traceable; the host only writes the positions below between replays, as it writes
-    the verify's row inputs):
-
-        reseed (in the commit)  rows b*R + i (user-major, R = K+1): token = the acceptor's result[b, i]
-                                (placeholders -> 0), hidden = verify row b*R + i, position n_b + i. A row past
-                                the user's k_b, and every row of a slot not in the step, has position -1: no KV
-                                write (``paged_update_cache`` skips it), no attention (the SDPA skips it), so
-                                such slots' MTP pages are never touched. KV rows are written in R calls, call i
-                                writing row i of every user (B rows, one per update core, each into its own pages).
-                                Row a_b of user b -> row b of the persistent :attr:`h_sel` (a slot not in the step
-                                keeps its row: the gather reads it back from the old buffer).
-        chain (before verify)   step i: row b = user b's draft i at position pos_b + i, written and attended
-                                only when user b needs draft i+1 (i + 1 < k_b); the others get -1. The drafts
-                                become the next verify's inputs on device: tokens [pending_b, d_1..d_K] per user
-                                (rows past k_b zeroed) and the acceptor's drafts (id V past k_b: never accepted).
-
-    A joining user's MTP prefill (:meth:`join_slot`) zeroes and fills only that slot's pages and installs its
-    last row into row b of :attr:`h_sel`. Name suffixes: B users, R rows per user, N = B*R, K drafts, H hidden."""
-
-    def __init__(self, target: TTQwen36Model, weights: MTPWeights, k: int, slots: int):
-        if not isinstance(slots, int) or slots < 1:
-            raise ValueError(f"slots must be an int >= 1, got {slots!r}")
-        self.slots = slots
-        super().__init__(target, weights, k)
-        self.sampler_acceptor = None  # the DeviceAcceptor whose transform sampled drafts follow (enable_sampling)
-        self.uniforms = self.draft_probs = None
-        self.rows_used = 0  # host mirror of the draft uniform table's row counter
-
-    def for_depth(self, k: int) -> "TTMTPHead":
-        raise NotImplementedError("the batched MTP head drafts at one depth K (users draft k_b <= K through masks)")
-
-    def allocate(self) -> "TTBatchMTPHead":
-        if self.allocated:
-            return self
+    # ---- packed over B user slots (the batched backend; class doc) ---------------------------------------------
+    def _allocate_packed(self) -> "TTMTPHead":
         ttnn, a, b, r, k = self.ttnn, self.args, self.slots, self.rows, self.k
         rm, tile, i32 = ttnn.ROW_MAJOR_LAYOUT, ttnn.TILE_LAYOUT, torch.int32
         hsz, bps = a.cfg.hidden_size, a.blocks_per_seq
@@ -477,7 +481,7 @@ class TTBatchMTPHead(TTMTPHead):
         seeded from the acceptor's seed like the single-user draft pick's); the K draft distributions of every
         user go to the persistent :attr:`draft_probs` [1, B, K, V] (zero past k_b), what
         ``DeviceAcceptor.stochastic`` takes."""
-        self._require()
+        self._require(packed=True)
         if self.k > DRAFT_UNIFORMS_PER_ROW:
             raise ValueError(f"sampled drafts take at most {DRAFT_UNIFORMS_PER_ROW} drafts per chain, K = {self.k}")
         ttnn, b = self.ttnn, self.slots
@@ -558,7 +562,7 @@ class TTBatchMTPHead(TTMTPHead):
         """Reseed over every user's verify rows and row a_b of each user into :attr:`h_sel` (class doc).
         result [1, B, 1, >=R] int32 (the acceptor's), hidden [1, 1, N, H], count / active [1, B, 1, 1] fp32
         (count already 0 for slots outside the step)."""
-        self._require()
+        self._require(packed=True)
         ttnn, b, r, hsz = self.ttnn, self.slots, self.rows, self.args.cfg.hidden_size
         rm, n = ttnn.ROW_MAJOR_LAYOUT, self.slots * self.rows
         if [int(x) for x in hidden_dev.shape] != [1, 1, n, hsz]:
@@ -585,7 +589,7 @@ class TTBatchMTPHead(TTMTPHead):
         """K argmax drafts per user from :attr:`h_sel` (B rows per step), into :attr:`draft_tokens` /
         :attr:`draft_logits`, the verify's token rows ``verify_tokens`` [1, B*(K+1)] uint32 and the acceptor's
         ``acceptor_drafts`` [1, B, 1, K] uint32 (class doc)."""
-        self._require()
+        self._require(packed=True)
         ttnn, b, k, rm = self.ttnn, self.slots, self.k, self.ttnn.ROW_MAJOR_LAYOUT
         h, lg = self.h_sel, self.logits(self.h_sel)
         toks, lgs, probs = [], [], []
@@ -632,7 +636,7 @@ class TTBatchMTPHead(TTMTPHead):
         into that slot's pages only (zeroed first: a reseed row reads the last page up to its position, and what
         a previous user left there must not be non-finite), then its last row into row ``slot`` of :attr:`h_sel`.
         Allocates transient buffers: call inside ttnn's corruptible_allocation_scope when traces are live."""
-        self._require()
+        self._require(packed=True)
         ttnn, b, hsz = self.ttnn, self.slots, self.args.cfg.hidden_size
         if not 0 <= slot < b:
             raise ValueError(f"slot {slot} out of range (the MTP head has {b} slots)")
@@ -653,17 +657,11 @@ class TTBatchMTPHead(TTMTPHead):
         ttnn.copy(ttnn.reshape(rows, [1, 1, b, hsz]), self.h_sel)
 
 
-def load_tt_batch_mtp(target: TTQwen36Model, reader, k: int, slots: int, cache_dir=None) -> TTBatchMTPHead:
-    """Convert ``mtp.*`` of ``reader`` for ``target``'s mesh/precision and allocate the B-slot head."""
+def load_tt_mtp(target: TTQwen36Model, reader, k: int, cache_dir=None, pick=None, slots: int = 1,
+                packed: bool | None = None) -> TTMTPHead:
+    """Convert ``mtp.*`` of ``reader`` for ``target``'s mesh/precision and allocate the head (``slots``/``packed``:
+    :class:`TTMTPHead`)."""
     from ..model.weights import WeightLoader, load_mtp_weights
 
     loader = WeightLoader(reader, target.args, target.ttnn, target.mesh, cache_dir, progress=False)
-    return TTBatchMTPHead(target, load_mtp_weights(loader), k, slots).allocate()
-
-
-def load_tt_mtp(target: TTQwen36Model, reader, k: int, cache_dir=None, pick=None) -> TTMTPHead:
-    """Convert ``mtp.*`` of ``reader`` for ``target``'s mesh/precision and allocate the head."""
-    from ..model.weights import WeightLoader, load_mtp_weights
-
-    loader = WeightLoader(reader, target.args, target.ttnn, target.mesh, cache_dir, progress=False)
-    return TTMTPHead(target, load_mtp_weights(loader), k, pick=pick).allocate()
+    return TTMTPHead(target, load_mtp_weights(loader), k, pick=pick, slots=slots, packed=packed).allocate()

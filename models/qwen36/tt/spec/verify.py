@@ -20,6 +20,15 @@ over a per-head view of the cache: every candidate shares one scan of each KV he
 it), recompute on a scratch copy. The conv window of every
 GDN layer is kept for the commit (``models/qwen36/tt/spec/commit.py``), which selects the accepted row's window.
 
+Users (``users=B``, ``TTSpecBackend`` with B slots, ``tt/spec/spec_backend.py``): the verify packs B users x T rows (user b's at
+b*T..) over a decoder's B slots. Its row inputs (token rows, RoPE rows, physical KV rows, SDPA bounds, the
+per-KV-head page table) are then persistent buffers the host writes before each verify (``rows="host"``) instead
+of being derived from a resident n and pending token (``rows="device"``, one user only), the GDN recurrence
+multiplies g and beta by a per-row mask (``row_mask`` [B, T, 1]: 0 for inert rows, so a user's rows past its depth
+and a slot outside the step leave its state bit for bit), the mechanism buffers are B-slot shaped (``hv`` counts
+the ring heads of all users, B*Hv_d) and the commit selects per user (``commit.py``). ``rows="host"`` at one user
+is the batched step at B = 1 (the same numbers as the one-user step, other programs).
+
 Limits (refused clearly by :func:`check_verify_shape`): the kernel's multi-position mode takes one KV head per
 cache (the emulator enforces the same), which the per-head view satisfies for any Hkv/N; the query heads of one KV
 head must fit one 32-row tile; the per-core L1 of the multi-position kernel bounds T (about 11 candidates at
@@ -92,13 +101,20 @@ class VerifyPlan:
     head_page_table: Any  # [G, blocks] int32 RM: page table of the per-KV-head cache view (pt*G + h)
     records: list = field(default_factory=list)
 
+    @property
+    def users(self) -> int:
+        """User slots of the packed verify (the attention and GDN layers lay the rows out per user)."""
+        return self.step_state.users
+
     def conv_write(self, state: GDNLayerState):
         """True when the mechanism's verify advances the live conv state; else None (the window is kept)."""
         return self.step_state.mechanism.conv_write
 
     def gdn_recurrence(self, gdn, state: GDNLayerState, q, k, v, g, beta, window):
-        self.records.append(GDNRecord(gdn, state, q, k, v, g, beta, window))
         st = self.step_state
+        if st.row_mask is not None:  # host rows: inert rows masked out of the recurrence (g = beta = 0)
+            g, beta = st.ttnn.multiply(g, st.row_mask), st.ttnn.multiply(beta, st.row_mask)
+        self.records.append(GDNRecord(gdn, state, q, k, v, g, beta, window))
         return st.mechanism.recurrence(st, gdn, q, k, v, g, beta, state, st.layer_bufs[id(state)])
 
 
@@ -110,31 +126,44 @@ class VerifyOutputs:
 
 
 class SpecDeviceState:
-    """Persistent device buffers of the speculative step for one model state and one K (see module doc)."""
-
-    plan_class = VerifyPlan  # what a verify records into (tt/spec/batch_spec.py plugs in its batched plan)
+    """Persistent device buffers of the speculative step for one model state, one K and ``users`` user slots (see
+    module doc)."""
 
     def __init__(self, model: TTQwen36Model, state: TTModelState, k: int, mechanism: str | TTMechanism,
-                 shared: "SpecDeviceState | None" = None):
+                 shared: "SpecDeviceState | None" = None, users: int = 1, rows: str | None = None):
         """``shared``: the step state of another depth of the same generation. This one then uses its position,
         pending token and (mechanisms without a ring) GDN buffers instead of allocating its own: the per-depth
         step states of ``--spec-k auto`` are views of ONE device state, and only what has a K+1 shape is per depth
-        (drafts, row constants, the shadow_commit ring)."""
+        (drafts, row constants, the shadow_commit ring).
+
+        ``users``: the user slots of ``state`` one verify packs (B). ``rows``: where the verify's row inputs come
+        from, ``"device"`` (derived from the resident n and pending token; one user, the default there) or
+        ``"host"`` (persistent buffers the host writes per step, plus the GDN row mask; the default above one
+        user)."""
         mechanism = tt_mechanism(mechanism)
-        if shared is not None and (shared.state is not state or shared.mechanism.name != mechanism.name):
-            raise ValueError("a shared step state must be of the same model state and commit mechanism")
-        self.shared = shared
+        rows = rows or ("device" if users == 1 else "host")
+        if rows not in ("device", "host"):
+            raise ValueError(f"rows must be 'device' or 'host', got {rows!r}")
+        if rows == "device" and users != 1:
+            raise ValueError(f"device-derived row inputs hold one user's position; {users} users need rows='host'")
+        if shared is not None and (rows != "device" or shared.state is not state
+                                   or shared.mechanism.name != mechanism.name):
+            raise ValueError("a shared step state must be of the same model state and commit mechanism, with "
+                             "device-derived rows")
+        self.shared, self.users, self.rows = shared, users, rows
         check_verify_shape(model.args, k)
         self.model, self.state, self.k, self.t, self.mechanism = model, state, k, k + 1, mechanism
         self.ttnn, self.mesh = model.ttnn, model.mesh
         a = model.args
         c = a.cfg
-        self.hv, self.dk, self.dv = a.gdn_hv_d, c.linear_key_head_dim, c.linear_value_head_dim
+        self.hv, self.dk, self.dv = users * a.gdn_hv_d, c.linear_key_head_dim, c.linear_value_head_dim
         self.kc = c.linear_conv_kernel_dim
         self.rep = self.ttnn.ReplicateTensorToMesh(self.mesh)
         self.block_idx = None  # the acceptor's persistent ring index (set by attach_acceptor)
+        self.row_mask = None  # host rows: [B, T, 1], 1 for the rows of the step's users up to their depth
         self.layer_bufs: dict[int, SpecLayerBuffers] = {}
-        self.state_bytes = GDNStateBytes.of(a, len(state.gdn_states()))  # counters
+        per_user = GDNStateBytes.of(a, len(state.gdn_states()))  # counters
+        self.state_bytes = per_user if users == 1 else GDNStateBytes(per_user.recurrent * users, per_user.conv * users)
         self.allocate()
 
     # ---- allocation (before any capture) ----------------------------------------------------------------
@@ -148,6 +177,9 @@ class SpecDeviceState:
         return self.ttnn.from_torch(x, dtype=like.dtype, layout=like.layout, mesh_mapper=self.rep)
 
     def allocate(self) -> None:
+        if self.rows == "host":
+            self._allocate_host_rows()
+            return
         ttnn, t, kc, sh = self.ttnn, self.t, self.kc, self.shared
         if sh is None:
             self.n = self._dev(torch.zeros(1, 1, 1, 1))
@@ -174,19 +206,54 @@ class SpecDeviceState:
             else:
                 self.layer_bufs[id(s)] = self.mechanism.buffers(self, s)
 
+    def _allocate_host_rows(self) -> None:
+        """The row-input buffers the host writes per step (B users x T rows; -1 = an inert row), the row mask, the
+        step's active flags, the per-user conv commit rows and the B-slot mechanism buffers."""
+        ttnn, t, kc, b, a = self.ttnn, self.t, self.kc, self.users, self.model.args
+        rm, i32 = ttnn.ROW_MAJOR_LAYOUT, torch.int32
+        heads, pages = a.hkv_d, int(self.state.page_table.shape[-1])
+        self.tokens = self._dev(torch.zeros(1, b * t, dtype=i32), ttnn.uint32, rm)
+        self.rope_idx = self._dev(torch.zeros(1, b * t, dtype=i32), ttnn.uint32, rm)
+        self.phys_rows = self._dev(torch.full((1, b * t), -1, dtype=i32), ttnn.int32, rm)
+        self.bounds = self._dev(torch.full((b * heads * t,), -1, dtype=i32), ttnn.int32, rm)
+        self.head_page_table = self._dev(torch.zeros(b * heads, pages, dtype=i32), ttnn.int32, rm)
+        self.drafts = self._dev(torch.zeros(1, b, 1, self.k, dtype=i32), ttnn.uint32, rm)
+        self.row_mask = self._dev(torch.zeros(b, t, 1))
+        self.active = self._dev(torch.zeros(1, b, 1, 1))
+        self.c_zero = self._dev(torch.zeros(1, b, 1, 1))
+        self.c_rows = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, t, 1))
+        # conv commit: user b's new state row i = window row b*(Kc-1+T) + 1 + i + a_b of the [B*(Kc-1+T), Cd] table
+        base = torch.arange(b)[:, None] * (kc - 1 + t) + torch.arange(1, kc)[None, :]
+        self.c_conv_rows = self._dev(base.to(torch.float32).reshape(1, b, 1, kc - 1))
+        for s in self.state.gdn_states():
+            self.layer_bufs[id(s)] = self.mechanism.buffers(self, s)
+        for layer in self.model.layers:
+            if hasattr(layer.mixer, "prepare_batch_verify"):
+                layer.mixer.prepare_batch_verify(b, t)
+
     def attach_acceptor(self, acceptor) -> None:
         """The acceptor owns the accepted count and the ring index (``ring_block_idx``)."""
         self.acceptor = acceptor
         self.block_idx = self.mechanism.ring_index(acceptor)
 
     # ---- host-side (outside capture) -------------------------------------------------------------------
-    def start(self, n: int, pending: int) -> None:
+    def start(self, n: int = 0, pending: int = 0) -> None:
         """After a prefill of n tokens: n, pending, then the mechanism's start (shadow_commit: the live recurrent
-        state into ring slot 0, every head pointed at it). Eager, outside any capture (allocates temporaries)."""
+        state into ring slot 0, every head pointed at it). Eager, outside any capture (allocates temporaries).
+        Host rows: positions and pending tokens are inputs of each step, not device state; the mechanism's start
+        only (ring: every slot's live state into ring slot 0)."""
+        if self.rows == "host":
+            self.mechanism.start(self)
+            return
         ttnn = self.ttnn
         ttnn.copy_host_to_device_tensor(self.host(torch.tensor([[[[float(n)]]]]), self.n), self.n)
         ttnn.copy_host_to_device_tensor(self.host(torch.tensor([[[[float(pending)]]]]), self.pending), self.pending)
         self.mechanism.start(self)
+
+    def write(self, name: str, host: torch.Tensor) -> None:
+        """Host rows: write one of the step's row-input buffers (between replays)."""
+        buf = getattr(self, name)
+        self.ttnn.copy_host_to_device_tensor(self.host(host, buf), buf)
 
     def write_drafts(self, drafts: list[int]) -> None:
         """Host drafter: write d_1..d_K into the persistent drafts buffer (between replays)."""
@@ -202,7 +269,10 @@ class SpecDeviceState:
     def verify_rows(self):
         """-> (tokens [1,T] uint32 RM, rope_idx [1,T] uint32 RM, bounds [G*T] int32 RM, phys_rows [1,T] int32 RM,
         head_page_table [G, blocks] int32 RM); G = local KV heads (see ``attend_verify``). Name suffixes give the
-        shape: T rows, G local KV heads, P pages per sequence."""
+        shape: T rows, G local KV heads, P pages per sequence. Host rows: the buffers the host wrote (B*T rows,
+        B*G heads)."""
+        if self.rows == "host":
+            return self.tokens, self.rope_idx, self.bounds, self.phys_rows, self.head_page_table
         ttnn, t, heads, bs = self.ttnn, self.t, self.model.args.hkv_d, self.model.args.block_size
         rm = ttnn.ROW_MAJOR_LAYOUT
         pos_111T = ttnn.add(self.n, self.c_ar)  # fp32: n..n+K
@@ -231,7 +301,7 @@ class SpecDeviceState:
         m = self.model
         self.pre_verify()
         tokens_1T, rope_idx_1T, bounds_GT, phys_1T, head_pt_GP = self.verify_rows()
-        verify_plan = self.plan_class(self, phys_1T, bounds_GT, head_pt_GP)
+        verify_plan = VerifyPlan(self, phys_1T, bounds_GT, head_pt_GP)
         with m.region("embed"):
             x_11TH = m.embed(tokens_1T)
             cos_1T1D, sin_1T1D = m.rope_rows(rope_idx_1T)
