@@ -1,8 +1,9 @@
 """The programs of the TT speculative step, frozen: gate-0b on the ci preset (emulated P150a x2) at one user (the
-single-user step: device-derived row inputs, no GDN row mask, n/pending advanced by the commit, the single-user MTP
-ops) and at four users (the packed batched step), K = 1, 2, 3, compared exactly, phase by phase and op by op, with
-``tests/data/tt_spec_program_golden.json`` (``qwen36.testing.program_golden``; its ``command`` field regenerates
-it, only for a deliberate, reviewed change of the step's programs)."""
+one-user step: device-derived row inputs, no GDN row mask, n/pending advanced by the commit, the one-user MTP ops)
+and at four users (the packed B-slot step), K = 1, 2, 3, compared exactly, phase by phase and op by op; and (slow)
+the replayed step as ``TTSpecBackend`` runs it in both layouts (programs per op, trace replays, host transfers,
+captures, tokens). Against ``tests/data/tt_spec_program_golden.json`` (``qwen36.testing.program_golden``; its
+``command`` field regenerates it, only for a deliberate, reviewed change of the step's programs)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen36.testing.program_golden import BATCHES, COMMAND, gate0b_programs
+from qwen36.testing.program_golden import BACKEND_CASES, BATCHES, COMMAND, backend_steps, gate0b_programs
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "tt_spec_program_golden.json"
 
@@ -34,6 +35,7 @@ def test_golden_names_its_command():
     golden = json.loads(GOLDEN.read_text())
     assert golden["command"] == COMMAND
     assert sorted(golden["batches"]) == sorted(map(str, BATCHES))
+    assert sorted(golden["backend_steps"]) == sorted(c[0] for c in BACKEND_CASES)
 
 
 @pytest.mark.parametrize("batch", BATCHES)
@@ -43,3 +45,18 @@ def test_gate0b_programs_equal_golden(batch):
     assert got.get("ks_refused") == want.get("ks_refused")
     assert not diff(want, got), "\n".join(diff(want, got))
     assert got == want
+
+
+@pytest.mark.slow
+def test_backend_steps_equal_golden():
+    want = json.loads(GOLDEN.read_text())["backend_steps"]
+    got = json.loads(json.dumps(backend_steps()))
+    for name in want:
+        w, g = want[name], got[name]
+        ops = sorted(set(w["programs"]) | set(g["programs"]))
+        d = {op: g["programs"].get(op, 0) - w["programs"].get(op, 0) for op in ops}
+        assert w == g, f"{name}: programs " + ", ".join(f"{op} {v:+d}" for op, v in d.items() if v) + "".join(
+            f"; {key} {w[key]} -> {g[key]}" for key in w if key != "programs" and w[key] != g[key])
+    # the layouts as recorded: one user 2 replays, no host writes; B slots 3 replays, 12 host writes
+    assert {n: (r["trace_replays"], r["host_calls"].get("ttnn.copy_host_to_device_tensor", 0)) for n, r in got.items()} \
+        == {n: (2, 0) if rows == "device" else (3, 12) for n, _, rows, *_ in BACKEND_CASES}
