@@ -18,9 +18,9 @@ DEVICE ?= p150x2
 CARDS_ARGS ?=
 # Imports and runs the TT path once (device, layers, card suite at CI size with every probe), the CLI, the built
 # wheel, and the transformers-dependent tests (parity, tokenizer): what can differ between Python versions.
-SUBSET := tests/test_device.py tests/test_api_fidelity.py tests/test_tt_layers.py tests/test_cards_check.py \
-	tests/test_default_checkpoint_demo.py tests/test_reference_parity.py tests/test_config_checkpoint.py \
-	tests/test_probe_records.py tests/test_tt_cards.py tests/test_packaging.py tests/test_chat.py
+SUBSET := tests/tt_ops/test_device.py tests/tt_ops/test_api_fidelity.py tests/tt/model/test_layers.py tests/commands/test_cards_check.py \
+	tests/commands/test_demo.py tests/reference/test_hf_parity.py tests/test_config_checkpoint.py \
+	tests/probes/test_records.py tests/tt/test_on_cards.py tests/test_packaging.py tests/test_chat_template.py
 ifeq ($(TESTS),subset)
 TEST_PATHS := $(SUBSET)
 else ifeq ($(TESTS),all)

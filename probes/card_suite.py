@@ -6,7 +6,7 @@ sequence itself). It stops at the first failing step and prints one line with th
 
 Steps, in order:
   smoke               open the mesh, one replicated ``ttnn.add``, read every device's shard back
-  layer-pcc           the ``cards``-marked layer PCC tests (tests/test_tt_cards.py) through pytest on the device
+  layer-pcc           the ``cards``-marked layer PCC tests (tests/tt/test_on_cards.py) through pytest on the device
   traced-decode       the ``cards``-marked traced greedy test (same file)
   <probes>            the registered probes named in ``PROBE_ORDER`` (probes/registry.py), each through the same
                       code as ``qwen36 probe NAME``; a name not registered in this checkout is listed and skipped
@@ -57,7 +57,7 @@ CI_ARGS = {
 FULL_ARGS = {
     "gdn-transaction-tp": ["--full"],
 }
-CARD_TESTS = "tests/test_tt_cards.py"
+CARD_TESTS = "tests/tt/test_on_cards.py"
 PYTEST_STEPS = {
     # step -> pytest -k expression at (full, ci) size
     "layer-pcc": ("layers_on_cards", "layers_on_cards and accuracy and gdn"),

@@ -11,7 +11,7 @@ first attention layer built, the vocabulary cut to ``--vocab-sample``):
   * one correction, as decode-cost corrects its gathers: the emulator charges chunked SDPA the whole paged cache;
     on cards it reads the K and V blocks up to the chunk's last row (:func:`sdpa_chunk_counts`);
   * per layer kind the programs of every chunk are the same, and the only counts that change with the chunk's
-    position are the SDPA program's FLOPs (linear in its start) and its KV blocks (tests/test_prefill_cost.py
+    position are the SDPA program's FLOPs (linear in its start) and its KV blocks (tests/probes/test_prefill_cost.py
     proves both at CI size against chunks actually run), so a prompt of ``P`` tokens from position ``S`` is
     ``sum over its chunks (embed + n_gdn x GDN layer + n_attn x attention layer at that chunk's start) + head``,
     the head's LM-head matmul extrapolated linearly in vocab to the real 248,320;
@@ -153,7 +153,7 @@ def extrapolate_experts(c_lo, c_hi, e_lo: int, e_hi: int, e: int, name: str):
     programs must be the same, and every byte, collective byte and FLOP count is taken as linear in the expert
     count (the MoE prefill runs every expert over the chunk: its expert weights, its [1, E, M, *] activations, the
     router [H, E] and the [M, E] routing tensors all scale with E; E a multiple of 32 keeps the tiles whole).
-    tests/test_prefill_cost.py checks it at CI size against a third build."""
+    tests/probes/test_prefill_cost.py checks it at CI size against a third build."""
     from qwen36.tt_ops.emulator.counters import Counts
 
     if c_lo.programs_per_op != c_hi.programs_per_op or c_lo.collectives != c_hi.collectives:
@@ -248,7 +248,7 @@ def measure_units_moe(device: str, cfg, real, precision: str, seed: int, numeric
 
 def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, numerics: str = "exact") -> dict:
     """Build the bench, count two chunks and return the per-chunk unit counts (module doc). The emulator runs with
-    ``numerics="exact"`` by default: the counts do not depend on the rounding rules (tests/test_prefill_cost.py
+    ``numerics="exact"`` by default: the counts do not depend on the rounding rules (tests/probes/test_prefill_cost.py
     compares them with ``"strict"``), and exact is several times cheaper at 27B shapes on a CPU."""
     from qwen36.config import FULL
     from qwen36.probes.decode_cost import build_bench

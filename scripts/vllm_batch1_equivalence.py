@@ -2,7 +2,7 @@
 """At one sequence, the vLLM adapter's two servers fed the same plugin calls: the one-sequence server
 (``OneSequenceServer``: prefill and decode on ``TTGenerator``, what a ``max_num_seqs`` 1 launch uses) and the batch
 server at B = 1 (``_BatchServer``: ``BucketedBatchDecoder`` with bucket 1, what 2..32 use). Emulated 1x2 mesh, CI
-checkpoint, the call sequence of tests/test_vllm_contract.py's ``PluginReplay`` (vLLM's block table, two-phase
+checkpoint, the call sequence of tests/tt/serving/test_vllm_contract.py's ``PluginReplay`` (vLLM's block table, two-phase
 warmup): a prefill, decode steps as ``decode_forward``, then a second request whose steps arrive as one-token
 prefill continuations (the synchronous runner's form). Prints whether the tokens and every returned logits row are
 bitwise equal (and the max abs difference), and the batch decoder's captures.

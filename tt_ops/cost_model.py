@@ -3,7 +3,7 @@
 Two models live here. :class:`CalibratedP150aModel` (bottom of the file, docs/cost_model.md) is the one every P150a
 figure uses: launch per program, kernel time per program by op class, DRAM-sharded bandwidth by readers per bank,
 interleaved bandwidth by dtype and collective terms, each constant from a named public Blackhole measurement and
-pinned against published Llama-3.1-8B decode figures (tests/test_cost_calibration.py). :class:`P150aCostModel`,
+pinned against published Llama-3.1-8B decode figures (tests/tt_ops/test_cost_calibration.py). :class:`P150aCostModel`,
 described next, is the earlier bandwidth/dispatch roofline; it is kept only as a named lower bound
 (``ROOFLINE_LABEL``): against the published measurements it is 1.5-2x optimistic.
 
@@ -208,7 +208,7 @@ class Constant:
 
 
 # The one table. "fit" marks the single constant not read from a source: fitted so that the Llama-3.1-8B
-# one-reader arm of tt-metal PR 55080 is reproduced (tests/test_cost_calibration.py holds the other pins out of
+# one-reader arm of tt-metal PR 55080 is reproduced (tests/tt_ops/test_cost_calibration.py holds the other pins out of
 # sample). Kernel times are device-kernel durations per program on top of the launch; bandwidths are per device.
 CALIBRATION: dict[str, Constant] = {c.name: c for c in (
     Constant("launch_us", 1.3, 1.3, 5.0, "us/program",

@@ -3,7 +3,7 @@
 Entry point: :func:`qwen36.tt_ops.device.open_mesh` with ``device="emulated-p150x2"`` (or -p150 / -p150x4).
 See docs/emulator.md.
 
-Modules form a one-way import chain (each imports only modules listed before it; tests/test_emulator_imports.py
+Modules form a one-way import chain (each imports only modules listed before it; tests/emulator/test_import_chain.py
 checks it):
 
     errors, ttnn_import, counters, signatures, registry   leaves

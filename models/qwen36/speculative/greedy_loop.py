@@ -4,7 +4,7 @@ Batch 1, greedy, on the pure-torch reference model (qwen36.reference.model.Qwen3
 commit: copy the state before the verify and restore it when a draft is rejected (the engine's ``snapshot``
 mechanism). ``qwen36.speculative.engine.speculative_generate`` / ``SpecBatch.step`` run the same step over any
 backend (reference or TT), with stochastic acceptance and the ``shadow_commit`` / ``recompute`` mechanisms;
-for greedy decoding both give the same tokens and the same accepted counts (tests/test_greedy_loop.py).
+for greedy decoding both give the same tokens and the same accepted counts (tests/speculative/test_greedy_loop.py).
 
 One step, with ``pending`` the target's latest token (emitted, not yet fed to the target):
 1. draft:  the MTP head proposes k tokens d1..dk that follow ``pending``;

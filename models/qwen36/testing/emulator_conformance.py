@@ -2,7 +2,7 @@
 
 Each case restates, in our words and at CI-sized shapes, what a tt-metal test (or op docstring) asserts:
 the call form, the parametrisation, the reference formula and the tolerance. ``run_cases(ctx)`` runs them on
-an emulated mesh (the probe ``qwen36 probe emu-conformance`` and ``tests/test_emulator_conformance.py`` both
+an emulated mesh (the probe ``qwen36 probe emu-conformance`` and ``tests/emulator/test_conformance.py`` both
 use it). A case the emulator cannot express is listed with the reason instead of being dropped. They are test
 support, not part of the emulator: nothing at run time loads them (tests/test_layering.py).
 
@@ -90,7 +90,7 @@ class Case:
     source: str
     fn: Callable | None = None  # fn(ttnn, mesh) -> None; raises AssertionError on a mismatch
     skip: str | None = None  # why the emulator cannot express this case
-    ci: bool = True  # in the CI subset (tests/test_emulator_conformance.py); the probe runs every case
+    ci: bool = True  # in the CI subset (tests/emulator/test_conformance.py); the probe runs every case
 
 
 def pcc(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -10,7 +10,7 @@ runs, not times):
   B = 1 K = 2, B = 2 K = 3); programs per op, trace replays, collectives, bytes read, host transfer calls, trace
   captures and the step's tokens.
 
-The golden in ``tests/data/`` is compared exactly by ``tests/test_tt_spec_program_golden.py``: a change to the
+The golden in ``tests/data/`` is compared exactly by ``tests/tt/spec/test_program_golden.py``: a change to the
 programs of the speculative step (a refactor that should be invisible, or a deliberate change) shows up there op by
 op. Regenerate it only for a deliberate, reviewed change, with the command in its ``command`` field:
 

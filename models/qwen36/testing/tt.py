@@ -1,4 +1,4 @@
-"""Test support for the TT model (used by tests/test_tt_*.py and the TP probes): bf16 test checkpoints and a
+"""Test support for the TT model (used by tests/tt/ and the TP probes): bf16 test checkpoints and a
 one-layer harness that runs the same inputs through a TT layer and the pure-torch reference layer.
 
 Test checkpoints are written in bf16, like real Qwen3.6 checkpoints: the TT loader then quantises from the

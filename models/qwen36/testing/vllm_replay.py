@@ -2,7 +2,7 @@
 calls the plugin's runner makes on the model class (tenstorrent/vllm-tt-plugin e3fc849: worker.py
 get_max_tokens_all_users / num_blocks, model_runner.py _allocate_kv_caches / warmup_model / submit_prefill,
 async_decode.py submit_decode + finalize_decode; the speculative side as model_runner.py and spec_decode.py build it
-at 23f0fcbe), with their argument names, kinds, shapes and dtypes. The serving tests (tests/test_vllm_*.py) drive
+at 23f0fcbe), with their argument names, kinds, shapes and dtypes. The serving tests (tests/tt/serving/) drive
 it on the emulated 1x2 mesh; what each checks is in their docstrings."""
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def greedy_accept(argmax_ids: torch.Tensor, drafts: torch.Tensor, num_valid: tor
     ``spec_decode.accept_greedy_drafts``, read at tenstorrent/vllm-tt-plugin 23f0fcbe): row i accepts drafts while
     they equal the column's argmax, up to its ``num_valid`` count; the count is accepted + 1 (the correction or
     bonus), never 0; the committed block is that row's first ``count`` ids, then ``PLACEHOLDER_TOKEN_ID``. Checked
-    against the plugin's own function by tests/test_vllm_spec_plugin_dev.py."""
+    against the plugin's own function by tests/tt/serving/test_vllm_spec_plugin_dev.py."""
     rows, width = argmax_ids.shape
     committed = torch.full((rows, width), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
     counts = torch.ones(rows, dtype=torch.int32)

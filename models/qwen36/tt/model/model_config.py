@@ -92,7 +92,7 @@ class PrecisionSetting:
         """bf8 projections and LM head, bf16 norms/small vectors/KV, fp32 GDN state, GDN activations and out-proj
         partials (bf16 partials gave PCC ~0.69 in public reports). ``bf4_mlp`` puts MLP gate/up in bfloat4_b:
         allowed only where the accuracy gates hold, and it does not: MLP PCC 0.984 < 0.99 on the CI checkpoint
-        (tests/test_tt_layers.py), 0.982 on weights with real checkpoints' statistics (tests/test_tt_bf4_gate.py),
+        (tests/tt/model/test_layers.py), 0.982 on weights with real checkpoints' statistics (tests/tt/model/test_bf4_gate.py),
         so the default preset keeps them in bf8. With ``bf4_mlp`` this is tt_transformers' performance-mode MLP
         (bf4 gate/up, bf8 down)."""
         d = dict(cls.accuracy().dtypes)

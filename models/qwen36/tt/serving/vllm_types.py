@@ -152,7 +152,7 @@ except ImportError:
         row of the (padded) batch. The runner hands the model Python lists (``.tolist()`` of its tensors), with a
         request without a seed as None; same field names, order and defaults as the plugin's
         ``vllm_tt_plugin.model_input.TTSamplingParams`` (checked against a vendored copy of that file by
-        tests/test_vllm_sampling.py)."""
+        tests/tt/serving/test_vllm_sampling.py)."""
 
         temperature: Any
         top_k: Any

@@ -6,7 +6,7 @@ Input: the verify's per-GDN-layer records (``verify.GDNRecord``) and the accepto
     conv (every mechanism): new conv state = window rows a+1 .. a+Kc-1 (the shift register after row a),
         gathered exactly with ``ttnn.embedding`` (row indices a+1+i as uint32). A 0/1 selector matmul is not exact
         on cards: the FPU reads the fp32 window as TF32, and with K = Kc-1+T not a multiple of 32 it multiplies
-        the garbage tile padding of the selector and the window (tests/test_emulator_strict.py shows both).
+        the garbage tile padding of the selector and the window (tests/emulator/test_strict_numerics.py shows both).
     shadow_commit: initial_state_block_idx = a*Hv + h (DeviceAcceptor.ring_block_idx): the next verify starts
         every head from ring slot a. Zero state copies.
     snapshot: the verify advanced live through all T rows; restore = re-advance from the snapshot all T rows with

@@ -9,7 +9,7 @@ Two step layouts, chosen by where the verify's row inputs come from (``rows``; `
 * ``rows="host"`` (the default above one slot): the host writes every user's row inputs before each step, over
   the B slots of the backend's own :class:`~..runtime.batch.TTBatchDecoder`, with the packed device MTP chain in
   a draft trace of its own. Below, "B slots". At one slot it is the batched step at B = 1 (the same numbers as
-  the one-user layout, other programs: tests/test_tt_spec_b1_identity.py, tests/test_tt_spec_program_golden.py).
+  the one-user layout, other programs: tests/tt/spec/test_b1_identity.py, tests/tt/spec/test_program_golden.py).
 
 One user
 --------

@@ -1,0 +1,187 @@
+"""Batched TT plain decode (tt/runtime/batch.py) on the emulated P150a x2 mesh: every user's tokens and logits in a batch
+equal its own batch-1 TT run (TTGenerator), users join and leave a bucket without a new trace capture, an inactive
+slot (even NaN-poisoned) never reaches an active user's output, slot_remap moves state rows on device, and the
+batched logits track the reference SlotDecoder."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwen36.reference.batch import SlotDecoder
+from qwen36.reference.model import Qwen36Model
+from qwen36.tt.runtime.batch import TTBatchDecoder, batched_greedy, bucket_for
+from qwen36.testing.pcc import comp_pcc
+from qwen36.testing.tt_batch import (assert_users_match_single, batch_cli_equals_alone, batch_one_greedy as single,
+                                     batch_test_checkpoint, batch_test_generator, gdn_rows, poison_slot,
+                                     random_prompt as prompt)
+
+# TT (accuracy preset, bf16 weights) vs the fp32 reference: the same gates as tests/tt/model/test_model.py's decode.
+TT_VS_REF_PCC = 0.99
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return batch_test_checkpoint(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gen(ckpt):
+    g = batch_test_generator(ckpt)
+    yield g
+    g.close()
+
+
+def test_bucket_for():
+    assert [bucket_for(n) for n in (1, 2, 8, 9, 32)] == [1, 8, 8, 32, 32]
+    with pytest.raises(ValueError, match="largest decode bucket"):
+        bucket_for(33)
+
+
+def test_batch_of_two_equals_batch_one(gen):
+    """B = 2, prompts of lengths 5 and 12: tokens == batch-1 tokens, logits within BATCH_VS_SINGLE_MAX_ABS; the
+    step is captured once."""
+    prompts = [prompt(5, 1), prompt(12, 2)]
+    dec = TTBatchDecoder(gen.model, 2)
+    try:
+        res = batched_greedy(dec, prompts, 6, keep_logits=True)
+        assert dec.captures == 1
+    finally:
+        dec.release()
+    assert_users_match_single(gen, prompts, res, [6, 6])
+
+
+def test_bucket_of_one_equals_generator(gen):
+    """B = 1 is the batch of one: a 1-slot decoder's tokens and logits == TTGenerator's (same graph)."""
+    prompts = [prompt(8, 3)]
+    dec = TTBatchDecoder(gen.model, 1)
+    try:
+        res = batched_greedy(dec, prompts, 5, keep_logits=True)
+    finally:
+        dec.release()
+    assert_users_match_single(gen, prompts, res, [5])
+
+
+def test_four_slots_join_leave_without_capture(gen):
+    """B = 4 slots, five users of different prompt lengths and token counts: user 4 arrives at step 1 while all
+    slots are held and joins the slot user 0 frees (mid-run, three users still decoding). One capture in all."""
+    prompts = [prompt(n, 10 + n) for n in (3, 9, 17, 6, 11)]
+    limits = [3, 7, 6, 8, 5]
+    dec = TTBatchDecoder(gen.model, 4)
+    try:
+        res = batched_greedy(dec, prompts, limits, arrivals=[0, 0, 0, 0, 1], keep_logits=True)
+        assert dec.captures == 1, dict(dec.traces.captures)
+    finally:
+        dec.release()
+    assert res.slots == [0, 1, 2, 3, 0]
+    assert_users_match_single(gen, prompts, res, limits)
+
+
+def test_batched_logits_track_reference_slot_decoder(gen, ckpt):
+    """The TT batch's logits per row vs the reference SlotDecoder teacher-forced on the same tokens (PCC)."""
+    prompts = [prompt(4, 21), prompt(10, 22)]
+    dec = TTBatchDecoder(gen.model, 2)
+    try:
+        res = batched_greedy(dec, prompts, 5, keep_logits=True)
+    finally:
+        dec.release()
+    ref = Qwen36Model.from_checkpoint(ckpt, dtype=torch.float32)
+    sd = SlotDecoder(ref, 2, 64)
+    rows = [[sd.join(u, p.tolist())] for u, p in enumerate(prompts)]
+    for t in range(4):
+        out = sd.step(torch.tensor([res.tokens[0][t], res.tokens[1][t]]))
+        for u in range(2):
+            rows[u].append(out[u])
+    for u in range(2):
+        for t, (tt, rr) in enumerate(zip(res.logits[u], rows[u])):
+            ok, pcc = comp_pcc(rr, tt, TT_VS_REF_PCC)
+            assert ok, f"user {u} token {t}: PCC {pcc} < {TT_VS_REF_PCC}"
+
+
+def test_poisoned_free_slot_is_inert(gen):
+    """Slot 1 free and NaN in its GDN, conv and KV: slot 0's logits equal the clean run's exactly and are finite;
+    the poisoned slot's position does not move; a user joining it afterwards gets its batch-1 prefill logits."""
+    ids, joiner = prompt(7, 31), prompt(9, 32)
+    joiner_logits = single(gen, joiner, 1)[1][0]  # before any batch trace is live (the generator's prefill allocates)
+    clean = TTBatchDecoder(gen.model, 2)
+    try:
+        want = batched_greedy(clean, [ids], 5, keep_logits=True)
+    finally:
+        clean.release()
+    dec = TTBatchDecoder(gen.model, 2)
+    try:
+        poison_slot(dec, 1)
+        got = batched_greedy(dec, [ids], 5, keep_logits=True)
+        assert got.slots == [0] and dec.pos[1] == -1
+        assert got.tokens == want.tokens
+        for a, b in zip(got.logits[0], want.logits[0]):
+            assert torch.isfinite(a).all() and torch.equal(a, b)
+        assert torch.equal(dec.join(1, joiner), joiner_logits)
+    finally:
+        dec.release()
+
+
+def test_slot_remap_moves_state_rows(gen):
+    """Two users decode two steps, then slot_remap([1, 0]) swaps their slots on device (the GDN recurrent and conv
+    rows of slot 0 and 1 are exchanged bit for bit, page-table rows follow); both users' tokens and logits are still their batch-1 ones, and the swapped
+    run's logits equal the unpermuted run's row for row."""
+    prompts = [prompt(6, 41), prompt(13, 42)]
+    n = 6
+    want = [single(gen, p, n)[0] for p in prompts]
+
+    def run(remap_at: int | None):
+        dec = TTBatchDecoder(gen.model, 2)
+        where = [0, 1]  # slot of each user
+        toks = [[int(dec.join(u, p).argmax())] for u, p in enumerate(prompts)]
+        logits = [[], []]
+        try:
+            for t in range(n - 1):
+                if t == remap_at:
+                    before = [gdn_rows(dec, st) for st in dec.state.gdn_states()]
+                    dec.slot_remap(torch.tensor([1, 0], dtype=torch.int32))
+                    where = where[::-1]
+                    for st, (rec, conv) in zip(dec.state.gdn_states(), before):  # rows moved, bit for bit
+                        rec_after, conv_after = gdn_rows(dec, st)
+                        assert not torch.equal(rec[0], rec[1])  # two users' states: a swap is visible
+                        assert torch.equal(rec_after[0], rec[1]) and torch.equal(rec_after[1], rec[0])
+                        assert torch.equal(conv_after[0], conv[1]) and torch.equal(conv_after[1], conv[0])
+                rows, _ = dec.step({where[u]: toks[u][-1] for u in range(2)})
+                for u in range(2):
+                    logits[u].append(rows[where[u]])
+                    toks[u].append(int(rows[where[u]].argmax()))
+            assert dec.captures == 1
+        finally:
+            dec.release()
+        return toks, logits
+
+    toks, logits = run(None)
+    toks_r, logits_r = run(2)
+    assert toks_r == toks
+    for u in range(2):
+        for a, b in zip(logits_r[u], logits[u]):
+            assert torch.equal(a, b)
+        assert toks[u] == want[u]
+
+
+def test_slot_remap_rejects_non_permutation(gen):
+    dec = TTBatchDecoder(gen.model, 2)
+    with pytest.raises(ValueError, match="permutation"):
+        dec.slot_remap([0, 0])
+
+
+def test_join_rejects_a_held_slot(gen):
+    dec = TTBatchDecoder(gen.model, 2)
+    dec.join(0, prompt(3, 51))
+    with pytest.raises(ValueError, match="held"):
+        dec.join(0, prompt(3, 52))
+    with pytest.raises(ValueError, match="no user"):
+        dec.step({1: 5})
+
+
+@pytest.mark.slow
+def test_generate_cli_several_prompts_on_tt(capsys, tmp_path, monkeypatch):
+    """`qwen36 generate --device emulated-p150x2` with two prompts decodes them as one TT batch: `ids[i]` equal
+    each prompt's own single-prompt TT run (speculative with several prompts on TT: tests/tt/spec/test_batch_mtp.py)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
+    base = ["generate", "--max-new-tokens", "5", "--device", "emulated-p150x2"]
+    lines = batch_cli_equals_alone(capsys, base)
+    assert sum(l.startswith("text[") for l in lines) == 2
