@@ -130,7 +130,8 @@ class TTGatedDeltaNet:
         the last K-1 window rows become the new state, written by the slice itself into ``conv_state``
         (``write_state=True``), into another buffer (``write_state=<buffer>``) or nowhere (``None``: a
         speculative verify keeps the window and its commit selects the rows of the accepted row).
-        mixed: [1, 1, T, Cd] -> silu(out) [1, T, 1, Cd] (and the ROW_MAJOR window [1, 1, K-1+T, Cd] if asked).
+        mixed: [1, 1, T, Cd] -> silu(out) [1, T, 1, Cd] for T <= max_unfold_rows() and [1, 1, T, Cd] for longer
+        chunks (prefill) (and the ROW_MAJOR window [1, 1, K-1+T, Cd] if asked).
         Batched decode: conv_state [B, 1, K-1, Cd] and mixed [1, 1, B, Cd] (one row per user): window
         [B, 1, K, Cd], output [1, 1, B, Cd] (:meth:`qkv_heads` reshapes either form the same way)."""
         ttnn, k = self.ttnn, self.kernel
@@ -176,7 +177,8 @@ class TTGatedDeltaNet:
                 tap = ttnn.slice(self.w.conv_taps, [0, 0, j, 0], [1, 1, j + 1, self.cd])
                 acc = (ttnn.multiply(tap_in, tap, memory_config=mc) if acc is None
                        else ttnn.addcmul(acc, tap_in, tap, memory_config=mc))
-            acc = ttnn.reshape(acc, [1, rows, 1, self.cd])
+            # acc stays [1, 1, T, Cd], T on the tile rows: as [1, T, 1, Cd] (the decode form) every row would be a
+            # 32-row tile of its own (32x the bytes of silu and of the head-split reshape that reads it)
         out = ttnn.silu(acc, memory_config=mc)
         return (out, window) if return_window else out
 
@@ -205,7 +207,7 @@ class TTGatedDeltaNet:
         return ttnn.reshape(g, shape), ttnn.reshape(beta, shape)
 
     def qkv_heads(self, conv_out, rows: int, users: int = 1):
-        """conv_out [1, T, 1, Cd] -> q, k [1, T, Hk, Dk] (L2-normalised), v [1, T, Hv, Dv] ([B, 1, ...] for a batched
+        """conv_out [1, T, 1, Cd] or [1, 1, T, Cd] -> q, k [1, T, Hk, Dk] (L2-normalised), v [1, T, Hv, Dv] ([B, 1, ...] for a batched
         decode of B users: the same views with the users on the recurrence's batch dimension).
         One reshape puts the head groups [q | k | v_0 .. v_{r-1}] (r = Hv/Hk, Hk heads each) on dim 1, where slices
         are tile-aligned (1 program each) and the [T, 1, Hk, D] -> [1, T, Hk, D] reshapes are views."""
