@@ -52,7 +52,6 @@ def test_bf4_gate_up_fails_the_end_to_end_gate_on_the_trained_checkpoint(tmp_pat
     assert not cand["top1_ok"] and not cand["sym_kl_ok"]
 
 
-@pytest.mark.slow
 def test_bf4_gate_up_is_read_dram_sharded_in_decode():
     """The cost model charges what the layout does: in a decode step every bfloat4_b byte (MLP gate/up) is read
     through the DRAM-sharded matmul (key ``BFLOAT4_B@dram_sharded/...``), none as interleaved bf4 pages, so the
