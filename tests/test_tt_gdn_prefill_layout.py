@@ -15,7 +15,7 @@ from qwen36.tiny import PRESETS
 
 ROWS = 64  # > max_unfold_rows(): the prefill (per-tap) conv path
 # one GDN mixer prefill chunk of ROWS rows: programs and bytes read per device, upper bounds (measured: 54 programs,
-# 50.5 MB; with the decode-form head split 53 and 62.6 MB; with the [1, T, 1, Cd] conv output also 54 and 104 MB)
+# 50.5 MB; with the decode-form head split 53 and 62.6 MB; with the [1, T, 1, Cd] conv output as well 54 and 145 MB)
 MIXER_PREFILL_MAX = 54
 MIXER_PREFILL_BYTES_MAX = 50_496_768
 
