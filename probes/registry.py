@@ -25,6 +25,7 @@ PROBES: dict[str, str] = {
     "memory": "qwen36.probes.memory",
     "prefix-cache": "qwen36.probes.prefix_cache",
     "prefill-cost": "qwen36.probes.prefill_cost",
+    "precision-gate": "qwen36.probes.precision_gate",
 }
 
 

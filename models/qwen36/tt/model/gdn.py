@@ -130,7 +130,8 @@ class TTGatedDeltaNet:
         the last K-1 window rows become the new state, written by the slice itself into ``conv_state``
         (``write_state=True``), into another buffer (``write_state=<buffer>``) or nowhere (``None``: a
         speculative verify keeps the window and its commit selects the rows of the accepted row).
-        mixed: [1, 1, T, Cd] -> silu(out) [1, T, 1, Cd] (and the ROW_MAJOR window [1, 1, K-1+T, Cd] if asked).
+        mixed: [1, 1, T, Cd] -> silu(out) [1, T, 1, Cd] for T <= max_unfold_rows() and [1, 1, T, Cd] for longer
+        chunks (prefill) (and the ROW_MAJOR window [1, 1, K-1+T, Cd] if asked).
         Batched decode: conv_state [B, 1, K-1, Cd] and mixed [1, 1, B, Cd] (one row per user): window
         [B, 1, K, Cd], output [1, 1, B, Cd] (:meth:`qkv_heads` reshapes either form the same way)."""
         ttnn, k = self.ttnn, self.kernel
@@ -176,7 +177,8 @@ class TTGatedDeltaNet:
                 tap = ttnn.slice(self.w.conv_taps, [0, 0, j, 0], [1, 1, j + 1, self.cd])
                 acc = (ttnn.multiply(tap_in, tap, memory_config=mc) if acc is None
                        else ttnn.addcmul(acc, tap_in, tap, memory_config=mc))
-            acc = ttnn.reshape(acc, [1, rows, 1, self.cd])
+            # acc stays [1, 1, T, Cd], T on the tile rows: as [1, T, 1, Cd] (the decode form) every row would be a
+            # 32-row tile of its own (32x the bytes of silu and of the head-split reshape that reads it)
         out = ttnn.silu(acc, memory_config=mc)
         return (out, window) if return_window else out
 
@@ -205,11 +207,13 @@ class TTGatedDeltaNet:
         return ttnn.reshape(g, shape), ttnn.reshape(beta, shape)
 
     def qkv_heads(self, conv_out, rows: int, users: int = 1):
-        """conv_out [1, T, 1, Cd] -> q, k [1, T, Hk, Dk] (L2-normalised), v [1, T, Hv, Dv] ([B, 1, ...] for a batched
+        """conv_out [1, T, 1, Cd] or [1, 1, T, Cd] -> q, k [1, T, Hk, Dk] (L2-normalised), v [1, T, Hv, Dv] ([B, 1, ...] for a batched
         decode of B users: the same views with the users on the recurrence's batch dimension).
         One reshape puts the head groups [q | k | v_0 .. v_{r-1}] (r = Hv/Hk, Hk heads each) on dim 1, where slices
         are tile-aligned (1 program each) and the [T, 1, Hk, D] -> [1, T, Hk, D] reshapes are views."""
         ttnn, hk, d = self.ttnn, self.hk, self.dk
+        if users == 1 and rows > self.max_unfold_rows():
+            return self._qkv_heads_prefill(conv_out, rows)
         groups = 2 + self.hv // hk
         heads = ttnn.reshape(conv_out, [rows, groups, hk, d])
         qk = ttnn.slice(heads, [0, 0, 0, 0], [rows, 2, hk, d])
@@ -220,6 +224,23 @@ class TTGatedDeltaNet:
         q = ttnn.reshape(ttnn.slice(qk, [0, 0, 0, 0], [rows, 1, hk, d]), [b, t, hk, d])
         k = ttnn.reshape(ttnn.slice(qk, [0, 1, 0, 0], [rows, 2, hk, d]), [b, t, hk, d])
         v = ttnn.reshape(ttnn.slice(heads, [0, 2, 0, 0], [rows, groups, hk, d]), [b, t, self.hv, self.dv])
+        return q, k, v
+
+    def _qkv_heads_prefill(self, conv_out, rows: int):
+        """The prefill form of :meth:`qkv_heads` (conv_out [1, 1, T, Cd]): the column slices [q | k] and [v] come
+        first (tile-aligned: Kd and Cd are whole tiles at the 27B), q and k are L2-normalised as [1, 1, T*2*Hk, D]
+        (one head per row, no padding), and only the kernel inputs take the [1, T, H, D] form. The decode form's
+        [T, 2 + Hv/Hk, Hk, D] pads Hk = 8 heads per device to a 32-row tile: 4x the bytes of the reshape, the norm
+        and three slices (about 60 of 85 MB per 256-row chunk and layer at the 27B), for one program less."""
+        ttnn, hk, d, kd = self.ttnn, self.hk, self.dk, self.kd
+        qk = ttnn.slice(conv_out, [0, 0, 0, 0], [1, 1, rows, 2 * kd])
+        qk = ttnn.reshape(qk, [1, 1, rows * 2 * hk, d])  # row (t, q|k, h)
+        qk = ttnn.rms_norm(qk, epsilon=L2NORM_EPS / d, weight=self.w.qk_l2_weight,
+                           compute_kernel_config=compute_config_norm(ttnn))
+        qk = ttnn.reshape(qk, [rows, 2, hk, d])
+        q = ttnn.reshape(ttnn.slice(qk, [0, 0, 0, 0], [rows, 1, hk, d]), [1, rows, hk, d])
+        k = ttnn.reshape(ttnn.slice(qk, [0, 1, 0, 0], [rows, 2, hk, d]), [1, rows, hk, d])
+        v = ttnn.reshape(ttnn.slice(conv_out, [0, 0, 0, 2 * kd], [1, 1, rows, self.cd]), [1, rows, self.hv, self.dv])
         return q, k, v
 
     def recurrence(self, q, k, v, g, beta, state: GDNLayerState, mode: str, *, initial=None, final=None,
