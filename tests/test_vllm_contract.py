@@ -249,6 +249,12 @@ def test_lifecycle_hooks_and_refusals(spec):
     with pytest.raises(NotImplementedError, match="max-num-seqs 1"):
         m.note_state_slots_moved({0: 1})
     first = r.prefill(PROMPT)
+    # no narrow decode (supports_narrow_decode=False): the runner sends every decode step as a verify, so a plain
+    # decode or a one-token prefill continuation is refused by name, and the sequence goes on (nothing moved)
+    with pytest.raises(NotImplementedError, match="every decode step is a verify"):
+        m.decode_forward(tokens=torch.tensor([[first]], dtype=torch.int32), start_pos=torch.tensor([P], dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="supports_narrow_decode=False"):
+        r.continue_prefill(list(PROMPT) + [first])
     # a second live request in the block (position >= 0 on row 1) fails fast naming the limit
     with pytest.raises(NotImplementedError, match="max-num-seqs 1"):
         m.decode_forward(tokens=torch.tensor([[first] + [-1] * K, [9] + [-1] * K], dtype=torch.int32),
