@@ -66,7 +66,7 @@ penalties.
 Servers: the class maps each plugin call onto the launch's server and does nothing else. A plain launch (no
 speculative K; ``max_batch_size`` N in 1..32, host or device sampling) is :class:`.vllm_batch._BatchServer` (the
 batched TT decoder, vLLM state slot j = decoder slot j, one sequence is bucket 1; how the plugin's calls map onto it
-is in that class and docs/serving.md, "Several sequences"); a speculative launch (``--max-num-seqs 1``) is
+is in that class and docs/serving.md, "Plain launches"); a speculative launch (``--max-num-seqs 1``) is
 :class:`.vllm_one.OneSequenceServer` (one GDN state slot, the verify / propose steps; rows past the first are
 accepted only as the runner's padding rows, a real second user fails fast naming ``--max-num-seqs 1``). Argument conversion lives
 in :mod:`.vllm_args`, the failure policy in :mod:`.vllm_failure`, the speculative backend in

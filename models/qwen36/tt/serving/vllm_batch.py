@@ -15,12 +15,15 @@ from .vllm_args import DecodeHandle, sampling_from_plugin
 
 
 class _BatchServer:
-    """Several vLLM sequences on one :class:`TTBatchDecoder` (plain decode, logits to vLLM's host sampler).
+    """The vLLM sequences of a plain launch (1..32) on one :class:`BucketedBatchDecoder` (logits to vLLM's host
+    sampler, or ids sampled on device).
 
     vLLM state slot j is decoder slot j. The plugin names each prefilling row's slot (``empty_slots``) and, before
     a decode call, the permutation that takes every request's state to its row (``slot_remap``, applied on
-    device). Its synchronous runner sends every decode step as a one-token prefill continuation (see
-    :meth:`.vllm_one.OneSequenceServer._one_token_continuation`); a continuation row names no source slot, only a
+    device). Its synchronous runner sends every decode step as a one-token prefill continuation
+    (``prefill_forward(tokens[:, :n+1], start_pos=[n], prompt_lens=[n+1])``: ``_prepare_model_inputs`` counts a
+    request as still prefilling while ``num_computed_tokens < num_tokens``, which holds again once a step's token is
+    applied to its input batch); a continuation row names no source slot, only a
     destination, so the source is the slot whose fed tokens are the row's ``tokens[:start_pos]`` (two slots with
     the same tokens hold the same state), and the continuing states are moved to their destinations by one
     on-device permutation before the step. The plugin does not tell a model when a request finishes (a finished
