@@ -32,7 +32,7 @@ def spec_bytes(cfg: Qwen36Config, depths, max_len: int) -> int:
 
 
 class OneSequenceServer:
-    """The live sequence of a speculative launch: its prompt, mode (None: no sequence, "new" after the prefill,
+    """The live sequence of a speculative launch: its mode (None: no sequence, "new" after the prefill,
     "spec" once it steps) and, under ``spec_depth`` auto, its depth controller. ``owner`` holds the generator, the
     speculative backend and the launch options. A speculative launch declares no narrow decode
     (``supports_narrow_decode=False``), so the runner sends every decode step as a verify: a plain decode, a
