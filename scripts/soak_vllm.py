@@ -184,15 +184,13 @@ def main(argv=None) -> int:
     warm_calls = len(calls)
 
     def sample(step: int) -> dict:
-        dec = model.batch.dec if model.batch is not None else None
+        dec = model.batch.dec  # a plain launch: the batch server at any max_num_seqs (1 is bucket 1)
         return dict(step=step, running=len(sched.running), waiting=len(sched.waiting),
                     free_blocks=sched.kv_cache_manager.block_pool.get_num_free_blocks(),
-                    slots_held=(sum(f is not None for f in model.batch.fed) if model.batch is not None else
-                                int(model.server.mode is not None)),
-                    slots_busy=sum(p >= 0 for p in dec.pos) if dec is not None else None,
+                    slots_held=sum(f is not None for f in model.batch.fed),
+                    slots_busy=sum(p >= 0 for p in dec.pos),
                     live_traces=len(ctx.mesh_device.trace.live_trace_ids()),
-                    captures=(sum(c for d in dec.decs.values() for c in d.traces.captures.values())
-                              if dec is not None else None),
+                    captures=sum(c for d in dec.decs.values() for c in d.traces.captures.values()),
                     rss_mb=round(rss_mb(), 1), t=round(time.time() - t0, 1))
 
     pending = sorted(reqs, key=lambda r: r["arrival"])

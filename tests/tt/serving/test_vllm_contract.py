@@ -82,7 +82,10 @@ def test_plain_sequence_equals_greedy(reference, plain):
     out = [r.prefill(PROMPT)]
     assert r.blocks[:2] == [7, 3]  # vLLM's table, not the identity
     while len(out) < N_NEW:
-        out.append(r.decode(out[-1], P + len(out) - 1, pad_rows=1 if len(out) == 5 else 0))
+        if len(out) == 5:  # the runner pads a decode to max_num_seqs rows (model_runner.py): 1 here, never 2
+            with pytest.raises(ValueError, match=r"decode of 2 rows, this model holds 1 sequence"):
+                r.decode(out[-1], P + len(out) - 1, pad_rows=1)
+        out.append(r.decode(out[-1], P + len(out) - 1))
     assert out == reference[:N_NEW]
     assert r.null_block_untouched()
     # the KV rows sit in the blocks vLLM assigned: block 7 holds positions 0..31, block 3 positions 32..62
@@ -97,7 +100,7 @@ def test_plain_sequence_equals_greedy(reference, plain):
         out2.append(r.decode(out2[-1], P + len(out2) - 1))
     assert out2 == reference[:8]
     assert r.blocks[:2] == [5, 1]
-    assert r.m.state.pos == P + 7
+    assert r.m.server.dec.pos[0] == P + 7  # the sequence's position in its decoder slot
     r.finish()
 
 
@@ -112,15 +115,15 @@ def test_plain_decode_as_one_token_prefill_continuation(reference, plain):
         assert logits.shape == (1, 1, r.m.model.args.cfg.vocab_size) and logits.dtype == torch.float32
         seq.append(int(logits[0, -1].argmax()))
     assert seq[P:] == reference[:N_NEW]
-    assert r.m.state.pos == P + N_NEW - 1
-    with pytest.raises(NotImplementedError, match="only the one-token continuation"):
-        r.continue_prefill(seq[:-2])  # starts before the live sequence's end: a cached prefix
+    assert r.m.server.dec.pos[0] == P + N_NEW - 1
+    with pytest.raises(ValueError, match="no state slot holds"):
+        r.continue_prefill(seq[:-2])  # starts before the live sequence's end: no slot holds that prefix
     with pytest.raises(NotImplementedError, match="only the one-token continuation"):
         r.m.prefill_forward(tokens=torch.tensor([seq], dtype=torch.int32), page_table=r.table(len(seq)),
                             kv_cache=r.kv, prompt_lens=torch.tensor([len(seq)], dtype=torch.int32),
                             start_pos=torch.tensor([len(seq) - 2], dtype=torch.int32))  # a two-token chunk
     r.finish()
-    with pytest.raises(NotImplementedError, match="only the one-token continuation"):
+    with pytest.raises(ValueError, match="no state slot holds"):
         r.continue_prefill(seq)  # no live sequence
 
 
@@ -246,6 +249,12 @@ def test_lifecycle_hooks_and_refusals(spec):
     with pytest.raises(NotImplementedError, match="max-num-seqs 1"):
         m.note_state_slots_moved({0: 1})
     first = r.prefill(PROMPT)
+    # no narrow decode (supports_narrow_decode=False): the runner sends every decode step as a verify, so a plain
+    # decode or a one-token prefill continuation is refused by name, and the sequence goes on (nothing moved)
+    with pytest.raises(NotImplementedError, match="every decode step is a verify"):
+        m.decode_forward(tokens=torch.tensor([[first]], dtype=torch.int32), start_pos=torch.tensor([P], dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="supports_narrow_decode=False"):
+        r.continue_prefill(list(PROMPT) + [first])
     # a second live request in the block (position >= 0 on row 1) fails fast naming the limit
     with pytest.raises(NotImplementedError, match="max-num-seqs 1"):
         m.decode_forward(tokens=torch.tensor([[first] + [-1] * K, [9] + [-1] * K], dtype=torch.int32),

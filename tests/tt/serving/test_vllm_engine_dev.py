@@ -121,6 +121,42 @@ def test_vllm_llm_host_logprobs_equal_generate(tmp_path, monkeypatch):
         ctx.close()
 
 
+def test_vllm_llm_min_tokens_switches_host_to_device(tmp_path, monkeypatch):
+    """``max_num_seqs=1``, ``sample_on_device_mode`` "all", a greedy request with all three penalties and
+    ``min_tokens``: the runner samples its first steps on the host (vLLM's MinTokensLogitsProcessor keeps
+    ``has_active_logitsprocs`` true until ``min_tokens`` tokens are out) and the rest on device, within one sequence.
+    Both kinds of step reach the model (recorded), and the tokens equal ``TTGenerator.generate`` with the same
+    parameters: the device penalty row is rebuilt from the host-sampled tokens at the switch."""
+    params = dict(temperature=0.0, presence_penalty=-1.5, frequency_penalty=0.5, repetition_penalty=0.7)
+    ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
+    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+                             block_size=BLOCK, prefill_chunk=64)
+    ref = ref_gen.generate(PROMPT, N_NEW, SamplingParams(**params)).tokens
+    plain = ref_gen.greedy(PROMPT, N_NEW)
+    ref_gen.close()
+    assert ref != plain  # the penalties matter on this checkpoint
+
+    ctx = _engine_mesh(monkeypatch)
+    calls: list = []
+    _recording(monkeypatch, calls)
+    llm = vllm.LLM(model=str(ck), max_num_seqs=1, max_model_len=256, block_size=BLOCK, skip_tokenizer_init=True,
+                   enable_prefix_caching=False, enable_chunked_prefill=False, max_num_batched_tokens=256,
+                   async_scheduling=False, generation_config="vllm",
+                   additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy",
+                                             "sample_on_device_mode": "all"}})
+    try:
+        calls.clear()  # warmup's calls
+        out = llm.generate([{"prompt_token_ids": PROMPT}],
+                           vllm.SamplingParams(**params, min_tokens=6, max_tokens=N_NEW, ignore_eos=True))
+        steps = [c["args"].get("sampling_params") is not None for c in calls
+                 if c["call"] in ("prefill_forward", "decode_forward")]
+        assert steps[:2] == [False, False] and steps[-1] is True, steps  # host steps first, device steps last
+        assert list(out[0].outputs[0].token_ids) == ref
+    finally:
+        del llm
+        ctx.close()
+
+
 # several sequences at once: prompts of different lengths and token budgets, one more request than state slots
 # (the fifth waits for a slot and takes over one a finished request leaves)
 BATCH_PROMPTS = [list(range(5, 45)), [7, 3, 11, 2, 9, 30, 4], list(range(60, 83)), [13] * 5 + list(range(90, 98)),

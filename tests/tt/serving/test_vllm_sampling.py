@@ -187,6 +187,7 @@ def env(tmp_path_factory):
 
 STOCHASTIC = vllm_request(temperature=0.8, top_k=20, top_p=0.9, presence_penalty=0.4, frequency_penalty=0.3,
                           repetition_penalty=1.3, seed=7)
+GREEDY_PENALIZED = vllm_request(temperature=0.0, presence_penalty=-2.0, frequency_penalty=0.5, repetition_penalty=0.7)
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +199,8 @@ def reference(env):
         hf, ctx.mesh_device, 1, MAX_LEN, optimizations="accuracy", checkpoint=ck, block_size=BLOCK, prefill_chunk=64))
     out = {"greedy": m.gen.greedy(PROMPT, N_NEW),
            "stochastic": m.gen.generate(PROMPT, N_NEW, ours(STOCHASTIC)).tokens,
-           "seed8": m.gen.generate(PROMPT, N_NEW, ours(vllm_request(**{**vars(STOCHASTIC), "seed": 8}))).tokens}
+           "seed8": m.gen.generate(PROMPT, N_NEW, ours(vllm_request(**{**vars(STOCHASTIC), "seed": 8}))).tokens,
+           "greedy_penalized": m.gen.generate(PROMPT, 2 * N_NEW, ours(GREEDY_PENALIZED)).tokens}
     m.close()
     return out
 
@@ -216,8 +218,7 @@ def _run_all_mode(r, req, n: int, history: bool) -> list[int]:
     out = [r.prefill_tokens(PROMPT, runner_payload(req, vocab))]
     while len(out) < n:
         h = (PROMPT, list(out)) if history else None
-        out.append(r.decode_tokens(out[-1], P + len(out) - 1, runner_payload(req, vocab, pad_rows=len(out) == 4),
-                                   history=h, pad_rows=len(out) == 4))
+        out.append(r.decode_tokens(out[-1], P + len(out) - 1, runner_payload(req, vocab), history=h))
     r.finish()
     return out
 
@@ -290,11 +291,11 @@ def test_device_sampling_refusals(on_device):
     with pytest.raises(ValueError, match="token history"):
         r.decode_tokens(first, P, sp, history=(PROMPT[1:], [first]))
     second = r.decode_tokens(first, P, sp, history=(PROMPT, [first]))
-    # params cannot change within a sequence; logits and device sampling do not mix; is_tokens must match
+    # params cannot change within a sequence; the input must be the id the device returned; is_tokens must match
     with pytest.raises(ValueError, match="changed within one sequence"):
         r.decode_tokens(second, P + 1, runner_payload(vllm_request(**{**vars(STOCHASTIC), "seed": 9}), vocab))
-    with pytest.raises(RuntimeError, match="sampled on device or on the host throughout"):
-        r.decode(second, P + 1)
+    with pytest.raises(ValueError, match="token this model sampled last"):
+        r.decode_tokens((second + 1) % vocab, P + 1, sp)
     h = r.m.decode_forward(torch.tensor([[second]], dtype=torch.int32), r.table(P + 2), r.kv,
                            torch.tensor([P + 1], dtype=torch.int32), read_from_device=False, sampling_params=sp)
     with pytest.raises(ValueError, match="is_tokens=False"):
@@ -304,11 +305,39 @@ def test_device_sampling_refusals(on_device):
     with pytest.raises(NotImplementedError, match="logprobs on device"):
         r.decode_tokens(int(h.tokens[0, 0]), P + 2, runner_payload(vllm_request(logprobs=2), vocab))
     r.finish()
-    # a sequence that decoded with logits cannot switch to device sampling
-    tok = r.prefill(PROMPT)
-    tok = r.decode(tok, P)
-    with pytest.raises(RuntimeError, match="sampled on device or on the host throughout"):
-        r.decode_tokens(tok, P + 1, sp)
+
+
+@pytest.mark.slow
+def test_host_and_device_sampling_alternate_within_a_sequence(reference, on_device):
+    """The runner picks host or device sampling per step (``check_perform_device_sampling``): a request with
+    ``min_tokens`` keeps vLLM's MinTokensLogitsProcessor active, hence host sampling, until it has emitted
+    ``min_tokens`` tokens, then samples on device. Alternating steps (logits, then ids) of a greedy request with all
+    three penalties, the host steps picked from the logits with the same penalties, equal TTGenerator.generate: the
+    device penalty state is rebuilt from the sequence's tokens at each switch."""
+    r = on_device
+    vocab = r.m.model.args.cfg.vocab_size
+    params, sp = ours(GREEDY_PENALIZED), runner_payload(GREEDY_PENALIZED, vocab)
+    lg = r.m.prefill_forward(tokens=torch.tensor([PROMPT], dtype=torch.int32), page_table=r.table(P), kv_cache=r.kv,
+                             prompt_lens=torch.tensor([P], dtype=torch.int32),
+                             start_pos=torch.tensor([0], dtype=torch.int32), empty_slots=[0])[0]
+    r.first_decode = True
+
+    def host_pick(logits, toks):
+        hist = TokenHistory(PROMPT, vocab)
+        hist.add(toks)
+        return int(pick_token(logits.reshape(1, -1), params, None, hist.now()))
+
+    toks = [host_pick(lg, [])]
+    while len(toks) < 2 * N_NEW:
+        pos = P + len(toks) - 1
+        if len(toks) % 6 in (1, 2, 3):  # three host steps, three device steps, ...
+            out = r.m.decode_forward(tokens=torch.tensor([[toks[-1]]], dtype=torch.int32), page_table=r.table(pos + 1),
+                                     kv_cache=r.kv, start_pos=torch.tensor([pos], dtype=torch.int32), **r._rope())
+            toks.append(host_pick(out[0, -1], toks))
+        else:
+            toks.append(r.decode_tokens(toks[-1], pos, sp, history=(PROMPT, list(toks))))
+    assert toks == reference["greedy_penalized"]
+    assert reference["greedy_penalized"][:N_NEW] != reference["greedy"]  # the penalties matter on this checkpoint
     r.finish()
 
 

@@ -1,6 +1,6 @@
 """Qwen3.6 model class for the vllm-tt plugin (tenstorrent/vllm-tt-plugin): a thin adapter over
-:class:`TTGenerator` (prefill, plain decode) and :class:`TTSpecBackend` with the device MTP drafter (verify +
-on-device greedy acceptance + commit + next drafts). vLLM is not imported here (not a dependency); the plugin's
+:class:`BucketedBatchDecoder` (prefill and plain decode of 1..32 sequences) and, in a speculative launch, :class:`TTGenerator`
++ :class:`TTSpecBackend` with the device MTP drafter (verify + on-device greedy acceptance + commit + next drafts). vLLM is not imported here (not a dependency); the plugin's
 contract value types come from :mod:`qwen36.tt.serving.vllm_types`.
 
 Written against the plugin's runner as it calls a model (model_runner.py, async_decode.py, worker.py, loader.py,
@@ -54,7 +54,7 @@ must reserve) and :meth:`Qwen36ForCausalLM.depth_plan` the depths and the K' of 
 Sampling: by default the plugin samples on the host from the returned logits (vLLM's own sampler: every
 parameter, logprobs, seeds). With ``"sample_on_device_mode"`` in the launch's ``tt`` options it hands each call
 ``sampling_params`` (the plugin's ``TTSamplingParams``, per-row lists) and expects token ids back:
-:func:`sampling_from_plugin` turns row 0 into our :class:`SamplingParams` (one validation, one error), the prefill's
+:func:`sampling_from_plugin` turns each row into our :class:`SamplingParams` (one validation, one error), the prefill's
 token is picked on the host from the prompt's last row (as ``TTGenerator.generate`` does) and every decode token on
 device inside the traced step (:class:`.sampler.DeviceSampler`, penalty counts updated in place), so a sequence
 equals ``TTGenerator.generate`` with the same parameters and seed. What the plugin does not send this way it
@@ -63,12 +63,12 @@ samples on the host anyway (min_p, logit_bias, allowed/bad words, structured out
 greedy requests only (accept mode ``argmax_ids``), so a verify's ``sampling_params`` must be greedy without
 penalties.
 
-Servers: the class maps each plugin call onto the launch's server and does nothing else. Loaded with
-``max_batch_size`` 1 (``--max-num-seqs 1``, what speculation needs) that is :class:`.vllm_one.OneSequenceServer`
-(one GDN state slot; rows past the first are accepted only as the runner's padding rows and get inert outputs, a
-real second user fails fast naming ``--max-num-seqs 1``); loaded with N in 2..32 (a plain launch, host or device
-sampling) it is :class:`.vllm_batch._BatchServer` (the batched TT decoder, vLLM state slot j = decoder slot j; how
-the plugin's calls map onto it is in that class and docs/serving.md, "Several sequences"). Argument conversion lives
+Servers: the class maps each plugin call onto the launch's server and does nothing else. A plain launch (no
+speculative K; ``max_batch_size`` N in 1..32, host or device sampling) is :class:`.vllm_batch._BatchServer` (the
+batched TT decoder, vLLM state slot j = decoder slot j, one sequence is bucket 1; how the plugin's calls map onto it
+is in that class and docs/serving.md, "Plain launches"); a speculative launch (``--max-num-seqs 1``) is
+:class:`.vllm_one.OneSequenceServer` (one GDN state slot, the verify / propose steps; rows past the first are
+accepted only as the runner's padding rows, a real second user fails fast naming ``--max-num-seqs 1``). Argument conversion lives
 in :mod:`.vllm_args`, the failure policy in :mod:`.vllm_failure`, the speculative backend in
 :mod:`.vllm_spec_backend`.
 """
@@ -141,10 +141,11 @@ class Qwen36ForCausalLM:
         self.spec_depth, self.depth_costs = spec_depth, depth_costs
         self.uses_mrope = uses_mrope
         self.spec_k = spec_k  # K of the launch's speculative_config (warmup compiles that step), None = plain
-        # the server of the launch: one sequence (plain or speculative), or several on the batched decoder (vLLM
-        # state slot j = decoder slot j); ``batch`` is that batch server, None at one sequence
-        self.server = _BatchServer(self, max_batch_size) if max_batch_size > 1 else OneSequenceServer(self)
-        self.batch = self.server if max_batch_size > 1 else None
+        # the server of the launch: plain decode of 1..32 sequences on the batched decoder (vLLM state slot j =
+        # decoder slot j; one sequence is bucket 1, the same code path), or the speculative sequence of a launch
+        # with a speculative K; ``batch`` is the batch server, None in a speculative launch
+        self.server = OneSequenceServer(self) if spec_k else _BatchServer(self, max_batch_size)
+        self.batch = None if spec_k else self.server
         depths = self.server.controller.depths if spec_depth == "auto" else None
         self.spec_backend = (_VllmSpecBackend(gen, mechanism, drafter=TTMTPDrafter(reader, cache_dir),
                                               use_trace=gen.use_trace, depths=depths)

@@ -1,5 +1,6 @@
-"""Plain decode of 1..32 vLLM sequences on one :class:`BucketedBatchDecoder` (the vllm-tt adapter's batch server;
-logits to vLLM's host sampler, or ids sampled on device with ``sample_on_device_mode``)."""
+"""Plain decode of 1..32 vLLM sequences on one :class:`BucketedBatchDecoder` (the vllm-tt adapter's server for every
+launch without speculation, ``max_num_seqs`` 1 included as bucket 1; logits to vLLM's host sampler, or ids sampled
+on device with ``sample_on_device_mode``)."""
 from __future__ import annotations
 
 import secrets
@@ -10,16 +11,19 @@ from ...speculative.sampling import SamplingParams, TokenHistory, pick_token
 from ..runtime.batch import DEFAULT_BUCKETS, FREE
 from ..runtime.batch_buckets import BucketedBatchDecoder
 from ..model.state import KVLayerState
-from .vllm_args import ONE_USER, DecodeHandle, sampling_from_plugin
+from .vllm_args import DecodeHandle, sampling_from_plugin
 
 
 class _BatchServer:
-    """Several vLLM sequences on one :class:`TTBatchDecoder` (plain decode, logits to vLLM's host sampler).
+    """The vLLM sequences of a plain launch (1..32) on one :class:`BucketedBatchDecoder` (logits to vLLM's host
+    sampler, or ids sampled on device).
 
     vLLM state slot j is decoder slot j. The plugin names each prefilling row's slot (``empty_slots``) and, before
     a decode call, the permutation that takes every request's state to its row (``slot_remap``, applied on
-    device). Its synchronous runner sends every decode step as a one-token prefill continuation (see
-    :meth:`.vllm_one.OneSequenceServer._one_token_continuation`); a continuation row names no source slot, only a
+    device). Its synchronous runner sends every decode step as a one-token prefill continuation
+    (``prefill_forward(tokens[:, :n+1], start_pos=[n], prompt_lens=[n+1])``: ``_prepare_model_inputs`` counts a
+    request as still prefilling while ``num_computed_tokens < num_tokens``, which holds again once a step's token is
+    applied to its input batch); a continuation row names no source slot, only a
     destination, so the source is the slot whose fed tokens are the row's ``tokens[:start_pos]`` (two slots with
     the same tokens hold the same state), and the continuing states are moved to their destinations by one
     on-device permutation before the step. The plugin does not tell a model when a request finishes (a finished
@@ -133,8 +137,11 @@ class _BatchServer:
                 self.dec.start_sampling(slot, params, history[: m["prompt_len"]], history[m["prompt_len"]])
                 self.dec.resync_sampling(slot, m["prompt_len"], history)
                 m["params"] = params
-            elif m["last"] != tok:
+            elif m["last"] is None:  # the last token came from vLLM's host sampler: rebuild the penalty row
                 self.dec.resync_sampling(slot, m["prompt_len"], history)
+            elif m["last"] != tok:  # the plugin feeds back the id the device returned (never another)
+                raise ValueError(f"row {row}: decode input token {tok} != the token this model sampled last "
+                                 f"({m['last']})")
         got = self.dec.sample_step({slot: tok for slot, (_, tok) in feed.items()})
         for slot, t in got.items():
             self.meta[slot]["last"] = t
@@ -232,16 +239,16 @@ class _BatchServer:
     def decode(self, tokens, pos, page_table, enable_trace: bool, read_from_device: bool, sampling_params,
                num_valid_drafts, accepted_counts, spec_mode, extra: dict):
         if spec_mode is not None or num_valid_drafts is not None or accepted_counts is not None:
-            raise NotImplementedError(f"a speculative step in a launch of several sequences: {ONE_USER}")
+            raise NotImplementedError(f"a speculative step in a plain launch ({self.dec.slots} sequence(s), loaded "
+                                      f"without num_speculative_tokens): speculation needs a speculative_config and "
+                                      f"--max-num-seqs 1")
         slot_remap = extra.get("slot_remap")
-        if sampling_params is not None:
-            raise NotImplementedError(f"sampling_params (sample_on_device_mode) with {self.dec.slots} sequences: "
-                                      f"{ONE_USER}")
         if tokens.shape[1] != 1:
             raise ValueError(f"plain decode takes tokens [B, 1], got {tuple(tokens.shape)}")
         rows = tokens.shape[0]
         if rows > self.dec.slots:
-            raise ValueError(f"decode of {rows} rows, this model holds {self.dec.slots} sequences")
+            raise ValueError(f"decode of {rows} rows, this model holds {self.dec.slots} sequence(s) (the runner pads "
+                             f"a decode to max_num_seqs rows)")
         if slot_remap is not None:  # row i reads (and from now on owns) the state of slot remap[i]
             self._remap([int(x) for x in torch.as_tensor(slot_remap).reshape(-1).tolist()])
         p = pos.reshape(-1)
@@ -253,12 +260,38 @@ class _BatchServer:
         self._page_rows(page_table, {i: i for i in live}, {i: int(p[i]) + 1 for i in live})
         self.dec.use_trace = bool(enable_trace)
         feed = {i: int(tokens[i, 0]) for i in live}
+        if sampling_params is not None:  # async_decode.submit_decode: ids sampled on device, [B, 1] int32
+            self._check_history(extra.get("prompt_tokens"), extra.get("output_tokens"), feed)
+            got = self._device_tokens(sampling_params, {i: (i, t) for i, t in feed.items()})
+            for i in live:
+                self.fed[i].append(feed[i])
+            ids = torch.zeros(rows, 1, dtype=torch.int32)  # padding rows: token 0, never read
+            for i, t in got.items():
+                ids[i, 0] = t
+            return ids if read_from_device else DecodeHandle(tokens=ids)
         logits, _ = self.dec.step(feed)
         for i in live:
             self.fed[i].append(feed[i])
             self.meta[i]["last"] = None  # vLLM samples this step's token on the host
         out = self._logits_out(rows, {i: logits[i] for i in live})
         return out if read_from_device else DecodeHandle(out)
+
+    def _check_history(self, prompt_tokens, output_tokens, feed: dict[int, int]) -> None:
+        """The runner's token history (``prompt_tokens`` / ``output_tokens``, [B, L] -1 padded, sent with device
+        sampling when a penalty is on) must be the sequence each row's device penalty state is built from: its
+        prompt, then every token emitted since (this step's input the last)."""
+        if prompt_tokens is None and output_tokens is None:
+            return
+        pts, ots = torch.as_tensor(prompt_tokens), torch.as_tensor(output_tokens)
+        for i, tok in feed.items():
+            n = self.meta[i]["prompt_len"]
+            pt = [int(t) for t in pts[i].tolist() if int(t) != -1]
+            ot = [int(t) for t in ots[i].tolist() if int(t) != -1]
+            if pt != self.fed[i][:n] or ot != self.fed[i][n:] + [tok]:
+                raise ValueError(f"row {i}: the runner's token history (prompt {len(pt)} tokens, output {len(ot)}) "
+                                 f"differs from the sequence the device penalty state holds (prompt {n}, output "
+                                 f"{len(self.fed[i]) + 1 - n}): a request resumed after preemption re-prefills its "
+                                 f"output as prompt, which the penalty state cannot tell apart")
 
     def release(self, slot: int) -> None:
         if not 0 <= slot < self.dec.slots:

@@ -1,18 +1,17 @@
-"""One vLLM sequence on :class:`TTGenerator` (prefill, plain decode, device sampling) and the adapter's
-:class:`TTSpecBackend` (the speculative step): the vllm-tt adapter's server for ``max_num_seqs`` 1, the launch
-speculative decoding needs. The sequence lives in GDN state slot 0; rows past the first are accepted only as the
-runner's padding rows (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert outputs."""
+"""The sequence of a speculative vLLM launch (``max_num_seqs`` 1, a speculative K): its prefill on
+:class:`TTGenerator` / the adapter's :class:`TTSpecBackend` and every decode step as the speculative step (verify +
+on-device greedy acceptance + commit + the MTP's next drafts). Plain launches, ``max_num_seqs`` 1 included, run on
+the batch server (:mod:`.vllm_batch`). The sequence lives in GDN state slot 0; rows past the first are accepted only
+as the runner's padding rows (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert outputs."""
 from __future__ import annotations
-
-import secrets
 
 import torch
 
 from ...config import LINEAR, Qwen36Config
 from ...speculative.depth import DepthPolicy, cost_key
-from ...speculative.sampling import SamplingParams, TokenHistory, pick_token
+from ...speculative.sampling import SamplingParams
 from . import vllm_types as vt
-from .vllm_args import DEPTH_COSTS, ONE_USER, DecodeHandle, batch_rows, max_depth, sampling_from_plugin
+from .vllm_args import DEPTH_COSTS, ONE_USER, batch_rows, max_depth, sampling_from_plugin
 
 
 def depth_controller(k_max: int, costs: str = DEPTH_COSTS):
@@ -33,9 +32,11 @@ def spec_bytes(cfg: Qwen36Config, depths, max_len: int) -> int:
 
 
 class OneSequenceServer:
-    """The live sequence of a ``max_num_seqs`` 1 launch: its prompt, mode (None: no sequence, "new" after the
-    prefill, then "plain" or "spec"), the device-sampling state and, under ``spec_depth`` auto, its depth
-    controller. ``owner`` holds the generator, the speculative backend and the launch options."""
+    """The live sequence of a speculative launch: its mode (None: no sequence, "new" after the prefill,
+    "spec" once it steps) and, under ``spec_depth`` auto, its depth controller. ``owner`` holds the generator, the
+    speculative backend and the launch options. A speculative launch declares no narrow decode
+    (``supports_narrow_decode=False``), so the runner sends every decode step as a verify: a plain decode, a
+    one-token prefill continuation or a device-sampled step is refused here."""
 
     slots = 1
 
@@ -47,12 +48,8 @@ class OneSequenceServer:
         self._first_k = None  # auto: the depth chosen for a sequence's first step
         if self.spec_depth == "auto":
             self.new_controller()
-        self.mode = None  # None (no sequence) | "new" (after prefill) | "plain" | "spec"
+        self.mode = None  # None (no sequence) | "new" (after prefill) | "spec"
         self._accepted_count = None  # tokens committed by the last spec call (1 right after prefill)
-        self._prompt: list[int] | None = None  # the live sequence's prefilled tokens
-        self._request_seed = None  # the seed of a live request that carries none (drawn at its prefill)
-        self._sampling: SamplingParams | None = None  # the device-sampled sequence's params (None: logits)
-        self._emitted: list[int] = []  # tokens the device-sampled sequence emitted (the plugin's output tokens)
 
     @property
     def spec_backend(self):
@@ -117,48 +114,25 @@ class OneSequenceServer:
 
     # ---- prefill -------------------------------------------------------------------------------------------
     def prefill(self, tokens, lens, start_pos, page_table, empty_slots, sampling_params, enable_trace: bool):
-        """Prefill the sequence ``tokens[0, :lens[0]]`` (or continue it by one token: its next decode step)."""
+        """Prefill the sequence ``tokens[0, :lens[0]]`` from position 0 (with ``sampling_params``: greedy only,
+        the argmax id back)."""
         if tokens.shape[0] > 1:
             raise NotImplementedError(f"prefill of {tokens.shape[0]} requests in one call: {ONE_USER}")
         start = 0 if start_pos is None else int(torch.as_tensor(start_pos).reshape(-1)[0])
         if empty_slots is not None and list(empty_slots) != [0]:
             raise NotImplementedError(f"empty_slots={list(empty_slots)}: the only state slot is 0; {ONE_USER}")
         if start != 0:
-            return self._one_token_continuation(tokens, start, int(lens[0]), page_table, enable_trace,
-                                                sampling_params)
+            raise NotImplementedError(f"prefill start_pos=[{start}]: a speculative launch prefills from position 0 "
+                                      f"only and sends every decode step as a verify (supports_narrow_decode=False)")
         self._bind_page_table(page_table)
         prompt = tokens[0, : int(lens[0])].tolist()
         logits = self._prefill(prompt)
         out = logits.reshape(1, 1, -1)
         if sampling_params is not None:  # sample_on_device_mode "all": the runner expects the first token
-            out = torch.tensor([[self._first_token(prompt, logits, sampling_params)]], dtype=torch.int32)
+            self._request_params(sampling_params)  # greedy without penalties, or refused
+            out = logits.reshape(1, -1).argmax(-1, keepdim=True).to(torch.int32)
         if self.uses_mrope:
             return out, torch.zeros(1, dtype=torch.int64)
-        return out
-
-    def _one_token_continuation(self, tokens, start: int, end: int, page_table, enable_trace: bool,
-                                sampling_params):
-        """A prefill call that continues the live sequence by exactly one token is that sequence's next decode step.
-
-        The plugin's synchronous runner sends decode steps this way: its ``_prepare_model_inputs`` classifies a
-        request as "still prefilling" while ``num_computed_tokens < num_tokens``, and after a step's token is
-        applied to its input batch that holds for the next step too (the scheduler counts the new token as not
-        yet computed), so the step arrives as ``prefill_forward(tokens[:, :n+1], start_pos=[n], prompt_lens=[n+1])``
-        and expects the prefill's return form. Anything else that starts past 0 (a cached prefix, a real chunked
-        prefill) is refused."""
-        if self.mode not in ("new", "plain") or start != self.state.pos or end != start + 1:
-            raise NotImplementedError(f"prefill start_pos=[{start}], prompt_lens=[{end}]: a prefill continues no "
-                                      f"cached prefix here (run vLLM without prefix caching / chunked prefill); only the "
-                                      f"one-token continuation of the live sequence (its next decode step) is served")
-        if tokens[0, : len(self._prompt)].tolist() != self._prompt:
-            raise ValueError("prefill continuation: its tokens do not start with the live sequence's prompt")
-        self._bind_page_table(page_table)
-        pos = torch.full((tokens.shape[0],), -1, dtype=torch.int32)  # rows past 0: padding (position -1)
-        pos[0] = start
-        out = self.owner.decode_forward(tokens[:, start: start + 1], None, None, pos, enable_trace=enable_trace,
-                                  read_from_device=True, sampling_params=sampling_params)
-        if self.uses_mrope:
-            return out, torch.zeros(tokens.shape[0], dtype=torch.int64)
         return out
 
     def _prefill(self, prompt: list[int]) -> torch.Tensor:
@@ -171,59 +145,22 @@ class OneSequenceServer:
         else:
             logits = self.gen.prefill(prompt)
         self.mode, self._accepted_count = "new", 1
-        self._prompt, self._sampling, self._emitted = list(prompt), None, []
-        self._request_seed = secrets.randbits(31)  # used only if the request carries no seed
         return logits
 
     # ---- sampling (sample_on_device_mode) ------------------------------------------------------------------
     def _request_params(self, sampling_params) -> SamplingParams:
-        """Row 0 of the plugin's payload as our params; within one sequence they must stay the same."""
-        params = sampling_from_plugin(sampling_params, self.model.args.cfg.vocab_size, self._request_seed)
-        if self._sampling is not None and params != self._sampling:
-            raise ValueError(f"sampling_params changed within one sequence ({self._sampling.describe()} -> "
-                             f"{params.describe()}): a new request starts with a prefill")
-        if self.spec_k and (not params.greedy or params.penalized):
+        """Row 0 of the plugin's payload as our params: under speculation greedy without penalties only."""
+        params = sampling_from_plugin(sampling_params, self.model.args.cfg.vocab_size, 0)
+        if not params.greedy or params.penalized:
             raise NotImplementedError(f"speculative launch: {params.describe()} requested, but the verify serves "
                                       f"greedy requests without penalties only (accept mode argmax_ids; the plugin "
                                       f"admits no other request under speculation)")
         return params
 
-    def _first_token(self, prompt: list[int], logits: torch.Tensor, sampling_params) -> int:
-        """The prefill's token from the prompt's last row, picked on the host with the request's params (as
-        ``TTGenerator.generate`` picks it); a plain launch then starts the device sampler for the decode steps."""
-        params = self._request_params(sampling_params)
-        gen = params.generator() if not params.greedy else None
-        tok = int(pick_token(logits.reshape(1, -1), params, gen,
-                             TokenHistory(prompt, self.model.args.cfg.vocab_size).now()))
-        if not self.spec_k:
-            self._start_sampler(params, tok)
-        return tok
-
-    def _start_sampler(self, params: SamplingParams, first: int) -> None:
-        """Device sampling for the live sequence: the sampler of ``params`` (re)allocated while no trace is live
-        (the prefill released them), penalty state from the prompt and ``first``, the seeded stream restarted."""
-        self.gen.release_trace()  # the sample trace reads the sampler's buffers: never live across a swap
-        self.gen.sampler = self.gen._sampler_for(params)
-        self.gen.sampler.start(0, params, self._prompt, first)
-        self._sampling, self._emitted = params, [first]
-
-    def _check_history(self, prompt_tokens, output_tokens) -> None:
-        """The plugin's token history (sent with device sampling when a penalty is on) must be the sequence the
-        device penalty state was built from."""
-        if prompt_tokens is None and output_tokens is None:
-            return
-        pt = [int(t) for t in torch.as_tensor(prompt_tokens)[0].tolist() if int(t) != -1]
-        ot = [int(t) for t in torch.as_tensor(output_tokens)[0].tolist() if int(t) != -1]
-        if pt != self._prompt or ot != self._emitted:
-            raise ValueError(f"the runner's token history (prompt {len(pt)} tokens, output {len(ot)}) differs from the "
-                             f"sequence the device penalty state holds (prompt {len(self._prompt)}, output "
-                             f"{len(self._emitted)}): a request resumed after preemption re-prefills its output as "
-                             f"prompt, which the penalty state cannot tell apart")
-
     # ---- decode / verify -----------------------------------------------------------------------------------
     def decode(self, tokens, pos, page_table, enable_trace: bool, read_from_device: bool, sampling_params,
                num_valid_drafts, accepted_counts, spec_mode, extra: dict):
-        """Plain decode of the sequence (row 0; other rows padding), or with ``spec_mode`` its verify step."""
+        """The verify step of the sequence (row 0; other rows padding); a plain decode is refused."""
         self._live_rows(pos, "decode_forward")
         if self.mode is None:
             raise RuntimeError("decode_forward with no live sequence (prefill_forward first)")
@@ -237,48 +174,11 @@ class OneSequenceServer:
             # a TypeError, as the plugin's reference model raises: a caller that sends the side tensors and forgets
             # the mode called this wrong and must not get a plain decode back
             raise TypeError("num_valid_drafts / accepted_counts arrive together with spec_mode, never without")
-        if tokens.shape[1] != 1:
-            raise ValueError(f"plain decode takes tokens [B, 1], got {tuple(tokens.shape)}")
-        self._enter("plain")
-        start = int(pos.reshape(-1)[0])
-        if start != self.state.pos:
-            raise ValueError(f"start_pos {start} != the sequence's next position {self.state.pos} (decode continues "
-                             f"the prefilled sequence; a resumed request is prefilled again)")
-        self.gen.use_trace = bool(enable_trace)
-        if sampling_params is not None:
-            return self._sampled_decode(tokens, sampling_params, read_from_device, extra)
-        if self._sampling is not None:
-            raise RuntimeError("decode without sampling_params in a sequence sampled on device: one sequence is "
-                               "sampled on device or on the host throughout")
-        logits, _ = self.gen.decode_step(int(tokens[0, 0]))
-        out = torch.zeros(tokens.shape[0], 1, logits.shape[-1], dtype=torch.float32)
-        out[0, 0] = logits
-        return out if read_from_device else DecodeHandle(out)
-
-    def _sampled_decode(self, tokens, sampling_params, read_from_device: bool, kwargs: dict):
-        """Plain decode step whose token the device picks (the traced decode + DeviceSampler step)."""
-        params = self._request_params(sampling_params)
-        tok_in = int(tokens[0, 0])
-        if self._sampling is None:
-            # sample_on_device_mode "decode_only": vLLM sampled the prefill's token on the host; it is this input
-            if self.state.pos != len(self._prompt):
-                raise RuntimeError("sampling_params on a sequence whose earlier decode steps returned logits: one "
-                                   "sequence is sampled on device or on the host throughout")
-            self._start_sampler(params, tok_in)
-        elif tok_in != self._emitted[-1]:
-            raise ValueError(f"decode input token {tok_in} != the token this model sampled last ({self._emitted[-1]})")
-        self._check_history(kwargs.get("prompt_tokens"), kwargs.get("output_tokens"))
-        tok, _ = self.gen.sample_step(tok_in)
-        self._emitted.append(tok)
-        out = torch.zeros(tokens.shape[0], 1, dtype=torch.int32)  # padding rows: token 0, never read
-        out[0, 0] = tok
-        return out if read_from_device else DecodeHandle(tokens=out)
+        raise NotImplementedError("plain decode_forward in a speculative launch: every decode step is a verify "
+                                  "(spec_mode argmax_ids; supports_narrow_decode=False)")
 
     def _enter(self, mode: str) -> None:
-        if self.mode not in ("new", mode):
-            raise RuntimeError(f"{mode} step in a sequence that runs {self.mode} steps: plain decode and spec "
-                               f"steps cannot be mixed within one sequence (prefill a new one)")
-        if mode == "spec" and self.spec_backend is None:
+        if self.spec_backend is None:
             raise NotImplementedError("speculative decoding needs the checkpoint's MTP head (mtp_num_hidden_layers"
                                       " = 0 here)")
         self.mode = mode
@@ -406,7 +306,6 @@ class OneSequenceServer:
         if self.spec_backend is not None and self.spec_backend.phase == "drafted":
             self.spec_backend.abort()  # the outstanding proposal belongs to the released request
         self.mode, self._accepted_count = None, None
-        self._prompt, self._sampling, self._emitted, self._request_seed = None, None, [], None
 
     def check_moved(self, moved: dict) -> None:
         if moved:
@@ -424,54 +323,31 @@ class OneSequenceServer:
         self.owner.release_request(0)
 
     def warmup_decode(self, steps: int, enable_trace: bool, sampled: bool = False) -> None:
-        """The one-sequence step of this launch: plain decode (and with ``sampled`` the device-sampled step), or the
-        K-draft verify + commit + MTP chain when the launch speculates."""
+        """The step of this launch: the K-draft verify + commit + MTP chain (``sampled`` adds nothing: the
+        verify serves greedy requests only)."""
         self._bind_page_table(self.owner._warm_page_table())
         self.gen.use_trace = bool(enable_trace)
         prompt = [1, 2]
         first = int(self._prefill(prompt).argmax())
-        if self.spec_k:
-            k = self.spec_k
-            self.spec_backend.use_trace = bool(enable_trace)
-            pos, tok, ac, block = len(prompt), first, 1, [first]
-            for i in range(steps):  # as the runner: the first verify after a prefill carries no drafts
-                nv, drafts = 0, [vt.PLACEHOLDER_TOKEN_ID] * k
-                if i:
-                    pad = [vt.PLACEHOLDER_TOKEN_ID] * (k + 1 - len(block))
-                    d = self.owner.propose_draft_tokens(k, torch.tensor([block + pad], dtype=torch.int32),
-                                                  torch.tensor([list(range(pos - ac + 1, pos + 1)) + [-1] * len(pad)],
-                                                               dtype=torch.int32),
-                                                  torch.tensor([ac], dtype=torch.int32))
-                    nv, drafts = int(d.num_valid[0]), d.draft_token_ids[0].tolist()  # auto: nv <= k
-                v = self.owner.decode_forward(torch.tensor([[tok] + drafts]), None, None,
-                                        torch.tensor([[pos + j if j <= nv else -1 for j in range(k + 1)]]),
-                                        enable_trace=enable_trace,
-                                        num_valid_drafts=torch.tensor([nv], dtype=torch.int32),
-                                        accepted_counts=torch.tensor([ac], dtype=torch.int32),
-                                        spec_mode=vt.ACCEPT_MODE_ARGMAX_IDS)
-                a = self._accepted_count - 1
-                block = v.argmax_ids[0, : a + 1].tolist()
-                tok, pos, ac = block[-1], pos + a + 1, a + 1
-        else:
-            tok = first
-            for i in range(steps):
-                logits = self.owner.decode_forward(torch.tensor([[tok]]), None, None, torch.tensor([len(prompt) + i]),
-                                             enable_trace=enable_trace)
-                tok = int(logits[0, -1].argmax())
-            if sampled:
-                # the device-sampled step, greedy and stochastic with every penalty (all of the sampler's programs)
-                for sp in (vt.TTSamplingParams(temperature=[0.0], top_k=[1], top_p=[0.0], seed=[None],
-                                               num_logprobs=[vt.LOGPROBS_NONE], enable_log_probs=[False]),
-                           vt.TTSamplingParams(temperature=[1.0], top_k=[8], top_p=[0.9], presence_penalty=[0.5],
-                                               frequency_penalty=[0.5], repetition_penalty=[1.1], seed=[0],
-                                               num_logprobs=[vt.LOGPROBS_NONE], enable_log_probs=[False])):
-                    self.owner.release_request(0)
-                    tok = int(self._first_token(prompt, self._prefill(prompt), sp))
-                    for i in range(steps):
-                        out = self.owner.decode_forward(torch.tensor([[tok]]), None, None,
-                                                  torch.tensor([len(prompt) + i]), enable_trace=enable_trace,
-                                                  sampling_params=sp)
-                        tok = int(out[0, 0])
+        k = self.spec_k
+        self.spec_backend.use_trace = bool(enable_trace)
+        pos, tok, ac, block = len(prompt), first, 1, [first]
+        for i in range(steps):  # as the runner: the first verify after a prefill carries no drafts
+            nv, drafts = 0, [vt.PLACEHOLDER_TOKEN_ID] * k
+            if i:
+                pad = [vt.PLACEHOLDER_TOKEN_ID] * (k + 1 - len(block))
+                d = self.owner.propose_draft_tokens(k, torch.tensor([block + pad], dtype=torch.int32),
+                                                    torch.tensor([list(range(pos - ac + 1, pos + 1)) + [-1] * len(pad)],
+                                                                 dtype=torch.int32),
+                                                    torch.tensor([ac], dtype=torch.int32))
+                nv, drafts = int(d.num_valid[0]), d.draft_token_ids[0].tolist()  # auto: nv <= k
+            v = self.owner.decode_forward(torch.tensor([[tok] + drafts]), None, None,
+                                          torch.tensor([[pos + j if j <= nv else -1 for j in range(k + 1)]]),
+                                          enable_trace=enable_trace,
+                                          num_valid_drafts=torch.tensor([nv], dtype=torch.int32),
+                                          accepted_counts=torch.tensor([ac], dtype=torch.int32),
+                                          spec_mode=vt.ACCEPT_MODE_ARGMAX_IDS)
+            a = self._accepted_count - 1
+            block = v.argmax_ids[0, : a + 1].tolist()
+            tok, pos, ac = block[-1], pos + a + 1, a + 1
         self.owner.release_request(0)
-
-    # ---- shutdown ------------------------------------------------------------------------------------------
