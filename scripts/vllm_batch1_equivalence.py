@@ -3,7 +3,7 @@
 saved, or compared with those another checkout of this repository saved (``--against``): the check that moving
 one sequence from the one-sequence server (``TTGenerator``) onto the batch server at B = 1
 (``BucketedBatchDecoder``, bucket 1) changed no number. Emulated 1x2 mesh, CI checkpoint, the calls of
-tests/test_vllm_contract.py's ``PluginReplay`` (vLLM's block table, two-phase warmup):
+tests/tt/serving/test_vllm_contract.py's ``PluginReplay`` (vLLM's block table, two-phase warmup):
 1. a prefill, then decode steps as ``decode_forward`` (``read_from_device=False``);
 2. a second request whose decode steps arrive as one-token prefill continuations (the synchronous runner's form);
 3. on a launch sampling on device (``sample_on_device_mode`` "all"): a seeded request with top-k, top-p and every
