@@ -132,7 +132,7 @@ from ...speculative.engine import Acceptance, MechanismCounters
 from ...speculative.mechanisms import DEFAULT_MECHANISM
 from ...speculative.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
 from .accept import DeviceAcceptor
-from ..runtime.sampler import SamplerStages
+from ..runtime.sampler_transform import SamplerStages
 from .commit import abort_after_verify, commit
 from ..model.gdn import TILE_ROWS
 from ..model.model_config import user_core_grid
