@@ -235,7 +235,8 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
     from qwen36.tt.spec.accept import DeviceAcceptor
     from qwen36.tt.spec.commit import commit
     from qwen36.tt.spec.mtp import TTMTPHead
-    from qwen36.tt.runtime.sampler import DeviceSampler, SamplerStages
+    from qwen36.tt.runtime.sampler import DeviceSampler
+    from qwen36.tt.runtime.sampler_transform import SamplerStages
     from qwen36.tt.model.state import allocate_decode_inputs
     from qwen36.tt.spec.verify import SpecDeviceState
     from qwen36.tt.model.weights import WeightLoader, load_mtp_weights

@@ -6,8 +6,8 @@
   raw API on purpose: they test it.
 * compute kernel configs (``WormholeComputeKernelConfig`` and its relatives): only ``tt/model/model_config.py``, where
   each is a named function that says why.
-* RNG draws on device (``ttnn.uniform``): only ``tt/runtime/sampler.py`` (the uniform table both the acceptor and the
-  sampled draft pick use).
+* RNG draws on device (``ttnn.uniform``): only ``tt/runtime/sampler_tables.py`` (the uniform table both the acceptor and
+  the sampled draft pick use).
 * the chunked-prefill attention context: only ``TTQwen36Model.prefill_chunk_context`` (tt/model/model.py), which the
   target prefill, the MTP prefill and the layer harness call.
 Configs and RNG draws are checked in the sources (tests exercise those ops directly); traces everywhere.
@@ -23,7 +23,7 @@ CONFIG_CALLS = {"WormholeComputeKernelConfig", "BlackholeComputeKernelConfig", "
                 "GrayskullComputeKernelConfig"}
 RNG_CALLS = {"uniform", "rand", "bernoulli"}
 OWNERS = {"trace": "models/qwen36/tt/runtime/trace.py", "config": "models/qwen36/tt/model/model_config.py",
-          "rng": "models/qwen36/tt/runtime/sampler.py", "prefill_ctx": "models/qwen36/tt/model/model.py"}
+          "rng": "models/qwen36/tt/runtime/sampler_tables.py", "prefill_ctx": "models/qwen36/tt/model/model.py"}
 
 
 def _is_ttnn(node: ast.AST) -> bool:

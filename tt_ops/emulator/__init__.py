@@ -8,7 +8,8 @@ checks it):
 
     errors, ttnn_import, counters, signatures, registry   leaves
     tensor                                                EmuTensor + shared helpers (write_inplace, iter_tensors)
-    numerics, programs, mappers                           card arithmetic rules, program counts, mesh mappers
+    numerics, programs, mappers, op_accounting            card arithmetic rules, program counts, mesh mappers,
+                                                          the op modules' argument binding / byte accounting
     goldens                                               golden-backed ops
     trace, ops_*                                          trace capture/replay; op implementations (register
                                                           themselves in ``registry``, loaded by it on first use)

@@ -64,7 +64,8 @@ def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int,
 
     from ..checkpoint import load_checkpoint
     from ..speculative.sampling import SamplingParams
-    from ..tt.spec.spec_backend import TTSpecBackend, verify_slots
+    from ..tt.spec.host_rows import verify_slots
+    from ..tt.spec.spec_backend import TTSpecBackend
     from ..tt.runtime.generator import load_tt_target
     from ..tt.spec.mtp_drafter import TTMTPDrafter
 

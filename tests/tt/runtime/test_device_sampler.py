@@ -20,7 +20,8 @@ from qwen36.testing.tt import small_tt_generator
 from qwen36.tt.spec.accept import DeviceAcceptor
 from qwen36.tt.runtime.batch import TTBatchDecoder, batched_generate
 from qwen36.tt.spec.spec_backend import TTSpecBackend
-from qwen36.tt.runtime.sampler import DeviceSampler, SamplerStages
+from qwen36.tt.runtime.sampler import DeviceSampler
+from qwen36.tt.runtime.sampler_transform import SamplerStages
 from qwen36.tt.runtime.trace import TracedStep
 
 from qwen36.testing.speculative import penalty_prompts as prompts

@@ -21,7 +21,7 @@ pytest.importorskip("ttnn")
 
 from qwen36.speculative.sampling import SamplingParams  # noqa: E402
 from qwen36.testing.tt_hooks import acceptor_host_draft_probs, acceptor_host_drafts, acceptor_host_logits  # noqa: E402
-from qwen36.tt.runtime.sampler import SamplerStages  # noqa: E402
+from qwen36.tt.runtime.sampler_transform import SamplerStages  # noqa: E402
 from qwen36.tt.runtime.trace import TracedStep  # noqa: E402
 from qwen36.tt.spec.accept import DeviceAcceptor  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402

@@ -256,7 +256,7 @@ def test_rejoined_slot_and_abort(gen, reader):
 
 # ---- sampled drafts ------------------------------------------------------------------------------------------------
 def _inverse_cdf(probs: torch.Tensor, u: float) -> int:
-    """Host twin of tt/runtime/sampler.py inverse_cdf_draw for one row."""
+    """Host twin of tt/runtime/sampler_transform.py inverse_cdf_draw for one row."""
     cdf = torch.cumsum(probs, 0)
     total = cdf.max()
     return int(((cdf <= u * total) & (cdf < total)).sum())

@@ -20,7 +20,7 @@ from qwen36.speculative.sampling import SamplingParams
 from qwen36.testing.speculative import oracle_drafter
 from qwen36.testing.tt import make_bf16_checkpoint
 from qwen36.tt.runtime.generator import TTGenerator
-from qwen36.tt.runtime.sampler import SamplerStages
+from qwen36.tt.runtime.sampler_transform import SamplerStages
 from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
 
 N_NEW = 10

@@ -3,9 +3,9 @@ emulated 1x2 P150a mesh.
 
 Two levels, because an end-to-end TT step costs ~0.1 s on a 2-core CPU (too slow for many thousands of samples):
 
-* device level (many samples, traced replays): the sampled-draft pick (``tt/runtime/sampler.py::SampledDraftPick``) draws
-  K=2 drafts on device from fixed draft logits with the acceptor's transform, and ``DeviceAcceptor.stochastic``
-  accepts them against fixed target logits using the pick's draft probabilities. Chi-square of the joint
+* device level (many samples, traced replays): the sampled-draft pick
+  (``tt/runtime/sampler_transform.py::SampledDraftPick``) draws K=2 drafts on device from fixed draft logits with
+  the acceptor's transform, and ``DeviceAcceptor.stochastic`` accepts them against fixed target logits using the pick's draft probabilities. Chi-square of the joint
   draft distribution vs q1 x q2, of the first emitted token vs target row 0, of the second emitted token
   (given a >= 1) vs row 1, and of the accepted count vs its closed form. Negative control in the same replays:
   a second acceptor is handed draft probabilities from a *different* transform (T=0.4 instead of the T=1 the
@@ -31,7 +31,7 @@ from qwen36.testing.stats import chi2_p, rank_cell
 from qwen36.testing.tt import small_tt_generator
 from qwen36.tt.spec.accept import DeviceAcceptor
 from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-from qwen36.tt.runtime.sampler import SampledDraftPick
+from qwen36.tt.runtime.sampler_transform import SampledDraftPick
 from qwen36.tt.spec.spec_backend import TTSpecBackend
 from qwen36.tt.runtime.trace import TracedStep
 

@@ -34,7 +34,8 @@ from ...speculative.sampling import SamplingParams, TokenHistory, pick_token, to
 from ..model.model import DecodeOutputs, TTQwen36Model
 from .prefix import TTPrefillResult, prefill as tt_prefix_prefill
 from ..model.model_config import PrecisionSetting, TTModelArgs
-from .sampler import DeviceSampler, SamplerStages
+from .sampler import DeviceSampler
+from .sampler_transform import SamplerStages
 from ..model.state import TTModelState, allocate_decode_inputs, allocate_state, reset_state
 from .trace import TracedStep
 from ..model.weights import WeightLoader

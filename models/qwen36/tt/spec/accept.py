@@ -22,7 +22,7 @@ Shapes (B = batch/users, K = draft depth, R = K + 1 verify rows, V = vocab; all 
 
 Parameters: one :class:`SamplingParams` for every row (scalar operands; the batch-1 form), or, with
 ``stages=SamplerStages(...)``, each row (user) its own, written by :meth:`DeviceAcceptor.set_row` outside any
-capture as fp32 per-row operands ``[1, B, 1, 1]`` (the plain-decode sampler's, ``tt/runtime/sampler.py``:
+capture as fp32 per-row operands ``[1, B, 1, 1]`` (the plain-decode sampler's, ``tt/runtime/sampler_transform.py``:
 temperature, min_p, top-k, top-p, penalties; the same functions compute both). The traced step then holds only
 the stages the rows may need; with greedy and sampled rows in one step it runs both acceptances and selects per
 row, so a greedy row's tokens and count are exactly the greedy acceptance's.
@@ -49,8 +49,9 @@ from qwen36.speculative.sampling import SamplingParams
 
 from ..model.ccl import ccl_for
 from ..model.model_config import compute_config_exact_count
-from ..runtime.sampler import (SamplerStages, TokenCounts, UniformTable, inverse_cdf_draw, neutral_value, penalize,
-                               penalize_rows, probs_from_logits, probs_rows, row_operand_keys, row_values)
+from ..runtime.sampler_tables import TokenCounts, UniformTable
+from ..runtime.sampler_transform import (SamplerStages, inverse_cdf_draw, neutral_value, penalize, penalize_rows,
+                                         probs_from_logits, probs_rows, row_operand_keys, row_values)
 
 RESULT_EXTRA_COLS = 2  # accepted count, RNG row
 MAX_EXACT_FP32_INT = 1 << 24  # token ids / counts are carried in fp32: exact below 2**24

@@ -58,7 +58,8 @@ from ..model.ccl import ccl_for
 from ..model.model import TTDecoderLayer, TTQwen36Model, lm_head_logits
 from ..model.model_config import (TensorGroup, activation_memory_config, compute_config_matmul, compute_config_norm,
                            kv_update_input_memory_config, sdpa_decode_program_config, state_memory_config)
-from ..runtime.sampler import DRAFT_UNIFORMS_PER_ROW, UniformTable, argmax_pick, draft_uniform_seeds, inverse_cdf_draw
+from ..runtime.sampler_tables import DRAFT_UNIFORMS_PER_ROW, UniformTable, draft_uniform_seeds
+from ..runtime.sampler_transform import argmax_pick, inverse_cdf_draw
 from ..model.state import KVLayerState, new_layer_state
 from ..model.weights import MTPWeights
 

@@ -1,6 +1,6 @@
 """The device drafter of the TT speculative step: the MTP head (tt/spec/mtp.py) driven inside the step's traces, with
-argmax or sampled draft picks (tt/runtime/sampler.py), for one user (tt/spec/spec_backend.py) or packed over the user
-slots of the backend (tt/spec/spec_backend.py, B slots)."""
+argmax or sampled draft picks (tt/runtime/sampler_transform.py), for one user (tt/spec/spec_backend.py) or packed over
+the user slots of the backend (tt/spec/spec_backend.py, B slots)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -9,7 +9,7 @@ import torch
 
 from ..model.model_config import TensorGroup
 from .mtp import TTMTPHead, load_tt_mtp
-from ..runtime.sampler import SampledDraftPick, argmax_pick
+from ..runtime.sampler_transform import SampledDraftPick, argmax_pick
 from .verify import SpecDeviceState
 
 

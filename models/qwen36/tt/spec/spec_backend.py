@@ -2,138 +2,35 @@
 B = 1). It speaks the engine's one protocol: ``join(slot, prompt, params)``, ``draft({slot: k})``, ``verify``,
 ``accept(...) -> {slot: Acceptance}``, ``plan_next_depths``, ``commit``, ``abort``, ``leave(slot)``.
 
-Two step layouts, chosen by where the verify's row inputs come from (``rows``; ``SpecDeviceState``):
+One class, two step layouts, chosen by where the verify's row inputs come from (``rows``; ``SpecDeviceState``):
+``rows="device"`` (one user, the default at ``slots=1``: position and pending token are device state, the commit
+advances them and makes the next step's drafts inside the commit trace; per-step draft depths with ``depths=``, their
+buffer sets in tt/spec/depth_sets.py) and ``rows="host"`` (the default above one slot: the host writes every user's
+row inputs before each step over the B slots of the backend's own :class:`~..runtime.batch.TTBatchDecoder`,
+tt/spec/host_rows.py, with the packed device MTP chain in a draft trace of its own). At one slot host rows are the
+batched step at B = 1 (the same numbers as device rows, other programs: tests/tt/spec/test_b1_identity.py,
+tests/tt/spec/test_program_golden.py).
 
-* ``rows="device"`` (one user, the default at ``slots=1``): position and pending token are device state, the
-  commit advances them, and the next step's drafts are made inside the commit trace. Below, "One user".
-* ``rows="host"`` (the default above one slot): the host writes every user's row inputs before each step, over
-  the B slots of the backend's own :class:`~..runtime.batch.TTBatchDecoder`, with the packed device MTP chain in
-  a draft trace of its own. Below, "B slots". At one slot it is the batched step at B = 1 (the same numbers as
-  the one-user layout, other programs: tests/tt/spec/test_b1_identity.py, tests/tt/spec/test_program_golden.py).
-
-One user
---------
-One step = two device programs sequences, each captured once and replayed:
-
-    trace A (verify):  mechanism pre-copies -> ONE K+1-row target forward -> on-device acceptance
-    host:              read the acceptor's result (emitted tokens + count): the only device->host transfer
-    trace B (commit):  conv window select, ring index / masked re-advance, n' = n+a+1, pending' = token a
-                       [+ the device MTP's reseed + K-draft chain writing the next drafts, when attached]
-
-The first step after a prefill runs both halves eagerly (compiles every program); the second captures them and
-every later step replays. Traces are released before a new prompt (prefill allocates). Nothing is written from
-the host inside a capture; between replays the host writes only draft tokens when a *host drafter* is used
-(tests / no device MTP), never state.
-
-Drafting: ``drafter`` is either an object with ``device_draft(step_state, vout)`` (the device MTP,
-``tt/spec/mtp_drafter.py``; runs inside trace B and writes ``step_state.drafts``) or a host callable
-``(history: list[int], k) -> list[int]`` (written into the drafts buffer with copy_host_to_device_tensor before the
-verify replay). Capture and replay go through ``tt/runtime/trace.py``.
-
-Draft depth per step (``depths=``, what ``--spec-k auto`` builds): the next step's drafts are made on device
-inside the current step's commit, so the depth K' of step n+1 must be known before step n's commit is launched.
-The engine decides it on the host between accept() and commit() (``plan_next_depths``) from the accepted count
-accept() just read back (the step's one device->host transfer), so choosing K adds no device sync. Every depth
-has its own acceptor, drafts buffer, row constants, MTP head view and (shadow_commit) ring, all allocated at the
-first step of a generation, and all of them are views of ONE device state: position, pending token, KV caches,
-conv windows, live GDN state (snapshot/recompute buffers), the MTP KV cache, the acceptance RNG stream and the
-penalty token counts (``tt/runtime/sampler.py`` ``TokenCounts``: every depth's acceptor reads and commits the same
-buffers) are shared. Per step:
-
-    trace verify:K            verify + acceptance at depth K (as above)
-    host                      read the result; the engine picks K'
-    trace commit:K            MTP reseed over the K+1 rows, row a -> persistent buffers; then the commit
-                              (+ the emitted tokens into the shared token counts, with penalties)
-    [K' != K, shadow_commit:  trace leave:K  (ring slot a -> live recurrent state),
-                              trace enter:K' (live -> ring K' slot 0, ring index -> slot 0)]
-    trace chain:K'            the K'-draft MTP chain into depth K''s drafts buffer
-
-so the commit of step n is complete on device (same command queue, in order) before any trace of step n+1 reads
-the state. Each name is captured once, on its first use; a compile pass at the first step runs every depth's
-programs once eagerly before any capture (with the GDN/conv state saved and restored around it), because traces
-record compiled programs and no device allocation may happen once a trace is live.
-
-B slots
--------
-Over the user slots of a :class:`~..runtime.batch.TTBatchDecoder` (B slots: GDN recurrent blocks b*Hv_d.., conv
-row b, page-table row b).
-
-One step, K fixed per backend (the verify width; a user drafts k_b <= K):
-
-    host:             the step's row inputs (RoPE rows, physical KV rows, SDPA bounds, row mask, active flags,
-                      and the MTP's reseed and chain positions) into persistent buffers
-    trace draft:      the device MTP chain (``tt/spec/mtp.py`` ``TTMTPHead``, packed): K drafts (argmax or sampled) for every
-                      user, B rows per chain step, written into the verify's token rows and the acceptor's drafts
-                      [with a host drafter instead: its drafts written from the host, no draft trace]
-    trace verify:     ONE target forward over B x (K+1) rows (user b's rows at b*(K+1)..), on-device acceptance of
-                      every user ([1, B, K+1, V] logits -> per-user count + tokens)
-    host:             read the acceptor's result (the step's one device->host transfer)
-    trace commit:     per user, on device: conv window rows a_b+1.., the commit mechanism's per-user state select,
-                      masked re-advance from the user's own rows (``tt/spec/commit.py`` ``commit_gdn_layers``);
-                      then the MTP reseed over every stepping user's verified rows (its own positions, its own
-                      MTP pages), row a_b of each user kept as the start of its next chain
-
-Rows. User b's rows are ``[pending_b, d_1..d_{k_b}]`` at positions n_b..n_b+k_b. Its rows past k_b, and every
-row of a slot not in the step (a free slot, or a user sitting out), are inert:
-* GDN: the verify multiplies g and beta by the row mask (g = 0: decay exactly 1, beta = 0: no update), so the
-  recurrent state after an inert row is the state before it, bit for bit; the commit selects per user
-  (a_b = -1 for a user not in the step: conv rows 0.., nothing re-advanced, ring slot 0 = its unchanged state).
-* Attention: an inert row's physical KV row is -1 (``indexed_fused_update_cache`` skips it: no cache write), a
-  slot not in the step has bounds -1 (the SDPA skips the group); the inert rows of a stepping user attend up to
-  their own (scratch) positions and their outputs are ignored.
-* Acceptance: the acceptor's draft past k_b is the id V, which no argmax equals and which has probability 0
-  (so a_b <= k_b, and a_b = k_b draws the bonus token from row k_b, as the reference does).
-No op mixes users: matmuls, norms and the LM head are row-wise, the conv unfold reads each user's own window, the
-recurrence has one batch entry per user, and each SDPA group is one (user, KV head) pair.
-
-Mechanisms (the same ``tt/spec/mechanisms.py`` objects as one user's, on B-slot shapes):
-* snapshot: live recurrent + conv of every slot copied before the verify; the commit re-advances each user's rows
-  <= a_b from the copy.
-* recompute: the verify runs on a scratch copy; the commit re-advances live the same masked way.
-* shadow_commit: the verify runs the ring mode over a [T*B*Hv_d, Dk, Dv] ring (the state after user b's row t in
-  block t*B*Hv_d + b*Hv_d + h); the commit points user b's heads at ring slot a_b. The committed state lives in
-  the ring, so a join or a leave (which write the decoder's live state) is bracketed by the mechanism's leave
-  (ring slots -> live) and enter (live -> ring slot 0): 2 state copies per GDN layer, counted.
-
-Traces: one "draft" (device drafter), one "verify" and one "commit" per backend (i.e. per (bucket, K)); the first
-step runs eagerly, the second captures, every later step replays. Joins and leaves run eagerly between replays
-inside the decoder's ``corruptible_allocation_scope`` (no retrace).
-
-Drafting: the device MTP packed over the slots (``tt/spec/mtp_drafter.py`` ``TTMTPDrafter``), every user's reseed and chain packed
-into the same device ops; or a host drafter ``(history, k) -> k ids`` per user (tests and probes; written to
-device between replays, the label then says "+ host drafter"). Unlike one user's layout, the chain runs in
-its own trace at draft() rather than at the end of the commit: the next step's per-user depths (which rows of the
-chain each user writes) are only known at draft(); the reseed, which needs the accepted counts, stays in the
-commit, and nothing is read back between the three traces but the acceptor's result. The MTP KV cache has B
-slots of its own pages; a joining user's MTP prefill zeroes and fills only its slot's pages. Device drafts follow
-the params as one user's do: argmax (greedy, or ``draft="greedy"``: one-hot draft distributions),
-or sampled on device (temperature > 0, ``draft="sample"``) from the acceptor's transform of the MTP logits, user b
-drawing from its own columns of one uniform row per chain, the draft distributions handed to the stochastic
-acceptance (zero past k_b). Sampling: every user has its own uniform stream on the acceptor, seeded with its
-own seed when it joins (a user's draws are those of the same user alone at B = 1). With ``stages`` (a
-``SamplerStages``: what the traced step may need) each user also has its own params, as per-row device operands
-of the one acceptance (greedy and sampled users in one step; tt/spec/accept.py); the device drafter then drafts by
-argmax for every user (sampled drafts need ``draft="greedy"`` there: the packed MTP chain's sampled picks take one
-set of params). Without ``stages`` every user shares the backend's params apart from the seed. Penalties (each
-user's token counts, written at its join, committed in the commit trace) and logprobs (read with the result) are
-per user either way; penalised users cannot have sampled device drafts (the packed chain has no token counts).
-``plan_next_depths`` only checks the depths there: each user's depth is chosen at draft().
+The step of each layout (its traces, what the host reads and writes between them, inert rows, drafting, sampling,
+the commit mechanisms): docs/tt_spec.md; per-step depths: docs/depth.md.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ...errors import UserError
 from ...speculative.engine import Acceptance, MechanismCounters
 from ...speculative.mechanisms import DEFAULT_MECHANISM
 from ...speculative.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
 from .accept import DeviceAcceptor
-from ..runtime.sampler import SamplerStages
+from ..runtime.sampler_transform import SamplerStages
 from .commit import abort_after_verify, commit
+from .depth_sets import DepthBuffers, allocate_depth_set
+from .host_rows import (BatchDraft, BatchSpecError, SlotUser, check_drafts, is_packed_device_drafter,
+                        write_host_rows)
 from ..model.gdn import TILE_ROWS
 from ..model.model_config import user_core_grid
 from ..runtime.batch import TTBatchDecoder
@@ -142,54 +39,6 @@ from ..runtime.prefix import prefill as tt_prefix_prefill
 from .mechanisms import TTMechanism, tt_mechanism
 from ..runtime.trace import StepTraces
 from .verify import SpecDeviceState, VerifyOutputs, check_verify_shape
-
-
-class BatchSpecError(UserError, ValueError):
-    """A request for B user slots (host rows) this backend cannot serve (named in the message)."""
-
-
-@dataclass
-class _User:
-    """A user of the B-slot layout."""
-
-    params: SamplingParams
-    history: list[int]  # prompt + every emitted token; the last one is pending
-    first_logprobs: TokenLogprobs | None
-
-
-@dataclass
-class BatchDraft:
-    """The draft handle of the B-slot layout."""
-
-    depths: dict[int, int]  # slot -> k_b
-    drafts: dict[int, list[int]] | None  # slot -> d_1..d_{k_b} (host drafter); None: the drafts live on device only
-
-
-def verify_slots(users: int, k: int) -> int:
-    """The fewest slots >= ``users`` whose packed verify (slots x (K+1) rows) the decode path can lay out: at most
-    ``TILE_ROWS`` rows, and above one row of user cores whole rows of them (``model_config.user_core_grid``). The
-    slots past ``users`` stay free (their rows inert). Raises :class:`BatchSpecError` when no slot count fits."""
-    for slots in range(max(users, 1), TILE_ROWS // (k + 1) + 1):
-        try:
-            user_core_grid(slots * (k + 1))
-        except ValueError:
-            continue
-        return slots
-    raise BatchSpecError(f"{users} users x (K+1 = {k + 1}) verify rows: the decode-path attention takes at most "
-                         f"{TILE_ROWS} rows (one per core, whole rows of 8 cores above 8); use fewer prompts or a "
-                         f"smaller --spec-k")
-
-
-def _is_packed_device_drafter(drafter) -> bool:
-    return all(hasattr(drafter, m) for m in ("allocate", "join", "write_inputs", "device_chain", "device_reseed"))
-
-
-@dataclass
-class _DepthBuffers:
-    """The per-depth objects of one generation (views of the one device state)."""
-
-    acceptor: DeviceAcceptor
-    step_state: SpecDeviceState
 
 
 class TTSpecBackend:
@@ -260,7 +109,7 @@ class TTSpecBackend:
                 raise ValueError("depths must name at least one draft depth")
             for d in self.depths:
                 check_verify_shape(self.model.args, d)
-        self._by_k: dict[int, _DepthBuffers] = {}
+        self._by_k: dict[int, DepthBuffers] = {}
         self._next_k: int | None = None  # depth of the drafts now on device (made by the last commit)
         self._planned_k: int | None = None  # plan_next_depths() of the open step
 
@@ -270,11 +119,11 @@ class TTSpecBackend:
         """B slots over a decoder of their own (module doc); the checks come before the generator is touched."""
         if not isinstance(k, int) or k < 1:
             raise BatchSpecError(f"{slots} slots (host rows) need the verify width k >= 1, got {k!r}")
-        self.device_drafter = _is_packed_device_drafter(drafter)
+        self.device_drafter = is_packed_device_drafter(drafter)
         if drafter is None or (not self.device_drafter and not callable(drafter)):
             raise BatchSpecError("B slots (host rows) need a drafter: the device MTP "
                                  "(tt/spec/mtp_drafter.py TTMTPDrafter) or a host drafter (history, k) -> k ids")
-        self._check_drafts(params, stages)
+        check_drafts(self.device_drafter, params, stages)
         n_rows = slots * (k + 1)
         if n_rows > TILE_ROWS:
             raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) = {n_rows} verify rows: the decode-path attention "
@@ -307,7 +156,7 @@ class TTSpecBackend:
         st.start()  # ring: live (zeros) -> ring slot 0, every head pointed at it
         if self.device_drafter:
             drafter.allocate(self.step_state)  # the packed B-slot MTP head, before any capture
-        self.users: dict[int, _User] = {}
+        self.users: dict[int, SlotUser] = {}
         self._traces = StepTraces(self.ttnn, self.mesh, warmup_steps=1)
         self._phase = "idle"
         self._draft: BatchDraft | None = None
@@ -380,22 +229,8 @@ class TTSpecBackend:
     def _setup_depths(self, k_first: int) -> None:
         """Allocate every depth's buffers over one shared device state, compile them, start at k_first."""
         self.release()
-        v = self.model.args.cfg.vocab_size
-        self._by_k = {}
-        shared: _DepthBuffers | None = None
-        for d in self.depths:
-            # one penalty context (token counts) for every depth: a step reads what every earlier step committed
-            acc = DeviceAcceptor(self.ttnn, self.mesh, k=d, vocab=v, sampling_params=self.params, rng=self.rng,
-                                 ring_heads=self.model.args.gdn_hv_d,
-                                 token_counts=shared.acceptor.token_counts if shared is not None else None)
-            if shared is not None:
-                acc.uniforms = shared.acceptor.uniforms  # one acceptance RNG stream whatever the depth
-            acc.allocate()
-            st = SpecDeviceState(self.model, self.state, d, self.mechanism,
-                                 shared=shared.step_state if shared is not None else None)
-            st.attach_acceptor(acc)
-            self._by_k[d] = _DepthBuffers(acc, st)
-            shared = shared or self._by_k[d]
+        self._by_k = allocate_depth_set(self.ttnn, self.mesh, self.model, self.state, self.mechanism, self.params,
+                                        self.rng, self.depths)
         if self.device_drafter:
             self.drafter.allocate_depths([b.step_state for b in self._by_k.values()])
         first = self._by_k[k_first].step_state
@@ -697,18 +532,7 @@ class TTSpecBackend:
         self.release_prefix()
         self.release()
 
-    # ---- B slots (host rows; module doc) ------------------------------------------------------------------------
-    def _check_drafts(self, params: SamplingParams, stages: SamplerStages | None, slot: int | None = None) -> None:
-        """Refuse sampled device drafts the packed MTP chain cannot draw (per-user params, or penalties)."""
-        if not (self.device_drafter and params.sampled_drafts):
-            return
-        who = "" if slot is None else f"slot {slot}: "
-        if stages is not None:
-            raise BatchSpecError(f"{who}per-user params draft by argmax on the device drafter; pass draft='greedy'")
-        if params.penalized:
-            raise BatchSpecError(f"{who}penalties with sampled device drafts are not supported in a batch; pass "
-                                 "draft='greedy'")
-
+    # ---- B slots (host rows; docs/tt_spec.md) -------------------------------------------------------------------
     def _scope(self):
         return self.decoder._scratch_scope()
 
@@ -732,7 +556,7 @@ class TTSpecBackend:
             raise BatchSpecError(f"slot {slot}: {params.describe()} differ from the backend's {self.params.describe()} "
                                  "(build it with stages=SamplerStages... for per-user params)")
         if self.stages is not None:
-            self._check_drafts(params, self.stages, slot)
+            check_drafts(self.device_drafter, params, self.stages, slot)
             missing = self.stages.missing(params, self.vocab)
             if missing:
                 raise BatchSpecError(f"slot {slot}: {params.describe()} needs {', '.join(missing)}, which this "
@@ -753,7 +577,7 @@ class TTSpecBackend:
                 self.drafter.join(slot, history, h)
         self.acceptor.set_row(slot, params)  # its params and its own uniform stream, from its seed
         self.acceptor.start_penalties(len(prompt), history, slot)  # no-op without penalties
-        self.users[slot] = _User(params, history, lp)
+        self.users[slot] = SlotUser(params, history, lp)
         return first
 
     def _leave_slot(self, slot: int) -> None:
@@ -797,40 +621,8 @@ class TTSpecBackend:
         return self._draft
 
     def _write_rows(self, depths: Mapping[int, int], drafts: Mapping[int, list[int]] | None) -> None:
-        """The step's row inputs (module doc) into the persistent buffers (between replays). ``drafts`` None: the
-        device drafter's chain writes the token rows and the acceptor's drafts on device."""
-        st, b, t, k = self.step_state, self.slots, self.k + 1, self.k
-        a = self.model.args
-        heads, bs, last = a.hkv_d, a.block_size, a.max_seq_len - 1
-        pt = self.decoder.state.page_table_host
-        tokens = torch.zeros(b, t, dtype=torch.int32)
-        rope = torch.zeros(b, t, dtype=torch.int32)
-        phys = torch.full((b, t), -1, dtype=torch.int32)
-        bounds = torch.full((b, heads, t), -1, dtype=torch.int32)
-        acc_drafts = torch.full((1, b, 1, k), self.vocab, dtype=torch.int32)  # id V: never accepted
-        mask = torch.zeros(b, t, 1)
-        active = torch.zeros(1, b, 1, 1)
-        for s, kb in depths.items():
-            n = self.decoder.pos[s]
-            pos = [min(n + j, last) for j in range(t)]
-            if drafts is not None:
-                real = [self.users[s].history[-1]] + drafts[s]
-                tokens[s, : kb + 1] = torch.tensor(real, dtype=torch.int32)
-                acc_drafts[0, s, 0, :kb] = torch.tensor(drafts[s], dtype=torch.int32)
-            rope[s] = torch.tensor(pos, dtype=torch.int32)
-            for j in range(kb + 1):
-                phys[s, j] = int(pt[s, pos[j] // bs]) * bs + pos[j] % bs
-            bounds[s] = torch.tensor(pos, dtype=torch.int32)[None, :]
-            mask[s, : kb + 1] = 1.0
-            active[0, s] = 1.0
-        if drafts is not None:
-            st.write("tokens", tokens.reshape(1, b * t))
-            st.write("drafts", acc_drafts)
-        st.write("rope_idx", rope.reshape(1, b * t))
-        st.write("phys_rows", phys.reshape(1, b * t))
-        st.write("bounds", bounds.reshape(-1))
-        st.write("row_mask", mask)
-        st.write("active", active)
+        write_host_rows(self.step_state, self.model.args, self.decoder.state.page_table_host, self.decoder.pos,
+                        self.users, self.slots, self.k, self.vocab, depths, drafts)
 
     def _verify_and_accept_slots(self):
         st = self.step_state
@@ -917,4 +709,3 @@ class TTSpecBackend:
             convs = [ttnn.to_torch(x)[slot, 0] for x in ttnn.get_device_tensors(s.conv)]
             out.append((torch.cat([r.float() for r in recs], 0), torch.cat([c.float() for c in convs], -1)))
         return out
-
