@@ -40,6 +40,9 @@ NOT_IN_SUITE = {
               "allocator's own report is what to read",
     "prefill-cost": "a calibrated model of P150a prefill time from the emulator's counters, not a card check; "
                     "on cards, time the prefill itself",
+    "precision-gate": "a decision between two precision presets (may a candidate replace the default?), run when a "
+                      "preset changes; not a health check of one tree (its default candidate, bf4 gate/up, fails it "
+                      "by design)",
 }
 # Probes that only make sense on some backends: name -> (backend kinds, why not elsewhere).
 BACKEND_ONLY = {
