@@ -160,11 +160,7 @@ def describe_cycle(graph: dict[str, set[str]], knot: frozenset[str]) -> str:
 # Cycles left to remove, one entry per knot. The test fails when the knots found differ from this set either way: a
 # new cycle appears, or one is removed without its entry being deleted here. Imports under `if TYPE_CHECKING:` count
 # (they are a dependency a reader has to follow, even though they do not run).
-KNOWN_CYCLES = {
-    # tt.verify builds its mechanism objects; tt.mechanisms names verify's SpecDeviceState for annotations only
-    # (TYPE_CHECKING)
-    frozenset({"qwen36.tt.spec.mechanisms", "qwen36.tt.spec.verify"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()  # none left
 
 
 def test_no_import_cycles_beyond_the_known_ones():

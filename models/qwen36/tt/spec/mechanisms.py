@@ -20,15 +20,32 @@ Device shapes are fixed per K, so every mechanism costs the same whatever the ac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 from ...speculative.engine import MechanismCounters
 from ...speculative.mechanisms import resolve
 
-if TYPE_CHECKING:
-    from .verify import SpecDeviceState
+
+class StepState(Protocol):
+    """What a mechanism uses of the step state that owns it (``verify.SpecDeviceState``): the mesh's ttnn, the
+    verify's row count and GDN head shapes, the live state and per-layer buffers, the acceptor's ring index, and its
+    device-tensor helper."""
+
+    ttnn: Any
+    t: int
+    hv: int
+    dk: int
+    dv: int
+    state: Any
+    layer_bufs: dict
+    acceptor: Any
+    block_idx: Any
+    c_zero: Any
+
+    def _dev(self, x: torch.Tensor, dtype=None, layout=None) -> Any: ...
+
 
 FP32_BYTES = 4
 
@@ -71,11 +88,11 @@ class TTMechanism:
     conv_write: ClassVar[bool | None] = None  # True: the verify advances the live conv state (else: window kept)
 
     # ---- buffers and host-side setup (outside any capture) -------------------------------------------------------
-    def buffers(self, step_state: "SpecDeviceState", s) -> SpecLayerBuffers:
+    def buffers(self, step_state: StepState, s) -> SpecLayerBuffers:
         """Allocate GDN layer state ``s``'s buffers."""
         raise NotImplementedError
 
-    def start(self, step_state: "SpecDeviceState") -> None:
+    def start(self, step_state: StepState) -> None:
         """After a prefill (eager)."""
 
     def ring_index(self, acceptor):
@@ -83,22 +100,22 @@ class TTMechanism:
         return None
 
     # ---- switching draft depth between steps (device, traceable) ----------------------------------------------
-    def leave(self, step_state: "SpecDeviceState") -> None:
+    def leave(self, step_state: StepState) -> None:
         """After the last commit at this depth: the committed recurrent state into the live ``state.recurrent``
         (where the next depth's :meth:`enter` takes it from). Nothing to do when the commit already leaves it
         there (every mechanism but the ring)."""
 
-    def enter(self, step_state: "SpecDeviceState") -> None:
+    def enter(self, step_state: StepState) -> None:
         """Before the first verify at this depth, after another depth's :meth:`leave`."""
 
     def count_switch(self, c: MechanismCounters, n_gdn: int, nbytes: GDNStateBytes) -> None:
         """What one leave + enter pair adds."""
 
     # ---- device work (traceable) -----------------------------------------------------------------------------
-    def pre_verify(self, step_state: "SpecDeviceState", s, bufs: SpecLayerBuffers) -> None:
+    def pre_verify(self, step_state: StepState, s, bufs: SpecLayerBuffers) -> None:
         """Copies before the verify."""
 
-    def recurrence(self, step_state: "SpecDeviceState", gdn, q, k, v, g, beta, state, bufs: SpecLayerBuffers):
+    def recurrence(self, step_state: StepState, gdn, q, k, v, g, beta, state, bufs: SpecLayerBuffers):
         """The verify's K+1-row recurrence of one GDN layer."""
         raise NotImplementedError
 
@@ -106,11 +123,11 @@ class TTMechanism:
         """The recurrent state the commit's masked re-advance starts from (``readvance`` mechanisms)."""
         raise NotImplementedError
 
-    def after_commit(self, step_state: "SpecDeviceState") -> None:
+    def after_commit(self, step_state: StepState) -> None:
         """Commit work after the per-layer part (every mechanism: conv select, then this)."""
 
     # ---- abort (eager) -----------------------------------------------------------------------------------------
-    def abort_after_verify(self, step_state: "SpecDeviceState") -> None:
+    def abort_after_verify(self, step_state: StepState) -> None:
         """Undo a verify that will not be committed: live GDN state exactly as before it."""
 
     # ---- counters ----------------------------------------------------------------------------------------------
