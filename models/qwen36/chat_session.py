@@ -13,7 +13,7 @@ Runners (what generates one turn):
 * TT (emulated mesh or cards), plain: ``TTGenerator.generate`` (GDN / conv / KV restored by device copies; thinking
   budget with the phrase fed as decode rows);
 * TT, speculative: ``TTSpecBackend`` with the device MTP drafter (the MTP prefill redone from cached hidden rows);
-  no thinking budget there yet (refused).
+  thinking budget through ``TTSpecBackend.inject`` (the phrase through the step's own traces).
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from typing import Sequence
 import torch
 
 from .chat import THINK_END, THINK_START, STOP_THINKING_PHRASE, history_ids, parse_turn, prompt_ids
-from .errors import UserError
 from .prefix_cache import PrefixCache
 from .speculative.sampling import SamplingParams
 from .speculative.thinking import ThinkingBudget
@@ -122,12 +121,10 @@ class _TTSpec(_TTPlain):
         from .speculative.engine import speculative_generate
         from .tt.spec.spec_backend import TTSpecBackend
 
-        if thinking is not None:
-            raise UserError("a thinking budget with speculative decoding on a TT device is not built yet")
         self.gen.release_trace()
         be = TTSpecBackend(self.gen, self.mechanism, drafter=self.drafter, prefix_cache=self.cache)
         try:
-            res = speculative_generate(be, [prompt], max_new, [self.k], [params], eos)[0]
+            res = speculative_generate(be, [prompt], max_new, [self.k], [params], eos, thinking=thinking)[0]
         finally:
             be.close()
         self.label = f"{be.label} speculative K={self.k} {be.mechanism.name}"

@@ -61,10 +61,8 @@ def test_chat_refusals(tmp_path, capsys):
     bad = write(tmp_path, [{"role": "tool", "content": "x"}])
     assert_one_line_error(*run_cli(capsys, "chat", "--messages", bad), "role")
     ok = write(tmp_path, CONV[:2], "ok.json")
-    assert_one_line_error(*run_cli(capsys, "chat", "--messages", ok, "--device", "emulated-p150x2", "--spec-k", "2",
-                                   "--thinking-budget", "3"), "thinking-budget", "not built")
-    assert_one_line_error(*run_cli(capsys, "generate", "--messages", ok, "--device", "emulated-p150x2", "--spec-k", "2",
-                                   "--thinking-budget", "3"), "thinking-budget", "not built")
+    assert_one_line_error(*run_cli(capsys, "generate", "--messages", ok, "--device", "emulated-p150x2", "--spec-k",
+                                   "auto", "--thinking-budget", "3"), "thinking-budget", "integer --spec-k")
     assert_one_line_error(*run_cli(capsys, "generate", "--messages", ok, "--thinking-budget", "2", "--logprobs", "1"),
                           "logprobs")
 
@@ -89,6 +87,12 @@ def test_probe_prefix_cache_emulated_speculative(tmp_path, capsys):
     r = json.loads(rec.read_text().splitlines()[-1])
     assert r["verdict"] == "pass" and "emulated" in r["backend"] and "speculative" in r["backend"]
     assert r["cells"][2]["reused"] > 0 and all(c["exact_tokens"] for c in r["cells"])
+    # with a thinking budget: the phrase forced through TTSpecBackend.inject at exactly 2 thinking tokens, warm == cold
+    assert main(["probe", "prefix-cache", "--device", "emulated-p150x2", "--spec-k", "2", "--turns", "2",
+                 "--max-new-tokens", "12", "--thinking-budget", "2", "--records", str(rec)]) == 0
+    r = json.loads(rec.read_text().splitlines()[-1])
+    assert r["verdict"] == "pass" and all(c["exact_tokens"] for c in r["cells"])
+    assert [c["thinking_phrase_at"] for c in r["cells"]] == [2, 2]
 
 
 def test_generate_thinking_budget_several_prompts_batched(tmp_path, capsys):

@@ -84,9 +84,6 @@ def load_session(args, ckpt, tok):
         from ..tt.runtime.generator import load_tt_target
 
         if args.spec_k:
-            if args.thinking_budget:
-                raise UserError(f"--thinking-budget with --spec-k on {args.device} is not built yet (the TT "
-                                "speculative backend has no forced-token step; plain decoding on TT takes it)")
             from ..checkpoint import load_checkpoint
             from ..tt.spec.mtp_drafter import TTMTPDrafter
 

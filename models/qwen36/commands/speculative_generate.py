@@ -139,9 +139,10 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     from ..checkpoint import CheckpointError
     from .common import print_logprobs, print_outputs, sampling_params, torch_dtype
 
-    if thinking is not None and args.device not in REFERENCE_DEVICES:
-        raise UserError(f"--thinking-budget with --spec-k on {args.device} is not built yet (the TT speculative "
-                        "backend has no forced-token step; plain decoding on TT and both on the reference take it)")
+    if thinking is not None and args.device not in REFERENCE_DEVICES and (len(prompts) > 1 or args.spec_k == "auto"):
+        raise UserError(f"--thinking-budget with --spec-k on {args.device} takes one prompt and an integer --spec-k "
+                        "(the forced phrase goes through the one-user step's traces; B slots and per-step depths "
+                        "have no forced-token step)")
     b = len(prompts)
     first = sampling_params(args)
     params = [dataclasses.replace(first, seed=first.seed + i) for i in range(b)]  # user i samples with seed + i

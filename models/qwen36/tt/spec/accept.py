@@ -643,6 +643,24 @@ class DeviceAcceptor:
                 u.refill()
         return out
 
+    def force_result(self, tokens: list[int], num_accepted: int, rng_row: int) -> None:
+        """B == 1: overwrite the step's result and count with a forced acceptance (host writes into the persistent
+        buffers, between the verify and the commit replays): ``tokens`` = the a accepted rows' tokens then the next
+        pending one. The commit, the MTP reseed and the token-count commit then take these, as they would the
+        device's own. The thinking budget's forced phrase goes through a verify this way."""
+        self._require_allocated()
+        if self.batch != 1:
+            raise ValueError(f"force_result is for batch 1 (this acceptor has B={self.batch})")
+        a = int(num_accepted)
+        if not 0 <= a <= self.k or len(tokens) != a + 1:
+            raise ValueError(f"force_result: {len(tokens)} tokens for a={a} (need a+1, a in [0, {self.k}])")
+        row = [int(t) for t in tokens] + [PLACEHOLDER_TOKEN_ID] * (self.rows - a - 1) + [a, int(rng_row)]
+        ttnn = self.ttnn
+        host = ttnn.from_torch(torch.tensor(row, dtype=torch.int32).reshape(1, 1, 1, -1), dtype=ttnn.int32,
+                               layout=self.result.layout, mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+        ttnn.copy_host_to_device_tensor(host, self.result)
+        ttnn.copy_host_to_device_tensor(self._replicated_host(torch.full((1, 1, 1, 1), float(a))), self.count)
+
     def read_result(self, result_dev=None) -> tuple[list[int], int]:
         """B == 1 convenience: -> (tokens [K+1] with PLACEHOLDER_TOKEN_ID after the emitted ones, a)."""
         if self.batch != 1:

@@ -442,9 +442,11 @@ class TTSpecBackend:
             raise RuntimeError("accept() needs verify() first")
         if self.rows == "host":
             return self._accept_slots(draft)
-        toks, a = self.acceptor.read_result(self._result)  # the one readback: tokens + count
+        r = self.acceptor.read_results(self._result)[0]  # the one readback: tokens + count
+        toks, a = r.tokens, r.num_accepted
         lps = self.acceptor.read_logprobs(toks[: a + 1]) if self.params.logprobs is not None else None  # (+ asked)
         self._phase = "accepted"
+        self._accepted = (a, r.rng_row)
         return {0: Acceptance(a, toks[: a + 1], lps)}
 
     def _commit_device(self):
@@ -472,6 +474,13 @@ class TTSpecBackend:
             self._commit_slots(acceptances)
             return
         acceptance = self._only(acceptances, "commit()")
+        a_dev, rng_row = self._accepted
+        if acceptance.num_accepted != a_dev:
+            # the caller kept fewer rows (the thinking budget cuts a step after its last thinking token): the
+            # commit takes that acceptance instead of the device's, the last kept token pending
+            if not 0 <= acceptance.num_accepted < a_dev:
+                raise ValueError(f"commit(): a={acceptance.num_accepted} is not a cut of the step's a={a_dev}")
+            self.acceptor.force_result(list(acceptance.tokens), acceptance.num_accepted, rng_row)
         if self.device_drafter:
             self.drafter.before_device_draft()  # outside capture: sampled-draft RNG table refill when used up
         a, c, n_gdn = acceptance.num_accepted, self.counters, len(self.state.gdn_states())
@@ -496,6 +505,54 @@ class TTSpecBackend:
         self.history += acceptance.tokens
         self._traces.step_done()
         self._phase = "idle"
+
+    @torch.no_grad()
+    def inject(self, forced: Mapping[int, Sequence[int]]) -> dict[int, Acceptance]:
+        """The thinking budget's forced tokens (``speculative/thinking.py``), one user: committed after the pending
+        token like a prefill continuation, through the step's own traces. Each round writes up to K forced tokens as
+        the drafts, replays the verify, then forces the acceptance (:meth:`DeviceAcceptor.force_result`: every
+        forced row accepted, the next forced token pending) and replays the commit, which re-seeds the MTP from
+        those rows and drafts on from them; the last round's next token is picked on the host from its verify row
+        (the row after the last forced token) with the user's params. Returns the forced tokens + that pick."""
+        toks = [int(t) for t in self._only(forced, "inject()")] if self.rows == "device" else None
+        if self.rows == "host":
+            raise BatchSpecError("inject() (forced tokens: a thinking budget) is built for one user (device rows); "
+                                 "B slots refuse it")
+        if not toks:
+            raise ValueError("inject() needs at least one forced token")
+        self._check_idle("inject()")
+        if self._k is None:
+            raise ValueError("inject() before the first step: the forced rows go through the step's traces, which "
+                             "exist once a step has run (a budget reached at the first token is not supported)")
+        if self.depths is not None:
+            raise ValueError("inject() with per-step depths (depths=...) is not supported; use one K")
+        k, m, out, i = self._k, len(toks), [], 0
+        while True:
+            c = min(k, m - i)
+            chunk = toks[i:i + c]
+            if self.n + k + 1 > self.model.args.max_seq_len:
+                raise ValueError(f"KV cache full: position {self.n} + {k + 1} rows > max_seq_len "
+                                 f"{self.model.args.max_seq_len}")
+            self.step_state.write_drafts(chunk + [chunk[-1] if chunk else toks[-1]] * (k - c))
+            self._phase = "drafted"
+            self.verify(None)
+            rng_row = self.acceptor.read_results(self._result)[0].rng_row  # the step's RNG bookkeeping, as accept()
+            final = i + c >= m
+            if final:
+                row = self.verify_logits()[0, c]
+                self.inject_logits = row  # host fp32 [V]: the row the token after the phrase is picked from
+                history = TokenHistory(self.history[:self._prompt_len], self.config.vocab_size)
+                history.add(self.history[self._prompt_len:] + out + chunk)
+                nxt = int(pick_token(row.reshape(1, -1), self.params, self._host_gen, history.now()))
+            else:
+                nxt = toks[i + c]
+            self.acceptor.force_result(chunk + [nxt], c, rng_row)
+            self._phase, self._accepted = "accepted", (c, rng_row)
+            self.commit({0: Acceptance(c, chunk + [nxt])})
+            out += chunk + [nxt]
+            if final:
+                return {0: Acceptance(m, out)}
+            i += c + 1
 
     def abort(self) -> None:
         if self._phase == "idle":
