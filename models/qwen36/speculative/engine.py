@@ -81,7 +81,8 @@ class SpecBackend(Protocol):
     place (``steps`` counts steps of the whole batch).
 
     Optional: ``plan_next_depths(depths)`` (a backend that drafts the next step inside this step's commit is told
-    the next depths between accept and commit) and ``inject(forced)`` (the thinking budget's forced tokens).
+    the next depths between accept and commit) and ``inject(forced, depths)`` (the thinking budget's forced tokens; ``depths``: each user's
+    next draft depth, for a backend whose forced rows go through its step at that depth).
     """
 
     label: str
@@ -321,7 +322,8 @@ class SpecBatch:
         return stepping
 
     def _inject(self, reqs: list[SpecRequest]) -> None:
-        accepted = self.backend.inject({r.slot: r.tracker.forced(len(r.tokens)) for r in reqs})
+        accepted = self.backend.inject({r.slot: r.tracker.forced(len(r.tokens)) for r in reqs},
+                                       {r.slot: r.next_k for r in reqs})
         for r in reqs:
             r.emit(accepted[r.slot].tokens)
 

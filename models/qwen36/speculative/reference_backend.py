@@ -368,12 +368,14 @@ class ReferenceBackend:
         self._txn = None
 
     @torch.no_grad()
-    def inject(self, forced: Mapping[int, Sequence[int]]) -> dict[int, Acceptance]:
+    def inject(self, forced: Mapping[int, Sequence[int]],
+               depths: Mapping[int, int] | None = None) -> dict[int, Acceptance]:
         """Per user in ``forced``: commit its forced tokens after its pending one like a prefill continuation (the
         thinking budget's phrase): ONE packed forward over [pending, forced...] of every such user (the others inert)
         through the commit mechanism with every row kept, the next token picked from each user's last real row with
         its own sampler and penalties, the MTP re-seeded from those rows at the next draft (after the rows it had not
-        consumed yet). Returns slot -> Acceptance (forced + the picked token)."""
+        consumed yet). Returns slot -> Acceptance (forced + the picked token). ``depths`` is not needed here (one
+        packed forward of any width)."""
         if self._txn is not None:
             raise RuntimeError("inject() inside an open step: commit() or abort() first")
         forced = {slot: list(toks) for slot, toks in forced.items()}

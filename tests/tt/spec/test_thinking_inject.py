@@ -40,7 +40,8 @@ def budget(n: int) -> ThinkingBudget:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mech,k,n", [("shadow_commit", 3, 2), ("snapshot", 2, 5), ("recompute", 3, 4)])
+@pytest.mark.parametrize("mech,k,n", [("shadow_commit", 3, 2), ("snapshot", 2, 5), ("recompute", 3, 4),
+                                      ("snapshot", 3, 1)])  # n = 1: reached at the prompt's token, before any step
 def test_speculative_budget_equals_plain_with_the_same_injection(gen, reader, mech, k, n):
     plain = gen.generate(PROMPT, 24, thinking=budget(n), keep_logits=True)
     want = plain.tokens
@@ -81,10 +82,9 @@ def test_inject_refusals(gen, reader):
     be = TTSpecBackend(gen, "snapshot", drafter=TTMTPDrafter(reader))
     try:
         be.join(0, PROMPT)
-        with pytest.raises(ValueError, match="before the first step"):
+        with pytest.raises(ValueError, match="needs the next draft depth"):
             be.inject({0: list(PHRASE)})
     finally:
         be.close()
-    with pytest.raises(ValueError, match="budget reached at the first token is not supported"):
-        speculative_generate(TTSpecBackend(gen, "snapshot", drafter=TTMTPDrafter(reader)), [PROMPT], 8, [2],
-                             [SamplingParams()], thinking=budget(1))
+    with pytest.raises(ValueError, match="per-step depths"):
+        TTSpecBackend(gen, "snapshot", drafter=TTMTPDrafter(reader), depths=(1, 2)).inject({0: [1]}, {0: 1})

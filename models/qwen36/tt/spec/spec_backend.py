@@ -507,7 +507,8 @@ class TTSpecBackend:
         self._phase = "idle"
 
     @torch.no_grad()
-    def inject(self, forced: Mapping[int, Sequence[int]]) -> dict[int, Acceptance]:
+    def inject(self, forced: Mapping[int, Sequence[int]],
+               depths: Mapping[int, int] | None = None) -> dict[int, Acceptance]:
         """The thinking budget's forced tokens (``speculative/thinking.py``), one user: committed after the pending
         token like a prefill continuation, through the step's own traces. Each round writes up to K forced tokens as
         the drafts, replays the verify, then forces the acceptance (:meth:`DeviceAcceptor.force_result`: every
@@ -521,11 +522,16 @@ class TTSpecBackend:
         if not toks:
             raise ValueError("inject() needs at least one forced token")
         self._check_idle("inject()")
-        if self._k is None:
-            raise ValueError("inject() before the first step: the forced rows go through the step's traces, which "
-                             "exist once a step has run (a budget reached at the first token is not supported)")
         if self.depths is not None:
             raise ValueError("inject() with per-step depths (depths=...) is not supported; use one K")
+        if self._k is None:  # before the first step (a budget reached at the prompt's first token): set up at the
+            # depth the first step will draft at, as its draft() would
+            if not depths or depths.get(0) is None:
+                raise ValueError("inject() before the first step needs the next draft depth (depths={0: K})")
+            if self.n + int(depths[0]) + 1 > self.model.args.max_seq_len:
+                raise ValueError(f"KV cache full: position {self.n} + {int(depths[0]) + 1} rows > max_seq_len "
+                                 f"{self.model.args.max_seq_len}")
+            self._setup(int(depths[0]))
         k, m, out, i = self._k, len(toks), [], 0
         while True:
             c = min(k, m - i)
