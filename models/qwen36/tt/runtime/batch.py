@@ -92,9 +92,8 @@ class TTBatchDecoder:
         if pool_blocks:
             if prefix_cache is None:
                 raise ValueError("pool_blocks needs a prefix_cache")
-            template = TTModelState([sc if sc is not None else st for st, sc in zip(self.state.layers, self.scratch)],
-                                    self.slot_page_table, self.state.page_table_host[:1], 0)
-            self.pool = TTBlockPool(model, template, prefix_cache.block_size, pool_blocks)
+            self.pool = TTBlockPool(model, self._scratch_view(self.state.page_table_host[:1]),
+                                    prefix_cache.block_size, pool_blocks)
 
     # ---- host helpers -----------------------------------------------------------------------------------
     def free_slots(self) -> list[int]:
@@ -119,6 +118,11 @@ class TTBatchDecoder:
                 h = ttnn.from_torch(torch.zeros(list(buf.shape)), dtype=buf.dtype, layout=buf.layout,
                                     mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
                 ttnn.copy_host_to_device_tensor(h, buf)
+
+    def _scratch_view(self, row: torch.Tensor) -> TTModelState:
+        """A joining user's batch-1 view: the scratch GDN state, the shared KV caches, its page-table ``row``."""
+        return TTModelState([sc if sc is not None else st for st, sc in zip(self.state.layers, self.scratch)],
+                            self.slot_page_table, row, 0)
 
     def _scratch_scope(self):
         return self.ttnn.tools.trace_allocation_tracker.corruptible_allocation_scope(self.mesh)
@@ -169,8 +173,7 @@ class TTBatchDecoder:
         row = self.state.page_table_host[slot: slot + 1].contiguous()
         self._write(row, self.slot_page_table)
         self._zero_scratch()
-        view = TTModelState([sc if sc is not None else st for st, sc in zip(self.state.layers, self.scratch)],
-                            self.slot_page_table, row, 0)
+        view = self._scratch_view(row)
         with self._scratch_scope():
             for st in self.state.layers:
                 if isinstance(st, KVLayerState):

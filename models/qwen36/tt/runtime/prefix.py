@@ -102,24 +102,14 @@ class TTBlockPool:
         chunks = [min(a.prefill_chunk, block - i) for i in range(0, block, a.prefill_chunk)]
         res, mc = a.dtype(TensorGroup.RESIDUAL, ttnn), activation_memory_config(ttnn)
         rep = ttnn.ReplicateTensorToMesh(model.mesh)
-        self.slots: list[tuple[list, list, list]] = []
-        for _ in range(blocks):
-            kv = []
-            for s in view.layers:
-                if isinstance(s, KVLayerState):
-                    pair = []
-                    for cache in (s.k, s.v):
-                        _, h, page, d = (int(x) for x in cache.shape)
-                        pair.append([ttnn.slice(cache, [0, 0, 0, 0], [1, h, page, d])
-                                     for _ in range(block // a.block_size)])
-                    kv.append((pair[0], pair[1]))
-            gdn = [(ttnn.clone(s.recurrent), ttnn.clone(s.conv)) for s in view.layers if isinstance(s, GDNLayerState)]
-            hid = [ttnn.from_torch(torch.zeros(1, 1, r, a.cfg.hidden_size), dtype=res, layout=ttnn.TILE_LAYOUT,
-                                   device=model.mesh, memory_config=mc, mesh_mapper=rep) for r in chunks]
-            self.slots.append((kv, gdn, hid))
-        first = self.slots[0]
-        self.nbytes = (sum(_nbytes(t) for ks, vs in first[0] for t in ks + vs)
-                       + sum(_nbytes(r) + _nbytes(c) for r, c in first[1]) + sum(_nbytes(h) for h in first[2]))
+
+        def hidden_rows() -> list:
+            return [ttnn.from_torch(torch.zeros(1, 1, r, a.cfg.hidden_size), dtype=res, layout=ttnn.TILE_LAYOUT,
+                                    device=model.mesh, memory_config=mc, mesh_mapper=rep) for r in chunks]
+
+        # each slot: a snapshot of the block [0, block) of ``view`` (only its buffers' shapes matter here)
+        self.slots = [_snapshot(model, view, 0, block, hidden_rows()) for _ in range(blocks)]
+        self.nbytes = self.slots[0].nbytes
         self.free = list(range(blocks))
 
     def give_back(self, index: int) -> None:
@@ -136,7 +126,8 @@ class TTBlockPool:
                 return None
         ttnn, a = self.ttnn, model.args
         index = self.free.pop(0)
-        kv, gdn, hid = self.slots[index]
+        slot = self.slots[index]
+        kv, gdn, hid = slot.kv, slot.gdn, slot.hidden
         pages = _pages(view, lo, hi, a.block_size)
         for s, (ks, vs) in zip([s for s in view.layers if isinstance(s, KVLayerState)], kv):
             for cache_t, dst in ((s.k, ks), (s.v, vs)):
@@ -153,15 +144,8 @@ class TTBlockPool:
         return PooledPayload(kv, gdn, hid, self.nbytes, self, index)
 
     def release(self) -> None:
-        for kv, gdn, hid in self.slots:
-            for ks, vs in kv:
-                for t in ks + vs:
-                    self.ttnn.deallocate(t)
-            for rec, conv in gdn:
-                self.ttnn.deallocate(rec)
-                self.ttnn.deallocate(conv)
-            for h in hid:
-                self.ttnn.deallocate(h)
+        for slot in self.slots:
+            slot.release()
         self.slots, self.free = [], []
 
 
