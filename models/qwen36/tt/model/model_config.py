@@ -464,7 +464,7 @@ def compute_config_fp32_state(ttnn):
 
 def compute_config_matmul(ttnn, weight_dtype_name: str):
     """Fidelity by weight format (tt_transformers convention): bf16 -> HiFi4, bfloat8_b -> HiFi2, bfloat4_b -> LoFi.
-    fp32 dest accumulation on: K is up to 17408 at 27B. (The emulator models both: docs/emulator.md N1-N3.)"""
+    fp32 dest accumulation on: K is up to 17408 at 27B. (The emulator models both: docs/emulator_ops.md N1-N3.)"""
     fid = {"bfloat16": ttnn.MathFidelity.HiFi4, "float32": ttnn.MathFidelity.HiFi4,
            "bfloat8_b": ttnn.MathFidelity.HiFi2, "bfloat4_b": ttnn.MathFidelity.LoFi}[weight_dtype_name]
     return ttnn.WormholeComputeKernelConfig(math_fidelity=fid, math_approx_mode=False, fp32_dest_acc_en=True,
@@ -480,7 +480,7 @@ def compute_config_norm(ttnn):
 def compute_config_exact_select(ttnn):
     """0/+-1 matmuls that only move values (selection or sign-permutation matrices): HiFi4, because LoFi/HiFi2
     feed only 1+6 mantissa bits of in0 to the multiplier and would drop the last bit of every bf16 value moved (SrcA/SrcB fidelity
-    phases, docs/emulator.md rule N2); fp32 dest so nothing is rounded before the output dtype."""
+    phases, docs/emulator_ops.md rule N2); fp32 dest so nothing is rounded before the output dtype."""
     return ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,
                                             fp32_dest_acc_en=True, packer_l1_acc=False)
 
