@@ -17,7 +17,7 @@ costs, because the project has no absolute accuracy target for the 27B):
 * symmetric KL: the candidate's mean at most ``KL_RATIO_MAX`` (2x) the baseline's: the candidate may cost as much
   distribution error again as the default already does, not more.
 
-A small trained model is not the 27B: 8 layers stack less per-layer error than 64 (docs/tt_model.md), so a pass
+A small trained model is not the 27B: 8 layers stack less per-layer error than 64 (docs/tt_precision.md), so a pass
 here is necessary, not sufficient, and the per-layer gate (``PCC_GATES['layer_bf8']``) is reported beside it.
 """
 from __future__ import annotations

@@ -84,7 +84,7 @@ def to_record(report: ProbeReport, *, now: _dt.datetime | None = None, run_id: s
 
 def host_environment() -> dict[str, Any]:
     """What ran the host side: Python, torch and the CPU capability torch's kernels dispatch to (the emulator's
-    numbers do not depend on it, rule N8 in docs/emulator.md; the reference model's and wall-clock figures do)."""
+    numbers do not depend on it, rule N8 in docs/emulator_ops.md; the reference model's and wall-clock figures do)."""
     import platform
 
     import torch

@@ -197,7 +197,7 @@ def open_mesh(
     ``op_table_policy`` (emulator only): how the ops' documented dtype/layout tables are enforced:
     ``"layout"`` (default: unsupported layout raises, unlisted dtype warns once), ``"strict"``, ``"warn"``, ``"off"``.
     ``numerics`` (emulator only): ``"strict"`` (default) emulates the cards' FPU/SFPU arithmetic and tile-padding
-    garbage (docs/emulator.md, "Numerics and tile padding"); ``"exact"`` computes in fp32 on logical shapes, for
+    garbage (docs/emulator_ops.md, "Numerics and tile padding"); ``"exact"`` computes in fp32 on logical shapes, for
     A/B runs.
     ``dispatch_core_config`` (hardware only): passed to ``ttnn.open_mesh_device``; ``None`` lets ttnn pick the
     architecture default.

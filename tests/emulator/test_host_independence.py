@@ -1,4 +1,4 @@
-"""The emulator's answers do not depend on the host (rule N8, docs/emulator.md).
+"""The emulator's answers do not depend on the host (rule N8, docs/emulator_ops.md).
 
 A card computes every element of a tile the same way whatever drives it. torch on a CPU does not: its fp32
 transcendentals run through Sleef in the vector loop and libm in the scalar tail (so an element's last bit depends

@@ -1,5 +1,5 @@
 """The strict emulator (default ``numerics="strict"``): every rule bites on a known-bad call and leaves the fixed
-call exact; ``numerics="exact"`` keeps the old arithmetic for A/B runs. Rules and sources: docs/emulator.md."""
+call exact; ``numerics="exact"`` keeps the old arithmetic for A/B runs. Rules and sources: docs/emulator_ops.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The end-to-end precision gate (probes/precision_gate.py) and what the cost model charges for bf4 gate/up.
 
 bf4 gate/up (``performance-bf4``) fails the gate on the trained default checkpoint (measured, 2,048 held-out positions:
-docs/tt_model.md "Precision"), so the default preset keeps bf8; these tests keep that verdict and the gate's
+docs/tt_precision.md "Precision"), so the default preset keeps bf8; these tests keep that verdict and the gate's
 arithmetic honest, and check that a bf4 MLP weight is read through the DRAM-sharded decode layout (charged at the
 DRAM-sharded utilisation, not at the interleaved bf4 page bandwidth)."""
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_gate_thresholds():
 @pytest.mark.slow
 def test_bf4_gate_up_fails_the_end_to_end_gate_on_the_trained_checkpoint(tmp_path):
     """One held-out window (256 positions) of the probe's 8: measured top-1 drop 0.066 and mean symmetric KL 25.6x
-    bf8's (the 8-window record in docs/tt_model.md). If bf4 starts passing, reconsider the default preset."""
+    bf8's (the 8-window record in docs/tt_precision.md). If bf4 starts passing, reconsider the default preset."""
     import argparse
 
     from qwen36 import DEFAULT_CHECKPOINT

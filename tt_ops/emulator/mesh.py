@@ -93,7 +93,7 @@ class EmulatedMeshDevice(EmuMeshBase):
         self.num_devices = num_devices
         self.shape = ttnn.MeshShape(1, num_devices)
         self.trace_region_size = int(trace_region_size)
-        # DRAM accounting per device (docs/emulator.md "DRAM capacity"): the trace region is reserved at open, as
+        # DRAM accounting per device (docs/emulator_traces.md "DRAM capacity"): the trace region is reserved at open, as
         # open_mesh_device(trace_region_size=...) carves it out of each chip's DRAM
         if self.trace_region_size > P150A_DRAM_BYTES:
             raise EmulatorError(f"trace_region_size {self.trace_region_size} B exceeds a P150a's DRAM "

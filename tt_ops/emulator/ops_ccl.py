@@ -17,7 +17,7 @@ created before the capture (``create_global_semaphore`` inside a capture already
 Tenstorrent's traced decode uses (``models/tt_transformers/tt/ccl.py`` ``TT_CCL``).
 
 Reductions sum in fp32 and round once to the output dtype (cards reduce pairwise in the packer format;
-bf16 partial rounding is not modelled - see docs/emulator.md). Link bytes per device (ring algorithm):
+bf16 partial rounding is not modelled - see docs/emulator_ops.md). Link bytes per device (ring algorithm):
 all_gather (N-1) x shard, reduce_scatter (N-1)/N x input, all_reduce 2(N-1)/N x input.
 """
 

@@ -18,7 +18,7 @@ whatever was last written there. Host tilize (``from_torch``/``as_tensor``/``to_
 zeros; ops leave it undefined ("Padding is undefined by default", ``ttnn.slice`` docstring) unless they document
 a fill (``reshape``'s ``pad_value``, ``slice``'s ``pad_value``, ``fill_implicit_tile_padding``). The emulator keeps
 that as ``pad_fill`` (a value, or ``None`` = garbage) instead of materialising padded storage; the ops that read
-padding on cards consult it (see ``ops_compute`` and docs/emulator.md).
+padding on cards consult it (see ``ops_compute`` and docs/emulator_ops.md).
 
 Invariant: shard tensors are never mutated in place. In-place device ops (``copy``, cache updates, ring
 writes, ``copy_host_to_device_tensor``, trace write-back) *replace* a tensor's shard list, so op outputs

@@ -29,7 +29,7 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--device", default="reference", help="reference | reference-cuda | emulated-p150x2 | p150x2 | ...")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     p.add_argument("--precision", default=None, choices=TT_PRECISIONS,
-                   help=f"TT devices: the precision preset (docs/tt_model.md) of plain and speculative decoding alike, "
+                   help=f"TT devices: the precision preset (docs/tt_precision.md) of plain and speculative decoding alike, "
                         f"so that the two decode the same model (default {DEFAULT_TT_PRECISION}); the reference's "
                         f"numerics are set by --dtype")
     add_spec_args(p)

@@ -2,7 +2,7 @@
 OUT.json [--part ops|model|all]``.
 
 A card computes every element of a tile alike, whatever the host that drives it. The emulator must too (rule N8,
-docs/emulator.md): the same inputs must give the same bits under any ``ATEN_CPU_CAPABILITY`` (scalar, AVX2,
+docs/emulator_ops.md): the same inputs must give the same bits under any ``ATEN_CPU_CAPABILITY`` (scalar, AVX2,
 AVX-512), any torch thread count, and any number of other rows sharing a call. ``tests/emulator/test_host_independence.py``
 runs this module in subprocesses under those settings and compares the JSON they write, key by key.
 

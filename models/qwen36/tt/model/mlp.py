@@ -27,7 +27,7 @@ refuses a DRAM input ("does not support blackhole dram"): it fits this L1 output
 outputs not at all (a reshard into L1 costs more than the collective it saves). Tenstorrent's Llama-3 70B Galaxy
 decode (``models/demos/llama3_70b_galaxy/tt/llama_ccl.py`` ``line_all_reduce``: one persistent buffer per cluster
 axis shared by every layer, semaphores cycled) reduces its sharded outputs this way on Wormhole; we found no
-Tenstorrent model running it on a Blackhole pair, so it stays a card check (docs/cost_model.md).
+Tenstorrent model running it on a Blackhole pair, so it stays a card check (docs/cost_figures.md).
 
 x [1, 1, T, H] -> [1, 1, T, H] (replicated after the reduce).
 """

@@ -36,7 +36,7 @@ class TensorGroup(str, enum.Enum):
     NORM = "norm"  # RMSNorm weights, q/k norm, gated-norm weight, RoPE tables, conv taps, GDN decay vectors
     ACTIVATION = "activation"  # hidden states between ops
     GDN_ACTIVATION = "gdn_activation"  # GDN in-proj output, conv + its shift-register state, q/k/v, gated-norm out (ill-conditioned:
-    #                                    the per-head norm of a small o amplifies input error; see docs/tt_model.md)
+    #                                    the per-head norm of a small o amplifies input error; see docs/tt_precision.md)
     RESIDUAL = "residual"  # the residual stream between decoder layers
     GDN_STATE = "gdn_state"  # recurrent state [B, Hv, Dk, Dv] and the g / beta inputs of the recurrence
     GDN_PARTIAL = "gdn_partial"  # out_proj partial sums before the cross-device reduce
@@ -250,7 +250,7 @@ DECODE_MATMUL_LAYOUTS = ("dram_sharded", "interleaved")
 # model's shared expert, uses_dram_sharded_weights says why) and the LM head (0.68 GB per device and token at 27B,
 # one matmul per step: its two reshards cost 8 us of dispatch against about 0.24 ms of weight time saved). The
 # mixer projections keep DRAM-interleaved weights and default program configs for now: with the decode residual
-# stream in DRAM each would need its own reshards in and out (docs/tt_model.md, "Bandwidth", says why).
+# stream in DRAM each would need its own reshards in and out (docs/tt_model.md, "Programs per step", says why).
 DRAM_SHARDED_GROUPS = frozenset({TensorGroup.MLP_GATE_UP, TensorGroup.MLP_DOWN, TensorGroup.LM_HEAD})
 TILE = 32
 # Compute cores of one DRAM-sharded matmul: at most an 8x8 block of the worker grid (11 x 10 usable workers on a
@@ -274,7 +274,7 @@ def uses_dram_sharded_weights(args: "TTModelArgs", group: TensorGroup, k: int, n
     matmuls alike). A MoE model's only dense MLP is its shared expert (3 x 2048 x 256 bf8 per device at 35B-A3B,
     1.7 MB: about 0.6 us per layer saved at the DRAM-sharded rate), where the MLP's two extra reshard programs
     (8 us of dispatch) cost more than the bandwidth saves, so it stays interleaved; its LM head stays interleaved
-    too, as the MoE figures (docs/tt_model.md) were recorded."""
+    too, as the MoE figures (docs/tt_moe.md) were recorded."""
     return (args.decode_matmuls == "dram_sharded" and group in DRAM_SHARDED_GROUPS and not args.cfg.is_moe
             and k % TILE == 0 and n % TILE == 0)
 
@@ -464,7 +464,7 @@ def compute_config_fp32_state(ttnn):
 
 def compute_config_matmul(ttnn, weight_dtype_name: str):
     """Fidelity by weight format (tt_transformers convention): bf16 -> HiFi4, bfloat8_b -> HiFi2, bfloat4_b -> LoFi.
-    fp32 dest accumulation on: K is up to 17408 at 27B. (The emulator models both: docs/emulator.md N1-N3.)"""
+    fp32 dest accumulation on: K is up to 17408 at 27B. (The emulator models both: docs/emulator_ops.md N1-N3.)"""
     fid = {"bfloat16": ttnn.MathFidelity.HiFi4, "float32": ttnn.MathFidelity.HiFi4,
            "bfloat8_b": ttnn.MathFidelity.HiFi2, "bfloat4_b": ttnn.MathFidelity.LoFi}[weight_dtype_name]
     return ttnn.WormholeComputeKernelConfig(math_fidelity=fid, math_approx_mode=False, fp32_dest_acc_en=True,
@@ -480,7 +480,7 @@ def compute_config_norm(ttnn):
 def compute_config_exact_select(ttnn):
     """0/+-1 matmuls that only move values (selection or sign-permutation matrices): HiFi4, because LoFi/HiFi2
     feed only 1+6 mantissa bits of in0 to the multiplier and would drop the last bit of every bf16 value moved (SrcA/SrcB fidelity
-    phases, docs/emulator.md rule N2); fp32 dest so nothing is rounded before the output dtype."""
+    phases, docs/emulator_ops.md rule N2); fp32 dest so nothing is rounded before the output dtype."""
     return ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,
                                             fp32_dest_acc_en=True, packer_l1_acc=False)
 

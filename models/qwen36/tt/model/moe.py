@@ -14,7 +14,7 @@ MLP (column-parallel gate/up, row-parallel down), so each device holds half of e
 routing. At two devices this reads exactly half of the k selected experts per device per row set, on both devices
 alike; splitting whole experts over the devices (expert parallel) would make each device read the selected experts
 that live on it: k/2 on average, but the step waits for the busier device (for top-8 of 256, E[max] ~5.1 experts,
-docs/tt_model.md, "The MoE sibling"), and the collective is the same one all_reduce either way. Programs per block are the same in both
+docs/tt_moe.md), and the collective is the same one all_reduce either way. Programs per block are the same in both
 layouts. Expert parallelism wins at wider meshes (all-to-all dispatch instead of reading every selected expert on
 every device); at 1x2 tensor-parallel experts read fewer bytes on the critical device.
 
@@ -28,7 +28,7 @@ w[row(i), j(i)] on row row(i) and 0 on the other rows (a constant one-hot over r
 Cost (honest, modelled): a decode step reads k experts (per device: k halves); a K+1-row verify reads (K+1)*k
 expert slots, an expert picked by two rows is read twice. A card-optimal verify reads each distinct expert once
 (deduplicated ids; expected distinct count E * (1 - (1 - k/E)^(K+1)) under uniform routing): 57.4 instead of 64 at
-K=7 for top-8 of 256, so the duplicates cost ~11% of the verify's expert bytes there (docs/tt_model.md).
+K=7 for top-8 of 256, so the duplicates cost ~11% of the verify's expert bytes there (docs/tt_moe.md).
 The indexed mode lists at most E groups, so a chunk with M*k > E (prefill) runs every expert over all its rows
 (scan mode, every group active) with dense combine weights: it reads all E experts once per chunk, which a long
 prefill chunk touches nearly all of anyway; a card-optimal prefill would mask the sparsity to the union of routed

@@ -16,7 +16,7 @@ current bucket's decoder:
 
 Trace rules. Every bucket's state, decode inputs and index buffers are allocated by the constructor, before any
 trace exists, and :meth:`warm` runs one eager step of every bucket while no trace is live (an eager step allocates
-its outputs, which rule 4 of docs/emulator.md forbids once a trace is live). After that each bucket captures its
+its outputs, which rule 4 of docs/emulator_traces.md forbids once a trace is live). After that each bucket captures its
 step once, on its first traced step, and keeps it: moving between buckets never re-captures. The KV pages are one
 pool shared by all buckets (the largest bucket's; slot s owns the pages of page-table row s by default, or what
 :meth:`set_page_table` says, e.g. vLLM's block table), so a move copies page-table rows, never KV. The GDN

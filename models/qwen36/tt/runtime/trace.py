@@ -1,7 +1,7 @@
 """The one owner of trace capture and replay for TT code (generator decode, the speculative step, tests, probes).
 
 A trace records the device programs of a step function once and replays them without host dispatch. What makes
-that correct on cards (and what the emulator enforces, docs/emulator.md):
+that correct on cards (and what the emulator enforces, docs/emulator_traces.md):
 
   * every tensor the step reads or writes across replays is allocated before capture (weights, state, and the
     step's *persistent input buffers*); the host changes inputs between replays only with
