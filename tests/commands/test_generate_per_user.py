@@ -102,12 +102,14 @@ def test_reference_plain_batch_takes_budgets_and_refuses_sampled_users(capsys, t
     rc, out, _ = cli(capsys, "generate", "--prompts-file", write_lines(tmp_path / "u.jsonl", lines),
                      "--max-new-tokens", str(N_NEW))
     assert rc == 0
-    alone = []
-    for p in (PROMPTS[0], PROMPTS[2]):
-        rc, one, _ = cli(capsys, "generate", "--ids", ",".join(map(str, p)), "--max-new-tokens", str(N_NEW))
-        alone.append(one.splitlines()[0].removeprefix("ids: ").split(","))
-    ids = [l.split(": ")[1].split(",") for l in out.splitlines() if l.startswith("ids[")]
-    assert ids == [alone[0][:3], alone[1]]
+    from qwen36.reference.model import Qwen36Model
+    from qwen36.speculative.plain import plain_generate
+
+    model = Qwen36Model.from_checkpoint(DEFAULT_CHECKPOINT)
+    eos = model.config.eos_token_id
+    alone = [plain_generate(model, p, n, SamplingParams(), eos).tokens for p, n in ((PROMPTS[0], 3), (PROMPTS[2], N_NEW))]
+    ids = [[int(t) for t in l.split(": ")[1].split(",")] for l in out.splitlines() if l.startswith("ids[")]
+    assert ids == alone and len(alone[0]) == 3
     assert_one_line_error(*run_cli(capsys, "generate", "--prompts-file", write_lines(tmp_path / "s.jsonl", LINES)),
                           "user 0 (greedy (logprobs=20))", "decodes greedy only")
 

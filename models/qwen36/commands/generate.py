@@ -246,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
         from .speculative_generate import run_speculative_generate
 
         return run_speculative_generate(args, ckpt, users, precision, thinking=thinking)
+    if users.per_user and len(prompts) > 1 and args.device in REFERENCE_DEVICES:
+        check_reference_plain_batch(args.device, users.params)  # before the model loads
     target = load_target(ckpt, args.device, torch_dtype(args.dtype), precision=precision)
     vocab = target.config.vocab_size
     if any(i >= vocab for ids in prompts for i in ids):
@@ -291,6 +293,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_reference_plain_batch(device: str, params) -> None:
+    """The reference's plain batch decodes greedy only: refuse a user with temperature, penalties or logprobs."""
+    odd = next((i for i, p in enumerate(params) if not p.greedy or p.penalized or p.logprobs is not None), None)
+    if odd is not None:
+        raise UserError(f"user {odd} ({params[odd].describe()}): a plain batch on {device} decodes greedy only "
+                        f"(no temperature, penalties or logprobs; sampled batches run on the TT devices); pass "
+                        f"one prompt, or add --spec-k")
+
+
 def plain_batch_per_user(target, device: str, users: UserRequests, eos_ids, thinking):
     """Plain decoding of several users with their own settings as one batch -> (tokens, logprobs) per user.
 
@@ -302,11 +313,7 @@ def plain_batch_per_user(target, device: str, users: UserRequests, eos_ids, thin
 
     prompts, params, budgets = users.prompts, users.params, users.max_tokens
     if device in REFERENCE_DEVICES:
-        odd = next((i for i, p in enumerate(params) if not p.greedy or p.penalized or p.logprobs is not None), None)
-        if odd is not None:
-            raise UserError(f"user {odd} ({params[odd].describe()}): a plain batch on {device} decodes greedy only "
-                            f"(no temperature, penalties or logprobs; sampled batches run on the TT devices); pass "
-                            f"one prompt, or add --spec-k")
+        check_reference_plain_batch(device, params)
         out = target.greedy_batch(prompts, max(budgets), eos_ids, thinking=thinking)
         return [o[:b] for o, b in zip(out, budgets)], [None] * len(prompts)
     from ..tt.runtime.batch import DEFAULT_BUCKETS, TTBatchDecoder, batched_generate, bucket_for
