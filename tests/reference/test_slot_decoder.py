@@ -180,10 +180,13 @@ def test_generate_cli_batch_errors(capsys, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('"ok"\n{"prompt": 1}\n')
     rc, _, err = cli(capsys, "generate", "--prompts-file", str(bad))
-    assert rc == 2 and "line 2: expected a JSON string, got dict" in err
+    assert rc == 2 and 'line 2: "prompt" must be a string, got int' in err
+    bad.write_text('"ok"\n[1]\n')
+    rc, _, err = cli(capsys, "generate", "--prompts-file", str(bad))
+    assert rc == 2 and "line 2: expected a JSON string or object, got list" in err
     bad.write_text('"ok"\nnot json\n')
     rc, _, err = cli(capsys, "generate", "--prompts-file", str(bad))
-    assert rc == 2 and "line 2: not a JSON string" in err
+    assert rc == 2 and "line 2: not a JSON string or object" in err
     rc, _, err = cli(capsys, "generate", "--prompts-file", str(tmp_path / "missing"))
     assert rc == 2 and "cannot read" in err
     rc, _, err = cli(capsys, "generate", "--ids", "1,2", "--ids", "3", "--device", "emulated-p150x2",

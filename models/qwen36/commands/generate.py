@@ -4,9 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UserError
+from ..speculative.sampling import SamplingParams, SamplingParamsError
 from ..speculative.mechanisms import DEFAULT_MECHANISM, DRAFT_MODES, MECHANISMS
 from .common import (add_checkpoint_arg, add_sampling_args, add_thinking_arg, parse_ids, positive_int, print_logprobs,
                      print_outputs, read_messages, resolve_checkpoint, sampling_params, torch_dtype)
@@ -21,7 +23,11 @@ def add_parser(sub, name: str) -> None:
     src.add_argument("--ids", type=parse_ids, action="append",
                      help="prompt token ids, comma-separated; repeat for several users")
     src.add_argument("--prompts-file", type=Path, metavar="FILE",
-                     help="one prompt per line, each a JSON string; all decoded as one batch")
+                     help="one user per line, all decoded as one batch: a JSON string (the prompt), or a JSON object "
+                          "with \"prompt\" (text) or \"ids\" (token ids) and any of that user's own "
+                          "temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, "
+                          "frequency_penalty, seed, logprobs, max_tokens (the rest from the command line; "
+                          "docs/speculative.md)")
     src.add_argument("--messages", type=Path, metavar="FILE",
                      help="a conversation (JSON list of {role, content}) rendered with the checkpoint's chat template "
                           "and its generation prompt (docs/chat.md)")
@@ -78,35 +84,94 @@ def spec_k_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def prompt_texts(args) -> list[str] | None:
-    """The prompt texts of --prompt / --prompts-file (None when --ids gave token ids)."""
-    if args.prompt is not None:
-        return args.prompt
-    if args.prompts_file is None:
-        return None
+# The per-user settings a --prompts-file object line may carry: SamplingParams' fields (vLLM's names) and vLLM's
+# max_tokens (this command's --max-new-tokens); a field a line leaves out takes the command line's value.
+USER_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+               "frequency_penalty", "seed", "logprobs", "max_tokens")
+
+
+@dataclass(frozen=True)
+class PromptLine:
+    """One user of --prompts-file: its prompt (text, or token ids) and the settings its line gives."""
+    text: str | None
+    ids: list[int] | None
+    settings: dict = field(default_factory=dict)
+
+
+def read_prompts_file(path: Path) -> list[PromptLine]:
+    """--prompts-file: one user per non-blank line, a JSON string (the prompt) or a JSON object with "prompt"
+    (text) or "ids" (token ids) plus any of USER_FIELDS. A bad line is a one-line UserError naming line and field."""
     try:
-        lines = args.prompts_file.read_text().splitlines()
+        lines = path.read_text().splitlines()
     except OSError as e:
-        raise UserError(f"--prompts-file: cannot read {args.prompts_file}: {e.strerror}") from None
-    texts = []
+        raise UserError(f"--prompts-file: cannot read {path}: {e.strerror}") from None
+    users = []
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        where = f"--prompts-file {path} line {n}"
         try:
-            text = json.loads(line)
+            item = json.loads(line)
         except json.JSONDecodeError as e:
-            raise UserError(f"--prompts-file {args.prompts_file} line {n}: not a JSON string ({e.msg})") from None
-        if not isinstance(text, str):
-            raise UserError(f"--prompts-file {args.prompts_file} line {n}: expected a JSON string, got "
-                            f"{type(text).__name__}")
-        texts.append(text)
-    if not texts:
-        raise UserError(f"--prompts-file {args.prompts_file} holds no prompt")
-    return texts
+            raise UserError(f"{where}: not a JSON string or object ({e.msg})") from None
+        if isinstance(item, str):
+            users.append(PromptLine(item, None))
+            continue
+        if not isinstance(item, dict):
+            raise UserError(f"{where}: expected a JSON string or object, got {type(item).__name__}")
+        unknown = sorted(set(item) - set(USER_FIELDS) - {"prompt", "ids"})
+        if unknown:
+            raise UserError(f"{where}: unknown field {unknown[0]!r} (known: prompt, ids, {', '.join(USER_FIELDS)})")
+        if ("prompt" in item) == ("ids" in item):
+            raise UserError(f"{where}: give exactly one of \"prompt\" (text) and \"ids\" (token ids)")
+        text, ids = item.get("prompt"), item.get("ids")
+        if "prompt" in item and not isinstance(text, str):
+            raise UserError(f"{where}: \"prompt\" must be a string, got {type(text).__name__}")
+        if "ids" in item and not (isinstance(ids, list) and ids and all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+            raise UserError(f"{where}: \"ids\" must be a non-empty list of non-negative integers")
+        settings = {k: v for k, v in item.items() if k in USER_FIELDS}
+        mt = settings.get("max_tokens")
+        if "max_tokens" in settings and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
+            raise UserError(f"{where}: max_tokens must be a positive integer, got {mt!r}")
+        try:  # the sampling fields are checked here, before any model loads
+            SamplingParams(**{k: v for k, v in settings.items() if k != "max_tokens"})
+        except SamplingParamsError as e:
+            raise UserError(f"{where}: {e}") from None
+        users.append(PromptLine(text, ids, settings))
+    if not users:
+        raise UserError(f"--prompts-file {path} holds no prompt")
+    if len({u.ids is None for u in users}) > 1:
+        raise UserError(f"--prompts-file {path}: mixes text prompts and \"ids\" lines; use one kind per file")
+    return users
 
 
-def encode_prompts(args, ckpt) -> tuple[list[list[int]], list[str] | None, object]:
-    """-> (token ids per user, prompt texts or None, tokenizer or None)."""
+def prompt_lines(args) -> list[PromptLine] | None:
+    """The users of --prompt / --prompts-file (None when --ids or --messages gave the prompt)."""
+    if args.prompt is not None:
+        return [PromptLine(t, None) for t in args.prompt]
+    if getattr(args, "prompts_file", None) is None:
+        return None
+    return read_prompts_file(args.prompts_file)
+
+
+@dataclass(frozen=True)
+class UserRequests:
+    """Every user's prompt, sampling params and token budget (``per_user``: some --prompts-file line set one)."""
+    prompts: list[list[int]]
+    texts: list[str] | None
+    tok: object
+    params: list[SamplingParams]
+    max_tokens: list[int]
+    per_user: bool
+
+
+def user_requests(args, ckpt, speculative: bool) -> UserRequests:
+    """The run's users: prompts (encoded), and each user's params and budget: the command line's, with the
+    settings of its --prompts-file line on top. A user whose line gives no seed gets what the command line gives
+    user i: --seed + i speculative, --seed plain (each user has its own stream either way)."""
+    base = sampling_params(args)
+    lines = None if getattr(args, "messages", None) is not None else prompt_lines(args)
     if getattr(args, "messages", None) is not None:
         from ..chat import prompt_ids
         from ..tokenizer import load_chat_tokenizer
@@ -114,18 +179,29 @@ def encode_prompts(args, ckpt) -> tuple[list[list[int]], list[str] | None, objec
         messages = read_messages(args.messages)
         tok = load_chat_tokenizer(ckpt)
         ids = prompt_ids(tok, messages, enable_thinking=args.thinking_budget != 0)
-        return [ids], [tok.decode(ids)], tok
-    texts = prompt_texts(args)
-    if texts is None:
-        return args.ids, None, None
-    from ..tokenizer import load_tokenizer
+        prompts, texts = [ids], [tok.decode(ids)]
+    elif lines is None:
+        prompts, texts, tok = args.ids, None, None
+    elif lines[0].ids is not None:
+        prompts, texts, tok = [u.ids for u in lines], None, None
+    else:
+        from ..tokenizer import load_tokenizer
 
-    tok = load_tokenizer(ckpt)
-    ids = [tok.encode(t) for t in texts]
-    for i, user_ids in enumerate(ids):
-        if not user_ids:
-            raise UserError("--prompt encodes to zero tokens" if len(ids) == 1 else f"prompt {i} encodes to zero tokens")
-    return ids, texts, tok
+        tok = load_tokenizer(ckpt)
+        texts = [u.text for u in lines]
+        prompts = [tok.encode(t) for t in texts]
+        for i, user_ids in enumerate(prompts):
+            if not user_ids:
+                raise UserError("--prompt encodes to zero tokens" if len(prompts) == 1 else
+                                f"prompt {i} encodes to zero tokens")
+    settings = [u.settings for u in lines] if lines is not None else [{} for _ in prompts]
+    params, budgets = [], []
+    for i, s in enumerate(settings):
+        seed = base.seed + i if speculative else base.seed
+        fields = {k: v for k, v in s.items() if k != "max_tokens"}
+        params.append(replace(base, **{"seed": seed, **fields}))
+        budgets.append(s.get("max_tokens", args.max_new_tokens))
+    return UserRequests(prompts, texts, tok, params, budgets, per_user=any(settings))
 
 
 def thinking_budget(args, ckpt, tok):
@@ -153,38 +229,45 @@ def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     if args.spec_k != "auto" and args.spec_k < 0:
         raise UserError(f"--spec-k must be >= 0, got {args.spec_k}")
-    params = sampling_params(args)  # validated before any model is loaded
+    sampling_params(args)  # validated before any model is loaded
     precision = tt_precision(args)
     ckpt = resolve_checkpoint(args.checkpoint)
-    prompts, texts, tok = encode_prompts(args, ckpt)
     speculative = args.spec_k == "auto" or args.spec_k > 0
+    users = user_requests(args, ckpt, speculative)
+    prompts, texts, tok = users.prompts, users.texts, users.tok
     if len(prompts) > 1 and args.spec_k == "auto" and args.device not in REFERENCE_DEVICES:
         raise UserError(f"--spec-k auto with several prompts (batch {len(prompts)}) on {args.device}: the batched TT "
                         f"verify runs K+1 rows for every user every step, so a per-user depth policy saves no verify "
                         f"work there; pass an integer --spec-k (or one prompt)")
     thinking = thinking_budget(args, ckpt, tok)
+    if thinking is not None and any(p.logprobs is not None for p in users.params):
+        raise UserError("--thinking-budget with logprobs is not supported (forced tokens have no sampled logprob)")
     if speculative:
         from .speculative_generate import run_speculative_generate
 
-        return run_speculative_generate(args, ckpt, prompts, texts, tok, precision, thinking=thinking)
+        return run_speculative_generate(args, ckpt, users, precision, thinking=thinking)
+    if users.per_user and len(prompts) > 1 and args.device in REFERENCE_DEVICES:
+        check_reference_plain_batch(args.device, users.params)  # before the model loads
     target = load_target(ckpt, args.device, torch_dtype(args.dtype), precision=precision)
     vocab = target.config.vocab_size
     if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
+    eos = target.config.eos_token_id
     t0 = time.perf_counter()
+    params = users.params[0]
     if thinking is not None and len(prompts) == 1:
         if args.device in REFERENCE_DEVICES:
             from ..speculative.plain import plain_generate
 
-            result = plain_generate(target.model, prompts[0], args.max_new_tokens, params,
-                                    target.config.eos_token_id, thinking=thinking)
+            result = plain_generate(target.model, prompts[0], users.max_tokens[0], params, eos, thinking=thinking)
         else:  # TT: the phrase fed as decode rows, each replacing the step's pick
-            result = target.generate(prompts[0], args.max_new_tokens, params, target.config.eos_token_id,
-                                     thinking=thinking)
-        outputs, logprobs = [result.tokens], result.logprobs
+            result = target.generate(prompts[0], users.max_tokens[0], params, eos, thinking=thinking)
+        outputs, logprobs = [result.tokens], [result.logprobs]
     elif len(prompts) == 1:
-        result = target.generate(prompts[0], args.max_new_tokens, params, target.config.eos_token_id)
-        outputs, logprobs = [result.tokens], result.logprobs
+        result = target.generate(prompts[0], users.max_tokens[0], params, eos)
+        outputs, logprobs = [result.tokens], [result.logprobs]
+    elif users.per_user:
+        outputs, logprobs = plain_batch_per_user(target, args.device, users, eos, thinking)
     else:
         sampled = not params.greedy or params.penalized
         if params.logprobs is not None or sampled and not hasattr(target, "sample_batch"):
@@ -192,17 +275,59 @@ def run(args: argparse.Namespace) -> int:
                             f"{'--logprobs' if params.logprobs is not None else 'temperature or penalties'}; "
                             f"sampled batches run on the TT devices); pass one prompt, or add --spec-k")
         if sampled:
-            outputs = target.sample_batch(prompts, args.max_new_tokens, params, target.config.eos_token_id,
-                                          thinking=thinking)
+            outputs = target.sample_batch(prompts, args.max_new_tokens, params, eos, thinking=thinking)
         else:
-            outputs = target.greedy_batch(prompts, args.max_new_tokens, target.config.eos_token_id,
-                                          thinking=thinking)
-        logprobs = None
+            outputs = target.greedy_batch(prompts, args.max_new_tokens, eos, thinking=thinking)
+        logprobs = [None] * len(prompts)
     dt = time.perf_counter() - t0
     n = sum(map(len, outputs))
     batch = "" if len(prompts) == 1 else f" batch {len(prompts)}:"
-    logger.info(f"[{target.label}] plain {params.describe()}:{batch} {n} tokens in {dt:.2f} s "
+    mode = "per-user settings" if users.per_user and len(prompts) > 1 else params.describe()
+    logger.info(f"[{target.label}] plain {mode}:{batch} {n} tokens in {dt:.2f} s "
                 f"({n / dt:.1f} tok/s, measured on this backend)")
     print_outputs(outputs, texts, tok)
-    print_logprobs(logprobs, tok)
+    for i, lps in enumerate(logprobs):
+        if lps is not None and len(prompts) > 1:
+            print(f"user {i}:")
+        print_logprobs(lps, tok)
     return 0
+
+
+def check_reference_plain_batch(device: str, params) -> None:
+    """The reference's plain batch decodes greedy only: refuse a user with temperature, penalties or logprobs."""
+    odd = next((i for i, p in enumerate(params) if not p.greedy or p.penalized or p.logprobs is not None), None)
+    if odd is not None:
+        raise UserError(f"user {odd} ({params[odd].describe()}): a plain batch on {device} decodes greedy only "
+                        f"(no temperature, penalties or logprobs; sampled batches run on the TT devices); pass "
+                        f"one prompt, or add --spec-k")
+
+
+def plain_batch_per_user(target, device: str, users: UserRequests, eos_ids, thinking):
+    """Plain decoding of several users with their own settings as one batch -> (tokens, logprobs) per user.
+
+    TT: one :class:`TTBatchDecoder` and one :class:`DeviceSampler` over the bucket's rows holding the stages the
+    users need (``SamplerStages.of`` them), each row its user's params and uniform stream (``batched_generate``;
+    each user's tokens are its batch-1 ``generate`` tokens). Reference: its batch decodes greedy only, so per-user
+    settings there are budgets (greedy tokens are prefix-stable: a user's budget truncates the batch's output)."""
+    from .backends import REFERENCE_DEVICES
+
+    prompts, params, budgets = users.prompts, users.params, users.max_tokens
+    if device in REFERENCE_DEVICES:
+        check_reference_plain_batch(device, params)
+        out = target.greedy_batch(prompts, max(budgets), eos_ids, thinking=thinking)
+        return [o[:b] for o, b in zip(out, budgets)], [None] * len(prompts)
+    from ..tt.runtime.batch import DEFAULT_BUCKETS, TTBatchDecoder, batched_generate, bucket_for
+    from ..tt.runtime.sampler import DeviceSampler
+    from ..tt.runtime.sampler_transform import SamplerStages
+
+    vocab = target.config.vocab_size
+    target.release_trace()
+    dec = TTBatchDecoder(target.model, bucket_for(len(prompts), DEFAULT_BUCKETS), use_trace=target.use_trace)
+    sampler = DeviceSampler(target.ttnn, target.mesh, vocab, dec.slots, rng=target.rng,
+                            stages=SamplerStages.of(params, vocab)).allocate()
+    try:
+        res = batched_generate(dec, sampler, prompts, params, budgets, eos_ids, thinking=thinking)
+    finally:
+        dec.release()
+        sampler.release()
+    return res.tokens, res.logprobs

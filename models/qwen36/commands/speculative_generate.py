@@ -12,18 +12,20 @@ from .backends import REFERENCE_DEVICES
 
 
 def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, depth=None, users: int = 1,
-                 params=None, precision: str = "accuracy"):
+                 params=None, precision: str = "accuracy", per_user=None):
     """The speculative backend for --device: the torch reference, or the TT target + device MTP. ``depth``: the
     depth policy (the TT backend allocates every depth a controller may pick; the reference sizes its verify for
     the largest). ``users``: the backend's slots (one packed verify per step for all users): ``ReferenceBackend``,
     or on TT ``TTSpecBackend`` for one user and ``TTSpecBackend(slots=B)`` with the packed device MTP drafter for
-    several (fixed K; ``params``: the users' shared sampling parameters, seeds aside). ``precision``: the TT precision preset (`generate` passes the one its plain path
-    uses, so that speculative and plain decoding run the same model)."""
+    several (fixed K; ``params``: the users' shared sampling parameters, seeds aside; ``per_user``: instead, every
+    user's own params, whose stages the TT backend's acceptor then holds). ``precision``: the TT precision preset
+    (`generate` passes the one its plain path uses, so that speculative and plain decoding run the same model)."""
     if device not in REFERENCE_DEVICES:
         if users != 1:
             if not isinstance(depth, int):
                 raise UserError("batched speculative decoding on a TT device takes a fixed integer --spec-k")
-            return load_tt_batch_backend(ckpt, device, mechanism, max_len, users, depth, params, precision=precision)
+            return load_tt_batch_backend(ckpt, device, mechanism, max_len, users, depth, params, precision=precision,
+                                         per_user=per_user)
         depths = None if depth is None or isinstance(depth, int) else depth.depths
         return load_tt_backend(ckpt, device, mechanism, max_len, precision=precision, depths=depths)
     import torch
@@ -55,11 +57,13 @@ def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, preci
 
 
 def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int, users: int, k: int, params=None,
-                          precision: str = "accuracy"):
+                          precision: str = "accuracy", per_user=None):
     """TTSpecBackend with B slots for ``users`` users on ``device``: traced draft (the packed device MTP chain) / verify +
     accept / commit + MTP reseed, every user verifying K+1 rows per step. The slot count is padded up to one the
     verify's core grid can lay out (``verify_slots``: 3 users at K = 3 get 4 slots, 16 rows); the spare slots stay
-    free and their rows inert. Refused before anything loads when no slot count fits."""
+    free and their rows inert. Refused before anything loads when no slot count fits. ``per_user``: every user's
+    own SamplingParams (the acceptor then holds ``SamplerStages.of`` them and each row its user's; the packed device
+    drafter drafts by argmax for them, so sampled users need draft="greedy", refused before anything loads)."""
     from loguru import logger
 
     from ..checkpoint import load_checkpoint
@@ -69,6 +73,15 @@ def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int,
     from ..tt.runtime.generator import load_tt_target
     from ..tt.spec.mtp_drafter import TTMTPDrafter
 
+    from ..tt.runtime.sampler_transform import SamplerStages
+
+    stages = None
+    if per_user is not None:
+        odd = next((i for i, p in enumerate(per_user) if p.sampled_drafts), None)
+        if odd is not None:
+            raise UserError(f"user {odd} ({per_user[odd].describe()}): per-user settings in a TT speculative batch draft "
+                            f"by argmax on the device MTP chain; pass --draft greedy")
+        stages = SamplerStages.of(per_user, config_of(ckpt).vocab_size)
     slots = verify_slots(users, k)
     if slots != users:
         logger.info(f"{users} users at K={k}: {slots} slots ({slots * (k + 1)} verify rows; the verify's core grid "
@@ -77,6 +90,8 @@ def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int,
     gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,
                          max_seq_len=max(2 * block, -(-max_len // block) * block), block_size=block)
     drafter = TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
+    if stages is not None:
+        return TTSpecBackend(gen, mechanism, drafter=drafter, slots=slots, k=k, rows="host", stages=stages)
     return TTSpecBackend(gen, mechanism, drafter=drafter, slots=slots, k=k, rows="host",
                          params=params if params is not None else SamplingParams())
 
@@ -129,33 +144,36 @@ def config_of(ckpt: Path):
     return Qwen36Config.from_file(ckpt)
 
 
-def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list[list[int]], texts: list[str] | None,
-                             tok, precision: str | None = None, thinking=None) -> int:
+def run_speculative_generate(args: argparse.Namespace, ckpt: Path, users, precision: str | None = None,
+                             thinking=None) -> int:
     """Speculative generation of one or several users (several: one batched backend, every step one packed verify
-    over all users, driven by ``speculative_generate``; user i samples with seed ``--seed`` + i).
+    over all users, driven by ``speculative_generate``). ``users``: generate's ``UserRequests``, each user its own
+    params and budget (without --prompts-file settings, the command line's with seed ``--seed`` + i).
     ``precision``: the TT preset `generate` resolved for its plain path too (None on the reference)."""
     from loguru import logger
 
     from ..checkpoint import CheckpointError
-    from .common import print_logprobs, print_outputs, sampling_params, torch_dtype
+    from .common import print_logprobs, print_outputs, torch_dtype
 
+    prompts, texts, tok, params = users.prompts, users.texts, users.tok, users.params
     if thinking is not None and args.device not in REFERENCE_DEVICES and (len(prompts) > 1 or args.spec_k == "auto"):
         raise UserError(f"--thinking-budget with --spec-k on {args.device} takes one prompt and an integer --spec-k "
                         "(the forced phrase goes through the one-user step's traces; B slots and per-step depths "
                         "have no forced-token step)")
     b = len(prompts)
-    first = sampling_params(args)
-    params = [dataclasses.replace(first, seed=first.seed + i) for i in range(b)]  # user i samples with seed + i
+    first = params[0]
+    # a B-slot TT backend holds one params (seeds aside) unless built with per-user stages
+    shared = all(dataclasses.replace(p, seed=first.seed) == first for p in params)
     cfg_auto = config_of(ckpt) if args.spec_k == "auto" else None
     depths = [depth_policy(args.spec_k, args.device, config=cfg_auto) for _ in range(b)]  # a controller tracks one user
     depth = depths[0]
     k_max = depth if isinstance(depth, int) else depth.k_max
-    max_len = max(map(len, prompts)) + args.max_new_tokens + k_max + 2
+    max_len = max(map(len, prompts)) + max(users.max_tokens) + k_max + 2
     max_len += 0 if thinking is None else len(thinking.phrase)  # the forced phrase's rows
     try:
         kw = {} if precision is None else {"precision": precision}
         loaded = load_backend(ckpt, args.device, torch_dtype(args.dtype), args.commit, max_len, depth, users=b,
-                              params=first, **kw)
+                              params=first, per_user=None if shared else params, **kw)
     except CheckpointError as e:
         raise UserError(str(e)) from None
     backend = loaded
@@ -163,10 +181,11 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     if any(i >= vocab for ids in prompts for i in ids):
         raise UserError(f"prompt ids outside the vocabulary (size {vocab})")
     t0 = time.perf_counter()
-    results = speculative_generate(backend, prompts, args.max_new_tokens, depths, params,
+    results = speculative_generate(backend, prompts, users.max_tokens, depths, params,
                                    eos_ids=backend_config(backend).eos_token_id, thinking=thinking)
     dt = time.perf_counter() - t0
-    mode = first.describe() + ("" if b == 1 else " (user i: seed + i)")
+    mode = first.describe() + ("" if b == 1 else " (user i: seed + i)") if not users.per_user else (
+        first.describe() if b == 1 else "per-user settings")
     n = sum(len(r.tokens) for r in results)
     batch = "" if b == 1 else f" batch {b}:"
     logger.info(f"[{backend.label}] speculative K={depth_label(depth)} commit={args.commit} {mode}:{batch} {n} tokens "

@@ -340,7 +340,7 @@ class SpecBatch:
         return lp
 
 
-def speculative_generate(backend: SpecBackend, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+def speculative_generate(backend: SpecBackend, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
                          depths: "Sequence[int | FixedDepth | DepthController]",
                          params: Sequence[SamplingParams] | None = None, eos_ids: Sequence[int] = (),
                          arrivals: Sequence[int] | None = None,
@@ -351,15 +351,16 @@ def speculative_generate(backend: SpecBackend, prompts: Sequence[Sequence[int]],
 
     Round r first adds the users arriving in round r (each takes the lowest free slot), then runs one
     :meth:`SpecBatch.step`. Users advance in lockstep, each accepting its own number of drafts; a user that reaches
-    EOS (kept; EOS inside an accepted block ends it there) or ``max_new_tokens`` leaves its slot while the others go
-    on. A user's result depends on its own inputs only: the same as decoding it alone. ``thinking``: the thinking
+    EOS (kept; EOS inside an accepted block ends it there) or ``max_new_tokens`` (one count, or one per user) leaves
+    its slot while the others go on. A user's result depends on its own inputs only: the same as decoding it alone. ``thinking``: the thinking
     budget (``thinking.py``), each user its own count (the backend needs ``inject``)."""
     n = len(prompts)
     params = [SamplingParams()] * n if params is None else list(params)
     arrivals = [0] * n if arrivals is None else list(arrivals)
-    if n == 0 or not len(depths) == len(params) == len(arrivals) == n:
-        raise ValueError(f"one prompt, depth, params and arrival per user: got {n}, {len(depths)}, {len(params)}, "
-                         f"{len(arrivals)}")
+    limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if n == 0 or not len(depths) == len(params) == len(arrivals) == len(limits) == n:
+        raise ValueError(f"one prompt, depth, params, arrival and token limit per user: got {n}, {len(depths)}, "
+                         f"{len(params)}, {len(arrivals)}, {len(limits)}")
     if min(arrivals) < 0:
         raise ValueError(f"arrival rounds must be >= 0, got {arrivals}")
     ctrls = [FixedDepth(k) if isinstance(k, int) else k for k in depths]
@@ -374,7 +375,7 @@ def speculative_generate(backend: SpecBackend, prompts: Sequence[Sequence[int]],
                 if not batch.free:
                     raise ValueError(f"user {i} arrives in round {round_} but no slot is free (the backend has "
                                      f"{backend.slots})")
-                reqs[i] = batch.add(prompts[i], max_new_tokens, ctrls[i], params[i], eos_ids)
+                reqs[i] = batch.add(prompts[i], limits[i], ctrls[i], params[i], eos_ids)
         batch.step()
         round_ += 1
     return [r.result() for r in reqs]

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ..tt.runtime.generator import DEFAULT_TRACE_REGION
+from ..tt.model.state import KVLayerState, allocate_state
+from ..tt.runtime.generator import DEFAULT_TRACE_REGION, TTGenerator
 from ..tt.serving import vllm_types as vt
 from ..tt.serving.qwen36_vllm import Qwen36ForCausalLM
 from ..tt_ops.device import open_mesh
@@ -258,14 +259,28 @@ def load_on_mesh(ctx, make):
     return m
 
 
+def batch1_generator(ctx, m) -> TTGenerator:
+    """A batch-1 :class:`TTGenerator` with its own one-sequence state on the weights of the loaded model class
+    ``m`` (what ``qwen36 generate --device emulated-p150x2`` runs): the tests' reference. A plain launch allocates
+    no generator of its own; this one is the test's, registered on ``ctx`` so that its traces are released before
+    another model loads (``load_on_mesh``). Allocate it while no trace is live on the mesh."""
+    a = m.model.args
+    gen = TTGenerator(m.model, allocate_state(a, m.model.ttnn, m.model.mesh), use_trace=True)
+    ctx.models.append(SimpleNamespace(release_persistent_capture=gen.release_trace))
+    return gen
+
+
 def reference_greedy(ck, ctx):
     """TTGenerator.greedy (what ``qwen36 generate --device emulated-p150x2`` runs) on its own identity table:
     (the first N_NEW + 2 (K + 1) tokens after PROMPT, layer-0 K cache blocks 0 and 1 = positions 0..63)."""
     hf = json.loads((ck / "config.json").read_text())
     m = load_on_mesh(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
         hf, ctx.mesh_device, 1, MAX_LEN, optimizations="accuracy", checkpoint=ck, block_size=BLOCK, prefill_chunk=64))
-    ref = m.gen.greedy(PROMPT, N_NEW + 2 * (K + 1))
-    m.kv_blocks = m.model.to_host(m.allocate_kv_cache()[0][0])[:2].clone()
+    gen = batch1_generator(ctx, m)
+    ref = gen.greedy(PROMPT, N_NEW + 2 * (K + 1))
+    k0 = next(s for s in gen.state.layers if isinstance(s, KVLayerState)).k  # the first full-attention layer's K
+    m.kv_blocks = m.model.to_host(k0)[:2].clone()
+    gen.release_trace()
     m.close()
     return ref, m.kv_blocks
 

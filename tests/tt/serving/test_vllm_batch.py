@@ -25,7 +25,7 @@ import torch
 from qwen36.speculative.sampling import SamplingParams
 from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
 from qwen36.testing.vllm_calls import replay_calls as replay
-from qwen36.testing.vllm_replay import LOGITS_TOL, load_on_mesh as _load, open_env, served_model
+from qwen36.testing.vllm_replay import LOGITS_TOL, batch1_generator, load_on_mesh as _load, open_env, served_model
 
 TRACE = json.loads((Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_batch_trace.json").read_text())
 SAMPLED = json.loads((Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_batch_sampled_trace.json").read_text())
@@ -46,14 +46,16 @@ def batch1(env):
     m = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
         hf, ctx.mesh_device, 1, TRACE["max_model_len"], optimizations="accuracy", checkpoint=ck))
     runs = []
+    gen = batch1_generator(ctx, m)
     for prompt, n in zip(TRACE["prompts"], TRACE["max_tokens"]):
-        logits = [m.gen.prefill(prompt)]
+        logits = [gen.prefill(prompt)]
         toks = [int(logits[-1].argmax())]
         while len(toks) < n:
-            lg, _ = m.gen.decode_step(toks[-1])
+            lg, _ = gen.decode_step(toks[-1])
             logits.append(lg.float().reshape(-1).clone())
             toks.append(int(lg.argmax()))
         runs.append((toks, logits))
+    gen.release_trace()
     m.close()
     return runs
 
@@ -62,7 +64,13 @@ def test_replay_of_the_engines_calls(env, batch1):
     ck, ctx = env
     assert [t for t, _ in batch1] == TRACE["outputs"]  # the engine's own output was each prompt's batch-1 output
     m = served_model(ck, ctx, TRACE["max_num_seqs"], TRACE["max_model_len"])
+    # a plain launch allocates no one-sequence generator and no speculative backend (it used neither): its
+    # sequences, vLLM's KV pool included, live in the batched decoder's state
+    assert m.gen is None and m.spec_backend is None and m.state is m.batch.kv_state
     got = replay(m, TRACE)
+    kv_ids = [i for i, st in enumerate(m.state.layers) if hasattr(st, "k")]
+    assert kv_ids and all(d.state.layers[i].k is k and d.state.layers[i].v is v  # the pool the plugin holds
+                          for d in m.batch.dec.decs.values() for i, (k, v) in zip(kv_ids, m._kv_cache))
     worst = 0.0
     for user, (toks, ref_logits) in enumerate(batch1):
         assert [t for t, _ in got[user]] == toks, user
@@ -86,8 +94,10 @@ def test_replay_of_the_engines_device_sampled_calls(env):
     hf = json.loads((ck / "config.json").read_text())
     ref = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
         hf, ctx.mesh_device, 1, SAMPLED["max_model_len"], optimizations="accuracy", checkpoint=ck))
-    want = [ref.gen.generate(p, n, SamplingParams(**r)).tokens
+    gen = batch1_generator(ctx, ref)
+    want = [gen.generate(p, n, SamplingParams(**r)).tokens
             for p, n, r in zip(SAMPLED["prompts"], SAMPLED["max_tokens"], SAMPLED["requests"])]
+    gen.release_trace()
     ref.close()
     assert want == SAMPLED["outputs"]
     m = served_model(ck, ctx, SAMPLED["max_num_seqs"], TRACE["max_model_len"])

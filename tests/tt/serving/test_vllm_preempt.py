@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
-from qwen36.testing.vllm_replay import (K, LOGITS_TOL, PluginReplay, load_on_mesh as _load, open_env,
+from qwen36.testing.vllm_replay import (K, LOGITS_TOL, PluginReplay, batch1_generator, load_on_mesh as _load, open_env,
                                         served_model)
 
 TRACE = json.loads((Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_batch_trace.json").read_text())
@@ -48,14 +48,15 @@ def alone(env):
     m = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
         hf, ctx.mesh_device, 1, MAX_LEN, optimizations="accuracy", checkpoint=ck))
     cache = {}
+    gen = batch1_generator(ctx, m)
 
     def run(tokens: list[int], n: int):
         key = (tuple(tokens), n)
         if key not in cache:
-            logits = [m.gen.prefill(tokens).float().reshape(-1).clone()]
+            logits = [gen.prefill(tokens).float().reshape(-1).clone()]
             toks = [int(logits[-1].argmax())]
             while len(toks) < n:
-                lg, _ = m.gen.decode_step(toks[-1])
+                lg, _ = gen.decode_step(toks[-1])
                 logits.append(lg.float().reshape(-1).clone())
                 toks.append(int(lg.argmax()))
             cache[key] = (toks, logits)

@@ -28,8 +28,8 @@ import torch
 from qwen36.speculative.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
 from qwen36.tt.serving import vllm_types as vt
 from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM, sampling_from_plugin
-from qwen36.testing.vllm_replay import (BLOCK, MAX_LEN, PROMPT, PluginReplay, greedy_accept, load_on_mesh as _load,
-                                        open_env)
+from qwen36.testing.vllm_replay import (BLOCK, MAX_LEN, PROMPT, PluginReplay, batch1_generator, greedy_accept,
+                                        load_on_mesh as _load, open_env)
 
 PLUGIN_FIELDS = Path(__file__).resolve().parents[2] / "data" / "vllm_tt_plugin_sampling_params.json"
 P = len(PROMPT)
@@ -197,10 +197,12 @@ def reference(env):
     hf = json.loads((ck / "config.json").read_text())
     m = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
         hf, ctx.mesh_device, 1, MAX_LEN, optimizations="accuracy", checkpoint=ck, block_size=BLOCK, prefill_chunk=64))
-    out = {"greedy": m.gen.greedy(PROMPT, N_NEW),
-           "stochastic": m.gen.generate(PROMPT, N_NEW, ours(STOCHASTIC)).tokens,
-           "seed8": m.gen.generate(PROMPT, N_NEW, ours(vllm_request(**{**vars(STOCHASTIC), "seed": 8}))).tokens,
-           "greedy_penalized": m.gen.generate(PROMPT, 2 * N_NEW, ours(GREEDY_PENALIZED)).tokens}
+    gen = batch1_generator(ctx, m)
+    out = {"greedy": gen.greedy(PROMPT, N_NEW),
+           "stochastic": gen.generate(PROMPT, N_NEW, ours(STOCHASTIC)).tokens,
+           "seed8": gen.generate(PROMPT, N_NEW, ours(vllm_request(**{**vars(STOCHASTIC), "seed": 8}))).tokens,
+           "greedy_penalized": gen.generate(PROMPT, 2 * N_NEW, ours(GREEDY_PENALIZED)).tokens}
+    gen.release_trace()
     m.close()
     return out
 

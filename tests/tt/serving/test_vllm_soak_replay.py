@@ -21,7 +21,7 @@ import torch
 
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 from qwen36.testing.vllm_calls import restore as _arg
-from qwen36.testing.vllm_replay import LOGITS_TOL, load_on_mesh as _load, open_env
+from qwen36.testing.vllm_replay import LOGITS_TOL, batch1_generator, load_on_mesh as _load, open_env
 
 SOAK = json.loads((Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_soak_trace.json").read_text())
 
@@ -82,18 +82,19 @@ def test_replay_of_a_soak_with_preemption_and_aborts(env):
 
     ref = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
         hf, ctx.mesh_device, 1, t["max_model_len"], optimizations="accuracy", checkpoint=ck))
+    gen = batch1_generator(ctx, ref)
     worst, flips = 0.0, []
     for u, (prompt, out, spec) in enumerate(zip(t["prompts"], t["outputs"], t["requests"])):
         for fed, rows in segs[u]:
             # batch 1, the same tokens fed: prefill what the segment prefilled, then the tokens the engine emitted
             emitted = out[len(fed) - len(prompt):]
-            want = [ref.gen.prefill(fed).float().reshape(-1).clone()]
+            want = [gen.prefill(fed).float().reshape(-1).clone()]
             for tok in emitted[: len(rows) - 1]:
-                lg, _ = ref.gen.decode_step(tok)
+                lg, _ = gen.decode_step(tok)
                 want.append(lg.float().reshape(-1).clone())
             worst = max(worst, max(float((g - w).abs().max()) for g, w in zip(rows, want)))
         if spec["sampling"]["temperature"] == 0.0 and t["finished"][u] == "length":
-            alone = ref.gen.greedy(prompt, spec["max_tokens"])  # the request served alone, never preempted
+            alone = gen.greedy(prompt, spec["max_tokens"])  # the request served alone, never preempted
             if len(segs[u]) == 1:
                 assert out == alone, u
             elif out != alone:
@@ -102,7 +103,7 @@ def test_replay_of_a_soak_with_preemption_and_aborts(env):
                 # uninterrupted run nearly tie. Only such a flip, after the resume, is accepted here.
                 d = next(i for i, (a, b) in enumerate(zip(out, alone)) if a != b)
                 assert len(prompt) + d >= len(segs[u][1][0]) - 1, (u, d)
-                lg = ref.gen.prefill(prompt + alone[:d]).float().reshape(-1)
+                lg = gen.prefill(prompt + alone[:d]).float().reshape(-1)
                 top = lg.topk(2).values
                 flips.append((u, d, float(top[0] - top[1])))
     print(f"greedy flips after a resume (request, token index, top-2 logit margin of the batch-1 prefill of the same tokens): {flips}")

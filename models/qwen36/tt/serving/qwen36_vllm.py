@@ -126,12 +126,16 @@ class Qwen36ForCausalLM:
         "max_batch_size": MAX_BATCH,
     }
 
-    def __init__(self, gen: TTGenerator, reader, mechanism: str = DEFAULT_MECHANISM, cache_dir=None, *,
-                 uses_mrope: bool = False, spec_k: int | None = None, spec_depth: str = "fixed",
-                 depth_costs: str = DEPTH_COSTS, max_batch_size: int = 1):
-        self.gen, self.model, self.state = gen, gen.model, gen.state
+    def __init__(self, model: TTQwen36Model, reader, mechanism: str = DEFAULT_MECHANISM, cache_dir=None, *,
+                 gen: TTGenerator | None = None, uses_mrope: bool = False, spec_k: int | None = None,
+                 spec_depth: str = "fixed", depth_costs: str = DEPTH_COSTS, max_batch_size: int = 1):
+        """``gen``: the speculative launch's one-sequence generator (its state is the sequence's KV + GDN state);
+        a plain launch has none: its batched decoder holds every sequence's state, vLLM's KV pool included."""
+        self.model, self.gen = model, gen
         if max_batch_size > 1 and spec_k:
             raise NotImplementedError(f"speculative K={spec_k} with max_batch_size={max_batch_size}: {ONE_USER}")
+        if bool(spec_k) != (gen is not None):
+            raise ValueError("a speculative launch takes its one-sequence TTGenerator (gen=), a plain launch none")
         self.reader = reader
         self.has_mtp = reader.config.has_mtp
         if spec_depth not in DEPTH_MODES:
@@ -144,12 +148,21 @@ class Qwen36ForCausalLM:
         # the server of the launch: plain decode of 1..32 sequences on the batched decoder (vLLM state slot j =
         # decoder slot j; one sequence is bucket 1, the same code path), or the speculative sequence of a launch
         # with a speculative K; ``batch`` is the batch server, None in a speculative launch
-        self.server = OneSequenceServer(self) if spec_k else _BatchServer(self, max_batch_size)
+        # ``state``: the model state whose full-attention layers vLLM's pool replaces (allocate_kv_cache*): the
+        # generator's in a speculative launch, the batched decoder's (its largest bucket's, shared by every bucket)
+        # in a plain one
+        if spec_k:
+            self.state = gen.state
+            self.server = OneSequenceServer(self)
+        else:
+            self.server = _BatchServer(self, max_batch_size)
+            self.state = self.server.kv_state
         self.batch = None if spec_k else self.server
         depths = self.server.controller.depths if spec_depth == "auto" else None
+        # the MTP drafter and the speculative backend only where a launch speculates (a plain launch never drafts)
         self.spec_backend = (_VllmSpecBackend(gen, mechanism, drafter=TTMTPDrafter(reader, cache_dir),
                                               use_trace=gen.use_trace, depths=depths)
-                             if self.has_mtp else None)
+                             if spec_k and self.has_mtp else None)
         self._kv_cache = None
         self.already_warmed_up_prefill = False
         logger.info(f"vllm-tt contract types from {vt.SOURCE}; sampling payload from {vt.SAMPLING_SOURCE}")
@@ -256,11 +269,13 @@ class Qwen36ForCausalLM:
         args = TTModelArgs.from_config(cfg, n, PrecisionSetting.named(prec_name), max_seq_len=int(max_seq_len), **kw)
         weights = WeightLoader(reader, args, ttnn, mesh_device, cache_dir, progress=False).load()
         model = TTQwen36Model(args, weights, ttnn, mesh_device)
-        gen = TTGenerator(model, allocate_state(args, ttnn, mesh_device), use_trace=True,
-                          label=getattr(mesh_device, "label", "") or f"mesh x{n}")
+        # a speculative launch decodes its one sequence on a TTGenerator (its own KV + GDN state); a plain launch's
+        # sequences all live in the batched decoder's state, so it allocates no generator
+        gen = (TTGenerator(model, allocate_state(args, ttnn, mesh_device), use_trace=True,
+                           label=getattr(mesh_device, "label", "") or f"mesh x{n}") if spec_k is not None else None)
         logger.info(f"vllm-tt Qwen3.6: tp={n}, precision={prec_name}, max_seq_len={max_seq_len}, "
                     f"block_size={args.block_size}, mtp={cfg.has_mtp}, spec_k={spec_k}, spec_depth={spec_depth}")
-        return cls(gen, reader, mechanism, cache_dir, uses_mrope=config_uses_mrope(raw), spec_k=spec_k,
+        return cls(model, reader, mechanism, cache_dir, gen=gen, uses_mrope=config_uses_mrope(raw), spec_k=spec_k,
                    spec_depth=spec_depth, depth_costs=depth_costs, max_batch_size=int(max_batch_size))
 
     # ---- KV cache ------------------------------------------------------------------------------------------
@@ -282,7 +297,8 @@ class Qwen36ForCausalLM:
 
     def allocate_kv_cache(self, kv_cache_shape=None, dtype=None, num_layers: int | None = None) -> list:
         """Legacy uniform form: ``(num_blocks, kv_heads per device, block_size, head_dim)`` for ``num_layers``
-        attention layers. Without a shape, the model's own caches (one sequence of max_seq_len) are returned."""
+        attention layers. Without a shape, the caches the launch decodes into are returned (a speculative launch's
+        one sequence of max_seq_len; a plain launch's batched decoder's)."""
         n_attn = len(self._attn_layers())
         if num_layers is not None and int(num_layers) not in (n_attn, self.model.args.cfg.num_hidden_layers):
             raise ValueError(f"num_layers={num_layers}: model has {self.model.args.cfg.num_hidden_layers} layers, "
@@ -305,8 +321,8 @@ class Qwen36ForCausalLM:
         self._release_traces()  # caches are persistent buffers the traces point at: replace them before capture
         for i in self._attn_layers():
             old = self.state.layers[i]
-            self.gen.ttnn.deallocate(old.k)  # the model's own one-sequence cache: vLLM's pool replaces it
-            self.gen.ttnn.deallocate(old.v)
+            self.model.ttnn.deallocate(old.k)  # the launch's own cache: vLLM's pool replaces it
+            self.model.ttnn.deallocate(old.v)
             self.state.layers[i] = self._kv_state(num_blocks)
         self.num_blocks = num_blocks
         self.server.on_kv_pool(num_blocks)
@@ -324,10 +340,11 @@ class Qwen36ForCausalLM:
             def __getattr__(self, name):
                 return num_blocks if name == "num_blocks" else getattr(a, name)
 
-        return new_layer_state(_Blocks(), self.gen.ttnn, self.gen.mesh, FULL)
+        return new_layer_state(_Blocks(), self.model.ttnn, self.model.mesh, FULL)
 
     def _release_traces(self) -> None:
-        self.gen.release_trace()
+        if self.gen is not None:
+            self.gen.release_trace()
         self.server.release_traces()
         if self.spec_backend is not None:
             self.spec_backend.release()

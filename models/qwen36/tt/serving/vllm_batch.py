@@ -77,8 +77,14 @@ class _BatchServer:
     def slots(self) -> int:
         return self.dec.slots
 
+    @property
+    def kv_state(self):
+        """The state whose full-attention layers every bucket reads and writes (the largest bucket's): the caches
+        vLLM's pool replaces (``Qwen36ForCausalLM.allocate_kv_cache*``)."""
+        return self.dec.decs[self.dec.slots].state
+
     def on_kv_pool(self, num_blocks: int) -> None:
-        """vLLM's pool replaced the model's cache: the batched decoder reads and writes the same pool."""
+        """vLLM's pool replaced the caches of ``kv_state`` (the owner's ``state``): every bucket reads and writes it."""
         for i, layer in enumerate(self.owner.state.layers):
             if isinstance(layer, KVLayerState):
                 self.dec.replace_kv(i, layer)
