@@ -30,7 +30,6 @@ step for callers that need the row itself (the vLLM adapter's logits contract, n
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
