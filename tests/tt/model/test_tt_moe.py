@@ -218,7 +218,7 @@ def test_moe_model_traced_decode_pcc_every_step(ckpt, ref, preset):
             assert ok, f"MoE decode step {i} ({preset}, router gap {float(gaps[i]):.4f}): {msg}"
             if margins[i + 1] > 0.25:
                 assert int(logits.argmax()) == toks[i + 1], f"step {i}: argmax differs at a clear decision"
-        assert gen.decode_trace.captured, "decode ran untraced"
+        assert gen.decoder.trace_name in gen.decoder.traces.steps, "decode ran untraced"
     finally:
         gen.close()
     assert len(skipped) <= steps // 3, f"too many router near-ties to gate: {skipped}"
@@ -233,7 +233,7 @@ def test_moe_traced_decode_equals_untraced_bitwise(ckpt):
         g.prefill(PROMPT)
         out = [g.decode_step(t)[0] for t in feeds]
         if use_trace:
-            assert g.decode_trace.captured
+            assert g.decoder.trace_name in g.decoder.traces.steps
         g.close()
         return out
 

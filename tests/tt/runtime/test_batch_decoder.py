@@ -9,6 +9,7 @@ import torch
 
 from qwen36.reference.batch import SlotDecoder
 from qwen36.reference.model import Qwen36Model
+from qwen36.speculative.sampling import SamplingParams
 from qwen36.tt.runtime.batch import TTBatchDecoder, batched_greedy, bucket_for
 from qwen36.testing.pcc import comp_pcc
 from qwen36.testing.tt_batch import (assert_users_match_single, batch_cli_equals_alone, batch_one_greedy as single,
@@ -59,6 +60,30 @@ def test_bucket_of_one_equals_generator(gen):
     finally:
         dec.release()
     assert_users_match_single(gen, prompts, res, [5])
+
+
+def test_generator_decodes_on_its_one_slot_decoder(gen):
+    """TTGenerator's decode is TTBatchDecoder's at one slot over the generator's own state: a sampled generate runs
+    the decoder's sampled step (eager once, then captured once and replayed), the slot and the state end at the same
+    position, and the decoder (built without join buffers) refuses join / leave while a join decoder refuses
+    hold."""
+    p = prompt(6, 61).tolist()
+    dec = gen.decoder
+    assert dec.slots == 1 and dec.state is gen.state and not dec.joins and dec.scratch is None
+    before = dec.traces.captures["decode+sample/B1"]
+    res = gen.generate(p, 4, SamplingParams(temperature=0.8, seed=2, repetition_penalty=1.1))
+    assert len(res.tokens) == 4
+    assert dec.traces.captures["decode+sample/B1"] == before + 1  # 3 decode steps: eager, capture + replay, replay
+    assert dec.pos[0] == gen.state.pos == len(p) + 3
+    with pytest.raises(ValueError, match="joins=True"):
+        dec.join(0, p)
+    with pytest.raises(ValueError, match="joins=True"):
+        dec.leave(0)
+    gen.release_trace()  # the next decoder allocates: no trace may be live
+    with pytest.raises(ValueError, match="joins=False"):
+        TTBatchDecoder(gen.model, 1).hold(0, 3)
+    with pytest.raises(ValueError, match="holds 1 user slots, the decoder 2"):
+        TTBatchDecoder(gen.model, 2, state=gen.state, joins=False)
 
 
 def test_four_slots_join_leave_without_capture(gen):

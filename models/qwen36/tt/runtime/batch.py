@@ -16,6 +16,12 @@ output row is ignored.
     dec.leave(slot)                        # slot reset on device
     dec.slot_remap([...])                  # row i takes over the state of slot remap[i] (vLLM's contract)
 
+Batch 1. ``TTGenerator`` (tt/runtime/generator.py) decodes on ``TTBatchDecoder(model, 1, state=<its state>,
+joins=False)``: it prefills its one sequence straight into that state (no scratch, no join buffers are allocated)
+and :meth:`TTBatchDecoder.hold` s slot 0 at the sequence's position; its decode steps, its device-sampled loop
+(:func:`batched_generate`) and its full-logits loop (:func:`batched_greedy` with a host pick) are the ones below at
+B = 1, so every plain TT decoder shares one step, one loop and one thinking-budget feed.
+
 Join. The prompt runs through the ordinary batch-1 prefill (chunked GDN, paged fill) on a batch-1 GDN scratch
 state and on the slot's own page-table row, so KV pages of no other slot are written; the slot's pages are
 zeroed first (a decode reads the last page up to its own position, and whatever a previous user left in the rest
@@ -57,27 +63,36 @@ def bucket_for(users: int, buckets=DEFAULT_BUCKETS) -> int:
 
 class TTBatchDecoder:
     def __init__(self, model: TTQwen36Model, slots: int, *, use_trace: bool = True, prefix_cache=None,
-                 pool_blocks: int = 0):
+                 pool_blocks: int = 0, state: TTModelState | None = None, joins: bool = True):
+        """``state``: decode over this existing state of ``slots`` users instead of allocating one (its owner's);
+        ``joins=False``: the owner writes its slots itself (a batch-1 prefill straight into ``state``, then
+        :meth:`hold`), so none of the join buffers (batch-1 scratch state, page-table row, gather index, a slot's
+        KV zeros) is allocated and :meth:`join` / :meth:`leave` refuse. :class:`.generator.TTGenerator` is
+        ``TTBatchDecoder(model, 1, state=its state, joins=False)``: its decode steps are this class's."""
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
-        self.model, self.slots, self.use_trace = model, slots, use_trace
+        self.model, self.slots, self.use_trace, self.joins = model, slots, use_trace, joins
         ttnn, mesh, a = model.ttnn, model.mesh, model.args
         self.ttnn, self.mesh = ttnn, mesh
-        self.state = allocate_state(a, ttnn, mesh, slots=slots)
+        if state is not None and state.page_table_host.shape[0] != slots:
+            raise ValueError(f"state holds {state.page_table_host.shape[0]} user slots, the decoder {slots}")
+        self.state = allocate_state(a, ttnn, mesh, slots=slots) if state is None else state
         self.inputs = allocate_decode_inputs(ttnn, mesh, rows=1, batch=slots)
         types = a.cfg.layer_types
-        # batch-1 GDN state a joining user's prefill runs on (installed into its slot afterwards)
-        self.scratch = [new_layer_state(a, ttnn, mesh, t, slots=1) if t != FULL else None for t in types]
-        mc, rm = state_memory_config(ttnn), ttnn.ROW_MAJOR_LAYOUT
-        self.slot_page_table = ttnn.from_torch(torch.zeros(1, a.blocks_per_seq, dtype=torch.int32), dtype=ttnn.int32,
-                                               layout=rm, device=mesh, memory_config=mc)
-        self.gather_idx = ttnn.from_torch(torch.zeros(1, slots, dtype=torch.int32), dtype=ttnn.uint32, layout=rm,
-                                          device=mesh, memory_config=mc)
-        # zeros of one slot's pages (written over a joining slot's KV through its page-table row)
-        kv_shape = (1, a.hkv_d, a.blocks_per_seq * a.block_size, a.cfg.head_dim)
-        self.kv_zeros = (ttnn.from_torch(torch.zeros(kv_shape), dtype=a.dtype(TensorGroup.KV_CACHE, ttnn),
-                                         layout=ttnn.TILE_LAYOUT, device=mesh, memory_config=mc)
-                         if FULL in types else None)
+        self.scratch = self.slot_page_table = self.gather_idx = self.kv_zeros = None
+        if joins:
+            # batch-1 GDN state a joining user's prefill runs on (installed into its slot afterwards)
+            self.scratch = [new_layer_state(a, ttnn, mesh, t, slots=1) if t != FULL else None for t in types]
+            mc, rm = state_memory_config(ttnn), ttnn.ROW_MAJOR_LAYOUT
+            self.slot_page_table = ttnn.from_torch(torch.zeros(1, a.blocks_per_seq, dtype=torch.int32),
+                                                   dtype=ttnn.int32, layout=rm, device=mesh, memory_config=mc)
+            self.gather_idx = ttnn.from_torch(torch.zeros(1, slots, dtype=torch.int32), dtype=ttnn.uint32,
+                                              layout=rm, device=mesh, memory_config=mc)
+            # zeros of one slot's pages (written over a joining slot's KV through its page-table row)
+            kv_shape = (1, a.hkv_d, a.blocks_per_seq * a.block_size, a.cfg.head_dim)
+            self.kv_zeros = (ttnn.from_torch(torch.zeros(kv_shape), dtype=a.dtype(TensorGroup.KV_CACHE, ttnn),
+                                             layout=ttnn.TILE_LAYOUT, device=mesh, memory_config=mc)
+                             if FULL in types else None)
         for layer in model.layers:
             if layer.layer_type != FULL:
                 layer.mixer.prepare_batch(slots)
@@ -92,6 +107,7 @@ class TTBatchDecoder:
         if pool_blocks:
             if prefix_cache is None:
                 raise ValueError("pool_blocks needs a prefix_cache")
+            self._check_joins("a block pool")
             self.pool = TTBlockPool(model, self._scratch_view(self.state.page_table_host[:1]),
                                     prefix_cache.block_size, pool_blocks)
 
@@ -102,6 +118,11 @@ class TTBatchDecoder:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot} out of range (decoder has {self.slots} slots)")
+
+    def _check_joins(self, what: str) -> None:
+        if not self.joins:
+            raise ValueError(f"{what} needs a decoder built with joins=True (this one's slots are written by its "
+                             f"owner, who calls hold())")
 
     def _write(self, host: torch.Tensor, buf) -> None:
         ttnn = self.ttnn
@@ -163,6 +184,7 @@ class TTBatchDecoder:
         [1, 1, rows, H]: what the MTP prefill of a speculative user reads). ``insert``: whether new prefix blocks may
         be cached (default: with a block pool always, without one while this decoder's trace is not live; an owner
         with its own traces decides)."""
+        self._check_joins("join")
         self._check_slot(slot)
         if self.pos[slot] != FREE:
             raise ValueError(f"slot {slot} is held (position {self.pos[slot]}); leave() it first")
@@ -192,6 +214,7 @@ class TTBatchDecoder:
 
     def leave(self, slot: int) -> None:
         """Free ``slot``: its GDN recurrent and conv state are zeroed on device, its position forgotten."""
+        self._check_joins("leave")
         self._check_slot(slot)
         self._zero_scratch()
         self._install_scratch(slot)
@@ -199,6 +222,17 @@ class TTBatchDecoder:
         res = self.prefills.pop(slot, None)
         if res is not None and res.lease is not None:
             res.lease.release()  # its cached blocks may be evicted now (unless another user holds them)
+
+    def hold(self, slot: int, pos: int) -> None:
+        """Slot ``slot`` holds a user at position ``pos`` (its next cache position) whose state the owner wrote
+        itself: a decoder built with ``joins=False`` over its owner's state (TTGenerator's prefill runs straight on
+        it). Between steps."""
+        if self.joins:
+            raise ValueError("hold() is for a decoder built with joins=False (join() fills a slot of this one)")
+        self._check_slot(slot)
+        if not 0 <= int(pos):
+            raise ValueError(f"slot {slot}: position {pos} must be >= 0")
+        self.pos[slot] = int(pos)
 
     def slot_remap(self, remap) -> None:
         """vLLM-tt's ``slot_remap``: a permutation of all B slots, row i reads (and from now on owns) the state of
@@ -209,6 +243,7 @@ class TTBatchDecoder:
             raise ValueError(f"slot_remap must be a permutation of 0..{self.slots - 1}, got {remap}")
         if remap == list(range(self.slots)):
             return
+        self._check_joins("a slot remap")
         self._gather(remap, with_scratch=False)
         self.pos = [self.pos[j] for j in remap]
         self.prefills = {i: self.prefills[j] for i, j in enumerate(remap) if j in self.prefills}
@@ -279,11 +314,19 @@ class BatchResult:
 
 @torch.no_grad()
 def batched_greedy(decoder: TTBatchDecoder, prompts: list, max_new_tokens: int | list[int], eos_ids=(), *,
-                   arrivals: list[int] | None = None, keep_logits: bool = False, thinking=None) -> BatchResult:
+                   arrivals: list[int] | None = None, keep_logits: bool = False, thinking=None, params=None,
+                   prefilled: list[torch.Tensor] | None = None) -> BatchResult:
     """Greedy decode of every prompt on ``decoder``'s slots: user i joins at step ``arrivals[i]`` (default 0) into
     the lowest free slot (waiting while none is free), emits its prompt's argmax then one token per step, and
     leaves at its EOS (kept) or after ``max_new_tokens`` (one count, or one per user), freeing the slot for a
-    later user. ``thinking``: one ``ThinkingBudget`` for every user, each counted on its own (``ForcedFeed``)."""
+    later user. ``thinking``: one ``ThinkingBudget`` for every user, each counted on its own (``ForcedFeed``).
+    Every pick is made on the host from the step's read-back logits row: ``params`` (one ``SamplingParams`` for
+    every user) picks with ``pick_token`` under them instead of the argmax, each user with its own token history
+    (penalties) and its own seeded generator, drawn only where no forced token goes (the full-logits path of
+    ``TTGenerator.generate``). ``prefilled``: the prompts' last-row logits when the caller already holds user i in
+    slot i (a ``joins=False`` decoder after :meth:`TTBatchDecoder.hold`): nobody joins, and the users keep their
+    slots when done (the owner's)."""
+    from qwen36.speculative.sampling import TokenHistory, pick_token
     from qwen36.speculative.thinking import ForcedFeed
 
     n = len(prompts)
@@ -293,25 +336,49 @@ def batched_greedy(decoder: TTBatchDecoder, prompts: list, max_new_tokens: int |
         raise ValueError(f"{n} prompts but {len(arrivals)} arrivals and {len(limits)} token limits")
     if min(limits, default=1) < 1:
         raise ValueError("max_new_tokens must be >= 1")
+    if prefilled is not None:
+        _check_prefilled(decoder, n, prefilled)
+        if any(arrivals):
+            raise ValueError("prefilled users are in their slots already (no arrivals)")
     res = BatchResult([[] for _ in range(n)], [[] for _ in range(n)] if keep_logits else [], [-1] * n)
     pending = sorted(range(n), key=lambda i: (arrivals[i], i))
     active: dict[int, int] = {}  # slot -> user
     step = 0
 
     feeds = [ForcedFeed(thinking, p) if thinking is not None else None for p in prompts]
+    histories = [TokenHistory(p, decoder.model.args.cfg.vocab_size) for p in prompts] if params is not None else None
+    gens = [params.generator() if not params.greedy else None for _ in prompts] if params is not None else None
+
+    def pick(user: int, logits: torch.Tensor) -> int:
+        if params is None:
+            return int(torch.argmax(logits))
+        return int(pick_token(logits.reshape(1, -1), params, gens[user], histories[user].now()))
 
     def emit(user: int, logits: torch.Tensor) -> None:
-        tok, forced = int(torch.argmax(logits)), False
-        if feeds[user] is not None:
-            tok, forced = feeds[user].choose(tok, len(res.tokens[user]))
+        index, feed = len(res.tokens[user]), feeds[user]
+        tok = feed.forced_next(index) if feed is not None else None
+        forced = tok is not None
+        if not forced:  # the pick is made only where it is emitted (a sampled pick draws from its generator)
+            tok = pick(user, logits)
+            if feed is not None:
+                feed.picked(tok, index)
         res.tokens[user].append(tok)
+        if histories is not None:
+            histories[user].add([tok])
         if keep_logits:
             res.logits[user].append(logits.clone())
         if (not forced and tok in eos_ids) or len(res.tokens[user]) >= limits[user]:
             slot = res.slots[user]
             del active[slot]
-            decoder.leave(slot)
+            if prefilled is None:
+                decoder.leave(slot)
 
+    if prefilled is not None:
+        pending = []
+        for user, logits in enumerate(prefilled):
+            res.slots[user] = user
+            active[user] = user
+            emit(user, logits)
     while pending or active:
         while pending and arrivals[pending[0]] <= step and decoder.free_slots():
             user, slot = pending.pop(0), decoder.free_slots()[0]
@@ -325,6 +392,14 @@ def batched_greedy(decoder: TTBatchDecoder, prompts: list, max_new_tokens: int |
                 emit(user, logits[slot])
         step += 1
     return res
+
+
+def _check_prefilled(dec: TTBatchDecoder, n: int, prefilled: list) -> None:
+    if len(prefilled) != n:
+        raise ValueError(f"{n} prompts but {len(prefilled)} prefilled logits rows")
+    held = [u for u in range(n) if u >= dec.slots or dec.pos[u] == FREE]
+    if held:
+        raise ValueError(f"prefilled users {held} do not hold their slots (hold() them first)")
 
 
 def sampled_step(dec: TTBatchDecoder, sampler: DeviceSampler, tokens: dict[int, int],
@@ -356,13 +431,17 @@ def sampled_step(dec: TTBatchDecoder, sampler: DeviceSampler, tokens: dict[int, 
 
 @torch.no_grad()
 def batched_generate(dec: TTBatchDecoder, sampler: DeviceSampler, prompts: list, params: list,
-                     max_new_tokens: int | list[int], eos_ids=(), thinking=None) -> BatchResult:
+                     max_new_tokens: int | list[int], eos_ids=(), thinking=None, *,
+                     prefilled: list[torch.Tensor] | None = None) -> BatchResult:
     """Plain decoding of every prompt as one batch, user i with ``params[i]`` (``SamplingParams``): user i joins
     slot i, its first token is picked on the host from its prompt's last row (as ``TTGenerator.generate`` does),
     every later token on device by row i of ``sampler``; a user leaves at its EOS (kept) or after its token
     budget. Logprobs of the users that ask for them in ``res.logprobs`` (None for the others). ``thinking``: one
     ``ThinkingBudget`` for every user, each counted on its own: a forced token replaces the row's pick (its penalty
-    rows rewritten from the history), so each user's tokens are its own ``TTGenerator.generate`` tokens."""
+    rows rewritten from the history), so each user's tokens are its own ``TTGenerator.generate`` tokens (which is
+    this function at one slot). ``prefilled``: the prompts' last-row logits when the caller already holds user i in
+    slot i (a ``joins=False`` decoder after :meth:`TTBatchDecoder.hold`): nobody joins, and the users keep their
+    slots when done (the owner's)."""
     from qwen36.speculative.sampling import TokenHistory, pick_token, token_logprobs
     from qwen36.speculative.thinking import ForcedFeed
 
@@ -378,6 +457,8 @@ def batched_generate(dec: TTBatchDecoder, sampler: DeviceSampler, prompts: list,
                       logprobs=[[] if p.logprobs is not None else None for p in params])
     if thinking is not None and any(p.logprobs is not None for p in params):
         raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
+    if prefilled is not None:
+        _check_prefilled(dec, n, prefilled)
     active: set[int] = set()
     ids_of: list[list[int]] = [[int(t) for t in torch.as_tensor(p).reshape(-1).tolist()] for p in prompts]
     feeds = [ForcedFeed(thinking, ids) if thinking is not None else None for ids in ids_of]
@@ -392,16 +473,16 @@ def batched_generate(dec: TTBatchDecoder, sampler: DeviceSampler, prompts: list,
         return (not forced and tok in eos_ids) or len(res.tokens[u]) >= limits[u]
 
     for u, (ids, p) in enumerate(zip(ids_of, params)):
-        logits = dec.join(u, ids)
+        logits = dec.join(u, ids) if prefilled is None else prefilled[u]
         gen = p.generator() if not p.greedy else None
         tok = int(pick_token(logits.reshape(1, -1), p, gen, TokenHistory(ids, sampler.vocab).now()))
         lp = token_logprobs(logits, tok, p.logprobs) if p.logprobs is not None else None
         tok, forced = choose(u, tok)  # a forced first token (budget 0) starts the row's history instead
         sampler.start(u, p, ids, tok)
-        if emit(u, tok, forced, lp):
-            dec.leave(u)
-        else:
+        if not emit(u, tok, forced, lp):
             active.add(u)
+        elif prefilled is None:
+            dec.leave(u)
     while active:
         picked = sampled_step(dec, sampler, {u: res.tokens[u][-1] for u in sorted(active)})
         for u in sorted(active):
@@ -410,5 +491,6 @@ def batched_generate(dec: TTBatchDecoder, sampler: DeviceSampler, prompts: list,
                 sampler.resync(u, len(ids_of[u]), ids_of[u] + res.tokens[u] + [tok])
             if emit(u, tok, forced, picked[u][1]):
                 active.discard(u)
-                dec.leave(u)
+                if prefilled is None:
+                    dec.leave(u)
     return res

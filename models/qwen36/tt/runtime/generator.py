@@ -1,28 +1,35 @@
-"""Generation on the TT model: chunked prefill, then decode steps captured once in a trace and replayed.
+"""Generation on the TT model: loading, chunked prefill, teacher-forced logits; the decode steps are the slot
+decoder's (tt/runtime/batch.py) at one slot.
 
-Trace life cycle (the card rules, enforced by the emulator too):
+A :class:`TTGenerator` owns one sequence: its state (one user's GDN/conv state, KV pages and page table) and a
+``TTBatchDecoder(model, 1, state=<that state>, joins=False)`` over it. A prompt is prefilled straight into the
+state (batch 1, optionally resuming from the prefix cache); the decoder then holds slot 0 at the state's position
+and every decode step is its step, so plain decoding at one user runs the batched decoder's traced step and loop
+at B = 1 (one decode/sample loop, one thinking-budget feed for every plain decoder).
+
+Trace life cycle (the card rules, enforced by the emulator too; tt/runtime/trace.py ``StepTraces``):
   1. the first decode step after a prefill runs eagerly: it compiles every decode program and does real work;
-  2. the same step function is then captured (recorded, not executed) reading only persistent buffers:
-     weights, state (GDN/conv/KV, page table) and the DecodeInputs buffers;
+  2. the next step captures the same step function (recorded, not executed), reading only persistent buffers:
+     weights, state (GDN/conv/KV, page table) and the DecodeInputs buffers, and replays it;
   3. every later step writes its inputs with ``copy_host_to_device_tensor`` and replays the trace.
-A new prompt releases the trace first (prefill allocates, which is not allowed while a trace is live).
+A new prompt releases the traces first (prefill allocates, which is not allowed while a trace is live).
 
     gen = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2")
     ids = gen.greedy(prompt_ids, max_new_tokens=32, eos_ids=())
     res = gen.generate(prompt_ids, 32, SamplingParams(temperature=0.8, top_p=0.95, seed=1, logprobs=2))
 
-Plain decoding (``generate`` / ``greedy``) picks every decode token on device inside the traced step
-(:class:`.sampler.DeviceSampler` with one row: argmax or a seeded draw after penalties/temperature/min_p/top-k/top-p,
-penalty counts updated in place; its traced step holds only the stages the parameters need), so a step reads back
-only the token id (and its logprobs when asked), never the logits row. The prompt's last row is read once per
-generation (prefill), and its token is picked on the host by the same transform (``speculative.sampling.pick_token``).
-``decode_step`` keeps the full-logits readback for callers that need the row itself (the vLLM adapter's logits
-contract, numerics tests).
+Plain decoding (``generate`` / ``greedy``) is ``batched_generate`` at one slot: every decode token is picked on
+device inside the traced step (:class:`.sampler.DeviceSampler` with one row: argmax or a seeded draw after
+penalties/temperature/min_p/top-k/top-p, penalty counts updated in place; its traced step holds only the stages the
+parameters need), so a step reads back only the token id (and its logprobs when asked), never the logits row. The
+prompt's last row is read once per generation (prefill), and its token is picked on the host by the same transform
+(``speculative.sampling.pick_token``). ``generate(keep_logits=True)`` is ``batched_greedy`` at one slot with the
+host pick under the parameters (every step's logits row read back); ``decode_step`` is the decoder's full-logits
+step for callers that need the row itself (the vLLM adapter's logits contract, numerics tests).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,14 +37,14 @@ from loguru import logger
 
 from ...checkpoint import load_checkpoint
 from ...speculative.plain import PlainResult
-from ...speculative.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
-from ..model.model import DecodeOutputs, TTQwen36Model
+from ...speculative.sampling import SamplingParams
+from ..model.model import TTQwen36Model
+from .batch import TTBatchDecoder, batched_generate, batched_greedy
 from .prefix import TTPrefillResult, prefill as tt_prefix_prefill
 from ..model.model_config import PrecisionSetting, TTModelArgs
 from .sampler import DeviceSampler
 from .sampler_transform import SamplerStages
-from ..model.state import TTModelState, allocate_decode_inputs, allocate_state, reset_state
-from .trace import TracedStep
+from ..model.state import TTModelState, allocate_state, reset_state
 from ..model.weights import WeightLoader
 
 DEFAULT_TRACE_REGION = 64 * 1024 * 1024  # bytes reserved for the decode trace (27B decode trace: a few MB)
@@ -58,17 +65,24 @@ def default_cache_dir(ckpt: str | Path) -> Path:
 
 class TTGenerator:
     def __init__(self, model: TTQwen36Model, state: TTModelState, *, use_trace: bool = True, label: str = ""):
-        self.model, self.state, self.use_trace, self.label = model, state, use_trace, label
+        self.model, self.state, self.label = model, state, label
         self.ttnn, self.mesh = model.ttnn, model.mesh
-        self.inputs = allocate_decode_inputs(self.ttnn, self.mesh, rows=1)
-        # one decode row over the persistent inputs and state: eager once after a prefill, then captured/replayed
-        self.decode_trace = TracedStep(self.ttnn, self.mesh, self._decode_device, name="decode")
-        # the same row plus the device pick: what plain generation replays (only the pick's result is read back)
-        self.sample_trace = TracedStep(self.ttnn, self.mesh, self._sample_device, name="decode+sample")
+        # the one slot decoder over this generator's state: every decode step (full-logits or with the device
+        # pick) is its step; slot 0 is held at state.pos before each (a prefill, here or a caller's, moves it)
+        self.decoder = TTBatchDecoder(model, 1, use_trace=use_trace, state=state, joins=False)
+        self.inputs = self.decoder.inputs  # the persistent decode input buffers (one row)
         self.sampler: DeviceSampler | None = None
         self.rng = "device"  # DeviceSampler's uniform source ("host": bit-identical draws on cards and emulator)
         self.ctx = None  # MeshContext when this generator opened the mesh
         self.ckpt: Path | None = None  # the checkpoint it was loaded from (from_checkpoint), for reference checks
+
+    @property
+    def use_trace(self) -> bool:
+        return self.decoder.use_trace
+
+    @use_trace.setter
+    def use_trace(self, value: bool) -> None:
+        self.decoder.use_trace = bool(value)
 
     @classmethod
     def from_checkpoint(cls, ckpt: str | Path, device: str, *, precision: str | PrecisionSetting = "performance",
@@ -96,21 +110,16 @@ class TTGenerator:
 
     # ---- state / trace management ---------------------------------------------------------------------
     def release_trace(self) -> None:
-        self.decode_trace.release()
-        self.sample_trace.release()
+        self.decoder.release()
 
     def reset(self) -> None:
-        """Forget the sequence: release the trace, zero GDN/conv state, position 0."""
+        """Forget the sequence: release the traces, zero GDN/conv state, position 0."""
         self.release_trace()
         reset_state(self.state, self.ttnn)
 
-    def _decode_device(self) -> DecodeOutputs:
-        """The traced decode step: device only, reads the persistent DecodeInputs buffers and the state."""
-        return self.model.decode_forward(self.inputs, self.state)
-
-    def _sample_device(self):
-        """The traced plain-generation step: decode row, then the device pick (result buffer of the sampler)."""
-        return self.sampler.pick(self.model.decode_forward(self.inputs, self.state).logits)
+    def _hold(self) -> None:
+        """The decoder's slot 0 is this sequence, at its next position (state.pos)."""
+        self.decoder.hold(0, self.state.pos)
 
     # ---- steps -------------------------------------------------------------------------------------------
     def prefill(self, ids: list[int] | torch.Tensor, all_rows: bool = False) -> torch.Tensor:
@@ -123,41 +132,12 @@ class TTGenerator:
         return logits if all_rows else logits[-1]
 
     def decode_step(self, token: int) -> tuple[torch.Tensor, int]:
-        """Feed ``token`` at position state.pos; returns (fp32 logits [V], argmax id)."""
-        m = self.model
-        if self.state.pos >= m.args.max_seq_len:
-            raise ValueError(f"position {self.state.pos} reached max_seq_len {m.args.max_seq_len}")
-        m.copy_host_to_device(m.prepare_decode_inputs_host([int(token)], self.state.pos), self.inputs)
-        trace = self.decode_trace
-        if self.use_trace and trace.captured:
-            out = trace.replay()
-        else:
-            out = self._decode_device()  # eager: compiles every program, real step
-        logits, ids = m.process_output_decode(out)
-        if self.use_trace and not trace.captured:
-            trace.capture()  # recorded, not executed: the next step replays it
-        self.state.pos += 1
-        return logits[-1], int(ids[-1])
-
-    def sample_step(self, token: int):
-        """Feed ``token`` at position state.pos; the device picks the next one. Returns (token, TokenLogprobs or
-        None); reads back only the sampler's small result."""
-        m, trace = self.model, self.sample_trace
-        if self.sampler is None:
-            raise RuntimeError("sample_step() needs generate() to set up the device sampler")
-        if self.state.pos >= m.args.max_seq_len:
-            raise ValueError(f"position {self.state.pos} reached max_seq_len {m.args.max_seq_len}")
-        m.copy_host_to_device(m.prepare_decode_inputs_host([int(token)], self.state.pos), self.inputs)
-        self.sampler.before_step()  # outside capture: uniform-table refill when used up
-        if self.use_trace and trace.captured:
-            trace.replay()
-        else:
-            self._sample_device()  # eager: compiles every program, real step
-        out = self.sampler.read()[0]
-        if self.use_trace and not trace.captured:
-            trace.capture()  # recorded, not executed: the next step replays it
-        self.state.pos += 1
-        return out
+        """Feed ``token`` at position state.pos (the decoder's full-logits step at slot 0); returns (fp32 logits [V],
+        argmax id)."""
+        self._hold()
+        logits, ids = self.decoder.step({0: int(token)})
+        self.state.pos = self.decoder.pos[0]
+        return logits[0], int(ids[0])
 
     def _sampler_for(self, params: SamplingParams) -> DeviceSampler:
         """A one-row device sampler whose traced step holds exactly the stages ``params`` needs (kept while they
@@ -202,47 +182,22 @@ class TTGenerator:
 
     def _decode_from(self, prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre,
                      thinking=None) -> PlainResult:
-        from qwen36.speculative.thinking import ForcedFeed
-
-        feed = ForcedFeed(thinking, prompt) if thinking is not None else None
-        history = TokenHistory(prompt, self.config.vocab_size)
-        gen = params.generator() if not params.greedy else None
-        tokens: list[int] = []
-        if keep_logits:  # the full-logits step: every pick on the host from the read-back row (as plain_generate)
-            kept = []
-            while True:
-                forced = feed.forced_next(len(tokens)) if feed is not None else None
-                tok = forced if forced is not None else int(pick_token(logits.reshape(1, -1), params, gen,
-                                                                       history.now()))
-                if forced is None and feed is not None:
-                    feed.picked(tok, len(tokens))
-                tokens.append(tok)
-                kept.append(logits.clone())
-                history.add([tok])
-                if (forced is None and tok in eos_ids) or len(tokens) >= max_new_tokens:
-                    return PlainResult(tokens, None, kept, pre)
-                logits, _ = self.decode_step(tok)
-        # the device sampler picks every step; a forced token replaces its pick (the first one is picked on the host
-        # from the prompt's row, as batched_generate does) and its penalty rows are rewritten from the history
-        self.sampler = self._sampler_for(params)
-        tok = int(pick_token(logits.reshape(1, -1), params, gen, history.now()))
-        lp = token_logprobs(logits, tok, params.logprobs) if params.logprobs is not None else None
-        forced = False
-        if feed is not None:
-            tok, forced = feed.choose(tok, 0)
-        self.sampler.start(0, params, prompt, tok)
-        lps = [] if params.logprobs is not None else None
-        while True:
-            tokens.append(tok)
-            if lps is not None:
-                lps.append(lp)
-            if (not forced and tok in eos_ids) or len(tokens) >= max_new_tokens:
-                return PlainResult(tokens, lps, None, pre)
-            tok, lp = self.sample_step(tok)
-            if feed is not None:
-                tok, forced = feed.choose(tok, len(tokens))
-                if forced and self.sampler.stages.penalized:
-                    self.sampler.resync(0, len(prompt), list(prompt) + tokens + [tok])
+        """The decoder's loops at slot 0 (held at the end of the prompt): ``batched_generate`` (device picks; the
+        first token picked on the host from the prompt's row) or, with ``keep_logits``, ``batched_greedy`` with the
+        host pick under ``params`` (every row read back). At least one token is emitted, as ever."""
+        self._hold()
+        limit = max(1, int(max_new_tokens))
+        try:
+            if keep_logits:
+                res = batched_greedy(self.decoder, [prompt], limit, eos_ids, keep_logits=True, thinking=thinking,
+                                     params=params, prefilled=[logits])
+                return PlainResult(res.tokens[0], None, res.logits[0], pre)
+            self.sampler = self._sampler_for(params)
+            res = batched_generate(self.decoder, self.sampler, [prompt], [params], limit, eos_ids, thinking=thinking,
+                                   prefilled=[logits])
+            return PlainResult(res.tokens[0], res.logprobs[0], None, pre)
+        finally:
+            self.state.pos = self.decoder.pos[0]
 
     # ---- CLI contract (same as ReferenceTarget) ----------------------------------------------------------
     @torch.no_grad()
