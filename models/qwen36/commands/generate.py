@@ -305,10 +305,9 @@ def check_reference_plain_batch(device: str, params) -> None:
 def plain_batch_per_user(target, device: str, users: UserRequests, eos_ids, thinking):
     """Plain decoding of several users with their own settings as one batch -> (tokens, logprobs) per user.
 
-    TT: one :class:`TTBatchDecoder` and one :class:`DeviceSampler` over the bucket's rows holding the stages the
-    users need (``SamplerStages.of`` them), each row its user's params and uniform stream (``batched_generate``;
-    each user's tokens are its batch-1 ``generate`` tokens). Reference: its batch decodes greedy only, so per-user
-    settings there are budgets (greedy tokens are prefix-stable: a user's budget truncates the batch's output)."""
+    TT: ``TTGenerator.generate_batch`` (one slot decoder and one device sampler over the bucket's rows, each row its
+    user's params and uniform stream; each user's tokens are its batch-1 ``generate`` tokens). Reference: its batch
+    decodes greedy only, so per-user settings there are budgets (greedy tokens are prefix-stable: a user's budget truncates the batch's output)."""
     from .backends import REFERENCE_DEVICES
 
     prompts, params, budgets = users.prompts, users.params, users.max_tokens
@@ -316,18 +315,5 @@ def plain_batch_per_user(target, device: str, users: UserRequests, eos_ids, thin
         check_reference_plain_batch(device, params)
         out = target.greedy_batch(prompts, max(budgets), eos_ids, thinking=thinking)
         return [o[:b] for o, b in zip(out, budgets)], [None] * len(prompts)
-    from ..tt.runtime.batch import DEFAULT_BUCKETS, TTBatchDecoder, batched_generate, bucket_for
-    from ..tt.runtime.sampler import DeviceSampler
-    from ..tt.runtime.sampler_transform import SamplerStages
-
-    vocab = target.config.vocab_size
-    target.release_trace()
-    dec = TTBatchDecoder(target.model, bucket_for(len(prompts), DEFAULT_BUCKETS), use_trace=target.use_trace)
-    sampler = DeviceSampler(target.ttnn, target.mesh, vocab, dec.slots, rng=target.rng,
-                            stages=SamplerStages.of(params, vocab)).allocate()
-    try:
-        res = batched_generate(dec, sampler, prompts, params, budgets, eos_ids, thinking=thinking)
-    finally:
-        dec.release()
-        sampler.release()
+    res = target.generate_batch(prompts, params, budgets, eos_ids, thinking=thinking)
     return res.tokens, res.logprobs

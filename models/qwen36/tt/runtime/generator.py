@@ -30,6 +30,7 @@ step for callers that need the row itself (the vLLM adapter's logits contract, n
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -226,18 +227,26 @@ class TTGenerator:
     @torch.no_grad()
     def sample_batch(self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
                      eos_ids: tuple[int, ...] = (), buckets=None, thinking=None) -> list[list[int]]:
-        """Plain decoding of several users as one TT batch with the full sampling transform on device (a
-        :class:`DeviceSampler` of the bucket's rows; every user with ``params``, each its own uniform stream of
-        ``params.seed``): each user's tokens are its own batch-1 ``generate`` tokens."""
+        """Plain decoding of several users as one TT batch, every user with ``params`` (each its own uniform stream
+        of ``params.seed``): each user's tokens are its own batch-1 ``generate`` tokens."""
+        return self.generate_batch(prompts, [params] * len(prompts), max_new_tokens, eos_ids, buckets,
+                                   thinking).tokens
+
+    @torch.no_grad()
+    def generate_batch(self, prompts: list[list[int]], params: Sequence[SamplingParams],
+                       max_new_tokens: int | Sequence[int], eos_ids: tuple[int, ...] = (), buckets=None,
+                       thinking=None):
+        """Plain decoding of several users as one TT batch with the full sampling transform on device: a
+        :class:`DeviceSampler` over the bucket's rows holding the stages the users need, each row its user's own
+        ``params`` and budget. Returns the batch result (``tokens``, ``logprobs`` per user)."""
         from .batch import DEFAULT_BUCKETS, TTBatchDecoder, batched_generate, bucket_for
 
         self.release_trace()
         dec = TTBatchDecoder(self.model, bucket_for(len(prompts), buckets or DEFAULT_BUCKETS), use_trace=self.use_trace)
         sampler = DeviceSampler(self.ttnn, self.mesh, self.config.vocab_size, dec.slots, rng=self.rng,
-                                stages=SamplerStages.of([params], self.config.vocab_size)).allocate()
+                                stages=SamplerStages.of(list(params), self.config.vocab_size)).allocate()
         try:
-            return batched_generate(dec, sampler, prompts, [params] * len(prompts), max_new_tokens, eos_ids,
-                                    thinking=thinking).tokens
+            return batched_generate(dec, sampler, prompts, list(params), max_new_tokens, eos_ids, thinking=thinking)
         finally:
             dec.release()
             sampler.release()
