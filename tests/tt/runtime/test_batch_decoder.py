@@ -37,42 +37,24 @@ def test_bucket_for():
         bucket_for(33)
 
 
-def test_batch_of_two_equals_batch_one(gen):
-    """B = 2, prompts of lengths 5 and 12: tokens == batch-1 tokens, logits within BATCH_VS_SINGLE_MAX_ABS; the
-    step is captured once."""
-    prompts = [prompt(5, 1), prompt(12, 2)]
-    dec = TTBatchDecoder(gen.model, 2)
+@pytest.mark.parametrize("b", [1, 4])
+def test_slots_equal_batch_one_with_one_capture(gen, b):
+    """Every user's tokens == its batch-1 TTGenerator run's, logits within BATCH_VS_SINGLE_MAX_ABS; the step is
+    captured once. B = 1 is the batch of one (same graph as TTGenerator). B = 4 slots, five users of different prompt
+    lengths and token counts: user 4 arrives at step 1 while all slots are held and joins the slot user 0 frees
+    (mid-run, three users still decoding): one capture in all."""
+    if b == 1:
+        prompts, limits, arrivals = [prompt(8, 3)], [5], None
+    else:
+        prompts, limits, arrivals = [prompt(n, 10 + n) for n in (3, 9, 17, 6, 11)], [3, 7, 6, 8, 5], [0, 0, 0, 0, 1]
+    dec = TTBatchDecoder(gen.model, b)
     try:
-        res = batched_greedy(dec, prompts, 6, keep_logits=True)
-        assert dec.captures == 1
-    finally:
-        dec.release()
-    assert_users_match_single(gen, prompts, res, [6, 6])
-
-
-def test_bucket_of_one_equals_generator(gen):
-    """B = 1 is the batch of one: a 1-slot decoder's tokens and logits == TTGenerator's (same graph)."""
-    prompts = [prompt(8, 3)]
-    dec = TTBatchDecoder(gen.model, 1)
-    try:
-        res = batched_greedy(dec, prompts, 5, keep_logits=True)
-    finally:
-        dec.release()
-    assert_users_match_single(gen, prompts, res, [5])
-
-
-def test_four_slots_join_leave_without_capture(gen):
-    """B = 4 slots, five users of different prompt lengths and token counts: user 4 arrives at step 1 while all
-    slots are held and joins the slot user 0 frees (mid-run, three users still decoding). One capture in all."""
-    prompts = [prompt(n, 10 + n) for n in (3, 9, 17, 6, 11)]
-    limits = [3, 7, 6, 8, 5]
-    dec = TTBatchDecoder(gen.model, 4)
-    try:
-        res = batched_greedy(dec, prompts, limits, arrivals=[0, 0, 0, 0, 1], keep_logits=True)
+        res = batched_greedy(dec, prompts, limits, arrivals=arrivals, keep_logits=True)
         assert dec.captures == 1, dict(dec.traces.captures)
     finally:
         dec.release()
-    assert res.slots == [0, 1, 2, 3, 0]
+    if b > 1:
+        assert res.slots == [0, 1, 2, 3, 0]
     assert_users_match_single(gen, prompts, res, limits)
 
 
@@ -180,7 +162,7 @@ def test_join_rejects_a_held_slot(gen):
 @pytest.mark.slow
 def test_generate_cli_several_prompts_on_tt(capsys, tmp_path, monkeypatch):
     """`qwen36 generate --device emulated-p150x2` with two prompts decodes them as one TT batch: `ids[i]` equal
-    each prompt's own single-prompt TT run (speculative with several prompts on TT: tests/tt/spec/test_batch_mtp.py)."""
+    each prompt's own single-prompt TT run (speculative with several prompts on TT: tests/tt/spec/test_tt_mtp.py)."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
     base = ["generate", "--max-new-tokens", "5", "--device", "emulated-p150x2"]
     lines = batch_cli_equals_alone(capsys, base)
