@@ -11,7 +11,7 @@ at B = 1 and at B >= 2 users in one backend.
   state-bytes formula; verify shapes the kernel cannot run are refused; the verify-tp probe at CI size (slow);
 * state: each user's committed GDN recurrent, conv and KV rows equal its own single-user TT speculative run
   (TTSpecBackend with the same drafts), within BATCH_VS_SINGLE_MAX_ABS; a user sitting a step out is bit-unchanged;
-  a NaN-poisoned free slot never reaches a user; abort after verify restores every user (B = 1 and 2);
+  a NaN-poisoned free slot never reaches a user; abort after verify restores every user (B = 1 and 4);
 * the batched verify's logits track the reference ReferenceBackend's packed verify (PCC per real row);
 * stochastic: each user's first emitted token follows its own target distribution (chi-square, B = 4);
 * per-user params (``stages``): a greedy user and two seeded sampled ones (one with top-k; one with top-p, a
@@ -356,17 +356,17 @@ def test_batched_speculative_greedy_b8_is_lossless_and_matches_single_user_state
             assert_close(g, w, f"user {s} KV tensor {i}")
 
 
-@pytest.mark.parametrize("b", [1, 2])
+@pytest.mark.parametrize("b", [1, 4])
 def test_abort_after_verify_restores(gen, plain, plain_one, b):
-    """snapshot: a step aborted after verify (B = 1: one-user layout, depth 3) or after accept (B = 2: depths 2 and
-    1) leaves every user's committed GDN state bit-identical; B = 1 then goes on to its plain greedy output (the
+    """snapshot: a step aborted after verify (B = 1: one-user layout, depth 3) or after accept (B = 4 at K = 3:
+    depths 3/1/2/3) leaves every user's committed GDN state bit-identical; B = 1 then goes on to its plain greedy output (the
     abort also rewound the device-held position); shadow_commit refuses an abort after verify."""
     if b == 1:
         be = TTSpecBackend(gen, "snapshot", drafter=oracle_drafter(PROMPT, plain_one), use_trace=False)
         prompts, depths = [PROMPT], {0: 3}
     else:
-        be = TTSpecBackend(gen, "snapshot", slots=b, k=2, drafter=users_drafter(plain), use_trace=False)
-        prompts, depths = PROMPTS[:b], {0: 2, 1: 1}
+        be = TTSpecBackend(gen, "snapshot", slots=b, k=3, drafter=users_drafter(plain), use_trace=False)
+        prompts, depths = PROMPTS[:b], {0: 3, 1: 1, 2: 2, 3: 3}
     try:
         for s, p in enumerate(prompts):
             be.join(s, p)
@@ -392,7 +392,7 @@ def test_abort_after_verify_restores(gen, plain, plain_one, b):
     if b == 1:
         sh = TTSpecBackend(gen, "shadow_commit", drafter=oracle_drafter(PROMPT, plain_one), use_trace=False)
     else:
-        sh = TTSpecBackend(gen, "shadow_commit", slots=b, k=2, drafter=users_drafter(plain), use_trace=False)
+        sh = TTSpecBackend(gen, "shadow_commit", slots=b, k=3, drafter=users_drafter(plain), use_trace=False)
     try:
         sh.join(0, prompts[0])
         sh.verify(sh.draft({0: 2}))
