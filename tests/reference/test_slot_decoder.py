@@ -1,5 +1,6 @@
 """Batch > 1 on the reference (the oracle): plain greedy decoding of B users in one batch-B state with per-row
-positions (the speculative engine at B >= 1: tests/speculative/test_engine.py, tests/speculative/test_batch_verify.py). Every user's batched
+positions (the speculative engine at B >= 1: tests/speculative/test_engine.py), and the masked-inert packed forward
+of the speculative verify (``packed_forward``). Every user's batched
 output must be its own batch-1 output; logits are compared too (max abs), since equal tokens alone would hide a
 small leak between users."""
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.reference.batch import SlotDecoder, batched_greedy_generate
+from qwen36.reference.batch import SlotDecoder, batched_greedy_generate, packed_forward
 from qwen36.reference.model import Qwen36Model
 from qwen36.testing.cli import run_cli_streams as cli
 
@@ -200,3 +201,45 @@ def test_batched_greedy_fp64_model(ci_ckpt):
     model = Qwen36Model.from_checkpoint(ci_ckpt, dtype=torch.float64)
     prompts = prompts_of(2, model.config.vocab_size, seed=1)
     assert batched_greedy_generate(model, prompts, 4) == [batch1_greedy(model, p, 4)[0] for p in prompts]
+
+
+# ---- the masked-inert packed forward -------------------------------------------------------------------
+@torch.no_grad()
+def test_packed_forward_inert_rows_leave_no_trace(ci_model):
+    """Three users at different positions, 4 rows each, of which 4 / 2 / 0 are real: each user's logits of its
+    real rows, GDN recurrent + conv state, KV rows and position equal a batch-1 forward of its real rows only;
+    the user with none keeps its state exactly; a NaN-poisoned free slot leaks nowhere."""
+    m, g = ci_model, torch.Generator().manual_seed(3)
+    v = m.config.vocab_size
+    dec = SlotDecoder(m, 4, 40)
+    prompts = [torch.randint(0, v, (n,), generator=g).tolist() for n in (3, 9, 5)]
+    for s, p in enumerate(prompts):
+        dec.join(s, p)
+    for st in dec.state.gdn_states():  # slot 3 is free and poisoned
+        st.recurrent = st.recurrent.index_fill(0, torch.tensor([3]), float("nan"))
+    for c in dec.state.kv_caches():
+        c.k[3], c.v[3] = float("nan"), float("nan")
+    rows = torch.randint(0, v, (4, 4), generator=g)
+    n_valid = torch.tensor([4, 2, 0, 0])
+    before = dec.state.clone()
+    out = packed_forward(m, dec.state, rows, n_valid, dec.active)
+    for s, p in enumerate(prompts):
+        ref = m.new_state(1, 40)
+        m(torch.tensor([p]), ref)
+        ref_out = m(rows[s:s + 1, : int(n_valid[s])], ref, gdn_mode="recurrent") if n_valid[s] else None
+        if ref_out is not None:
+            assert (out.logits[s, : int(n_valid[s])] - ref_out.logits[0]).abs().max() < LOGITS_ATOL
+        for x, y in zip(dec.state.gdn_states(), ref.gdn_states()):
+            assert (x.recurrent[s] - y.recurrent[0]).abs().max() < LOGITS_ATOL
+            assert (x.conv[s] - y.conv[0]).abs().max() < LOGITS_ATOL
+        end = ref.pos
+        for x, y in zip(dec.state.kv_caches(), ref.kv_caches()):
+            assert (x.k[s, :, :end] - y.k[0, :, :end]).abs().max() < LOGITS_ATOL
+        assert int(dec.state.pos[s]) == end
+    for x, y in zip(dec.state.gdn_states(), before.gdn_states()):  # user 2 (no real rows): bit for bit
+        assert torch.equal(x.recurrent[2], y.recurrent[2]) and torch.equal(x.conv[2], y.conv[2])
+        assert x.recurrent[3].isnan().all()  # the free slot: put back, not advanced
+    assert dec.state.pos.tolist()[2:] == before.pos.tolist()[2:]
+    assert out.logits[:3].isfinite().all()
+    with pytest.raises(ValueError, match="free slot"):
+        packed_forward(m, dec.state, rows, torch.tensor([1, 1, 1, 1]), dec.active)

@@ -1,7 +1,12 @@
 """Batched TT plain decode (tt/runtime/batch.py) on the emulated P150a x2 mesh: every user's tokens and logits in a batch
 equal its own batch-1 TT run (TTGenerator), users join and leave a bucket without a new trace capture, an inactive
 slot (even NaN-poisoned) never reaches an active user's output, slot_remap moves state rows on device, and the
-batched logits track the reference SlotDecoder."""
+batched logits track the reference SlotDecoder.
+
+The thinking budget on the batched decoders: each user of a batch counts its own thinking tokens; at its budget the
+stop-thinking phrase's tokens replace the row's picks, one decode row a time. Every user's tokens and logits equal
+the same request served alone by ``TTGenerator.generate`` (greedy, and seeded sampling with penalties, whose device
+counts must follow the forced tokens, not the dropped picks)."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +15,8 @@ import torch
 from qwen36.reference.batch import SlotDecoder
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.sampling import SamplingParams
+from qwen36.speculative.thinking import ThinkingBudget
+from qwen36.testing.tt import small_tt_generator
 from qwen36.tt.runtime.batch import TTBatchDecoder, batched_greedy, bucket_for
 from qwen36.testing.pcc import comp_pcc
 from qwen36.testing.tt_batch import (assert_users_match_single, batch_cli_equals_alone, batch_one_greedy as single,
@@ -38,28 +45,25 @@ def test_bucket_for():
         bucket_for(33)
 
 
-def test_batch_of_two_equals_batch_one(gen):
-    """B = 2, prompts of lengths 5 and 12: tokens == batch-1 tokens, logits within BATCH_VS_SINGLE_MAX_ABS; the
-    step is captured once."""
-    prompts = [prompt(5, 1), prompt(12, 2)]
-    dec = TTBatchDecoder(gen.model, 2)
+@pytest.mark.parametrize("b", [1, 4])
+def test_slots_equal_batch_one_with_one_capture(gen, b):
+    """Every user's tokens == its batch-1 TTGenerator run's, logits within BATCH_VS_SINGLE_MAX_ABS; the step is
+    captured once. B = 1 is the batch of one (same graph as TTGenerator). B = 4 slots, five users of different prompt
+    lengths and token counts: user 4 arrives at step 1 while all slots are held and joins the slot user 0 frees
+    (mid-run, three users still decoding): one capture in all."""
+    if b == 1:
+        prompts, limits, arrivals = [prompt(8, 3)], [5], None
+    else:
+        prompts, limits, arrivals = [prompt(n, 10 + n) for n in (3, 9, 17, 6, 11)], [3, 7, 6, 8, 5], [0, 0, 0, 0, 1]
+    dec = TTBatchDecoder(gen.model, b)
     try:
-        res = batched_greedy(dec, prompts, 6, keep_logits=True)
-        assert dec.captures == 1
+        res = batched_greedy(dec, prompts, limits, arrivals=arrivals, keep_logits=True)
+        assert dec.captures == 1, dict(dec.traces.captures)
     finally:
         dec.release()
-    assert_users_match_single(gen, prompts, res, [6, 6])
-
-
-def test_bucket_of_one_equals_generator(gen):
-    """B = 1 is the batch of one: a 1-slot decoder's tokens and logits == TTGenerator's (same graph)."""
-    prompts = [prompt(8, 3)]
-    dec = TTBatchDecoder(gen.model, 1)
-    try:
-        res = batched_greedy(dec, prompts, 5, keep_logits=True)
-    finally:
-        dec.release()
-    assert_users_match_single(gen, prompts, res, [5])
+    if b > 1:
+        assert res.slots == [0, 1, 2, 3, 0]
+    assert_users_match_single(gen, prompts, res, limits)
 
 
 def test_generator_decodes_on_its_one_slot_decoder(gen):
@@ -84,21 +88,6 @@ def test_generator_decodes_on_its_one_slot_decoder(gen):
         TTBatchDecoder(gen.model, 1).hold(0, 3)
     with pytest.raises(ValueError, match="holds 1 user slots, the decoder 2"):
         TTBatchDecoder(gen.model, 2, state=gen.state, joins=False)
-
-
-def test_four_slots_join_leave_without_capture(gen):
-    """B = 4 slots, five users of different prompt lengths and token counts: user 4 arrives at step 1 while all
-    slots are held and joins the slot user 0 frees (mid-run, three users still decoding). One capture in all."""
-    prompts = [prompt(n, 10 + n) for n in (3, 9, 17, 6, 11)]
-    limits = [3, 7, 6, 8, 5]
-    dec = TTBatchDecoder(gen.model, 4)
-    try:
-        res = batched_greedy(dec, prompts, limits, arrivals=[0, 0, 0, 0, 1], keep_logits=True)
-        assert dec.captures == 1, dict(dec.traces.captures)
-    finally:
-        dec.release()
-    assert res.slots == [0, 1, 2, 3, 0]
-    assert_users_match_single(gen, prompts, res, limits)
 
 
 def test_batched_logits_track_reference_slot_decoder(gen, ckpt):
@@ -205,8 +194,71 @@ def test_join_rejects_a_held_slot(gen):
 @pytest.mark.slow
 def test_generate_cli_several_prompts_on_tt(capsys, tmp_path, monkeypatch):
     """`qwen36 generate --device emulated-p150x2` with two prompts decodes them as one TT batch: `ids[i]` equal
-    each prompt's own single-prompt TT run (speculative with several prompts on TT: tests/tt/spec/test_batch_mtp.py)."""
+    each prompt's own single-prompt TT run (speculative with several prompts on TT: tests/tt/spec/test_tt_mtp.py)."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
     base = ["generate", "--max-new-tokens", "5", "--device", "emulated-p150x2"]
     lines = batch_cli_equals_alone(capsys, base)
     assert sum(l.startswith("text[") for l in lines) == 2
+
+
+# ---- the thinking budget ----------------------------------------------------------------------------------------
+START, END = 7, 9  # stand-ins for <think> / </think> on the random ci checkpoint
+PHRASE = (31, 32, 33, END, 34, 35)
+
+
+@pytest.fixture(scope="module")
+def thinking_gen(ckpt_factory):
+    """The thinking tests' generator (fp32-written ci checkpoint, 128-token sequences), as they were written for."""
+    g = small_tt_generator(ckpt_factory("ci"))
+    yield g
+    g.close()
+
+
+def prompts_of(vocab):
+    g = torch.Generator().manual_seed(5)
+    # users 0 and 2 end inside an open thinking block, user 1 outside one (nothing is forced unless it opens one)
+    return [torch.randint(10, vocab, (n,), generator=g).tolist() + tail for n, tail in ((12, [START]), (9, []),
+                                                                                        (20, [START]))]
+
+
+@pytest.mark.slow
+def test_batched_greedy_budgets_equal_batch_one(thinking_gen):
+    prompts = prompts_of(thinking_gen.config.vocab_size)
+    for n in (0, 3):
+        budget = ThinkingBudget(n, START, END, PHRASE)
+        alone = [thinking_gen.generate(p, 14, thinking=budget, keep_logits=True) for p in prompts]
+        for u in (0, 2):  # the phrase at exactly n thinking tokens (none of them closed the block first)
+            assert END not in alone[u].tokens[:n] and tuple(alone[u].tokens[n:n + len(PHRASE)]) == PHRASE
+        thinking_gen.release_trace()
+        dec = TTBatchDecoder(thinking_gen.model, 4, use_trace=thinking_gen.use_trace)
+        try:
+            got = batched_greedy(dec, prompts, 14, thinking=budget, keep_logits=True)
+        finally:
+            dec.release()
+        for u, want in enumerate(alone):
+            assert got.tokens[u] == want.tokens
+            diff = max(float((a - b).abs().max()) for a, b in zip(got.logits[u], want.logits))
+            assert diff <= 1e-4, f"user {u}: batched logits differ from batch 1 by {diff}"
+    # the greedy_batch entry point (the CLI's several-prompt path) passes the budget through
+    budget = ThinkingBudget(3, START, END, PHRASE)
+    assert thinking_gen.greedy_batch(prompts, 14, thinking=budget) == \
+        [thinking_gen.generate(p, 14, thinking=budget).tokens for p in prompts]
+
+
+@pytest.mark.slow
+def test_batched_sampled_budget_with_penalties_equals_batch_one(thinking_gen):
+    """Seeded sampling + penalties: the forced rows' penalty counts are rewritten from the history, so every user's
+    draws match its batch-1 run; without the rewrite the penalised picks after the phrase would differ."""
+    prompts = prompts_of(thinking_gen.config.vocab_size)
+    params = SamplingParams(temperature=0.9, top_k=20, seed=4, repetition_penalty=1.3, presence_penalty=0.7)
+    budget = ThinkingBudget(2, START, END, PHRASE)
+    alone = [thinking_gen.generate(p, 14, params, thinking=budget).tokens for p in prompts]
+    assert all(tuple(t[2:2 + len(PHRASE)]) == PHRASE for t in (alone[0], alone[2]))
+    assert thinking_gen.sample_batch(prompts, 14, params, thinking=budget) == alone
+
+
+def test_budget_with_logprobs_is_refused(thinking_gen):
+    budget = ThinkingBudget(2, START, END, PHRASE)
+    with pytest.raises(ValueError, match="logprobs with a thinking budget"):
+        thinking_gen.sample_batch(prompts_of(thinking_gen.config.vocab_size), 4,
+                                  SamplingParams(temperature=1.0, seed=1, logprobs=2), thinking=budget)
