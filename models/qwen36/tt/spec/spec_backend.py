@@ -31,6 +31,7 @@ from .commit import abort_after_verify, commit
 from .depth_sets import DepthBuffers, allocate_depth_set
 from .host_rows import (BatchDraft, BatchSpecError, SlotUser, check_drafts, is_packed_device_drafter,
                         write_host_rows)
+from .inject import inject_slots
 from ..model.gdn import TILE_ROWS
 from ..model.model_config import user_core_grid
 from ..runtime.batch import TTBatchDecoder
@@ -162,6 +163,7 @@ class TTSpecBackend:
         self._draft: BatchDraft | None = None
         self._vout: VerifyOutputs | None = None
         self._result = None
+        self._results = None  # the last step's host results (accept()), for a commit that cuts a user's rows
         self._n_gdn = len(self.decoder.state.gdn_states())
 
     @property
@@ -515,10 +517,9 @@ class TTSpecBackend:
         forced row accepted, the next forced token pending) and replays the commit, which re-seeds the MTP from
         those rows and drafts on from them; the last round's next token is picked on the host from its verify row
         (the row after the last forced token) with the user's params. Returns the forced tokens + that pick."""
-        toks = [int(t) for t in self._only(forced, "inject()")] if self.rows == "device" else None
-        if self.rows == "host":
-            raise BatchSpecError("inject() (forced tokens: a thinking budget) is built for one user (device rows); "
-                                 "B slots refuse it")
+        if self.rows == "host":  # B slots: tt/spec/inject.py (the verify width k; ``depths`` is not needed)
+            return inject_slots(self, forced)
+        toks = [int(t) for t in self._only(forced, "inject()")]
         if not toks:
             raise ValueError("inject() needs at least one forced token")
         self._check_idle("inject()")
@@ -548,7 +549,7 @@ class TTSpecBackend:
                 row = self.verify_logits()[0, c]
                 self.inject_logits = row  # host fp32 [V]: the row the token after the phrase is picked from
                 history = TokenHistory(self.history[:self._prompt_len], self.config.vocab_size)
-                history.add(self.history[self._prompt_len:] + out + chunk)
+                history.add(self.history[self._prompt_len:] + chunk)  # the earlier rounds' tokens are in history
                 nxt = int(pick_token(row.reshape(1, -1), self.params, self._host_gen, history.now()))
             else:
                 nxt = toks[i + c]
@@ -640,7 +641,7 @@ class TTSpecBackend:
                 self.drafter.join(slot, history, h)
         self.acceptor.set_row(slot, params)  # its params and its own uniform stream, from its seed
         self.acceptor.start_penalties(len(prompt), history, slot)  # no-op without penalties
-        self.users[slot] = SlotUser(params, history, lp)
+        self.users[slot] = SlotUser(params, history, lp, len(prompt), gen)
         return first
 
     def _leave_slot(self, slot: int) -> None:
@@ -709,6 +710,7 @@ class TTSpecBackend:
     def _accept_slots(self, draft: BatchDraft) -> dict[int, Acceptance]:
         idle = [s for s in self.users if s not in draft.depths]  # users sitting the step out keep their uniforms
         results = self.acceptor.read_results(self._result, idle_rows=idle)  # the one readback: every slot's result
+        self._results = results
         out = {}
         for s, kb in draft.depths.items():
             r = results[s]
@@ -719,11 +721,26 @@ class TTSpecBackend:
         self._phase = "accepted"
         return out
 
-    def _commit_slots(self, acceptances: Mapping[int, Acceptance]) -> None:
+    def _commit_slots(self, acceptances: Mapping[int, Acceptance], forced: bool = False) -> None:
+        """``forced``: an inject round (tt/spec/inject.py), whose results were already forced; it does not count as
+        a completed step for the trace policy (the draft trace has not run in it: the first real step stays eager)."""
         depths = self._draft.depths
         if set(acceptances) != set(depths):
             raise ValueError(f"commit() needs the acceptance of every user of the step: got slots "
                              f"{sorted(acceptances)}, the step has {sorted(depths)}")
+        if not forced:
+            # a user kept fewer rows (the thinking budget cuts a step after its last thinking token): its commit
+            # takes that acceptance instead of the device's, the last kept token pending
+            cut = {}
+            for s, acc in acceptances.items():
+                a_dev = self._results[s].num_accepted
+                if acc.num_accepted != a_dev:
+                    kept = self._results[s].tokens[: acc.num_accepted + 1]
+                    if not 0 <= acc.num_accepted < a_dev or list(acc.tokens) != kept:
+                        raise ValueError(f"commit(): slot {s}: a={acc.num_accepted} is not a cut of the step's a={a_dev}")
+                    cut[s] = (list(acc.tokens), acc.num_accepted)
+            if cut:
+                self.acceptor.force_rows(cut, self._results)
         self._run("commit", self._commit_slots_device)
         c = self.counters
         # the re-advance runs every slot's K+1 rows (B*(K+1) recurrence rows per GDN layer)
@@ -732,7 +749,8 @@ class TTSpecBackend:
         for s, acc in acceptances.items():
             self.decoder.pos[s] += acc.num_accepted + 1
             self.users[s].history += list(acc.tokens)
-        self._traces.step_done()
+        if not forced:
+            self._traces.step_done()
         self._draft, self._phase = None, "idle"
 
     def _commit_slots_device(self) -> None:
