@@ -139,9 +139,6 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, prompts: list
     from ..checkpoint import CheckpointError
     from .common import print_logprobs, print_outputs, sampling_params, torch_dtype
 
-    if thinking is not None and args.device not in REFERENCE_DEVICES and args.spec_k == "auto":
-        raise UserError(f"--thinking-budget with --spec-k on {args.device} takes an integer --spec-k (per-step "
-                        "depths have no forced-token step)")
     b = len(prompts)
     first = sampling_params(args)
     params = [dataclasses.replace(first, seed=first.seed + i) for i in range(b)]  # user i samples with seed + i

@@ -92,8 +92,13 @@ def test_inject_refusals(gen, reader):
             be.inject({0: list(PHRASE)})
     finally:
         be.close()
-    with pytest.raises(ValueError, match="per-step depths"):
-        TTSpecBackend(gen, "snapshot", drafter=TTMTPDrafter(reader), depths=(1, 2)).inject({0: [1]}, {0: 1})
+    be = TTSpecBackend(gen, "snapshot", drafter=TTMTPDrafter(reader), depths=(1, 2))
+    try:
+        be.join(0, PROMPT)
+        with pytest.raises(ValueError, match="not one of this backend's depths"):
+            be.inject({0: list(PHRASE)}, {0: 3})
+    finally:
+        be.close()
 
 
 # ---- B slots (host rows: tt/spec/inject.py) ---------------------------------------------------------------------
@@ -201,3 +206,42 @@ def test_pick_after_the_phrase_counts_each_token_once(gen, reader, monkeypatch, 
     assert tuple(res.tokens[2:n]) == PHRASE and len(seen) == 2  # the join's pick, then the pick after the phrase
     want = torch.bincount(torch.tensor(res.tokens[:n]), minlength=gen.config.vocab_size).float()
     assert torch.equal(seen[1], want)
+
+
+class Schedule:
+    """A depth policy stepping through a fixed schedule of depths (cycled): the engine asks it before every step."""
+
+    def __init__(self, ks):
+        self.ks, self.i, self.k_max = list(ks), 0, max(ks)
+
+    def choose(self) -> int:
+        k = self.ks[self.i % len(self.ks)]
+        self.i += 1
+        return k
+
+    def observe(self, k: int, num_accepted: int) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"schedule {self.ks}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mech,n", [("shadow_commit", 4), ("snapshot", 1)])  # n = 1: before any step
+def test_per_step_depths_budget_equals_plain_with_the_same_injection(gen, reader, mech, n):
+    """``depths=`` (``--spec-k auto``): the forced rounds run at the depth the last commit prepared, the last round's
+    chain at the user's next depth; greedy output == TT plain with the same budget, the pick row == plain's row."""
+    plain = gen.generate(PROMPT, 24, thinking=budget(n), keep_logits=True)
+    be = TTSpecBackend(gen, mech, drafter=TTMTPDrafter(reader), depths=(1, 2, 3))
+    try:
+        res = speculative_generate(be, [PROMPT], 24, [Schedule([3, 1, 2])], [SamplingParams()],
+                                   thinking=budget(n))[0]
+        assert res.tokens == plain.tokens
+        got, ref = be.inject_logits, plain.logits[n + len(PHRASE)]
+        diff = float((got - ref).abs().max())
+        print(f"{mech} depths 1-3 n={n}: inject row vs plain decode row max abs {diff:.3g}, pcc {pcc(got, ref):.7f}")
+        assert diff == 0.0
+        assert len(set(res.stats.depths)) == 3 and sum(res.stats.accepted) > 0  # it switched depth, drafts accepted
+        assert int(be.model.to_host(be.step_state.n).flatten()[0]) == be.position(0)
+    finally:
+        be.close()

@@ -523,16 +523,22 @@ class TTSpecBackend:
         if not toks:
             raise ValueError("inject() needs at least one forced token")
         self._check_idle("inject()")
-        if self.depths is not None:
-            raise ValueError("inject() with per-step depths (depths=...) is not supported; use one K")
+        nxt_k = None if not depths or depths.get(0) is None else int(depths[0])
         if self._k is None:  # before the first step (a budget reached at the prompt's first token): set up at the
             # depth the first step will draft at, as its draft() would
-            if not depths or depths.get(0) is None:
+            if nxt_k is None:
                 raise ValueError("inject() before the first step needs the next draft depth (depths={0: K})")
-            if self.n + int(depths[0]) + 1 > self.model.args.max_seq_len:
-                raise ValueError(f"KV cache full: position {self.n} + {int(depths[0]) + 1} rows > max_seq_len "
+            if self.n + nxt_k + 1 > self.model.args.max_seq_len:
+                raise ValueError(f"KV cache full: position {self.n} + {nxt_k + 1} rows > max_seq_len "
                                  f"{self.model.args.max_seq_len}")
-            self._setup(int(depths[0]))
+            if self.depths is None:
+                self._setup(nxt_k)
+        if self.depths is not None:
+            # per-step depths: the rounds run at the depth the last commit prepared (its drafts are overwritten by
+            # the forced tokens), the last round's chain at the user's next depth (as plan_next_depths would)
+            if nxt_k is not None and nxt_k not in self.depths:
+                raise ValueError(f"draft depth {nxt_k} is not one of this backend's depths {list(self.depths)}")
+            self._select_depth(self._next_k if self._k is not None else nxt_k)
         k, m, out, i = self._k, len(toks), [], 0
         while True:
             c = min(k, m - i)
@@ -555,6 +561,8 @@ class TTSpecBackend:
                 nxt = toks[i + c]
             self.acceptor.force_result(chunk + [nxt], c, rng_row)
             self._phase, self._accepted = "accepted", (c, rng_row)
+            if final and self.depths is not None:
+                self._planned_k = nxt_k
             self.commit({0: Acceptance(c, chunk + [nxt])})
             out += chunk + [nxt]
             if final:
