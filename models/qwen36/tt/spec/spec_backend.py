@@ -50,11 +50,13 @@ class TTSpecBackend:
     def __init__(self, gen: TTGenerator, mechanism: str | TTMechanism = DEFAULT_MECHANISM, drafter: Any = None,
                  use_trace: bool = True, rng: str = "device", depths: Sequence[int] | None = None,
                  prefix_cache=None, *, slots: int = 1, k: int | None = None, params: SamplingParams | None = None,
-                 rows: str | None = None, stages: SamplerStages | None = None):
+                 rows: str | None = None, stages: SamplerStages | None = None, pool_blocks: int = 0):
         """``depths``: the draft depths steps of one generation may use (``--spec-k auto``, one user); None = one
         depth per generation (the first draft()'s K), the single-depth traces "verify" / "commit".
         ``prefix_cache``: a ``qwen36.prefix_cache.PrefixCache`` (tt/runtime/prefix.py; the MTP prefill is redone
-        from the cached hidden rows); with B slots new blocks are cached only by joins while no step trace is live.
+        from the cached hidden rows); with B slots new blocks are cached by joins while no step trace is live, or
+        always with ``pool_blocks`` > 0 (host rows: the decoder's ``TTBlockPool`` of that many blocks, allocated
+        before any capture; tt/runtime/prefix.py).
         ``rows``: the step layout, "device" (one user; default at one slot) or "host" (B slots; default above one,
         and at one slot the batched step at B = 1); ``k`` and ``params`` are the host rows' verify width and
         sampling params (one user takes its params at join()). ``stages``: host rows only, per-user params (module
@@ -70,8 +72,11 @@ class TTSpecBackend:
                 raise BatchSpecError("depths= (per-step depth switching) is the one-user layout's; B slots verify "
                                      "k drafts per user and each user drafts k_b <= k")
             self._init_host_rows(gen, slots, k, mechanism, drafter, params or SamplingParams(), use_trace, rng,
-                                 prefix_cache, stages)
+                                 prefix_cache, stages, pool_blocks)
             return
+        if pool_blocks:
+            raise ValueError("pool_blocks is the host rows' (B slots): one user resets its state at every join, so "
+                             "its joins cache blocks with no trace live")
         if slots != 1:
             raise ValueError(f"device rows hold one user's position; {slots} slots need rows='host'")
         if k is not None or params is not None or stages is not None:
@@ -116,7 +121,7 @@ class TTSpecBackend:
 
     def _init_host_rows(self, gen: TTGenerator, slots: int, k: int | None, mechanism, drafter,
                         params: SamplingParams, use_trace: bool, rng: str, prefix_cache,
-                        stages: SamplerStages | None) -> None:
+                        stages: SamplerStages | None, pool_blocks: int = 0) -> None:
         """B slots over a decoder of their own (module doc); the checks come before the generator is touched."""
         if not isinstance(k, int) or k < 1:
             raise BatchSpecError(f"{slots} slots (host rows) need the verify width k >= 1, got {k!r}")
@@ -140,7 +145,8 @@ class TTSpecBackend:
         self.depths, self._k, self._next_k = None, k, None  # one verify width; each user's k_b chosen at draft()
         self.label = f"tt ({gen.label or 'mesh'})" + ("" if self.device_drafter else " + host drafter")
         self.counters = MechanismCounters()
-        self.decoder = TTBatchDecoder(self.model, slots, use_trace=use_trace, prefix_cache=prefix_cache)
+        self.decoder = TTBatchDecoder(self.model, slots, use_trace=use_trace, prefix_cache=prefix_cache,
+                                      pool_blocks=pool_blocks)
         self.state = self.decoder.state
         a = self.model.args
         self.vocab = a.cfg.vocab_size
@@ -635,7 +641,9 @@ class TTSpecBackend:
                                      f"backend's stages do not contain")
         logits: list[torch.Tensor] = []
         hidden: list | None = [] if self.device_drafter else None
-        insert = len(self._traces) == 0  # a cached block's buffers outlive the join: not while a trace is live
+        # a cached block's buffers outlive the join: into the decoder's pool (allocated before any capture), or
+        # without one only while no step trace is live
+        insert = self.decoder.pool is not None or len(self._traces) == 0
         self._with_live_state(lambda: logits.append(self.decoder.join(slot, prompt, hidden_out=hidden,
                                                                       insert=insert)))
         row = logits[0]
