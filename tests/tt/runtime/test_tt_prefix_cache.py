@@ -284,6 +284,7 @@ def test_batched_speculative_shares_blocks(ckpt_factory):
     assert all(n.refs == 0 for n in cache.nodes())  # every user left
 
 
+@pytest.mark.slow  # three runs of the B-slot backend with the device MTP
 def test_batched_speculative_pool_caches_under_a_live_trace(ckpt_factory):
     """TTSpecBackend with B slots and a block pool (``pool_blocks``, the decoder's ``TTBlockPool``): user 1 joins in
     round 3, under the live step traces (round 0 has no step, 1 is eager, 2 captures), and caches its two prefix blocks into the pool; user 2 shares that prefix,

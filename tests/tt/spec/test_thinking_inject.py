@@ -182,6 +182,7 @@ def test_batch_slots_sampled_budget_equals_one_user_path(gen, reader):
 def test_pick_after_the_phrase_counts_each_token_once(gen, reader, monkeypatch, slots):
     """Penalties: the host pick after a phrase forced over several rounds sees the output counts of exactly the
     tokens emitted before it (a regression: the one-user layout added the earlier rounds' tokens twice)."""
+    import qwen36.tt.spec.host_slots as slots_mod
     import qwen36.tt.spec.inject as inject_mod
     import qwen36.tt.spec.spec_backend as backend_mod
 
@@ -194,6 +195,7 @@ def test_pick_after_the_phrase_counts_each_token_once(gen, reader, monkeypatch, 
     pick = backend_mod.pick_token
     monkeypatch.setattr(backend_mod, "pick_token", recording_pick)
     monkeypatch.setattr(inject_mod, "pick_token", recording_pick)
+    monkeypatch.setattr(slots_mod, "pick_token", recording_pick)  # the B-slot join's pick
     params = SamplingParams(temperature=0.8, top_k=20, seed=5, repetition_penalty=1.3, presence_penalty=0.5,
                             draft="greedy")
     kw = {} if slots == 1 else {"slots": slots, "k": 2, "params": params}
