@@ -156,10 +156,6 @@ def run_speculative_generate(args: argparse.Namespace, ckpt: Path, users, precis
     from .common import print_logprobs, print_outputs, torch_dtype
 
     prompts, texts, tok, params = users.prompts, users.texts, users.tok, users.params
-    if thinking is not None and args.device not in REFERENCE_DEVICES and (len(prompts) > 1 or args.spec_k == "auto"):
-        raise UserError(f"--thinking-budget with --spec-k on {args.device} takes one prompt and an integer --spec-k "
-                        "(the forced phrase goes through the one-user step's traces; B slots and per-step depths "
-                        "have no forced-token step)")
     b = len(prompts)
     first = params[0]
     # a B-slot TT backend holds one params (seeds aside) unless built with per-user stages

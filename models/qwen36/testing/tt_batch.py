@@ -109,3 +109,25 @@ def batch_cli_equals_alone(capsys, base: list[str], texts: list[str] = CLI_TEXTS
     assert [l for l in lines if l.startswith("ids[")] == [f"ids[{i}]: {a}" for i, a in enumerate(alone)]
     assert f"batch {len(texts)}" in err
     return lines
+
+
+def record_emitted_logits(be) -> dict[int, list[torch.Tensor]]:
+    """Every emitted token's fp32 logits row per slot of a B-slot ``TTSpecBackend`` (host rows), recorded as it runs:
+    the join's prefill row, then rows 0..a of each committed verify (a step's accepted rows and its bonus row, an
+    inject round's forced rows and the row after them). Compare with a plain decoder's ``keep_logits`` rows."""
+    rows: dict[int, list[torch.Tensor]] = {s: [] for s in range(be.slots)}
+    join, commit = be.decoder.join, be._commit_slots
+
+    def join_rec(slot, prompt, **kw):
+        logits = join(slot, prompt, **kw)
+        rows[slot].append(logits.float().reshape(-1).clone())
+        return logits
+
+    def commit_rec(acceptances, forced=False):
+        lg = be.verify_logits()
+        for s, acc in acceptances.items():
+            rows[s] += [lg[s, j].clone() for j in range(acc.num_accepted + 1)]
+        return commit(acceptances, forced)
+
+    be.decoder.join, be._commit_slots = join_rec, commit_rec
+    return rows

@@ -282,3 +282,53 @@ def test_batched_speculative_shares_blocks(ckpt_factory):
     assert [r.stats.accepted for r in warm] == [r.stats.accepted for r in cold]
     assert cache.stats.tokens_reused == 2 * 64 and cache.stats.inserts == 2
     assert all(n.refs == 0 for n in cache.nodes())  # every user left
+
+
+@pytest.mark.slow  # three runs of the B-slot backend with the device MTP
+def test_batched_speculative_pool_caches_under_a_live_trace(ckpt_factory):
+    """TTSpecBackend with B slots and a block pool (``pool_blocks``, the decoder's ``TTBlockPool``): user 1 joins in
+    round 3, under the live step traces (round 0 has no step, 1 is eager, 2 captures), and caches its two prefix blocks into the pool; user 2 shares that prefix,
+    joins later and reuses both. Every user's tokens, accepted counts and every emitted token's logits row are
+    bit-equal (``torch.equal``) to the same schedule with nothing cached; without the pool the same schedule caches
+    nothing under the live trace (the behaviour the pool lifts)."""
+    from qwen36.checkpoint import load_checkpoint
+    from qwen36.speculative.engine import speculative_generate
+    from qwen36.testing.tt_batch import record_emitted_logits
+    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+
+    ckpt = ckpt_factory("ci")
+    g = small_tt_generator(ckpt, prefill_chunk=64, require_mtp=True)
+    reader = load_checkpoint(ckpt, require_mtp=True)
+    v = g.config.vocab_size
+    common = prompt_of(v, 66, 31)
+    prompts = [prompt_of(v, 5, 30), common + prompt_of(v, 2, 32), common + prompt_of(v, 3, 33)]
+
+    def run(cache, pool_blocks):
+        be = TTSpecBackend(g, "shadow_commit", slots=4, k=1, drafter=TTMTPDrafter(reader), prefix_cache=cache,
+                           pool_blocks=pool_blocks)
+        rows = record_emitted_logits(be)
+        try:
+            res = speculative_generate(be, prompts, 8, [1, 1, 1], [SamplingParams()] * 3, arrivals=[0, 3, 6])
+            assert len(be.traces) > 0  # users 1 and 2 joined under live traces
+            return res, rows
+        finally:
+            be.release()
+            be.decoder.release_pool()
+
+    try:
+        cold, cold_rows = run(PrefixCache(BLOCK, 0, with_mtp=False), 0)
+        cache = PrefixCache(BLOCK, BIG, with_mtp=False)
+        warm, warm_rows = run(cache, 4)
+        unpooled = PrefixCache(BLOCK, BIG, with_mtp=False)
+        run(unpooled, 0)
+    finally:
+        g.close()
+    assert [r.tokens for r in warm] == [r.tokens for r in cold]
+    assert [r.stats.accepted for r in warm] == [r.stats.accepted for r in cold]
+    for u in range(3):
+        assert len(warm_rows[u]) == len(cold_rows[u]) >= len(warm[u].tokens)
+        assert all(torch.equal(a, b) for a, b in zip(warm_rows[u], cold_rows[u])), f"user {u}"
+    assert cache.stats.inserts == 2 and cache.stats.tokens_reused == 2 * BLOCK  # user 1 inserted, user 2 reused
+    assert all(n.refs == 0 for n in cache.nodes())  # every user left
+    assert unpooled.stats.inserts == 0 and unpooled.stats.tokens_reused == 0

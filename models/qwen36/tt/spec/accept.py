@@ -661,6 +661,34 @@ class DeviceAcceptor:
         ttnn.copy_host_to_device_tensor(host, self.result)
         ttnn.copy_host_to_device_tensor(self._replicated_host(torch.full((1, 1, 1, 1), float(a))), self.count)
 
+    def force_rows(self, forced: dict[int, tuple[list[int], int]], results: list[AcceptResult]) -> None:
+        """B rows: overwrite the step's result and count with forced acceptances for the rows in ``forced``
+        (row -> (tokens, a): the a accepted rows' tokens then the next pending one), every other row written back as
+        ``results`` (this step's :meth:`read_results`) read it, so its values are unchanged. Host writes into the
+        persistent buffers between the verify and the commit replays, like :meth:`force_result`: the per-user
+        commit, the MTP reseed and the token-count commit then take them (a thinking budget's cut or forced rows)."""
+        self._require_allocated()
+        if len(results) != self.batch:
+            raise ValueError(f"force_rows: {len(results)} results for {self.batch} rows")
+        rows, counts = [], []
+        for b, r in enumerate(results):
+            toks, a, rng_row = (list(r.tokens), r.num_accepted, r.rng_row)
+            if b in forced:
+                emitted, a = forced[b]
+                a = int(a)
+                if not 0 <= a <= self.k or len(emitted) != a + 1:
+                    raise ValueError(f"force_rows: row {b}: {len(emitted)} tokens for a={a} (need a+1, a in "
+                                     f"[0, {self.k}])")
+                toks = [int(t) for t in emitted] + [PLACEHOLDER_TOKEN_ID] * (self.rows - a - 1)
+            rows.append(toks + [a, rng_row])
+            counts.append(float(a))
+        ttnn = self.ttnn
+        host = ttnn.from_torch(torch.tensor(rows, dtype=torch.int32).reshape(1, self.batch, 1, -1), dtype=ttnn.int32,
+                               layout=self.result.layout, mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+        ttnn.copy_host_to_device_tensor(host, self.result)
+        ttnn.copy_host_to_device_tensor(self._replicated_host(torch.tensor(counts).reshape(1, self.batch, 1, 1)),
+                                        self.count)
+
     def read_result(self, result_dev=None) -> tuple[list[int], int]:
         """B == 1 convenience: -> (tokens [K+1] with PLACEHOLDER_TOKEN_ID after the emitted ones, a)."""
         if self.batch != 1:

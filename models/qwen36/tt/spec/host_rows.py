@@ -27,6 +27,8 @@ class SlotUser:
     params: SamplingParams
     history: list[int]  # prompt + every emitted token; the last one is pending
     first_logprobs: TokenLogprobs | None
+    prompt_len: int = 0
+    host_gen: torch.Generator | None = None  # the host picks' stream (the join's token, then a forced phrase's next)
 
 
 @dataclass

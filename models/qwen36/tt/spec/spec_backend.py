@@ -7,7 +7,8 @@ One class, two step layouts, chosen by where the verify's row inputs come from (
 advances them and makes the next step's drafts inside the commit trace; per-step draft depths with ``depths=``, their
 buffer sets in tt/spec/depth_sets.py) and ``rows="host"`` (the default above one slot: the host writes every user's
 row inputs before each step over the B slots of the backend's own :class:`~..runtime.batch.TTBatchDecoder`,
-tt/spec/host_rows.py, with the packed device MTP chain in a draft trace of its own). At one slot host rows are the
+with the packed device MTP chain in a draft trace of its own; its methods in tt/spec/host_slots.py, its row inputs in
+tt/spec/host_rows.py, forced tokens in tt/spec/inject.py). At one slot host rows are the
 batched step at B = 1 (the same numbers as device rows, other programs: tests/tt/spec/test_b1_identity.py,
 tests/tt/spec/test_program_golden.py).
 
@@ -17,7 +18,6 @@ the commit mechanisms): docs/tt_spec.md; per-step depths: docs/depth.md.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -29,11 +29,9 @@ from .accept import DeviceAcceptor
 from ..runtime.sampler_transform import SamplerStages
 from .commit import abort_after_verify, commit
 from .depth_sets import DepthBuffers, allocate_depth_set
-from .host_rows import (BatchDraft, BatchSpecError, SlotUser, check_drafts, is_packed_device_drafter,
-                        write_host_rows)
-from ..model.gdn import TILE_ROWS
-from ..model.model_config import user_core_grid
-from ..runtime.batch import TTBatchDecoder
+from .host_rows import BatchSpecError
+from .host_slots import HostRowSlots
+from .inject import inject_slots
 from ..runtime.generator import TTGenerator
 from ..runtime.prefix import prefill as tt_prefix_prefill
 from .mechanisms import TTMechanism, tt_mechanism
@@ -41,7 +39,7 @@ from ..runtime.trace import StepTraces
 from .verify import SpecDeviceState, VerifyOutputs, check_verify_shape
 
 
-class TTSpecBackend:
+class TTSpecBackend(HostRowSlots):
     """``SpecBackend`` on the TT model: ``slots`` users (module doc). One user (``slots=1``, device rows) picks K at
     its first draft (or steps at ``depths``); B slots (host rows) verify ``k`` drafts per user (every step runs
     B x (k+1) rows) with the backend's ``params``, or each user its own with ``stages``."""
@@ -49,11 +47,13 @@ class TTSpecBackend:
     def __init__(self, gen: TTGenerator, mechanism: str | TTMechanism = DEFAULT_MECHANISM, drafter: Any = None,
                  use_trace: bool = True, rng: str = "device", depths: Sequence[int] | None = None,
                  prefix_cache=None, *, slots: int = 1, k: int | None = None, params: SamplingParams | None = None,
-                 rows: str | None = None, stages: SamplerStages | None = None):
+                 rows: str | None = None, stages: SamplerStages | None = None, pool_blocks: int = 0):
         """``depths``: the draft depths steps of one generation may use (``--spec-k auto``, one user); None = one
         depth per generation (the first draft()'s K), the single-depth traces "verify" / "commit".
         ``prefix_cache``: a ``qwen36.prefix_cache.PrefixCache`` (tt/runtime/prefix.py; the MTP prefill is redone
-        from the cached hidden rows); with B slots new blocks are cached only by joins while no step trace is live.
+        from the cached hidden rows); with B slots new blocks are cached by joins while no step trace is live, or
+        always with ``pool_blocks`` > 0 (host rows: the decoder's ``TTBlockPool`` of that many blocks, allocated
+        before any capture; tt/runtime/prefix.py).
         ``rows``: the step layout, "device" (one user; default at one slot) or "host" (B slots; default above one,
         and at one slot the batched step at B = 1); ``k`` and ``params`` are the host rows' verify width and
         sampling params (one user takes its params at join()). ``stages``: host rows only, per-user params (module
@@ -69,8 +69,11 @@ class TTSpecBackend:
                 raise BatchSpecError("depths= (per-step depth switching) is the one-user layout's; B slots verify "
                                      "k drafts per user and each user drafts k_b <= k")
             self._init_host_rows(gen, slots, k, mechanism, drafter, params or SamplingParams(), use_trace, rng,
-                                 prefix_cache, stages)
+                                 prefix_cache, stages, pool_blocks)
             return
+        if pool_blocks:
+            raise ValueError("pool_blocks is the host rows' (B slots): one user resets its state at every join, so "
+                             "its joins cache blocks with no trace live")
         if slots != 1:
             raise ValueError(f"device rows hold one user's position; {slots} slots need rows='host'")
         if k is not None or params is not None or stages is not None:
@@ -112,57 +115,6 @@ class TTSpecBackend:
         self._by_k: dict[int, DepthBuffers] = {}
         self._next_k: int | None = None  # depth of the drafts now on device (made by the last commit)
         self._planned_k: int | None = None  # plan_next_depths() of the open step
-
-    def _init_host_rows(self, gen: TTGenerator, slots: int, k: int | None, mechanism, drafter,
-                        params: SamplingParams, use_trace: bool, rng: str, prefix_cache,
-                        stages: SamplerStages | None) -> None:
-        """B slots over a decoder of their own (module doc); the checks come before the generator is touched."""
-        if not isinstance(k, int) or k < 1:
-            raise BatchSpecError(f"{slots} slots (host rows) need the verify width k >= 1, got {k!r}")
-        self.device_drafter = is_packed_device_drafter(drafter)
-        if drafter is None or (not self.device_drafter and not callable(drafter)):
-            raise BatchSpecError("B slots (host rows) need a drafter: the device MTP "
-                                 "(tt/spec/mtp_drafter.py TTMTPDrafter) or a host drafter (history, k) -> k ids")
-        check_drafts(self.device_drafter, params, stages)
-        n_rows = slots * (k + 1)
-        if n_rows > TILE_ROWS:
-            raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) = {n_rows} verify rows: the decode-path attention "
-                                 f"takes at most {TILE_ROWS} rows (one per core); use fewer slots or a smaller K")
-        try:
-            user_core_grid(n_rows)
-        except ValueError as e:
-            raise BatchSpecError(f"{slots} slots x (K+1 = {k + 1}) verify rows: {e}") from None
-        self.gen, self.model = gen, gen.model
-        self.ttnn, self.mesh = gen.ttnn, gen.mesh
-        self.mechanism = tt_mechanism(mechanism)
-        self.slots, self.k, self.drafter, self.use_trace, self.params = slots, k, drafter, use_trace, params
-        self.depths, self._k, self._next_k = None, k, None  # one verify width; each user's k_b chosen at draft()
-        self.label = f"tt ({gen.label or 'mesh'})" + ("" if self.device_drafter else " + host drafter")
-        self.counters = MechanismCounters()
-        self.decoder = TTBatchDecoder(self.model, slots, use_trace=use_trace, prefix_cache=prefix_cache)
-        self.state = self.decoder.state
-        a = self.model.args
-        self.vocab = a.cfg.vocab_size
-        self.stages = stages
-        self.acceptor = DeviceAcceptor(self.ttnn, self.mesh, k=k, vocab=self.vocab, sampling_params=params,
-                                       batch=slots, rng=rng, ring_heads=a.gdn_hv_d, stages=stages).allocate()
-        # host rows at every slot count, B = 1 included
-        self.step_state = SpecDeviceState(self.model, self.decoder.state, k, self.mechanism, users=slots, rows="host")
-        self.step_state.attach_acceptor(self.acceptor)
-        st = self.step_state
-        heads = a.hkv_d
-        pt = self.decoder.state.page_table_host.to(torch.int32)  # [B, pages]
-        st.write("head_page_table", (pt[:, None, :] * heads + torch.arange(heads)[None, :, None]).reshape(slots * heads, -1))
-        st.start()  # ring: live (zeros) -> ring slot 0, every head pointed at it
-        if self.device_drafter:
-            drafter.allocate(self.step_state)  # the packed B-slot MTP head, before any capture
-        self.users: dict[int, SlotUser] = {}
-        self._traces = StepTraces(self.ttnn, self.mesh, warmup_steps=1)
-        self._phase = "idle"
-        self._draft: BatchDraft | None = None
-        self._vout: VerifyOutputs | None = None
-        self._result = None
-        self._n_gdn = len(self.decoder.state.gdn_states())
 
     @property
     def phase(self) -> str:
@@ -515,23 +467,28 @@ class TTSpecBackend:
         forced row accepted, the next forced token pending) and replays the commit, which re-seeds the MTP from
         those rows and drafts on from them; the last round's next token is picked on the host from its verify row
         (the row after the last forced token) with the user's params. Returns the forced tokens + that pick."""
-        toks = [int(t) for t in self._only(forced, "inject()")] if self.rows == "device" else None
-        if self.rows == "host":
-            raise BatchSpecError("inject() (forced tokens: a thinking budget) is built for one user (device rows); "
-                                 "B slots refuse it")
+        if self.rows == "host":  # B slots: tt/spec/inject.py (the verify width k; ``depths`` is not needed)
+            return inject_slots(self, forced)
+        toks = [int(t) for t in self._only(forced, "inject()")]
         if not toks:
             raise ValueError("inject() needs at least one forced token")
         self._check_idle("inject()")
-        if self.depths is not None:
-            raise ValueError("inject() with per-step depths (depths=...) is not supported; use one K")
+        nxt_k = None if not depths or depths.get(0) is None else int(depths[0])
         if self._k is None:  # before the first step (a budget reached at the prompt's first token): set up at the
             # depth the first step will draft at, as its draft() would
-            if not depths or depths.get(0) is None:
+            if nxt_k is None:
                 raise ValueError("inject() before the first step needs the next draft depth (depths={0: K})")
-            if self.n + int(depths[0]) + 1 > self.model.args.max_seq_len:
-                raise ValueError(f"KV cache full: position {self.n} + {int(depths[0]) + 1} rows > max_seq_len "
+            if self.n + nxt_k + 1 > self.model.args.max_seq_len:
+                raise ValueError(f"KV cache full: position {self.n} + {nxt_k + 1} rows > max_seq_len "
                                  f"{self.model.args.max_seq_len}")
-            self._setup(int(depths[0]))
+            if self.depths is None:
+                self._setup(nxt_k)
+        if self.depths is not None:
+            # per-step depths: the rounds run at the depth the last commit prepared (its drafts are overwritten by
+            # the forced tokens), the last round's chain at the user's next depth (as plan_next_depths would)
+            if nxt_k is not None and nxt_k not in self.depths:
+                raise ValueError(f"draft depth {nxt_k} is not one of this backend's depths {list(self.depths)}")
+            self._select_depth(self._next_k if self._k is not None else nxt_k)
         k, m, out, i = self._k, len(toks), [], 0
         while True:
             c = min(k, m - i)
@@ -548,12 +505,14 @@ class TTSpecBackend:
                 row = self.verify_logits()[0, c]
                 self.inject_logits = row  # host fp32 [V]: the row the token after the phrase is picked from
                 history = TokenHistory(self.history[:self._prompt_len], self.config.vocab_size)
-                history.add(self.history[self._prompt_len:] + out + chunk)
+                history.add(self.history[self._prompt_len:] + chunk)  # the earlier rounds' tokens are in history
                 nxt = int(pick_token(row.reshape(1, -1), self.params, self._host_gen, history.now()))
             else:
                 nxt = toks[i + c]
             self.acceptor.force_result(chunk + [nxt], c, rng_row)
             self._phase, self._accepted = "accepted", (c, rng_row)
+            if final and self.depths is not None:
+                self._planned_k = nxt_k
             self.commit({0: Acceptance(c, chunk + [nxt])})
             out += chunk + [nxt]
             if final:
@@ -594,154 +553,6 @@ class TTSpecBackend:
     def close(self) -> None:
         self.release_prefix()
         self.release()
-
-    # ---- B slots (host rows; docs/tt_spec.md) -------------------------------------------------------------------
-    def _scope(self):
-        return self.decoder._scratch_scope()
-
-    def _with_live_state(self, fn) -> None:
-        """Run a decoder call that reads/writes the live GDN state of the slots (join, leave): the ring mechanism
-        first moves every user's committed ring slot into live, and afterwards live back into ring slot 0."""
-        st, ring = self.step_state, self.mechanism.ring
-        if ring:
-            with self._scope():
-                self.mechanism.leave(st)
-            self.mechanism.count_switch(self.counters, self._n_gdn, st.state_bytes)
-        fn()
-        if ring:
-            with self._scope():
-                self.mechanism.enter(st)
-
-    @torch.no_grad()
-    def _join_slot(self, slot: int, prompt: Sequence[int], params: SamplingParams) -> int:
-        self._check_idle("join()")
-        if self.stages is None and replace(params, seed=self.params.seed) != self.params:
-            raise BatchSpecError(f"slot {slot}: {params.describe()} differ from the backend's {self.params.describe()} "
-                                 "(build it with stages=SamplerStages... for per-user params)")
-        if self.stages is not None:
-            check_drafts(self.device_drafter, params, self.stages, slot)
-            missing = self.stages.missing(params, self.vocab)
-            if missing:
-                raise BatchSpecError(f"slot {slot}: {params.describe()} needs {', '.join(missing)}, which this "
-                                     f"backend's stages do not contain")
-        logits: list[torch.Tensor] = []
-        hidden: list | None = [] if self.device_drafter else None
-        insert = len(self._traces) == 0  # a cached block's buffers outlive the join: not while a trace is live
-        self._with_live_state(lambda: logits.append(self.decoder.join(slot, prompt, hidden_out=hidden,
-                                                                      insert=insert)))
-        row = logits[0]
-        gen = params.generator(torch.device("cpu"))
-        first = int(pick_token(row.reshape(1, -1), params, gen, TokenHistory(list(prompt), self.vocab).now()))
-        lp = token_logprobs(row, first, params.logprobs) if params.logprobs is not None else None
-        history = list(int(t) for t in prompt) + [first]
-        if self.device_drafter:  # the user's MTP prefill: its own MTP pages and its row of the chain start
-            with self._scope():
-                h = hidden[0] if len(hidden) == 1 else self.ttnn.concat(hidden, dim=2)
-                self.drafter.join(slot, history, h)
-        self.acceptor.set_row(slot, params)  # its params and its own uniform stream, from its seed
-        self.acceptor.start_penalties(len(prompt), history, slot)  # no-op without penalties
-        self.users[slot] = SlotUser(params, history, lp)
-        return first
-
-    def _leave_slot(self, slot: int) -> None:
-        self._check_idle("leave()")
-        if slot not in self.users:
-            raise ValueError(f"slot {slot} has no user")
-        self._with_live_state(lambda: self.decoder.leave(slot))
-        del self.users[slot]
-
-    def _draft_slots(self, depths: Mapping[int, int]) -> BatchDraft:
-        self._check_idle("draft()")
-        if not depths:
-            raise ValueError("draft() needs at least one user")
-        max_len = self.model.args.max_seq_len
-        for slot, kb in depths.items():
-            if slot not in self.users:
-                raise ValueError(f"slot {slot} has no user (join it first)")
-            if not 1 <= kb <= self.k:
-                raise BatchSpecError(f"slot {slot}: draft depth {kb} outside 1..{self.k} (this backend verifies "
-                                     f"{self.k + 1} rows per user; build it with a larger k)")
-            if self.decoder.pos[slot] + kb + 1 > max_len:
-                raise ValueError(f"slot {slot}: KV cache full: position {self.decoder.pos[slot]} + {kb + 1} rows > "
-                                 f"max_seq_len {max_len}")
-        if self.device_drafter:
-            drafts = None
-            self._write_rows(depths, None)
-            self.drafter.write_inputs(dict(depths), {s: self.decoder.pos[s] for s in depths},
-                                      {s: self.users[s].history[-1] for s in depths})
-            self.drafter.before_device_draft()
-            self._run("draft", lambda: self.drafter.device_chain(self.step_state))
-            self.counters.mtp_forwards += self.k  # the packed chain runs K steps whatever each k_b
-        else:
-            drafts = {s: [int(x) for x in self.drafter(list(self.users[s].history), kb)] for s, kb in depths.items()}
-            for s, d in drafts.items():
-                if len(d) != depths[s]:
-                    raise ValueError(f"slot {s}: the drafter returned {len(d)} drafts, {depths[s]} asked")
-            self._write_rows(depths, drafts)
-            self.counters.mtp_forwards += max(depths.values())
-        self._draft = BatchDraft(dict(depths), drafts)
-        self._phase = "drafted"
-        return self._draft
-
-    def _write_rows(self, depths: Mapping[int, int], drafts: Mapping[int, list[int]] | None) -> None:
-        write_host_rows(self.step_state, self.model.args, self.decoder.state.page_table_host, self.decoder.pos,
-                        self.users, self.slots, self.k, self.vocab, depths, drafts)
-
-    def _verify_and_accept_slots(self):
-        st = self.step_state
-        vout = st.verify()
-        logits = self.ttnn.reshape(vout.out.logits, [1, self.slots, self.k + 1, self.vocab])
-        # sampled device drafts: their distributions; argmax or host drafts: one-hot (None)
-        probs = self.drafter.draft_probs(self.acceptor) if self.device_drafter else None
-        return vout, self.acceptor.accept(logits, st.drafts, probs)
-
-    def _verify_slots(self, draft: BatchDraft) -> VerifyOutputs:
-        if self._phase != "drafted" or draft is not self._draft:
-            raise RuntimeError("verify() needs exactly one draft() before it (and that draft's handle)")
-        self._vout, self._result = self._run("verify", self._verify_and_accept_slots)
-        self._phase = "verified"
-        c, t = self.counters, self.k + 1
-        c.target_forwards += 1
-        c.recurrence_steps += self.slots * t * self._n_gdn
-        self.mechanism.count_verify(c, t, self._n_gdn, self.step_state.state_bytes)
-        return self._vout
-
-    def _accept_slots(self, draft: BatchDraft) -> dict[int, Acceptance]:
-        idle = [s for s in self.users if s not in draft.depths]  # users sitting the step out keep their uniforms
-        results = self.acceptor.read_results(self._result, idle_rows=idle)  # the one readback: every slot's result
-        out = {}
-        for s, kb in draft.depths.items():
-            r = results[s]
-            if r.num_accepted > kb:
-                raise RuntimeError(f"slot {s}: device acceptance a={r.num_accepted} past the user's {kb} drafts")
-            lps = self.acceptor.read_logprobs(r.emitted, s) if self.users[s].params.logprobs is not None else None
-            out[s] = Acceptance(r.num_accepted, r.emitted, lps)
-        self._phase = "accepted"
-        return out
-
-    def _commit_slots(self, acceptances: Mapping[int, Acceptance]) -> None:
-        depths = self._draft.depths
-        if set(acceptances) != set(depths):
-            raise ValueError(f"commit() needs the acceptance of every user of the step: got slots "
-                             f"{sorted(acceptances)}, the step has {sorted(depths)}")
-        self._run("commit", self._commit_slots_device)
-        c = self.counters
-        # the re-advance runs every slot's K+1 rows (B*(K+1) recurrence rows per GDN layer)
-        self.mechanism.count_commit(c, self.slots * (self.k + 1), self._n_gdn, self.step_state.state_bytes)
-        c.steps += 1
-        for s, acc in acceptances.items():
-            self.decoder.pos[s] += acc.num_accepted + 1
-            self.users[s].history += list(acc.tokens)
-        self._traces.step_done()
-        self._draft, self._phase = None, "idle"
-
-    def _commit_slots_device(self) -> None:
-        """The commit trace of B slots: per-user state commit, then (device drafter) the MTP reseed over the verified rows."""
-        commit(self.step_state, self._vout)  # also zeroes the count of slots outside the step
-        if self.acceptor.penalized:
-            self.acceptor.commit_counts(self.step_state.active)  # the users' token counts are part of the commit
-        if self.device_drafter:
-            self.drafter.device_reseed(self.step_state, self._vout)
 
     # ---- state views (tests and probes; between steps) --------------------------------------------------------
     def verify_logits(self) -> torch.Tensor:
