@@ -301,6 +301,9 @@ def main(argv=None) -> int:
         resumed_checked={k: {f: x.get(f) for f in ("resumes", "resume_row", "resume_max_abs", "resume_min_pcc",
                                                     "tokens_equal", "first_diff", "margin")}
                          for k, x in sorted(resumed_res.items())},
+        over_tol={k: {f: x.get(f) for f in ("max_abs", "worst_row", "worst_pcc", "worst_call", "worst_call_row",
+                                             "worst_call_rows", "resumes", "tokens_equal")}
+                  for k, x in sorted(results.items()) if x["max_abs"] > LOGITS_TOL},
         flips_vs_uninterrupted=flips, check_s=round(t_check, 1), mismatches=bad,
         flat=flat, plugin_calls=soak_calls, carried_finishes=carried,
         args={k: str(v) for k, v in vars(args).items()}, curve=curve)
@@ -321,6 +324,8 @@ def main(argv=None) -> int:
             "outputs": [out_tokens.get(r["id"], []) for r in reqs],
             "finished": [finished.get(r["id"]) for r in reqs], "aborted": sorted(aborted),
             "resumed": sorted(resumed), "calls": calls[:soak_calls]}))
+        # the logits rows the engine got (call index in the recording -> [B, V]), for diagnosis; not for CI
+        torch.save({i: r for i, r in rows.items() if i < soak_calls}, args.record.with_suffix(".rows.pt"))
     ok = (not bad and all(flat.values()) and greedy_ok + sampled_ok == len(done) and worst <= LOGITS_TOL
           and set(resumed) == set(resumed_res))
     print("soak", "PASSED" if ok else "FAILED", flush=True)

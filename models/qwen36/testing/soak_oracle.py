@@ -21,8 +21,8 @@ import torch
 
 def request_rows(calls: list[dict], rows: dict[int, torch.Tensor], prompts: list[list[int]],
                  outputs: list[list[int]]) -> list[list[tuple[int, bool, torch.Tensor]]]:
-    """Per request, in order, (n fed, segment start, engine logits row predicting output token n - len(prompt)) of
-    every row the engine's ``prefill_forward`` calls returned. ``rows[i]`` holds call i's last-position logits
+    """Per request, in order, (n fed, segment start, engine logits row predicting output token n - len(prompt), call
+    index, row in the call, rows in the call) of every row the engine's ``prefill_forward`` calls returned. ``rows[i]`` holds call i's last-position logits
     [B, V]. Every row must continue its request with the tokens the engine emitted."""
     from .vllm_calls import restore
 
@@ -44,7 +44,7 @@ def request_rows(calls: list[dict], rows: dict[int, torch.Tensor], prompts: list
             start = starts is None or int(starts[i]) == 0
             if not start and (not got[u] or got[u][-1][0] != n - 1):
                 raise AssertionError(f"request {u}: call {ci} continues at {n} without the row before it")
-            got[u].append((n, start, rows[ci][i].float().clone()))
+            got[u].append((n, start, rows[ci][i].float().clone(), ci, i, int(tokens.shape[0])))
     return got
 
 
@@ -53,7 +53,7 @@ def batch1_rows(gen, prompt: list[int], out: list[int], entries) -> list[torch.T
     a segment start is a prefill of the first n tokens of prompt + out, each other row one decode step."""
     seq = list(prompt) + list(out)
     rows = []
-    for n, start, _ in entries:
+    for n, start, *_ in entries:
         if start:
             rows.append(gen.prefill(seq[:n]).float().reshape(-1).clone())
         else:
@@ -112,6 +112,9 @@ def check_request(gen, prompt, out, sampling, entries, sample_fn=seeded_samples)
     res = dict(rows=len(entries), resumes=sum(e[1] for e in entries) - 1, max_abs=max(diffs, default=0.0),
                min_pcc=min(pccs, default=1.0), tokens_equal=None if oracle is None else d is None, first_diff=d,
                worst_row=int(max(range(len(diffs)), key=diffs.__getitem__)) if diffs else None)
+    if diffs:
+        w = entries[res["worst_row"]]
+        res.update(worst_call=w[3], worst_call_row=w[4], worst_call_rows=w[5], worst_pcc=pccs[res["worst_row"]])
     if first_resume is not None:
         res.update(resume_row=first_resume, resume_max_abs=max(diffs[first_resume:]),
                    resume_min_pcc=min(pccs[first_resume:]))
