@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Soak the vLLM adapter through the real engine (dev-only: needs vLLM 0.25.1 and the vllm-tt plugin, see
-docs/serving.md) on the emulated 1x2 mesh.
+docs/soak.md) on the emulated 1x2 mesh.
 
 N requests with random prompt lengths, arrival steps, max_tokens, sampling settings and seeds, and random aborts,
 go through ``vllm.LLM``'s engine (``add_request`` / ``step`` / ``abort_request``: arrivals and aborts land between
@@ -66,7 +66,7 @@ def make_requests(args, vocab: int) -> list[dict]:
 
 
 def carry_discarded_finishes(scheduler_cls) -> list:
-    """Workaround for the plugin's lost finishes (docs/serving.md, "Long runs"): in DEFAULT mode
+    """Workaround for the plugin's lost finishes (docs/soak.md): in DEFAULT mode
     ``TTScheduler.schedule`` (e3fc849) runs a prefill-only pass, and when it schedules nothing while decodes run it
     throws that pass's ``SchedulerOutput`` away and returns a decode-only pass; but the base scheduler already
     cleared its ``finished_req_ids`` (and preempted ids) into the discarded output, so the runner never hears of
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-every", type=int, default=20, help="engine steps between resource samples")
     ap.add_argument("--carry-finishes", action="store_true",
                     help="patch the plugin's TTScheduler so a discarded prefill pass's finished ids reach the runner "
-                         "(workaround for the lost finishes, docs/serving.md 'Long runs'); off: the plugin as is")
+                         "(workaround for the lost finishes, docs/soak.md); off: the plugin as is")
     ap.add_argument("--record", type=Path, help="write the plugin's calls here (JSON, replayable in CI)")
     ap.add_argument("--out", type=Path, help="write the run's summary and resource curve here (JSON)")
     args = ap.parse_args(argv)

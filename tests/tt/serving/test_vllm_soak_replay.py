@@ -1,7 +1,7 @@
 """The plugin's calls of a short soak through the real engine, replayed without vLLM.
 
 ``tests/data/vllm_tt_plugin_soak_trace.json`` was recorded by ``scripts/soak_vllm.py`` (vLLM 0.25.1, the vllm-tt
-plugin at e3fc849, the CI checkpoint; command in docs/serving.md): 10 requests with random prompt lengths, arrival
+plugin at e3fc849, the CI checkpoint; command in docs/soak.md): 10 requests with random prompt lengths, arrival
 steps, budgets, greedy and seeded sampled settings, one abort, ``max_num_seqs=4`` and a 7-block KV pool, so the
 scheduler preempted requests and resumed them later (a prefill from position 0 of prompt + generated tokens into
 another slot), rows condensed as requests finished, and slots were taken over without a finish signal.
