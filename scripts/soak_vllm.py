@@ -127,10 +127,10 @@ def main(argv=None) -> int:
 
     from qwen36 import DEFAULT_CHECKPOINT
     from qwen36.testing.tt import make_bf16_checkpoint
-    from qwen36.testing.soak_oracle import check_request, request_rows
+    from qwen36.testing.soak_oracle import check_request, oracle_generator, request_rows
     from qwen36.testing.vllm_calls import record_calls
     from qwen36.testing.vllm_replay import LOGITS_TOL
-    from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION, load_tt_target
+    from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
     from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
     from qwen36.tt_ops.device import open_mesh
 
@@ -149,11 +149,6 @@ def main(argv=None) -> int:
         sys.exit("soak_vllm: --max-prompt + --max-new must fit --max-model-len")
     reqs = make_requests(args, vocab)
     t0 = time.time()
-
-    # the batch-1 oracle (docs/soak.md): a TTGenerator on its own emulated mesh, same weights and preset
-    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None,
-                             max_seq_len=args.max_model_len, block_size=BLOCK, prefill_chunk=64)
-    t_ref = time.time() - t0
 
     # the engine: in-process, the emulated mesh instead of cards, a KV pool of --kv-blocks blocks (the worker sizes
     # it from the model's token budget plus one block per sequence)
@@ -181,9 +176,11 @@ def main(argv=None) -> int:
     sched = core.scheduler
     model = models[0]
     n_blocks = sched.kv_cache_manager.block_pool.num_gpu_blocks
-    print(f"engine up in {time.time() - t0 - t_ref:.0f} s: max_num_seqs {args.max_num_seqs}, {n_blocks} KV blocks "
+    print(f"engine up in {time.time() - t0:.0f} s: max_num_seqs {args.max_num_seqs}, {n_blocks} KV blocks "
           f"of {BLOCK}", flush=True)
     warm_calls = len(calls)
+    # the batch-1 oracle (docs/soak.md): a TTGenerator on its own emulated mesh, same weights, preset and model args
+    ref_gen = oracle_generator(ck, model.model.args)
 
     def sample(step: int) -> dict:
         dec = model.batch.dec  # a plain launch: the batch server at any max_num_seqs (1 is bucket 1)

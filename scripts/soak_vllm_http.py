@@ -73,6 +73,10 @@ def serve(argv: list[str]) -> None:
                     torch.save(rows[k], record / "rows" / f"{k}.pt")
                     done_rows.add(k)
                 cf.flush()
+                if models and not (record / "model_args.json").exists():
+                    a = models[0].model.args
+                    (record / "model_args.json").write_text(json.dumps(
+                        {f: getattr(a, f) for f in ("prefill_chunk", "block_size", "max_seq_len")}))
                 held = sum(f is not None for f in models[0].batch.fed) if models else None
                 rss = next(int(x.split()[1]) / 1024 for x in Path("/proc/self/status").read_text().splitlines()
                            if x.startswith("VmRSS:"))
@@ -285,9 +289,8 @@ def main(argv=None) -> int:
             for i in range(warm_calls, warm_calls + len(calls)) if (record / "rows" / f"{i}.pt").exists()}
 
     # the oracle, after the server is gone
-    from qwen36.testing.soak_oracle import check_request, request_rows
+    from qwen36.testing.soak_oracle import check_request, oracle_generator, request_rows
     from qwen36.testing.vllm_replay import LOGITS_TOL
-    from qwen36.tt.runtime.generator import load_tt_target
 
     prompts = [r["prompt"] for r in reqs]
     fed = engine_outputs(calls, prompts)
@@ -299,8 +302,7 @@ def main(argv=None) -> int:
         outputs.append(c if len(c) > len(f) else f)
     t_check = time.time()
     entries = request_rows(calls, rows, prompts, outputs)
-    gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=args.max_model_len,
-                         block_size=BLOCK, prefill_chunk=64)
+    gen = oracle_generator(ck, json.loads((record / "model_args.json").read_text()))  # the served model's args
     results = {}
     for u, r in enumerate(reqs):
         if entries[u]:

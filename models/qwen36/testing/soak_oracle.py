@@ -19,6 +19,18 @@ from __future__ import annotations
 import torch
 
 
+def oracle_generator(ck, engine_args, device: str = "emulated-p150x2", precision: str = "accuracy"):
+    """The batch-1 ``TTGenerator`` the oracle runs on: its own mesh, with the engine model's ``max_seq_len``,
+    ``block_size`` and ``prefill_chunk`` (``engine_args``: the adapter's ``TTModelArgs``, or a dict of those three). A
+    prompt prefilled in other chunks rounds differently (a 100-token prompt of the CI checkpoint: 0.023 max abs between
+    chunks of 64 and one chunk of 256), so the oracle must prefill as the engine does."""
+    from ..tt.runtime.generator import load_tt_target
+
+    get = engine_args.get if isinstance(engine_args, dict) else lambda f: getattr(engine_args, f)
+    return load_tt_target(ck, device, precision=precision, cache_dir=None, max_seq_len=get("max_seq_len"),
+                          block_size=get("block_size"), prefill_chunk=get("prefill_chunk"))
+
+
 def request_rows(calls: list[dict], rows: dict[int, torch.Tensor], prompts: list[list[int]],
                  outputs: list[list[int]]) -> list[list[tuple[int, bool, torch.Tensor]]]:
     """Per request, in order, (n fed, segment start, engine logits row predicting output token n - len(prompt), call

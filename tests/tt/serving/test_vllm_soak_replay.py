@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
-from qwen36.testing.soak_oracle import check_request, request_rows
+from qwen36.testing.soak_oracle import check_request, oracle_generator, request_rows
 from qwen36.testing.vllm_calls import restore as _arg
 from qwen36.testing.vllm_replay import LOGITS_TOL, load_on_mesh as _load, open_env
 
@@ -90,3 +90,35 @@ def test_replay_of_a_soak_with_preemption_and_aborts(env):
     greedy = [u for u in results if t["requests"][u]["sampling"]["temperature"] == 0.0]
     assert greedy and all(results[u]["tokens_equal"] for u in greedy), results
     assert any(results[u]["resumes"] for u in greedy)  # a resumed greedy request (r1) is among them
+
+
+# request r163 of the 200-request soak at max_num_seqs 8 (docs/soak.md): a 100-token prompt whose last row rounds
+# differently when prefilled in chunks of 64 than in the adapter's one chunk of 256 (0.023 max abs)
+R163 = [164, 139, 97, 448, 178, 61, 232, 247, 65, 350, 219, 335, 54, 445, 339, 287, 425, 467, 82, 472, 80, 364, 160, 7, 62,
+        154, 155, 510, 34, 222, 53, 286, 193, 375, 41, 322, 124, 83, 399, 101, 299, 306, 236, 17, 34, 149, 32, 294,
+        372, 70, 165, 143, 323, 357, 286, 272, 450, 368, 443, 281, 456, 154, 221, 203, 188, 331, 158, 127, 95, 112,
+        83, 35, 470, 140, 456, 15, 110, 456, 462, 457, 482, 254, 386, 189, 118, 413, 397, 408, 451, 426, 340, 95,
+        194, 334, 149, 139, 305, 170, 48, 174]
+
+
+@pytest.mark.slow
+def test_the_oracle_prefills_in_the_engines_chunks(env):
+    """The soak oracle's batch-1 generator takes the engine model's prefill chunk: with the chunk the soak used to
+    hard-code (64) it disagreed with the adapter (one chunk of 256) on this prompt's last row, which read as a
+    batch-variance of the engine."""
+    ck, ctx = env
+    hf = json.loads((ck / "config.json").read_text())
+    m = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
+        hf, ctx.mesh_device, 1, 256, optimizations="accuracy", checkpoint=ck))
+    engine = m.gen.prefill(R163).float().reshape(-1).clone()
+    m.release_persistent_capture()
+    assert m.model.args.prefill_chunk > len(R163)
+    same = oracle_generator(ck, m.model.args)
+    other = oracle_generator(ck, dict(max_seq_len=256, block_size=m.model.args.block_size, prefill_chunk=64))
+    try:
+        assert same.model.args.prefill_chunk == m.model.args.prefill_chunk
+        assert float((same.prefill(R163).float().reshape(-1) - engine).abs().max()) <= LOGITS_TOL
+        assert float((other.prefill(R163).float().reshape(-1) - engine).abs().max()) > 1e-2
+    finally:
+        same.close()
+        other.close()
