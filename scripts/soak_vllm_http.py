@@ -41,8 +41,8 @@ def _complete(c: dict, last: bool) -> bool:
 
 
 def serve(argv: list[str]) -> None:
-    """The server process: ``--serve RECORD_DIR BUDGET_TOKENS -- <vllm serve arguments>``."""
-    record, budget, vllm_args = Path(argv[0]), int(argv[1]), argv[3:]
+    """The server process: ``--serve RECORD_DIR BUDGET_TOKENS CARRY(0|1) -- <vllm serve arguments>``."""
+    record, budget, carry, vllm_args = Path(argv[0]), int(argv[1]), argv[2] == "1", argv[4:]
     os.environ.update(VLLM_WORKER_MULTIPROC_METHOD="fork", EXTRA_MODELS_DIR=str(REPO / "vllm_models"),
                       MESH_DEVICE="P150x2")
     import torch
@@ -53,6 +53,11 @@ def serve(argv: list[str]) -> None:
     from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
     from qwen36.tt_ops.device import open_mesh
 
+    if carry:  # the plugin's lost finishes (docs/soak.md): the same patch as scripts/soak_vllm.py --carry-finishes
+        from vllm_tt_plugin.scheduler import TTScheduler
+
+        from qwen36.testing.scripts import load_script
+        load_script("soak_vllm").carry_discarded_finishes(TTScheduler)
     calls: list = []
     models: list = []
     rows: dict = {}
@@ -131,7 +136,11 @@ async def one_request(client, url: str, r: dict, t0: float, got: dict) -> None:
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                ch = json.loads(line[6:])["choices"]
+                event = json.loads(line[6:])
+                if "choices" not in event:  # an error event: the server failed the request
+                    status = f"error: {str(event)[:200]}"
+                    break
+                ch = event["choices"]
                 if ch:
                     toks += ch[0].get("token_ids") or []
                     if ch[0].get("finish_reason"):
@@ -179,14 +188,23 @@ async def drive(args, reqs, url: str, server: subprocess.Popen, record: Path) ->
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=args.requests + 4)) as client:
         tasks = [asyncio.create_task(one_request(client, url, r, t0, got)) for r in reqs]
         while not all(t.done() for t in tasks):
-            m = metrics((await client.get(f"{url}/metrics")).text)
+            try:
+                m = metrics((await client.get(f"{url}/metrics")).text)
+            except httpx.HTTPError as e:  # the server is gone: fail the run with what it has
+                print(f"soak_vllm_http: /metrics failed ({e!r}); stopping", flush=True)
+                for t in tasks:
+                    t.cancel()
+                break
             st = last_status(record)
             curve.append(dict(t=round(time.time() - t0, 1), done=len(got), **m, slots_held=st.get("slots_held"),
                               rss_mb=tree_rss_mb(server.pid), engine_rss_mb=st.get("rss_mb")))
             print(" ".join(f"{k}={v}" for k, v in curve[-1].items()), flush=True)
             await asyncio.wait(tasks, timeout=args.sample_every)
         await asyncio.sleep(3.0)  # the engine notices the last disconnects
-        m = metrics((await client.get(f"{url}/metrics")).text)
+        try:
+            m = metrics((await client.get(f"{url}/metrics")).text)
+        except httpx.HTTPError:
+            m = {"server": "down"}
         st = last_status(record)
         curve.append(dict(t=round(time.time() - t0, 1), done=len(got), **m, slots_held=st.get("slots_held"),
                           rss_mb=tree_rss_mb(server.pid), engine_rss_mb=st.get("rss_mb")))
@@ -230,6 +248,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--sample-every", type=float, default=5.0, help="seconds between resource samples")
+    ap.add_argument("--carry-finishes", action="store_true",
+                    help="patch the server's TTScheduler as scripts/soak_vllm.py --carry-finishes does (docs/soak.md)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
@@ -249,7 +269,8 @@ def main(argv=None) -> int:
     record = tmp / "record"
     record.mkdir()
     url = f"http://127.0.0.1:{args.port}"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", str(record), str(budget), "--", str(ck),
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", str(record), str(budget),
+           "1" if args.carry_finishes else "0", "--", str(ck),
            "--served-model-name", "qwen36", "--max-num-seqs", str(args.max_num_seqs),
            "--max-model-len", str(args.max_model_len), "--max-num-batched-tokens", str(args.max_model_len),
            "--block-size", str(BLOCK), "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
@@ -315,6 +336,8 @@ def main(argv=None) -> int:
     status = {}
     for g in got.values():
         key = g["status"] if not g["status"].startswith(("http", "error")) else "failed"
+        if key == "failed":
+            bad.append((next(k for k, v in got.items() if v is g), g["status"]))
         status[key] = status.get(key, 0) + 1
     completed = [r for r in reqs if got.get(r["id"], {}).get("status") == "length"]
     n = len(curve)
@@ -332,12 +355,12 @@ def main(argv=None) -> int:
         requests_checked=len(results), rows_checked=sum(x["rows"] for x in results.values()),
         tokens_equal=sum(bool(x["tokens_equal"]) for x in results.values()), worst_max_abs=worst,
         min_pcc=min((x["min_pcc"] for x in results.values()), default=1.0), logits_tol=LOGITS_TOL,
-        plugin_calls=len(calls), mismatches=bad, flat=flat, args={k: str(v) for k, v in vars(args).items()},
+        plugin_calls=len(calls), carry_finishes=args.carry_finishes, mismatches=bad, flat=flat, args={k: str(v) for k, v in vars(args).items()},
         curve=curve)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("curve", "args")}, indent=1))
     if args.out:
         args.out.write_text(json.dumps(summary, indent=1))
-    ok = (not bad and all(flat.values()) and worst <= LOGITS_TOL and status.get("failed", 0) == 0
+    ok = (not bad and all(flat.values()) and worst <= LOGITS_TOL and len(got) == len(reqs)
           and summary["completed_full"] == len(completed))
     print("http soak", "PASSED" if ok else "FAILED", flush=True)
     return 0 if ok else 1
