@@ -33,10 +33,12 @@ def summarize(x):
     return {"type": type(x).__name__}
 
 
-def record_calls(cls, calls: list, setattr_=setattr, instances: list | None = None) -> None:
+def record_calls(cls, calls: list, setattr_=setattr, instances: list | None = None,
+                 rows: dict | None = None) -> None:
     """Wrap ``cls``'s serving methods so every call appends {"call", "args"} to ``calls`` (a prefill also gets
     "returned": shape, dtype and the tokens the runner reads). ``setattr_`` installs the wrapper (pytest's
-    ``monkeypatch.setattr`` undoes it after the test); ``instances`` receives each model object once."""
+    ``monkeypatch.setattr`` undoes it after the test); ``instances`` receives each model object once; ``rows``
+    (call index -> fp32 [B, V]) keeps the last-position logits a prefill returned (not the recording's: too big)."""
     for name in RECORDED:
         fn = getattr(cls, name)
         sig = inspect.signature(fn)
@@ -57,6 +59,8 @@ def record_calls(cls, calls: list, setattr_=setattr, instances: list | None = No
                 toks = lg[:, -1].argmax(-1) if lg.dim() == 3 else lg[:, -1]
                 calls[-1]["returned"] = {"shape": list(lg.shape), "dtype": str(lg.dtype).replace("torch.", ""),
                                          "tokens": toks.tolist()}
+                if rows is not None and lg.dim() == 3:
+                    rows[len(calls) - 1] = lg[:, -1].float().clone()
             return out
 
         setattr_(cls, name, wrap)

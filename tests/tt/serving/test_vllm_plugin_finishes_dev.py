@@ -1,4 +1,4 @@
-"""Dev-only: the vllm-tt plugin (e3fc849) loses finishes under KV pressure (docs/serving.md, "The plugin loses
+"""Dev-only: the vllm-tt plugin (e3fc849) loses finishes under KV pressure (docs/soak.md, "The plugin loses
 finishes under KV pressure"), through the real engine on the emulated 1x2 mesh. Skipped unless vLLM and the plugin
 are installed (as tests/tt/serving/test_vllm_engine_dev.py).
 
