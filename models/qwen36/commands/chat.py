@@ -1,6 +1,6 @@
 """qwen36 chat: a multi-turn conversation in Qwen3.6's chat format with the hybrid prefix cache and the thinking
-budget (docs/chat.md). Interactive (one user message per line on stdin) or ``--messages FILE`` (a JSON list of
-messages whose user turns are replayed; one JSON object per turn on stdout)."""
+budget (docs/chat.md, docs/thinking.md). Interactive (one user message per line on stdin) or ``--messages FILE``
+(a JSON list of messages whose user turns are replayed; one JSON object per turn on stdout)."""
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,5 @@
 """Dev-only: the adapter's speculative side against the vllm-tt plugin's own speculative contract code, installed
-next to this project (docs/serving.md, "Speculative contract against the plugin's own code"). Skipped unless the
+next to this project (docs/serving_contract.md, "Speculative serving: which plugin sources exist"). Skipped unless the
 installed ``vllm_tt_plugin`` has ``spec_decode`` (the e3fc849 plugin does not; CI installs no plugin and runs the
 replay in tests/tt/serving/test_vllm_contract.py instead).
 

@@ -5,7 +5,7 @@ is a composition of ttnn ops: no host reads or writes, no tensor creation (const
 and the persistent result buffers are made in :meth:`DeviceAcceptor.allocate`, before any capture), so a
 caller can record :meth:`DeviceAcceptor.greedy` / :meth:`DeviceAcceptor.stochastic` inside its traced spec
 step. Semantics are those of the reference engine (``models/qwen36/speculative/acceptance.py`` and
-``speculative/sampling.py``); see docs/tt_spec.md ("Acceptance on device") for the semantics and card caveats.
+``speculative/sampling.py``); see docs/tt_mtp_accept.md ("Acceptance on device") for the semantics and card caveats.
 
 Shapes (B = batch/users, K = draft depth, R = K + 1 verify rows, V = vocab; all 4-D, TILE unless noted):
 

@@ -75,8 +75,9 @@ def write_host_rows(st: SpecDeviceState, args, page_table_host: torch.Tensor, po
                     users: Mapping[int, SlotUser], slots: int, k: int, vocab: int, depths: Mapping[int, int],
                     drafts: Mapping[int, list[int]] | None) -> None:
     """The step's row inputs into the persistent buffers of ``st`` (between replays): user s's rows from its position
-    ``positions[s]``, inert rows past its k_b and for every slot outside the step (docs/tt_spec.md, "Rows"). ``drafts``
-    None: the device drafter's chain writes the token rows and the acceptor's drafts on device."""
+    ``positions[s]``, inert rows past its k_b and for every slot outside the step (docs/tt_spec.md, "The step (B
+    slots)", its paragraph "Rows"). ``drafts`` None: the device drafter's chain writes the token rows and the
+    acceptor's drafts on device."""
     b, t = slots, k + 1
     heads, bs, last = args.hkv_d, args.block_size, args.max_seq_len - 1
     pt = page_table_host
