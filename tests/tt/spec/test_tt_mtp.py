@@ -292,10 +292,10 @@ def test_load_mtp_weights_requires_mtp_tensors(ckpt_factory, mesh):
 
 def test_mtp_head_precision_of_its_own(ckpt, mesh, ref, seq):
     """``performance+mtp=accuracy``: the MTP head's fc and layer in bf16 (bit-identical to the accuracy head's
-    weights), the shared LM head and the target in bf8 (the performance preset's), the head's matmuls at HiFi4 (its
-    args are the head's), and its logits within the bf8 gate of the reference (the LM head is still bf8)."""
+    weights), the shared LM head in bf8 (the performance preset's), the head's args (its compute configs) the
+    head's, and its logits within the bf8 gate of the reference (the LM head is still bf8)."""
     ttnn = mesh.ttnn
-    mixed, acc, perf = (build(ckpt, mesh, p) for p in ("performance+mtp=accuracy", "accuracy", "performance"))
+    mixed, acc = (build(ckpt, mesh, p) for p in ("performance+mtp=accuracy", "accuracy"))
     w, layer = mixed.w, mixed.w.layer
     own = {"fc": w.fc, "qkv": layer.mixer.qkv, "gate": layer.mixer.gate, "o_proj": layer.mixer.o_proj,
            "mlp.gate": layer.mlp.gate, "mlp.up": layer.mlp.up, "mlp.down": layer.mlp.down}
@@ -308,7 +308,7 @@ def test_mtp_head_precision_of_its_own(ckpt, mesh, ref, seq):
         assert torch.equal(host(t), host(ref_t)), n
     assert mixed.target.args.dtype(TensorGroup.LM_HEAD, ttnn) == ttnn.bfloat8_b
     assert mixed.args.dtype_name(TensorGroup.LM_HEAD) == "bfloat8_b"
-    assert torch.equal(host(mixed.target.w.lm_head), host(perf.target.w.lm_head))
+    assert mixed.target.w.lm_head.dtype == ttnn.bfloat8_b
     assert mixed.args.dtype_name(TensorGroup.MLP_DOWN) == "bfloat16"  # the layer's compute configs follow
     ids, hidden = seq
     got = mixed.prefill(ids[1:PROMPT + 1], hidden[:PROMPT], all_logits=True)
