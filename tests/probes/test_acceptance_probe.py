@@ -56,8 +56,7 @@ def test_prompts_and_reuse_refusals(tmp_path):
                               "per_class": None, "prompt_sources": None, "mechanism": None}, (3,))
 
 
-@pytest.mark.slow
-def test_probe_mechanics_on_the_ci_preset(tmp_path):
+def test_probe_mechanics_on_the_ci_preset(tmp_path):  # 4.8 s on the 2-core machine under some load
     """One 6-token prompt, K=2, 6 new tokens: the fp32 reference and the TT path at ``performance+mtp=accuracy``
     each give a pooled cell; the record reloads (no TT run the second time) and gate-0b step times become tok/s."""
     from qwen36.probes.acceptance import run
