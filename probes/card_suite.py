@@ -43,6 +43,8 @@ NOT_IN_SUITE = {
     "precision-gate": "a decision between two precision presets (may a candidate replace the default?), run when a "
                       "preset changes; not a health check of one tree (its default candidate, bf4 gate/up, fails it "
                       "by design)",
+    "acceptance": "a choice between precisions of the MTP layer / LM head by measured acceptance x modelled step "
+                  "time, run when a preset changes; on cards the same command measures acceptance there",
 }
 # Probes that only make sense on some backends: name -> (backend kinds, why not elsewhere).
 BACKEND_ONLY = {

@@ -26,6 +26,7 @@ PROBES: dict[str, str] = {
     "prefix-cache": "qwen36.probes.prefix_cache",
     "prefill-cost": "qwen36.probes.prefill_cost",
     "precision-gate": "qwen36.probes.precision_gate",
+    "acceptance": "qwen36.probes.acceptance",
 }
 
 

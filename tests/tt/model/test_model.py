@@ -194,6 +194,49 @@ def test_precision_presets_validate():
         PrecisionSetting.accuracy().with_group(next(g for g in p.dtypes if g.value == "lm_head"), "bfloat4_b")
 
 
+def test_precision_names_parse_modifiers_and_round_trip():
+    """``named`` reads the names ``with_group`` / ``with_mtp`` give; ``+mtp=`` sets only the MTP head's own matrices
+    (fc + its layer), never the shared LM head, and the target's dtypes stay the base preset's."""
+    from qwen36.tt.model.model_config import MTP_HEAD_GROUPS, PRESET_NAMES, TensorGroup as G
+
+    perf, acc, bf4 = (PrecisionSetting.named(n) for n in ("performance", "accuracy", "performance-bf4"))
+    assert sorted(PRESET_NAMES) == sorted(p.name for p in (perf, acc, bf4))
+    s = PrecisionSetting.named("performance+mtp=accuracy")
+    assert (s.name, s.mtp, s.dtypes) == ("performance+mtp=accuracy", "accuracy", perf.dtypes)
+    head = s.for_mtp_head().dtypes
+    assert {g: head[g] for g in MTP_HEAD_GROUPS} == {g: "bfloat16" for g in MTP_HEAD_GROUPS}
+    assert head[G.LM_HEAD] == "bfloat8_b" and head[G.GDN_IN] == "bfloat8_b"
+    assert {g: d for g, d in head.items() if g not in MTP_HEAD_GROUPS} == \
+        {g: d for g, d in perf.dtypes.items() if g not in MTP_HEAD_GROUPS}
+    both = PrecisionSetting.named("performance+lm_head=bfloat16+mtp=performance-bf4")
+    assert both == perf.with_group(G.LM_HEAD, "bfloat16").with_mtp("performance-bf4")
+    assert PrecisionSetting.named(both.name) == both
+    assert both.dtypes[G.LM_HEAD] == "bfloat16" and both.dtypes[G.MLP_GATE_UP] == "bfloat8_b"
+    hb = both.for_mtp_head().dtypes
+    assert (hb[G.LM_HEAD], hb[G.MLP_GATE_UP], hb[G.MLP_DOWN], hb[G.ATTN_QKV]) == \
+        ("bfloat16", "bfloat4_b", "bfloat8_b", "bfloat8_b")
+    assert perf.for_mtp_head() is perf  # no head preset: the target's setting itself
+    for bad, msg in (("performance+mtp=fast", "MTP head preset 'fast'"),
+                     ("performance+mtp=accuracy+mtp", "is not KEY=VALUE"),
+                     ("performance+lmhead=bfloat16", "'lmhead' is neither 'mtp' nor a tensor group"),
+                     ("performance+lm_head=bfloat4_b", "bfloat4_b is only allowed"),
+                     ("fast+mtp=accuracy", "unknown precision preset 'fast'")):
+        with pytest.raises(ValueError, match=msg):
+            PrecisionSetting.named(bad)
+
+
+def test_mtp_head_args_only_change_the_precision():
+    from qwen36.tt.model.model_config import TensorGroup, mtp_head_args
+
+    a = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.named("performance+mtp=accuracy"), max_seq_len=128)
+    h = mtp_head_args(a)
+    assert h.precision.dtypes == a.precision.for_mtp_head().dtypes and h.precision.mtp is None
+    assert a.dtype_name(TensorGroup.MLP_DOWN) == "bfloat8_b" and h.dtype_name(TensorGroup.MLP_DOWN) == "bfloat16"
+    assert (h.cfg, h.num_devices, h.max_seq_len, h.block_size) == (a.cfg, a.num_devices, a.max_seq_len, a.block_size)
+    plain = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.named("performance"))
+    assert mtp_head_args(plain) is plain
+
+
 def test_weight_cache_second_load_skips_conversion(ckpt, tmp_path):
     from qwen36.tt_ops.device import open_mesh
     from qwen36.tt_ops.emulator import ops_core

@@ -35,7 +35,7 @@ from qwen36.reference.model import Qwen36Model
 from qwen36.testing.tt_hooks import acceptor_host_logits, mtp_kv_from_host, mtp_kv_to_host
 from qwen36.tt.spec.accept import DeviceAcceptor
 from qwen36.tt.model.model import TTQwen36Model
-from qwen36.tt.model.model_config import PrecisionSetting, TTModelArgs
+from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup, TTModelArgs
 from qwen36.tt.spec.mtp import TTMTPHead, load_tt_mtp
 from qwen36.testing.pcc import PCC_GATES, comp_pcc
 from qwen36.testing.tt import make_bf16_checkpoint
@@ -310,6 +310,34 @@ def test_load_mtp_weights_requires_mtp_tensors(ckpt_factory, mesh):
     loader = WeightLoader(reader, args, mesh.ttnn, mesh.mesh_device, progress=False)
     with pytest.raises(ValueError, match="no 'mtp"):
         load_mtp_weights(loader)
+
+
+def test_mtp_head_precision_of_its_own(ckpt, mesh, ref, seq):
+    """``performance+mtp=accuracy``: the MTP head's fc and layer in bf16 (bit-identical to the accuracy head's
+    weights), the shared LM head in bf8 (the performance preset's), the head's args (its compute configs) the
+    head's, and its logits within the bf8 gate of the reference (the LM head is still bf8)."""
+    ttnn = mesh.ttnn
+    mixed, acc = (build(ckpt, mesh, p) for p in ("performance+mtp=accuracy", "accuracy"))
+    w, layer = mixed.w, mixed.w.layer
+    own = {"fc": w.fc, "qkv": layer.mixer.qkv, "gate": layer.mixer.gate, "o_proj": layer.mixer.o_proj,
+           "mlp.gate": layer.mlp.gate, "mlp.up": layer.mlp.up, "mlp.down": layer.mlp.down}
+    assert {n: t.dtype for n, t in own.items()} == {n: ttnn.bfloat16 for n in own}
+    host = mixed.target.to_host
+    for n, t in own.items():
+        ref_t = {"fc": acc.w.fc, "qkv": acc.w.layer.mixer.qkv, "gate": acc.w.layer.mixer.gate,
+                 "o_proj": acc.w.layer.mixer.o_proj, "mlp.gate": acc.w.layer.mlp.gate, "mlp.up": acc.w.layer.mlp.up,
+                 "mlp.down": acc.w.layer.mlp.down}[n]
+        assert torch.equal(host(t), host(ref_t)), n
+    assert mixed.target.args.dtype(TensorGroup.LM_HEAD, ttnn) == ttnn.bfloat8_b
+    assert mixed.args.dtype_name(TensorGroup.LM_HEAD) == "bfloat8_b"
+    assert mixed.target.w.lm_head.dtype == ttnn.bfloat8_b
+    assert mixed.args.dtype_name(TensorGroup.MLP_DOWN) == "bfloat16"  # the layer's compute configs follow
+    ids, hidden = seq
+    got = mixed.prefill(ids[1:PROMPT + 1], hidden[:PROMPT], all_logits=True)
+    with torch.no_grad():
+        exp, _ = ref.mtp_forward(ids[None, 1:PROMPT + 1], hidden[None, :PROMPT], 0, ref.new_mtp_state(1, 256))
+    ok, msg = comp_pcc(exp[0], got, PCC_GATES["layer_bf8"])
+    assert ok, f"MTP logits (performance+mtp=accuracy): {msg}"
 
 
 # =========================================================================================================

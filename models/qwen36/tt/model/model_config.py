@@ -62,8 +62,14 @@ class PrecisionSetting:
 
     name: str
     dtypes: dict = field(default_factory=dict)
+    # the preset the MTP draft head's own weights take (:data:`MTP_HEAD_GROUPS`: its fc and its decoder layer's
+    # matrices), None: the same dtypes as the target. The LM head is one weight shared with the target and keeps
+    # the target's dtype. Set through :meth:`with_mtp` or a name ``"<preset>+mtp=<preset>"`` (:meth:`named`).
+    mtp: str | None = None
 
     def __post_init__(self) -> None:
+        if self.mtp is not None and self.mtp not in PRESET_NAMES:
+            raise ValueError(f"precision '{self.name}': MTP head preset {self.mtp!r} is not one of {list(PRESET_NAMES)}")
         missing = [g.value for g in TensorGroup if g not in self.dtypes]
         if missing:
             raise ValueError(f"precision '{self.name}': no dtype for group(s) {missing}")
@@ -104,16 +110,64 @@ class PrecisionSetting:
 
     @classmethod
     def named(cls, name: str) -> "PrecisionSetting":
+        """A preset, optionally followed by ``+`` modifiers applied left to right, the same names
+        :meth:`with_group` and :meth:`with_mtp` give: ``+<group>=<dtype>`` sets one tensor group (target and MTP
+        head alike, e.g. ``performance+lm_head=bfloat16``), ``+mtp=<preset>`` the MTP head's own weights
+        (``performance+mtp=accuracy``: bf8 target, bf16 MTP layer). ``name(named(x)) == x``."""
         presets = {"accuracy": cls.accuracy, "performance": cls.performance,
                    "performance-bf4": lambda: cls.performance(bf4_mlp=True)}
-        if name not in presets:
-            raise ValueError(f"unknown precision preset {name!r}; choose from {sorted(presets)}")
-        return presets[name]()
+        base, *mods = name.split("+")
+        if base not in presets:
+            raise ValueError(f"unknown precision preset {base!r}; choose from {sorted(presets)}")
+        s = presets[base]()
+        for m in mods:
+            key, eq, val = m.partition("=")
+            if not eq or not val:
+                raise ValueError(f"precision {name!r}: modifier {m!r} is not KEY=VALUE (mtp=<preset> or <group>=<dtype>)")
+            if key == "mtp":
+                s = s.with_mtp(val)
+                continue
+            try:
+                group = TensorGroup(key)
+            except ValueError:
+                raise ValueError(f"precision {name!r}: {key!r} is neither 'mtp' nor a tensor group "
+                                 f"({', '.join(g.value for g in TensorGroup)})") from None
+            s = s.with_group(group, val)
+        return s
 
     def with_group(self, group: TensorGroup, dtype: str) -> "PrecisionSetting":
         d = dict(self.dtypes)
         d[group] = dtype
         return replace(self, name=f"{self.name}+{group.value}={dtype}", dtypes=d)
+
+    def with_mtp(self, preset: str) -> "PrecisionSetting":
+        """The MTP head's own weights (:data:`MTP_HEAD_GROUPS`) in ``preset``'s dtypes, the target unchanged."""
+        return replace(self, name=f"{self.name}+mtp={preset}", mtp=preset)
+
+    def for_mtp_head(self) -> "PrecisionSetting":
+        """The dtypes the MTP head runs with: the target's, with :data:`MTP_HEAD_GROUPS` from the ``mtp`` preset.
+        Everything the head shares with the target or hands to it (LM head, embedding, activations, residual rows,
+        KV cache format) stays the target's."""
+        if self.mtp is None:
+            return self
+        head = PrecisionSetting.named(self.mtp).dtypes
+        d = dict(self.dtypes)
+        d.update({g: head[g] for g in MTP_HEAD_GROUPS})
+        return PrecisionSetting(f"{self.name}:mtp-head", d)
+
+
+PRESET_NAMES = ("accuracy", "performance", "performance-bf4")
+# The MTP head's own weight matrices: fc (ATTN_QKV's dtype, tt/model/weights.py load_mtp_weights) and its one full
+# attention decoder layer (q|gate|k|v, o, MLP gate/up and down). Not the LM head: the head reads the target's.
+MTP_HEAD_GROUPS = frozenset({TensorGroup.ATTN_QKV, TensorGroup.ATTN_O, TensorGroup.MLP_GATE_UP, TensorGroup.MLP_DOWN})
+
+
+def mtp_head_args(args: "TTModelArgs") -> "TTModelArgs":
+    """``args`` with the MTP head's precision (:meth:`PrecisionSetting.for_mtp_head`): what the head's weight
+    loader and its layer use, so weights and compute configs agree."""
+    if args.precision.mtp is None:
+        return args
+    return replace(args, precision=args.precision.for_mtp_head())
 
 
 @dataclass(frozen=True)

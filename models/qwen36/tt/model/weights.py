@@ -18,6 +18,7 @@ checkpoint's own dtype (quantising from bf16 and from fp32 gives different bf8 c
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ from tqdm import tqdm
 from ...checkpoint import CheckpointReader
 from ...config import FULL
 from ...reference.layers import rope_cos_sin
-from .model_config import TensorGroup, TTModelArgs, dram_bank_count, matrix_memory_config, weight_memory_config
+from .model_config import (TensorGroup, TTModelArgs, dram_bank_count, matrix_memory_config, mtp_head_args,
+                           weight_memory_config)
 
 
 # ---- host-side layout helpers (pure torch; unit-tested without a device) ------------------------------
@@ -346,9 +348,15 @@ class MTPWeights:
 
 def load_mtp_weights(loader: WeightLoader) -> MTPWeights:
     """Convert the ``mtp.*`` tensors (15 for a dense config; the layer's MLP is the MoE block for a MoE one) with ``loader`` (same cache directory / precision as the target).
-    ``mtp.fc`` is column-parallel (see models/qwen36/tt/spec/mtp.py for why) and uses the ATTN_QKV precision."""
+    ``mtp.fc`` is column-parallel (see models/qwen36/tt/spec/mtp.py for why) and uses the ATTN_QKV precision, of
+    the MTP head's precision (model_config.mtp_head_args) when the preset gives the head its own."""
     if not loader.reader.has_mtp:
         raise ValueError(f"{loader.reader.path}: checkpoint has no 'mtp.*' tensors (MTP head needed for drafting)")
+    # the head's own precision (PrecisionSetting.mtp; the same args its TTMTPHead layer computes with)
+    head_args = mtp_head_args(loader.args)
+    if head_args is not loader.args:
+        loader = copy.copy(loader)
+        loader.args = head_args
     p = "mtp."
     lp = f"{p}layers.0."
     layer = LayerWeights(FULL, loader.norm_weight(f"{lp}input_layernorm", loader._get(f"{lp}input_layernorm.weight"), True),

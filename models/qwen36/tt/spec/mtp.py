@@ -57,7 +57,8 @@ from ..model.attention import AttentionContext, TTGatedAttention
 from ..model.ccl import ccl_for
 from ..model.model import TTDecoderLayer, TTQwen36Model, lm_head_logits
 from ..model.model_config import (TensorGroup, activation_memory_config, compute_config_matmul, compute_config_norm,
-                           kv_update_input_memory_config, sdpa_decode_program_config, state_memory_config)
+                           kv_update_input_memory_config, mtp_head_args, sdpa_decode_program_config,
+                           state_memory_config)
 from ..runtime.sampler_tables import DRAFT_UNIFORMS_PER_ROW, UniformTable, draft_uniform_seeds
 from ..runtime.sampler_transform import argmax_pick, inverse_cdf_draw
 from ..model.state import KVLayerState, new_layer_state
@@ -169,7 +170,9 @@ class TTMTPHead:
         self.uniforms = self.draft_probs = None  # packed: enable_sampling's uniform table and draft distributions
         self.rows_used = 0  # packed: host mirror of the draft uniform table's row counter
         self.target, self.w, self.k, self.rows = target, weights, k, k + 1
-        self.args, self.ttnn, self.mesh = target.args, target.ttnn, target.mesh
+        # the head's own precision where the preset gives it one (PrecisionSetting.mtp): the same args
+        # load_mtp_weights converted its weights with, so its compute configs follow its weights' formats
+        self.args, self.ttnn, self.mesh = mtp_head_args(target.args), target.ttnn, target.mesh
         a = self.args
         if self.rows > a.max_seq_len:
             raise ValueError(f"k={k}: {self.rows} reseed rows exceed max_seq_len {a.max_seq_len}")
