@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Write a soak recording (``scripts/soak_vllm.py --record F``: F and F.rows.pt) in the compact form a CI replay
 checks bit for bit: the recording's JSON plus, per logits row the engine got, ``[sha256 of the row's fp32 bytes,
-argmax, max]`` (key ``row_digests``: call index -> one entry per row), gzipped with a fixed mtime so the same
-recording gives the same bytes. The rows themselves (3120 x vocab fp32 for the 32-sequence soak) stay out of the
+argmax, max]`` (key ``row_digests``: call index -> one entry per row), gzipped so that the same recording gives
+the same bytes. The rows themselves (3120 x vocab fp32 for the 32-sequence soak) stay out of the
 repository; a digest fails on any changed bit of its row.
 
     python scripts/compact_soak_trace.py /tmp/wsoak/s32_trace.json tests/data/vllm_tt_plugin_soak32_trace.json.gz
@@ -34,8 +34,8 @@ def main() -> int:
         if rows[i].argmax(-1).tolist() != trace["calls"][i]["returned"]["tokens"]:
             raise SystemExit(f"{args.trace}: call {i}'s rows do not give its recorded tokens")
     trace["row_digests"] = {str(i): [row_digest(r) for r in rows[i]] for i in prefills}
-    with gzip.GzipFile(args.out, "wb", mtime=0) as f:
-        f.write(json.dumps(trace, separators=(",", ":")).encode())
+    # no name and a fixed mtime in the gzip header: the same recording gives the same bytes wherever it is written
+    args.out.write_bytes(gzip.compress(json.dumps(trace, separators=(",", ":")).encode(), mtime=0))
     print(f"{args.out}: {len(prefills)} prefill calls, {sum(r.shape[0] for r in rows.values())} rows, "
           f"{args.out.stat().st_size} bytes")
     return 0

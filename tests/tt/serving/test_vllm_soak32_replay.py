@@ -16,26 +16,27 @@ bits the engine got when the oracle passed. It also checks that every row contin
 the tokens the engine emitted, and that each greedy request emitted its rows' argmax (sampled tokens need vLLM's
 sampler, which CI does not have).
 
-CI replays the first ``PREFIX`` calls (the warm-up and the first 60 engine steps, about a minute): they hold the
-widest call of the whole recording (28 rows, bucket 32), the two aborts of running requests (r0 after one token,
-r29 after one token; the other 18 aborts came before their request was scheduled and make no call), 7 of the 23
-resumes (r3, r2, r1, r6, r4, r11, r33) and rows condensing as requests finish. ``QWEN36_SOAK32_CALLS=all`` replays
-all 238 calls (about 3-4 minutes)."""
+The replay feeds all 238 recorded calls (allocation, warm-up, the 233 engine steps) to ``Qwen36ForCausalLM`` and
+checks all 3120 rows: the widest call (28 rows, bucket 32), the two aborts of running requests (r0 and r29, each
+after one token; the other 18 aborts came before their request was scheduled and make no call), all 23 resumes,
+rows condensing as requests finish and slots taken over. As a spot check of the oracle itself (cheap at this size)
+three requests are also rerun on the batch-1 oracle: r1 (greedy, resumed), r3 (sampled, resumed after its first
+token) and r29 (greedy, aborted while running)."""
 from __future__ import annotations
 
-import os
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from qwen36.testing.soak_oracle import request_rows, row_digest
+from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
+from qwen36.testing.soak_oracle import check_request, request_rows, row_digest
 from qwen36.testing.vllm_calls import load_trace, restore
-from qwen36.testing.vllm_replay import open_env, served_model
+from qwen36.testing.vllm_replay import batch1_generator, load_on_mesh, open_env, served_model
 
 SOAK = load_trace(Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_soak32_trace.json.gz")
-PREFIX = 65  # calls 0-4 set up and warm up, 5-64 are the first 60 engine steps
-CALLS = len(SOAK["calls"]) if os.environ.get("QWEN36_SOAK32_CALLS") == "all" else PREFIX
+ORACLE = {1: "greedy, resumed", 3: "sampled, resumed", 29: "greedy, aborted while running"}
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,7 @@ def test_replay_of_the_32_sequence_soak_is_bit_equal_to_the_engines_rows(env):
     ck, ctx = env
     t = SOAK
     m = served_model(ck, ctx, t["max_num_seqs"], t["max_model_len"])
-    calls = t["calls"][:CALLS]
+    calls = t["calls"]
     rows = _replay(m, calls)
     caps = [cnt for d in m.batch.dec.decs.values() for cnt in d.traces.captures.values()]
     m.release_persistent_capture()
@@ -109,8 +110,23 @@ def test_replay_of_the_32_sequence_soak_is_bit_equal_to_the_engines_rows(env):
     # what the replayed calls cover
     assert max(r.shape[0] for r in rows.values()) == max(len(d) for d in t["row_digests"].values()) == 28
     resumed = sorted(f"r{u}" for u, e in enumerate(entries) if sum(x[1] for x in e) > 1)
-    assert set(resumed) <= set(t["resumed"]) and len(resumed) >= (7 if CALLS == PREFIX else 23), resumed
+    assert resumed == sorted(t["resumed"]) and len(resumed) == 23, resumed
     aborted_running = [r for r in t["aborted"] if entries[int(r[1:])]]
     assert len(aborted_running) == 2 and all(t["finished"][int(r[1:])] == "abort" for r in aborted_running)
+    assert sum(len(e) for e in entries) == 3120 and greedy > 100
+
+    # the batch-1 oracle on a few requests (the dev run checked all of them)
+    hf = json.loads((ck / "config.json").read_text())
+    ref = load_on_mesh(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
+        hf, ctx.mesh_device, 1, t["max_model_len"], optimizations="accuracy", checkpoint=ck))
+    gen = batch1_generator(ctx, ref)
+    for u, what in ORACLE.items():
+        spec = t["requests"][u]["sampling"]
+        assert (spec["temperature"] == 0.0) == what.startswith("greedy") and entries[u], u
+        assert (sum(x[1] for x in entries[u]) > 1) == ("resumed" in what), u
+        res = check_request(gen, t["prompts"][u], t["outputs"][u], spec, entries[u], sample_fn=None)
+        print(f"oracle r{u} ({what}): {res['rows']} rows, max abs {res['max_abs']}, tokens {res['tokens_equal']}")
+        assert res["max_abs"] == 0.0 and res["tokens_equal"] is not False, (u, res)
+    ref.release_persistent_capture()
     print(f"{len(calls)} calls, {sum(r.shape[0] for r in rows.values())} rows bit-equal, resumed {resumed}, "
           f"aborted while running {aborted_running}, {greedy} greedy requests' tokens checked")
