@@ -10,9 +10,9 @@ up to 28 rows per call), 180 requests completed, 20 aborted, 23 preempted and re
 
 That dev run already checked every one of its 3120 rows against the resume-aware batch-1 oracle
 (``qwen36.testing.soak_oracle``: all bit-equal, greedy tokens the oracle's argmax, seeded sampled tokens what vLLM's
-``Sampler`` draws from the oracle's rows). Rerunning the oracle for all of them took 33 min on the 2-core host, so this test
-checks the replay against the engine's own rows instead: equal hashes mean the adapter today returns exactly the
-bits the engine got when the oracle passed. It also checks that every row continues its request with the prompt and
+``Sampler`` draws from the oracle's rows). Rerunning the oracle for all of them took 33 min on the 2-core host, so
+this test checks the replay against the engine's own rows instead: equal hashes mean the adapter today returns
+exactly the bits the engine got when the oracle passed. It also checks that every row continues its request with the prompt and
 the tokens the engine emitted, and that each greedy request emitted its rows' argmax (sampled tokens need vLLM's
 sampler, which CI does not have).
 
