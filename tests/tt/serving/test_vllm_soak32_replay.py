@@ -12,9 +12,9 @@ That dev run already checked every one of its 3120 rows against the resume-aware
 (``qwen36.testing.soak_oracle``: all bit-equal, greedy tokens the oracle's argmax, seeded sampled tokens what vLLM's
 ``Sampler`` draws from the oracle's rows). Rerunning the oracle for all of them took 33 min on the 2-core host, so
 this test checks the replay against the engine's own rows instead: equal hashes mean the adapter today returns
-exactly the bits the engine got when the oracle passed. It also checks that every row continues its request with the prompt and
-the tokens the engine emitted, and that each greedy request emitted its rows' argmax (sampled tokens need vLLM's
-sampler, which CI does not have).
+exactly the bits the engine got when the oracle passed. It also checks that every row continues its request with
+the prompt and the tokens the engine emitted, and that each greedy request emitted its rows' argmax (sampled tokens
+need vLLM's sampler, which CI does not have).
 
 The replay feeds all 238 recorded calls (allocation, warm-up, the 233 engine steps) to ``Qwen36ForCausalLM`` and
 checks all 3120 rows: the widest call (28 rows, bucket 32), the two aborts of running requests (r0 and r29, each
