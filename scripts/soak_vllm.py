@@ -19,8 +19,9 @@ later resumes requests). Then:
   quarter's by more than the stated allowances).
 
 The plugin's calls are recorded (``--record``, JSON as tests/data/vllm_tt_plugin_*_trace.json) so a short run can be
-replayed in CI (tests/tt/serving/test_vllm_soak_replay.py). Everything runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-and the plugin's worker gets the emulated mesh instead of cards.
+replayed in CI (tests/tt/serving/test_vllm_soak_replay.py; a long one in the compact form of
+scripts/compact_soak_trace.py, tests/tt/serving/test_vllm_soak32_replay.py). Everything runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and the plugin's worker gets the emulated mesh instead of cards.
 
     python scripts/soak_vllm.py --requests 200 --max-num-seqs 8 --kv-blocks 14 --out soak8.json
 """

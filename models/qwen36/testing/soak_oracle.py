@@ -74,6 +74,15 @@ def batch1_rows(gen, prompt: list[int], out: list[int], entries) -> list[torch.T
     return rows
 
 
+def row_digest(row: torch.Tensor) -> list:
+    """[sha256 of the fp32 row's bytes, argmax, max]: what a compact recording keeps of a logits row (the hash
+    changes with any bit of the row; the argmax and max say how far a mismatch went)."""
+    import hashlib
+
+    r = row.detach().float().contiguous().cpu()
+    return [hashlib.sha256(r.numpy().tobytes()).hexdigest(), int(r.argmax()), float(r.max())]
+
+
 def pcc(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double() - a.double().mean(), b.double() - b.double().mean()
     return float((a * b).sum() / (a.norm() * b.norm()).clamp_min(1e-300))

@@ -66,6 +66,16 @@ def record_calls(cls, calls: list, setattr_=setattr, instances: list | None = No
         setattr_(cls, name, wrap)
 
 
+def load_trace(path) -> dict:
+    """A recording (tests/data/vllm_tt_plugin_*_trace.json, or .json.gz for the large ones)."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+
+
 def restore(v):
     """A recorded argument back into what the runner passed (the inverse of ``summarize``): torch tensors, numpy
     arrays, the adapter's TTSamplingParams, plain values."""
