@@ -47,12 +47,15 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def make_requests(args, vocab: int) -> list[dict]:
-    """Request specs, all drawn from ``args.seed``: prompt, max_tokens, sampling, arrival step, abort step."""
+def make_requests(args, vocab: int, steps: bool = True) -> list[dict]:
+    """Request specs, all drawn from ``args.seed``: prompt, max_tokens, sampling, arrival, abort point. ``steps``:
+    arrivals are engine steps and ``abort`` the step a request is aborted at (``vllm.LLM``); otherwise arrivals are
+    seconds and ``disconnect_after`` the streamed tokens after which the client hangs up (``vllm serve``)."""
     rng = random.Random(args.seed)
-    reqs, step = [], 0
+    reqs, clock = [], 0
     for i in range(args.requests):
-        step += int(rng.expovariate(args.arrival_rate)) if args.arrival_rate > 0 else 0
+        gap = rng.expovariate(args.arrival_rate) if args.arrival_rate > 0 else 0
+        clock += int(gap) if steps else gap
         n = rng.randint(args.min_prompt, args.max_prompt)
         # distinct first tokens per request index keep every prompt from being a prefix of another
         prompt = [1 + (i % (vocab - 1))] + [rng.randrange(1, vocab) for _ in range(n - 1)]
@@ -61,8 +64,13 @@ def make_requests(args, vocab: int) -> list[dict]:
                    top_p=rng.choice([1.0, 0.9, 0.8]), seed=rng.randrange(1 << 30)) if sampled
               else dict(temperature=0.0))
         max_tokens = rng.randint(args.min_new, args.max_new)
-        abort = step + rng.randint(1, max_tokens + 4) if rng.random() < args.abort_frac else None
-        reqs.append(dict(id=f"r{i}", prompt=prompt, max_tokens=max_tokens, sampling=sp, arrival=step, abort=abort))
+        cut = rng.randint(1, max_tokens + 4) if rng.random() < args.abort_frac else None
+        if steps:
+            reqs.append(dict(id=f"r{i}", prompt=prompt, max_tokens=max_tokens, sampling=sp, arrival=clock,
+                             abort=None if cut is None else clock + cut))
+        else:
+            reqs.append(dict(id=f"r{i}", prompt=prompt, max_tokens=max_tokens, sampling=sp, arrival=round(clock, 2),
+                             disconnect_after=cut))
     return reqs
 
 

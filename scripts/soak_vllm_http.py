@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -101,24 +100,6 @@ def serve(argv: list[str]) -> None:
     sys.argv = ["vllm", "serve", *vllm_args]
     from vllm.entrypoints.cli.main import main as vllm_main
     vllm_main()
-
-
-def make_requests(args, vocab: int) -> list[dict]:
-    rng = random.Random(args.seed)
-    reqs, t = [], 0.0
-    for i in range(args.requests):
-        t += rng.expovariate(args.arrival_rate)
-        n = rng.randint(args.min_prompt, args.max_prompt)
-        prompt = [1 + (i % (vocab - 1))] + [rng.randrange(1, vocab) for _ in range(n - 1)]
-        sampled = rng.random() < args.sampled_frac
-        sp = (dict(temperature=rng.choice([0.7, 1.0, 1.3]), top_k=rng.choice([0, 20, 50]),
-                   top_p=rng.choice([1.0, 0.9, 0.8]), seed=rng.randrange(1 << 30)) if sampled
-              else dict(temperature=0.0))
-        max_tokens = rng.randint(args.min_new, args.max_new)
-        disconnect = rng.randint(1, max_tokens + 4) if rng.random() < args.abort_frac else None
-        reqs.append(dict(id=f"r{i}", prompt=prompt, max_tokens=max_tokens, sampling=sp, arrival=round(t, 2),
-                         disconnect_after=disconnect))
-    return reqs
 
 
 async def one_request(client, url: str, r: dict, t0: float, got: dict) -> None:
@@ -265,7 +246,9 @@ def main(argv=None) -> int:
     budget = (args.kv_blocks - args.max_num_seqs) * BLOCK
     if budget < args.max_model_len:
         sys.exit(f"soak_vllm_http: --kv-blocks {args.kv_blocks} leaves {budget} tokens after one block per sequence")
-    reqs = make_requests(args, vocab)
+    from qwen36.testing.scripts import load_script
+
+    reqs = load_script("soak_vllm").make_requests(args, vocab, steps=False)  # the same draws as the vLLM.LLM soak
     record = tmp / "record"
     record.mkdir()
     url = f"http://127.0.0.1:{args.port}"
