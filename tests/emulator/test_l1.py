@@ -93,3 +93,37 @@ def test_l1_allocation_beyond_a_core_is_refused():
     with open_mesh("emulated-p150", l1_small_size=64 * 1024) as ctx:  # L1_SMALL shrinks the regular banks
         with pytest.raises(EmulatorError, match=r"bank size is 1395584 B"):
             _put(ctx.ttnn, ctx.mesh_device, 32, 32 * 700, memory_config=_width_sharded(ctx.ttnn, 32 * 700, 1))
+
+
+def test_capture_buffers_the_caller_dropped_do_not_hold_l1():
+    """A trace keeps every tensor of its capture for replay, but on cards a captured op's output is freed once the
+    caller drops it (its address reused): before refusing, the emulator frees those; release_trace frees the rest.
+    (A speculative verify capture once ran out of L1 here on buffers a card had already freed.)"""
+    tiles = 400  # 819,200 B on one core: one fits a bank, two do not
+    with open_mesh("emulated-p150", trace_region_size=1 << 20) as ctx:
+        ttnn, mesh = ctx.ttnn, ctx.mesh_device
+        x = _put(ttnn, mesh, 32, 32 * tiles)  # DRAM input
+        mc = _width_sharded(ttnn, 32 * tiles, 1)
+
+        def step():
+            ttnn.to_memory_config(x, mc)  # an L1 output nobody keeps
+
+        tid = ttnn.begin_trace_capture(mesh, cq_id=0)
+        for _ in range(3):
+            step()
+        kept = ttnn.to_memory_config(x, mc)  # the caller keeps this one
+        ttnn.end_trace_capture(mesh, tid, cq_id=0)
+        assert mesh.l1_in_use()[0] <= 2 * tiles * 2048
+        ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)
+        ttnn.release_trace(mesh, tid)
+        gc.collect()
+        assert mesh.l1_in_use() == [tiles * 2048], "after release only the buffer the caller holds is charged"
+        ttnn.deallocate(kept)
+        assert mesh.l1_in_use() == [0]
+        tid = ttnn.begin_trace_capture(mesh, cq_id=0)  # no pressure: the dropped output stays charged until release
+        step()
+        ttnn.end_trace_capture(mesh, tid, cq_id=0)
+        assert mesh.l1_in_use() == [tiles * 2048]
+        ttnn.release_trace(mesh, tid)
+        gc.collect()
+        assert mesh.l1_in_use() == [0]

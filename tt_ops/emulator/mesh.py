@@ -219,6 +219,8 @@ class EmulatedMeshDevice(EmuMeshBase):
         if t.memory_config().buffer_type != ttnn.BufferType.DRAM:
             return  # L1 buffers live in the cores' SRAM (_account_l1)
         need = dram_bytes_of(t)
+        if max(self.dram_used) + need > P150A_DRAM_BYTES:
+            self._free_dropped_capture_buffers()
         for i, used in enumerate(self.dram_used):
             if used + need > P150A_DRAM_BYTES:
                 per_bank, used_bank = -(-need // P150A_DRAM_BANKS), -(-used // P150A_DRAM_BANKS)
@@ -231,6 +233,13 @@ class EmulatedMeshDevice(EmuMeshBase):
                     f"the device (trace region {self.trace_region_size} B)")
         self.dram_used = [u + need for u in self.dram_used]
         t._buffer_release = weakref.finalize(t, EmulatedMeshDevice._release_dram, weakref.ref(self), need)
+
+    def _free_dropped_capture_buffers(self) -> None:
+        """Free the bytes of capture buffers the caller has dropped (trace.py ``unreferenced_owned``): a card freed
+        them when their tensors were destroyed; the emulator only still holds them for replay."""
+        for t in self.trace.unreferenced_owned():
+            if t._buffer_release is not None:
+                t._buffer_release()  # a weakref.finalize: frees once, later calls do nothing
 
     @staticmethod
     def _release_dram(mesh_ref, nbytes: int) -> None:
@@ -248,6 +257,8 @@ class EmulatedMeshDevice(EmuMeshBase):
         if t.memory_config().buffer_type != ttnn.BufferType.L1:
             return
         size, banks, per_bank = l1_footprint(t, P150A_L1_BANKS)
+        if max(self.l1_used) + per_bank > self.l1_bank_bytes:
+            self._free_dropped_capture_buffers()
         for i, used in enumerate(self.l1_used):
             if used + per_bank > self.l1_bank_bytes:
                 # the card allocator's message (tt-metal bank_manager.cpp), then what the emulator knows of the buffer
@@ -271,8 +282,13 @@ class EmulatedMeshDevice(EmuMeshBase):
         return list(self.l1_used)
 
     def l1_peak_per_core(self) -> list[int]:
-        """Most bytes of a core's L1 bank the live L1 buffers held at once since open, per device."""
+        """Most bytes of a core's L1 bank the live L1 buffers held at once since open (or the last reset), per
+        device."""
         return list(self.l1_peak)
+
+    def reset_l1_peak(self) -> None:
+        """Start the peak over from what the live L1 buffers hold now (to measure one phase, e.g. a decode step)."""
+        self.l1_peak = list(self.l1_used)
 
     def close(self) -> None:
         self._closed = True
