@@ -13,6 +13,12 @@ block-float bytes, padded shards; nothing here is measured on cards):
 * GDN: the recurrent (fp32) and conv state of every GDN layer, one slot per user;
 * the trace region the generator reserves (``tt/runtime/generator.py`` ``DEFAULT_TRACE_REGION``).
 
+L1 per core: one eager decode step of the built layers (embedding, first GDN, first attention layer, head) runs on the
+emulated mesh, and the most L1 a core's bank held for buffers during it is reported next to the bank size (the
+emulator's L1 accounting, tt_ops/emulator/l1.py: buffers only, not the circular buffers ops create while they run).
+Layers run one after another, so the step's peak is that of the whole model's step when no L1 buffer outlives its
+layer.
+
 Capacity: 32 GB of GDDR6 per Blackhole card (docs.tenstorrent.com, tt-system-firmware, "Tenstorrent Blackhole PCI
 Express Cards": "32 GB of on-board GDDR6 memory"), taken as 32 GiB; what firmware and tt-metal reserve of it is not
 known here, so the headroom is an upper bound. Activations, program binaries and the host-visible command queues are
@@ -82,6 +88,7 @@ def measure(device: str, cfg, base, precision: str, seed: int = 0) -> dict:
         k = st.layers[1].k
         kv_token = 2 * k.bytes_per_device() // (k.shape[0] * a.block_size)  # K + V per token, one attention layer
         gdn = st.layers[0]
+        l1 = _decode_step_l1(bench)
         return {
             "label": "modelled (allocation plan)",
             "backend": bench.ctx.label,
@@ -106,9 +113,30 @@ def measure(device: str, cfg, base, precision: str, seed: int = 0) -> dict:
             "trace_region_bytes": DEFAULT_TRACE_REGION,
             "card_bytes": CARD_BYTES,
             "max_position_embeddings": base.max_position_embeddings,
+            "l1_per_core": l1,
         }
     finally:
         bench.close()
+
+
+def _decode_step_l1(bench) -> dict:
+    """Peak L1 per core (buffers) over one eager decode step of the bench's layers, per device (module doc)."""
+    from qwen36.config import FULL
+    from qwen36.tt.model.state import allocate_decode_inputs
+    from qwen36.tt_ops.emulator.mesh import P150A_L1_BANKS
+
+    mesh, model = bench.mesh, bench.model
+    for layer in model.layers:
+        if layer.layer_type != FULL:
+            layer.mixer.prepare_batch(1)
+    inputs = allocate_decode_inputs(bench.ttnn, mesh)
+    model.copy_host_to_device(model.prepare_decode_inputs_host([1], bench.context - 1), inputs)
+    before = mesh.l1_in_use()
+    mesh.reset_l1_peak()
+    model.decode_forward(inputs, bench.state)
+    return {"label": "emulated decode step: L1 buffers per core (circular buffers not counted)",
+            "held_before_step_bytes": before, "peak_bytes": mesh.l1_peak_per_core(),
+            "bank_bytes": mesh.l1_bank_bytes, "banks": P150A_L1_BANKS}
 
 
 def plan(m: dict, batch: int, max_len: int) -> dict:
@@ -153,6 +181,9 @@ def run(args: argparse.Namespace) -> ProbeReport:
         print(f"  {r['batch']:>3} x {r['max_len']:>6}: {r['weights'] / GIB:.2f} + {r['mtp'] / GIB:.2f} + "
               f"{r['kv'] / GIB:.2f} + {r['gdn_conv_state'] / GIB:.2f} + {r['trace'] / GIB:.2f} = "
               f"{r['total'] / GIB:.2f}, headroom {r['headroom'] / GIB:.2f}{'' if r['fits'] else '  DOES NOT FIT'}")
+    l1 = m["l1_per_core"]
+    print(f"  L1 per core, buffers of one emulated decode step (circular buffers not counted): peak "
+          f"{max(l1['peak_bytes']) / 1024:.1f} KiB of a {l1['bank_bytes'] / 1024:.1f} KiB bank ({l1['banks']} per chip)")
     print("  largest context per user that fits: "
           + ", ".join(f"B={b} {n} tokens" for b, n in m["largest_context"].items()))
     cells = [{"cell": "parts add up", "pass": all(r["total"] == r["weights"] + r["mtp"] + r["kv"]

@@ -43,3 +43,12 @@ def test_memory_plan_ci(record):
     small = dict(m, card_bytes=plan(m, 1, 4 * bs)["total"] + 1)
     assert largest_context(small, 1) == 4 * bs
     assert not plan(small, 1, 5 * bs)["fits"]
+
+
+def test_memory_l1_per_core_of_a_decode_step(record):
+    """The decode step's L1 buffers (the norm's width shards the DRAM-sharded MLP matmuls read, their L1 outputs) are
+    charged per core by the emulator; the peak is above what was held before the step and within a Blackhole bank."""
+    l1 = record["performance"]["l1_per_core"]
+    assert l1["bank_bytes"] == 1_572_864 - 111_744 and l1["banks"] == 110
+    assert len(l1["peak_bytes"]) == 2 and l1["peak_bytes"][0] == l1["peak_bytes"][1], "TP=2: the same on both chips"
+    assert l1["held_before_step_bytes"][0] < l1["peak_bytes"][0] <= l1["bank_bytes"]

@@ -14,6 +14,7 @@ import torch
 
 from .counters import Counters
 from .errors import EmulatorError, TraceRuleError
+from .l1 import l1_bank_bytes, l1_footprint
 from .mappers import (  # noqa: F401  (re-exported: the mesh module is where users look for them)
     ConcatMesh2dToTensor,
     ConcatMeshToTensor,
@@ -44,6 +45,9 @@ P150A_DRAM_GRID = (8, 1)  # 8 GDDR6 channels (P150a: 32 GB, 512 GB/s spec)
 P150A_DRAM_BANKS = 8
 P150A_DRAM_BANK_BYTES = 4_273_390_016
 P150A_DRAM_BYTES = P150A_DRAM_BANKS * P150A_DRAM_BANK_BYTES
+# L1: tt-metal's allocator makes one L1 bank per compute core (l1_banking_allocator.cpp), so the emulated chip has as
+# many banks as its worker grid has cores; the bank size and the sizing rules are in l1.py
+P150A_L1_BANKS = P150A_WORKER_GRID[0] * P150A_WORKER_GRID[1]
 
 
 def ensure_mock_cluster(num_devices: int) -> str:
@@ -100,6 +104,15 @@ class EmulatedMeshDevice(EmuMeshBase):
                                 f"({P150A_DRAM_BYTES} B)")
         self.dram_used = [self.trace_region_size] * num_devices
         self.l1_small_size = int(l1_small_size)
+        # L1 accounting per device (docs/emulator_traces.md "L1 capacity"): bytes each core's L1 bank has handed out to
+        # live buffers (the same on every core: the allocator gives a buffer one address range in all banks), and the
+        # most it has held since open
+        self.l1_bank_bytes = l1_bank_bytes(self.l1_small_size)
+        if self.l1_bank_bytes <= 0:
+            raise EmulatorError(f"l1_small_size {self.l1_small_size} B leaves no L1 for buffers (a Blackhole core has "
+                                f"{l1_bank_bytes(0)} B above the reserved base)")
+        self.l1_used = [0] * num_devices
+        self.l1_peak = [0] * num_devices
         self.num_command_queues = num_command_queues
         self.alloc_while_trace_live = alloc_while_trace_live
         self.counters = Counters()
@@ -174,6 +187,7 @@ class EmulatedMeshDevice(EmuMeshBase):
         if self.trace.replaying:
             return
         self._account_dram(t)
+        self._account_l1(t)
         self.trace.note_allocation(t)
         if self.trace.capturing is not None:
             t.persistent = False
@@ -203,8 +217,10 @@ class EmulatedMeshDevice(EmuMeshBase):
         from .tensor import dram_bytes_of
 
         if t.memory_config().buffer_type != ttnn.BufferType.DRAM:
-            return  # L1 buffers live in the cores' SRAM (not accounted here)
+            return  # L1 buffers live in the cores' SRAM (_account_l1)
         need = dram_bytes_of(t)
+        if max(self.dram_used) + need > P150A_DRAM_BYTES:
+            self._free_dropped_capture_buffers()
         for i, used in enumerate(self.dram_used):
             if used + need > P150A_DRAM_BYTES:
                 per_bank, used_bank = -(-need // P150A_DRAM_BANKS), -(-used // P150A_DRAM_BANKS)
@@ -216,7 +232,14 @@ class EmulatedMeshDevice(EmuMeshBase):
                     f"; tensor {list(t.logical_shape_list)} {t.dtype.name}, {used} B of {P150A_DRAM_BYTES} B in use on "
                     f"the device (trace region {self.trace_region_size} B)")
         self.dram_used = [u + need for u in self.dram_used]
-        t._dram_release = weakref.finalize(t, EmulatedMeshDevice._release_dram, weakref.ref(self), need)
+        t._buffer_release = weakref.finalize(t, EmulatedMeshDevice._release_dram, weakref.ref(self), need)
+
+    def _free_dropped_capture_buffers(self) -> None:
+        """Free the bytes of capture buffers the caller has dropped (trace.py ``unreferenced_owned``): a card freed
+        them when their tensors were destroyed; the emulator only still holds them for replay."""
+        for t in self.trace.unreferenced_owned():
+            if t._buffer_release is not None:
+                t._buffer_release()  # a weakref.finalize: frees once, later calls do nothing
 
     @staticmethod
     def _release_dram(mesh_ref, nbytes: int) -> None:
@@ -227,6 +250,45 @@ class EmulatedMeshDevice(EmuMeshBase):
     def dram_in_use(self) -> list[int]:
         """Bytes of DRAM allocated per device: the trace region plus every live DRAM buffer."""
         return list(self.dram_used)
+
+    def _account_l1(self, t) -> None:
+        """Charge an L1 buffer's bytes per bank to every core of every device it lives on (l1.py: one address range in
+        all banks); refuse it where a core's L1 would overflow, with the card allocator's message."""
+        if t.memory_config().buffer_type != ttnn.BufferType.L1:
+            return
+        size, banks, per_bank = l1_footprint(t, P150A_L1_BANKS)
+        if max(self.l1_used) + per_bank > self.l1_bank_bytes:
+            self._free_dropped_capture_buffers()
+        for i, used in enumerate(self.l1_used):
+            if used + per_bank > self.l1_bank_bytes:
+                # the card allocator's message (tt-metal bank_manager.cpp), then what the emulator knows of the buffer
+                raise EmulatorError(
+                    f"device {i}: Out of Memory: Not enough space to allocate {size} B L1 buffer across {banks} banks, "
+                    f"where each bank needs to store {per_bank} B, but bank size is {self.l1_bank_bytes} B "
+                    f"(allocated: {used} B, free: {self.l1_bank_bytes - used} B); tensor {list(t.logical_shape_list)} "
+                    f"{t.dtype.name} {t.memory_config().memory_layout.name} in L1 (l1_small_size {self.l1_small_size} B)")
+        self.l1_used = [u + per_bank for u in self.l1_used]
+        self.l1_peak = [max(p, u) for p, u in zip(self.l1_peak, self.l1_used)]
+        t._buffer_release = weakref.finalize(t, EmulatedMeshDevice._release_l1, weakref.ref(self), per_bank)
+
+    @staticmethod
+    def _release_l1(mesh_ref, nbytes: int) -> None:
+        mesh = mesh_ref()
+        if mesh is not None:
+            mesh.l1_used = [u - nbytes for u in mesh.l1_used]
+
+    def l1_in_use(self) -> list[int]:
+        """Bytes of each core's L1 bank held by live L1 buffers, per device (circular buffers not included)."""
+        return list(self.l1_used)
+
+    def l1_peak_per_core(self) -> list[int]:
+        """Most bytes of a core's L1 bank the live L1 buffers held at once since open (or the last reset), per
+        device."""
+        return list(self.l1_peak)
+
+    def reset_l1_peak(self) -> None:
+        """Start the peak over from what the live L1 buffers hold now (to measure one phase, e.g. a decode step)."""
+        self.l1_peak = list(self.l1_used)
 
     def close(self) -> None:
         self._closed = True

@@ -213,7 +213,7 @@ class EmuTensor:
         "mesh",
         "on_device",
         "_dealloc",
-        "_dram_release",
+        "_buffer_release",
         "_freed",
         "placements",
         "persistent",
@@ -246,7 +246,7 @@ class EmuTensor:
         self._memory_config = memory_config if memory_config is not None else ttnn.DRAM_MEMORY_CONFIG
         self.mesh = mesh
         self.on_device = on_device
-        self._dram_release = None  # set by the mesh's DRAM accounting (mesh.on_allocate); frees the bytes once
+        self._buffer_release = None  # set by the mesh's DRAM / L1 accounting (mesh.on_allocate); frees the bytes once
         self._dealloc = False
         self._freed = False
         self.placements = placements  # description of how the host tensor was mapped (for to_torch hints)
@@ -271,10 +271,10 @@ class EmuTensor:
 
     @_deallocated.setter
     def _deallocated(self, value: bool) -> None:
-        # ttnn.deallocate frees the buffer's DRAM at once; a tensor never deallocated frees it when it is collected
-        # (the weakref finalizer the mesh registered), as a ttnn.Tensor's destructor does
-        if value and not self._dealloc and self._dram_release is not None:
-            self._dram_release()
+        # ttnn.deallocate frees the buffer's DRAM or L1 at once; a tensor never deallocated frees it when it is
+        # collected (the weakref finalizer the mesh registered), as a ttnn.Tensor's destructor does
+        if value and not self._dealloc and self._buffer_release is not None:
+            self._buffer_release()
         self._dealloc = bool(value)
 
     # ---- data access -------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import weakref
 from typing import Any, Callable
 
@@ -223,6 +224,41 @@ class TraceState:
             raise TraceRuleError("release_trace: the trace is still being captured")
         tr.released = True
         tr.steps.clear()
+        # the trace no longer keeps its capture's buffers: those the caller dropped are collected, which frees their
+        # DRAM / L1 in the mesh's accounting as a ttnn.Tensor's destructor does
+        tr.owned.clear()
+
+    def unreferenced_owned(self) -> list:
+        """Buffers allocated during the capture of a live (or capturing) trace that nothing but the trace's own
+        records holds any more. On cards such a buffer was freed when the caller dropped its tensor (its address
+        reused, the replay writing into it regardless); the emulator keeps the tensor for replay, so the mesh's
+        accounting frees these before it refuses an allocation. Counted by reference: a buffer anything else
+        references (the caller, a view, an emulator record) counts as held."""
+        dead = []
+        for tr in self.traces.values():
+            if tr.released:
+                continue
+            held: dict = {}  # id(tensor) -> references from the trace's records (steps, the owned list)
+            seen: set = set()
+
+            def walk(o):
+                if isinstance(o, EmuTensor):
+                    held[id(o)] = held.get(id(o), 0) + 1
+                elif isinstance(o, (list, tuple, dict)) and id(o) not in seen:
+                    seen.add(id(o))
+                    for x in (o.values() if isinstance(o, dict) else o):
+                        walk(x)
+
+            for step in tr.steps:
+                walk(step.args)
+                walk(step.kwargs)
+                walk(step.outputs)  # a bare tensor here is the step's own attribute reference
+            walk(tr.owned)
+            for t in tr.owned:
+                # getrefcount: its argument and the loop variable hold two references
+                if sys.getrefcount(t) - 2 - held.get(id(t), 0) <= 0:
+                    dead.append(t)
+        return dead
 
     def owner_live(self, t) -> bool:
         owner = getattr(t, "trace_owner", None)
