@@ -232,7 +232,7 @@ class EmulatedMeshDevice(EmuMeshBase):
                     f"; tensor {list(t.logical_shape_list)} {t.dtype.name}, {used} B of {P150A_DRAM_BYTES} B in use on "
                     f"the device (trace region {self.trace_region_size} B)")
         self.dram_used = [u + need for u in self.dram_used]
-        t._buffer_release = weakref.finalize(t, EmulatedMeshDevice._release_dram, weakref.ref(self), need)
+        t._buffer_release = weakref.finalize(t, EmulatedMeshDevice._release, weakref.ref(self), "dram_used", need)
 
     def _free_dropped_capture_buffers(self) -> None:
         """Free the bytes of capture buffers the caller has dropped (trace.py ``unreferenced_owned``): a card freed
@@ -242,10 +242,12 @@ class EmulatedMeshDevice(EmuMeshBase):
                 t._buffer_release()  # a weakref.finalize: frees once, later calls do nothing
 
     @staticmethod
-    def _release_dram(mesh_ref, nbytes: int) -> None:
+    def _release(mesh_ref, pool: str, nbytes: int) -> None:
+        """A freed buffer's bytes go back to ``pool`` (``dram_used`` or ``l1_used``) on every device; nothing if the
+        mesh itself is gone."""
         mesh = mesh_ref()
         if mesh is not None:
-            mesh.dram_used = [u - nbytes for u in mesh.dram_used]
+            setattr(mesh, pool, [u - nbytes for u in getattr(mesh, pool)])
 
     def dram_in_use(self) -> list[int]:
         """Bytes of DRAM allocated per device: the trace region plus every live DRAM buffer."""
@@ -269,13 +271,7 @@ class EmulatedMeshDevice(EmuMeshBase):
                     f"{t.dtype.name} {t.memory_config().memory_layout.name} in L1 (l1_small_size {self.l1_small_size} B)")
         self.l1_used = [u + per_bank for u in self.l1_used]
         self.l1_peak = [max(p, u) for p, u in zip(self.l1_peak, self.l1_used)]
-        t._buffer_release = weakref.finalize(t, EmulatedMeshDevice._release_l1, weakref.ref(self), per_bank)
-
-    @staticmethod
-    def _release_l1(mesh_ref, nbytes: int) -> None:
-        mesh = mesh_ref()
-        if mesh is not None:
-            mesh.l1_used = [u - nbytes for u in mesh.l1_used]
+        t._buffer_release = weakref.finalize(t, EmulatedMeshDevice._release, weakref.ref(self), "l1_used", per_bank)
 
     def l1_in_use(self) -> list[int]:
         """Bytes of each core's L1 bank held by live L1 buffers, per device (circular buffers not included)."""
