@@ -10,9 +10,10 @@ PYTHON ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# Test files spread over 2 pytest-xdist workers (whole files per worker, so module fixtures are built once);
-# XDIST= runs them in one process.
-XDIST ?= -n 2 --dist loadfile
+# Test files spread over 2 pytest-xdist workers (whole files per worker, so module fixtures are built once), handed
+# out in collection order (tests/conftest.py puts the slowest files first; xdist's default reorders by test count,
+# which left the slowest file to the end); XDIST= runs them in one process.
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 TESTS ?= all
 DEVICE ?= p150x2
 CARDS_ARGS ?=

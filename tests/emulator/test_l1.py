@@ -127,3 +127,29 @@ def test_capture_buffers_the_caller_dropped_do_not_hold_l1():
         ttnn.release_trace(mesh, tid)
         gc.collect()
         assert mesh.l1_in_use() == [0]
+
+
+def test_a_replayed_captures_dropped_intermediates_do_not_hold_l1():
+    """A capture buffer that a later captured op reads (an intermediate) is held by the trace's records only, replays
+    included (the replay lists each step's inputs once): when the caller has dropped it, it is freed before an
+    allocation is refused, as after a card freed it."""
+    tiles = 400  # 819,200 B on one core: one fits a bank, two do not
+    with open_mesh("emulated-p150", trace_region_size=1 << 20) as ctx:
+        ttnn, mesh = ctx.ttnn, ctx.mesh_device
+        x = _put(ttnn, mesh, 32, 32 * tiles)  # DRAM input
+        mc = _width_sharded(ttnn, 32 * tiles, 1)
+        tid = ttnn.begin_trace_capture(mesh, cq_id=0)
+        mid = ttnn.to_memory_config(x, mc)  # L1 intermediate
+        out = ttnn.to_memory_config(mid, ttnn.DRAM_MEMORY_CONFIG)  # the captured op that reads it
+        ttnn.end_trace_capture(mesh, tid, cq_id=0)
+        del mid
+        ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)
+        assert mesh.l1_in_use() == [tiles * 2048]
+        tid2 = ttnn.begin_trace_capture(mesh, cq_id=0)  # another trace's capture (the speculative step's pattern)
+        again = ttnn.to_memory_config(x, mc)  # fits only once the dropped intermediate is freed
+        ttnn.end_trace_capture(mesh, tid2, cq_id=0)
+        assert mesh.l1_in_use() == [tiles * 2048]
+        ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)  # the first trace still replays (its buffer kept)
+        for t in (tid, tid2):
+            ttnn.release_trace(mesh, t)
+        del out, again

@@ -327,13 +327,15 @@ def test_traced_decode_step_with_cache_ring_and_collectives_matches_eager():
     def read(ctx, t):
         return ctx.ttnn.to_torch(ctx.ttnn.get_device_tensors(t)[1]).clone()
 
-    eager = []
+    eager, eager_counts = [], []
     with _open() as ctx:
         s = build(ctx)
         for n in range(2):
             write(ctx, s, inputs(ctx, n))
-            att, o = step(ctx, s)
+            with ctx.counters.scope(f"eager {n}") as ec:
+                att, o = step(ctx, s)
             eager.append((read(ctx, att), read(ctx, o), read(ctx, s["ring"]), read(ctx, s["kc"])))
+            eager_counts.append(ec)
     with _open() as ctx:
         s = build(ctx)
         write(ctx, s, inputs(ctx, 0))
@@ -347,6 +349,12 @@ def test_traced_decode_step_with_cache_ring_and_collectives_matches_eager():
             got = (read(ctx, att), read(ctx, o), read(ctx, s["ring"]), read(ctx, s["kc"]))
             for a, b in zip(got, eager[n]):
                 assert torch.equal(a, b)
+            # a replay counts what the eager step counts (ops counted from shapes alone are summed once per trace,
+            # the SDPA's KV reads follow this step's positions): programs, bytes, collectives, compute work
+            want = {k: v for k, v in eager_counts[n].as_dict().items() if k not in ("name", "trace_replays")}
+            assert {k: v for k, v in c.as_dict().items() if k not in ("name", "trace_replays")} == want
+            assert dict(c.compute_work) == dict(eager_counts[n].compute_work)
+            assert dict(c.bytes_read_per_op) == dict(eager_counts[n].bytes_read_per_op)
         # 6 op calls; no dim of the [1, 1, 96, 32] all-reduce input splits into whole tiles over 2 devices, so the
         # async all-reduce is its all-gather + local sum form (programs.py): 2 programs, 1 collective
         assert c.programs == 7 and c.collectives == 1

@@ -27,10 +27,11 @@ from qwen36.speculative.reference_backend import ReferenceBackend
 from qwen36.speculative.reference_mechanisms import ShadowCommit
 from qwen36.speculative.sampling import SamplingParams, probs_from_logits
 
-from qwen36.testing.speculative import DistDrafter, ScriptedDrafter, engine_prompts as prompts
+from qwen36.testing.speculative import DistDrafter, ScriptedDrafter, engine_prompts as prompts, two_token_counts
 from qwen36.testing.stats import P_VALUE_MIN, chi_square_p
 
 BATCHES = [1, 4]  # B = 1 and several users in one backend: the same code path
+STAT_SLOTS = 8  # users per backend in the statistical tests: n seeded runs go 8 at a time
 # fp32 on CPU: a [B, T] forward may round differently from [1, T] (observed max abs ~1e-6 here)
 ATOL = 1e-4
 TEXTS = ["def add(a, b):\n", "import os\n", "class Point:\n    def __init__(self, x, y):\n", "x = [",
@@ -319,22 +320,16 @@ def test_stochastic_exactness_end_to_end(model, drafts, mechanism):
         q = torch.zeros(v)
         q[union] = 1.0
         q[(max(union) + 1) % v] = 1.0
-        be = DistDrafter(model, mechanism, 32, q=q / q.sum())
+        be = DistDrafter(model, mechanism, 32, q=q / q.sum(), slots=STAT_SLOTS)
     else:
-        be = DistDrafter(model, mechanism, 32, fixed=[support[1], int(joint[support[1]].argmax())])
-    be.join(0, p, params)
+        be = DistDrafter(model, mechanism, 32, fixed=[support[1], int(joint[support[1]].argmax())], slots=STAT_SLOTS)
+    for b in range(STAT_SLOTS):  # each slot its own sampler stream
+        be.join(b, p, SamplingParams(**{**params.__dict__, "seed": params.seed + b}))
     pre = be.live(0)
     assert pre.pending == probe.live(0).pending
-    counts = torch.zeros(v, v, dtype=torch.float64)
-    accepted = []
-    for _ in range(n):
-        be.restore(0, pre)  # the same state every time, the sampler running on
-        emitted = []
-        while len(emitted) < 2:
-            acc = speculative_step(be, {0: k})[0]
-            accepted.append(acc.num_accepted)
-            emitted += acc.tokens
-        counts[emitted[0], emitted[1]] += 1
+    # n runs from the same state, STAT_SLOTS users at a time (each user's steps are its batch-1 steps:
+    # test_packed_speculative_stochastic_equals_each_users_batch1_run)
+    counts, accepted = two_token_counts(be, pre, k, n, v)
     assert 0 < sum(accepted) and min(accepted) == 0  # accept and reject paths both ran
     pval = chi_square_p(counts.flatten(), joint.flatten())
     print(f"{drafts}: p={pval:.3g}, accepted histogram {[accepted.count(i) for i in range(k + 1)]}")

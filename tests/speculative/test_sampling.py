@@ -18,12 +18,13 @@ from qwen36.speculative.reference_backend import ReferenceBackend
 from qwen36.speculative.sampling import (MAX_LOGPROBS, Penalties, SamplingParams, TokenHistory, penalize,
                                          probs_from_logits, token_logprobs)
 
-from qwen36.testing.speculative import DistDrafter, ScriptedDrafter, penalty_prompts as prompts
+from qwen36.testing.speculative import DistDrafter, ScriptedDrafter, penalty_prompts as prompts, two_token_counts
 from qwen36.testing.stats import P_VALUE_MIN, chi_square_p
 
 # repetition > 1 (divides positive logits), a negative presence penalty and a positive frequency penalty: on the
 # untrained tiny model only this mix changes greedy output on both prompts (it rarely repeats on its own)
 PENALTIES = dict(repetition_penalty=1.3, presence_penalty=-1.5, frequency_penalty=0.7)
+STAT_SLOTS = 8  # users per backend in the statistical tests: n seeded runs go 8 at a time
 # at temperature 1 the seen tokens must be among the likely ones for penalties to move the law: these move the
 # two-token law of the chi-square test below far enough (total variation > 0.2, asserted) for its negative control
 STOCH_PENALTIES = dict(repetition_penalty=0.5, presence_penalty=-2.0, frequency_penalty=0.5)
@@ -186,20 +187,13 @@ def test_speculative_sampling_with_penalties_and_min_p_is_the_target_law(model, 
         q = torch.zeros(v)
         q[union] = 1.0
         q[(max(union) + 1) % v] = 1.0
-        be = DistDrafter(model, "shadow_commit", 32, q=q / q.sum())
+        be = DistDrafter(model, "shadow_commit", 32, q=q / q.sum(), slots=STAT_SLOTS)
     else:
-        be = DistDrafter(model, "shadow_commit", 32, fixed=[support[1], int(joint[support[1]].argmax())])
-    be.join(0, prompt, params)
-    counts = torch.zeros(v, v, dtype=torch.float64)
-    accepted = []
-    for _ in range(n):
-        be.restore(0, pre)  # the same state every time, the sampler running on
-        emitted = []
-        while len(emitted) < 2:
-            acc = speculative_step(be, {0: k})[0]
-            accepted.append(acc.num_accepted)
-            emitted += acc.tokens
-        counts[emitted[0], emitted[1]] += 1
+        be = DistDrafter(model, "shadow_commit", 32, fixed=[support[1], int(joint[support[1]].argmax())],
+                         slots=STAT_SLOTS)
+    for b in range(STAT_SLOTS):  # each slot its own sampler stream
+        be.join(b, prompt, SamplingParams(**{**params.__dict__, "seed": params.seed + b}))
+    counts, accepted = two_token_counts(be, pre, k, n, v)  # n runs from the same state, STAT_SLOTS at a time
     assert 0 < sum(accepted) and min(accepted) == 0  # accept and reject paths both ran
     pval = chi_square_p(counts.flatten(), joint.flatten())
     assert pval > P_VALUE_MIN, f"speculative ({draft} drafts) vs target law: chi-square p={pval:.2e}"

@@ -137,9 +137,10 @@ class Dispatcher:
                 break
         return named
 
-    def check_inputs(self, op_name: str, args, kwargs, real_op) -> None:
+    def check_inputs(self, op_name: str, args, kwargs, real_op, inputs: list | None = None) -> None:
+        """``inputs``: the EmuTensors in ``args``/``kwargs`` when the caller has listed them already."""
         mesh = self.mesh
-        for t in iter_tensors((args, kwargs)):
+        for t in (iter_tensors((args, kwargs)) if inputs is None else inputs):
             if t._deallocated and not (mesh.trace.replaying and not t._freed):
                 raise EmulatorError(f"{op_name}: input tensor {t.logical_shape_list} was deallocated")
             if not t.on_device:
@@ -204,17 +205,21 @@ class Dispatcher:
         mesh.check_open()
         if real_op is not None:
             signature_of(op_name, real_op).validate(args, kwargs)
-        self.check_inputs(op_name, args, kwargs, real_op)
+        tensors = iter_tensors((args, kwargs))
+        self.check_inputs(op_name, args, kwargs, real_op, tensors)
         mesh.note_program(op_name, args, kwargs)
         trace = mesh.trace
         capturing = trace.capturing
 
-        def account(out):
-            # accounting after the call, so that invalid calls fail with the op's own message first
+        def account(out, inputs=None):
+            # accounting after the call, so that invalid calls fail with the op's own message first. ``inputs``: the
+            # listed input tensors (not kept by this closure: a trace step stores it, and the mesh counts what holds
+            # a capture buffer before freeing it)
             n = programs_for(op_name, args, kwargs, out)
             if n == 0:  # a view: no program, no data moved
                 return {}, {}, None, 0, 0, None
-            read = read_bytes(args, kwargs) if read_bytes else bytes_read_by_placement(iter_tensors((args, kwargs)))
+            read = read_bytes(args, kwargs) if read_bytes else bytes_read_by_placement(
+                iter_tensors((args, kwargs)) if inputs is None else inputs)
             # a DRAM-sharded matmul's weight bytes keyed by its readers per bank (validated like the device op)
             read = account_readers(op_name, args, kwargs, read, lambda t: dtype_name(t.dtype) + read_placement(t),
                                    _read_bytes_of)
@@ -229,15 +234,18 @@ class Dispatcher:
                 out = impl(*args, **kwargs)
             finally:
                 trace.dry = False
-            capturing.steps.append(_make_step(op_name, impl, args, kwargs, out, account))
-            read, written, cb, n, nc, work = account(out)
+            step = _make_step(op_name, impl, args, kwargs, out, account)
+            capturing.steps.append(step)
+            read, written, cb, n, nc, work = account(out, tensors)
+            if read_bytes is None and written_bytes is None and collective_bytes is None:
+                step.static = (read, written, cb, n, nc, work)  # counts from shapes and layouts only: fixed per trace
             with mesh.counters._sink(capturing.counts):
                 mesh.counters.record_op(op_name, read, written, collective_bytes=cb, live=False, programs=n,
                                         collectives=nc, work=work)
             return out
         check_fault(mesh, op_name)  # tests: an op failing on the device (faults.py)
         out = impl(*args, **kwargs)
-        read, written, cb, n, nc, work = account(out)
+        read, written, cb, n, nc, work = account(out, tensors)
         mesh.counters.record_op(op_name, read, written, collective_bytes=cb, programs=n, collectives=nc, work=work)
         return out
 

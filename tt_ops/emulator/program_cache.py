@@ -20,8 +20,11 @@ def _spec(obj: Any):
     from .tensor import EmuTensor, dtype_name
 
     if isinstance(obj, EmuTensor):
-        mc = obj.memory_config()
-        return ("tensor", tuple(obj.logical_shape_list), dtype_name(obj.dtype), obj.layout.name, repr(mc))
+        mc, memo = obj.memory_config(), obj._spec_memo
+        if memo is None or memo[0] is not mc or memo[1] is not obj.dtype or memo[2] is not obj.layout:
+            # the memory config's repr is the costly part of a key, and a tensor's config object rarely changes
+            memo = obj._spec_memo = (mc, obj.dtype, obj.layout, dtype_name(obj.dtype), obj.layout.name, repr(mc))
+        return ("tensor", tuple(obj.logical_shape_list), memo[3], memo[4], memo[5])
     if isinstance(obj, (list, tuple)):
         return tuple(_spec(o) for o in obj)
     if isinstance(obj, dict):

@@ -223,6 +223,7 @@ class EmuTensor:
         "_base",
         "_tile",
         "dist",
+        "_spec_memo",
         "__weakref__",
     )
 
@@ -264,6 +265,7 @@ class EmuTensor:
         # one ("shard", dim) or ("replicate",) per mesh axis; set by from_torch/as_tensor/allocate_tensor_on_device
         # and kept by transfers, views and in-place ops; None for other op outputs (tensor_topology() refuses).
         self.dist = None
+        self._spec_memo = None  # program_cache.py: (memory config, dtype, layout, their key parts), computed once
 
     @property
     def _deallocated(self) -> bool:
@@ -525,16 +527,30 @@ def new_device_tensor(mesh, shards, dtype, layout, memory_config=None, pad_fill:
 # ------------------------------------------------------------------------------------------------
 # Helpers shared by the namespace, the trace machinery and the op modules
 # ------------------------------------------------------------------------------------------------
-def iter_tensors(obj):
-    """Every EmuTensor inside ``obj`` (nested lists, tuples and dict values)."""
+def iter_tensors(obj) -> list:
+    """Every EmuTensor inside ``obj`` (nested lists, tuples and dict values), in order. A list, built without
+    generators: the dispatcher walks every op's arguments several times, and nested generators were a visible
+    share of the emulator's per-op time."""
+    out: list = []
+    _collect_tensors(obj, out)
+    return out
+
+
+def _collect_tensors(obj, out: list) -> None:
     if isinstance(obj, EmuTensor):
-        yield obj
+        out.append(obj)
     elif isinstance(obj, (list, tuple)):
         for o in obj:
-            yield from iter_tensors(o)
+            if isinstance(o, EmuTensor):
+                out.append(o)
+            elif isinstance(o, (list, tuple, dict)):
+                _collect_tensors(o, out)
     elif isinstance(obj, dict):
         for o in obj.values():
-            yield from iter_tensors(o)
+            if isinstance(o, EmuTensor):
+                out.append(o)
+            elif isinstance(o, (list, tuple, dict)):
+                _collect_tensors(o, out)
 
 
 def map_shards(obj, i: int, convert=None):

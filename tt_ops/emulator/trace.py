@@ -63,6 +63,10 @@ class TraceStep:
     kwargs: dict
     outputs: Any
     account: Callable | None = None  # fn(outputs) -> (read, written, collective_bytes, programs, collectives), per replay
+    # the capture's accounting, for ops whose counts depend on argument shapes and layouts only (no byte callback
+    # reading tensor values, e.g. positions): the same at every replay, so it is summed once per trace (static_counts)
+    static: tuple | None = None
+    inputs: list | None = None  # the step's input tensors (its arguments are fixed at capture), listed at first replay
 
 
 @dataclasses.dataclass
@@ -76,6 +80,7 @@ class Trace:
     unsafe: "weakref.WeakSet" = dataclasses.field(default_factory=weakref.WeakSet)
     complete: bool = False
     released: bool = False
+    static_counts: Counts | None = None  # the sum of the steps' ``static`` accounting, built at the first replay
 
 
 class EmuTraceId:
@@ -201,19 +206,29 @@ class TraceState:
                 self.clobbered[t] = tr.trace_id
         self.replaying = True
         counts = Counts(f"trace {tr.trace_id}")
-        try:
+        if tr.static_counts is None:
+            tr.static_counts = Counts(f"trace {tr.trace_id} (static)")
             for step in tr.steps:
+                if step.static is not None:
+                    tr.static_counts.add_op(step.op_name, *step.static)
+        try:
+            clobbered = self.clobbered
+            for step in tr.steps:
+                if step.inputs is None:
+                    step.inputs = iter_tensors((step.args, step.kwargs))
                 _check_inputs_alive(step, tr)
-                for t in iter_tensors((step.args, step.kwargs)):
-                    self.check_read(t, f"replay of trace {tr.trace_id} ({step.op_name})")
+                if clobbered:
+                    for t in step.inputs:
+                        self.check_read(t, f"replay of trace {tr.trace_id} ({step.op_name})")
                 check_fault(self.mesh, step.op_name)  # tests: an op failing inside a replayed trace
                 fresh = step.impl(*step.args, **step.kwargs)
                 _write_back(step.outputs, fresh, step.op_name)
-                if step.account is not None:
+                if step.account is not None and step.static is None:
                     read, written, cb, n, nc, work = step.account(step.outputs)
                     counts.add_op(step.op_name, read, written, cb, n, nc, work)
         finally:
             self.replaying = False
+        counts.add(tr.static_counts)
         self.mesh.counters.record_replay(counts)
 
     def release(self, trace_id) -> None:
@@ -253,6 +268,8 @@ class TraceState:
                 walk(step.args)
                 walk(step.kwargs)
                 walk(step.outputs)  # a bare tensor here is the step's own attribute reference
+                if step.inputs is not None:
+                    walk(step.inputs)  # the replay's list of the step's input tensors
             walk(tr.owned)
             for t in tr.owned:
                 # getrefcount: its argument and the loop variable hold two references
@@ -269,8 +286,8 @@ class TraceState:
 
 
 def _check_inputs_alive(step: TraceStep, tr: Trace) -> None:
-    for t in iter_tensors((step.args, step.kwargs)):
-        if getattr(t, "_freed", False):
+    for t in step.inputs:
+        if t._freed:
             raise TraceRuleError(
                 f"execute_trace: trace {tr.trace_id} reads a buffer ({t.logical_shape_list}, op {step.op_name}) that "
                 "was deallocated after capture; on cards the replay would read freed memory"

@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..speculative.engine import Acceptance
+from ..speculative.engine import Acceptance, speculative_step
 from ..speculative.reference_backend import ReferenceBackend, ReferenceDraft
 
 
@@ -73,17 +73,44 @@ class ScriptedDrafter(ReferenceBackend):
 
 class DistDrafter(ReferenceBackend):
     """Drafts from a fixed distribution ``q`` [V] (sampled drafts) or fixed tokens (one-hot drafts), so the
-    draft overlaps the target's top-k support and both accept and reject paths occur."""
+    draft overlaps the target's top-k support and both accept and reject paths occur; every user in the step
+    drafts that way (``slots`` users)."""
 
-    def __init__(self, model, mechanism, max_len, q=None, fixed=None):
-        super().__init__(model, mechanism, max_len)
+    def __init__(self, model, mechanism, max_len, q=None, fixed=None, slots: int = 1):
+        super().__init__(model, mechanism, max_len, slots=slots)
         self.q, self.fixed = q, fixed
         self.g = torch.Generator().manual_seed(5)
 
     def draft(self, depths):
         super().draft(depths)
-        k = depths[0]
-        if self.q is not None:
-            toks = torch.multinomial(self.q, k, replacement=True, generator=self.g)
-            return ReferenceDraft(dict(depths), {0: toks[None]}, {0: self.q.expand(1, k, -1).clone()})
-        return ReferenceDraft(dict(depths), {0: torch.tensor([self.fixed[:k]])}, {0: None})
+        tokens, probs = {}, {}
+        for slot, k in sorted(depths.items()):
+            if self.q is not None:
+                tokens[slot] = torch.multinomial(self.q, k, replacement=True, generator=self.g)[None]
+                probs[slot] = self.q.expand(1, k, -1).clone()
+            else:
+                tokens[slot], probs[slot] = torch.tensor([self.fixed[:k]]), None
+        return ReferenceDraft(dict(depths), tokens, probs)
+
+
+def two_token_counts(be: ReferenceBackend, pre, k: int, n: int, vocab: int) -> tuple[torch.Tensor, list[int]]:
+    """Counts [V, V] of the first two tokens emitted from the live state ``pre`` over ``n`` speculative runs of depth
+    ``k``, run ``be.slots`` at a time: every slot restarts from ``pre`` with its own sampler running on (each slot
+    joined with its own seed), and slots that have emitted two tokens sit the rest of the round out (inert, per the
+    backend contract). Also every step's accepted count, so callers can check both the accept and reject paths ran."""
+    counts = torch.zeros(vocab, vocab, dtype=torch.float64)
+    accepted: list[int] = []
+    done = 0
+    while done < n:
+        users = range(min(be.slots, n - done))
+        for b in users:
+            be.restore(b, pre)
+        emitted: dict[int, list[int]] = {b: [] for b in users}
+        while any(len(e) < 2 for e in emitted.values()):
+            for b, acc in speculative_step(be, {b: k for b, e in emitted.items() if len(e) < 2}).items():
+                accepted.append(acc.num_accepted)
+                emitted[b] += acc.tokens
+        for e in emitted.values():
+            counts[e[0], e[1]] += 1
+        done += len(users)
+    return counts, accepted
