@@ -15,7 +15,7 @@ torch.set_num_threads(TEST_TORCH_THREADS)
 
 # The slowest test files (about 50-130 s each with two workers on the 2-core CI machine), started first so that the
 # two pytest-xdist workers finish together (longest first; the Makefile turns off xdist's reordering by test count).
-# A stale list only costs balance, never correctness: every other file keeps its collection order.
+# Every other file keeps its collection order; a listed path that no longer exists stops the run at collection.
 SLOWEST_FILES_FIRST = (
     "tests/probes/test_gdn_transaction_tp.py", "tests/tt/spec/test_spec_depth.py", "tests/tt/spec/test_spec_backend.py",
     "tests/speculative/test_engine.py", "tests/emulator/test_host_independence.py",
@@ -25,6 +25,9 @@ SLOWEST_FILES_FIRST = (
 
 
 def pytest_collection_modifyitems(config, items):
+    missing = [f for f in SLOWEST_FILES_FIRST if not (config.rootpath / f).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py SLOWEST_FILES_FIRST names files that do not exist: {missing}")
     rank = {path: i for i, path in enumerate(SLOWEST_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: in-file order kept
 
