@@ -55,7 +55,7 @@ def plain(x):
 
 def record(out: Path) -> None:
     from qwen36.testing.tt import make_bf16_checkpoint
-    from qwen36.testing.vllm_calls import restore
+    from qwen36.testing.vllm_calls import feed_calls
     from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
     from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
     from qwen36.tt_ops.device import open_mesh
@@ -73,21 +73,15 @@ def record(out: Path) -> None:
                                                         checkpoint=ck, optimizations="accuracy")
             mem = {"load": ([d - b for d, b in zip(ctx.mesh_device.dram_in_use(), base_dram)],
                             host_bytes() - base_host)}
-            outs, kv = [], None
-            for c in trace["calls"]:
-                call, args = c["call"], {k: restore(v) for k, v in c["args"].items()}
+            outs = []
+            for _, c, _, ret in feed_calls(m, trace["calls"]):
+                call = c["call"]
                 if call == "allocate_kv_cache_per_layer":
-                    specs = [(tuple(s), getattr(torch, d.replace("torch.", "")), i)
-                             for s, d, i in c["args"]["per_layer_specs"]]
-                    kv = m.allocate_kv_cache_per_layer(specs)
                     mem["kv_pool"] = ([d - b for d, b in zip(ctx.mesh_device.dram_in_use(), base_dram)],
                                       host_bytes() - base_host)
                     outs.append((call, None))  # the pool itself: device buffers, not a value the runner reads
                     continue
-                if call == "release_request":
-                    outs.append((call, plain(m.release_request(**args))))
-                    continue
-                outs.append((call, plain(getattr(m, call)(kv_cache=kv, **args))))
+                outs.append((call, plain(ret)))
             m.release_persistent_capture()
             m.close()
             ctx.close()

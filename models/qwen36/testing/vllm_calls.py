@@ -95,23 +95,33 @@ def restore(v):
     return v
 
 
+def feed_calls(m, calls: list[dict], kv=None):
+    """Feed recorded ``calls`` to the model ``m`` in order, with their recorded arguments; yields (index, call record,
+    restored arguments, return value) per call. ``allocate_kv_cache_per_layer`` allocates the KV pool that later calls
+    get as ``kv_cache`` (its return value is the pool); ``release_request`` takes no pool; ``kv``: a pool allocated
+    by calls fed earlier."""
+    import torch
+
+    for i, c in enumerate(calls):
+        name, args = c["call"], {k: restore(v) for k, v in c["args"].items()}
+        if name == "allocate_kv_cache_per_layer":
+            specs = [(tuple(s), getattr(torch, d.replace("torch.", "")), i) for s, d, i in c["args"]["per_layer_specs"]]
+            out = kv = m.allocate_kv_cache_per_layer(specs)
+        elif name == "release_request":
+            out = m.release_request(**args)
+        else:
+            out = getattr(m, name)(kv_cache=kv, **args)
+        yield i, c, args, out
+
+
 def replay_calls(m, trace: dict) -> list[list[tuple]]:
     """Feed ``trace``'s calls to the model ``m`` with their recorded arguments; every prefill's return must have the
     recorded shape, dtype and tokens (argmax of the logits, or the device-sampled ids). Returns per request the
     (token, logits row or None) of every step, in emission order."""
-    import torch
-
     prompts = trace["prompts"]
     got = [[] for _ in prompts]
-    kv = None
-    for c in trace["calls"]:
-        name, args = c["call"], {k: restore(v) for k, v in c["args"].items()}
-        if name == "allocate_kv_cache_per_layer":
-            specs = [(tuple(s), getattr(torch, d.replace("torch.", "")), i) for s, d, i in c["args"]["per_layer_specs"]]
-            kv = m.allocate_kv_cache_per_layer(specs)
-            continue
-        out = getattr(m, name)(kv_cache=kv, **args) if name != "release_request" else m.release_request(**args)
-        if name != "prefill_forward":
+    for _, c, args, out in feed_calls(m, trace["calls"]):
+        if c["call"] != "prefill_forward":
             continue
         res = out[0] if isinstance(out, tuple) else out
         want = c["returned"]

@@ -16,7 +16,7 @@ import torch
 
 from qwen36.tt.serving.qwen36_vllm import DeviceStepFailed, Qwen36ForCausalLM
 from qwen36.tt_ops.emulator.faults import InjectedDeviceFault, clear_fault, inject_fault
-from qwen36.testing.vllm_calls import replay_calls as replay, restore as _arg
+from qwen36.testing.vllm_calls import feed_calls, replay_calls as replay, restore as _arg
 from qwen36.testing.vllm_replay import load_on_mesh as _load, open_env, served_model
 
 TRACE = json.loads((Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_batch_trace.json").read_text())
@@ -32,12 +32,9 @@ def env(tmp_path_factory):
 
 def _calls(m, calls, kv=None):
     """Feed recorded calls to ``m``; returns the KV list (allocated by the first call)."""
-    for c in calls:
+    for _, c, _, out in feed_calls(m, calls, kv):
         if c["call"] == "allocate_kv_cache_per_layer":
-            specs = [(tuple(s), getattr(torch, d.replace("torch.", "")), i) for s, d, i in c["args"]["per_layer_specs"]]
-            kv = m.allocate_kv_cache_per_layer(specs)
-            continue
-        getattr(m, c["call"])(kv_cache=kv, **{k: _arg(v) for k, v in c["args"].items()})
+            kv = out
     return kv
 
 

@@ -32,7 +32,7 @@ import torch
 
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 from qwen36.testing.soak_oracle import check_request, request_rows, row_digest
-from qwen36.testing.vllm_calls import load_trace, restore
+from qwen36.testing.vllm_calls import feed_calls, load_trace
 from qwen36.testing.vllm_replay import batch1_generator, load_on_mesh, open_env, served_model
 
 SOAK = load_trace(Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_soak32_trace.json.gz")
@@ -58,15 +58,9 @@ def mismatches(rows: dict[int, torch.Tensor], digests: dict[str, list]) -> list[
 
 def _replay(m, calls: list[dict]) -> dict[int, torch.Tensor]:
     """Feeds the recorded calls; returns call index -> the last-position logits rows each prefill returned."""
-    rows, kv = {}, None
-    for ci, c in enumerate(calls):
-        name, args = c["call"], {k: restore(v) for k, v in c["args"].items()}
-        if name == "allocate_kv_cache_per_layer":
-            specs = [(tuple(s), getattr(torch, d.replace("torch.", "")), i) for s, d, i in c["args"]["per_layer_specs"]]
-            kv = m.allocate_kv_cache_per_layer(specs)
-            continue
-        out = getattr(m, name)(kv_cache=kv, **args)
-        if name == "prefill_forward":
+    rows = {}
+    for ci, c, _, out in feed_calls(m, calls):
+        if c["call"] == "prefill_forward":
             res = out[0] if isinstance(out, tuple) else out
             assert list(res.shape) == c["returned"]["shape"], ci
             rows[ci] = res[:, -1].float().clone()

@@ -22,11 +22,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 from qwen36.testing.soak_oracle import check_request, oracle_generator, request_rows
-from qwen36.testing.vllm_calls import restore as _arg
+from qwen36.testing.vllm_calls import feed_calls
 from qwen36.testing.vllm_replay import LOGITS_TOL, batch1_generator, load_on_mesh as _load, open_env
 
 SOAK = json.loads((Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_soak_trace.json").read_text())
@@ -41,15 +40,9 @@ def env(tmp_path_factory):
 
 def _replay(m: Qwen36ForCausalLM, trace: dict):
     """Feeds the recorded calls; returns (call index -> the logits rows the prefill returned, widest call)."""
-    rows, kv, widest = {}, None, 0
-    for ci, c in enumerate(trace["calls"]):
-        name, args = c["call"], {k: _arg(v) for k, v in c["args"].items()}
-        if name == "allocate_kv_cache_per_layer":
-            specs = [(tuple(s), getattr(torch, d.replace("torch.", "")), i) for s, d, i in c["args"]["per_layer_specs"]]
-            kv = m.allocate_kv_cache_per_layer(specs)
-            continue
-        out = getattr(m, name)(kv_cache=kv, **args)
-        if name != "prefill_forward":
+    rows, widest = {}, 0
+    for ci, c, args, out in feed_calls(m, trace["calls"]):
+        if c["call"] != "prefill_forward":
             continue
         res = out[0] if isinstance(out, tuple) else out
         assert res[:, -1].argmax(-1).tolist() == c["returned"]["tokens"]
