@@ -64,7 +64,7 @@ from qwen36.speculative.engine import speculative_step
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.oracle import greedy_continuation, replay, serial_decode
 from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 from qwen36.probes.records import ProbeReport
 
 from .gdn_transaction_checks import (TOLERANCES, compare, free_slot_intact, kv_rows, live_equal, poison_free_slot,

@@ -551,7 +551,7 @@ def run_tp_batch_matrix(gen, *, batch: int, ks, mechanisms=MECHANISMS, seed: int
     n_plain = (DRIVE_STEPS + 2 + CONTINUATION_BATCH_STEPS) * (max(ks) + 1) + 2
     plains = []
     for p in prompts:
-        plains.append(gen.greedy(p, n_plain))
+        plains.append(gen.generate([p], n_plain)[0].tokens)
         gen.release_trace()
     cells, totals = [], {m: {} for m in mechanisms}
     for k in ks:
@@ -576,7 +576,7 @@ def open_probe(ckpt: Path, device: str, precision: str, seed: int, backend_facto
     v = gen.config.vocab_size
     prompt = torch.randint(0, v, (PROMPT_LEN,), generator=torch.Generator().manual_seed(seed)).tolist()
     # the forcing oracle: TT plain greedy continuation (single-row decode), long enough for every cell
-    plain = gen.greedy(prompt, (DRIVE_STEPS + 2) * (max(KS) + 1) + 2)
+    plain = gen.generate([prompt], (DRIVE_STEPS + 2) * (max(KS) + 1) + 2)[0].tokens
     gen.release_trace()
     return Probe(gen, load_checkpoint(ckpt, require_mtp=True), plain, prompt, backend_factory)
 

@@ -44,7 +44,7 @@ def run_matrix(gen, reader, ref_tokens, prompt, ks, mechs, max_new) -> list[dict
     from qwen36.tt.spec.spec_backend import TTSpecBackend
 
     gen.use_trace = True
-    plain = gen.greedy(prompt, max_new)
+    plain = gen.generate([prompt], max_new)[0].tokens
     gen.release_trace()
     drafter = TTMTPDrafter(reader)
     def why(got, want) -> dict:

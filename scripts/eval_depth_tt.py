@@ -89,7 +89,7 @@ def tt_plain_greedy(be, prompt: list[int], n: int) -> list[int]:
     plain prefill allocates, and no device allocation may happen while a trace is live."""
     be.release()
     try:
-        return be.gen.greedy(prompt, n)
+        return be.gen.generate([prompt], n)[0].tokens
     finally:
         be.gen.release_trace()
 

@@ -6,7 +6,9 @@ imports, module-level and inside functions alike, are checked against the rules 
     TT backend     qwen36.tt: gets ttnn only through qwen36.tt_ops.device (the real module on cards, the emulator here)
                    its wings import downwards only: tt.model <- tt.runtime <- tt.spec <- tt.serving
     engine, model  qwen36.speculative, qwen36.reference: torch only, no ttnn, no TT backend (a CUDA box without ttnn
-                   runs them), nothing from above
+                   runs them), nothing from above; the reference model sits below the speculative engine
+    generation     qwen36.generation (sampling, thinking budget, the plain driver): below the reference, the engine and
+                   the TT backend, which all import it; it imports none of them
     test support   qwen36.testing: used by tests and probes only (the TP test checkpoints, the emulator's
                    conformance cases); runtime code (models, engine, TT backend, tt_ops, command line) never imports it;
                    qwen36.testing.cli alone runs the command line (in-process, as a test does)
@@ -30,6 +32,9 @@ COMMAND_LINE = ("qwen36.cli", "qwen36.commands")
 CLI_RUNNER = "qwen36.testing.cli"  # test support that runs the command line in-process, as the tests do
 TT_SIDE = ("ttnn", "qwen36.tt", "qwen36.tt_ops")
 TEST_SUPPORT = "qwen36.testing"
+# what qwen36.generation (sampling, thinking budget, the plain driver) sits below
+GENERATION_ABOVE = ("qwen36.reference", "qwen36.speculative", "qwen36.prefix_cache", "qwen36.chat_session",
+                    "qwen36.probes", "qwen36.commands", "qwen36.cli") + TT_SIDE + (TEST_SUPPORT,)
 
 
 def under(name: str, prefixes) -> bool:
@@ -78,6 +83,11 @@ def rule_breaks(name: str, imp: str) -> list[tuple[str, str]]:
     if under(name, ("qwen36.speculative", "qwen36.reference")) and under(imp, TT_SIDE + (TEST_SUPPORT,)):
         out.append(("engine", f"{name} imports {imp}: the engine and the reference model stay free of ttnn, the TT "
                               "backend and test support"))
+    if under(name, "qwen36.reference") and under(imp, "qwen36.speculative"):
+        out.append(("reference", f"{name} imports {imp}: the reference model sits below the speculative engine"))
+    if under(name, "qwen36.generation") and under(imp, GENERATION_ABOVE):
+        out.append(("generation", f"{name} imports {imp}: generation sits below the models, the engine and the TT "
+                                  "backend"))
     if under(name, "qwen36.tt") and under(imp, "ttnn"):
         out.append(("ttnn", f"{name} imports ttnn directly; the TT backend gets it from qwen36.tt_ops.device"))
     if under(imp, TEST_SUPPORT) and not under(name, (TEST_SUPPORT, "qwen36.probes")):
@@ -172,6 +182,38 @@ def test_no_import_cycles_beyond_the_known_ones():
     gone = sorted(" / ".join(sorted(k)) for k in KNOWN_CYCLES - found)
     assert not new, "new import cycle(s); cut one import of each:\n" + "\n".join(new)
     assert not gone, "cycle(s) removed: delete their KNOWN_CYCLES entries:\n" + "\n".join(gone)
+
+
+def package_graph(modules: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """The import graph one level down: ``qwen36.X`` (a subpackage, or a top-level module) -> the ``qwen36.Y`` it
+    imports, so a loop through several packages (a -> b.x -> a) shows even when no two files import each other."""
+    def top(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    graph: dict[str, set[str]] = {}
+    for a, imps in import_graph(modules).items():
+        graph.setdefault(top(a), set()).update(top(b) for b in imps if top(b) != top(a))
+    return graph
+
+
+# Package-level loops left to remove (test support and the probes import each other).
+KNOWN_PACKAGE_CYCLES: set[frozenset[str]] = {frozenset({"qwen36.probes", "qwen36.testing"})}
+
+
+def test_no_package_level_loops_beyond_the_known_ones():
+    graph = package_graph(package_sources())
+    found = import_cycles(graph)
+    new = sorted(describe_cycle(graph, k) for k in found - KNOWN_PACKAGE_CYCLES)
+    gone = sorted(" / ".join(sorted(k)) for k in KNOWN_PACKAGE_CYCLES - found)
+    assert not new, "new package-level loop(s):\n" + "\n".join(new)
+    assert not gone, "loop(s) removed: delete their KNOWN_PACKAGE_CYCLES entries:\n" + "\n".join(gone)
+
+
+def test_package_graph_sees_a_loop_through_two_packages():
+    modules = {"qwen36.a.x": ("from qwen36.b import y", False), "qwen36.b.y": ("def f():\n    import qwen36.a.z", False),
+               "qwen36.a.z": ("", False)}
+    assert import_cycles(import_graph(modules)) == set()  # no file-level cycle ...
+    assert import_cycles(package_graph(modules)) == {frozenset({"qwen36.a", "qwen36.b"})}  # ... but a package loop
 
 
 @pytest.mark.parametrize("modules,expect", [
@@ -323,6 +365,10 @@ def test_test_file_check_catches_planted_imports(source, expect):
     ("qwen36.speculative", "def f():\n    import ttnn\n", True, "free of ttnn"),  # lazy imports count too
     ("qwen36.reference.model", "from qwen36.tt_ops.device import open_mesh", False, "free of ttnn"),
     ("qwen36.speculative.oracle", "from ..commands.backends import load_target", False, "command line"),
+    ("qwen36.reference.batch", "def f():\n    from qwen36.speculative.thinking import ForcedFeed\n", False,
+     "below the speculative engine"),
+    ("qwen36.generation.plain", "from ..reference.batch import SlotDecoder", False, "generation sits below"),
+    ("qwen36.generation.sampling", "from ..tt.runtime.sampler import DeviceSampler", False, "generation sits below"),
     ("qwen36.probes.lossless", "from qwen36.commands.common import DEFAULT_CHECKPOINT", False, "command line"),
     ("qwen36.tt.model.model", "from qwen36 import cli", False, "command line"),
     ("qwen36.tt.model.gdn", "import ttnn", False, "from qwen36.tt_ops.device"),
@@ -348,7 +394,7 @@ def test_checker_catches_planted_violations(module, source, is_pkg, expect):
 def test_checker_allows_what_the_layers_allow():
     ok = {
         "qwen36.commands.generate": ("from ..tt.runtime.generator import load_tt_target\nfrom ..speculative import engine", False),
-        "qwen36.tt.model.model": ("from ...tt_ops.device import open_mesh\nfrom ...speculative.sampling import SamplingParams", False),
+        "qwen36.tt.model.model": ("from ...tt_ops.device import open_mesh\nfrom ...generation.sampling import SamplingParams", False),
         "qwen36.tt.spec.verify": ("from ..model.model import TTQwen36Model\nfrom ..runtime.trace import StepTraces", False),
         "qwen36.tt.serving.qwen36_vllm": ("from ..spec.spec_backend import TTSpecBackend\nfrom ..runtime import generator", False),
         "qwen36.probes.verify_tp": ("from qwen36.testing.tt import make_bf16_checkpoint", False),

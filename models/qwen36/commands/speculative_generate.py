@@ -67,7 +67,7 @@ def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int,
     from loguru import logger
 
     from ..checkpoint import load_checkpoint
-    from ..speculative.sampling import SamplingParams
+    from ..generation.sampling import SamplingParams
     from ..tt.spec.host_rows import verify_slots
     from ..tt.spec.spec_backend import TTSpecBackend
     from ..tt.runtime.generator import load_tt_target

@@ -142,7 +142,7 @@ def tiny_weight_fingerprints() -> dict:
 def model_fingerprints() -> dict:
     from ..checkpoint import load_checkpoint
     from ..speculative.engine import speculative_generate
-    from ..speculative.sampling import SamplingParams
+    from ..generation.sampling import SamplingParams
     from ..tt.spec.spec_backend import TTSpecBackend
     from ..tt.runtime.generator import TTGenerator
     from ..tt.spec.mtp_drafter import TTMTPDrafter

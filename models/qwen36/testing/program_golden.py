@@ -86,7 +86,7 @@ def backend_steps(gen=None, names=None) -> dict:
     from collections import Counter
 
     from ..checkpoint import load_checkpoint
-    from ..speculative.sampling import SamplingParams
+    from ..generation.sampling import SamplingParams
     from ..tt.spec.mtp_drafter import TTMTPDrafter
     from ..tt.spec.spec_backend import TTSpecBackend
     from ..tt_ops.emulator import namespace

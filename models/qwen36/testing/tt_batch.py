@@ -6,8 +6,10 @@ from pathlib import Path
 
 import torch
 
+from ..generation.plain import PlainResult, plain_generate
 from ..tt.model.state import GDNLayerState, KVLayerState
 from ..tt.runtime.batch import TTBatchDecoder
+from ..tt.runtime.decode import LogitsRows, TTDecoder
 from ..tt.runtime.generator import TTGenerator
 from .cli import run_cli_streams
 from .tt import make_bf16_checkpoint
@@ -53,12 +55,19 @@ def batch_one_greedy(gen: TTGenerator, ids: torch.Tensor, n: int) -> tuple[list[
     return _single_cache[key]
 
 
+def host_greedy(dec, prompts, max_new_tokens, arrivals=None, thinking=None) -> list[PlainResult]:
+    """Greedy plain decoding on ``dec`` (a TTBatchDecoder or BucketedBatchDecoder) with every step's logits rows
+    read back and kept (``LogitsRows``): one PlainResult per user."""
+    picks = LogitsRows(dec.model.args.cfg.vocab_size, keep_logits=True)
+    return plain_generate(TTDecoder(dec, picks), prompts, max_new_tokens, arrivals=arrivals, thinking=thinking)
+
+
 def assert_users_match_single(gen, prompts, res, limits):
     """Every user's batched tokens equal its batch-1 run's, logits within BATCH_VS_SINGLE_MAX_ABS."""
     for u, p in enumerate(prompts):
         toks, logits = batch_one_greedy(gen, p, limits[u])
-        assert res.tokens[u] == toks, f"user {u} (prompt length {p.numel()})"
-        diff = max(float((a - b).abs().max()) for a, b in zip(res.logits[u], logits))
+        assert res[u].tokens == toks, f"user {u} (prompt length {p.numel()})"
+        diff = max(float((a - b).abs().max()) for a, b in zip(res[u].logits, logits))
         assert diff <= BATCH_VS_SINGLE_MAX_ABS, f"user {u}: batched vs batch-1 logits max abs {diff}"
 
 

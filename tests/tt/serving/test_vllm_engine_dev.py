@@ -26,7 +26,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (dev-only check
 plugin_worker = pytest.importorskip("vllm_tt_plugin.worker",
                                     reason="the vllm-tt plugin is not installed (dev-only check; see docs/serving.md)")
 
-from qwen36.speculative.sampling import SamplingParams  # noqa: E402
+from qwen36.generation.sampling import SamplingParams  # noqa: E402
 from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION, load_tt_target  # noqa: E402
 from qwen36.testing.tt import make_bf16_checkpoint  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
@@ -63,8 +63,8 @@ def test_vllm_llm_equals_generate(tmp_path, monkeypatch, spec_k, on_device):
     assert json.loads((ck / "config.json").read_text())["architectures"]
     ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
                              block_size=BLOCK, prefill_chunk=64)
-    ref = (ref_gen.generate(PROMPT, N_NEW, SamplingParams(**STOCHASTIC)).tokens if on_device
-           else ref_gen.greedy(PROMPT, N_NEW))
+    ref = (ref_gen.generate([PROMPT], N_NEW, SamplingParams(**STOCHASTIC))[0].tokens if on_device
+           else ref_gen.generate([PROMPT], N_NEW)[0].tokens)
     ref_gen.close()
 
     ctx = _engine_mesh(monkeypatch)
@@ -97,7 +97,7 @@ def test_vllm_llm_host_logprobs_equal_generate(tmp_path, monkeypatch):
     ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
     ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
                              block_size=BLOCK, prefill_chunk=64)
-    ref = ref_gen.generate(PROMPT, N_NEW, SamplingParams(logprobs=n_top))
+    ref = ref_gen.generate([PROMPT], N_NEW, SamplingParams(logprobs=n_top))[0]
     ref_gen.close()
 
     ctx = _engine_mesh(monkeypatch)
@@ -131,8 +131,8 @@ def test_vllm_llm_min_tokens_switches_host_to_device(tmp_path, monkeypatch):
     ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
     ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
                              block_size=BLOCK, prefill_chunk=64)
-    ref = ref_gen.generate(PROMPT, N_NEW, SamplingParams(**params)).tokens
-    plain = ref_gen.greedy(PROMPT, N_NEW)
+    ref = ref_gen.generate([PROMPT], N_NEW, SamplingParams(**params))[0].tokens
+    plain = ref_gen.generate([PROMPT], N_NEW)[0].tokens
     ref_gen.close()
     assert ref != plain  # the penalties matter on this checkpoint
 
@@ -202,7 +202,7 @@ def test_vllm_llm_batch_equals_batch1_generate(tmp_path, monkeypatch):
     ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
     ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
                              block_size=BLOCK, prefill_chunk=64)
-    refs = [ref_gen.greedy(p, n) for p, n in zip(BATCH_PROMPTS, BATCH_NEW)]
+    refs = [ref_gen.generate([p], n)[0].tokens for p, n in zip(BATCH_PROMPTS, BATCH_NEW)]
     ref_gen.close()
 
     sps = [vllm.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in BATCH_NEW]
@@ -230,7 +230,7 @@ def test_vllm_llm_batch_sampled_on_device_equals_generate(tmp_path, monkeypatch)
     ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
     ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
                              block_size=BLOCK, prefill_chunk=64)
-    refs = [ref_gen.generate(p, n, SamplingParams(**r)).tokens for p, n, r in zip(prompts, n_new, reqs)]
+    refs = [ref_gen.generate([p], n, SamplingParams(**r))[0].tokens for p, n, r in zip(prompts, n_new, reqs)]
     ref_gen.close()
 
     sps = [vllm.SamplingParams(**r, max_tokens=n, ignore_eos=True) for r, n in zip(reqs, n_new)]

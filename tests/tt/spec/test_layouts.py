@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 from qwen36.tt.runtime.sampler_transform import SamplerStages
 from qwen36.tt.spec.mtp import TTMTPHead
 from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend

@@ -5,7 +5,7 @@ the last forced row. Greedy output == TT plain decoding with the same budget (``
 mechanism; the committed state continues exactly as a plain run of prompt + emitted tokens would.
 
 B slots (host rows, ``tt/spec/inject.py``): three users, one forced at its first token, one cut mid-step, one never
-forced: each user's tokens and every emitted token's logits row == the TT plain batch (``batched_greedy``) with the
+forced: each user's tokens and every emitted token's logits row == the TT plain batch (``plain_generate`` with host picks) with the
 same budget (bit-equal), two mechanisms; seeded sampling == each user run alone on the one-user layout. The pick after
 a phrase forced over several rounds counts each earlier token once (both layouts)."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 
 from qwen36.checkpoint import load_checkpoint
 from qwen36.speculative.engine import speculative_generate
-from qwen36.speculative.sampling import SamplingParams
-from qwen36.speculative.thinking import ThinkingBudget
+from qwen36.generation.sampling import SamplingParams
+from qwen36.generation.thinking import ThinkingBudget
 from qwen36.testing.pcc import pcc
 from qwen36.testing.tt import small_tt_generator
 from qwen36.testing.tt_batch import record_emitted_logits
@@ -49,9 +49,9 @@ def budget(n: int) -> ThinkingBudget:
 @pytest.mark.parametrize("mech,k,n", [("shadow_commit", 3, 2), ("snapshot", 2, 5), ("recompute", 3, 4),
                                       ("snapshot", 3, 1)])  # n = 1: reached at the prompt's token, before any step
 def test_speculative_budget_equals_plain_with_the_same_injection(gen, reader, mech, k, n):
-    plain = gen.generate(PROMPT, 24, thinking=budget(n), keep_logits=True)
+    plain = gen.generate([PROMPT], 24, thinking=budget(n), keep_logits=True)[0]
     want = plain.tokens
-    free = gen.generate(PROMPT, 24).tokens
+    free = gen.generate([PROMPT], 24)[0].tokens
     assert END not in free[:n] and tuple(want[n:n + len(PHRASE)]) == PHRASE  # the phrase at exactly n
     be = TTSpecBackend(gen, mech, drafter=TTMTPDrafter(reader))
     try:
@@ -119,12 +119,16 @@ def budget_b() -> ThinkingBudget:
 @pytest.fixture(scope="module")
 def plain_b(gen):
     """TT plain greedy of the three users as one batch (TTBatchDecoder, ForcedFeed) with the same budget."""
-    from qwen36.tt.runtime.batch import TTBatchDecoder, batched_greedy
+    from types import SimpleNamespace
+
+    from qwen36.testing.tt_batch import host_greedy
+    from qwen36.tt.runtime.batch import TTBatchDecoder
 
     gen.release_trace()
     dec = TTBatchDecoder(gen.model, 4, use_trace=gen.use_trace)
     try:
-        return batched_greedy(dec, PROMPTS_B, N_B, thinking=budget_b(), keep_logits=True)
+        out = host_greedy(dec, PROMPTS_B, N_B, thinking=budget_b())
+        return SimpleNamespace(tokens=[r.tokens for r in out], logits=[r.logits for r in out])
     finally:
         dec.release()
 
@@ -233,7 +237,7 @@ class Schedule:
 def test_per_step_depths_budget_equals_plain_with_the_same_injection(gen, reader, mech, n):
     """``depths=`` (``--spec-k auto``): the forced rounds run at the depth the last commit prepared, the last round's
     chain at the user's next depth; greedy output == TT plain with the same budget, the pick row == plain's row."""
-    plain = gen.generate(PROMPT, 24, thinking=budget(n), keep_logits=True)
+    plain = gen.generate([PROMPT], 24, thinking=budget(n), keep_logits=True)[0]
     be = TTSpecBackend(gen, mech, drafter=TTMTPDrafter(reader), depths=(1, 2, 3))
     try:
         res = speculative_generate(be, [PROMPT], 24, [Schedule([3, 1, 2])], [SamplingParams()],

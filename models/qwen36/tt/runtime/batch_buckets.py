@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import torch
 
-from .batch import DEFAULT_BUCKETS, FREE, TTBatchDecoder, sampled_step
+from .batch import DEFAULT_BUCKETS, FREE, TTBatchDecoder
+from .decode import sampled_step
 from ..model.model import TTQwen36Model
 from .sampler import DeviceSampler
 from ..model.state import GDNLayerState, KVLayerState
@@ -97,6 +98,11 @@ class BucketedBatchDecoder:
 
     def free_slots(self) -> list[int]:
         return [s for s in range(self.slots) if s not in self.row]
+
+    @property
+    def prefills(self) -> dict:
+        """Held slot -> its user's prefill result (tokens reused / computed), in the caller's slot numbers."""
+        return {s: self.dec.prefills[r] for s, r in self.row.items() if r in self.dec.prefills}
 
     @property
     def captures(self) -> int:

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from qwen36.speculative.sampling import SamplingParams, TokenLogprobs
+from qwen36.generation.sampling import SamplingParams, TokenLogprobs
 
 from ..model.model_config import compute_config_exact_count
 from .sampler_tables import DRAFT_UNIFORMS_PER_ROW, RNG_SOURCES, UniformTable, plain_sampler_seeds

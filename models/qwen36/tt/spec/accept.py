@@ -5,7 +5,7 @@ is a composition of ttnn ops: no host reads or writes, no tensor creation (const
 and the persistent result buffers are made in :meth:`DeviceAcceptor.allocate`, before any capture), so a
 caller can record :meth:`DeviceAcceptor.greedy` / :meth:`DeviceAcceptor.stochastic` inside its traced spec
 step. Semantics are those of the reference engine (``models/qwen36/speculative/acceptance.py`` and
-``speculative/sampling.py``); see docs/tt_mtp_accept.md ("Acceptance on device") for the semantics and card caveats.
+``generation/sampling.py``); see docs/tt_mtp_accept.md ("Acceptance on device") for the semantics and card caveats.
 
 Shapes (B = batch/users, K = draft depth, R = K + 1 verify rows, V = vocab; all 4-D, TILE unless noted):
 
@@ -45,7 +45,7 @@ import torch
 
 from qwen36.errors import UserError
 from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 
 from ..model.ccl import ccl_for
 from ..model.model_config import compute_config_exact_count
@@ -378,7 +378,7 @@ class DeviceAcceptor:
         return res
 
     def probs_from_logits(self, logits_dev, penalties=None):
-        """Device twin of ``speculative.sampling.probs_from_logits``: [1,B,rows,V] -> fp32 probabilities (full V),
+        """Device twin of ``generation.sampling.probs_from_logits``: [1,B,rows,V] -> fp32 probabilities (full V),
         by :func:`.sampler.probs_from_logits` (scalar params) or :func:`.sampler.probs_rows` (per-row operands; the
         one device transform either way). ``penalties``: ``(seen, counts)`` fp32 broadcastable to the rows (needed
         when penalties are on)."""
@@ -426,7 +426,7 @@ class DeviceAcceptor:
     def read_logprobs(self, tokens: list[int], row: int = 0) -> list:
         """Host read of row ``row``'s :attr:`logprobs` -> one ``TokenLogprobs`` per emitted token (rows 0..a), with
         the top n its user asked for."""
-        from qwen36.speculative.sampling import TokenLogprobs
+        from qwen36.generation.sampling import TokenLogprobs
 
         ttnn, n = self.ttnn, self.n_logprobs
         p = self.row_params[row]

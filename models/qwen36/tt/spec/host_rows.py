@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 import torch
 
 from ...errors import UserError
-from ...speculative.sampling import SamplingParams, TokenLogprobs
+from ...generation.sampling import SamplingParams, TokenLogprobs
 from ..model.gdn import TILE_ROWS
 from ..model.model_config import user_core_grid
 from ..runtime.sampler_transform import SamplerStages

@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 import torch
 
 from ...speculative.engine import Acceptance, MechanismCounters
-from ...speculative.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
+from ...generation.sampling import SamplingParams, TokenHistory, pick_token, token_logprobs
 from ..model.gdn import TILE_ROWS
 from ..model.model_config import user_core_grid
 from ..runtime.batch import TTBatchDecoder

@@ -1,4 +1,4 @@
-"""Forced tokens through the TT speculative step (a thinking budget's stop-thinking phrase, ``speculative/thinking.py``):
+"""Forced tokens through the TT speculative step (a thinking budget's stop-thinking phrase, ``generation/thinking.py``):
 the B-slot layout's ``TTSpecBackend.inject`` (host rows).
 
 Each round is one step of the backend's own draft-less traces: the forced users' next up-to-K forced tokens are
@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 import torch
 
 from ...speculative.engine import Acceptance
-from ...speculative.sampling import TokenHistory, pick_token
+from ...generation.sampling import TokenHistory, pick_token
 from .host_rows import BatchDraft
 
 

@@ -24,7 +24,7 @@ import torch
 
 from ...speculative.engine import Acceptance, MechanismCounters
 from ...speculative.mechanisms import DEFAULT_MECHANISM
-from ...speculative.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
+from ...generation.sampling import SamplingParams, TokenHistory, TokenLogprobs, pick_token, token_logprobs
 from .accept import DeviceAcceptor
 from ..runtime.sampler_transform import SamplerStages
 from .commit import abort_after_verify, commit
@@ -530,7 +530,7 @@ class TTSpecBackend(HostRowSlots):
     @torch.no_grad()
     def inject(self, forced: Mapping[int, Sequence[int]],
                depths: Mapping[int, int] | None = None) -> dict[int, Acceptance]:
-        """The thinking budget's forced tokens (``speculative/thinking.py``), one user: committed after the pending
+        """The thinking budget's forced tokens (``generation/thinking.py``), one user: committed after the pending
         token like a prefill continuation, through the step's own traces. Each round writes up to K forced tokens as
         the drafts, replays the verify, then forces the acceptance (:meth:`DeviceAcceptor.force_result`: every
         forced row accepted, the next forced token pending) and replays the commit, which re-seeds the MTP from
