@@ -25,9 +25,9 @@ part beside the verify's (the verify defers its GDN state writes to the commit).
 ``--context - 1`` with its own KV pages and GDN slot. Costed the same way: the B-row plain decode (tt/runtime/batch.py),
 and per K of ``--ks`` that the packed verify admits (``batch_verify_refusal``: B x (K+1) <= 32 rows, whole rows
 of 8 cores above 8; the others are listed in ``ks_refused`` with the reason) the ONE B x (K+1)-row verify, the
-batched acceptor and the per-user commit (``SpecDeviceState(users=B)`` and ``commit``), plus every mechanism's
+batched acceptor and the per-user commit (``HostRowsState(users=B)`` and ``commit``), plus every mechanism's
 commit at ``--commit-k``. verify_cost_ratio = packed verify / B-row decode. Plain decode tok/s per user = 1000 /
-ms per step, aggregate = B x that. The draft is the batched device MTP of the backend (``TTMTPHead(slots=B)``): the
+ms per step, aggregate = B x that. The draft is the batched device MTP of the backend (``PackedMTPHead``): the
 reseed over the B x (K+1) verified rows and the chain of K drafts of B rows each (every user drafting K); the MTP
 step = verify + accept + draft + commit, MTP tok/s per user at each acceptance scenario and aggregate = B x that.
 B = 32 admits no K (32 x 2 > 32 rows): its record is the plain decode only.
@@ -284,16 +284,16 @@ def batch_verify_refusal(batch: int, k: int) -> str | None:
 def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: int, seed: int, real_vocab: int,
                   batch: int, real_cfg=None) -> dict:
     """gate-0b at ``batch`` users per step: the B-row plain decode (tt/runtime/batch.py) and, per admitted K, the packed
-    B x (K+1)-row verify, the batched acceptor, the per-user commit (``SpecDeviceState(users=B)``, ``commit``,
+    B x (K+1)-row verify, the batched acceptor, the per-user commit (``HostRowsState(users=B)``, ``commit``,
     every user at position ``context - 1`` with its own KV pages and GDN slot) and the packed device MTP reseed +
     chain (:func:`packed_draft_phase`). Counted and extrapolated exactly as :func:`measure` counts the single-user step."""
     from qwen36.tt_ops.cost_model import P150aCostModel
 
     from qwen36.tt.spec.accept import DeviceAcceptor
     from qwen36.tt.spec.commit import commit
-    from qwen36.tt.spec.mtp import TTMTPHead
+    from qwen36.tt.spec.mtp_packed import PackedMTPHead
     from qwen36.tt.model.state import allocate_decode_inputs
-    from qwen36.tt.spec.verify import SpecDeviceState
+    from qwen36.tt.spec.host_rows import HostRowsState
     from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
 
     refused = {str(k): r for k in ks if (r := batch_verify_refusal(batch, k)) is not None}
@@ -326,7 +326,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
             """The step state of a K-wide batched verify with every user stepping k drafts from position pos (the
             row inputs the backend's host side writes between replays, here written once)."""
             t = k + 1
-            st = SpecDeviceState(model, state, k, mech, users=batch, rows="host")
+            st = HostRowsState(model, state, k, mech, users=batch)
             acc = DeviceAcceptor(ttnn, mesh, k=k, vocab=cfg.vocab_size, batch=batch, ring_heads=a.gdn_hv_d).allocate()
             st.attach_acceptor(acc)
             st.start()
@@ -377,7 +377,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
             verify[k], accept[k] = v_cost, acc_cost
             commit_shadow[k], commit_gdn = commit_phase(st, vout, pre)
             per_layer[f"verify_k{k}"] = {**v_layers, "commit_per_gdn_layer": commit_gdn}
-            draft[k] = packed_draft_phase(meter, model, mtp_w, TTMTPHead, st, acc, vout, k, batch, pos, ratio)
+            draft[k] = packed_draft_phase(meter, model, mtp_w, PackedMTPHead, st, acc, vout, k, batch, pos, ratio)
         commits, commit_refused = {}, batch_verify_refusal(batch, commit_k)
         if commit_refused is None:
             for mech in MECHANISMS:
@@ -415,11 +415,11 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
 
 def packed_draft_phase(meter: Meter, model, mtp_w, head_cls, st, acc, vout, k: int, batch: int, pos: int,
                        ratio: float) -> dict:
-    """The batched device MTP (``TTMTPHead(slots=B)``, packed, as ``TTMTPDrafter`` runs it) over every user drafting k:
+    """The batched device MTP (``PackedMTPHead``, as ``PackedMTPDrafter`` runs it) over every user drafting k:
     the reseed over the B x (K+1) verified rows with each user's row a_b selected (in the backend's commit trace)
     and the chain of K drafts, B rows per step (its draft trace). The chain's LM-head-sized parts (logits, picks,
     logits copies) are scaled in bytes to the real vocabulary; the reseed has none."""
-    head = head_cls(model, mtp_w, k, slots=batch, packed=True).allocate()
+    head = head_cls(model, mtp_w, k, batch).allocate()
     users = range(batch)
     head.write_reseed_inputs({b: k for b in users}, {b: pos for b in users})
     head.write_chain_inputs({b: k for b in users}, {b: pos for b in users}, {b: 1 for b in users})

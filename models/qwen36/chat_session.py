@@ -90,12 +90,12 @@ class _TT:
                                  thinking=thinking)[0]
 
     def spec_backend(self, mechanism, k, cache, max_len):
-        from .tt.spec.spec_backend import TTSpecBackend
+        from .tt.spec.build import build_spec_backend
 
         if self.drafter is None:
             raise ValueError("speculative chat on a TT device needs the device MTP drafter")
         self.gen.release_trace()
-        return TTSpecBackend(self.gen, mechanism, drafter=self.drafter, prefix_cache=cache)
+        return build_spec_backend(self.gen, self.drafter, depth=k, mechanism=mechanism, prefix_cache=cache)
 
     def fill(self, ids, cache) -> int:
         res = self.gen.prefill_cached(ids, cache)

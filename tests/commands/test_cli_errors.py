@@ -124,7 +124,7 @@ def test_plain_and_speculative_generate_load_the_same_tt_precision(monkeypatch):
         seen.setdefault("plain" if not kw.get("require_mtp") else "spec", []).append(precision)
         raise SystemExit(0)
 
-    monkeypatch.setattr("qwen36.tt.runtime.generator.load_tt_target", fake_target)
+    monkeypatch.setattr("qwen36.tt.runtime.generator.build_generator", fake_target)
     for extra in ([], ["--spec-k", "2"], ["--precision", "accuracy"], ["--precision", "accuracy", "--spec-k", "2"],
                   ["--ids", "3,4", "--spec-k", "2"]):
         ns = argparse.ArgumentParser()

@@ -57,7 +57,7 @@ def load_target(ckpt: Path, device: str, dtype: torch.dtype, *, require_mtp: boo
         dev = "cuda" if device == "reference-cuda" else "cpu"
         model = Qwen36Model.from_checkpoint(ckpt, dtype=dtype, device=dev, require_mtp=require_mtp)
         return ReferenceTarget(model, reference_label(device))
-    from ..tt.runtime.generator import load_tt_target  # TT model (emulated mesh or cards)
+    from ..tt.runtime.generator import build_generator  # TT model (emulated mesh or cards)
 
     kw = {} if precision is None else {"precision": precision}
-    return load_tt_target(ckpt, device, dtype=dtype, require_mtp=require_mtp, **kw)
+    return build_generator(ckpt, device, dtype=dtype, require_mtp=require_mtp, **kw)

@@ -96,7 +96,7 @@ def run_slots1(gen, reader, mech, K, params):
         log = [{"first": first, "prefill_logits": be.decoder.prefills[0].logits.reshape(-1).clone()}]
         for _ in range(STEPS):
             dr = be.draft({0: K})
-            ids, lg = d.read_drafts()
+            ids, lg = be.drafter.read_drafts()  # the layout's B-slot drafter (d.for_slots())
             v = be.verify(dr)
             vl = be.verify_logits()[0]
             acc = be.accept(dr, v)[0]

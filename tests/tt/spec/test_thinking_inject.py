@@ -4,7 +4,7 @@ through the step's own verify / commit traces with every forced row accepted, an
 the last forced row. Greedy output == TT plain decoding with the same budget (``TTGenerator.generate``), every
 mechanism; the committed state continues exactly as a plain run of prompt + emitted tokens would.
 
-B slots (host rows, ``tt/spec/inject.py``): three users, one forced at its first token, one cut mid-step, one never
+B slots (host rows, ``HostRows.inject`` in tt/spec/host_slots.py): three users, one forced at its first token, one cut mid-step, one never
 forced: each user's tokens and every emitted token's logits row == the TT plain batch (``plain_generate`` with host picks) with the
 same budget (bit-equal), two mechanisms; seeded sampling == each user run alone on the one-user layout. The pick after
 a phrase forced over several rounds counts each earlier token once (both layouts)."""
@@ -101,7 +101,7 @@ def test_inject_refusals(gen, reader):
         be.close()
 
 
-# ---- B slots (host rows: tt/spec/inject.py) ---------------------------------------------------------------------
+# ---- B slots (host rows: HostRows.inject) ------------------------------------------------------------------------
 # START_B stands in for <think> where user 2's own greedy output emits it (its 3rd token): with budget 1 user 0
 # (prompt ends in an open block) is forced at its first token, before any step, user 2 in the middle of a step (its
 # second step accepts 2 drafts, tokens 3-5, and is cut after its 4th token: the commit takes a = 1, not the device's
@@ -186,9 +186,8 @@ def test_batch_slots_sampled_budget_equals_one_user_path(gen, reader):
 def test_pick_after_the_phrase_counts_each_token_once(gen, reader, monkeypatch, slots):
     """Penalties: the host pick after a phrase forced over several rounds sees the output counts of exactly the
     tokens emitted before it (a regression: the one-user layout added the earlier rounds' tokens twice)."""
+    import qwen36.tt.spec.device_rows as device_mod
     import qwen36.tt.spec.host_slots as slots_mod
-    import qwen36.tt.spec.inject as inject_mod
-    import qwen36.tt.spec.spec_backend as backend_mod
 
     seen = []
 
@@ -196,10 +195,9 @@ def test_pick_after_the_phrase_counts_each_token_once(gen, reader, monkeypatch, 
         seen.append(penalties.counts.clone())
         return pick(logits, params, generator, penalties)
 
-    pick = backend_mod.pick_token
-    monkeypatch.setattr(backend_mod, "pick_token", recording_pick)
-    monkeypatch.setattr(inject_mod, "pick_token", recording_pick)
-    monkeypatch.setattr(slots_mod, "pick_token", recording_pick)  # the B-slot join's pick
+    pick = device_mod.pick_token
+    monkeypatch.setattr(device_mod, "pick_token", recording_pick)  # the one-user join's and inject's picks
+    monkeypatch.setattr(slots_mod, "pick_token", recording_pick)  # the B-slot join's and inject's picks
     params = SamplingParams(temperature=0.8, top_k=20, seed=5, repetition_penalty=1.3, presence_penalty=0.5,
                             draft="greedy")
     kw = {} if slots == 1 else {"slots": slots, "k": 2, "params": params}

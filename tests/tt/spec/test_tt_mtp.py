@@ -46,7 +46,7 @@ from qwen36.generation.sampling import SamplingParams
 from qwen36.testing.cli import run_cli_streams as cli
 from qwen36.testing.pcc import pcc
 from qwen36.testing.tt import small_tt_generator
-from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+from qwen36.tt.spec.mtp_drafter import PackedMTPDrafter, TTMTPDrafter
 from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
 
 K = 3
@@ -630,12 +630,15 @@ def test_refuses_a_drafter_it_cannot_drive(gen, reader):
         TTSpecBackend(gen, slots=2, k=2, drafter=object())
 
 
-def test_one_packed_drafter_per_backend(gen, reader):
+def test_each_b_slot_layout_drafts_with_its_own_packed_drafter(gen, reader):
+    """A B-slot backend given the device MTP drafter drafts with that drafter's B-slot form (its own packed head);
+    a packed drafter holds one layout's head, so it is refused by a second backend."""
     drafter = TTMTPDrafter(reader)
     be = TTSpecBackend(gen, slots=2, k=2, drafter=drafter)
     try:
-        with pytest.raises(RuntimeError, match="one backend"):
-            TTSpecBackend(gen, slots=2, k=2, drafter=drafter)
+        assert isinstance(be.drafter, PackedMTPDrafter) and be.drafter.head.slots == 2
+        with pytest.raises(RuntimeError, match="one B-slot layout"):
+            TTSpecBackend(gen, slots=2, k=2, drafter=be.drafter)
     finally:
         be.close()
 

@@ -121,13 +121,15 @@ class TTBatchDecoder:
             raise ValueError(f"{what} needs a decoder built with joins=True (this one's slots are written by its "
                              f"owner, who calls hold())")
 
-    def _write(self, host: torch.Tensor, buf) -> None:
+    def write_ids(self, host: torch.Tensor, buf) -> None:
+        """Integer ids into one of this decoder's persistent int buffers (host -> device, between steps)."""
         ttnn = self.ttnn
         h = ttnn.from_torch(host.to(torch.int32), dtype=buf.dtype, layout=buf.layout,
                             mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
         ttnn.copy_host_to_device_tensor(h, buf)
 
-    def _zero_scratch(self) -> None:
+    def zero_scratch(self) -> None:
+        """Zero the batch-1 GDN scratch state (a join's starting state, a leave's source row)."""
         ttnn = self.ttnn
         for s in self.scratch:
             if s is None:
@@ -142,7 +144,8 @@ class TTBatchDecoder:
         return TTModelState([sc if sc is not None else st for st, sc in zip(self.state.layers, self.scratch)],
                             self.slot_page_table, row, 0)
 
-    def _scratch_scope(self):
+    def scratch_scope(self):
+        """ttnn's corruptible-allocation scope: transient buffers a replay may overwrite, dead before the next one."""
         return self.ttnn.tools.trace_allocation_tracker.corruptible_allocation_scope(self.mesh)
 
     # ---- device row gathers -------------------------------------------------------------------------------
@@ -150,8 +153,8 @@ class TTBatchDecoder:
         """Every GDN state tensor: row i <- source row idx[i] (source = the B slots, then the scratch when
         ``with_scratch``), on device."""
         ttnn, rm = self.ttnn, self.ttnn.ROW_MAJOR_LAYOUT
-        self._write(torch.tensor([idx]), self.gather_idx)
-        with self._scratch_scope():
+        self.write_ids(torch.tensor([idx]), self.gather_idx)
+        with self.scratch_scope():
             for st, sc in zip(self.state.layers, self.scratch):
                 if not isinstance(st, GDNLayerState):
                     continue
@@ -190,10 +193,10 @@ class TTBatchDecoder:
             raise ValueError("join needs at least one prompt token")
         ttnn, a = self.ttnn, self.model.args
         row = self.state.page_table_host[slot: slot + 1].contiguous()
-        self._write(row, self.slot_page_table)
-        self._zero_scratch()
+        self.write_ids(row, self.slot_page_table)
+        self.zero_scratch()
         view = self._scratch_view(row)
-        with self._scratch_scope():
+        with self.scratch_scope():
             for st in self.state.layers:
                 if isinstance(st, KVLayerState):
                     for cache in (st.k, st.v):
@@ -213,7 +216,7 @@ class TTBatchDecoder:
         """Free ``slot``: its GDN recurrent and conv state are zeroed on device, its position forgotten."""
         self._check_joins("leave")
         self._check_slot(slot)
-        self._zero_scratch()
+        self.zero_scratch()
         self._install_scratch(slot)
         self.pos[slot] = FREE
         res = self.prefills.pop(slot, None)
@@ -246,7 +249,7 @@ class TTBatchDecoder:
         self.prefills = {i: self.prefills[j] for i, j in enumerate(remap) if j in self.prefills}
         table = self.state.page_table_host[remap].contiguous()
         self.state.page_table_host = table
-        self._write(table, self.state.page_table)
+        self.write_ids(table, self.state.page_table)
 
     def set_page_table(self, table: torch.Tensor) -> None:
         """Replace the host page table [slots, blocks_per_seq] (a server's block table: vLLM hands every user its
@@ -258,7 +261,7 @@ class TTBatchDecoder:
         if torch.equal(table, self.state.page_table_host):
             return
         self.state.page_table_host = table.clone()
-        self._write(self.state.page_table_host, self.state.page_table)
+        self.write_ids(self.state.page_table_host, self.state.page_table)
 
     # ---- the step ---------------------------------------------------------------------------------------------
     def _decode_device(self):

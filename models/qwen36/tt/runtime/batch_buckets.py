@@ -148,9 +148,9 @@ class BucketedBatchDecoder:
             raise ValueError(f"{len(held)} users do not fit bucket {to}")
         idx = [self.row[s] for s in held] + [src.slots] * (to - len(held))  # src.slots: the zeroed scratch row
         ttnn, rm = self.ttnn, self.ttnn.ROW_MAJOR_LAYOUT
-        src._zero_scratch()
-        dst._write(torch.tensor([idx]), dst.gather_idx)
-        with src._scratch_scope():
+        src.zero_scratch()
+        dst.write_ids(torch.tensor([idx]), dst.gather_idx)
+        with src.scratch_scope():
             for st_src, sc, st_dst in zip(src.state.layers, src.scratch, dst.state.layers):
                 if not isinstance(st_src, GDNLayerState):
                     continue

@@ -30,8 +30,8 @@ that need the row itself (the vLLM adapter's logits contract, numerics tests).
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -256,16 +256,48 @@ class _OwnSequence(TTDecoder):
             self.leave(0)
 
 
-def load_tt_target(ckpt, device: str, dtype=None, require_mtp: bool = False, precision: str = "performance",
-                   cache_dir: str | Path | None | bool = True, **kw) -> TTGenerator:
-    """Entry point of ``qwen36 logits|generate --device emulated-p150x2|p150x2``. ``dtype`` is the reference
-    model's torch dtype; the TT model's numerics are set by the precision preset instead. Weight caches go to
-    ``default_cache_dir(ckpt)`` (``cache_dir=True``), a given directory, or nowhere (``None``/``False``)."""
+@dataclass(frozen=True)
+class Pages:
+    """A generator's KV page size and prefill chunk (``TTModelArgs.block_size`` / ``prefill_chunk``; None: the
+    model defaults, 64-token pages and 256-row chunks)."""
+
+    block_size: int | None = None
+    prefill_chunk: int | None = None
+
+    def args(self) -> dict:
+        return {k: v for k, v in (("block_size", self.block_size), ("prefill_chunk", self.prefill_chunk)) if v is not None}
+
+    def seq_len(self, max_len: int) -> int:
+        """Room for ``max_len`` tokens in whole pages, two pages at least."""
+        block = self.block_size or TTModelArgs.block_size
+        return max(2 * block, -(-int(max_len) // block) * block)
+
+
+# The pages of short contexts (the test and probe checkpoints, tens to hundreds of tokens): 32-token pages, so a
+# 40-token prompt already crosses one, and 64-row prefill chunks (two pages).
+SMALL_PAGES = Pages(block_size=32, prefill_chunk=64)
+# The command line's speculative runs: 32-token pages (the sequence's KV rounded to them), default chunks.
+SPEC_PAGES = Pages(block_size=32)
+
+
+def build_generator(ckpt, device: str, *, precision: str | PrecisionSetting = "performance", dtype=None,
+                    require_mtp: bool = False, cache_dir: str | Path | None | bool = True, max_len: int | None = None,
+                    pages: Pages = Pages(), **kw) -> TTGenerator:
+    """The one builder of a :class:`TTGenerator` (the command line, chat, probes, test support). ``dtype`` is the
+    reference model's torch dtype; the TT model's numerics are set by the precision preset instead. Weight caches go
+    to ``default_cache_dir(ckpt)`` (``cache_dir=True``), a given directory, or nowhere (``None``/``False``).
+    ``max_len``: the longest sequence it must hold (prompt + new tokens + the verify's rows), rounded up to whole
+    ``pages`` (else ``max_seq_len=`` in ``kw``, or 2048). ``kw``: ``max_seq_len``, ``use_trace``, ``progress``,
+    ``mesh_kw`` (``TTGenerator.from_checkpoint``)."""
     if cache_dir is True:
         cache_dir = default_cache_dir(ckpt)
     elif cache_dir is False:
         cache_dir = None
     if dtype is not None:
         logger.info(f"TT target: --dtype {dtype} applies to the reference model; using precision preset '{precision}'")
+    if max_len is not None:
+        if "max_seq_len" in kw:
+            raise ValueError("build_generator takes max_len (rounded to whole pages) or max_seq_len, not both")
+        kw["max_seq_len"] = pages.seq_len(max_len)
     return TTGenerator.from_checkpoint(ckpt, device, precision=precision, require_mtp=require_mtp, cache_dir=cache_dir,
-                                       **kw)
+                                       **pages.args(), **kw)

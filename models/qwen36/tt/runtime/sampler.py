@@ -110,7 +110,7 @@ class DeviceSampler:
         if self.stages.penalized:
             ts += [self.seen, self.counts]
         for u in self.uniforms:
-            ts += [u.table, u.counter, u._zero]
+            ts += u.buffers()
         for t in ts:
             self.ttnn.deallocate(t)
         self.allocated = False
