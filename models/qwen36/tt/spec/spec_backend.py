@@ -45,7 +45,11 @@ LAYOUTS = ("device", "host")
 class TTSpecBackend:
     """``SpecBackend`` on the TT model: ``slots`` users (module doc). One user (``slots=1``, device rows) picks K at
     its first draft (or steps at ``depths``); B slots (host rows) verify ``k`` drafts per user (every step runs
-    B x (k+1) rows) with the backend's ``params``, or each user its own with ``stages``."""
+    B x (k+1) rows) with the backend's ``params``, or each user its own with ``stages``. The layout classes
+    are class attributes, so a subclass can run a deliberately broken layout (the probes' self-tests)."""
+
+    one_user_layout: type[DeviceRows] = DeviceRows
+    slots_layout: type[HostRows] = HostRows
 
     def __init__(self, gen: TTGenerator, mechanism: str | TTMechanism = DEFAULT_MECHANISM, drafter: Any = None,
                  use_trace: bool = True, rng: str = "device", depths: Sequence[int] | None = None,
@@ -77,7 +81,7 @@ class TTSpecBackend:
             if depths is not None:
                 raise BatchSpecError("depths= (per-step depth switching) is the one-user layout's; B slots verify "
                                      "k drafts per user and each user drafts k_b <= k")
-            self.layout: StepLayout = HostRows(gen, slots, k, tt_mechanism(mechanism), drafter,
+            self.layout: StepLayout = self.slots_layout(gen, slots, k, tt_mechanism(mechanism), drafter,
                                                params or SamplingParams(), use_trace, rng, prefix_cache, stages,
                                                pool_blocks)
             return
@@ -93,7 +97,8 @@ class TTSpecBackend:
         if drafter is None:
             raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/spec/mtp_drafter.py) or a "
                              "host callable (history, k) -> k draft ids")
-        self.layout = DeviceRows(gen, mechanism, drafter, use_trace, rng, depths, prefix_cache, capped_accept)
+        self.layout = self.one_user_layout(gen, mechanism, drafter, use_trace, rng, depths, prefix_cache,
+                                           capped_accept)
 
     def __getattr__(self, name: str):
         """State views of the layout (``step_state``, ``acceptor``, ``drafter``, ``history``, ``decoder``, ``users``,
