@@ -145,6 +145,13 @@ def kda_fingerprints(ttnn, mesh, dev, host) -> dict:
                                                                                              ttnn.bfloat16), wn, 2))
            for t_len in (32, 64)}
     out["op:sigmoid_gated_rms_norm"] = [digest(nrm[32]), digest(nrm[64]), bool(torch.equal(nrm[32], nrm[64][:, :32]))]
+    # the flat chunk GDN kernel (1 key head, 2 value heads of 32): one chunk vs the same chunk first
+    qf, kf, vf = int_tensor(50, 1, 64, 32), int_tensor(51, 1, 64, 32), int_tensor(52, 1, 64, 64)
+    gf, bf = -int_tensor(53, 1, 64, 2).abs() * 8, int_tensor(54, 1, 64, 2).abs() * 4
+    ch = {t_len: host(ttnn.transformer.chunk_gated_delta_rule(
+        *(dev(z[:, :t_len], ttnn.bfloat16) for z in (qf, kf, vf)), dev(gf[:, :t_len]), dev(bf[:, :t_len]),
+        chunk_size=32, output_head_major=True)[0]) for t_len in (32, 64)}
+    out["op:chunk_gdn_flat"] = [digest(ch[32]), digest(ch[64]), bool(torch.equal(ch[32], ch[64][:, :32]))]
     return out
 
 
