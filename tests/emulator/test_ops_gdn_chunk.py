@@ -137,3 +137,45 @@ def test_flat_path_refusals(ctx):
                                            math_approx_mode=False)
     with pytest.raises(EmulatorError, match="runs HiFi4 with fp32 destination accumulation"):
         _flat_call(ttnn, mesh, compute_kernel_config=cfg)
+
+
+def _seq_inputs(bh=1, nc=2, c=128, d=128, seed=42):
+    g_ = torch.Generator().manual_seed(seed)
+    eye_blocks = torch.block_diag(*[torch.eye(32)] * (c // 32))
+    return dict(L_unit=eye_blocks.expand(bh, nc, c, c).clone(), v_beta_sc=torch.randn(bh, nc, c, d, generator=g_) * 0.3,
+                k_bd_sc=torch.randn(bh, nc, c, d, generator=g_) * 0.1,
+                intra_attn=torch.randn(bh, nc, c, c, generator=g_) * 0.01,
+                q_decay=torch.randn(bh, nc, c, d, generator=g_) * 0.1,
+                k_decay_t=torch.randn(bh, nc, d, c, generator=g_) * 0.1, dl_exp=torch.full((bh, nc, 1, 1), 0.95),
+                L_inv=torch.eye(32).repeat(c // 32, 1).expand(bh, nc, c, 32).clone())
+
+
+def test_gated_delta_attn_seq_fidelity_and_validation(ctx):
+    """HiFi2 (its default) keeps 7 significant bits of in0 in every product; HiFi4 is exact on TF32 operands: both
+    near the fp64 reference of Tenstorrent's smoke test, HiFi2 visibly further."""
+    ttnn, mesh = ctx.ttnn, ctx.mesh_device
+    x = _seq_inputs()
+    dev = {k_: _dev(ttnn, mesh, v_, ttnn.float32) for k_, v_ in x.items()}
+    order = ("L_unit", "v_beta_sc", "k_bd_sc", "intra_attn", "q_decay", "k_decay_t", "dl_exp", "L_inv")
+    o2, s2 = ttnn.transformer.gated_delta_attn_seq(*(dev[n] for n in order))
+    hifi4 = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, fp32_dest_acc_en=True)
+    o4, s4 = ttnn.transformer.gated_delta_attn_seq(*(dev[n] for n in order), compute_kernel_config=hifi4)
+    s = torch.zeros(1, 128, 128, dtype=torch.float64)
+    outs = []
+    for n in range(2):
+        v_new = x["v_beta_sc"][:, n].double() - x["k_bd_sc"][:, n].double() @ s
+        outs.append(x["q_decay"][:, n].double() @ s + x["intra_attn"][:, n].double() @ v_new)
+        s = s * 0.95 + x["k_decay_t"][:, n].double() @ v_new
+    ref = torch.stack(outs, 1)
+    e2 = float((ttnn.to_torch(o2).double() - ref).norm() / ref.norm())
+    e4 = float((ttnn.to_torch(o4).double() - ref).norm() / ref.norm())
+    assert e4 < 5e-3 and e4 < e2 < 5e-2, (e4, e2)  # TF32 operands (~2^-10 each); HiFi2: 7-bit in0
+    assert float((ttnn.to_torch(s4).double() - s).norm() / s.norm()) < 5e-3
+    assert list(o2.shape) == [1, 2, 128, 128] and o2.dtype == ttnn.float32 and list(s2.shape) == [1, 128, 128]
+    bad = dict(dev, dl_exp=_dev(ttnn, mesh, x["dl_exp"], ttnn.bfloat16))
+    with pytest.raises(EmulatorError, match="dl_exp must be float32, got DataType::BFLOAT16"):
+        ttnn.transformer.gated_delta_attn_seq(*(bad[n] for n in order))
+    small = {k_: _dev(ttnn, mesh, v_, ttnn.float32) for k_, v_ in _seq_inputs(c=64).items() if k_ != "L_unit"}
+    with pytest.raises(EmulatorError, match="chunk_size must be exactly 128, got 64"):
+        ttnn.transformer.gated_delta_attn_seq(_dev(ttnn, mesh, torch.zeros(1, 2, 64, 64), ttnn.float32),
+                                              *(small[n] for n in order[1:]))

@@ -31,6 +31,7 @@ from .ttnn_import import ttnn
 
 TILE = 32
 CHUNK_OP = "ttnn.transformer.chunk_gated_delta_rule"
+SEQ_OP = "ttnn.transformer.gated_delta_attn_seq"
 L2_EPS = 1e-6  # FLA's l2norm epsilon, inside the root (the golden recurrence uses it too)
 _CORES = 11 * 10  # Blackhole P150a worker grid (mesh.P150A_WORKER_GRID)
 
@@ -349,3 +350,123 @@ def _flat(qi, ki, vi, gi, bi, h0, scale, strict):
     s0 = torch.zeros(b_sz * hv, d, d) if h0 is None else h0.reshape(b_sz * hv, d, d)
     o, s = chunk32_kernel(qh, kh, vh, gh, bh_, s0, scale)
     return o.reshape(b_sz, hv, t_len, d).permute(0, 2, 1, 3), s.reshape(b_sz, hv, d, d)
+
+
+# ---- gated_delta_attn_seq ------------------------------------------------------------------------------------------
+_SEQ_DIM = 4 * TILE  # the kernels are written for Ct == Kt == Vt == 4 (gated_delta_attn.cpp)
+_SEQ_DEFAULT = numerics.KernelConfig(phases=2, fp32_dest_acc_en=True, math_approx_mode=False, packer_l1_acc=False,
+                                     given=False)
+
+
+def _seq_check(name, t, shape):
+    if t is None or not getattr(t, "on_device", False):
+        raise EmulatorError(f"{name} must be on device")
+    if t.memory_config().buffer_type != ttnn.BufferType.DRAM:
+        raise EmulatorError(f"{name} must be in DRAM")
+    if t.layout != ttnn.TILE_LAYOUT:
+        raise EmulatorError(f"{name} must be tiled")
+    if dtype_name(t.dtype) != "FLOAT32":
+        raise EmulatorError(f"{name} must be float32, got DataType::{dtype_name(t.dtype)}")
+    s = t.logical_shape_list
+    if len(s) != len(shape):
+        raise EmulatorError(f"{name} rank mismatch: {len(s)} vs {len(shape)}")
+    for i, (got, want) in enumerate(zip(s, shape)):
+        if got != want:
+            raise EmulatorError(f"{name} dim[{i}] expected {want} got {got}")
+
+
+def _fwd_sub(l_unit, l_inv, rhs, ph, d):
+    """Blocked forward substitution ``L_unit^-1 @ rhs`` as ``fwd_sub_row`` does it, four 32-row blocks: block i =
+    L_inv_i @ (rhs_i - sum_{j<i} L_ij @ out_j), each matmul an fp32 Dst result, each subtraction an FPU eltwise op on
+    TF32 operands."""
+    outs = []
+    for i in range(4):
+        fwd = rhs[..., i * TILE:(i + 1) * TILE, :]
+        for j in range(i):
+            corr = _mm_ph(l_unit[..., i * TILE:(i + 1) * TILE, j * TILE:(j + 1) * TILE], outs[j], ph, d)
+            fwd = numerics.round_dst(_b(fwd) - _b(corr), d)
+        outs.append(_mm_ph(l_inv[..., i * TILE:(i + 1) * TILE, :], fwd, ph, d))
+    return torch.cat(outs, dim=-2)
+
+
+def _mm_ph(a, b, ph, d, acc=None):
+    """``acc + a @ b`` (in0 = a in SrcB, in1 = b in SrcA) with ``ph`` fidelity phases, per K tile into Dst."""
+    sa, sb = _a(b), _b(a)
+    for k0 in range(0, a.shape[-1], TILE):
+        part = _phase_matmul(sb[..., k0:k0 + TILE], sa[..., k0:k0 + TILE, :], ph)
+        acc = numerics.round_dst(part if acc is None else acc + part, d)
+    return acc
+
+
+def _phase_matmul(srcb, srca, ph):
+    if ph >= 4:
+        return torch.matmul(srcb, srca)
+    b_hi, a_hi = numerics.fidelity_hi(srcb, srca)
+    if ph == 1:
+        return torch.matmul(b_hi, a_hi)
+    if ph == 2:
+        return torch.matmul(b_hi, srca)
+    return torch.matmul(b_hi, srca) + torch.matmul(srcb - b_hi, a_hi)
+
+
+def gated_delta_attn_seq_math(l_unit, v_beta_sc, k_bd_sc, intra, q_decay, k_decay_t, dl_exp, l_inv, s0, cfg):
+    """``gated_delta_attn.cpp`` for one device (fp64 values): per chunk v_cor / k_cum by forward substitution, then
+    v_new = v_cor - k_cum @ S, out = q_decay @ S + intra @ v_new, S = S * dl + k_decay_t @ v_new."""
+    ph, d = cfg.phases, cfg.fp32_dest_acc_en
+    wide = lambda x: numerics.wide(x.to(torch.float32))  # noqa: E731
+    l_unit, v_beta_sc, k_bd_sc, intra, q_decay, k_decay_t, dl_exp, l_inv = (
+        wide(x) for x in (l_unit, v_beta_sc, k_bd_sc, intra, q_decay, k_decay_t, dl_exp, l_inv))
+    s = wide(s0)
+    outs = []
+    for n in range(l_unit.shape[1]):
+        v_cor = _fwd_sub(l_unit[:, n], l_inv[:, n], v_beta_sc[:, n], ph, d)
+        k_cum = _fwd_sub(l_unit[:, n], l_inv[:, n], k_bd_sc[:, n], ph, d)
+        v_prime = _mm_ph(k_cum, s, ph, d)
+        v_new = numerics.round_dst(_b(v_cor) - _b(v_prime), d)
+        o_inter = _mm_ph(q_decay[:, n], s, ph, d)
+        intra_v = _mm_ph(intra[:, n], v_new, ph, d)
+        outs.append(numerics.round_dst(_b(o_inter) + _b(intra_v), d))
+        s_upd = _mm_ph(k_decay_t[:, n], v_new, ph, d)
+        # mul_tiles_bcast_scalar(S, dl): S in SrcA, dl in SrcB
+        s_tmp = numerics.round_dst(numerics.fpu_product(_b(dl_exp[:, n, :1, :1]), _a(s), ph), d)
+        s = numerics.round_dst(_b(s_tmp) + _b(s_upd), d)
+    return torch.stack(outs, dim=1), s
+
+
+@device_op(SEQ_OP)
+def gated_delta_attn_seq(L_unit, v_beta_sc, k_bd_sc, intra_attn, q_decay, k_decay_t, dl_exp, L_inv, *,
+                         initial_state=None, memory_config=None, compute_kernel_config=None):
+    """Path A of the Gated-DeltaNet chunk scan (0.81.1 docstring): all inputs FLOAT32 TILE in DRAM, chunk, key and
+    value dims exactly 128 (the kernels' four 32-row blocks); outputs FLOAT32 TILE ``[BH, NC, C, Dv]`` and
+    ``[BH, Dk, Dv]``. Validation as the device op (``gated_delta_attn_device_operation.cpp``); default compute config
+    HiFi2 with fp32 Dst (the op's host wrapper)."""
+    for name, t in (("L_unit", L_unit), ("k_bd_sc", k_bd_sc), ("dl_exp", dl_exp), ("L_inv", L_inv),
+                    ("v_beta_sc", v_beta_sc), ("intra_attn", intra_attn), ("q_decay", q_decay),
+                    ("k_decay_t", k_decay_t)):
+        if t is None or not getattr(t, "on_device", False):
+            raise EmulatorError(f"{name} must be on device")
+    bh, nc, c, _ = L_unit.logical_shape_list
+    dk, dv = k_bd_sc.logical_shape_list[-1], v_beta_sc.logical_shape_list[-1]
+    for name, val in (("chunk_size", c), ("key_dim", dk), ("val_dim", dv)):
+        if val != _SEQ_DIM:
+            raise EmulatorError(f"{name} must be exactly {_SEQ_DIM}, got {val}")
+    for name, t, shape in (("L_unit", L_unit, [bh, nc, c, c]), ("k_bd_sc", k_bd_sc, [bh, nc, c, dk]),
+                           ("dl_exp", dl_exp, [bh, nc, 1, 1]), ("L_inv", L_inv, [bh, nc, c, TILE]),
+                           ("v_beta_sc", v_beta_sc, [bh, nc, c, dv]), ("intra_attn", intra_attn, [bh, nc, c, c]),
+                           ("q_decay", q_decay, [bh, nc, c, dk]), ("k_decay_t", k_decay_t, [bh, nc, dk, c])):
+        _seq_check(name, t, shape)
+    if initial_state is not None:
+        _seq_check("initial_state", initial_state, [bh, dk, dv])
+    cfg = _SEQ_DEFAULT if compute_kernel_config is None else numerics.kernel_config(compute_kernel_config)
+    if compute_kernel_config is not None and getattr(compute_kernel_config.math_fidelity, "name", "") == "Invalid":
+        cfg = numerics.KernelConfig(2, cfg.fp32_dest_acc_en, cfg.math_approx_mode, cfg.packer_l1_acc, True)
+    outs, states = [], []
+    for i in range(L_unit.num_shards):
+        s0 = torch.zeros(bh, dk, dv) if initial_state is None else initial_state.shards[i]
+        o, s = gated_delta_attn_seq_math(*(t.shards[i] for t in (L_unit, v_beta_sc, k_bd_sc, intra_attn, q_decay,
+                                                                   k_decay_t, dl_exp, L_inv)), s0, cfg)
+        outs.append(o.to(torch.float32))
+        states.append(s.to(torch.float32))
+    mc = memory_config or ttnn.DRAM_MEMORY_CONFIG
+    return (make_like(L_unit, outs, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, memory_config=mc),
+            new_device_tensor(L_unit.mesh, states, ttnn.float32, ttnn.TILE_LAYOUT, memory_config=mc))

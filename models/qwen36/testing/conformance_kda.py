@@ -32,6 +32,11 @@ Sources (tenstorrent/tt-metal, read for facts):
   state (that test's measured bar; its ~5e-3 relative floor is the chunk kernel's own rounding). The same gate is
   applied to the flat rank-3 form (raw q/k, in-kernel L2 norm; 0.81.1 docstring) and to a T = 1 decode padded to
   32 rows with zero g/beta rows (identity steps). Its multicast A/B needs ``use_mcast``, which 0.81.1 lacks.
+* ``transformer.gated_delta_attn_seq``: Tenstorrent's smoke test of Path A (its docstring "Quick smoke test for
+  gated_delta_attn_seq Path A API"; the index does not give its path): L_unit and L_inv identity blocks, chunk/key/
+  value 128, dl 0.95, (BH, NC) in {(1, 1), (1, 2), (2, 2), (4, 2), (12, 4), (12, 32)}, out and final state at
+  PCC >= 0.99 against the chunked reference; and the device op's validation (``gated_delta_attn_device_operation
+  .cpp``, its messages present in 0.81.1's library): float32 only, dims exactly 128, shapes checked per dim.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ SRC_NORM = "tt-metal tests/ttnn/nightly/unit_tests/operations/experimental/kda/t
 SRC_NORM_DOC = "ttnn 0.81.1 docstring of experimental.kda.sigmoid_gated_rms_norm (gate_column_offset)"
 SRC_CHUNK_REF = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_chunk_gated_delta_rule.py"
 CHUNK = "transformer.chunk_gated_delta_rule"
+SEQ = "transformer.gated_delta_attn_seq"
+SRC_SEQ = "Tenstorrent's gated_delta_attn_seq Path A smoke test (tt-metal tree; path not given by the index)"
+SRC_SEQ_OP = "tt-metal ttnn/cpp/ttnn/operations/transformer/gated_delta_attn/device/gated_delta_attn_device_operation.cpp"
 
 CONV = "experimental.kda.qkv_causal_conv1d_silu"
 CARRY = "experimental.kda.qkv_causal_conv1d_silu_with_carry"
@@ -498,6 +506,51 @@ def _chunk_decode_padded(ttnn, mesh):
     assert pcc(rs, _first(ttnn, fs)) >= 0.99999
 
 
+# ---- gated_delta_attn_seq -----------------------------------------------------------------------------------------
+def _seq_host(bh, nc, c=128, d=128):
+    g_ = torch.Generator().manual_seed(42)
+    blocks = torch.block_diag(*[torch.eye(32)] * (c // 32))
+    return {"L_unit": blocks.expand(bh, nc, c, c).clone(), "v_beta_sc": torch.randn(bh, nc, c, d, generator=g_) * 0.3,
+            "k_bd_sc": torch.randn(bh, nc, c, d, generator=g_) * 0.1,
+            "intra_attn": torch.randn(bh, nc, c, c, generator=g_) * 0.01,
+            "q_decay": torch.randn(bh, nc, c, d, generator=g_) * 0.1,
+            "k_decay_t": torch.randn(bh, nc, d, c, generator=g_) * 0.1, "dl_exp": torch.full((bh, nc, 1, 1), 0.95),
+            "L_inv": torch.eye(32).repeat(c // 32, 1).expand(bh, nc, c, 32).clone()}
+
+
+_SEQ_ORDER = ("L_unit", "v_beta_sc", "k_bd_sc", "intra_attn", "q_decay", "k_decay_t", "dl_exp", "L_inv")
+
+
+def _seq_smoke(bh, nc):
+    def run(ttnn, mesh):
+        x = _seq_host(bh, nc)
+        out, st = ttnn.transformer.gated_delta_attn_seq(*(_dev(ttnn, mesh, x[n], ttnn.float32) for n in _SEQ_ORDER))
+        s = torch.zeros(bh, 128, 128, dtype=torch.float64)
+        outs = []
+        for n in range(nc):  # L_unit = I: v_cor = v_beta_sc, k_cum = k_bd_sc
+            v_new = x["v_beta_sc"][:, n].double() - x["k_bd_sc"][:, n].double() @ s
+            outs.append(x["q_decay"][:, n].double() @ s + x["intra_attn"][:, n].double() @ v_new)
+            s = s * 0.95 + x["k_decay_t"][:, n].double() @ v_new
+        assert list(out.shape) == [bh, nc, 128, 128] and out.dtype == ttnn.float32 and list(st.shape) == [bh, 128, 128]
+        assert pcc(torch.stack(outs, 1), _first(ttnn, out)) >= 0.99
+        assert pcc(s, _first(ttnn, st)) >= 0.99
+    return run
+
+
+def _seq_rejects(ttnn, mesh):
+    x = _seq_host(1, 1)
+    dev = {n: _dev(ttnn, mesh, x[n], ttnn.float32) for n in _SEQ_ORDER}
+    call = lambda d: ttnn.transformer.gated_delta_attn_seq(*(d[n] for n in _SEQ_ORDER))  # noqa: E731
+    _expect_rejected(lambda: call(dict(dev, q_decay=_dev(ttnn, mesh, x["q_decay"], ttnn.bfloat16))),
+                     "q_decay must be float32, got DataType::BFLOAT16")
+    _expect_rejected(lambda: call(dict(dev, L_inv=_dev(ttnn, mesh, x["L_inv"], ttnn.float32,
+                                                       ttnn.ROW_MAJOR_LAYOUT))), "L_inv must be tiled")
+    _expect_rejected(lambda: call(dict(dev, dl_exp=_dev(ttnn, mesh, torch.ones(1, 1, 1, 2), ttnn.float32))),
+                     "dl_exp dim[3] expected 1 got 2")
+    small = _seq_host(1, 1, d=64)
+    _expect_rejected(lambda: call(dict(dev, k_bd_sc=_dev(ttnn, mesh, small["k_bd_sc"], ttnn.float32))),
+                     "key_dim must be exactly 128, got 64")
+
 
 CASES: list[Case] = [
     Case(CONV, "contract_single_block_512x3_c1536", SRC_CONV, _conv_contract((512, 512, 512), 1536, False)),
@@ -555,3 +608,6 @@ CASES += [
     Case(CHUNK, "scan_mcast_bit_exact", SRC_CHUNK_REF,
          skip="the multicast A/B toggles use_mcast, which is not an argument of 0.81.1's chunk_gated_delta_rule"),
 ]
+for _bh, _nc in ((1, 1), (1, 2), (2, 2), (4, 2), (12, 4), (12, 32)):
+    CASES.append(Case(SEQ, f"smoke_bh{_bh}_nc{_nc}", SRC_SEQ, _seq_smoke(_bh, _nc), ci=_bh * _nc <= 2))
+CASES.append(Case(SEQ, "rejects_dtype_layout_shape_and_dims", SRC_SEQ_OP, _seq_rejects))
