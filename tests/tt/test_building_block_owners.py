@@ -62,7 +62,8 @@ def _scanned_files():
             if rel.startswith("tests/emulator/") or rel in ("tests/tt_ops/test_api_fidelity.py",
                                                             "models/qwen36/testing/emulator_conformance.py",
                                                             "models/qwen36/testing/conformance_kda.py",
-                                                            "models/qwen36/testing/conformance_kda_scan.py"):
+                                                            "models/qwen36/testing/conformance_kda_scan.py",
+                                                            "models/qwen36/testing/conformance_gdn_chunk.py"):
                 continue  # tests of the emulator (incl. its conformance cases) / of ttnn signatures use the raw APIs
             yield rel, p
 
