@@ -7,7 +7,6 @@ import torch
 from .conformance_tt_base import TTCase, host0, raises, randn, two_devices
 
 
-# ---- indexed_fused_update_cache --------------------------------------------------------------------------------
 def _idx_ref(cache, packed, positions):
     out, bs = cache.clone(), cache.shape[2]
     for src, row in enumerate(positions):
@@ -79,10 +78,13 @@ def _idx_trace_replay(ttnn, mesh):
         for positions in ([0, 31, 32, -1, 128], [2, 63, 64, 65, 66]):
             host = [torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16),
                     randn(g, ishape, dtype=torch.bfloat16), randn(g, ishape, dtype=torch.bfloat16)]
+            rep = ttnn.ReplicateTensorToMesh(mesh)  # a host tensor shaped like the buffer (one shard per device)
             for h, d in zip(host, bufs):
-                ttnn.copy_host_to_device_tensor(ttnn.from_torch(h, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT), d)
+                ttnn.copy_host_to_device_tensor(ttnn.from_torch(h, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT,
+                                                                mesh_mapper=rep), d)
             ttnn.copy_host_to_device_tensor(ttnn.from_torch(torch.tensor([positions], dtype=torch.int32),
-                                                            dtype=ttnn.int32, layout=ttnn.ROW_MAJOR_LAYOUT), pos)
+                                                            dtype=ttnn.int32, layout=ttnn.ROW_MAJOR_LAYOUT,
+                                                            mesh_mapper=rep), pos)
             ttnn.execute_trace(mesh, tid, cq_id=0, blocking=True)
             assert o1.buffer_address() == bufs[0].buffer_address() and o2.buffer_address() == bufs[1].buffer_address()
             assert torch.equal(host0(ttnn, o1), _idx_ref(host[0], host[2], positions))
@@ -105,8 +107,8 @@ def _idx_many_workers(ttnn, mesh):
     assert torch.equal(host0(ttnn, o2), _idx_ref(c2, i2, positions))
 
 
-# invalid case -> (what is replaced, the device op's message)
-_IDX_INVALID = {
+# the validation cases of that test -> the device op's message it matches
+VALIDATION_MESSAGES = {
     "cache_dtype": "cache_tensor1 must use BFLOAT16",
     "positions_dtype": "physical_update_idxs_tensor must use INT32",
     "positions_layout": "physical_update_idxs_tensor must use ROW_MAJOR layout",
@@ -123,53 +125,56 @@ _IDX_INVALID = {
 }
 
 
-def _idx_invalid(case):
+# what each validation case replaces in the valid call (caches [2, 2, 64, 64], inputs [1, 2, 4, 64], 4 positions):
+# tensor slot -> (shape, dtype name, layout name, tile) or, for "p", (positions, dtype name, layout name)
+_VALIDATION_CALLS = {
+    "cache_dtype": {"c1": ((2, 2, 64, 64), "bfloat8_b")},
+    "positions_dtype": {"p": (range(4), "uint32")},
+    "positions_layout": {"p": (range(4), "int32", "TILE_LAYOUT")},
+    "positions_too_short": {"p": (range(3),)},
+    "cache_shape_mismatch": {"c2": ((3, 2, 64, 64),)},
+    "input_shape_mismatch": {"i2": ((1, 2, 5, 64),)},
+    "cache_requires_padding": {"c1": ((2, 2, 33, 64),), "c2": ((2, 2, 33, 64),)},
+    "too_many_source_rows": {"i1": ((1, 2, 257, 64),), "i2": ((1, 2, 257, 64),), "p": (range(257),)},
+    "cache1_custom_tile": {"c1": ((2, 2, 64, 64), None, None, (16, 32))},
+    "cache2_custom_tile": {"c2": ((2, 2, 64, 64), None, None, (16, 32))},
+    "input1_custom_tile": {"i1": ((1, 2, 4, 64), None, None, (16, 32))},
+    "input2_transposed_tile": {"i2": ((1, 2, 4, 64), None, None, "transposed")},
+    "positions_too_wide": {"p": (range(257),)},
+}
+
+
+def validation_case(case):
     def fn(ttnn, mesh):
-        zeros = lambda *s: torch.zeros(s, dtype=torch.bfloat16)  # noqa: E731
-        a = {"c1": _dev(ttnn, mesh, zeros(2, 2, 64, 64)), "c2": _dev(ttnn, mesh, zeros(2, 2, 64, 64)),
-             "i1": _dev(ttnn, mesh, zeros(1, 2, 4, 64)), "i2": _dev(ttnn, mesh, zeros(1, 2, 4, 64)),
-             "p": _pos(ttnn, mesh, list(range(4)))}
-        small = ttnn.Tile((16, 32))
-        a.update({
-            "cache_dtype": lambda: {"c1": _dev(ttnn, mesh, zeros(2, 2, 64, 64), ttnn.bfloat8_b)},
-            "positions_dtype": lambda: {"p": _pos(ttnn, mesh, list(range(4)), ttnn.uint32)},
-            "positions_layout": lambda: {"p": _pos(ttnn, mesh, list(range(4)), layout=ttnn.TILE_LAYOUT)},
-            "positions_too_short": lambda: {"p": _pos(ttnn, mesh, list(range(3)))},
-            "cache_shape_mismatch": lambda: {"c2": _dev(ttnn, mesh, zeros(3, 2, 64, 64))},
-            "input_shape_mismatch": lambda: {"i2": _dev(ttnn, mesh, zeros(1, 2, 5, 64))},
-            "cache_requires_padding": lambda: {"c1": _dev(ttnn, mesh, zeros(2, 2, 33, 64)),
-                                               "c2": _dev(ttnn, mesh, zeros(2, 2, 33, 64))},
-            "too_many_source_rows": lambda: {"i1": _dev(ttnn, mesh, zeros(1, 2, 257, 64)),
-                                             "i2": _dev(ttnn, mesh, zeros(1, 2, 257, 64)),
-                                             "p": _pos(ttnn, mesh, list(range(257)))},
-            "cache1_custom_tile": lambda: {"c1": _dev(ttnn, mesh, zeros(2, 2, 64, 64), tile=small)},
-            "cache2_custom_tile": lambda: {"c2": _dev(ttnn, mesh, zeros(2, 2, 64, 64), tile=small)},
-            "input1_custom_tile": lambda: {"i1": _dev(ttnn, mesh, zeros(1, 2, 4, 64), tile=small)},
-            "input2_transposed_tile": lambda: {"i2": _dev(ttnn, mesh, zeros(1, 2, 4, 64),
-                                                          tile=ttnn.Tile((32, 32), transpose_tile=True))},
-            "positions_too_wide": lambda: {"p": _pos(ttnn, mesh, list(range(257)))},
-        }[case]())
-        raises(lambda: ttnn.experimental.indexed_fused_update_cache(a["c1"], a["i1"], a["c2"], a["i2"], a["p"]),
-                _IDX_INVALID[case])
+        def tensor(shape, dtype=None, layout=None, tile=None):
+            if tile is not None:
+                tile = ttnn.Tile((32, 32), transpose_tile=True) if tile == "transposed" else ttnn.Tile(tile)
+            return _dev(ttnn, mesh, torch.zeros(shape, dtype=torch.bfloat16), dtype and getattr(ttnn, dtype),
+                        layout and getattr(ttnn, layout), tile=tile)
+
+        def positions(values, dtype=None, layout=None):
+            return _pos(ttnn, mesh, list(values), dtype and getattr(ttnn, dtype), layout and getattr(ttnn, layout))
+
+        args = {"c1": ((2, 2, 64, 64),), "i1": ((1, 2, 4, 64),), "c2": ((2, 2, 64, 64),), "i2": ((1, 2, 4, 64),),
+                "p": (range(4),)}
+        args.update(_VALIDATION_CALLS[case])
+        c1, i1, c2, i2 = (tensor(*args[k]) for k in ("c1", "i1", "c2", "i2"))
+        p = positions(*args["p"])
+        raises(lambda: ttnn.experimental.indexed_fused_update_cache(c1, i1, c2, i2, p), VALIDATION_MESSAGES[case])
     return fn
 
 
 def _golden_function(ttnn, mesh):
-    import ttnn as real_ttnn  # the golden function is host-side torch; Tenstorrent's test calls it without a device
-
+    """The op's host-side torch reference, through ``ttnn.get_golden_function`` (no device involved)."""
     c1 = torch.zeros((2, 2, 32, 64), dtype=torch.bfloat16)
     c2 = torch.zeros_like(c1)
     i1 = torch.arange(2 * 4 * 64, dtype=torch.float32).reshape(1, 2, 4, 64).to(torch.bfloat16)
     positions = torch.tensor([[0, 33, -1, 64]], dtype=torch.int32)
-    golden = real_ttnn.get_golden_function(real_ttnn.experimental.indexed_fused_update_cache)
+    golden = ttnn.get_golden_function(ttnn.experimental.indexed_fused_update_cache)
     o1, o2 = golden(c1, i1, c2, -i1, positions)
     assert torch.equal(o1, _idx_ref(c1, i1, positions.reshape(-1).tolist()))
     assert torch.equal(o2, _idx_ref(c2, -i1, positions.reshape(-1).tolist()))
     assert torch.count_nonzero(c1) == 0 and torch.count_nonzero(c2) == 0
-
-
-def two_devices(mesh):
-    assert mesh.get_num_devices() >= 2, "this case needs a two-device mesh (Tenstorrent's mesh_device [2])"
 
 
 def _idx_replicated(ttnn, mesh):
@@ -219,24 +224,30 @@ def _idx_tensor_parallel(dim, cache_shape):
     return fn
 
 
+# refusal -> (cache shape, input shape, mesh dim of the four data tensors (per tensor), of the indices, needle)
+_MESH_REFUSALS = {
+    "sharded_positions": ((2, 2, 64, 64), (1, 2, 4, 64), (None, None), 1,
+                          "physical_update_idxs_tensor must be replicated across mesh axes"),
+    "page_rows": ((2, 2, 128, 64), (1, 2, 8, 64), (2, 2), None, "cache page/row sharding requires physical-index "
+                                                                  "remapping"),
+    "topology": ((2, 4, 64, 128), (1, 4, 4, 128), (1, 3), None, "must use identical mesh topology"),
+}
+
+
 def _idx_mesh_refusal(kind):
     def fn(ttnn, mesh):
         two_devices(mesh)
-        rep = ttnn.ReplicateTensorToMesh(mesh)
-        z = lambda *s: torch.zeros(s, dtype=torch.bfloat16)  # noqa: E731
-        sh = lambda d: ttnn.ShardTensorToMesh(mesh, dim=d)  # noqa: E731
-        if kind == "sharded_positions":
-            args = [_dev(ttnn, mesh, z(*s), mapper=rep) for s in ((2, 2, 64, 64), (1, 2, 4, 64)) * 2]
-            pos, needle = _pos(ttnn, mesh, list(range(4)), mapper=sh(1)), "physical_update_idxs_tensor must be " \
-                                                                           "replicated across mesh axes"
-        elif kind == "page_rows":
-            args = [_dev(ttnn, mesh, z(*s), mapper=sh(2)) for s in ((2, 2, 128, 64), (1, 2, 8, 64)) * 2]
-            pos, needle = _pos(ttnn, mesh, list(range(8)), mapper=rep), "cache page/row sharding requires " \
-                                                                         "physical-index remapping"
-        else:
-            args = [_dev(ttnn, mesh, z(*s), mapper=sh(d)) for s, d in (((2, 4, 64, 128), 1), ((1, 4, 4, 128), 3)) * 2]
-            pos, needle = _pos(ttnn, mesh, list(range(4)), mapper=rep), "must use identical mesh topology"
-        raises(lambda: ttnn.experimental.indexed_fused_update_cache(args[0], args[1], args[2], args[3], pos), needle)
+        cache_shape, input_shape, (cache_dim, input_dim), pos_dim, needle = _MESH_REFUSALS[kind]
+
+        def mapped(shape, dim):
+            return _dev(ttnn, mesh, torch.zeros(shape, dtype=torch.bfloat16),
+                        mapper=ttnn.ReplicateTensorToMesh(mesh) if dim is None else ttnn.ShardTensorToMesh(mesh, dim))
+
+        c1, i1, c2, i2 = (mapped(cache_shape, cache_dim), mapped(input_shape, input_dim),
+                          mapped(cache_shape, cache_dim), mapped(input_shape, input_dim))
+        pos_mapper = ttnn.ReplicateTensorToMesh(mesh) if pos_dim is None else ttnn.ShardTensorToMesh(mesh, pos_dim)
+        pos = _pos(ttnn, mesh, list(range(input_shape[2])), mapper=pos_mapper)
+        raises(lambda: ttnn.experimental.indexed_fused_update_cache(c1, i1, c2, i2, pos), needle)
     return fn
 
 
@@ -248,7 +259,7 @@ def indexed_cases() -> list[TTCase]:
             TTCase(op, "trace_replay", _idx_trace_replay, trace_region=200_000),
             TTCase(op, "multi_tile_rows_and_worker_stride", _idx_many_workers),
             TTCase(op, "golden_function", _golden_function)]
-    out += [TTCase(op, f"validation_{k}", _idx_invalid(k), ci=True) for k in _IDX_INVALID]
+    out += [TTCase(op, f"validation_{k}", validation_case(k), ci=True) for k in VALIDATION_MESSAGES]
     out += [TTCase(op, "replicated_mesh", _idx_replicated, mesh="mesh2"),
             TTCase(op, "tensor_parallel_mesh_heads", _idx_tensor_parallel(1, (2, 4, 64, 64)), mesh="mesh2"),
             TTCase(op, "tensor_parallel_mesh_head_dim", _idx_tensor_parallel(3, (2, 2, 64, 128)), mesh="mesh2"),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from .conformance_tt_base import TTCase, host0, pcc_at_least, randn
 
 
-# ---- rotary_embedding_hf ------------------------------------------------------------------------------------------
 def _rotate_half(x):
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
@@ -20,7 +21,9 @@ def _rope_ckc(ttnn):
 
 def _rope_rows(w, z, y, x, token_idx, in_sharded, out_sharded, in_dt, sc_dt):
     """One prefill-mode case: token_idx None = the prefill test (cos/sin the cache's first Y rows), else the legacy
-    decode test (every row the cache's row ``token_idx``; a sharded output is brought back interleaved)."""
+    decode test (every row the cache's row ``token_idx``; a sharded output is brought back interleaved). The file's
+    ``ttnn.Tensor(x, dtype).to(TILE)`` host tensor is ``ttnn.from_torch(x, dtype, TILE)`` here; the input is sharded
+    over the largest core count that divides its tile rows, as the file computes it."""
     def fn(ttnn, mesh):
         g = torch.Generator().manual_seed(0 if token_idx is None else 1 + token_idx)
         xx = randn(g, w, z, y, x).bfloat16().float()
@@ -42,7 +45,8 @@ def _rope_rows(w, z, y, x, token_idx, in_sharded, out_sharded, in_dt, sc_dt):
             xt = xt.to(mesh, ttnn.MemoryConfig(ttnn.TensorMemoryLayout.HEIGHT_SHARDED, ttnn.BufferType.L1, spec))
         else:
             xt = xt.to(mesh)
-        ct, st = (ttnn.from_torch(c, dtype=getattr(ttnn, sc_dt), layout=ttnn.TILE_LAYOUT).to(mesh) for c in (cos, sin))
+        ct, st = (ttnn.from_torch(c, dtype=getattr(ttnn, sc_dt), layout=ttnn.TILE_LAYOUT).to(mesh)
+                  for c in (cos, sin))
         out_mc = (ttnn.MemoryConfig(ttnn.TensorMemoryLayout.HEIGHT_SHARDED, ttnn.BufferType.L1) if out_sharded
                   else ttnn.MemoryConfig())
         out = ttnn.experimental.rotary_embedding_hf(xt, ct, st, is_decode_mode=False, memory_config=out_mc,
@@ -92,35 +96,28 @@ def _rope_decode_per_user(ttnn, mesh):
 
 
 def rope_cases() -> list[TTCase]:
-    op, out = "experimental.rotary_embedding_hf", []
-    dts = ("bfloat16", "bfloat8_b")
-    for w, z, y, x in ((1, 1, 128, 64), (1, 71, 128, 64), (32, 1, 32, 64), (32, 71, 32, 64)):
-        for ins in (True, False):
-            for outs in (True, False):
-                for idt in dts:
-                    for sdt in dts:
-                        out.append(TTCase(op, f"prefill_{w}x{z}x{y}x{x}_in{int(ins)}_out{int(outs)}_{idt}_{sdt}",
-                                          _rope_rows(w, z, y, x, None, ins, outs, idt, sdt),
-                                          suite=outs or (ins and idt == sdt == "bfloat16"),
-                                          ci=outs and (w, z) == (1, 1) and idt == sdt == "bfloat16"))
-    for w, z, y, x in ((1, 1, 32, 64), (1, 71, 32, 64), (1, 1, 64, 64), (1, 71, 64, 64), (1, 32, 32, 64),
-                       (1, 2, 32, 64)):
-        for tok in (0, 128, 129, 1024, 1025):
-            for ins in (True, False):
-                for outs in (True, False):
-                    for idt in dts:
-                        for sdt in dts:
-                            out.append(TTCase(
-                                op, f"decode_{w}x{z}x{y}x{x}_tok{tok}_in{int(ins)}_out{int(outs)}_{idt}_{sdt}",
-                                _rope_rows(w, z, y, x, tok, ins, outs, idt, sdt),
-                                suite=outs or (tok == 0 and ins and idt == sdt == "bfloat16"),
-                                ci=outs and not ins and (w, z, y, tok) == (1, 2, 32, 129) and idt == sdt == "bfloat8_b"))
-    out.append(TTCase(op, "prefill_fp32_1x1x128x64", _rope_rows(1, 1, 128, 64, None, True, True, "float32", "float32"),
-                      ci=True))
-    for tok in (0, 128):
-        out.append(TTCase(op, f"decode_fp32_1x1x32x64_tok{tok}",
-                          _rope_rows(1, 1, 32, 64, tok, True, True, "float32", "float32")))
+    """The file's grid. The suite carries every ``out_sharded`` case (a spec-less HEIGHT_SHARDED L1 output), the fp32
+    and per-user decode cases, and one interleaved-output case per shape (sharded input, bf16, first token)."""
+    op, out, bf = "experimental.rotary_embedding_hf", [], ("bfloat16", "bfloat8_b")
+    prefill = ((1, 1, 128, 64), (1, 71, 128, 64), (32, 1, 32, 64), (32, 71, 32, 64))
+    for (w, z, y, x), ins, outs, idt, sdt in itertools.product(prefill, (True, False), (True, False), bf, bf):
+        plain = idt == sdt == "bfloat16"
+        out.append(TTCase(op, f"prefill_{w}x{z}x{y}x{x}_in{int(ins)}_out{int(outs)}_{idt}_{sdt}",
+                          _rope_rows(w, z, y, x, None, ins, outs, idt, sdt), suite=outs or (ins and plain),
+                          ci=outs and (w, z) == (1, 1) and plain))
+    decode = ((1, 1, 32, 64), (1, 71, 32, 64), (1, 1, 64, 64), (1, 71, 64, 64), (1, 32, 32, 64), (1, 2, 32, 64))
+    tokens = (0, 128, 129, 1024, 1025)
+    for (w, z, y, x), tok, ins, outs, idt, sdt in itertools.product(decode, tokens, (True, False), (True, False), bf,
+                                                                    bf):
+        out.append(TTCase(op, f"decode_{w}x{z}x{y}x{x}_tok{tok}_in{int(ins)}_out{int(outs)}_{idt}_{sdt}",
+                          _rope_rows(w, z, y, x, tok, ins, outs, idt, sdt),
+                          suite=outs or (tok == 0 and ins and idt == sdt == "bfloat16"),
+                          ci=outs and not ins and (w, z, y, tok) == (1, 2, 32, 129) and idt == sdt == "bfloat8_b"))
+    fp32 = ("float32", "float32")
+    out.append(TTCase(op, "prefill_fp32_1x1x128x64", _rope_rows(1, 1, 128, 64, None, True, True, *fp32), ci=True))
+    out += [TTCase(op, f"decode_fp32_1x1x32x64_tok{tok}", _rope_rows(1, 1, 32, 64, tok, True, True, *fp32))
+            for tok in (0, 128)]
     out.append(TTCase(op, "decode_per_user_position_cos_sin_padded_to_a_tile", _rope_decode_per_user, ci=True))
-    out.append(TTCase(op, "row_major", None, skip="Tenstorrent's file skips it itself (row-major inputs are "
-                                                 "refused by the device op's validation)", suite=False))
+    out.append(TTCase(op, "row_major", None, suite=False, skip="Tenstorrent's file skips it itself (row-major "
+                                                               "inputs are refused by the device op's validation)"))
     return out

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from .conformance_tt_base import TTCase, host0, pcc_at_least, raises, randn
 
 
-# ---- sparse_matmul indexed ------------------------------------------------------------------------------------
 def _sparse_pc(ttnn, m, n):
     nt = -(-n // 32)
     cx, cy = 1, 1
@@ -47,9 +48,10 @@ def _gather(groups, wdt, compact_a):
     def fn(ttnn, mesh):
         g = torch.Generator().manual_seed(1 if compact_a else 0)
         m, k, n = 32, 128, 256
-        base = [groups - 1, 3, groups - 2, 9, 2, groups // 2, 11, 0] if compact_a else \
-            [groups - 1, 5, groups - 2, 12, 1, groups // 2, 7, 0]
-        ids = base[:min(8, groups)]
+        if compact_a:
+            ids = [groups - 1, 3, groups - 2, 9, 2, groups // 2, 11, 0][:min(8, groups)]
+        else:
+            ids = [groups - 1, 5, groups - 2, 12, 1, groups // 2, 7, 0][:min(8, groups)]
         a = randn(g, (1, len(ids) if compact_a else 1, m, k), dtype=torch.bfloat16)
         b = randn(g, (1, groups, k, n), dtype=torch.bfloat16)
         out = ttnn.sparse_matmul(_tile(ttnn, mesh, a), _tile(ttnn, mesh, b, getattr(ttnn, wdt)),
@@ -113,36 +115,52 @@ def _run_indexed(ttnn, a, b, sp, ix, pc, **kw):
                               memory_config=ttnn.DRAM_MEMORY_CONFIG, program_config=pc, **kw)
 
 
+# contract case -> the device op's message the file matches
+CONTRACT_MESSAGES = {
+    "multi_stick_shape": "single ROW_MAJOR stick",
+    "host_tensor": "Device Operations expect device tensors as inputs",
+    "wrong_dtype": "indices must be UINT16 dtype",
+    "more_than_num_groups": "must be <= the number of sparse groups",
+    "nnz": "must not be supplied together with indices",
+    "requires_input_b_sparse": "requires is_input_b_sparse",
+    "mismatched_optional_output": "must match the indexed output shape",
+}
+
+
+def _b_sparse_required(ttnn, mesh):
+    """An A-sparse-only call ([1, 1, M, K] x [1, 1, K, N], sparsity [1, 1, 1, 1]) with indices."""
+    g = torch.Generator().manual_seed(6)
+    a = _tile(ttnn, mesh, randn(g, (1, 1, 32, 128), dtype=torch.bfloat16))
+    b = _tile(ttnn, mesh, randn(g, (1, 1, 128, 256), dtype=torch.bfloat16), ttnn.bfloat8_b)
+    sp = ttnn.from_torch(torch.ones((1, 1, 1, 1), dtype=torch.bfloat16), dtype=ttnn.bfloat16,
+                         layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
+    return lambda: ttnn.sparse_matmul(a, b, sparsity=sp, indices=_ids(ttnn, mesh, [0]), is_input_a_sparse=True,
+                                      is_input_b_sparse=False, memory_config=ttnn.DRAM_MEMORY_CONFIG,
+                                      program_config=_sparse_pc(ttnn, 32, 256))
+
+
 def _contract_case(kind):
     def fn(ttnn, mesh):
         if kind == "requires_input_b_sparse":
-            g = torch.Generator().manual_seed(6)
-            a = _tile(ttnn, mesh, randn(g, (1, 1, 32, 128), dtype=torch.bfloat16))
-            b = _tile(ttnn, mesh, randn(g, (1, 1, 128, 256), dtype=torch.bfloat16), ttnn.bfloat8_b)
-            sp = ttnn.from_torch(torch.ones((1, 1, 1, 1), dtype=torch.bfloat16), dtype=ttnn.bfloat16,
-                                 layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
-            raises(lambda: ttnn.sparse_matmul(a, b, sparsity=sp, indices=_ids(ttnn, mesh, [0]), is_input_a_sparse=True,
-                                               is_input_b_sparse=False, memory_config=ttnn.DRAM_MEMORY_CONFIG,
-                                               program_config=_sparse_pc(ttnn, 32, 256)), "requires is_input_b_sparse")
+            raises(_b_sparse_required(ttnn, mesh), CONTRACT_MESSAGES[kind])
             return
         a, b, sp, ids, pc = _contract(ttnn, mesh)
-        t = torch.tensor(ids, dtype=torch.int32)
+        stick = torch.tensor(ids, dtype=torch.int32).reshape(1, 1, 1, -1)
+        kw = {}
         if kind == "multi_stick_shape":
-            ix, kw, needle = _ids(ttnn, mesh, ids, (1, 1, len(ids), 1)), {}, "single ROW_MAJOR stick"
+            ix = _ids(ttnn, mesh, ids, (1, 1, len(ids), 1))
         elif kind == "host_tensor":
-            ix = ttnn.from_torch(t.reshape(1, 1, 1, -1), dtype=ttnn.uint16, layout=ttnn.ROW_MAJOR_LAYOUT)
-            kw, needle = {}, "Device Operations expect device tensors as inputs"
+            ix = ttnn.from_torch(stick, dtype=ttnn.uint16, layout=ttnn.ROW_MAJOR_LAYOUT)
         elif kind == "wrong_dtype":
-            ix = ttnn.from_torch(t.reshape(1, 1, 1, -1), dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
-            kw, needle = {}, "indices must be UINT16 dtype"
+            ix = ttnn.from_torch(stick, dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
         elif kind == "more_than_num_groups":
-            ix, kw, needle = _ids(ttnn, mesh, list(range(16)) + [0]), {}, "must be <= the number of sparse groups"
+            ix = _ids(ttnn, mesh, list(range(16)) + [0])
         elif kind == "nnz":
-            ix, kw, needle = _ids(ttnn, mesh, ids), {"nnz": len(ids)}, "must not be supplied together with indices"
-        else:  # mismatched_optional_output
+            ix, kw = _ids(ttnn, mesh, ids), {"nnz": len(ids)}
+        else:  # a preallocated output with the full group axis
             full = _tile(ttnn, mesh, torch.zeros((1, 1, 1, 16, 32, 256), dtype=torch.bfloat16))
-            ix, kw, needle = _ids(ttnn, mesh, ids), {"optional_output_tensor": full}, "must match the indexed output shape"
-        raises(lambda: _run_indexed(ttnn, a, b, sp, ix, pc, **kw), needle)
+            ix, kw = _ids(ttnn, mesh, ids), {"optional_output_tensor": full}
+        raises(lambda: _run_indexed(ttnn, a, b, sp, ix, pc, **kw), CONTRACT_MESSAGES[kind])
     return fn
 
 
@@ -210,25 +228,20 @@ def _bias_contract(kind):
 
 
 def sparse_cases() -> list[TTCase]:
-    op = "sparse_matmul"
-    out = []
-    for compact_a, stem in ((False, "gate_up"), (True, "down")):
-        for groups in (16, 256):
-            for wdt in ("bfloat8_b", "bfloat4_b"):
-                out.append(TTCase(op, f"gather_{stem}_{groups}_{wdt}", _gather(groups, wdt, compact_a),
-                                  ci=groups == 16 and wdt == "bfloat4_b"))
+    op, out = "sparse_matmul", []
+    for (compact_a, stem), groups, wdt in itertools.product(((False, "gate_up"), (True, "down")), (16, 256),
+                                                            ("bfloat8_b", "bfloat4_b")):
+        out.append(TTCase(op, f"gather_{stem}_{groups}_{wdt}", _gather(groups, wdt, compact_a),
+                          ci=groups == 16 and wdt == "bfloat4_b"))
     out += [TTCase(op, "gather_program_cache_reuses_with_new_indices", _gather_cache_reuse),
             TTCase(op, "indices_absent_is_unchanged", _no_indices)]
-    out += [TTCase(op, f"indices_rejects_{k}", _contract_case(k), ci=True)
-            for k in ("multi_stick_shape", "host_tensor", "wrong_dtype", "more_than_num_groups", "nnz",
-                      "requires_input_b_sparse", "mismatched_optional_output")]
+    out += [TTCase(op, f"indices_rejects_{k}", _contract_case(k), ci=True) for k in CONTRACT_MESSAGES]
     out.append(TTCase(op, "indexed_optional_output", _indexed_optional_output))
-    for compact_a in (False, True):
-        for wdt in ("bfloat8_b", "bfloat4_b"):
-            for n, grid, pcn, obw in ((32, (1, 1), 1, 1), (96, (2, 1), 2, 2), (128, (1, 1), 4, 2)):
-                for fp32_acc, l1_acc in ((True, False), (False, False), (True, True)):
-                    out.append(TTCase(
-                        op, f"indexed_bias_{'compact' if compact_a else 'broadcast'}_a_{wdt}_n{n}_acc{int(fp32_acc)}"
-                            f"{int(l1_acc)}", _bias_rebinding(compact_a, wdt, n, grid, pcn, obw, fp32_acc, l1_acc)))
+    blocks = ((32, (1, 1), 1, 1), (96, (2, 1), 2, 2), (128, (1, 1), 4, 2))
+    accs = ((True, False), (False, False), (True, True))
+    for compact_a, wdt, (n, grid, pcn, obw), (fp32_acc, l1_acc) in itertools.product(
+            (False, True), ("bfloat8_b", "bfloat4_b"), blocks, accs):
+        name = f"indexed_bias_{'compact' if compact_a else 'broadcast'}_a_{wdt}_n{n}_acc{int(fp32_acc)}{int(l1_acc)}"
+        out.append(TTCase(op, name, _bias_rebinding(compact_a, wdt, n, grid, pcn, obw, fp32_acc, l1_acc)))
     out += [TTCase(op, f"indexed_bias_contract_{k}", _bias_contract(k), ci=True) for k in _BIAS_INVALID]
     return out

@@ -7,8 +7,8 @@ file's single-device fixture, ``"mesh2"``: its two-device ``mesh_device``). ``ca
 conformance suite (``qwen36.testing.emulator_conformance``, ``qwen36 probe emu-conformance``) carries: every case of the
 indexed cache update and indexed sparse matmul files, and the rotary file's cases that exercise what those files
 found (every ``out_sharded`` case, the fp32 cases, the padded-cos/sin decode case) plus one interleaved case per
-shape; a few small ones run in CI. ``run_file(source, open_mesh)`` runs a whole file's grid and counts passed, failed and
-skipped (a check to run by hand; the whole rotary grid takes minutes).
+shape; a few small ones run in CI. ``run_file(source)`` runs a whole file's grid and counts passed, failed and skipped
+(a check to run by hand; the whole rotary grid takes minutes).
 
 Sources (tenstorrent/tt-metal, read for facts):
 
@@ -32,8 +32,6 @@ Sources (tenstorrent/tt-metal, read for facts):
 
 from __future__ import annotations
 
-from typing import Callable
-
 from .conformance_tt_base import TTCase
 from .conformance_tt_cache import indexed_cases
 from .conformance_tt_rotary import rope_cases
@@ -44,7 +42,8 @@ INDEXED_FILE = ("tt-metal tests/ttnn/unit_tests/operations/experimental/indexed_
                 "test_indexed_fused_update_cache.py")
 SPARSE_FILE = "tt-metal tests/ttnn/unit_tests/operations/matmul/test_sparse_matmul_indexed.py"
 
-TT_FILES: dict[str, list[TTCase]] = {ROPE_FILE: rope_cases(), INDEXED_FILE: indexed_cases(), SPARSE_FILE: sparse_cases()}
+TT_FILES: dict[str, list[TTCase]] = {ROPE_FILE: rope_cases(), INDEXED_FILE: indexed_cases(),
+                                     SPARSE_FILE: sparse_cases()}
 
 
 def cases(case_type) -> list:
@@ -54,13 +53,13 @@ def cases(case_type) -> list:
             for src, cs in TT_FILES.items() for c in cs if c.suite]
 
 
-def run_file(source: str, open_mesh, only: Callable[[TTCase], bool] | None = None) -> dict:
+def run_file(source: str) -> dict:
     """Run every case of one file on the emulated mesh each case names (``device``: emulated-p150, ``mesh2``:
-    emulated-p150x2, each opened once per case as the file's fixtures do); returns counts and the failures."""
+    emulated-p150x2, opened for each case as the file's fixtures do); returns counts and the failures."""
+    from ..tt_ops.device import open_mesh
+
     counts, failures = {"passed": 0, "failed": 0, "skipped": 0}, []
     for c in TT_FILES[source]:
-        if only is not None and not only(c):
-            continue
         if c.skip:
             counts["skipped"] += 1
             continue
