@@ -145,8 +145,9 @@ class Dispatcher:
                 raise EmulatorError(f"{op_name}: input tensor {t.logical_shape_list} was deallocated")
             if not t.on_device:
                 raise EmulatorError(  # ttnn's device-operation launch guard words it so
-                    f"{op_name}: Device Operations expect device tensors as inputs: input tensor {t.logical_shape_list} "
-                    f"({dtype_name(t.dtype)}) is on host (ttnn.from_torch(..., device=mesh) or ttnn.to_device)"
+                    f"{op_name}: Device Operations expect device tensors as inputs: input tensor "
+                    f"{t.logical_shape_list} ({dtype_name(t.dtype)}) is on host (ttnn.from_torch(..., device=mesh) or "
+                    "ttnn.to_device)"
                 )
             if t.mesh is not mesh:
                 raise EmulatorError(f"{op_name}: input tensor lives on another mesh ({t.mesh!r})")

@@ -468,8 +468,8 @@ def typecast(input_tensor, *args, dtype=None, memory_config=None, output_tensor=
     if output_tensor is not None:
         write_inplace(output_tensor, [quantize_via_ttnn(s, output_tensor.dtype) for s in src])
         return output_tensor
-    return make_like(tensor, src, dtype=dtype,
-                     memory_config=output_memory_config("ttnn.typecast", memory_config, tensor), pad_fill=tensor.pad_fill)
+    return make_like(tensor, src, dtype=dtype, pad_fill=tensor.pad_fill,
+                     memory_config=output_memory_config("ttnn.typecast", memory_config, tensor))
 
 
 @device_op("ttnn.to_memory_config")

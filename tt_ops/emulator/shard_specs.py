@@ -8,9 +8,9 @@ Two levels decide it on cards (tenstorrent/tt-metal, read for facts; the strings
   ``TensorLayout::compute_buffer_sharding_args`` (``ttnn/core/tensor/layout/tensor_layout.cpp``) raises "MemoryConfig
   must have Shard Spec specified for sharded memory layout" (in 0.81.1's ``libtt_metal.so``). So an op whose
   ``compute_output_specs`` builds the output's ``TensorSpec`` from the caller's config as it is fails when it creates
-  the output: :data:`HANDED_THROUGH` (``rotary_embedding_llama_device_operation.cpp``; 0.81.1's unary ops before the
-  synthesiser below). The emulator applies that rule to every new device tensor (:func:`require_shard_spec`, called
-  by the mesh when it allocates; host-to-device transfers included).
+  the output: :data:`HANDED_THROUGH` (``rotary_embedding_llama_device_operation.cpp``). The emulator applies that rule
+  to every new device tensor (:func:`require_shard_spec`, called by the mesh when it allocates; host-to-device
+  transfers included).
 * **Some device ops derive a spec first**, each its own way (:class:`SpeclessShard` instances, one per rule):
 
   - ``experimental.rotary_embedding_hf`` (``rotary_embedding_hf_device_operation.cpp`` ``compute_output_specs``, the
@@ -139,7 +139,8 @@ RULES: dict[str, SpeclessShard] = {
 
 
 def output_memory_config(op: str, mc, input_tensor):
-    """The memory config an output of ``op`` gets from the caller's ``mc`` (``None``: the op's default, unchanged)."""
+    """The memory config an output of ``op`` gets from the caller's ``mc`` (``None``: the op's default, unchanged);
+    every emulated op and the golden path call it before creating an output from a caller's config."""
     if not is_specless_sharded(mc):
         return mc
     return RULES.get(op, UNCHECKED).resolve(op, mc, input_tensor)
