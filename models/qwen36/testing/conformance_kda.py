@@ -128,6 +128,8 @@ def _conv_deterministic(widths, chunk):
 
 
 def _conv_cache_hit_fresh_tensors(ttnn, mesh):
+    mesh.enable_program_cache()  # an enabled, empty cache, as the tests' isolated_program_cache fixture gives
+    mesh.clear_program_cache()
     widths = (128, 128, 128)
     ha, hb = _qkv_host(32, widths, seed=1911), _qkv_host(32, widths, seed=1912)
     da, db = _qkv_dev(ttnn, mesh, ha), _qkv_dev(ttnn, mesh, hb)
@@ -142,6 +144,8 @@ def _conv_cache_hit_fresh_tensors(ttnn, mesh):
 
 
 def _conv_program_key(ttnn, mesh):
+    mesh.enable_program_cache()  # an enabled, empty cache, as the tests' isolated_program_cache fixture gives
+    mesh.clear_program_cache()
     widths = (128, 128, 128)
     dev = _qkv_dev(ttnn, mesh, _qkv_host(32, widths, seed=772))
     _conv(ttnn, mesh, *dev, widths, 384)
@@ -155,6 +159,8 @@ def _conv_program_key(ttnn, mesh):
 
 
 def _conv_default_config(ttnn, mesh):
+    mesh.enable_program_cache()  # an enabled, empty cache, as the tests' isolated_program_cache fixture gives
+    mesh.clear_program_cache()
     widths = (128, 128, 128)
     dev = _qkv_dev(ttnn, mesh, _qkv_host(32, widths, seed=817))
     implicit = _conv(ttnn, mesh, *dev, widths, 384)
@@ -338,6 +344,8 @@ def _norm_accurate(fp32_in, fp32_out, batch=1, sequence=64, heads=12, production
 
 
 def _norm_program_key_epsilon(ttnn, mesh):
+    mesh.enable_program_cache()  # an enabled, empty cache, as the tests' isolated_program_cache fixture gives
+    mesh.clear_program_cache()
     dev = _norm_dev(ttnn, mesh, _norm_host(1, 32, 2, 64, seed=1321))
     _norm_run(ttnn, mesh, dev, 2, epsilon=1e-5)
     n = mesh.num_program_cache_entries()
@@ -347,6 +355,8 @@ def _norm_program_key_epsilon(ttnn, mesh):
 
 
 def _norm_default_config(ttnn, mesh):
+    mesh.enable_program_cache()  # an enabled, empty cache, as the tests' isolated_program_cache fixture gives
+    mesh.clear_program_cache()
     dev = _norm_dev(ttnn, mesh, _norm_host(seed=817))
     implicit = _first(ttnn, _norm_run(ttnn, mesh, dev))
     n = mesh.num_program_cache_entries()
