@@ -89,3 +89,21 @@ def test_a_restated_tt_file_counts_passed_failed_and_skipped(monkeypatch):
     r = T.run_file("x")
     assert r["counts"] == {"passed": 2, "failed": 1, "skipped": 1} and seen == [1, 2]
     assert r["failures"] == [("bad", "AssertionError: deliberate mismatch")]
+
+
+@pytest.mark.parametrize("name", ["program_cache_reuses_runtime_positions", "tensor_parallel_mesh_heads"])
+def test_a_program_cache_case_leaves_the_shared_mesh_caching(name):
+    """The restated indexed-cache cases that switch the program cache on used to switch it off when they finished,
+    so every later case of the suite on the same mesh ran without a program cache (and program-cache cases of other
+    ops failed). The mesh must be left as it was opened: caching, and empty."""
+    from qwen36.testing.conformance_tt_cache import indexed_cases
+
+    case = next(c for c in indexed_cases() if c.name == name)
+    device = "emulated-p150" if case.mesh == "device" else "emulated-p150x2"
+    with open_mesh(device, trace_region_size=case.trace_region or 10_000_000) as c:
+        case.fn(c.ttnn, c.mesh_device)
+        assert c.mesh_device.num_program_cache_entries() == 0
+        x = c.ttnn.from_torch(__import__("torch").ones(32, 32), dtype=c.ttnn.bfloat16, layout=c.ttnn.TILE_LAYOUT,
+                              device=c.mesh_device, mesh_mapper=c.ttnn.ReplicateTensorToMesh(c.mesh_device))
+        c.ttnn.add(x, x)
+        assert c.mesh_device.num_program_cache_entries() > 0

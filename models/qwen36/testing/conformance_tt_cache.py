@@ -42,6 +42,13 @@ def _idx_scatter(cache_shape):
     return fn
 
 
+def _restore_program_cache(mesh):
+    """Leave the shared mesh as it was opened (program cache on, empty): the cases after this one in the suite must
+    not run without it."""
+    mesh.clear_program_cache()
+    mesh.enable_program_cache()
+
+
 def _idx_program_cache(ttnn, mesh):
     g = torch.Generator().manual_seed(23)
     shape, ishape = (3, 1, 64, 128), (1, 1, 4, 128)
@@ -62,7 +69,7 @@ def _idx_program_cache(ttnn, mesh):
             want = _idx_ref(_idx_ref(torch.zeros(shape, dtype=torch.bfloat16), a, [0, 1, 64, 65]), b, [2, 3, 128, -1])
             assert torch.equal(host0(ttnn, o), want)
     finally:
-        mesh.disable_and_clear_program_cache()
+        _restore_program_cache(mesh)
 
 
 def _idx_trace_replay(ttnn, mesh):
@@ -220,7 +227,7 @@ def _idx_tensor_parallel(dim, cache_shape):
                 assert torch.equal(ttnn.to_torch(o1, mesh_composer=compose), want1)
                 assert torch.equal(ttnn.to_torch(o2, mesh_composer=compose), want2)
         finally:
-            mesh.disable_and_clear_program_cache()
+            _restore_program_cache(mesh)
     return fn
 
 
