@@ -73,7 +73,7 @@ def gdn_prefill_mixer(r: Region, p: Per, t: int, carry: bool, last: bool) -> Non
     r.op("ttnn.to_layout", dram(1, t + k1, c))
     halves = -(-c // CONV_CHANNELS_MAX)
     for _ in range(halves):
-        for op in ("ttnn.interleaved_to_sharded", "ttnn.halo", "ttnn.move", "ttnn.conv1d"):
+        for op in ("ttnn.interleaved_to_sharded", "ttnn.conv1d:halo", "ttnn.conv1d:move", "ttnn.conv1d"):
             r.op(op, dram(1, t + k1, c // halves))
     if halves > 1:
         r.op("ttnn.concat", l1(1, t, c // halves), l1(1, t, c // halves))
@@ -91,7 +91,7 @@ def gdn_prefill_mixer(r: Region, p: Per, t: int, carry: bool, last: bool) -> Non
     state = dram(1, p.nv, dk, dk, dtype="FLOAT32")
     r.op("ttnn.transformer.chunk_gated_delta_rule", dram(1, t, p.kd), dram(1, t, p.kd), dram(1, t, p.vd),
          *((state,) if carry else ()), work=(flops, HIFI2, True))
-    r.op("ttnn.transformer.chunk_gated_delta_rule_prep", dram(1, t, c))
+    r.op("ttnn.transformer.chunk_gated_delta_rule:prep", dram(1, t, c))
     if carry:
         r.op("ttnn.copy", state)  # final state into the persistent buffer
         r.op("ttnn.copy", dram(1, k1, c))  # conv carry
