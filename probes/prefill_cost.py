@@ -18,12 +18,13 @@ first attention layer built, the vocabulary cut to ``--vocab-sample``):
   * ``--preset 35b-a3b``: built at 32 and at 64 routed experts, every per-chunk count extrapolated linearly to the
     real 256 (:func:`extrapolate_experts`: the MoE prefill runs every expert over the chunk, so its bytes and FLOPs
     are linear in the expert count; checked at CI size against a third build);
-  * the total is charged by ``cost_model.calibrated_prefill_figures``: the decode constants (launch, kernels,
-    DRAM, collectives) plus the compute term (docs/cost_model.md "Prefill and time to first token").
+  * the total is charged by ``cost_model.calibrated_prefill_figures`` as an eager region (the prefill is not
+    traced): per op, the larger of its device time (the decode constants: programs, DRAM, collectives, plus the
+    compute term) and its programs' host dispatch (``eager_dispatch_us``; docs/cost_model.md "Prefill and time to
+    first token").
 
-TTFT here = the device time of the prefill, the last row's LM head and its all_gather. Not in it: the host's
-token upload, logits readback and sampling, and any eager-dispatch host time (the launch constant is the traced
-one; the prefill runs eagerly, see ``PREFILL_UNCALIBRATED``).
+TTFT here = the time of the prefill, the last row's LM head and its all_gather. Not in it: the host's token upload,
+logits readback and sampling.
 """
 from __future__ import annotations
 
@@ -304,7 +305,7 @@ def figures(unit: dict, n_gdn: int, n_attn: int, prompt: int, start: int = 0) ->
     from qwen36.tt_ops.cost_model import calibrated_prefill_figures
 
     c = prompt_counts(unit, n_gdn, n_attn, prompt, start)
-    f = calibrated_prefill_figures(c, prompt)
+    f = calibrated_prefill_figures(c, prompt, eager=True)
     f["prompt_tokens"], f["start"], f["chunks"] = prompt, start, prompt // unit["chunk"]
     f["programs"], f["collectives"] = c.programs, c.collectives
     f["bytes_read_per_device"] = c.bytes_read_total

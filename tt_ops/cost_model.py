@@ -479,6 +479,11 @@ PREFILL_CALIBRATION: dict[str, Constant] = {c.name: c for c in (
              "tt-metal tech_reports/GEMM_FLOPS/GEMM_FLOPS.md, 'P150 Out of Box Results (11x10 grid)': device-based "
              "utilization of DRAM-interleaved matmuls with auto-selected program configs, M >= 2560: 80.3-87.0 % "
              "(bfloat16 HiFi2 and bfloat8_b LoFi, with and without trace)"),
+    Constant("prefill_matmul_fixed_us", 12.7, 10.0, 18.0, "us/program",
+             "fit (tt-metal tech_reports/GEMM_FLOPS/GEMM_FLOPS.md, 'P150 Out of Box Results (11x10 grid)', the six "
+             "traced rows of tests/probes/test_prefill_cost.py): what a whole-grid 2D matmul program takes beyond "
+             "program_us and max(compute, its bytes), the per-op time of the traced benchmark loop over the device "
+             "kernel the table's device-based utilization implies; charged on every program with a compute term"),
     Constant("matmul_util_fp32_acc", 0.27, 0.22, 0.37, "x fidelity peak",
              "fit (Thatch-cloud/Tenstorrent.Blackhole-Qwen3.8-27B README, 2x P150a, Tenstorrent's qwen36: TTFT "
              "1.04 s for a 4,096-token prompt): matmuls accumulating in fp32 Dst, on the grids a model gives them; "
@@ -518,15 +523,16 @@ def _read_ms(model: "CalibratedP150aModel", read_items) -> float:
 
 def prefill_compute_excess(counts: Counts, model: "CalibratedP150aModel | None" = None) -> dict:
     """The compute term of a region: over its matmul-like programs (``Counts.compute_work``), the sum of
-    ``max(0, compute time - the program's own DRAM read time)``, compute time = FLOPs / (fidelity peak x
-    ``matmul_util``, or ``matmul_util_fp32_acc`` for a program accumulating in fp32 Dst). Returns ``excess_ms``, ``compute_ms`` (all the work at that rate), ``flops`` and both by op."""
+    ``max(0, compute time - the program's own DRAM read time) + prefill_matmul_fixed_us``, compute time = FLOPs /
+    (fidelity peak x ``matmul_util``, or ``matmul_util_fp32_acc`` for a program accumulating in fp32 Dst). Returns ``excess_ms``, ``compute_ms`` (all the work at that rate), ``flops`` and both by op."""
     m = model or CalibratedP150aModel()
     excess, compute, flops = 0.0, 0.0, 0
     by_op: dict = {}
+    fixed_us = m.k("prefill_matmul_fixed_us")
     for (op, f, phases, fp32, read_items), n in counts.compute_work.items():
         util = m.k("matmul_util_fp32_acc" if fp32 else "matmul_util")
         t = f / (matmul_peak_tflops(phases) * 1e12 * util) * 1e3
-        e = max(0.0, t - _read_ms(m, read_items))
+        e = max(0.0, t - _read_ms(m, read_items)) + fixed_us * 1e-3
         excess, compute, flops = excess + n * e, compute + n * t, flops + n * f
         row = by_op.setdefault(op, {"programs": 0, "flops": 0, "compute_ms": 0.0, "excess_ms": 0.0})
         row["programs"] += n

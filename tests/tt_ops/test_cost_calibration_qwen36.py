@@ -125,3 +125,14 @@ def test_docs_print_the_pins_and_host_constants():
         assert a.name in doc, a.name
     for c in HOST_CALIBRATION.values():
         assert f"`{c.name}`" in doc, c.name
+
+
+def test_the_prefill_fits_are_the_two_ttfts():
+    """matmul_util_fp32_acc and eager_dispatch_us are fitted to the two measured TTFTs (two figures, two constants):
+    each reproduces its figure closely, and moving either off its value moves its figure away."""
+    from qwen36.tt_ops.cost_model import PREFILL_CALIBRATION
+
+    for name, anchor in (("eager_dispatch_us", "ttft tp2 128"), ("matmul_util_fp32_acc", "ttft tp2 4k")):
+        assert PREFILL_CALIBRATION[name].source.startswith("fit "), name
+        a = next(x for x in QWEN36_ANCHORS if x.name == anchor)
+        assert abs(anchor_figures(a)["ms"] / a.measured_ms - 1) < 0.02, anchor
