@@ -84,6 +84,7 @@ class QwenAnchor:
     source: str
     pinned: bool  # held within +-15 % in CI; else a reported comparison
     why: str = ""  # for a comparison: why it is not pinned
+    batch: int = 1  # decode users
 
 
 THATCH = "Thatch-cloud/Tenstorrent.Blackhole-Qwen3.8-27B README (2x P150a, tt-metal v0.77.0-rc1 + PRs 53314/53319/53320, 2026-08-24)"
@@ -99,6 +100,12 @@ QWEN36_ANCHORS = (
     QwenAnchor("gdn mixer tp2", "mixer", 0.442, 2, 1,
                "tenstorrent/vllm issue 442 (Tracy device time, TP=2, 2026-08-25): the Gated DeltaNet mixer 0.442 ms "
                "per layer per device", True),
+    QwenAnchor("decode tp2 b8 ctx128 (serving)", "decode", 1e3 / 12.56, 2, 128,
+               f"{THATCH}: batched serving B=8, 12.56 tok/s per user at 128", False,
+               "vLLM serving's batched decode (QWEN36_BATCHED_DECODE_MODE=host), not the restated demo loop", 8),
+    QwenAnchor("decode tp2 b8 ctx4k (serving)", "decode", 1e3 / 12.23, 2, 4096,
+               f"{THATCH}: batched serving B=8, 12.23 tok/s per user at 4,096", False,
+               "vLLM serving's batched decode (QWEN36_BATCHED_DECODE_MODE=host), not the restated demo loop", 8),
     QwenAnchor("decode tp4 ctx128 (demo)", "decode", 1e3 / 27.74, 4, 128,
                f"{QB2_LOG}: decode 27.74 t/s/u at ISL 128 (the same pre-fused program list)", True),
     QwenAnchor("decode tp4 ctx128 (serving, optimizations off)", "decode", 41.4, 4, 128,
@@ -128,7 +135,7 @@ QWEN36_ANCHORS = (
 
 def anchor_figures(a: QwenAnchor) -> dict:
     if a.kind == "decode":
-        return decode_figures(a.tp, 1, a.size)
+        return decode_figures(a.tp, a.batch, a.size)
     if a.kind == "ttft":
         return ttft_figures(a.tp, a.size)
     return gdn_mixer_figures(a.tp, a.size)
