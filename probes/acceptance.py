@@ -231,7 +231,8 @@ def gate_cell(spec: str, figures: dict, ks) -> dict:
             "greedy_agreement_shortfall": max(0.0, need - a_cb), "acceptance_ratio": ratios,
             "acceptance_ratio_min": ACCEPTANCE_RATIO_MIN, "acceptance_ok": accept_ok,
             "acceptance_shortfall": {k: max(0.0, ACCEPTANCE_RATIO_MIN - r) for k, r in ratios.items()},
-            "gate": True, "pass": agree_ok and accept_ok}
+            "gate": True, "pass": agree_ok and accept_ok,
+            "failed": [n for n, ok in (("greedy_agreement", agree_ok), ("acceptance", accept_ok)) if not ok]}
 
 
 def run(args: argparse.Namespace) -> ProbeReport:

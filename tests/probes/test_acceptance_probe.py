@@ -63,6 +63,7 @@ def test_acceptance_aware_gate_passes_and_fails_by_its_thresholds():
     assert not c["greedy_agreement_ok"] and c["greedy_agreement_shortfall"] == pytest.approx(0.87 - 0.8)
     assert not c["acceptance_ok"] and c["acceptance_shortfall"][3] == pytest.approx(0.95 - 0.8)
     assert c["acceptance_shortfall"][5] == 0.0 and not c["pass"]
+    assert c["failed"] == ["greedy_agreement", "acceptance"]
 
 
 def gate0b_line(precision, ms_by_k, batch=None) -> str:
