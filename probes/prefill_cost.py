@@ -358,7 +358,8 @@ def run(args: argparse.Namespace) -> ProbeReport:
               f"{r['ms_high']:.0f}), {r['tok_s']:.0f} prompt tok/s; launch {b['launch_ms']:.0f} + kernels "
               f"{b['kernel_ms']:.0f} + DRAM {b['dram_interleaved_ms'] + b['dram_sharded_ms']:.0f} + collectives "
               f"{b['collective_fixed_ms'] + b['collective_bw_ms']:.0f} + compute excess {b['compute_excess_ms']:.0f} "
-              f"ms ({r['flops_per_device'] / 1e12:.1f} TFLOP/device)")
+              f"ms ({r['flops_per_device'] / 1e12:.1f} TFLOP/device); untraced: per op the larger of device "
+              f"{b['eager_device_ms']:.0f} and host dispatch {b['eager_host_ms']:.0f} ms")
     for r in reuse:
         print(f"  [{label}] prefix hit {r['hit_tokens']} of {r['prompt_tokens']}: prefill {r['prefilled_tokens']} "
               f"tokens from position {r['hit_tokens']}: {r['ms']:.0f} ms (band {r['ms_low']:.0f}-{r['ms_high']:.0f}) "
