@@ -15,6 +15,7 @@ calls it caused, after the launch's own calls (KV allocation, warmup).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import signal
@@ -85,14 +86,19 @@ def streamed(client, request: dict) -> tuple[dict, list[dict]]:
         chunks
 
 
-def drive(url: str, record: Path) -> list[dict]:
+def drive(url: str, record: Path, checkpoint: Path, only: list[str] | None = None) -> list[dict]:
     import openai
+    from transformers import AutoTokenizer
 
-    from qwen36.testing.chat_api import ROWS
+    from qwen36.testing.chat_api import ROWS, prompt_failures
+
+    tok = AutoTokenizer.from_pretrained(str(checkpoint))
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=3600)
     results, rows = {}, []
     for row in ROWS:
+        if only and row.name not in only:
+            continue
         request = row.build(results)
         start = settled(record)
         t0 = time.time()
@@ -108,7 +114,7 @@ def drive(url: str, record: Path) -> list[dict]:
         end = settled(record)
         results[row.name] = response
         fails = ([] if status == row.status else [f"HTTP {status}, expected {row.status}"]) or \
-            row.expect(response, results)
+            row.expect(response, results) + (prompt_failures(tok, request, response) if status == 200 else [])
         rows.append(dict(name=row.name, feature=row.feature, request=request, status=status, response=response,
                          chunks=chunks, calls=[start, end], seconds=round(time.time() - t0, 1), failures=fails,
                          plumbing=row.plumbing))
@@ -129,7 +135,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=2)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--port", type=int, default=8791)
-    ap.add_argument("--out", type=Path, help="write the recording here (JSON)")
+    ap.add_argument("--out", type=Path, help="write the recording here (JSON, gzipped when the name ends in .gz)")
+    ap.add_argument("--rows", default=None, help="only these rows (comma-separated names; a row that reads an "
+                                                  "earlier row's answer needs that row too)")
     args = ap.parse_args(argv)
 
     import httpx
@@ -162,7 +170,7 @@ def main(argv=None) -> int:
                 pass
             time.sleep(2)
         print(f"server up in {time.time() - t0:.0f} s", flush=True)
-        rows = drive(url, record)
+        rows = drive(url, record, ck, args.rows.split(",") if args.rows else None)
     finally:
         os.kill(server.pid, signal.SIGINT)  # qwen36 serve's own process: vLLM stops its engine core
         try:
@@ -184,7 +192,8 @@ def main(argv=None) -> int:
                      serve_args=serve_args, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                      model_args=json.loads((record / "model_args.json").read_text()), calls=calls,
                      rows=[{k: v for k, v in r.items() if k not in ("seconds", "failures")} for r in rows])
-        args.out.write_text(json.dumps(trace, indent=None, separators=(",", ":")))
+        data = json.dumps(trace, indent=None, separators=(",", ":")).encode()
+        args.out.write_bytes(gzip.compress(data, mtime=0) if args.out.suffix == ".gz" else data)
         print(f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB, {len(calls)} calls)")
     bad = [r["name"] for r in rows if r["failures"]]
     print("chat API table", "PASSED" if clean and not bad else f"FAILED ({', '.join(bad) or 'shutdown'})")
