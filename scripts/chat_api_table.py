@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def serve(argv: list[str]) -> None:

@@ -30,7 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 BLOCK = 64
 
 

@@ -3,7 +3,7 @@ per row, what each row's response must show, and the checks a recording of the r
 against the model class without vLLM.
 
 ``scripts/chat_api_table.py`` drives the rows with the ``openai`` client against ``qwen36 serve`` and records each
-row's request, response and the plugin calls it caused (``tests/data/vllm_chat_api_trace.json``);
+row's request, response and the plugin calls it caused (``tests/data/vllm_chat_api_trace.json.gz``);
 ``tests/tt/serving/test_chat_api_replay.py`` replays that recording in CI, and
 ``tests/tt/serving/test_chat_api_dev.py`` runs the table live.
 
@@ -18,7 +18,7 @@ import functools
 import json
 import re
 import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -96,8 +96,8 @@ def _tool_turn() -> list[dict]:
 
 @dataclass
 class Row:
-    """One feature: its request (``build(results so far)`` -> ``create`` kwargs), and what its response must show
-    (``expect(response) -> list of failures``; a failure is a sentence)."""
+    """One feature: its request (``build(answers so far by row name)`` -> ``create`` kwargs), and what its answer
+    must show (``expect(answer, answers so far)`` -> the failures, one sentence each; none when it holds)."""
     name: str
     feature: str
     build: Callable[[dict], dict]
@@ -105,7 +105,6 @@ class Row:
     status: int = 200
     stream: bool = False
     plumbing: str = ""  # why the row shows the plumbing and not the model's own choice ("" = the feature itself)
-    notes: list[str] = field(default_factory=list)
 
 
 def message(resp: dict, i: int = 0) -> dict:
