@@ -112,8 +112,11 @@ def drive(url: str, record: Path, checkpoint: Path, only: list[str] | None = Non
             status, response = e.status_code, e.body if isinstance(e.body, dict) else {"error": str(e.body)}
         end = settled(record)
         results[row.name] = response
-        fails = ([] if status == row.status else [f"HTTP {status}, expected {row.status}"]) or \
-            row.expect(response, results) + (prompt_failures(tok, request, response) if status == 200 else [])
+        try:
+            fails = ([] if status == row.status else [f"HTTP {status}, expected {row.status}"]) or \
+                row.expect(response, results) + (prompt_failures(tok, request, response) if status == 200 else [])
+        except Exception as e:  # an answer the check cannot read is a failure of the row, not of the run
+            fails = [f"the check raised {e!r}"]
         rows.append(dict(name=row.name, feature=row.feature, request=request, status=status, response=response,
                          chunks=chunks, calls=[start, end], seconds=round(time.time() - t0, 1), failures=fails,
                          plumbing=row.plumbing))

@@ -75,7 +75,9 @@ def no_whitespace_bias() -> dict[str, int]:
     any whitespace around a call's parameters and before its closing tags, and an untrained model fills it until
     ``max_tokens`` (the embedded model and the chat-ci one both do). With the bias the model leaves whitespace
     whenever the grammar allows anything else, and where it must write whitespace (the layout's newlines) the newline
-    alone is the least penalised: the call comes out in the canonical layout and completes."""
+    alone is the least penalised: the call comes out in the canonical layout and completes. The grammar matches the
+    markers as text, so a model that never saw the ``<tool_call>`` token (the embedded one) spells them out in
+    several tokens: a call takes it about 75 tokens, the chat-ci model 40, hence 96 for the tool rows."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(DEFAULT_CHECKPOINT))
@@ -115,14 +117,20 @@ def _fails(*checks: tuple[bool, str]) -> list[str]:
     return [what for ok, what in checks if not ok]
 
 
-def _calls(resp: dict) -> list[tuple[str, dict]]:
-    return [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for c in (message(resp).get("tool_calls") or [])]
+def _calls(resp: dict) -> list[tuple[str, dict | str]]:
+    """(name, arguments) of each call; arguments that are not a JSON object stay text (a call cut off mid-value)."""
+    out = []
+    for c in message(resp).get("tool_calls") or []:
+        try:
+            out.append((c["function"]["name"], json.loads(c["function"]["arguments"])))
+        except ValueError:
+            out.append((c["function"]["name"], c["function"]["arguments"]))
+    return out
 
 
-def _valid_call(name: str, args: dict) -> bool:
+def _valid_call(name: str, args: dict | str) -> bool:
     tool = next((t["function"] for t in TOOLS if t["function"]["name"] == name), None)
-    if tool is None:
+    if tool is None or not isinstance(args, dict):
         return False
     props, req = tool["parameters"]["properties"], tool["parameters"]["required"]
     return set(req) <= set(args) and all(k in props and v in props[k]["enum"] for k, v in args.items())
@@ -255,16 +263,16 @@ ROWS: list[Row] = [
         _expect_auto, plumbing="the model does not choose to call a tool: the tool list reaches the prompt and the "
                                "parser runs on the answer"),
     Row("tools required", "tools, tool_choice required",
-        lambda r: _body(44, NO_THINK, messages=ASK, tools=TOOLS, tool_choice="required",
+        lambda r: _body(96, NO_THINK, messages=ASK, tools=TOOLS, tool_choice="required",
                         logit_bias=no_whitespace_bias()), _expect_required),
     Row("tools named", "tools, tool_choice named",
-        lambda r: _body(44, NO_THINK, messages=ASK, tools=TOOLS, logit_bias=no_whitespace_bias(),
+        lambda r: _body(96, NO_THINK, messages=ASK, tools=TOOLS, logit_bias=no_whitespace_bias(),
                         tool_choice={"type": "function", "function": {"name": "get_time"}}), _expect_named),
     Row("tools required stream", "tools, tool_choice required, streamed",
-        lambda r: _body(44, NO_THINK, messages=ASK, tools=TOOLS, tool_choice="required",
+        lambda r: _body(96, NO_THINK, messages=ASK, tools=TOOLS, tool_choice="required",
                         logit_bias=no_whitespace_bias()), _expect_stream_required, stream=True),
     Row("tools auto forced call", "tools, tool_choice auto, a call in the answer",
-        lambda r: _body(64, {**NO_THINK, "structured_outputs": {"regex": FORCED_CALL}}, messages=ASK, tools=TOOLS),
+        lambda r: _body(96, {**NO_THINK, "structured_outputs": {"regex": FORCED_CALL}}, messages=ASK, tools=TOOLS),
         _expect_forced_auto, plumbing="the call is forced by a regex over the answer, not chosen by the model"),
     Row("tool result", "a tool-result turn", lambda r: _body(8, NO_THINK, messages=_tool_turn(), tools=TOOLS),
         _expect_tool_result),
