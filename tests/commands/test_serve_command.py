@@ -68,6 +68,11 @@ def installed(monkeypatch):
 def test_refusals_before_vllm_starts(capsys, tmp_path, ci_ckpt, installed):
     rc, err = run_cli(capsys, "serve", "--device", "emulated-p150x2", "--checkpoint", str(tmp_path))
     assert_one_line_error(rc, err, "no config.json")
+    from qwen36.tt_ops.device import count_tenstorrent_cards, simulator_path
+
+    if count_tenstorrent_cards() < 2 and simulator_path() is None:  # no cards: named, with the emulated alternative
+        rc, err = run_cli(capsys, "serve", "--device", "p150x2")
+        assert_one_line_error(rc, err, "needs two P150a cards", "--device emulated-p150x2")
     rc, err = run_cli(capsys, "serve", "--device", "emulated-p150x2", "--spec-k", "3")
     assert_one_line_error(rc, err, "--spec-k", "no speculative runner", "vllm_tt_plugin.spec_decode")
     # the parsers read <think> / <tool_call>: a checkpoint whose tokenizer lacks the chat format is refused with them

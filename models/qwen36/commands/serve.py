@@ -113,6 +113,13 @@ def check_launch(args: argparse.Namespace) -> Path:
     if not (REPO / "vllm_models").is_dir():
         raise UserError(f"{REPO / 'vllm_models'} is missing: qwen36 serve registers the model class from the "
                         "repository's bundle directory (install this project editable from a checkout)")
+    if args.device == "p150x2":
+        from ..tt_ops.device import TT_DEVICE_DIR, count_tenstorrent_cards, simulator_path
+
+        cards = count_tenstorrent_cards()
+        if simulator_path() is None and cards < 2:
+            raise UserError(f"--device p150x2 needs two P150a cards and {cards} are present ({TT_DEVICE_DIR}); to "
+                            "try the API without cards pass --device emulated-p150x2")
     if args.spec_k is not None:
         if importlib.util.find_spec("vllm_tt_plugin.spec_decode") is None:
             raise UserError("--spec-k: the installed vllm-tt plugin has no speculative runner "

@@ -103,7 +103,7 @@ def test_responses_are_the_emitted_tokens(tok):
                 assert m["content"] == (text[: text.index(stop)] if isinstance(stop, str) else text), r["name"]
 
 
-@pytest.mark.slow  # the whole table's engine calls (the chat-ci model: tool prompts of ~300 tokens, ~350 steps)
+@pytest.mark.slow  # the whole table's engine calls (the chat-ci model: tool prompts of 408 tokens, ~390 calls)
 def test_replay_of_the_servers_calls(tmp_path_factory):
     ck = make_chat_checkpoint(tmp_path_factory.mktemp("chat_api") / CHAT_CHECKPOINT)
     ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
