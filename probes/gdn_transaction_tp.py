@@ -376,44 +376,79 @@ def open_probe(ckpt: Path, device: str, precision: str, seed: int, backend_facto
     return Probe(gen, load_checkpoint(ckpt, require_mtp=True), plain, prompt, backend_factory)
 
 
+def matrix_args(args: argparse.Namespace, batch: int) -> tuple[tuple[int, ...], tuple[str, ...], set[int] | None]:
+    """(ks, mechanisms, accepts) of the command line, refused by name where they cannot run: ``--ks`` defaults to
+    ``BATCH_KS`` for B users (the batched cells force their own per-user plan, so no ``--accepts``)."""
+    ks_arg = ",".join(map(str, BATCH_KS)) if batch > 1 and args.ks == ",".join(map(str, KS)) else args.ks
+    ks = tuple(int(x) for x in ks_arg.split(","))
+    mechs = tuple(args.mechanisms.split(","))
+    if any(k < 1 for k in ks) or any(m not in MECHANISMS for m in mechs):
+        raise UserError(f"--ks must be positive and --mechanisms in {MECHANISMS}; got {ks_arg!r} {args.mechanisms!r}")
+    if batch > 1 and args.accepts is not None:
+        raise UserError("--accepts is for the single-user matrix; the batched cells force their own per-user plan")
+    if args.device.startswith("reference"):
+        ref = "qwen36 probe gdn-transaction" + (" --batch B" if batch > 1 else "")
+        raise UserError(f"probe {NAME} runs the TT path (--device emulated-p150x2 or p150x2); "
+                        f"for the reference backend use `{ref}`")
+    return ks, mechs, None if args.accepts is None else {int(x) for x in args.accepts.split(",")}
+
+
 def run(args: argparse.Namespace) -> ProbeReport:
+    """The matrix for one user (``run_matrix``) or, with ``--batch B``, for B users in one packed verify
+    (``run_tp_batch_matrix``: mechanisms x K, default K in ``BATCH_KS``), on one checkpoint built or given."""
     from qwen36.testing.tt import make_bf16_checkpoint
+    from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
 
     batch = getattr(args, "batch", 1)
     if batch < 1:
         raise UserError(f"--batch must be >= 1, got {batch}")
-    if batch > 1:
-        return run_batch(args, batch)
-    ks = tuple(int(x) for x in args.ks.split(","))
-    mechs = tuple(args.mechanisms.split(","))
-    accepts = None if args.accepts is None else {int(x) for x in args.accepts.split(",")}
-    if any(k < 1 for k in ks) or any(m not in MECHANISMS for m in mechs):
-        raise UserError(f"--ks must be positive and --mechanisms in {MECHANISMS}; got {args.ks!r} {args.mechanisms!r}")
-    if args.device.startswith("reference"):
-        raise UserError(f"probe {NAME} runs the TT path (--device emulated-p150x2 or p150x2); "
-                        "for the reference backend use `qwen36 probe gdn-transaction`")
+    ks, mechs, accepts = matrix_args(args, batch)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qwen36-gdn-tp-") as tmp:
         if args.checkpoint is not None:
             ckpt, source = args.checkpoint, str(args.checkpoint)
         else:
-            cfg = full_config() if args.full else "ci"
-            ckpt = make_bf16_checkpoint(Path(tmp) / "ckpt", cfg, seed=args.seed)
+            ckpt = make_bf16_checkpoint(Path(tmp) / "ckpt", full_config() if args.full else "ci", seed=args.seed)
             source = f"generated bf16 {'full (27B per-device GDN shapes)' if args.full else 'ci'} (seed {args.seed})"
-        probe = open_probe(ckpt, args.device, args.precision, args.seed)
+        if batch == 1:
+            probe = open_probe(ckpt, args.device, args.precision, args.seed)
+            gen = probe.gen
+        else:
+            gen = build_generator(ckpt, args.device, precision=args.precision, max_seq_len=MAX_SEQ_LEN,
+                                  use_trace=True, progress=False, pages=SMALL_PAGES, cache_dir=None)
+            label = f"tt ({gen.label or 'mesh'}) + host drafter"
         try:
-            cells, totals = run_matrix(probe, ks, mechs, accepts)
-            label = probe.label
-            a = probe.model.args
+            if batch == 1:
+                cells, totals = run_matrix(probe, ks, mechs, accepts)
+                label = probe.label  # the backend's own label, set by the cells
+            else:
+                cells, totals = run_tp_batch_matrix(gen, batch=batch, ks=ks, mechanisms=mechs, seed=args.seed,
+                                                    prompt_len=PROMPT_LEN)
+            a = gen.model.args
         finally:
-            probe.gen.close()
+            gen.close()
+    measured = {"wall_s_measured": round(time.perf_counter() - t0, 2),
+                "peak_rss_mib_measured": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    config = {"checkpoint": source, "full": bool(args.full)}
+    if batch > 1:
+        return ProbeReport(
+            probe=NAME, backend=label,
+            config={**config, "batch": batch, "ks": list(ks), "mechanisms": list(mechs), "precision": args.precision,
+                    "seed": args.seed, "prompt_len": PROMPT_LEN, "drive_steps": DRIVE_STEPS,
+                    "continuation_batch_steps": CONTINUATION_BATCH_STEPS,
+                    "oracle": "per user: TT batch-1 plain greedy decode (prefill + single-row decode) of its tokens",
+                    "drafts": "host (oracle / forced); the batched backend has no device MTP drafter",
+                    "tolerances": TOLERANCES, "tp": a.num_devices},
+            cells=cells, counters=totals,
+            gate_complete=set(ks) >= set(BATCH_KS) and set(mechs) >= set(MECHANISMS) and batch in (2, 4),
+            notes={**measured, "worst_measured": worst(cells)})
     cfg = a.cfg
-    worst = {name: max((c[name]["max_abs"] for c in cells if name in c), default=0.0) for name in TOLERANCES}
+    worst_abs = {name: max((c[name]["max_abs"] for c in cells if name in c), default=0.0) for name in TOLERANCES}
     worst_pcc = {name: min((c[name]["pcc"] for c in cells if name in c), default=1.0) for name in TOLERANCES}
     full_grid = accepts is None and set(ks) >= set(KS) and set(mechs) >= set(MECHANISMS)
     return ProbeReport(
         probe=NAME, backend=label,
-        config={"checkpoint": source, "full": bool(args.full), "ks": list(ks), "mechanisms": list(mechs),
+        config={**config, "ks": list(ks), "mechanisms": list(mechs),
                 "accepts": sorted(accepts) if accepts else "all", "precision": args.precision, "seed": args.seed,
                 "prompt_len": PROMPT_LEN, "drive_steps": DRIVE_STEPS, "continuation_steps": CONTINUATION_STEPS,
                 "oracle": "TT single-row decode replay from the pre-step state (+ MTP reseed from decode hiddens)",
@@ -423,53 +458,5 @@ def run(args: argparse.Namespace) -> ProbeReport:
                           "gdn_head_dims": [cfg.linear_key_head_dim, cfg.linear_value_head_dim],
                           "kv_heads_per_device": a.hkv_d, "head_dim": cfg.head_dim}},
         cells=cells, counters=totals, gate_complete=full_grid,
-        notes={"wall_s_measured": round(time.perf_counter() - t0, 2),
-               "peak_rss_mib_measured": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-               "worst_max_abs_measured": worst, "worst_pcc_measured": worst_pcc,
+        notes={**measured, "worst_max_abs_measured": worst_abs, "worst_pcc_measured": worst_pcc,
                "counters_formula": "TTMechanism.expected_step_counters (fixed device shapes; independent of a)"})
-
-
-def run_batch(args: argparse.Namespace, batch: int) -> ProbeReport:
-    """``--batch B``: the batched matrix (``run_tp_batch_matrix``: mechanisms x K, default K in {2, 3})."""
-    from qwen36.testing.tt import make_bf16_checkpoint
-    from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
-
-    ks_arg = ",".join(map(str, BATCH_KS)) if args.ks == ",".join(map(str, KS)) else args.ks
-    ks = tuple(int(x) for x in ks_arg.split(","))
-    mechs = tuple(args.mechanisms.split(","))
-    if any(k < 1 for k in ks) or any(m not in MECHANISMS for m in mechs):
-        raise UserError(f"--ks must be positive and --mechanisms in {MECHANISMS}; got {ks_arg!r} {args.mechanisms!r}")
-    if args.accepts is not None:
-        raise UserError("--accepts is for the single-user matrix; the batched cells force their own per-user plan")
-    if args.device.startswith("reference"):
-        raise UserError(f"probe {NAME} runs the TT path (--device emulated-p150x2 or p150x2); "
-                        "for the reference backend use `qwen36 probe gdn-transaction --batch B`")
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="qwen36-gdn-tp-batch-") as tmp:
-        if args.checkpoint is not None:
-            ckpt, source = args.checkpoint, str(args.checkpoint)
-        else:
-            ckpt = make_bf16_checkpoint(Path(tmp) / "ckpt", full_config() if args.full else "ci", seed=args.seed)
-            source = f"generated bf16 {'full (27B per-device GDN shapes)' if args.full else 'ci'} (seed {args.seed})"
-        gen = build_generator(ckpt, args.device, precision=args.precision, max_seq_len=MAX_SEQ_LEN, use_trace=True,
-                              progress=False, pages=SMALL_PAGES, cache_dir=None)
-        try:
-            cells, totals = run_tp_batch_matrix(gen, batch=batch, ks=ks, mechanisms=mechs, seed=args.seed,
-                                                prompt_len=PROMPT_LEN)
-            label = f"tt ({gen.label or 'mesh'}) + host drafter"
-            a = gen.model.args
-        finally:
-            gen.close()
-    return ProbeReport(
-        probe=NAME, backend=label,
-        config={"checkpoint": source, "full": bool(args.full), "batch": batch, "ks": list(ks),
-                "mechanisms": list(mechs), "precision": args.precision, "seed": args.seed, "prompt_len": PROMPT_LEN,
-                "drive_steps": DRIVE_STEPS, "continuation_batch_steps": CONTINUATION_BATCH_STEPS,
-                "oracle": "per user: TT batch-1 plain greedy decode (prefill + single-row decode) of its tokens",
-                "drafts": "host (oracle / forced); the batched backend has no device MTP drafter",
-                "tolerances": TOLERANCES, "tp": a.num_devices},
-        cells=cells, counters=totals,
-        gate_complete=set(ks) >= set(BATCH_KS) and set(mechs) >= set(MECHANISMS) and batch in (2, 4),
-        notes={"wall_s_measured": round(time.perf_counter() - t0, 2),
-               "peak_rss_mib_measured": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-               "worst_measured": worst(cells)})
