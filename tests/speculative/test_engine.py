@@ -621,13 +621,10 @@ class ShadowCommitsEveryone(ShadowCommit):
 
 @pytest.mark.parametrize("broken,must_fail", [(ShadowIgnoresInertRows, "user2:gdn_recurrent"),
                                               (ShadowCommitsEveryone, "user3:touched")])
-def test_broken_batch_mechanisms_fail_the_probe(model, monkeypatch, broken, must_fail):
+def test_broken_batch_mechanisms_fail_the_probe(model, broken, must_fail):
     """The probe catches a user committed past its own valid rows, and a user moved although it sat out."""
-    import qwen36.probes.gdn_transaction as mod
-
-    real = mod.ReferenceBackend
-    monkeypatch.setattr(mod, "ReferenceBackend", lambda model, mechanism, **kw: real(model, broken(), **kw))
-    cells, _ = probe.run_batch_matrix(model, batch=4, ks=(3,), mechanisms=("shadow_commit",))
+    factory = lambda model, mechanism, **kw: ReferenceBackend(model, broken(), **kw)  # noqa: E731
+    cells, _ = probe.run_matrix(model, batch=4, ks=(3,), mechanisms=("shadow_commit",), factory=factory)
     assert not cells[0]["pass"] and must_fail in cells[0]["failed"], cells[0]["failed"]
 
 
