@@ -151,20 +151,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="users decoded per step (batched plain decode, tt/runtime/batch.py; 1, 8 or 32 are the buckets)")
 
 
-def _tensor_bytes(obj) -> int:
+def tensor_bytes(obj) -> int:
     """Per-device bytes of every device tensor inside a weights dataclass / list."""
     if obj is None:
         return 0
     if hasattr(obj, "bytes_per_device"):
         return int(obj.bytes_per_device())
     if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(o) for o in obj)
+        return sum(tensor_bytes(o) for o in obj)
     if dataclasses.is_dataclass(obj):
-        return sum(_tensor_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "layer_type")
+        return sum(tensor_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "layer_type")
     return 0
 
 
-def _scaled(counts, name: str, ratio: float):
+def vocab_scaled_counts(counts, name: str, ratio: float):
     from qwen36.tt_ops.emulator.counters import Counts
 
     c = Counts(name)
@@ -378,21 +378,21 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
                    "resident_expert_bytes_per_layer": group * real.num_experts,
                    "router_bytes_per_layer": router, "router_correction_per_layer": corr}
         ratio = (real_vocab or cfg.vocab_size) / cfg.vocab_size
-        head = _scaled(regions["head"], "head (vocab-extrapolated)", ratio)
+        head = vocab_scaled_counts(regions["head"], "head (vocab-extrapolated)", ratio)
 
         n_gdn = len(cfg.gdn_layer_ids) if n_gdn is None else n_gdn
         n_attn = len(cfg.attention_layer_ids) if n_attn is None else n_attn
         token = token_counts(f"decode token ({n_gdn} GDN + {n_attn} attention layers, extrapolated)",
                              ((embed, 1), (gdn, n_gdn), (attn, n_attn), (head, 1)))
 
-        lw_gdn, lw_attn = _tensor_bytes(weights.layers[0]), _tensor_bytes(weights.layers[1])
+        lw_gdn, lw_attn = tensor_bytes(weights.layers[0]), tensor_bytes(weights.layers[1])
         if moe is not None:  # weights read per token: the k routed experts, not the resident stack
             adj = (moe["routed_expert_bytes_read_per_layer"] - group * cfg.num_experts
                    + sum(moe["router_correction_per_layer"].get(k, 0) for k in
                          (bench.dtype_name(TensorGroup.MOE_ROUTER),)))
             lw_gdn, lw_attn = lw_gdn + adj, lw_attn + adj
         lm_head = weights.lm_head.bytes_per_device() * ratio
-        weight_bytes = n_gdn * lw_gdn + n_attn * lw_attn + lm_head + _tensor_bytes(weights.final_norm) + h * 2
+        weight_bytes = n_gdn * lw_gdn + n_attn * lw_attn + lm_head + tensor_bytes(weights.final_norm) + h * 2
         cm = P150aCostModel()
         br = cm.breakdown(token)
         cal = calibrated_block(token, batch)

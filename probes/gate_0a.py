@@ -231,7 +231,7 @@ def forward_components(regs: dict, corr: Cost, ratio: float, n_gdn: int, n_attn:
 
 def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, seed: int, real_vocab: int,
             acceptance=("0.8", "0.6", "0.5", "0.8/0.6/0.5")) -> dict:
-    from qwen36.speculative.sampling import SamplingParams
+    from qwen36.generation.sampling import SamplingParams
     from qwen36.tt.spec.accept import DeviceAcceptor
     from qwen36.tt.spec.commit import commit
     from qwen36.tt.spec.mtp import TTMTPHead

@@ -197,11 +197,11 @@ def extrapolate_experts(c_lo, c_hi, e_lo: int, e_hi: int, e: int, name: str):
 
 
 def scale_head(counts, ratio: float, name: str):
-    """The head region extrapolated in vocab (decode-cost's ``_scaled``) with its compute work scaled alike (the
+    """The head region extrapolated in vocab (decode-cost's ``vocab_scaled_counts``) with its compute work scaled alike (the
     LM-head matmul's FLOPs and bytes are linear in the vocabulary)."""
-    from qwen36.probes.decode_cost import _scaled
+    from qwen36.probes.decode_cost import vocab_scaled_counts
 
-    out = _scaled(counts, name, ratio)
+    out = vocab_scaled_counts(counts, name, ratio)
     for (op, f, ph, fp, items), n in counts.compute_work.items():
         out.compute_work[(op, int(f * ratio), ph, fp, tuple((k, int(v * ratio)) for k, v in items))] += n
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.reference.batch import greedy_generate
+from qwen36.reference.batch import generate
 from qwen36.reference.model import Qwen36Model
 from qwen36.tiny import PRESETS
 from qwen36.tt.runtime.generator import TTGenerator
@@ -65,7 +65,7 @@ def gen_perf(ckpt):
 
 
 def ref_greedy_with_margins(ref, ids, n):
-    toks = greedy_generate(ref, ids, n)
+    toks = generate(ref, [ids], n)[0].tokens
     full = torch.cat([ids, torch.tensor(toks)])
     lg = ref(full[None], ref.new_state(1, full.numel() + 1)).logits[0, ids.numel() - 1: ids.numel() - 1 + n]
     top2 = lg.topk(2, -1).values
@@ -90,7 +90,7 @@ def test_greedy_32_tokens_exact_bf16(ckpt, ref):
     assert margins.min() >= MIN_MARGIN, f"precondition: reference top-2 gap {margins.min():.4f} < {MIN_MARGIN}"
     gen = make_gen(ckpt, "accuracy", mesh_kw={"numerics": "exact"})
     try:
-        got = gen.greedy(ids.tolist(), DECODE_STEPS)
+        got = gen.generate([ids.tolist()], DECODE_STEPS)[0].tokens
     finally:
         gen.close()
     assert got == exp, f"TT greedy diverges at step {next(i for i, (a, b) in enumerate(zip(got, exp)) if a != b)}"
@@ -169,7 +169,7 @@ def test_widths_1_2_4_same_tokens(tp4_ckpt):
     results = {}
     for dev in ("emulated-p150", "emulated-p150x2", "emulated-p150x4"):
         g = make_gen(tp4_ckpt, "accuracy", device=dev)
-        results[dev] = g.greedy(ids.tolist(), 16)
+        results[dev] = g.generate([ids.tolist()], 16)[0].tokens
         g.close()
     assert len({tuple(v) for v in results.values()}) == 1, f"widths disagree: {results}"
     assert results["emulated-p150x2"] == exp
@@ -300,7 +300,7 @@ def test_cli_generate_and_logits_on_emulated_mesh(ckpt, ref, gen_perf, tmp_path,
     assert main(["generate", "-c", str(ckpt), "--ids", ",".join(map(str, ids)), "--max-new-tokens", "6",
                  "--device", "emulated-p150x2"]) == 0
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("ids:"))
-    assert [int(x) for x in line[4:].split(",")] == gen_perf.greedy(ids, 6)
+    assert [int(x) for x in line[4:].split(",")] == gen_perf.generate([ids], 6)[0].tokens
     out = tmp_path / "l.safetensors"
     loads = ops_core.STATS["as_tensor_cache_loads"]
     conversions = ops_core.STATS["as_tensor_conversions"]
