@@ -332,7 +332,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
             comps["host_readback"] = readback("readback", acc.read_result, [(acc.result, a.num_devices)],
                                               reads=a.num_devices)
             pre = regs["pre_verify"]
-            no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
+            no_layers = vout.without_gdn_kept()
             meter.run("commit", lambda: commit(step_state, vout, res))
             meter.run("commit_fixed", lambda: commit(step_state, no_layers, res))
             cregs, _ = meter.take()

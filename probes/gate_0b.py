@@ -171,7 +171,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
             return vout, res, cost, accept, regs["pre_verify"], {"gdn": regs["layer0"], "attention": regs["layer1"]}
 
         def commit_phase(step_state, vout, res, pre):
-            no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
+            no_layers = vout.without_gdn_kept()
             meter.run("commit", lambda: commit(step_state, vout, res))
             meter.run("commit_fixed", lambda: commit(step_state, no_layers, res))
             regs, _ = meter.take()
@@ -358,7 +358,7 @@ def measure_batch(device: str, cfg, precision: str, context: int, ks, commit_k: 
             return vout, cost, accept, regs["pre_verify"], {"gdn": regs["layer0"], "attention": regs["layer1"]}
 
         def commit_phase(st, vout, pre):
-            no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
+            no_layers = vout.without_gdn_kept()
             meter.run("commit", lambda: commit(st, vout))
             meter.run("commit_fixed", lambda: commit(st, no_layers))
             regs, _ = meter.take()

@@ -1,6 +1,6 @@
 """In-place commit of a packed K+1 verify on device, every commit mechanism (``tt/spec/mechanisms.py``), traceable.
 
-Input: the verify's per-GDN-layer records (``verify.GDNRecord``) and the acceptor's accepted count ``a``
+Input: what each GDN layer kept in the verify (``tt/model/gdn_plan.GDNKept``, in ``vout.plan.gdn.kept``) and the acceptor's accepted count ``a``
 (``DeviceAcceptor.count``, fp32 [1,1,1,1] on device). Nothing is read back.
 
     conv (every mechanism): new conv state = window rows a+1 .. a+Kc-1 (the shift register after row a),
@@ -43,7 +43,7 @@ def commit(step_state: SpecDeviceState, vout: VerifyOutputs, result=None) -> Non
     idx = ttnn.typecast(ttnn.add(step_state.c_conv_rows, a), ttnn.uint32)  # [1,1,1,Kc-1]
     idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, kc1])
     mask = ttnn.le(step_state.c_rows, a) if step_state.mechanism.readvance else None  # [1,T,1]: 1 for rows <= a
-    commit_gdn_layers(step_state, vout.plan.records, idx, mask)
+    commit_gdn_layers(step_state, vout.plan.gdn.kept, idx, mask)
     # positions and the pending token
     ttnn.copy(ttnn.add(step_state.n, ttnn.add(a, step_state.c_one)), step_state.n)
     toks = ttnn.typecast(ttnn.slice(result, [0, 0, 0, 0], [1, 1, 1, step_state.t]), ttnn.float32)
@@ -62,16 +62,16 @@ def _commit_host_rows(step_state: SpecDeviceState, vout: VerifyOutputs) -> None:
     idx = ttnn.typecast(ttnn.add(step_state.c_conv_rows, a_B111), ttnn.uint32)  # [1, B, 1, Kc-1]
     idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, b * (step_state.kc - 1)])
     mask = ttnn.le(step_state.c_rows, ttnn.reshape(a_B111, [b, 1, 1])) if step_state.mechanism.readvance else None
-    commit_gdn_layers(step_state, vout.plan.records, idx, mask)
+    commit_gdn_layers(step_state, vout.plan.gdn.kept, idx, mask)
 
 
-def commit_gdn_layers(step_state, records, conv_idx, mask) -> None:
+def commit_gdn_layers(step_state, kept, conv_idx, mask) -> None:
     """The GDN part of a commit, device and host rows alike: per layer,
     conv state = window rows ``conv_idx`` (uint32 ROW_MAJOR [1, B*(Kc-1)], rows of the window viewed as
     [B*(Kc-1+T), Cd]); for the re-advance mechanisms, the K+1 rows re-run with g and beta multiplied by ``mask``
     (1 for the rows to keep); then the mechanism's own commit work (``after_commit``)."""
     ttnn, mech = step_state.ttnn, step_state.mechanism
-    for r in records:
+    for r in kept:
         shape = list(r.window.shape)  # [B, 1, Kc-1+T, Cd]
         rows = 1
         for d in shape[:-1]:
@@ -83,7 +83,7 @@ def commit_gdn_layers(step_state, records, conv_idx, mask) -> None:
             g = ttnn.reshape(ttnn.multiply(r.g, mask), list(r.g.shape))
             beta = ttnn.reshape(ttnn.multiply(r.beta, mask), list(r.beta.shape))
             initial = mech.readvance_initial(r.state, step_state.layer_bufs[id(r.state)])
-            r.gdn.recurrence(r.q, r.k, r.v, g, beta, r.state, "decode", initial=initial, final=r.state.recurrent)
+            r.layer.recurrence(r.q, r.k, r.v, g, beta, r.state, "decode", initial=initial, final=r.state.recurrent)
     mech.after_commit(step_state)
 
 
