@@ -21,7 +21,7 @@ LEVELS = [
     ("numerics", "programs", "mappers", "program_cache", "dram_sharded_readers", "op_accounting", "l1"),
     ("goldens",),
     ("trace", "ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_kv_cache", "ops_gdn", "ops_trace",
-     "ops_sampling", "ops_gather", "ops_sparse"),
+     "ops_sampling", "ops_gather", "ops_sparse", "ops_kda"),
     ("work",),
     ("namespace",),
     ("mesh",),

@@ -146,7 +146,7 @@ class Dispatcher:
             if not t.on_device:
                 raise EmulatorError(
                     f"{op_name}: input tensor {t.logical_shape_list} ({dtype_name(t.dtype)}) is on host; device ops "
-                    "need device tensors (ttnn.from_torch(..., device=mesh) or ttnn.to_device)"
+                    "need an allocated device tensor (ttnn.from_torch(..., device=mesh) or ttnn.to_device)"
                 )
             if t.mesh is not mesh:
                 raise EmulatorError(f"{op_name}: input tensor lives on another mesh ({t.mesh!r})")

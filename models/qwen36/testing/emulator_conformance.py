@@ -59,12 +59,12 @@ Sources (tenstorrent/tt-metal, read for facts):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import traceback
-from typing import Callable
 
 import torch
+
+from .conformance_common import Case, _dev, _expect_rejected, _one, pcc  # noqa: F401  (re-exported)
 
 SRC_PAGED_MASK = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_paged_cache_mask.py"
 SRC_FILL = "tt-metal tests/ttnn/unit_tests/operations/transformers/repro_paged_fill_cache_pagetable_row_hang.py"
@@ -81,33 +81,6 @@ SRC_CREATE_HEADS_HOST = ("tt-metal ttnn/cpp/ttnn/operations/experimental/transfo
 SRC_INDEXED_UPDATE = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_indexed_fused_update_cache.py"
 SRC_LAYERNORM_OP = "tt-metal ttnn/cpp/ttnn/operations/normalization/layernorm/device/layernorm_device_operation.cpp"
 SRC_SPARSE = "tt-metal tests/ttnn/unit_tests/operations/matmul/test_sparse_matmul.py"
-
-
-@dataclasses.dataclass
-class Case:
-    op: str
-    name: str
-    source: str
-    fn: Callable | None = None  # fn(ttnn, mesh) -> None; raises AssertionError on a mismatch
-    skip: str | None = None  # why the emulator cannot express this case
-    ci: bool = True  # in the CI subset (tests/emulator/test_conformance.py); the probe runs every case
-
-
-def pcc(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    a, b = a - a.mean(), b - b.mean()
-    den = a.norm() * b.norm()
-    return 1.0 if den == 0 else float((a @ b) / den)
-
-
-def _dev(ttnn, mesh, x, dtype=None, layout=None, mapper=None):
-    return ttnn.from_torch(x, dtype=dtype or ttnn.bfloat16, layout=layout or ttnn.TILE_LAYOUT, device=mesh,
-                           mesh_mapper=mapper)
-
-
-def _one(ttnn, mesh, t):
-    """Device 0's shard as torch."""
-    return ttnn.to_torch(ttnn.get_device_tensors(t)[0]).float()
 
 
 # ---- paged caches -----------------------------------------------------------------------------------------
@@ -585,15 +558,6 @@ def _create_heads_case(nq, nkv, dh, b, sharded, overlap=True):
         k_cores = {(c.x, c.y) for c in ttnn.corerange_to_cores(k.memory_config().shard_spec.grid)}
         assert (q_cores == k_cores) if overlap else not (q_cores & k_cores), (sorted(q_cores), sorted(k_cores))
     return fn
-
-
-def _expect_rejected(fn, needle):
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the emulator's EmulatorError or a card's TT_FATAL
-        assert needle in str(e), str(e)
-    else:
-        raise AssertionError(f"accepted a call the device op rejects ({needle})")
 
 
 def _create_heads_rejects(ttnn, mesh):
@@ -1082,6 +1046,11 @@ CASES += [
     Case("experimental.rotary_embedding_hf", "decode_cos_sin_via_interleaved_to_sharded", SRC_ROPE_HF,
          _rope_hf_decode_cos_sin_via_interleaved_to_sharded),
 ]
+
+# the KDA convolution / gated norm and the fused GDN ops live in their own module
+from .conformance_kda import CASES as _KDA_CASES  # noqa: E402
+
+CASES += _KDA_CASES
 
 
 def run_cases(ctx, only_ops: set[str] | None = None, ci_only: bool = False) -> list[dict]:

@@ -119,6 +119,32 @@ def op_fingerprints() -> dict:
                 cur_pos_tensor=ttnn.from_torch(pos, dtype=ttnn.int32, device=mesh))
             sd[users] = host(y)
         out["op:paged_sdpa_decode"] = [digest(sd[1]), digest(sd[4]), bool(torch.equal(sd[1][:, 0], sd[4][:, 0]))]
+        out.update(kda_fingerprints(ttnn, mesh, dev, host))
+    return out
+
+
+def kda_fingerprints(ttnn, mesh, dev, host) -> dict:
+    """The fused KDA / GDN ops: a 32-token call vs the same tokens first in a 64-token call."""
+    out = {}
+    widths, c = (32, 32, 64), 128
+    x, hist = int_tensor(40, 1, 64, c), int_tensor(41, 1, 3, c)
+    taps = [dev(int_tensor(42 + i, 1, 1, c, scale=2.0 ** -10), ttnn.bfloat16) for i in range(4)]
+    start = ttnn.from_torch(torch.tensor([0]), dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
+    h = ttnn.from_torch(hist, dtype=ttnn.bfloat16, layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
+    conv = {}
+    for t_len in (32, 64):
+        q, k, v = ttnn.experimental.kda.qkv_causal_conv1d_silu(
+            dev(x[:, :t_len], ttnn.bfloat16), h, *taps, *widths, actual_start=start, predecessor_carry=h,
+            program_config=ttnn.QkvCausalConv1dSiluProgramConfig(channel_chunk_size=c))
+        conv[t_len] = torch.cat([host(z) for z in (q, k, v)], -1)
+    out["op:qkv_causal_conv1d_silu"] = [digest(conv[32]), digest(conv[64]),
+                                        bool(torch.equal(conv[32], conv[64][:, :32]))]
+    xn, gate = int_tensor(46, 2, 64, 64), int_tensor(47, 1, 64, 2 * 64)
+    wn = dev(int_tensor(48, 64) + 1.0, ttnn.bfloat16)
+    nrm = {t_len: host(ttnn.experimental.kda.sigmoid_gated_rms_norm(dev(xn[:, :t_len]), dev(gate[:, :t_len],
+                                                                                             ttnn.bfloat16), wn, 2))
+           for t_len in (32, 64)}
+    out["op:sigmoid_gated_rms_norm"] = [digest(nrm[32]), digest(nrm[64]), bool(torch.equal(nrm[32], nrm[64][:, :32]))]
     return out
 
 
