@@ -38,6 +38,7 @@ import torch
 from ...reference.gdn import L2NORM_EPS
 from .ccl import all_reduce, ccl_for
 from .gdn_plan import GDNKept, GDNStepPlan
+from .gdn_prefill import GDNPrefill, unsupported
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_fp32_state,
                            compute_config_matmul, compute_config_norm, state_memory_config)
 from .state import GDNLayerState
@@ -74,6 +75,10 @@ class TTGatedDeltaNet:
         self.batch_unfold_idx: dict[int, object] = {}
         self.verify_unfold_idx: dict[tuple[int, int], object] = {}  # (B, T) -> index of a batched verify's conv
         self.taps_by_tap = None  # conv taps as [1, K, 1, Cd] (batched decode), made by prepare_batch
+        # prefill on ttnn's fused GDN ops where the config's head widths fit them (gdn_prefill.py), else the
+        # composite prefill below; ``prefill_path`` says which (the cost probes record it)
+        self.fused_prefill = GDNPrefill(self) if unsupported(args) is None else None
+        self.prefill_path = "fused" if self.fused_prefill is not None else f"composite ({unsupported(args)})"
 
     def _ring_index(self, users: int):
         """uint32 ROW_MAJOR [1, B*Hv]: entry b*Hv + h = b*Hv + h (each user's head reads and rewrites its own block)."""
@@ -303,6 +308,10 @@ class TTGatedDeltaNet:
             raise NotImplementedError(f"GDN {mode}{' verify' if plan is not None else ''} over a {users}-slot "
                                       "state: prefill runs on a batch-1 view of one slot, and a verify over B slots "
                                       "needs a step plan of B users")
+        if mode == "prefill" and self.fused_prefill is not None:
+            if plan is not None:
+                raise ValueError("GDN prefill takes no multi-row step plan (a verify runs in mode 'decode')")
+            return self.fused_prefill.forward(x, state)
         route = None if plan is None else plan.route(state)
         mixed, z, b, a_in = self.project(x)
         conv_write = True if route is None or route.conv_write else None
