@@ -34,7 +34,11 @@ def test_every_hand_emulated_op_has_cases_and_skips_say_why():
                "experimental.all_gather_async",
                "experimental.reduce_scatter_minimal_async", "sparse_matmul",
                "experimental.kda.qkv_causal_conv1d_silu", "experimental.kda.qkv_causal_conv1d_silu_with_carry",
-               "experimental.kda.sigmoid_gated_rms_norm"):
+               "experimental.kda.sigmoid_gated_rms_norm", "transformer.gated_delta_attn_seq",
+               "experimental.kda.prepare_chunk_recurrence", "experimental.kda.recurrent_chunk_scan",
+               "experimental.kda.summarize_chunk_recurrence", "experimental.kda.affine_exclusive_scan",
+               "experimental.kda.chain_affine_transforms", "experimental.kda.reduce_affine_transforms",
+               "experimental.kda.select_final_carry"):
         assert op in ops, f"no runnable conformance case for {op}"
     assert all(len(c.skip) > 20 for c in C.CASES if c.skip)
     assert all(c.source for c in C.CASES)

@@ -61,7 +61,8 @@ def _scanned_files():
                 continue  # the emulator implements these APIs
             if rel.startswith("tests/emulator/") or rel in ("tests/tt_ops/test_api_fidelity.py",
                                                             "models/qwen36/testing/emulator_conformance.py",
-                                                            "models/qwen36/testing/conformance_kda.py"):
+                                                            "models/qwen36/testing/conformance_kda.py",
+                                                            "models/qwen36/testing/conformance_kda_scan.py"):
                 continue  # tests of the emulator (incl. its conformance cases) / of ttnn signatures use the raw APIs
             yield rel, p
 

@@ -218,12 +218,16 @@ class Dispatcher:
             n = programs_for(op_name, args, kwargs, out)
             if n == 0:  # a view: no program, no data moved
                 return {}, {}, None, 0, 0, None
-            read = read_bytes(args, kwargs) if read_bytes else bytes_read_by_placement(
-                iter_tensors((args, kwargs)) if inputs is None else inputs)
+            # an op's own accounting may return None for the calls it leaves to the default (every input read once)
+            read = read_bytes(args, kwargs) if read_bytes else None
+            if read is None:
+                read = bytes_read_by_placement(iter_tensors((args, kwargs)) if inputs is None else inputs)
             # a DRAM-sharded matmul's weight bytes keyed by its readers per bank (validated like the device op)
             read = account_readers(op_name, args, kwargs, read, lambda t: dtype_name(t.dtype) + read_placement(t),
                                    _read_bytes_of)
-            written = written_bytes(args, kwargs) if written_bytes else bytes_by_dtype(iter_tensors(out))
+            written = written_bytes(args, kwargs) if written_bytes else None
+            if written is None:
+                written = bytes_by_dtype(iter_tensors(out))
             cb = collective_bytes(args, kwargs, out) if collective_bytes else None
             return (read, written, cb, n, collectives_for(op_name, args, kwargs) if cb is not None else 0,
                     compute_work(op_name, args, kwargs))

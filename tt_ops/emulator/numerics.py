@@ -215,14 +215,18 @@ def src_operand(x: torch.Tensor, dtype_name: str, srca: bool) -> torch.Tensor:
     return wide(x.to(torch.float32))
 
 
+def fidelity_hi(srcb: torch.Tensor, srca: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The high parts the first fidelity phase multiplies ([SRC]): SrcB implicit + 6 bits, SrcA implicit + 4 bits."""
+    return wide(_keep_mantissa_bits(srcb, 6)), wide(_keep_mantissa_bits(srca, 4))
+
+
 def fpu_product(srcb: torch.Tensor, srca: torch.Tensor, phases: int) -> torch.Tensor:
     """Elementwise product of Src operands (fp64 values already in their Src formats) under ``phases`` fidelity
     phases ([SRC] table, as in :func:`fpu_matmul`: SrcB hi = implicit + 6 bits, SrcA hi = implicit + 4 bits); exact
     in fp64."""
     if phases >= 4:
         return srcb * srca
-    b_hi = wide(_keep_mantissa_bits(srcb, 6))
-    a_hi = wide(_keep_mantissa_bits(srca, 4))
+    b_hi, a_hi = fidelity_hi(srcb, srca)
     if phases == 1:
         return b_hi * a_hi
     if phases == 2:
@@ -314,6 +318,7 @@ __all__ = [
     "fpu_matmul",
     "src_operand",
     "fpu_product",
+    "fidelity_hi",
     "round_fp32",
     "round_dst",
     "reduce_sum",

@@ -1049,8 +1049,9 @@ CASES += [
 
 # the KDA convolution / gated norm and the fused GDN ops live in their own module
 from .conformance_kda import CASES as _KDA_CASES  # noqa: E402
+from .conformance_kda_scan import CASES as _KDA_SCAN_CASES  # noqa: E402
 
-CASES += _KDA_CASES
+CASES += _KDA_CASES + _KDA_SCAN_CASES
 
 
 def run_cases(ctx, only_ops: set[str] | None = None, ci_only: bool = False) -> list[dict]:
