@@ -1,6 +1,8 @@
 """Gated DeltaNet layer on a TP mesh: each device owns Hk/N key heads and their Hv/N value heads.
 
-One forward for any number of rows T (prefill chunk, 1-row decode, K+1-row verify):
+One forward for any number of rows T (1-row decode, K+1-row verify, and the prefill chunks of configs whose GDN
+heads are narrower than a tile; with tile-wide heads, the 27B's, a prefill chunk runs the fused ops of
+gdn_prefill.py instead):
 
     mixed  = x @ in_proj_qkv ;  z = x @ in_proj_z ;  b = x @ in_proj_b ;  a' = x @ in_proj_a + dt_bias
              four matmuls (the same weight bytes as one fused matmul, and no output slices)
