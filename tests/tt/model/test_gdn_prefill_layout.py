@@ -68,7 +68,8 @@ def test_prefill_rows_stay_on_the_tile_rows(fused):
 
 def test_prefill_mixer_upper_bounds(fused):
     c, _ = fused
-    assert c.programs <= MIXER_PREFILL_MAX, f"GDN mixer prefill: {c.programs} > {MIXER_PREFILL_MAX}: {dict(c.programs_per_op)}"
+    assert c.programs <= MIXER_PREFILL_MAX, \
+        f"GDN mixer prefill: {c.programs} > {MIXER_PREFILL_MAX}: {dict(c.programs_per_op)}"
     assert c.bytes_read_total <= MIXER_PREFILL_BYTES_MAX, f"GDN mixer prefill reads {c.bytes_read_total} B"
 
 

@@ -91,7 +91,8 @@ def test_prefill_logits_pcc_fused_gdn(tmp_path_factory):
     ref32 = Qwen36Model.from_checkpoint(ck, dtype=torch.float32)
     gen = make_gen(ck, "accuracy")
     try:
-        assert {layer.mixer.prefill_path for layer in gen.model.layers if layer.layer_type != "full_attention"} == {"fused"}
+        gdn = [layer.mixer for layer in gen.model.layers if layer.layer_type != "full_attention"]
+        assert {m.prefill_path for m in gdn} == {"fused"}
         ids = torch.randint(0, 512, (100,), generator=torch.Generator().manual_seed(7))
         got = gen.teacher_forced_logits(ids)
     finally:

@@ -58,7 +58,8 @@ def test_fused_gdn_prefill_warm_equals_cold(ckpt_factory):
     norm; tt/model/gdn_prefill.py): the segmented prefill's GDN state, restored, gives the cold request's bits."""
     gen = small_tt_generator(ckpt_factory("ci-gdn32"), prefill_chunk=64)
     try:
-        assert all(layer.mixer.prefill_path == "fused" for layer in gen.model.layers if hasattr(layer.mixer, "fused_prefill"))
+        gdn = [layer.mixer for layer in gen.model.layers if hasattr(layer.mixer, "fused_prefill")]
+        assert gdn and all(m.prefill_path == "fused" for m in gdn)
         prompt = prompt_of(gen.config.vocab_size, 70, 5)
         cold = gen.generate(prompt, 6, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False), keep_logits=True)
         for k in (1, 2):

@@ -50,7 +50,8 @@ def unsupported(args) -> str | None:
     ``TTGatedDeltaNet`` runs it then (e.g. the CI configs, head dims of 16)."""
     c = args.cfg
     if c.linear_conv_kernel_dim != CONV_TAPS:
-        return f"qkv_causal_conv1d_silu takes {CONV_TAPS} conv taps (linear_conv_kernel_dim = {c.linear_conv_kernel_dim})"
+        return (f"qkv_causal_conv1d_silu takes {CONV_TAPS} conv taps "
+                f"(linear_conv_kernel_dim = {c.linear_conv_kernel_dim})")
     if c.linear_key_head_dim != c.linear_value_head_dim or c.linear_value_head_dim % TILE_ROWS:
         return (f"the flat chunk_gated_delta_rule and sigmoid_gated_rms_norm take K == V, a multiple of 32 "
                 f"(head dims {c.linear_key_head_dim} / {c.linear_value_head_dim})")

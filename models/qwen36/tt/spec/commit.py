@@ -1,7 +1,7 @@
 """In-place commit of a packed K+1 verify on device, every commit mechanism (``tt/spec/mechanisms.py``), traceable.
 
-Input: what each GDN layer kept in the verify (``tt/model/gdn_plan.GDNKept``, in ``vout.plan.gdn.kept``) and the acceptor's accepted count ``a``
-(``DeviceAcceptor.count``, fp32 [1,1,1,1] on device). Nothing is read back.
+Input: what each GDN layer kept in the verify (``tt/model/gdn_plan.GDNKept``, in ``vout.plan.gdn.kept``) and the
+acceptor's accepted count ``a`` (``DeviceAcceptor.count``, fp32 [1,1,1,1] on device). Nothing is read back.
 
     conv (every mechanism): new conv state = window rows a+1 .. a+Kc-1 (the shift register after row a),
         gathered exactly with ``ttnn.embedding`` (row indices a+1+i as uint32). A 0/1 selector matmul is not exact
