@@ -18,7 +18,8 @@ EMU_DIR = pathlib.Path(emulator_pkg.__file__).resolve().parent
 LEVELS = [
     ("errors", "faults", "ttnn_import", "counters", "signatures", "registry", "tensor_index"),
     ("tensor",),
-    ("numerics", "programs", "mappers", "program_cache", "dram_sharded_readers", "op_accounting", "l1"),
+    ("numerics", "programs", "mappers", "program_cache", "dram_sharded_readers", "op_accounting", "l1",
+     "shard_specs"),
     ("goldens", "kda_common"),
     ("trace", "ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_kv_cache", "ops_gdn", "ops_trace",
      "ops_sampling", "ops_gather", "ops_sparse", "ops_kda", "ops_gdn_chunk", "ops_kda_scan"),

@@ -144,9 +144,10 @@ class Dispatcher:
             if t._deallocated and not (mesh.trace.replaying and not t._freed):
                 raise EmulatorError(f"{op_name}: input tensor {t.logical_shape_list} was deallocated")
             if not t.on_device:
-                raise EmulatorError(
-                    f"{op_name}: input tensor {t.logical_shape_list} ({dtype_name(t.dtype)}) is on host; device ops "
-                    "need an allocated device tensor (ttnn.from_torch(..., device=mesh) or ttnn.to_device)"
+                raise EmulatorError(  # ttnn's device-operation launch guard words it so
+                    f"{op_name}: Device Operations expect device tensors as inputs: input tensor "
+                    f"{t.logical_shape_list} ({dtype_name(t.dtype)}) is on host; the op needs an allocated device "
+                    "tensor (ttnn.from_torch(..., device=mesh) or ttnn.to_device)"
                 )
             if t.mesh is not mesh:
                 raise EmulatorError(f"{op_name}: input tensor lives on another mesh ({t.mesh!r})")
@@ -276,6 +277,8 @@ class OpProxy:
         self.written_bytes = written_bytes
         self.__doc__ = getattr(real_op, "__doc__", None)
         self.__name__ = op_name
+        # host-side torch reference: ttnn.get_golden_function(op) reads it (Tenstorrent's tests call it)
+        self.golden_function = getattr(real_op, "golden_function", None)
 
     def __call__(self, *args, **kwargs):
         return self.dispatcher.call(

@@ -275,7 +275,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
         states.append(st)
     o_t = make_like(v, outs, dtype=ttnn.bfloat16 if mono else ttnn.float32,
                     layout=ttnn.TILE_LAYOUT if output_head_major else ttnn.ROW_MAJOR_LAYOUT,
-                    memory_config=memory_config)
+                    memory_config=memory_config or ttnn.DRAM_MEMORY_CONFIG)
     if output_final_state and states[0] is not None:
         return o_t, new_device_tensor(q.mesh, [s.to(torch.float32).contiguous() for s in states], ttnn.float32,
                                       ttnn.TILE_LAYOUT, memory_config=memory_config)

@@ -25,18 +25,6 @@ Sources (tenstorrent/tt-metal, read for facts):
   (T = 5120/2560/1280 with 12/24/48 heads, bf16 in and out, HiFi4 + fp32 dest), the program key including epsilon,
   the default config equal to (HiFi4, approx, fp32 dest), and the refusals. ``gate_column_offset`` (0.81.1
   docstring): the gate read out of a wider fused projection equals the sliced gate.
-* ``tests/ttnn/unit_tests/operations/transformers/test_chunk_gated_delta_rule.py``: the chunk op against the
-  token-by-token recurrence on the same bf16-rounded inputs (q/k L2-normalised upstream, beta from a sigmoid,
-  g = -softplus/2, s0 zero or 0.1 randn), chunk 32, T in {32, 128, 256}, the regime shapes (TP-4 per-device
-  4/12 heads, no GQA 12/12, batch 2, V = 64 and V = 32 with K = 128) at PCC >= 0.99999 for o and the final
-  state (that test's measured bar; its ~5e-3 relative floor is the chunk kernel's own rounding). The same gate is
-  applied to the flat rank-3 form (raw q/k, in-kernel L2 norm; 0.81.1 docstring) and to a T = 1 decode padded to
-  32 rows with zero g/beta rows (identity steps). Its multicast A/B needs ``use_mcast``, which 0.81.1 lacks.
-* ``transformer.gated_delta_attn_seq``: Tenstorrent's smoke test of Path A (its docstring "Quick smoke test for
-  gated_delta_attn_seq Path A API"; the index does not give its path): L_unit and L_inv identity blocks, chunk/key/
-  value 128, dl 0.95, (BH, NC) in {(1, 1), (1, 2), (2, 2), (4, 2), (12, 4), (12, 32)}, out and final state at
-  PCC >= 0.99 against the chunked reference; and the device op's validation (``gated_delta_attn_device_operation
-  .cpp``, its messages present in 0.81.1's library): float32 only, dims exactly 128, shapes checked per dim.
 """
 
 from __future__ import annotations
@@ -50,11 +38,7 @@ SRC_CONV = "tt-metal tests/ttnn/nightly/unit_tests/operations/experimental/kda/t
 SRC_CONV_DOC = "ttnn 0.81.1 docstring of experimental.kda.qkv_causal_conv1d_silu_with_carry"
 SRC_NORM = "tt-metal tests/ttnn/nightly/unit_tests/operations/experimental/kda/test_sigmoid_gated_rms_norm.py"
 SRC_NORM_DOC = "ttnn 0.81.1 docstring of experimental.kda.sigmoid_gated_rms_norm (gate_column_offset)"
-SRC_CHUNK_REF = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_chunk_gated_delta_rule.py"
-CHUNK = "transformer.chunk_gated_delta_rule"
-SEQ = "transformer.gated_delta_attn_seq"
-SRC_SEQ = "Tenstorrent's gated_delta_attn_seq Path A smoke test (tt-metal tree; path not given by the index)"
-SRC_SEQ_OP = "tt-metal ttnn/cpp/ttnn/operations/transformer/gated_delta_attn/device/gated_delta_attn_device_operation.cpp"
+
 
 CONV = "experimental.kda.qkv_causal_conv1d_silu"
 CARRY = "experimental.kda.qkv_causal_conv1d_silu_with_carry"
@@ -144,6 +128,8 @@ def _conv_deterministic(widths, chunk):
 
 
 def _conv_cache_hit_fresh_tensors(ttnn, mesh):
+    mesh.enable_program_cache()  # an enabled, empty cache, as the tests' isolated_program_cache fixture gives
+    mesh.clear_program_cache()
     widths = (128, 128, 128)
     ha, hb = _qkv_host(32, widths, seed=1911), _qkv_host(32, widths, seed=1912)
     da, db = _qkv_dev(ttnn, mesh, ha), _qkv_dev(ttnn, mesh, hb)
@@ -158,6 +144,8 @@ def _conv_cache_hit_fresh_tensors(ttnn, mesh):
 
 
 def _conv_program_key(ttnn, mesh):
+    mesh.enable_program_cache()  # an enabled, empty cache, as the tests' isolated_program_cache fixture gives
+    mesh.clear_program_cache()
     widths = (128, 128, 128)
     dev = _qkv_dev(ttnn, mesh, _qkv_host(32, widths, seed=772))
     _conv(ttnn, mesh, *dev, widths, 384)
@@ -171,6 +159,8 @@ def _conv_program_key(ttnn, mesh):
 
 
 def _conv_default_config(ttnn, mesh):
+    mesh.enable_program_cache()  # an enabled, empty cache, as the tests' isolated_program_cache fixture gives
+    mesh.clear_program_cache()
     widths = (128, 128, 128)
     dev = _qkv_dev(ttnn, mesh, _qkv_host(32, widths, seed=817))
     implicit = _conv(ttnn, mesh, *dev, widths, 384)
@@ -354,6 +344,8 @@ def _norm_accurate(fp32_in, fp32_out, batch=1, sequence=64, heads=12, production
 
 
 def _norm_program_key_epsilon(ttnn, mesh):
+    mesh.enable_program_cache()  # an enabled, empty cache, as the tests' isolated_program_cache fixture gives
+    mesh.clear_program_cache()
     dev = _norm_dev(ttnn, mesh, _norm_host(1, 32, 2, 64, seed=1321))
     _norm_run(ttnn, mesh, dev, 2, epsilon=1e-5)
     n = mesh.num_program_cache_entries()
@@ -363,6 +355,8 @@ def _norm_program_key_epsilon(ttnn, mesh):
 
 
 def _norm_default_config(ttnn, mesh):
+    mesh.enable_program_cache()  # an enabled, empty cache, as the tests' isolated_program_cache fixture gives
+    mesh.clear_program_cache()
     dev = _norm_dev(ttnn, mesh, _norm_host(seed=817))
     implicit = _first(ttnn, _norm_run(ttnn, mesh, dev))
     n = mesh.num_program_cache_entries()
@@ -438,120 +432,6 @@ def _norm_gate_column_offset(ttnn, mesh):
                      "hold H*V = 256 columns at gate_column_offset 160")
 
 
-# ---- chunk_gated_delta_rule against the token-by-token recurrence --------------------------------------------------
-def _recurrent_ref(q, k, v, beta, g, s0):
-    """The token-by-token gated delta rule in fp64 (q/k already expanded to the value heads), scale 1/sqrt(K)."""
-    b, t, hv, dk = q.shape
-    s = torch.zeros(b, hv, dk, v.shape[-1], dtype=torch.float64) if s0 is None else s0.double().clone()
-    outs = []
-    for i in range(t):
-        s = s * torch.exp(g[:, i].double())[..., None, None]
-        delta = (v[:, i].double() - torch.einsum("bhk,bhkv->bhv", k[:, i].double(), s)) * beta[:, i].double()[..., None]
-        s = s + torch.einsum("bhk,bhv->bhkv", k[:, i].double(), delta)
-        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, i].double() * dk ** -0.5, s))
-    return torch.stack(outs, 1), s
-
-
-def _chunk_inputs(b, t, hk, hv, dk, dv, with_state, seed=20260910):
-    g_ = torch.Generator().manual_seed(seed)
-    q = F.normalize(torch.randn(b, t, hk, dk, generator=g_), dim=-1)
-    k = F.normalize(torch.randn(b, t, hk, dk, generator=g_), dim=-1)
-    v = torch.randn(b, t, hv, dv, generator=g_)
-    beta = torch.sigmoid(torch.randn(b, t, hv, generator=g_))
-    g = -F.softplus(torch.randn(b, t, hv, generator=g_)) * 0.5
-    s0 = 0.1 * torch.randn(b, hv, dk, dv, generator=g_) if with_state else None
-    return q, k, v, beta, g, s0
-
-
-def _chunk_vs_recurrent(b, hk, hv, dk, dv, t, with_state, flat=False):
-    def run(ttnn, mesh):
-        q, k, v, beta, g, s0 = _chunk_inputs(b, t, hk, hv, dk, dv, with_state)
-        grp = hv // hk
-        if flat:  # raw q/k: the kernel normalises; scale them so the in-kernel norm has work to do
-            q, k = q * 3.0, k * 0.25
-        qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
-        dev = lambda x, dt=ttnn.float32: _dev(ttnn, mesh, x, dt)  # noqa: E731
-        shape = (lambda x: x.reshape(b, t, -1)) if flat else (lambda x: x)
-        o, fs = ttnn.transformer.chunk_gated_delta_rule(
-            dev(shape(qb), ttnn.bfloat16), dev(shape(kb), ttnn.bfloat16), dev(shape(vb), ttnn.bfloat16), dev(g),
-            dev(beta), initial_state=None if s0 is None else dev(s0), output_final_state=True, chunk_size=32)
-        qr, kr = qb.double(), kb.double()
-        if flat:
-            qr, kr = F.normalize(qr, dim=-1, eps=1e-6), F.normalize(kr, dim=-1, eps=1e-6)
-        ro, rs = _recurrent_ref(qr.repeat_interleave(grp, 2), kr.repeat_interleave(grp, 2), vb, beta, g, s0)
-        got_o = _first(ttnn, o).float().reshape(b, t, hv, dv)
-        got_s = _first(ttnn, fs).float().reshape(b, hv, dk, dv)
-        assert pcc(ro, got_o) >= 0.99999, pcc(ro, got_o)
-        assert pcc(rs, got_s) >= 0.99999, pcc(rs, got_s)
-    return run
-
-
-def _chunk_decode_padded(ttnn, mesh):
-    """A T = 1 decode through the flat chunk form: the token padded to 32 rows whose g and beta are zero, so the
-    padding rows are identity steps; the state equals one recurrence step, o's row 0 the step's output."""
-    hk, hv, d = 2, 6, 128
-    q, k, v, beta, g, s0 = _chunk_inputs(1, 1, hk, hv, d, d, True, seed=3)
-    pad = lambda x: torch.cat([x, torch.zeros(1, 31, *x.shape[2:])], 1)  # noqa: E731
-    qb, kb, vb = (pad(x).to(torch.bfloat16) for x in (q, k, v))
-    dev = lambda x, dt=ttnn.float32: _dev(ttnn, mesh, x, dt)  # noqa: E731
-    o, fs = ttnn.transformer.chunk_gated_delta_rule(
-        dev(qb.reshape(1, 32, -1), ttnn.bfloat16), dev(kb.reshape(1, 32, -1), ttnn.bfloat16),
-        dev(vb.reshape(1, 32, -1), ttnn.bfloat16), dev(pad(g)), dev(pad(beta)), initial_state=dev(s0),
-        output_final_state=True, chunk_size=32, output_head_major=True)
-    qr = F.normalize(qb[:, :1].double(), dim=-1, eps=1e-6).repeat_interleave(3, 2)
-    kr = F.normalize(kb[:, :1].double(), dim=-1, eps=1e-6).repeat_interleave(3, 2)
-    ro, rs = _recurrent_ref(qr, kr, vb[:, :1], beta, g, s0)
-    got = _first(ttnn, o)
-    assert list(o.shape) == [hv, 32, d] and pcc(ro[0, 0], got[:, 0]) >= 0.99999
-    assert pcc(rs, _first(ttnn, fs)) >= 0.99999
-
-
-# ---- gated_delta_attn_seq -----------------------------------------------------------------------------------------
-def _seq_host(bh, nc, c=128, d=128):
-    g_ = torch.Generator().manual_seed(42)
-    blocks = torch.block_diag(*[torch.eye(32)] * (c // 32))
-    return {"L_unit": blocks.expand(bh, nc, c, c).clone(), "v_beta_sc": torch.randn(bh, nc, c, d, generator=g_) * 0.3,
-            "k_bd_sc": torch.randn(bh, nc, c, d, generator=g_) * 0.1,
-            "intra_attn": torch.randn(bh, nc, c, c, generator=g_) * 0.01,
-            "q_decay": torch.randn(bh, nc, c, d, generator=g_) * 0.1,
-            "k_decay_t": torch.randn(bh, nc, d, c, generator=g_) * 0.1, "dl_exp": torch.full((bh, nc, 1, 1), 0.95),
-            "L_inv": torch.eye(32).repeat(c // 32, 1).expand(bh, nc, c, 32).clone()}
-
-
-_SEQ_ORDER = ("L_unit", "v_beta_sc", "k_bd_sc", "intra_attn", "q_decay", "k_decay_t", "dl_exp", "L_inv")
-
-
-def _seq_smoke(bh, nc):
-    def run(ttnn, mesh):
-        x = _seq_host(bh, nc)
-        out, st = ttnn.transformer.gated_delta_attn_seq(*(_dev(ttnn, mesh, x[n], ttnn.float32) for n in _SEQ_ORDER))
-        s = torch.zeros(bh, 128, 128, dtype=torch.float64)
-        outs = []
-        for n in range(nc):  # L_unit = I: v_cor = v_beta_sc, k_cum = k_bd_sc
-            v_new = x["v_beta_sc"][:, n].double() - x["k_bd_sc"][:, n].double() @ s
-            outs.append(x["q_decay"][:, n].double() @ s + x["intra_attn"][:, n].double() @ v_new)
-            s = s * 0.95 + x["k_decay_t"][:, n].double() @ v_new
-        assert list(out.shape) == [bh, nc, 128, 128] and out.dtype == ttnn.float32 and list(st.shape) == [bh, 128, 128]
-        assert pcc(torch.stack(outs, 1), _first(ttnn, out)) >= 0.99
-        assert pcc(s, _first(ttnn, st)) >= 0.99
-    return run
-
-
-def _seq_rejects(ttnn, mesh):
-    x = _seq_host(1, 1)
-    dev = {n: _dev(ttnn, mesh, x[n], ttnn.float32) for n in _SEQ_ORDER}
-    call = lambda d: ttnn.transformer.gated_delta_attn_seq(*(d[n] for n in _SEQ_ORDER))  # noqa: E731
-    _expect_rejected(lambda: call(dict(dev, q_decay=_dev(ttnn, mesh, x["q_decay"], ttnn.bfloat16))),
-                     "q_decay must be float32, got DataType::BFLOAT16")
-    _expect_rejected(lambda: call(dict(dev, L_inv=_dev(ttnn, mesh, x["L_inv"], ttnn.float32,
-                                                       ttnn.ROW_MAJOR_LAYOUT))), "L_inv must be tiled")
-    _expect_rejected(lambda: call(dict(dev, dl_exp=_dev(ttnn, mesh, torch.ones(1, 1, 1, 2), ttnn.float32))),
-                     "dl_exp dim[3] expected 1 got 2")
-    small = _seq_host(1, 1, d=64)
-    _expect_rejected(lambda: call(dict(dev, k_bd_sc=_dev(ttnn, mesh, small["k_bd_sc"], ttnn.float32))),
-                     "key_dim must be exactly 128, got 64")
-
-
 CASES: list[Case] = [
     Case(CONV, "contract_single_block_512x3_c1536", SRC_CONV, _conv_contract((512, 512, 512), 1536, False)),
     Case(CONV, "contract_multiple_blocks_1024x3_c768", SRC_CONV, _conv_contract((1024, 1024, 1024), 768, False),
@@ -593,21 +473,3 @@ CASES: list[Case] = [
     Case(NORM, "production_performance", SRC_NORM,
          skip="a real-time-profiler duration band on a P150b; the emulator has no device clock"),
 ]
-for _name, _shape in (("tp4", (1, 4, 12, 128, 128)), ("no_gqa", (1, 12, 12, 128, 128)), ("batch2", (2, 4, 12, 128, 128)),
-                      ("v64", (1, 4, 12, 128, 64)), ("v32", (1, 4, 12, 128, 32))):
-    for _t in (32, 128):
-        for _st in (False, True):
-            CASES.append(Case(CHUNK, f"vs_recurrent_{_name}_T{_t}_{'s0rand' if _st else 's0zero'}", SRC_CHUNK_REF,
-                              _chunk_vs_recurrent(*_shape, _t, _st), ci=_name == "tp4" and _t == 32))
-for _t in (32, 256):
-    CASES.append(Case(CHUNK, f"flat_rank3_vs_recurrent_tp4_T{_t}", SRC_CHUNK_REF,
-                      _chunk_vs_recurrent(1, 4, 12, 128, 128, _t, True, flat=True), ci=_t == 32))
-CASES += [
-    Case(CHUNK, "vs_recurrent_T256", SRC_CHUNK_REF, _chunk_vs_recurrent(1, 4, 12, 128, 128, 256, True), ci=False),
-    Case(CHUNK, "flat_decode_padded_to_32_rows", SRC_CHUNK_REF, _chunk_decode_padded),
-    Case(CHUNK, "scan_mcast_bit_exact", SRC_CHUNK_REF,
-         skip="the multicast A/B toggles use_mcast, which is not an argument of 0.81.1's chunk_gated_delta_rule"),
-]
-for _bh, _nc in ((1, 1), (1, 2), (2, 2), (4, 2), (12, 4), (12, 32)):
-    CASES.append(Case(SEQ, f"smoke_bh{_bh}_nc{_nc}", SRC_SEQ, _seq_smoke(_bh, _nc), ci=_bh * _nc <= 2))
-CASES.append(Case(SEQ, "rejects_dtype_layout_shape_and_dims", SRC_SEQ_OP, _seq_rejects))
