@@ -151,16 +151,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="users decoded per step (batched plain decode, tt/runtime/batch.py; 1, 8 or 32 are the buckets)")
 
 
-def tensor_bytes(obj) -> int:
-    """Per-device bytes of every device tensor inside a weights dataclass / list."""
+def tensor_bytes(obj, read_by_decode: bool = False) -> int:
+    """Per-device bytes of every device tensor inside a weights dataclass / list (``read_by_decode``: only those a
+    decode step reads, the GDN weights only the prefill reads left out)."""
+    from qwen36.tt.model.weights import GDN_PREFILL_ONLY, GDNWeights
+
     if obj is None:
         return 0
     if hasattr(obj, "bytes_per_device"):
         return int(obj.bytes_per_device())
     if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(o) for o in obj)
+        return sum(tensor_bytes(o, read_by_decode) for o in obj)
     if dataclasses.is_dataclass(obj):
-        return sum(tensor_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "layer_type")
+        skip = ("layer_type",) + (GDN_PREFILL_ONLY if read_by_decode and isinstance(obj, GDNWeights) else ())
+        return sum(tensor_bytes(getattr(obj, f.name), read_by_decode) for f in dataclasses.fields(obj)
+                   if f.name not in skip)
     return 0
 
 
@@ -385,7 +390,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         token = token_counts(f"decode token ({n_gdn} GDN + {n_attn} attention layers, extrapolated)",
                              ((embed, 1), (gdn, n_gdn), (attn, n_attn), (head, 1)))
 
-        lw_gdn, lw_attn = tensor_bytes(weights.layers[0]), tensor_bytes(weights.layers[1])
+        lw_gdn, lw_attn = (tensor_bytes(weights.layers[i], read_by_decode=True) for i in (0, 1))
         if moe is not None:  # weights read per token: the k routed experts, not the resident stack
             adj = (moe["routed_expert_bytes_read_per_layer"] - group * cfg.num_experts
                    + sum(moe["router_correction_per_layer"].get(k, 0) for k in

@@ -239,7 +239,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
     from qwen36.tt.runtime.sampler_transform import SamplerStages
     from qwen36.tt.model.state import allocate_decode_inputs
     from qwen36.tt.spec.verify import SpecDeviceState
-    from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
+    from qwen36.tt.model.weights import GDN_PREFILL_ONLY, WeightLoader, load_mtp_weights
 
     from qwen36.probes.decode_cost import RandomCheckpoint
 
@@ -258,7 +258,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
                 st = state.layers[i]
                 static[f"layer{i}"] = Cost({"w:norm": lw.input_norm.bytes_per_device() + lw.post_norm.bytes_per_device()})
                 if i == 0:
-                    static[f"mixer{i}"] = _weights(lw.mixer, GDN_FIELDS, "GDNWeights").plus(
+                    static[f"mixer{i}"] = _weights(lw.mixer, GDN_FIELDS, "GDNWeights", skip=GDN_PREFILL_ONLY).plus(
                         Cost({"s:gdn_state": st.recurrent.bytes_per_device()}))
                 else:
                     static[f"mixer{i}"] = _weights(lw.mixer, ATTN_FIELDS, "AttentionWeights").plus(
@@ -332,7 +332,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
             comps["host_readback"] = readback("readback", acc.read_result, [(acc.result, a.num_devices)],
                                               reads=a.num_devices)
             pre = regs["pre_verify"]
-            no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
+            no_layers = vout.without_gdn_kept()
             meter.run("commit", lambda: commit(step_state, vout, res))
             meter.run("commit_fixed", lambda: commit(step_state, no_layers, res))
             cregs, _ = meter.take()

@@ -212,7 +212,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, commit_k: int, s
             return vout, res, cost, accept, regs["pre_verify"], {"gdn": regs["layer0"], "attention": regs["layer1"]}
 
         def commit_phase(st, vout, res, pre):
-            no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
+            no_layers = vout.without_gdn_kept()
             meter.run("commit", lambda: step.commit(st, vout, res))
             meter.run("commit_fixed", lambda: step.commit(st, no_layers, res))
             regs, _ = meter.take()

@@ -83,6 +83,28 @@ def test_prefill_logits_pcc_chunked(request, ref, preset):
     assert ok, f"prefill logits ({preset}): {msg}"
 
 
+def test_prefill_logits_pcc_fused_gdn(tmp_path_factory):
+    """The same 100-token prompt at the config whose GDN prefill runs ttnn's fused ops (GDN heads a tile wide), the
+    accuracy preset: the fused prefill holds the model gate and argmax agrees with the reference on every row but
+    near ties."""
+    ck = make_bf16_checkpoint(tmp_path_factory.mktemp("tt-model-gdn32"), "ci-gdn32", seed=0)
+    ref32 = Qwen36Model.from_checkpoint(ck, dtype=torch.float32)
+    gen = make_gen(ck, "accuracy")
+    try:
+        gdn = [layer.mixer for layer in gen.model.layers if layer.layer_type != "full_attention"]
+        assert {m.prefill_path for m in gdn} == {"fused"}
+        ids = torch.randint(0, 512, (100,), generator=torch.Generator().manual_seed(7))
+        got = gen.teacher_forced_logits(ids)
+    finally:
+        gen.close()
+    exp = ref32(ids[None], ref32.new_state(1, 128)).logits[0]
+    ok, msg = comp_pcc(exp, got, PCC_GATES["model_prefill"])
+    assert ok, f"fused-GDN prefill logits: {msg}"
+    top2 = exp.topk(2, -1).values
+    decided = (top2[:, 0] - top2[:, 1]) > 0.05
+    assert torch.equal(exp.argmax(-1)[decided], got.argmax(-1)[decided])
+
+
 @pytest.mark.slow
 def test_greedy_32_tokens_exact_bf16(ckpt, ref):
     ids = prompt(GREEDY_PROMPT_SEED)

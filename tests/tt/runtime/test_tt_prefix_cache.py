@@ -53,6 +53,25 @@ def test_warm_equals_cold_at_every_boundary_greedy(gen):
     assert max(float((x - y).abs().max()) for x, y in zip(plain.logits, cold.logits)) < 0.1
 
 
+def test_fused_gdn_prefill_warm_equals_cold(ckpt_factory):
+    """The same at the config whose GDN prefill runs ttnn's fused ops (conv carry in bf16, flat chunk rule, gated
+    norm; tt/model/gdn_prefill.py): the segmented prefill's GDN state, restored, gives the cold request's bits."""
+    gen = small_tt_generator(ckpt_factory("ci-gdn32"), prefill_chunk=64)
+    try:
+        gdn = [layer.mixer for layer in gen.model.layers if hasattr(layer.mixer, "fused_prefill")]
+        assert gdn and all(m.prefill_path == "fused" for m in gdn)
+        prompt = prompt_of(gen.config.vocab_size, 70, 5)
+        cold = gen.generate(prompt, 6, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False), keep_logits=True)
+        for k in (1, 2):
+            cache = PrefixCache(BLOCK, BIG, with_mtp=False)
+            gen.generate(prompt[: k * BLOCK + 1], 1, prefix_cache=cache)
+            warm = gen.generate(prompt, 6, prefix_cache=cache, keep_logits=True)
+            assert (warm.prefill.reused, warm.prefill.computed) == (k * BLOCK, 70 - k * BLOCK)
+            same(cold, warm)
+    finally:
+        gen.close()
+
+
 def test_warm_equals_cold_sampled_traced_and_eviction(gen):
     """Seeded sampling through the traced device sampler; a budget of one block: every insert evicts the
     previous (unreferenced) block, whose device buffers are freed."""

@@ -79,7 +79,7 @@ class TTDecoderLayer:
         if self.layer_type == FULL:
             h = self.mixer.forward(h, state, ctx)
         else:
-            h = self.mixer.forward(h, state, ctx.mode, verify_plan=ctx.verify_plan)
+            h = self.mixer.forward(h, state, ctx.mode, plan=ctx.gdn_plan)
         x = ttnn.add(x, h, dtype=res)
         # decode rows: the norm writes the L1 width shards the MLP's DRAM-sharded matmuls read (no reshard program)
         mlp_in = getattr(self.mlp, "input_memory_config", lambda rows: None)(x.shape[-2])

@@ -126,6 +126,15 @@ class GDNWeights:
     dt_bias: Any  # [1, 1, 1, Hv_d] (fp32)
     norm: Any  # gated RMSNorm weight [Dv] (plain, not zero-centred)
     out_proj: Any  # [Vd, H] row-parallel
+    # the prefill's fused ops (tt/model/gdn_prefill.py): the conv taps as four [1, Cd] TILE tensors (tap j multiplies
+    # input t - (K-1) + j: experimental.kda.qkv_causal_conv1d_silu's tap0..tap3) and the gated-norm weight as a
+    # rank-1 [Dv] TILE tensor (experimental.kda.sigmoid_gated_rms_norm's weight)
+    conv_tap_rows: tuple = ()
+    norm_flat: Any = None
+
+
+# GDNWeights fields only the prefill reads (a decode step's weight bytes leave them out)
+GDN_PREFILL_ONLY = ("conv_tap_rows", "norm_flat")
 
 
 @dataclass
@@ -252,7 +261,10 @@ class WeightLoader:
                             mapper=self.shard_cols)
         norm = self.norm_weight(f"{p}norm", self._get(f"{p}norm.weight"), zero_centred=False)
         out = self.matrix(f"{p}out_proj", self._get(f"{p}out_proj.weight"), TensorGroup.GDN_OUT, "row")
-        return GDNWeights(in_proj, in_z, in_b, in_a, conv_taps, l2w, neg_exp_a, dt_bias, norm, out)
+        tap_rows = tuple(self._put(f"{p}conv_tap{j}", taps[j:j + 1], small, mapper=self.shard_cols)
+                         for j in range(taps.shape[0]))
+        norm_flat = self._put(f"{p}norm_flat", self._get(f"{p}norm.weight").float().reshape(dv), small)
+        return GDNWeights(in_proj, in_z, in_b, in_a, conv_taps, l2w, neg_exp_a, dt_bias, norm, out, tap_rows, norm_flat)
 
     def attention(self, p: str) -> AttentionWeights:
         c = self.args.cfg

@@ -1,7 +1,7 @@
 """In-place commit of a packed K+1 verify on device, every commit mechanism (``tt/spec/mechanisms.py``), traceable.
 
-Input: the verify's per-GDN-layer records (``verify.GDNRecord``) and the acceptor's accepted count ``a``
-(``DeviceAcceptor.count``, fp32 [1,1,1,1] on device). Nothing is read back.
+Input: what each GDN layer kept in the verify (``tt/model/gdn_plan.GDNKept``, in ``vout.plan.gdn.kept``) and the
+acceptor's accepted count ``a`` (``DeviceAcceptor.count``, fp32 [1,1,1,1] on device). Nothing is read back.
 
     conv (every mechanism): new conv state = window rows a+1 .. a+Kc-1 (the shift register after row a),
         gathered exactly with ``ttnn.embedding`` (row indices a+1+i as uint32). A 0/1 selector matmul is not exact
@@ -33,17 +33,17 @@ def commit(step_state: SpecDeviceState, vout: VerifyOutputs, result=None) -> Non
     count; B slots: per user, -1 outside the step), the GDN layers, then the position and pending token (one user:
     from ``result``, the acceptor's persistent result; B slots take none)."""
     idx, mask = step_state.commit_selection()
-    commit_gdn_layers(step_state, vout.plan.records, idx, mask)
+    commit_gdn_layers(step_state, vout.plan.gdn.kept, idx, mask)
     step_state.advance(result)
 
 
-def commit_gdn_layers(step_state, records, conv_idx, mask) -> None:
+def commit_gdn_layers(step_state, kept, conv_idx, mask) -> None:
     """The GDN part of a commit, device and host rows alike: per layer,
     conv state = window rows ``conv_idx`` (uint32 ROW_MAJOR [1, B*(Kc-1)], rows of the window viewed as
     [B*(Kc-1+T), Cd]); for the re-advance mechanisms, the K+1 rows re-run with g and beta multiplied by ``mask``
     (1 for the rows to keep); then the mechanism's own commit work (``after_commit``)."""
     ttnn, mech = step_state.ttnn, step_state.mechanism
-    for r in records:
+    for r in kept:
         shape = list(r.window.shape)  # [B, 1, Kc-1+T, Cd]
         rows = 1
         for d in shape[:-1]:
@@ -55,7 +55,7 @@ def commit_gdn_layers(step_state, records, conv_idx, mask) -> None:
             g = ttnn.reshape(ttnn.multiply(r.g, mask), list(r.g.shape))
             beta = ttnn.reshape(ttnn.multiply(r.beta, mask), list(r.beta.shape))
             initial = mech.readvance_initial(r.state, step_state.layer_bufs[id(r.state)])
-            r.gdn.recurrence(r.q, r.k, r.v, g, beta, r.state, "decode", initial=initial, final=r.state.recurrent)
+            r.layer.recurrence(r.q, r.k, r.v, g, beta, r.state, "decode", initial=initial, final=r.state.recurrent)
     mech.after_commit(step_state)
 
 

@@ -37,7 +37,7 @@ head_dim 256 on Blackhole: the kernel keeps every candidate row of a head in one
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -47,8 +47,9 @@ from ...errors import UserError
 from ..model.attention import AttentionContext
 from .mechanisms import GDNStateBytes, SpecLayerBuffers, TTMechanism, tt_mechanism
 from ..model.model import DecodeOutputs, TTQwen36Model
+from ..model.gdn_plan import GDNStepPlan
 from ..model.model_config import compute_config_exact_count, state_memory_config
-from ..model.state import GDNLayerState, TTModelState
+from ..model.state import TTModelState
 
 SPEC_TILES_AT_HD256 = 11  # multi-position paged SDPA fits about 11 candidate rows per core at head_dim 256 (L1 budget)
 
@@ -79,44 +80,16 @@ def check_verify_shape(args, k: int) -> None:
 
 
 @dataclass
-class GDNRecord:
-    """What a verify leaves for the commit of one GDN layer (device tensors of this step)."""
-
-    gdn: Any
-    state: GDNLayerState
-    q: Any
-    k: Any
-    v: Any
-    g: Any
-    beta: Any
-    window: Any  # [1, 1, Kc-1+T, Cd]: conv state before the verify, then the T rows' conv inputs
-
-
-@dataclass
 class VerifyPlan:
-    """``AttentionContext.verify_plan`` of one verify: per-row positions and the mechanism's GDN routing."""
+    """``AttentionContext.verify_plan`` of one verify: per-row KV cache rows and SDPA bounds; ``gdn`` is the GDN
+    layers' plain-data plan (``AttentionContext.gdn_plan``: each layer's route from the commit mechanism, and what
+    each layer keeps for the commit)."""
 
-    step_state: "SpecDeviceState"
+    users: int  # user slots of the packed verify (the attention and GDN layers lay the rows out per user)
     phys_rows: Any  # [1, T] int32 RM: physical KV cache row (page * block_size + row in page) of row j
     bounds: Any  # [G*T] int32 RM: SDPA bound of candidate j (= n + j), once per local KV head
     head_page_table: Any  # [G, blocks] int32 RM: page table of the per-KV-head cache view (pt*G + h)
-    records: list = field(default_factory=list)
-
-    @property
-    def users(self) -> int:
-        """User slots of the packed verify (the attention and GDN layers lay the rows out per user)."""
-        return self.step_state.users
-
-    def conv_write(self, state: GDNLayerState):
-        """True when the mechanism's verify advances the live conv state; else None (the window is kept)."""
-        return self.step_state.mechanism.conv_write
-
-    def gdn_recurrence(self, gdn, state: GDNLayerState, q, k, v, g, beta, window):
-        st = self.step_state
-        if st.row_mask is not None:  # host rows: inert rows masked out of the recurrence (g = beta = 0)
-            g, beta = st.ttnn.multiply(g, st.row_mask), st.ttnn.multiply(beta, st.row_mask)
-        self.records.append(GDNRecord(gdn, state, q, k, v, g, beta, window))
-        return st.mechanism.recurrence(st, gdn, q, k, v, g, beta, state, st.layer_bufs[id(state)])
+    gdn: GDNStepPlan
 
 
 @dataclass
@@ -124,6 +97,11 @@ class VerifyOutputs:
     out: DecodeOutputs  # logits [1,1,T,V] fp32, tokens [1,1,T] argmax, hidden [1,1,T,H]
     plan: VerifyPlan
     tokens: Any  # [1, T] uint32 RM: the verified rows
+
+    def without_gdn_kept(self) -> "VerifyOutputs":
+        """These outputs with no GDN layer's kept tensors: a commit of them does only the work that does not repeat
+        per GDN layer (the cost probes count one layer's part as the difference)."""
+        return replace(self, plan=replace(self.plan, gdn=replace(self.plan.gdn, kept=[])))
 
 
 class SpecDeviceState:
@@ -256,6 +234,11 @@ class SpecDeviceState:
         tokens_1T = ttnn.to_layout(ttnn.reshape(ttnn.typecast(toks_111T, ttnn.uint32), [1, t]), rm)
         return tokens_1T, rope_idx_1T, bounds_GT, phys_1T, head_pt_GP
 
+    def gdn_plan(self) -> GDNStepPlan:
+        """The GDN layers' routes for one verify (the commit mechanism's, over this step state's buffers)."""
+        return GDNStepPlan(self.users, {id(s): self.mechanism.route(self, self.layer_bufs[id(s)])
+                                        for s in self.state.gdn_states()})
+
     def commit_selection(self):
         """The commit's row selection (device, traceable; tt/spec/commit.py): (conv window rows of the new conv state,
         uint32 RM [1, Kc-1]; the re-advance mask [1, T, 1], 1 for rows <= a, or None without a re-advance)."""
@@ -283,11 +266,12 @@ class SpecDeviceState:
         m = self.model
         self.pre_verify()
         tokens_1T, rope_idx_1T, bounds_GT, phys_1T, head_pt_GP = self.verify_rows()
-        verify_plan = VerifyPlan(self, phys_1T, bounds_GT, head_pt_GP)
+        verify_plan = VerifyPlan(self.users, phys_1T, bounds_GT, head_pt_GP, self.gdn_plan())
         with m.region("embed"):
             x_11TH = m.embed(tokens_1T)
             cos_1T1D, sin_1T1D = m.rope_rows(rope_idx_1T)
-        ctx = AttentionContext("decode", cos_1T1D, sin_1T1D, self.state.page_table, verify_plan=verify_plan)
+        ctx = AttentionContext("decode", cos_1T1D, sin_1T1D, self.state.page_table, verify_plan=verify_plan,
+                               gdn_plan=verify_plan.gdn)
         x_11TH = m.layers_forward(x_11TH, self.state, ctx)
         with m.region("head"):
             logits_11TV, hidden_11TH = m.head(x_11TH, last_row_only=False)
