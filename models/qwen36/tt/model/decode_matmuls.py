@@ -6,17 +6,18 @@ and which program config each matmul runs, per ``TTModelArgs.decode_matmuls``.
   core, each core streaming its own N columns of the weight over the full K) on an explicit small grid. This is how
   Tenstorrent's qwen36 runs its Blackhole decode matmuls (tt-metal ``models/demos/blackhole/qwen36/tt/model_config.py``:
   "small grids beat the ~80-core DRAM-sharded grid on the bandwidth-bound skinny decode matmuls"; its measured sweep
-  puts gate/up at 42.8 us on 44 cores and down at ~63 us on 33 cores at TP=4, 293 and 376 GB/s).
+  puts its bfloat4_b gate/up at 42.8 us on 44 cores and its bfloat8_b down at ~63 us on 33 cores at TP=4: 293 and
+  376 GB/s).
 * ``"dram_sharded"``: the weights width-sharded over the DRAM banks, the activation width-sharded in L1 over the
   compute cores (tt_transformers' decode matmuls), with ``args.dram_readers`` readers per bank where the device op
   allows them.
 * ``"interleaved"``: DRAM-interleaved weights and ttnn's default program configs (A/B figures only).
 
-Why ``mcast_1d`` is the default (docs/cost_figures.md has the figures): the calibrated cost model charges a
-DRAM-sharded weight at the in-model utilisation fitted to Tenstorrent's Llama-3.1-8B decode (0.54 of 512 GB/s at two
-readers per bank, 276 GB/s) and an interleaved bfloat8_b weight at 376 GB/s (tt-metal issue 55898; Tenstorrent's
-1D-matmul sweep above lands on the same rate), so the 27B's 9.8 GB per step of MLP and LM-head weights costs about
-9 ms less interleaved. That ranking rests on the Llama fit: at the band's fast end (0.9, the isolated matmul of
+Why ``mcast_1d`` is the default (docs/cost_figures.md has the figures; all modelled): the calibrated cost model
+charges a DRAM-sharded weight at the in-model utilisation fitted to Tenstorrent's Llama-3.1-8B decode (0.54 of
+512 GB/s at two readers per bank, 276 GB/s) and an interleaved bfloat8_b weight at 376 GB/s (tt-metal issue 55898;
+the bfloat8_b down projection of Tenstorrent's 1D-matmul sweep above streams at that rate), so the 27B's MLP and
+LM-head weights cost about 9 ms less per step interleaved. That ranking rests on the Llama fit: at the band's fast end (0.9, the isolated matmul of
 tt-metal PR 54242) two DRAM-sharded readers would beat the interleaved stream. Which layout wins in the model is
 a card check; both stay selectable.
 
