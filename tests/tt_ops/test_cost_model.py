@@ -9,6 +9,7 @@ import torch
 
 from qwen36.tt_ops.cost_model import (
     LABEL,
+    P150A_DISPATCH_US_PER_PROGRAM,
     P150A_DRAM_BW_EFFECTIVE_GBPS,
     P150aCostModel,
 )
@@ -26,7 +27,7 @@ def test_formula_and_label():
     assert b["label"] == LABEL == "modelled"
     assert b["dram_ms"] == pytest.approx(10e9 / (P150A_DRAM_BW_EFFECTIVE_GBPS * 1e9) * 1e3)
     assert b["dram_ms"] == pytest.approx(24.69, abs=0.01)  # weight-stream floor ~24.6 ms at ~405 GB/s (tt_ops/cost_model.py)
-    assert b["dispatch_ms"] == pytest.approx(100 * 1.3e-3)  # the traced launch floor, the roofline's program cost
+    assert b["dispatch_ms"] == pytest.approx(100 * P150A_DISPATCH_US_PER_PROGRAM * 1e-3)  # the traced launch floor
     assert b["collective_fixed_ms"] == pytest.approx(64 * 10e-3)
     assert b["collective_bw_ms"] == pytest.approx(64 * 10240 / 84e9 * 1e3)
     assert b["total_ms"] == pytest.approx(b["dram_ms"] + b["dispatch_ms"] + b["collective_fixed_ms"]
@@ -133,8 +134,7 @@ def test_decode_plan_at_27b_mlp_shapes():
     """27B per device at TP=2: gate/up [5120, 8704], down [8704, 5120]: 160 and 272 tiles share 16 cores, so the
     gate/up output shard (8704 / 16 wide) is exactly down's input shard; no bank padding (272 and 160 tiles over 8)."""
     pytest.importorskip("ttnn")
-    from qwen36.tt.model.decode_matmuls import decode_matmul_plan, dram_sharded_weight_memory_config
-    from qwen36.tt.model.model_config import TensorGroup
+    from qwen36.tt.model.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     args = _args()
@@ -162,9 +162,8 @@ def test_decode_plan_at_27b_lm_head_shapes():
     ttnn's default config."""
     pytest.importorskip("ttnn")
     from qwen36.tiny import PRESETS
-    from qwen36.tt.model.decode_matmuls import (decode_matmul_plan, dram_sharded_weight_memory_config,
-                                                matrix_memory_config)
-    from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup, TTModelArgs
+    from qwen36.tt.model.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
+                                        dram_sharded_weight_memory_config, matrix_memory_config)
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     p = decode_matmul_plan(ttnn, _args(), TensorGroup.LM_HEAD, 1, 5120, 124160)
@@ -177,8 +176,7 @@ def test_decode_plan_at_27b_lm_head_shapes():
     # the weight is placed for the readers its matmul asks for, at either reader setting
     assert list(matrix_memory_config(ttnn, _args(), TensorGroup.LM_HEAD, 5120, 124160, 8).shard_spec.shape) == \
         [5120, 15552]
-    one = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=1,
-                                  decode_matmuls="dram_sharded")
+    one = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=1)
     assert decode_matmul_plan(ttnn, one, TensorGroup.LM_HEAD, 1, 5120, 124160).program_config \
         .num_workers_per_dram_bank == 1
     assert list(matrix_memory_config(ttnn, one, TensorGroup.LM_HEAD, 5120, 124160, 8).shard_spec.shape) == \
@@ -190,8 +188,7 @@ def test_decode_plan_at_27b_lm_head_shapes():
 @pytest.fixture(scope="module")
 def dram_sharded_case():
     pytest.importorskip("ttnn")
-    from qwen36.tt.model.decode_matmuls import decode_matmul_plan, dram_sharded_weight_memory_config
-    from qwen36.tt.model.model_config import TensorGroup
+    from qwen36.tt.model.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
     from qwen36.tt_ops.device import open_mesh
 
     with open_mesh("emulated-p150x2") as ctx:
@@ -268,8 +265,8 @@ def test_moe_shared_expert_stays_interleaved():
     """A MoE model's shared expert is too small for the two reshards to pay: no DRAM-sharded plan, no sharded weight."""
     pytest.importorskip("ttnn")
     from qwen36.tiny import PRESETS
-    from qwen36.tt.model.decode_matmuls import decode_matmul_plan, uses_dram_sharded_weights
-    from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup, TTModelArgs
+    from qwen36.tt.model.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
+                                        uses_dram_sharded_weights)
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     args = TTModelArgs.from_config(PRESETS["moe-ci"], 2, PrecisionSetting.performance())
@@ -283,8 +280,8 @@ def test_decode_plan_readers_per_bank_at_27b_shapes():
     shards laid out 486 tiles wide for two readers); dram_readers=1 asks one everywhere; out of range is refused."""
     pytest.importorskip("ttnn")
     from qwen36.tiny import PRESETS
-    from qwen36.tt.model.decode_matmuls import decode_matmul_plan, decode_readers_per_bank, dram_bank_shard_tiles
-    from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup, TTModelArgs
+    from qwen36.tt.model.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
+                                        decode_readers_per_bank, dram_bank_shard_tiles)
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     args = _args()
