@@ -140,12 +140,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-sample", type=int, default=4096,
                    help="vocabulary actually built (LM head extrapolated to the real vocab)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--decode-matmuls", default="dram_sharded", choices=["dram_sharded", "interleaved"],
-                   help="decode layout of the MLP matmuls (tt/model/model_config.py decode_matmul_plan); interleaved: "
-                        "the DRAM-interleaved weights and default program configs of before, for A/B figures")
+    p.add_argument("--decode-matmuls", default="mcast_1d", choices=["mcast_1d", "dram_sharded", "interleaved"],
+                   help="decode layout of the MLP and LM-head matmuls (tt/model/decode_matmuls.py): mcast_1d (1D "
+                        "multicast matmuls on DRAM-interleaved weights, the default), dram_sharded (DRAM-sharded "
+                        "weights), interleaved (ttnn's default program configs), for A/B figures")
     p.add_argument("--dram-readers", type=int, default=2, choices=[1, 2, 3],
                    help="readers per DRAM bank asked of the DRAM-sharded decode matmuls (num_workers_per_dram_bank; "
-                        "tt/model/model_config.py decode_readers_per_bank: a matmul whose bank shards the rule refuses "
+                        "tt/model/decode_matmuls.py decode_readers_per_bank: a matmul whose bank shards the rule refuses "
                         "keeps one); 1: the 0.81.1 default, for A/B figures")
     p.add_argument("--batch", type=int, default=1,
                    help="users decoded per step (batched plain decode, tt/runtime/batch.py; 1, 8 or 32 are the buckets)")
@@ -248,7 +249,7 @@ class CostBench:
 
 
 def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME,
-                emulated_only: bool = True, decode_matmuls: str = "dram_sharded", slots: int = 1,
+                emulated_only: bool = True, decode_matmuls: str = "mcast_1d", slots: int = 1,
                 dram_readers: int = 2, numerics: str = "strict") -> CostBench:
     """Open the mesh (emulated unless ``emulated_only`` is False) and build the first GDN + first attention layer
     of ``cfg`` with state for ``slots`` users of a ``context``-token sequence (plus 64 positions of head room).
@@ -321,7 +322,7 @@ def program_ranking(parts: dict) -> list:
 
 def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, real_vocab: int | None = None,
             n_gdn: int | None = None, n_attn: int | None = None, real_cfg=None,
-            decode_matmuls: str = "dram_sharded", batch: int = 1, dram_readers: int = 2) -> dict:
+            decode_matmuls: str = "mcast_1d", batch: int = 1, dram_readers: int = 2) -> dict:
     """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step of ``batch``
     users by region and extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default:
     cfg's)."""

@@ -264,7 +264,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
                     static[f"mixer{i}"] = _weights(lw.mixer, ATTN_FIELDS, "AttentionWeights").plus(
                         Cost({"s:kv_cache": bench.kv_read_bytes()}))
                 static[f"mlp{i}"] = _weights(lw.mlp, MLP_FIELDS, "MLPWeights")
-            head_key = f"w:lm_head{_dram_placement(w.lm_head)}"  # DRAM-sharded for <= 32 rows (model.lm_head_logits)
+            head_key = f"w:lm_head{_dram_placement(w.lm_head)}"  # where the decode layout placed it (decode_matmuls.py)
             static["lm_head"] = Cost({"w:norm": w.final_norm.bytes_per_device(), head_key: w.lm_head.bytes_per_device()})
             static["logits"] = Cost({head_key: w.lm_head.bytes_per_device()})
             ml = mtp_w.layer

@@ -172,6 +172,22 @@ def test_traced_decode_equals_untraced_bitwise(ckpt):
             assert not torch.equal(a, b), "two replays with different inputs gave identical logits (stale inputs?)"
 
 
+@pytest.mark.slow
+def test_decode_matmul_layouts_same_logits_bitwise(ckpt):
+    """The decode layouts of the MLP and LM-head matmuls (mcast_1d, dram_sharded, interleaved) move where weights and
+    activations live and which program config runs, not the arithmetic: prefill logits and traced decode logits are
+    the same bits in all three (performance preset, bf8 weights)."""
+    ids, toks = prompt(4).tolist(), [5, 9, 33, 7, 100]
+    runs = {}
+    for layout in ("mcast_1d", "dram_sharded", "interleaved"):
+        g = make_gen(ckpt, "performance", decode_matmuls=layout)
+        runs[layout] = [g.prefill(ids)] + [g.decode_step(t)[0] for t in toks]
+        g.close()
+    for layout in ("dram_sharded", "interleaved"):
+        for i, (a, b) in enumerate(zip(runs["mcast_1d"], runs[layout])):
+            assert torch.equal(a, b), f"{layout} step {i}: max abs {(a - b).abs().max():.3e}"
+
+
 @pytest.fixture(scope="module")
 def tp4_ckpt(tmp_path_factory):
     return make_bf16_checkpoint(tmp_path_factory.mktemp("tt-tp4"), tp4_config(), seed=1)
@@ -346,7 +362,7 @@ def test_weight_cache_names_carry_the_bank_shard_width(ckpt, tmp_path):
     with open_mesh("emulated-p150x2") as ctx:
         for readers in (1, 2):
             args = TTModelArgs.from_config(reader.config, 2, PrecisionSetting.performance(), max_seq_len=64,
-                                           dram_readers=readers)
+                                           dram_readers=readers, decode_matmuls="dram_sharded")
             w = WeightLoader(reader, args, ctx.ttnn, ctx.mesh_device, tmp_path, progress=False).load(layers=[])
             assert list(w.lm_head.memory_config().shard_spec.shape) == [64, 32 * readers]
     names = sorted(p.name.split("_dtype_")[0] for p in (tmp_path / "tp2").iterdir() if p.name.startswith("lm_head"))

@@ -29,8 +29,8 @@ from tqdm import tqdm
 from ...checkpoint import CheckpointReader
 from ...config import FULL
 from ...reference.layers import rope_cos_sin
-from .model_config import (TensorGroup, TTModelArgs, dram_bank_count, matrix_memory_config, mtp_head_args,
-                           weight_memory_config)
+from .decode_matmuls import dram_bank_count, matrix_memory_config
+from .model_config import TensorGroup, TTModelArgs, mtp_head_args, weight_memory_config
 
 
 # ---- host-side layout helpers (pure torch; unit-tested without a device) ------------------------------
@@ -234,7 +234,7 @@ class WeightLoader:
         mc = matrix_memory_config(self.ttnn, self.args, group, k, n, dram_bank_count(self.mesh))
         # ttnn.as_tensor's cache file stores the tensor with its memory config and a cache hit loads it as stored
         # (ttnn/operations/core.py, 0.81.1): a DRAM-sharded weight's bank shard width (which follows its readers
-        # per bank, model_config.dram_bank_shard_tiles) is part of its file name, so a layout change never loads an
+        # per bank, decode_matmuls.dram_bank_shard_tiles) is part of its file name, so a layout change never loads an
         # old file
         spec = mc.shard_spec if mc.is_sharded() else None
         cache_name = name if spec is None else f"{name}_bankw{int(spec.shape[1])}"
