@@ -61,11 +61,11 @@ def test_fused_gdn_prefill_warm_equals_cold(ckpt_factory):
         gdn = [layer.mixer for layer in gen.model.layers if hasattr(layer.mixer, "fused_prefill")]
         assert gdn and all(m.prefill_path == "fused" for m in gdn)
         prompt = prompt_of(gen.config.vocab_size, 70, 5)
-        cold = gen.generate(prompt, 6, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False), keep_logits=True)
+        cold = gen.generate([prompt], 6, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False), keep_logits=True)[0]
         for k in (1, 2):
             cache = PrefixCache(BLOCK, BIG, with_mtp=False)
-            gen.generate(prompt[: k * BLOCK + 1], 1, prefix_cache=cache)
-            warm = gen.generate(prompt, 6, prefix_cache=cache, keep_logits=True)
+            gen.generate([prompt[: k * BLOCK + 1]], 1, prefix_cache=cache)
+            warm = gen.generate([prompt], 6, prefix_cache=cache, keep_logits=True)[0]
             assert (warm.prefill.reused, warm.prefill.computed) == (k * BLOCK, 70 - k * BLOCK)
             same(cold, warm)
     finally:
