@@ -14,6 +14,13 @@ from . import vllm_types as vt
 from .vllm_args import DEPTH_COSTS, ONE_USER, batch_rows, max_depth, sampling_from_plugin
 
 
+# why a speculative launch serves no prefill past position 0 (a prefix hit, a prompt chunk): the model's MTP drafter
+# keeps its own KV and reads the target's hidden row of every prompt position, which a cached prefix does not carry
+SPEC_PREFIX = ("speculative decoding with prefix caching: a prefix hit would need the MTP drafter's KV and the "
+               "target's hidden rows of the cached positions, which vLLM's cache does not hold; launch with "
+               "--no-enable-prefix-caching --no-enable-chunked-prefill")
+
+
 def depth_controller(k_max: int, costs: str = DEPTH_COSTS):
     """The fitted draft-depth controller (``speculative/depth.py``) for steps of at most ``k_max`` drafts."""
     return DepthPolicy.load().controller(cost_key(costs), k_max=k_max)
@@ -39,6 +46,7 @@ class OneSequenceServer:
     one-token prefill continuation or a device-sampled step is refused here."""
 
     slots = 1
+    scratch_pages = 0  # no prefill past position 0 (SPEC_PREFIX), so no pages for rerunning cached rows
 
     def __init__(self, owner):
         self.owner = owner
@@ -123,7 +131,8 @@ class OneSequenceServer:
             raise NotImplementedError(f"empty_slots={list(empty_slots)}: the only state slot is 0; {ONE_USER}")
         if start != 0:
             raise NotImplementedError(f"prefill start_pos=[{start}]: a speculative launch prefills from position 0 "
-                                      f"only and sends every decode step as a verify (supports_narrow_decode=False)")
+                                      f"only and sends every decode step as a verify (supports_narrow_decode=False); "
+                                      f"{SPEC_PREFIX}")
         self._bind_page_table(page_table)
         prompt = tokens[0, : int(lens[0])].tolist()
         logits = self._prefill(prompt)
