@@ -355,17 +355,17 @@ class Qwen36ForCausalLM:
 
     def prefix_config(self) -> PrefixConfig:
         """The launch's prefix-cache checkpoints: as given to ``initialize_vllm_model``, else from the engine's vLLM
-        config (prefix caching on or off, the ``tt`` options; ``vt.current_vllm_config``), else none."""
+        config (prefix caching or chunked prefill on, the ``tt`` options; ``vt.current_vllm_config``), else off."""
         if self._prefix is not None:
             return self._prefix
         vc = vt.current_vllm_config()
         if vc is None:
-            return PrefixConfig()
+            return PrefixConfig.off()
         add = getattr(vc, "additional_config", None) or {}
         tt = add.get("tt", {}) if isinstance(add, dict) else {}
-        return PrefixConfig.from_tt_options(tt if isinstance(tt, dict) else {},
-                                            bool(getattr(vc.cache_config, "enable_prefix_caching", False)),
-                                            self.max_batch_size)
+        on = bool(getattr(vc.cache_config, "enable_prefix_caching", False)) or bool(
+            getattr(vc.scheduler_config, "enable_chunked_prefill", False))
+        return PrefixConfig.from_tt_options(tt if isinstance(tt, dict) else {}, on, self.max_batch_size)
 
     def _release_traces(self) -> None:
         if self.gen is not None:

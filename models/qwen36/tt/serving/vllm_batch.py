@@ -183,6 +183,8 @@ class _BatchServer:
         step) unless the call also prefills: the plugin's steps are all-prefill or all-decode (TTScheduler), so in a
         call that prefills any row, a one-token row is the last token of a prompt (a prefix hit one token short of
         the prompt's end, or the last chunk of a chunked prompt) and is prefilled like the others."""
+        if not self.prefix.config.enabled:
+            return self._strict_continuations(tokens, starts, lens, rows)
         cont: dict[int, int] = {}
         taken: set[int] = set()
         for i in range(rows):
@@ -193,6 +195,27 @@ class _BatchServer:
             src = next((j for j in range(self.dec.slots) if j not in taken and self.fed[j] == seq), None)
             if src is None:
                 return {}
+            taken.add(src)
+            cont[i] = src
+        return cont
+
+    def _strict_continuations(self, tokens, starts, lens, rows: int) -> dict[int, int]:
+        """A launch with prefix caching and chunked prefill off: every row past position 0 must continue a held
+        sequence by one token; anything else is refused by name."""
+        cont: dict[int, int] = {}
+        taken: set[int] = set()
+        for i in range(rows):
+            start, end = int(starts[i]), int(lens[i])
+            if start == 0:
+                continue
+            if end != start + 1:
+                raise NotImplementedError(f"prefill row {i}: start_pos={start}, prompt_lens={end}: a prefill continues "
+                                          f"no cached prefix in a launch with prefix caching and chunked prefill off; "
+                                          f"only the one-token continuation of a live sequence is served")
+            seq = tokens[i, :start].tolist()
+            src = next((j for j in range(self.dec.slots) if j not in taken and self.fed[j] == seq), None)
+            if src is None:
+                raise ValueError(f"prefill row {i} continues a sequence of {start} tokens that no state slot holds")
             taken.add(src)
             cont[i] = src
         return cont
@@ -214,9 +237,6 @@ class _BatchServer:
         # row -> source slot of a one-token continuation (a decode step)
         cont = self._classify(tokens, starts, lens, rows)
         new = [i for i in range(rows) if i not in cont]
-        if new and any(int(starts[i]) > 0 for i in new) and self.prefix.store is None and not self.prefix.scratch:
-            raise NotImplementedError("a prefill past position 0 (a prefix hit or a prompt chunk) needs the KV pool from "
-                                      "allocate_kv_cache* (the model's scratch pages come with it)")
         # one permutation moves every continuing state to its destination slot (sources of nothing stay put when
         # they can); a new prompt's destination then receives whatever was left there and is overwritten
         taken = set(cont.values())

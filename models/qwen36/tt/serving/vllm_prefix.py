@@ -20,19 +20,27 @@ from ..runtime.resume import (CheckpointPolicy, CheckpointPool, CheckpointStore,
 
 @dataclass(frozen=True)
 class PrefixConfig:
-    """The launch's prefix-cache settings: ``checkpoints`` GDN checkpoint slots (0: none kept; a hit then recomputes
-    from position 0, still exact), their ``policy``."""
+    """The launch's prefix-cache settings: ``enabled``: vLLM may send prefills past position 0 (its prefix caching or
+    chunked prefill is on; otherwise such a row is refused as before, a continuation no slot holds named as such);
+    ``checkpoints`` GDN checkpoint slots (0: none kept; a hit then recomputes from position 0, still exact), their
+    ``policy``."""
 
     checkpoints: int = 0
     policy: CheckpointPolicy = CheckpointPolicy()
+    enabled: bool = True
+
+    @classmethod
+    def off(cls) -> "PrefixConfig":
+        return cls(0, enabled=False)
 
     @classmethod
     def from_tt_options(cls, tt: dict, enabled: bool, max_num_seqs: int) -> "PrefixConfig":
         """From the launch's ``additional_config`` ``tt`` options: ``prefix_checkpoints`` (slots; default with prefix
-        caching on: two per sequence plus two, at most 18), ``prefix_checkpoint_every`` (tokens, 0: only the last two
-        boundaries of each prompt). With prefix caching off no checkpoint is kept."""
+        caching or chunked prefill on (``enabled``): two per sequence plus two, at most 18),
+        ``prefix_checkpoint_every`` (tokens, 0: only the last two boundaries of each prompt). Both off: no prefill
+        past position 0 is served (PrefixConfig.off)."""
         if not enabled:
-            return cls(0)
+            return cls.off()
         n = tt.get("prefix_checkpoints", min(18, 2 * int(max_num_seqs) + 2))
         every = tt.get("prefix_checkpoint_every", 0)
         if not isinstance(n, int) or n < 0 or not isinstance(every, int) or every < 0:
@@ -47,6 +55,7 @@ class ServedPrefix:
         self.grid, self.page = a.prefill_chunk, a.block_size
         if scratch_pages and len(scratch_pages) < self.grid // self.page:
             raise ValueError(f"{len(scratch_pages)} scratch pages for a prefill piece of {self.grid // self.page}")
+        self.config = config
         self.stats = ResumeStats()
         self.pool = CheckpointPool(model, config.checkpoints) if config.checkpoints else None
         self.store = (CheckpointStore(self.pool, self.grid, self.page, config.policy, self.stats)
