@@ -227,6 +227,24 @@ def test_evicted_checkpoint_recomputes_exactly(env):
     m.release_persistent_capture()
 
 
+def test_a_slot_left_out_of_a_decode_step_is_not_continued(model):
+    """Regression (the prefix-caching soak, seed 3): a request preempted after 128 tokens lost its state when the
+    next decode step padded its slot (a padded row's GDN state is rewritten); vLLM resumed it with 128 of its 129
+    tokens cached, a one-token row whose prefix the slot still listed. Served as that slot's decode step it returned
+    garbage (max abs 4.3); it is a prefill from the cached prefix, equal to the cold prefill."""
+    m, kv = fresh(model)
+    e = Engine(m, kv)
+    p, q = prompt(100, 9), prompt(80, 10)
+    t0, t1 = [1, 2], [3, 4]
+    seq = p + [int(e.call([p], [0], [100], [t0], [0])[0].argmax())]
+    e.decode([seq], [t0], [0], 28)  # slot 0 holds 128 tokens
+    other = q + [int(e.call([q], [0], [80], [t1], [1])[0].argmax())]
+    e.decode([other], [t1], [1], 2)  # slot 0 is a padded row of these steps
+    cold = e.call([seq[:129]], [0], [129], [[5, 6, 7]], [2])
+    resumed = e.call([seq[:129]], [128], [129], [[1, 2, 8]], [0])
+    assert m.batch.prefix.served[0]["kind"] == "prefill" and torch.equal(resumed[0], cold[0])
+
+
 def test_spec_plan_refuses_prefix_caching(env):
     ck, _ = env
     hf = json.loads((ck / "config.json").read_text())

@@ -38,6 +38,10 @@ class _BatchServer:
         buckets = tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
         self.dec = BucketedBatchDecoder(owner.model, buckets, use_trace=True, sampling=True)
         self.fed: list[list[int] | None] = [None] * slots  # tokens whose state each slot holds (None: free)
+        # whether a held slot's device state still is its fed tokens' state: a decode step pads the rows of held
+        # slots it does not feed, and a padded row's GDN state is rewritten (tt/runtime/batch.py), so a slot left out
+        # of a step (its request preempted, or finished) holds its tokens in ``fed`` but no longer their state
+        self.intact: list[bool] = [False] * slots
         # per slot: prompt length, the request's seed if it carries none (drawn at its prefill), the params its device
         # sampler row holds (None: never sampled on device), the token the device sampled last (None: the last token
         # came from vLLM's host sampler, so the penalty row must be rewritten before the next device step)
@@ -132,12 +136,13 @@ class _BatchServer:
     def _remap(self, remap: list[int]) -> None:
         self.dec.slot_remap(remap)  # validates; identity does nothing
         self.fed = [self.fed[j] for j in remap]
+        self.intact = [self.intact[j] for j in remap]
         self.meta = [self.meta[j] for j in remap]
 
     def _free(self, slot: int) -> None:
         if self.dec.pos[slot] != FREE:
             self.dec.leave(slot)
-        self.fed[slot], self.meta[slot] = None, None
+        self.fed[slot], self.meta[slot], self.intact[slot] = None, None, False
 
     def _row_params(self, sampling_params, row: int, slot: int) -> SamplingParams:
         vocab = self.owner.model.args.cfg.vocab_size
@@ -192,7 +197,8 @@ class _BatchServer:
             if start == 0 or end != start + 1:
                 return {}
             seq = tokens[i, :start].tolist()
-            src = next((j for j in range(self.dec.slots) if j not in taken and self.fed[j] == seq), None)
+            src = next((j for j in range(self.dec.slots) if j not in taken and self.intact[j] and self.fed[j] == seq),
+                       None)
             if src is None:
                 return {}
             taken.add(src)
@@ -265,7 +271,7 @@ class _BatchServer:
             self.prefix.prefilled(plan, row)
             served[i] = {"row": i, "kind": "prefill", "cached": start, "ran_from": plan.start,
                          "restored": plan.checkpoint is not None, "repaired": len(plan.repairs)}
-            self.fed[slot] = prompt
+            self.fed[slot], self.intact[slot] = prompt, True
             self._rid += 1
             self.meta[slot] = {"prompt_len": len(prompt), "seed": secrets.randbits(31), "params": None, "last": None,
                                "rid": self._rid}
@@ -304,12 +310,15 @@ class _BatchServer:
         return out
 
     def _decoded(self, feed: dict[int, int]) -> None:
-        """After a decode step of the slots in ``feed``: their tokens are fed, and the pages their rows went to hold
-        decode rows (the page ledger stops vouching for them)."""
+        """After a decode step of the slots in ``feed``: their tokens are fed, the pages their rows went to hold
+        decode rows (the page ledger stops vouching for them), and every other held slot was a padded row."""
         table = self.dec.page_table_host
         for slot, tok in feed.items():
             self.prefix.decoded(table[slot], len(self.fed[slot]), self.meta[slot]["rid"])
             self.fed[slot].append(tok)
+        for slot in range(self.dec.slots):  # the held slots the step padded lost their state
+            if slot not in feed:
+                self.intact[slot] = False
 
     def decode(self, tokens, pos, page_table, enable_trace: bool, read_from_device: bool, sampling_params,
                num_valid_drafts, accepted_counts, spec_mode, extra: dict):
