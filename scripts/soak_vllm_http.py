@@ -40,8 +40,11 @@ def _complete(c: dict, last: bool) -> bool:
 
 
 def serve(argv: list[str]) -> None:
-    """The server process: ``--serve RECORD_DIR BUDGET_TOKENS CARRY(0|1) -- <vllm serve arguments>``."""
-    record, budget, carry, vllm_args = Path(argv[0]), int(argv[1]), argv[2] == "1", argv[4:]
+    """The server process: ``--serve RECORD_DIR BUDGET_TOKENS CARRY(0|1) PREFILL_CHUNK(0: the model's) -- <vllm serve
+    arguments>``."""
+    record, budget, carry, chunk, vllm_args = Path(argv[0]), int(argv[1]), argv[2] == "1", int(argv[3]), argv[5:]
+    if argv[4] != "--":
+        raise SystemExit("soak_vllm_http --serve RECORD_DIR BUDGET_TOKENS CARRY PREFILL_CHUNK -- <vllm serve args>")
     os.environ.update(VLLM_WORKER_MULTIPROC_METHOD="fork", EXTRA_MODELS_DIR=str(REPO / "vllm_models"),
                       MESH_DEVICE="P150x2")
     import torch
@@ -52,11 +55,15 @@ def serve(argv: list[str]) -> None:
     from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
     from qwen36.tt_ops.device import open_mesh
 
+    from qwen36.testing.scripts import load_script
+
+    soak = load_script("soak_vllm")
     if carry:  # the plugin's lost finishes (docs/soak.md): the same patch as scripts/soak_vllm.py --carry-finishes
         from vllm_tt_plugin.scheduler import TTScheduler
 
-        from qwen36.testing.scripts import load_script
-        load_script("soak_vllm").carry_discarded_finishes(TTScheduler)
+        soak.carry_discarded_finishes(TTScheduler)
+    if chunk:
+        soak.use_chunk(Qwen36ForCausalLM, chunk)
     calls: list = []
     models: list = []
     rows: dict = {}
@@ -231,6 +238,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-every", type=float, default=5.0, help="seconds between resource samples")
     ap.add_argument("--carry-finishes", action="store_true",
                     help="patch the server's TTScheduler as scripts/soak_vllm.py --carry-finishes does (docs/soak.md)")
+    ap.add_argument("--prefix-caching", action="store_true", help="vLLM's prefix caching on (docs/soak.md)")
+    ap.add_argument("--shared-prefix-frac", type=float, default=0.0,
+                    help="share of requests whose prompt starts with part of an earlier one")
+    ap.add_argument("--prefill-chunk", type=int, default=None, help="the model's prefill chunk (checkpoint grid)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
@@ -252,11 +263,14 @@ def main(argv=None) -> int:
     record = tmp / "record"
     record.mkdir()
     url = f"http://127.0.0.1:{args.port}"
+    # vLLM requires chunked prefill on for prefix caching on a hybrid architecture; the plugin turns it off again
+    apc = ["--enable-prefix-caching", "--enable-chunked-prefill"] if args.prefix_caching else [
+        "--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
     cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", str(record), str(budget),
-           "1" if args.carry_finishes else "0", "--", str(ck),
+           "1" if args.carry_finishes else "0", str(args.prefill_chunk or 0), "--", str(ck),
            "--served-model-name", "qwen36", "--max-num-seqs", str(args.max_num_seqs),
            "--max-model-len", str(args.max_model_len), "--max-num-batched-tokens", str(args.max_model_len),
-           "--block-size", str(BLOCK), "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
+           "--block-size", str(BLOCK), *apc,
            "--no-async-scheduling", "--generation-config", "vllm",
            "--additional-config", json.dumps({"tt": {"trace_mode": "all", "optimizations": "accuracy"}}),
            "--host", "127.0.0.1", "--port", str(args.port)]
