@@ -16,8 +16,9 @@ client's clock: emulator wall time, on whatever host runs it (not a card figure;
 with prefix caching off: every reply's token ids must be equal and the TTFTs are printed side by side.
 
 Afterwards every logits row the server's model returned is compared with the cold batch-1 run (each turn's prompt
-prefilled from position 0, the reply decoded): bit for bit. ``--record F`` writes the plugin's calls of the warm run
-(replayed in CI by tests/tt/serving/test_vllm_chat_replay.py).
+prefilled from position 0, the reply decoded), or with ``--compare-cold`` with the rows the cold server returned: bit
+for bit. ``--record F`` writes the plugin's calls of the warm run (replayed in CI by
+tests/tt/serving/test_vllm_chat_replay.py).
 
     python scripts/chat_vllm_http.py --turns 5 --out chat.json --compare-cold
 """
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--system-tokens", type=int, default=1400, help="tokens of source text in the system prompt")
-    ap.add_argument("--max-tokens", type=int, default=48, help="tokens per reply (greedy)")
+    ap.add_argument("--max-tokens", type=int, default=24, help="tokens per reply (greedy)")
     ap.add_argument("--max-num-seqs", type=int, default=1)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--prefill-chunk", type=int, default=None, help="the model's prefill chunk (checkpoint grid)")
@@ -209,16 +210,30 @@ def main(argv=None) -> int:
         runs[mode] = dict(turns=turns_out, calls=calls, rows=rows, server_up_s=round(t_up, 1),
                           model_args=json.loads((record / "model_args.json").read_text()))
 
-    # every row of the warm run against the cold batch-1 run, bit for bit
+    # every row of the warm run against the cold run, bit for bit: the cold server's rows (--compare-cold), else the
+    # cold batch-1 oracle (each prompt prefilled from position 0 on its own mesh, the reply decoded)
     warm = runs["warm"]
     prompts = requests_of(warm["calls"])
     if len(prompts) != len(turns):
         sys.exit(f"chat_vllm_http: {len(prompts)} prefills recorded for {len(turns)} turns")
     outputs = [t["token_ids"] for t in warm["turns"]]
     entries = request_rows(warm["calls"], warm["rows"], prompts, outputs)
-    gen = oracle_generator(ck, warm["model_args"])
-    checks = [check_request(gen, p, o, {"temperature": 0.0}, e) for p, o, e in zip(prompts, outputs, entries)]
-    gen.close()
+    if "cold" in runs:
+        cold = runs["cold"]
+        c_prompts = requests_of(cold["calls"])
+        c_entries = request_rows(cold["calls"], cold["rows"], c_prompts, [t["token_ids"] for t in cold["turns"]])
+        if c_prompts != prompts:
+            sys.exit("chat_vllm_http: the cold run's prompts differ from the warm run's")
+        checks = []
+        for e, ce in zip(entries, c_entries):
+            diffs = [float((a[2] - b[2]).abs().max()) for a, b in zip(e, ce)]
+            checks.append(dict(rows=len(e), max_abs=max(diffs, default=0.0), tokens_equal=len(e) == len(ce)
+                               and all(d == 0.0 for d in diffs), against="the cold server's rows"))
+    else:
+        gen = oracle_generator(ck, warm["model_args"])
+        checks = [check_request(gen, p, o, {"temperature": 0.0}, e) | {"against": "the cold batch-1 oracle"}
+                  for p, o, e in zip(prompts, outputs, entries)]
+        gen.close()
     served = [r for c in warm["calls"] if c.get("served") for r in c["served"] if r["kind"] == "prefill"]
     per_turn = []
     for i, (t, p, chk, s) in enumerate(zip(warm["turns"], prompts, checks, served)):
@@ -241,6 +256,7 @@ def main(argv=None) -> int:
                    later_turns_min_reuse=min((r["reuse"] for r in per_turn[1:]), default=None),
                    rows_checked=sum(c["rows"] for c in checks), worst_max_abs=max(c["max_abs"] for c in checks),
                    logits_tol=LOGITS_TOL, args={k: str(v) for k, v in vars(args).items()})
+    summary["checked_against"] = checks[0]["against"]
     print(json.dumps(summary, indent=1))
     if args.out:
         args.out.write_text(json.dumps(summary | {"replies": [t["reply"] for t in warm["turns"]]}, indent=1))

@@ -11,11 +11,16 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ -f "$CKPT/config.json" ] || { echo "serve_p150x2: $CKPT has no config.json (pass a local checkpoint directory)" >&2; exit 1; }
 spec=()
 depth=""
+# prefix caching (a plain launch): vLLM reuses cached KV blocks and the model restores its GDN checkpoints
+# (docs/vllm_prefix.md); vLLM requires chunked prefill on with it for a hybrid architecture, and the plugin turns
+# chunked prefill off again for this model type. A speculative launch refuses prefix caching (spec_plan).
+apc=(--enable-prefix-caching --enable-chunked-prefill)
 if [ "$K" = auto ]; then
   K=7  # the deepest step (the depth policy's tables cover 1..7): the verify block width vLLM reserves
   depth=', "spec_depth": "auto"'
 fi
 if [ "$K" -gt 0 ]; then
+  apc=(--no-enable-prefix-caching --no-enable-chunked-prefill)
   spec=(--speculative-config "{\"method\": \"custom_class\", \"model\": \"vllm_tt_plugin.model_owned_drafter\", \"num_speculative_tokens\": $K}")
 fi
 export MESH_DEVICE=P150x2
@@ -29,8 +34,7 @@ exec vllm serve "$CKPT" \
   --max-model-len "${MAX_MODEL_LEN:-32768}" \
   --max-num-batched-tokens "${MAX_MODEL_LEN:-32768}" \
   --block-size 64 \
-  --no-enable-prefix-caching \
-  --no-enable-chunked-prefill \
+  "${apc[@]}" \
   --no-async-scheduling \
   --additional-config "{\"tt\": {\"trace_mode\": \"all\", \"optimizations\": \"performance\", \"trace_region_size\": 67108864, \"fabric_config\": \"FABRIC_1D\"$depth}}" \
   "${spec[@]}" \

@@ -51,10 +51,13 @@ def request_rows(calls: list[dict], rows: dict[int, torch.Tensor], prompts: list
         starts = restore(starts) if starts is not None else None
         served = c.get("served")  # how the adapter served each row (a prefill, from a cached prefix or not; a decode)
         for i in range(tokens.shape[0]):
-            u = next((j for j, p in enumerate(prompts) if tokens[i, : len(p)].tolist() == p), None)
+            n = int(lens[i])
+            # the request: the longest prompt the row starts with (a conversation's next turn starts with the last)
+            u = max((j for j, p in enumerate(prompts) if len(p) <= n and tokens[i, : len(p)].tolist() == p),
+                    key=lambda j: len(prompts[j]), default=None)
             if u is None:  # padding row
                 continue
-            n, p = int(lens[i]), len(prompts[u])
+            p = len(prompts[u])
             if tokens[i, :n].tolist() != prompts[u] + outputs[u][: n - p]:
                 raise AssertionError(f"request {u}: row {i} of call {ci} is not its prompt + emitted tokens")
             start = (served[i]["kind"] == "prefill") if served else (starts is None or int(starts[i]) == 0)

@@ -266,7 +266,7 @@ class _BatchServer:
             self._free(slot)  # a finished request's slot named again: the plugin never said it finished
             row = self.dec.page_table_host[slot]
             plan = self.prefix.plan(prompt, start, len(prompt), row)
-            self.prefix.repairs_checked(plan, slot, prompt, self.fed, self.meta)
+            self.prefix.repairs_checked(plan, slot, prompt, self.fed, self.meta, self.intact)
             got[i] = self.dec.join_resumed(slot, prompt, plan, self.prefix.store, self.prefix.scratch)
             self.prefix.prefilled(plan, row)
             served[i] = {"row": i, "kind": "prefill", "cached": start, "ran_from": plan.start,

@@ -94,14 +94,16 @@ class ServedPrefix:
         """A decode step wrote the row at ``position`` into the page ``row`` names for it."""
         self.ledger.decoded(int(row.reshape(-1)[position // self.page]), writer)
 
-    def repairs_checked(self, plan: ResumePlan, slot: int, tokens: list[int], fed: list, meta: list) -> None:
+    def repairs_checked(self, plan: ResumePlan, slot: int, tokens: list[int], fed: list, meta: list,
+                        intact: list) -> None:
         """Cached pages the plan rewrites hold one sequence's decode rows; count and report those whose sequence may
-        still be decoding (a slot other than ``slot`` still holds it and this prefill is not its resume: its prompt
-        plus every token it emitted)."""
+        still be decoding: another slot than ``slot`` still holds its state (``intact``: no decode step left it out,
+        which every running sequence is part of) and this prefill is not its resume (its prompt plus every token it
+        emitted)."""
         self.stats.repaired_pages += len(plan.repairs)
         for j, writer in plan.repairs.items():
-            holder = next((k for k, m in enumerate(meta) if m is not None and m.get("rid") == writer and k != slot),
-                          None)
+            holder = next((k for k, m in enumerate(meta) if m is not None and m.get("rid") == writer and k != slot
+                           and intact[k]), None)
             if holder is None:
                 continue
             held = fed[holder] or []
