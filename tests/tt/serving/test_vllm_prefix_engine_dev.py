@@ -31,7 +31,7 @@ from qwen36.tt_ops.device import open_mesh  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 TRACE = REPO / "tests/data/vllm_tt_plugin_prefix_chat_trace.json.gz"
-BLOCK, MAX_LEN, TURNS, REPLY = 64, 640, 4, 12
+BLOCK, MAX_LEN, TURNS, REPLY = 64, 640, 4, 40  # a 40-token reply crosses a page: A and C hit decode-written pages
 SAMPLING = {"A": dict(temperature=0.0), "B": dict(temperature=0.8, top_k=20, seed=5), "C": dict(temperature=0.0)}
 KEEPS_REPLY = {"A": True, "B": False, "C": True}
 
@@ -76,12 +76,12 @@ def _run(tmp_path, monkeypatch, seqs: int, prefix_caching: bool):
                        async_scheduling=False, generation_config="vllm", disable_log_stats=False,
                        additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy"}})
         try:
-            warm = len(calls)
             prompts, outputs, names = _conversations(llm)
             metrics = {m.name: m.value for m in llm.get_metrics() if m.name.startswith("vllm:prefix_cache")}
             stats = models[0].batch.prefix.stats.as_dict()
-            return dict(prompts=prompts, outputs=outputs, names=names, calls=calls[warm:],
-                        rows={i - warm: r for i, r in rows.items() if i >= warm}, metrics=metrics, stats=stats,
+            # every call, the KV allocation and warmup included (a replay allocates the pool where the engine did)
+            return dict(prompts=prompts, outputs=outputs, names=names, calls=list(calls), rows=dict(rows),
+                        metrics=metrics, stats=stats,
                         prefill_chunk=models[0].model.args.prefill_chunk,
                         prefix_checkpoints=models[0].batch.prefix.config.checkpoints)
         finally:
