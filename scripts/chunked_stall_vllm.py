@@ -101,7 +101,8 @@ def main(argv=None) -> int:
                       MESH_DEVICE="P150x2")
     calls, models, rows = [], [], {}
     record_calls(Qwen36ForCausalLM, calls, instances=models, rows=rows)
-    llm = vllm.LLM(model=str(ck), max_num_seqs=args.decoders + 1, max_model_len=max_len, block_size=BLOCK,
+    seqs = args.decoders + 1 if args.decoders + 1 <= 8 else -(-(args.decoders + 1) // 8) * 8  # a decode bucket
+    llm = vllm.LLM(model=str(ck), max_num_seqs=seqs, max_model_len=max_len, block_size=BLOCK,
                    skip_tokenizer_init=True, enable_prefix_caching=False, enable_chunked_prefill=True,
                    max_num_batched_tokens=args.chunk, async_scheduling=False, generation_config="vllm",
                    additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy"}})
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps(summary, indent=1))
     if args.record:
         args.record.write_text(json.dumps({
-            "vllm": vllm.__version__, "max_num_seqs": args.decoders + 1, "max_model_len": max_len,
+            "vllm": vllm.__version__, "max_num_seqs": seqs, "max_model_len": max_len,
             "max_num_batched_tokens": args.chunk, "chunked_prefill": True, "interleave": args.interleave,
             "prompts": all_prompts, "outputs": outputs, "calls": soak_calls}))
     del llm
