@@ -11,11 +11,11 @@ from ...speculative.sampling import SamplingParams, TokenHistory, pick_token
 from ..runtime.batch import DEFAULT_BUCKETS, FREE
 from ..runtime.batch_buckets import BucketedBatchDecoder
 from ..model.state import KVLayerState
-from .vllm_args import DecodeHandle, sampling_from_plugin
+from .vllm_args import BlockTables, DecodeHandle, sampling_from_plugin
 from .vllm_prefix import PrefixConfig, ServedPrefix
 
 
-class _BatchServer:
+class BatchServer:
     """The vLLM sequences of a plain launch (1..32) on one :class:`BucketedBatchDecoder` (logits to vLLM's host
     sampler, or ids sampled on device).
 
@@ -29,26 +29,28 @@ class _BatchServer:
     the same tokens hold the same state), and the continuing states are moved to their destinations by one
     on-device permutation before the step. The plugin does not tell a model when a request finishes (a finished
     request's slot is simply named again by a later prefill), so a prefill into a held slot replaces it, and until
-    then a finished request's slot counts as held (the decoder shrinks to a smaller bucket only below that)."""
+    then a finished request's slot counts as held (the decoder shrinks to a smaller bucket only below that).
 
-    def __init__(self, owner, slots: int):
-        self.owner = owner
+    Dependencies: ``model`` (the TT model the decoder runs), ``blocks`` (vLLM's block tables against the KV pool)."""
+
+    def __init__(self, model, slots: int, blocks: BlockTables, *, uses_mrope: bool = False):
+        self.model, self.blocks, self.uses_mrope = model, blocks, uses_mrope
         # the decode buckets below max_num_seqs, and max_num_seqs itself: a step runs the smallest that holds the
         # live sequences (the runner pads every decode to max_num_seqs rows; the padding costs nothing here)
         buckets = tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
-        self.dec = BucketedBatchDecoder(owner.model, buckets, use_trace=True, sampling=True)
+        self.dec = BucketedBatchDecoder(model, buckets, use_trace=True, sampling=True)
         self.fed: list[list[int] | None] = [None] * slots  # tokens whose state each slot holds (None: free)
-        # whether a held slot's device state still is its fed tokens' state: a decode step pads the rows of held
-        # slots it does not feed, and a padded row's GDN state is rewritten (tt/runtime/batch.py), so a slot left out
-        # of a step (its request preempted, or finished) holds its tokens in ``fed`` but no longer their state
-        self.intact: list[bool] = [False] * slots
         # per slot: prompt length, the request's seed if it carries none (drawn at its prefill), the params its device
         # sampler row holds (None: never sampled on device), the token the device sampled last (None: the last token
         # came from vLLM's host sampler, so the penalty row must be rewritten before the next device step)
         self.meta: list[dict | None] = [None] * slots
+        # whether a held slot's device state still is its fed tokens' state: a decode step pads the rows of held
+        # slots it does not feed, and a padded row's GDN state is rewritten (tt/runtime/batch.py), so a slot left out
+        # of a step (its request preempted, or finished) holds its tokens in ``fed`` but no longer their state
+        self.intact: list[bool] = [False] * slots
         self._rid = 0  # serial of the last sequence prefilled (meta "rid": which sequence's decode wrote a page)
         # prefix caching (vllm_prefix.py): no checkpoints and no scratch pages until vLLM's KV pool arrives
-        self.prefix = ServedPrefix(owner.model, PrefixConfig(), [])
+        self.prefix = ServedPrefix(model, PrefixConfig.off(), [])
 
     # ---- helpers ---------------------------------------------------------------------------------------------
     def _page_rows(self, page_table, slots: dict[int, int], tokens: dict[int, int] | None = None) -> None:
@@ -63,22 +65,9 @@ class _BatchServer:
         if pt.dim() != 2 or pt.shape[0] <= max(slots, default=-1):
             raise ValueError(f"page_table must be [B > {max(slots, default=-1)}, max_blocks], got shape "
                              f"{tuple(pt.shape)}")
-        a = self.owner.model.args
-        bps, limit = a.blocks_per_seq, getattr(self.owner, "num_blocks", a.num_blocks)
         table = self.dec.page_table_host
         for i, slot in slots.items():
-            row = pt[i].to(torch.int32)
-            if row.numel() > bps and bool((row[bps:] != 0).any()):
-                raise ValueError(f"page_table row {i} names blocks past blocks_per_seq={bps} (max_seq_len "
-                                 f"{a.max_seq_len}): {row[bps:].tolist()}")
-            if int(row.min()) < 0 or int(row.max()) >= limit:
-                raise ValueError(f"page_table row {i} has block ids outside [0, {limit}): {row.tolist()}")
-            new = torch.zeros(bps, dtype=torch.int32)
-            w = min(bps, row.numel())
-            if tokens is not None:
-                w = min(w, -(-tokens[i] // a.block_size))
-            new[:w] = row[:w]
-            table[slot] = new
+            table[slot] = self.blocks.row(pt, i, None if tokens is None else tokens[i])
         self.dec.set_page_table(table)
 
     @property
@@ -95,20 +84,19 @@ class _BatchServer:
     def scratch_pages(self) -> int:
         """KV pages the model appends to vLLM's pool: one prefill piece of them, where the rows of cached pages a
         prefix hit reruns are written (vllm_prefix.py)."""
-        a = self.owner.model.args
+        a = self.model.args
         return a.prefill_chunk // a.block_size
 
-    def on_kv_pool(self, num_blocks: int) -> None:
+    def on_kv_pool(self, num_blocks: int, prefix: PrefixConfig = PrefixConfig.off()) -> None:
         """vLLM's pool (``num_blocks`` of its blocks, then the model's scratch pages) replaced the caches of
-        ``kv_state`` (the owner's ``state``): every bucket reads and writes it. The prefix cache's checkpoint pool is
-        allocated here, before any capture."""
-        for i, layer in enumerate(self.owner.state.layers):
+        ``kv_state`` (the model class's ``state``): every bucket reads and writes it. ``prefix``: the launch's
+        prefix-cache settings; its checkpoint pool is allocated here, before any capture."""
+        for i, layer in enumerate(self.kv_state.layers):
             if isinstance(layer, KVLayerState):
                 self.dec.replace_kv(i, layer)
         self.fit_page_tables(num_blocks)
         self.prefix.release()
-        self.prefix = ServedPrefix(self.owner.model, self.owner.prefix_config(),
-                                   list(range(num_blocks, num_blocks + self.scratch_pages)))
+        self.prefix = ServedPrefix(self.model, prefix, list(range(num_blocks, num_blocks + self.scratch_pages)))
 
     def release_traces(self) -> None:
         self.dec.release()
@@ -145,7 +133,7 @@ class _BatchServer:
         self.fed[slot], self.meta[slot], self.intact[slot] = None, None, False
 
     def _row_params(self, sampling_params, row: int, slot: int) -> SamplingParams:
-        vocab = self.owner.model.args.cfg.vocab_size
+        vocab = self.model.args.cfg.vocab_size
         params = sampling_from_plugin(sampling_params, vocab, self.meta[slot]["seed"], row=row)
         held = self.meta[slot]["params"]
         if held is not None and params != held:
@@ -175,7 +163,7 @@ class _BatchServer:
         return got
 
     def _logits_out(self, rows: int, got: dict[int, torch.Tensor], read: bool = True):
-        vocab = self.owner.model.args.cfg.vocab_size
+        vocab = self.model.args.cfg.vocab_size
         out = torch.zeros(rows, 1, vocab, dtype=torch.float32)  # rows not served: zeros, never read
         for i, lg in got.items():
             out[i, 0] = lg
@@ -259,7 +247,7 @@ class _BatchServer:
         self._remap(remap)
         self._page_rows(page_table, dict(enumerate(slots)), {i: int(lens[i]) for i in range(rows)})
         got, ids = {}, {}
-        vocab = self.owner.model.args.cfg.vocab_size
+        vocab = self.model.args.cfg.vocab_size
         served = [None] * rows
         for i in new:
             slot, start, prompt = slots[i], int(starts[i]), tokens[i, : int(lens[i])].tolist()
@@ -305,7 +293,7 @@ class _BatchServer:
                 out[i, 0] = t
         else:
             out = self._logits_out(rows, got)
-        if self.owner.uses_mrope:
+        if self.uses_mrope:
             return out, torch.zeros(rows, dtype=torch.int64)
         return out
 
@@ -383,11 +371,11 @@ class _BatchServer:
 
     # ---- warmup ----------------------------------------------------------------------------------------------
     def _warm_table(self) -> None:
-        self._page_rows(self.owner._warm_page_table().expand(self.dec.slots, -1), {i: i for i in range(self.dec.slots)})
+        self._page_rows(self.blocks.warm().expand(self.dec.slots, -1), {i: i for i in range(self.dec.slots)})
 
     def warmup_prefill(self, lens: list[int]) -> None:
         self._warm_table()
-        a = self.owner.model.args
+        a = self.model.args
         vocab = a.cfg.vocab_size
         for n in lens:
             self._free(0)
