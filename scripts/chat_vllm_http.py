@@ -3,9 +3,10 @@
 vLLM's automatic prefix caching on this hybrid model, on the emulated mesh (dev-only: vLLM 0.25.1, the vllm-tt plugin
 and ``openai``; docs/chat.md "vLLM").
 
-The server is the real ``vllm serve`` (API process + engine core) launched as ``scripts/soak_vllm_http.py --serve``
-launches it (the emulated mesh instead of cards, the plugin's calls and returned rows recorded), serving the embedded
-checkpoint with its chat template, ``--enable-prefix-caching`` and ``--enable-prompt-tokens-details``. The
+The server is the real ``vllm serve`` (API process + engine core) started by ``qwen36 serve --device
+emulated-p150x2`` (prefix caching on, its default for a plain launch; ``--enable-prompt-tokens-details`` passed on to
+vLLM) inside ``scripts/soak_vllm_http.py --serve`` (the plugin's calls and returned rows recorded), serving the
+embedded checkpoint with its chat template (``--checkpoint chat-ci``: the CI shapes with the embedded tokenizer). The
 conversation: a long system prompt (the start of a source file of this repository, ``--system-tokens`` tokens) and
 ``--turns`` user messages of code; each reply is appended as the assistant's message, so every turn resends the
 whole conversation. Per turn it records the prompt's tokens and vLLM's cached tokens (the response's
@@ -17,8 +18,7 @@ with prefix caching off: every reply's token ids must be equal and the TTFTs are
 
 Afterwards every logits row the server's model returned is compared with the cold batch-1 run (each turn's prompt
 prefilled from position 0, the reply decoded), or with ``--compare-cold`` with the rows the cold server returned: bit
-for bit. ``--record F`` writes the plugin's calls of the warm run (replayed in CI by
-tests/tt/serving/test_vllm_chat_replay.py).
+for bit. ``--record F`` writes the plugin's calls of the warm run and the sha256 of every row it returned.
 
     python scripts/chat_vllm_http.py --turns 5 --out chat.json --compare-cold
 """
@@ -62,18 +62,18 @@ def scrape(url: str) -> dict:
 
 
 def start_server(args, ck: Path, record: Path, prefix_caching: bool, port: int, log: Path) -> subprocess.Popen:
+    """``qwen36 serve --device emulated-p150x2`` (prefix caching on unless ``prefix_caching`` is false) with the
+    soak's recorder installed first (``scripts/soak_vllm_http.py --serve``)."""
     import httpx
 
     budget = args.max_model_len * args.max_num_seqs
-    apc = (["--enable-prefix-caching", "--enable-chunked-prefill"] if prefix_caching  # vLLM: hybrid + APC needs it
-           else ["--no-enable-prefix-caching", "--no-enable-chunked-prefill"])
     cmd = [sys.executable, str(REPO / "scripts/soak_vllm_http.py"), "--serve", str(record), str(budget), "0",
-           str(args.prefill_chunk or 0), "--", str(ck), "--served-model-name", "qwen36",
+           str(args.prefill_chunk or 0), "--", "--device", "emulated-p150x2", "--checkpoint", str(ck),
+           *([] if prefix_caching else ["--no-prefix-caching"]),
            "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", str(args.max_model_len),
-           "--max-num-batched-tokens", str(args.max_model_len), "--block-size", str(BLOCK), *apc,
-           "--no-async-scheduling", "--generation-config", "vllm", "--enable-prompt-tokens-details",
-           "--additional-config", json.dumps({"tt": {"trace_mode": "all", "optimizations": "accuracy"}}),
-           "--host", "127.0.0.1", "--port", str(port)]
+           "--precision", "accuracy", "--reasoning-parser", "none", "--tool-call-parser", "none",
+           "--host", "127.0.0.1", "--port", str(port), "--",
+           "--generation-config", "vllm", "--enable-prompt-tokens-details"]
     record.mkdir(parents=True, exist_ok=True)
     server = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -172,6 +172,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--prefill-chunk", type=int, default=None, help="the model's prefill chunk (checkpoint grid)")
     ap.add_argument("--port", type=int, default=8766)
+    ap.add_argument("--checkpoint", default=None,
+                    help="served checkpoint: a directory, or 'chat-ci' (the CI shapes with the embedded tokenizer, "
+                         "random weights: fast, its replies noise); default the embedded checkpoint")
     ap.add_argument("--compare-cold", action="store_true",
                     help="run the conversation again with prefix caching off and compare")
     ap.add_argument("--record", type=Path, help="write the warm run's plugin calls here (JSON, gzip if .gz)")
@@ -183,14 +186,18 @@ def main(argv=None) -> int:
     from transformers import PreTrainedTokenizerFast
 
     from qwen36 import DEFAULT_CHECKPOINT
+    from qwen36.testing.chat_api import CHAT_CHECKPOINT, make_chat_checkpoint
     from qwen36.testing.soak_oracle import check_request, oracle_generator, request_rows, row_digest
     from qwen36.testing.vllm_replay import LOGITS_TOL
 
-    ck = Path(DEFAULT_CHECKPOINT)
+    tmp = Path(tempfile.mkdtemp(prefix="chat-http-"))
+    if args.checkpoint == CHAT_CHECKPOINT:
+        ck = make_chat_checkpoint(tmp / CHAT_CHECKPOINT)
+    else:
+        ck = Path(args.checkpoint or DEFAULT_CHECKPOINT)
     tok = PreTrainedTokenizerFast(tokenizer_file=str(ck / "tokenizer.json"))
     system = system_prompt(tok, args.system_tokens)
     turns = list(TURNS[: args.turns])
-    tmp = Path(tempfile.mkdtemp(prefix="chat-http-"))
     runs = {}
     for mode in (["warm", "cold"] if args.compare_cold else ["warm"]):
         record = tmp / f"record-{mode}"
@@ -250,7 +257,7 @@ def main(argv=None) -> int:
     summary = dict(backend="emulated-p150x2 (ttnn goldens on CPU, no hardware) behind vllm serve",
                    timing="client wall clock of an emulated mesh (not card time); "
                           "on a loaded shared host unless stated otherwise",
-                   checkpoint="embedded default", max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                   checkpoint=args.checkpoint or "embedded default", max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                    prefill_chunk=warm["model_args"]["prefill_chunk"], system_tokens=args.system_tokens,
                    server_up_s=warm["server_up_s"], turns=per_turn,
                    later_turns_min_reuse=min((r["reuse"] for r in per_turn[1:]), default=None),
@@ -261,7 +268,7 @@ def main(argv=None) -> int:
     if args.out:
         args.out.write_text(json.dumps(summary | {"replies": [t["reply"] for t in warm["turns"]]}, indent=1))
     if args.record:
-        rec = {"vllm": "0.25.1", "checkpoint": "default", "max_num_seqs": args.max_num_seqs,
+        rec = {"vllm": "0.25.1", "checkpoint": args.checkpoint or "default", "max_num_seqs": args.max_num_seqs,
                "max_model_len": args.max_model_len, "prefill_chunk": warm["model_args"]["prefill_chunk"],
                "prompts": prompts, "outputs": outputs, "calls": warm["calls"],
                "row_digests": {str(i): [row_digest(r[j]) for j in range(r.shape[0])] for i, r in warm["rows"].items()}}
