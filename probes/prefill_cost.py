@@ -335,15 +335,16 @@ def chunk_ranking(unit: dict, n_gdn: int, n_attn: int) -> list[dict]:
 
 
 def figures(unit: dict, n_gdn: int, n_attn: int, prompt: int, start: int = 0, restores: int = 0,
-            saves: int = 0) -> dict:
+            saves: int = 0, eager: bool = True) -> dict:
     """Calibrated figures of prefilling ``prompt`` tokens from ``start``, plus ``restores`` / ``saves`` GDN
-    checkpoints (every GDN layer's copies each)."""
+    checkpoints (every GDN layer's copies each). ``eager``: untraced, as the prefill runs today (each op at least
+    its host dispatch); False prices the same programs as a captured trace would run them."""
     from qwen36.tt_ops.cost_model import calibrated_prefill_figures
 
     c = prompt_counts(unit, n_gdn, n_attn, prompt, start)
     c.add(unit["checkpoint_load"], restores * n_gdn)
     c.add(unit["checkpoint_save"], saves * n_gdn)
-    f = calibrated_prefill_figures(c, prompt, eager=True)
+    f = calibrated_prefill_figures(c, prompt, eager=eager)
     f["prompt_tokens"], f["start"], f["chunks"] = prompt, start, prompt // unit["chunk"]
     f["programs"], f["collectives"] = c.programs, c.collectives
     f["bytes_read_per_device"] = c.bytes_read_total
@@ -375,8 +376,10 @@ def run(args: argparse.Namespace) -> ProbeReport:
         f = figures(unit, n_gdn, n_attn, prompt - u, start=u, restores=1, saves=plan["saves"])
         bare = figures(unit, n_gdn, n_attn, prompt - u, start=u)
         full = figures(unit, n_gdn, n_attn, prompt)
+        traced = figures(unit, n_gdn, n_attn, prompt - u, start=u, restores=1, saves=plan["saves"], eager=False)
         reuse.append({"prompt_tokens": prompt, "hit_tokens": hit, **plan,
                       "ms": f["ms"], "ms_low": f["ms_low"], "ms_high": f["ms_high"],
+                      "traced_ms": traced["ms"], "traced_ms_low": traced["ms_low"], "traced_ms_high": traced["ms_high"],
                       "copies_ms": f["ms"] - bare["ms"], "full_prompt_ms": full["ms"],
                       "saved_ms": full["ms"] - f["ms"]})
     c0, c1 = unit["chunks"][0]["parts"], unit["chunks"][1]["parts"]
@@ -404,7 +407,8 @@ def run(args: argparse.Namespace) -> ProbeReport:
         print(f"  [{label}] prefix hit {r['hit_tokens']} of {r['prompt_tokens']}: checkpoint at {r['restored_from']} "
               f"restored, {r['prefilled_tokens']} tokens prefilled ({r['rerun_tokens']} of them rerun below the hit), "
               f"{r['saves']} checkpoint(s) saved: {r['ms']:.0f} ms (band {r['ms_low']:.0f}-{r['ms_high']:.0f}; the "
-              f"checkpoint copies {r['copies_ms']:.1f} ms of it) vs {r['full_prompt_ms']:.0f} ms for the whole prompt")
+              f"checkpoint copies {r['copies_ms']:.1f} ms of it) vs {r['full_prompt_ms']:.0f} ms for the whole prompt; "
+              f"as a captured trace {r['traced_ms']:.0f} ms ({r['traced_ms_low']:.0f}-{r['traced_ms_high']:.0f})")
     print(f"  [{label}] one chunk at position 0, top programs: " + "; ".join(
         f"{r['region']} {r['op'].replace('ttnn.', '')} x{r['programs']} {r['ms']:.1f} ms" for r in ranking[:8]))
     print("  not in these figures: " + "; ".join(rows[0]["uncalibrated"]))

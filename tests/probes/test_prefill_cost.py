@@ -237,6 +237,8 @@ def test_prefill_cost_probe_record(tmp_path):
     assert (hit["restored_from"], hit["rerun_tokens"], hit["saves"]) == (256, 0, 0)
     assert 0 < hit["ms"] < hit["full_prompt_ms"] and hit["saved_ms"] == pytest.approx(hit["full_prompt_ms"] - hit["ms"])
     assert 0 < hit["copies_ms"] < hit["ms"]  # the checkpoint restore's device copies are in it
+    # the same programs as a captured trace: no host dispatch per op, so never slower than the untraced prefill
+    assert 0 < hit["traced_ms_low"] < hit["traced_ms"] < hit["traced_ms_high"] and hit["traced_ms"] <= hit["ms"]
     # a hit of 320 tokens restores the same grid boundary (256) and reruns rows 256..319: the same pieces, same time
     assert (off_grid["restored_from"], off_grid["rerun_tokens"], off_grid["prefilled_tokens"]) == (256, 64, 256)
     assert off_grid["ms"] == pytest.approx(hit["ms"])

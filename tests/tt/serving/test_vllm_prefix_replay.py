@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen36.testing.soak_oracle import check_request, request_rows
+from qwen36.testing.soak_oracle import check_request, request_rows, row_digest
 from qwen36.testing.vllm_calls import feed_calls, load_trace
 from qwen36.testing.vllm_replay import batch1_generator, load_on_mesh, open_env
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
@@ -62,3 +62,53 @@ def test_replay_of_prefix_cached_conversations(env):
     assert all(len(e) == len(o) for e, o in zip(entries, t["outputs"]))
     assert all(r["max_abs"] == 0.0 for r in results), results
     assert all(r["tokens_equal"] for r, s in zip(results, t["sampling"]) if s["temperature"] == 0.0), results
+
+
+SOAK32 = Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_soak_apc32_trace.json.gz"
+
+
+@pytest.mark.slow
+def test_replay_of_a_prefix_caching_soak_at_32_sequences(env):
+    """``tests/data/vllm_tt_plugin_soak_apc32_trace.json.gz``: ``scripts/soak_vllm.py --prefix-caching
+    --max-num-seqs 32`` through the real engine (command in docs/vllm_prefix.md; compacted by
+    ``scripts/compact_soak_trace.py``): 48 requests, 60 % starting with part of an earlier prompt, a 48-block pool,
+    grid 128. That dev run checked every row against the resume-aware batch-1 oracle (all bit-equal). Here the
+    replay must return the engine's rows bit for bit (sha256 of each row's fp32 bytes), serve every prefill as
+    recorded (hit, restore point, repairs), and two requests are rerun on the cold batch-1 oracle: the first that
+    restored a checkpoint and the first that was resumed."""
+    ck, ctx = env
+    t = load_trace(SOAK32)
+    assert t["prefix_caching"] and t["max_num_seqs"] == 32
+    hf = json.loads((ck / "config.json").read_text())
+    m = load_on_mesh(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
+        hf, ctx.mesh_device, t["max_num_seqs"], max_seq_len=t["max_model_len"], checkpoint=ck,
+        optimizations="accuracy", prefill_chunk=t["prefill_chunk"], prefix=PrefixConfig(t["prefix_checkpoints"])))
+    rows = {}
+    for ci, c, _, out in feed_calls(m, t["calls"]):
+        if c["call"] != "prefill_forward":
+            continue
+        res = out[0] if isinstance(out, tuple) else out
+        assert m.batch.prefix.served == c["served"], ci
+        rows[ci] = res[:, -1].float().clone()
+    stats = m.batch.prefix.stats
+    m.release_persistent_capture()
+    bad = [(ci, j) for ci, r in rows.items() for j, want in enumerate(t["row_digests"][str(ci)])
+           if row_digest(r[j]) != want]
+    assert not bad and sorted(map(int, t["row_digests"])) == sorted(rows), bad[:5]
+    assert max(r.shape[0] for r in rows.values()) > 16  # bucket 32 ran
+    assert stats.hits >= 15 and stats.restores >= 3 and stats.repaired_pages >= 1 and stats.unsafe_repairs == 0
+    entries = request_rows(t["calls"], rows, t["prompts"], t["outputs"])
+    served = [(ci, r) for ci, c in enumerate(t["calls"]) for r in c.get("served") or [] if r["kind"] == "prefill"]
+    assert any(r["restored"] for _, r in served) and t["resumed"]
+    restored_call = next(ci for ci, r in served if r["restored"])
+    pick = {next(u for u, e in enumerate(entries) if e and any(x[3] == restored_call for x in e)),
+            int(sorted(t["resumed"])[0][1:].split("-")[0])}
+    ref = load_on_mesh(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
+        hf, ctx.mesh_device, 1, t["max_model_len"], optimizations="accuracy", checkpoint=ck,
+        prefill_chunk=t["prefill_chunk"]))
+    gen = batch1_generator(ctx, ref)
+    results = {u: check_request(gen, t["prompts"][u], t["outputs"][u], t["requests"][u]["sampling"], entries[u],
+                                sample_fn=None) for u in sorted(pick)}
+    ref.release_persistent_capture()
+    assert all(x["max_abs"] == 0.0 for x in results.values()), results
+    assert all(x["tokens_equal"] is not False for x in results.values()), results
