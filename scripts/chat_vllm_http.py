@@ -214,7 +214,8 @@ def main(argv=None) -> int:
         finally:
             stop_server(server)
         calls, rows = recorded(record, warm_calls)
-        runs[mode] = dict(turns=turns_out, calls=calls, rows=rows, server_up_s=round(t_up, 1),
+        runs[mode] = dict(turns=turns_out, calls=calls, rows=rows, server_up_s=round(t_up, 1), warm_calls=warm_calls,
+                          all_calls=[json.loads(x) for x in (record / "calls.jsonl").read_text().splitlines()],
                           model_args=json.loads((record / "model_args.json").read_text()))
 
     # every row of the warm run against the cold run, bit for bit: the cold server's rows (--compare-cold), else the
@@ -267,12 +268,15 @@ def main(argv=None) -> int:
     print(json.dumps(summary, indent=1))
     if args.out:
         args.out.write_text(json.dumps(summary | {"replies": [t["reply"] for t in warm["turns"]]}, indent=1))
-    if args.record:
+    if args.record:  # every call from the KV allocation on (what a replay feeds), digests by that call index
+        w = warm["warm_calls"]
         rec = {"vllm": "0.25.1", "checkpoint": args.checkpoint or "default", "max_num_seqs": args.max_num_seqs,
                "max_model_len": args.max_model_len, "prefill_chunk": warm["model_args"]["prefill_chunk"],
-               "prompts": prompts, "outputs": outputs, "calls": warm["calls"],
-               "row_digests": {str(i): [row_digest(r[j]) for j in range(r.shape[0])] for i, r in warm["rows"].items()}}
-        data = json.dumps(rec).encode()
+               "launch": "qwen36 serve --device emulated-p150x2 (prefix caching on)",
+               "prompts": prompts, "outputs": outputs, "calls": warm["all_calls"], "warm_calls": w,
+               "row_digests": {str(i + w): [row_digest(r[j]) for j in range(r.shape[0])]
+                               for i, r in warm["rows"].items()}}
+        data = json.dumps(rec, separators=(",", ":")).encode()
         args.record.write_bytes(gzip.compress(data, mtime=0) if args.record.suffix == ".gz" else data)
     ok = (all(c["max_abs"] == 0.0 and c["tokens_equal"] for c in checks)
           and all(r.get("same_reply", True) for r in per_turn))

@@ -1,4 +1,5 @@
-"""A recorded prefix-cached engine run replayed without vLLM: ``tests/data/vllm_tt_plugin_prefix_chat_trace.json.gz``,
+"""Recorded prefix-cached engine runs replayed without vLLM (the conversations below; the 32-sequence soak and the chat
+over ``qwen36 serve`` in their own tests): ``tests/data/vllm_tt_plugin_prefix_chat_trace.json.gz``,
 recorded by ``tests/tt/serving/test_vllm_prefix_engine_dev.py`` (vLLM 0.25.1, the vllm-tt plugin at e3fc849,
 ``max_num_seqs`` 8, prefix caching on): three conversations sharing a system prompt, four turns each, every turn
 resending the whole history (one keeping its replies, one dropping them and sampling with a seed, one keeping them
@@ -18,7 +19,10 @@ import pytest
 
 from qwen36.testing.soak_oracle import check_request, request_rows, row_digest
 from qwen36.testing.vllm_calls import feed_calls, load_trace
+from qwen36.testing.chat_api import CHAT_CHECKPOINT, make_chat_checkpoint
 from qwen36.testing.vllm_replay import batch1_generator, load_on_mesh, open_env
+from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
+from qwen36.tt_ops.device import open_mesh
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 from qwen36.tt.serving.vllm_prefix import PrefixConfig
 
@@ -112,3 +116,55 @@ def test_replay_of_a_prefix_caching_soak_at_32_sequences(env):
     ref.release_persistent_capture()
     assert all(x["max_abs"] == 0.0 for x in results.values()), results
     assert all(x["tokens_equal"] is not False for x in results.values()), results
+
+
+HTTP_CHAT = Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_prefix_http_chat_trace.json.gz"
+
+
+@pytest.mark.slow
+def test_replay_of_a_conversation_over_vllm_serve(tmp_path_factory):
+    """``tests/data/vllm_tt_plugin_prefix_http_chat_trace.json.gz``: ``scripts/chat_vllm_http.py --checkpoint chat-ci
+    --turns 5 --max-num-seqs 8`` (``qwen36 serve`` on the emulated mesh, prefix caching on, five streamed chat turns
+    through the ``openai`` client, each resending the conversation; every call of the server's model recorded, from
+    the KV allocation on). The dev run checked every row against the cold batch-1 oracle. Here: every call is served
+    as recorded (the later turns restore a checkpoint and prefill from it), every row the replay returns has the bits
+    the server returned (sha256), and the turn whose hit lies above its restore point is rerun on the cold oracle."""
+    t = load_trace(HTTP_CHAT)
+    ck = make_chat_checkpoint(tmp_path_factory.mktemp("prefix_http_chat") / CHAT_CHECKPOINT)
+    ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
+    ctx.models = []
+    try:
+        hf = json.loads((ck / "config.json").read_text())
+        m = load_on_mesh(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
+            hf, ctx.mesh_device, t["max_num_seqs"], max_seq_len=t["max_model_len"], checkpoint=ck,
+            optimizations="accuracy", prefill_chunk=t["prefill_chunk"],
+            prefix=PrefixConfig.from_tt_options({}, True, t["max_num_seqs"])))  # a launch's default checkpoints
+        rows = {}
+        for ci, c, _, out in feed_calls(m, t["calls"]):
+            if c["call"] != "prefill_forward":
+                continue
+            res = out[0] if isinstance(out, tuple) else out
+            assert res[:, -1].argmax(-1).tolist() == c["returned"]["tokens"], ci
+            if "served" in c:
+                assert m.batch.prefix.served == c["served"], ci
+            rows[ci] = res[:, -1].float().clone()
+        m.release_persistent_capture()
+        bad = [(ci, j) for ci, want in t["row_digests"].items() for j, w in enumerate(want)
+               if row_digest(rows[int(ci)][j]) != w]
+        assert not bad, bad[:5]
+        conv = t["calls"][t["warm_calls"]:]
+        turns = [r for c in conv for r in c.get("served") or [] if r["kind"] == "prefill"]
+        assert len(turns) == len(t["prompts"]) == 5 and all(r["restored"] for r in turns[1:])
+        assert all(r["cached"] >= 0.9 * len(p) for r, p in zip(turns[1:], t["prompts"][1:]))  # >= 90 % reused
+        u = next(i for i, r in enumerate(turns) if r["cached"] > r["ran_from"] > 0)  # rows rerun below the hit
+        local = {i - t["warm_calls"]: r for i, r in rows.items() if i >= t["warm_calls"]}
+        entries = request_rows(conv, local, t["prompts"], t["outputs"])
+        ref = load_on_mesh(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
+            hf, ctx.mesh_device, 1, t["max_model_len"], optimizations="accuracy", checkpoint=ck,
+            prefill_chunk=t["prefill_chunk"]))
+        gen = batch1_generator(ctx, ref)
+        res = check_request(gen, t["prompts"][u], t["outputs"][u], {"temperature": 0.0}, entries[u], sample_fn=None)
+        ref.release_persistent_capture()
+        assert res["rows"] == len(t["outputs"][u]) and res["max_abs"] == 0.0 and res["tokens_equal"], res
+    finally:
+        ctx.close()
