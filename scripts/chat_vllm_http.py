@@ -258,7 +258,8 @@ def main(argv=None) -> int:
     summary = dict(backend="emulated-p150x2 (ttnn goldens on CPU, no hardware) behind vllm serve",
                    timing="client wall clock of an emulated mesh (not card time); "
                           "on a loaded shared host unless stated otherwise",
-                   checkpoint=args.checkpoint or "embedded default", max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                   checkpoint=args.checkpoint or "embedded default", max_num_seqs=args.max_num_seqs,
+                   max_model_len=args.max_model_len,
                    prefill_chunk=warm["model_args"]["prefill_chunk"], system_tokens=args.system_tokens,
                    server_up_s=warm["server_up_s"], turns=per_turn,
                    later_turns_min_reuse=min((r["reuse"] for r in per_turn[1:]), default=None),

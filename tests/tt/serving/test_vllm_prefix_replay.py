@@ -118,18 +118,21 @@ def test_replay_of_a_prefix_caching_soak_at_32_sequences(env):
     assert all(x["tokens_equal"] is not False for x in results.values()), results
 
 
-HTTP_CHAT = Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_prefix_http_chat_trace.json.gz"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 @pytest.mark.slow
-def test_replay_of_a_conversation_over_vllm_serve(tmp_path_factory):
-    """``tests/data/vllm_tt_plugin_prefix_http_chat_trace.json.gz``: ``scripts/chat_vllm_http.py --checkpoint chat-ci
-    --turns 5 --max-num-seqs 8`` (``qwen36 serve`` on the emulated mesh, prefix caching on, five streamed chat turns
-    through the ``openai`` client, each resending the conversation; every call of the server's model recorded, from
-    the KV allocation on). The dev run checked every row against the cold batch-1 oracle. Here: every call is served
+@pytest.mark.parametrize("trace,seqs", [("vllm_tt_plugin_prefix_http_chat1_trace.json.gz", 1),
+                                        ("vllm_tt_plugin_prefix_http_chat_trace.json.gz", 8)])
+def test_replay_of_a_conversation_over_vllm_serve(tmp_path_factory, trace, seqs):
+    """``tests/data/vllm_tt_plugin_prefix_http_chat{1,}_trace.json.gz``: ``scripts/chat_vllm_http.py --checkpoint
+    chat-ci --turns 5 --max-num-seqs 1 | 8`` (``qwen36 serve`` on the emulated mesh, prefix caching on, five
+    streamed chat turns through the ``openai`` client, each resending the conversation; every call of the server's
+    model recorded, from the KV allocation on). The dev run checked every row against the cold batch-1 oracle. Here: every call is served
     as recorded (the later turns restore a checkpoint and prefill from it), every row the replay returns has the bits
     the server returned (sha256), and the turn whose hit lies above its restore point is rerun on the cold oracle."""
-    t = load_trace(HTTP_CHAT)
+    t = load_trace(DATA / trace)
+    assert t["max_num_seqs"] == seqs and t["checkpoint"] == CHAT_CHECKPOINT
     ck = make_chat_checkpoint(tmp_path_factory.mktemp("prefix_http_chat") / CHAT_CHECKPOINT)
     ctx = open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION)
     ctx.models = []
