@@ -128,9 +128,10 @@ def test_replay_of_a_conversation_over_vllm_serve(tmp_path_factory, trace, seqs)
     """``tests/data/vllm_tt_plugin_prefix_http_chat{1,}_trace.json.gz``: ``scripts/chat_vllm_http.py --checkpoint
     chat-ci --turns 5 --max-num-seqs 1 | 8`` (``qwen36 serve`` on the emulated mesh, prefix caching on, five
     streamed chat turns through the ``openai`` client, each resending the conversation; every call of the server's
-    model recorded, from the KV allocation on). The dev run checked every row against the cold batch-1 oracle. Here: every call is served
-    as recorded (the later turns restore a checkpoint and prefill from it), every row the replay returns has the bits
-    the server returned (sha256), and the turn whose hit lies above its restore point is rerun on the cold oracle."""
+    model recorded, from the KV allocation on). The dev run checked every row against the cold batch-1 oracle.
+    Here: every call is served as recorded (the later turns restore a checkpoint and prefill from it), every row the
+    replay returns has the bits the server returned (sha256), and the turn whose hit lies above its restore point is
+    rerun on the cold oracle."""
     t = load_trace(DATA / trace)
     assert t["max_num_seqs"] == seqs and t["checkpoint"] == CHAT_CHECKPOINT
     ck = make_chat_checkpoint(tmp_path_factory.mktemp("prefix_http_chat") / CHAT_CHECKPOINT)
