@@ -8,6 +8,8 @@ first attention layer built, the vocabulary cut to ``--vocab-sample``):
     prefill pieces in ``prefill_forward``'s order (``embed``, ``prefill_chunk_context``, ``layers_forward``,
     ``head`` of the last row), each piece under a counter scope (:func:`count_chunks`; a test checks their sum
     equals ``prefill_forward``'s counts);
+  * a prompt shorter than one chunk (e.g. 128 tokens) is one partial chunk with its own shapes: it is counted
+    directly (one more prefill from position 0, :func:`short_prompt_counts`), not extrapolated;
   * one correction, as decode-cost corrects its gathers: the emulator charges chunked SDPA the whole paged cache;
     on cards it reads the K and V blocks up to the chunk's last row (:func:`sdpa_chunk_counts`);
   * per layer kind the programs of every chunk are the same, and the only counts that change with the chunk's
@@ -39,6 +41,7 @@ NAME = "prefill-cost"
 HELP = ("calibrated P150a time to first token (prefill chunks + last-row LM head) at 27B / 35B-A3B shapes, from "
         "emulator counts")
 SDPA = "ttnn.transformer.chunked_scaled_dot_product_attention"
+GDN_PREFILL = ("fused", "composite")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "configs")
     p.add_argument("--precision", default="performance", help="accuracy | performance | performance-bf4")
     p.add_argument("--prompts", default="4096,8192,16384",
-                   help="prompt lengths in tokens (multiples of the prefill chunk)")
+                   help="prompt lengths in tokens (multiples of the prefill chunk, or one prompt shorter than a "
+                        "chunk, counted as it runs)")
     p.add_argument("--prefix-hits", default="",
                    help="prefix-cache hits to price as the vLLM adapter serves them, PROMPT:HIT pairs (e.g. "
                         "4096:3840; HIT a multiple of the KV page): the GDN checkpoint at the prefill-grid boundary "
@@ -57,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-sample", type=int, default=4096,
                    help="vocabulary actually built (LM head extrapolated to the real vocab)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gdn-prefill", default="fused", choices=list(GDN_PREFILL),
+                   help="fused: the GDN layers' prefill on ttnn's fused ops where the config's heads fit them (the "
+                        "model's choice); composite: the composite GDN prefill forced, for an A/B of the two")
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -199,11 +206,11 @@ def extrapolate_experts(c_lo, c_hi, e_lo: int, e_hi: int, e: int, name: str):
 
 
 def scale_head(counts, ratio: float, name: str):
-    """The head region extrapolated in vocab (decode-cost's ``_scaled``) with its compute work scaled alike (the
+    """The head region extrapolated in vocab (decode-cost's ``vocab_scaled_counts``) with its compute work scaled alike (the
     LM-head matmul's FLOPs and bytes are linear in the vocabulary)."""
-    from qwen36.probes.decode_cost import _scaled
+    from qwen36.probes.decode_cost import vocab_scaled_counts
 
-    out = _scaled(counts, name, ratio)
+    out = vocab_scaled_counts(counts, name, ratio)
     for (op, f, ph, fp, items), n in counts.compute_work.items():
         out.compute_work[(op, int(f * ratio), ph, fp, tuple((k, int(v * ratio)) for k, v in items))] += n
     return out
@@ -249,8 +256,25 @@ def measure_units_moe(device: str, cfg, real, precision: str, seed: int, numeric
     return unit
 
 
-def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, numerics: str = "exact") -> dict:
-    """Build the bench, count two chunks and return the per-chunk unit counts (module doc). The emulator runs with
+def force_gdn_prefill(model, path: str) -> str:
+    """Set every GDN layer's prefill to ``path`` (``GDN_PREFILL``): "fused" keeps the model's own choice,
+    "composite" drops the fused prefill (the composite one runs). Returns the layers' ``prefill_path``."""
+    if path not in GDN_PREFILL:
+        raise UserError(f"--gdn-prefill must be one of {', '.join(GDN_PREFILL)}, got {path!r}")
+    mixers = [layer.mixer for layer in model.layers if hasattr(layer.mixer, "prefill_path")]
+    if path == "composite":
+        for m in mixers:
+            m.fused_prefill, m.prefill_path = None, "composite (forced: --gdn-prefill composite)"
+    paths = {m.prefill_path for m in mixers}
+    if len(paths) != 1:
+        raise ValueError(f"the built GDN layers prefill differently: {sorted(paths)}")
+    return paths.pop()
+
+
+def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, numerics: str = "exact",
+                  short: tuple[int, ...] = (), gdn_prefill: str = "fused") -> dict:
+    """Build the bench, count two chunks and return the per-chunk unit counts (module doc), plus the counts of each
+    prompt in ``short`` (shorter than a chunk) prefilled from position 0 (``unit["short"]``). The emulator runs with
     ``numerics="exact"`` by default: the counts do not depend on the rounding rules (tests/probes/test_prefill_cost.py
     compares them with ``"strict"``), and exact is several times cheaper at 27B shapes on a CPU."""
     from qwen36.config import FULL
@@ -263,6 +287,7 @@ def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, 
     try:
         a = bench.args
         rows = a.prefill_chunk
+        path = force_gdn_prefill(bench.model, gdn_prefill)
         if a.max_seq_len < 2 * rows:
             raise UserError(f"the bench's max_seq_len {a.max_seq_len} is below two prefill chunks ({2 * rows})")
         gen = torch.Generator().manual_seed(seed)
@@ -281,6 +306,17 @@ def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, 
             "gdn_index": gdn_i, "attention_index": attn_i,
         }
         unit["sdpa_pair_flops"] = sdpa_pair_flops(unit["attention"], 0, rows)
+        unit["gdn_prefill_path"] = path
+        unit["short"] = {}
+        for p in short:
+            if not 0 < p < rows:
+                raise UserError(f"a short prompt is 1..{rows - 1} tokens (one partial chunk), got {p}")
+            bench.state.pos = 0
+            (one,) = count_chunks(bench, ids[:p])
+            unit["short"][p] = {"embed": one["parts"]["embed"], "gdn": one["parts"][f"layer{gdn_i}"],
+                                "attention": one["parts"][f"layer{attn_i}"],
+                                "head": scale_head(one["parts"]["head"], real_vocab / cfg.vocab_size,
+                                                   "head (vocab-extrapolated)")}
         unit.update(checkpoint_counts(bench, gdn_i))
         return unit
     finally:
@@ -317,6 +353,23 @@ def hit_plan(prompt: int, hit: int, chunk: int, page: int) -> dict:
     return {"restored_from": u, "rerun_tokens": hit - u, "prefilled_tokens": prompt - u, "saves": saves}
 
 
+def short_prompt_counts(unit: dict, n_gdn: int, n_attn: int, prompt: int, name: str = "prompt"):
+    """Counts of a prompt shorter than one chunk, from its own counted chunk (``unit["short"][prompt]``): embed +
+    n_gdn x GDN layer + n_attn x attention layer (its SDPA corrected to the KV blocks of ``prompt`` rows) + head."""
+    from qwen36.tt_ops.emulator.counters import Counts
+
+    one = unit["short"].get(prompt)
+    if one is None:
+        raise ValueError(f"prompt {prompt} was not counted as a short prompt")
+    total = Counts(name)
+    total.add(one["embed"])
+    total.add(one["gdn"], n_gdn)
+    total.add(sdpa_chunk_counts(one["attention"], 0, prompt, unit["kv_block_bytes"], unit["block"],
+                                unit["sdpa_pair_flops"]), n_attn)
+    total.add(one["head"])
+    return total
+
+
 def chunk_ranking(unit: dict, n_gdn: int, n_attn: int) -> list[dict]:
     """Every op of one chunk at position 0 by region (embed, GDN layers, attention layers), with its programs and
     calibrated ms per chunk (``cost_model.per_op_ms``: launches, kernel class, its own DRAM bytes and collectives,
@@ -341,11 +394,13 @@ def figures(unit: dict, n_gdn: int, n_attn: int, prompt: int, start: int = 0, re
     its host dispatch); False prices the same programs as a captured trace would run them."""
     from qwen36.tt_ops.cost_model import calibrated_prefill_figures
 
-    c = prompt_counts(unit, n_gdn, n_attn, prompt, start)
-    c.add(unit["checkpoint_load"], restores * n_gdn)
-    c.add(unit["checkpoint_save"], saves * n_gdn)
+    short = start == 0 and prompt in unit.get("short", {})
+    c = short_prompt_counts(unit, n_gdn, n_attn, prompt) if short else prompt_counts(unit, n_gdn, n_attn, prompt, start)
+    if restores or saves:
+        c.add(unit["checkpoint_load"], restores * n_gdn)
+        c.add(unit["checkpoint_save"], saves * n_gdn)
     f = calibrated_prefill_figures(c, prompt, eager=eager)
-    f["prompt_tokens"], f["start"], f["chunks"] = prompt, start, prompt // unit["chunk"]
+    f["prompt_tokens"], f["start"], f["chunks"] = prompt, start, -(-prompt // unit["chunk"])
     f["programs"], f["collectives"] = c.programs, c.collectives
     f["bytes_read_per_device"] = c.bytes_read_total
     return f
@@ -361,11 +416,19 @@ def run(args: argparse.Namespace) -> ProbeReport:
         raise UserError("--prompts is empty")
     cfg, base = build_config(args.preset, args.vocab_sample)
     n_gdn, n_attn = len(base.gdn_layer_ids), len(base.attention_layer_ids)
+    from qwen36.tt.model.model_config import TTModelArgs
+
+    chunk = TTModelArgs.__dataclass_fields__["prefill_chunk"].default
+    short = tuple(sorted({p for p in prompts if 0 < p < chunk}))
     if base.is_moe and base.num_experts != cfg.num_experts:
+        if short or args.gdn_prefill != "fused":
+            raise UserError("--preset 35b-a3b prices whole chunks with the model's own GDN prefill (its expert "
+                            "extrapolation is not done for a short prompt or --gdn-prefill composite)")
         unit = measure_units_moe(device, cfg, base, args.precision, args.seed)
     else:
-        unit = measure_units(device, cfg, args.precision, args.seed, base.vocab_size)
-    for p in prompts + [prompt for prompt, _ in hits]:
+        unit = measure_units(device, cfg, args.precision, args.seed, base.vocab_size, short=short,
+                             gdn_prefill=args.gdn_prefill)
+    for p in [p for p in prompts if p not in short] + [prompt for prompt, _ in hits]:
         if p % unit["chunk"]:
             raise UserError(f"{p} is not a multiple of the prefill chunk ({unit['chunk']} tokens)")
     rows = [figures(unit, n_gdn, n_attn, p) for p in prompts]
@@ -393,8 +456,9 @@ def run(args: argparse.Namespace) -> ProbeReport:
     label = rows[0]["label"]
     print(f"[{label}] prefill-cost {args.preset} {args.precision} tp{unit['tp']} batch 1 on {unit['backend']} "
           f"(chunk {unit['chunk']} rows; {n_gdn} GDN + {n_attn} attention layers):")
-    print(f"  programs per chunk: embed {c0['embed'].programs}, GDN layer {c0[f'layer{gi}'].programs}, attention "
-          f"layer {c0[f'layer{ai}'].programs}; head {unit['head'].programs}")
+    print(f"  GDN prefill: {unit['gdn_prefill_path']}; programs per chunk: embed "
+          f"{c0['embed'].programs}, GDN layer {c0[f'layer{gi}'].programs}, attention layer "
+          f"{c0[f'layer{ai}'].programs}; head {unit['head'].programs}")
     for r in rows:
         b = r["breakdown"]
         print(f"  [{label}] TTFT {r['prompt_tokens']} tokens: {r['ms']:.0f} ms (band {r['ms_low']:.0f}-"
@@ -414,6 +478,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
     print("  not in these figures: " + "; ".join(rows[0]["uncalibrated"]))
     perf = {"label": label, "backend": unit["backend"], "tp": unit["tp"], "batch": 1, "precision": args.precision,
             "chunk_tokens": unit["chunk"], "layers": {"gdn": n_gdn, "attention": n_attn},
+            "gdn_prefill_path": unit["gdn_prefill_path"],
             "programs_per_chunk": {"embed": c0["embed"].programs, "gdn_layer": c0[f"layer{gi}"].programs,
                                    "attention_layer": c0[f"layer{ai}"].programs, "head": unit["head"].programs},
             "ttft": {str(r["prompt_tokens"]): {k: r[k] for k in ("ms", "ms_low", "ms_high", "tok_s", "chunks",
@@ -427,6 +492,6 @@ def run(args: argparse.Namespace) -> ProbeReport:
     return ProbeReport(probe=NAME, backend=unit["backend"],
                        config={"preset": args.preset, "precision": args.precision, "prompts": prompts,
                                "prefix_hits": [list(h) for h in hits], "vocab_sample": cfg.vocab_size,
-                               "real_vocab": base.vocab_size, "seed": args.seed},
+                               "real_vocab": base.vocab_size, "seed": args.seed, "gdn_prefill": args.gdn_prefill},
                        cells=cells, counters={"programs_per_chunk": perf["programs_per_chunk"]},
                        gate_complete=True, performance=perf)

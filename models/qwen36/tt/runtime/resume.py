@@ -43,7 +43,7 @@ import torch
 
 from ...config import FULL
 from ..model.state import GDNLayerState, new_layer_state
-from .prefix import _nbytes
+from .prefix import shard_nbytes
 
 
 def chain_keys(tokens: Sequence[int], page: int, upto: int | None = None) -> list[bytes]:
@@ -74,7 +74,7 @@ class CheckpointPool:
         self.ttnn = ttnn
         gdn = [t for t in a.cfg.layer_types if t != FULL][:gdn_layers]
         self.slots = [[new_layer_state(a, ttnn, model.mesh, t, slots=1) for t in gdn] for _ in range(slots)]
-        self.nbytes = sum(_nbytes(s.recurrent) + _nbytes(s.conv) for s in self.slots[0]) if self.slots else 0
+        self.nbytes = sum(shard_nbytes(s.recurrent) + shard_nbytes(s.conv) for s in self.slots[0]) if self.slots else 0
 
     def __len__(self) -> int:
         return len(self.slots)
