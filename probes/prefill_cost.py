@@ -54,8 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt lengths in tokens (multiples of the prefill chunk, or one prompt shorter than a "
                         "chunk, counted as it runs)")
     p.add_argument("--prefix-hits", default="",
-                   help="prefix-cache hits to price, as PROMPT:HIT pairs (e.g. 4096:3840): the hit's KV and GDN "
-                        "state are reused, the remaining PROMPT-HIT tokens are prefilled from position HIT")
+                   help="prefix-cache hits to price as the vLLM adapter serves them, PROMPT:HIT pairs (e.g. "
+                        "4096:3840; HIT a multiple of the KV page): the GDN checkpoint at the prefill-grid boundary "
+                        "u <= HIT is restored (device copies), the rows from u are prefilled (those below HIT rerun), "
+                        "and the checkpoints the policy keeps are saved on the way")
     p.add_argument("--vocab-sample", type=int, default=4096,
                    help="vocabulary actually built (LM head extrapolated to the real vocab)")
     p.add_argument("--seed", type=int, default=0)
@@ -315,9 +317,40 @@ def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, 
                                 "attention": one["parts"][f"layer{attn_i}"],
                                 "head": scale_head(one["parts"]["head"], real_vocab / cfg.vocab_size,
                                                    "head (vocab-extrapolated)")}
+        unit.update(checkpoint_counts(bench, gdn_i))
         return unit
     finally:
         bench.close()
+
+
+def checkpoint_counts(bench, gdn_index: int) -> dict:
+    """Counts of saving and of restoring one GDN layer's checkpoint (``tt/runtime/resume.py`` ``CheckpointPool``:
+    device copies of the recurrent and conv state): what a prefix hit adds per GDN layer."""
+    from qwen36.tt.runtime.resume import CheckpointPool
+
+    pool = CheckpointPool(bench.model, 1, gdn_layers=1)
+    layer = [bench.state.layers[gdn_index]]
+    try:
+        with bench.ctx.counters.scope("checkpoint save") as save:
+            pool.save(0, layer)
+        with bench.ctx.counters.scope("checkpoint load") as load:
+            pool.load(0, layer)
+    finally:
+        pool.release()
+    return {"checkpoint_save": save.copy("checkpoint save (one GDN layer)"),
+            "checkpoint_load": load.copy("checkpoint load (one GDN layer)")}
+
+
+def hit_plan(prompt: int, hit: int, chunk: int, page: int) -> dict:
+    """How the adapter serves a hit of ``hit`` cached tokens on a ``prompt``-token prompt (``tt/runtime/resume.py``):
+    the grid boundary it restores, the rows it runs, the checkpoints the default policy saves on the way."""
+    from qwen36.tt.runtime.resume import CheckpointPolicy
+
+    if hit % page or not 0 < hit < prompt:
+        raise UserError(f"prefix hit {hit} must be a multiple of the KV page ({page}) in (0, prompt {prompt})")
+    u = chunk * (hit // chunk)
+    saves = sum(CheckpointPolicy().wants(b, prompt, chunk) for b in range(u + chunk, prompt, chunk))
+    return {"restored_from": u, "rerun_tokens": hit - u, "prefilled_tokens": prompt - u, "saves": saves}
 
 
 def short_prompt_counts(unit: dict, n_gdn: int, n_attn: int, prompt: int, name: str = "prompt"):
@@ -354,12 +387,19 @@ def chunk_ranking(unit: dict, n_gdn: int, n_attn: int) -> list[dict]:
     return sorted(out, key=lambda r: -r["ms"])
 
 
-def figures(unit: dict, n_gdn: int, n_attn: int, prompt: int, start: int = 0) -> dict:
+def figures(unit: dict, n_gdn: int, n_attn: int, prompt: int, start: int = 0, restores: int = 0,
+            saves: int = 0, eager: bool = True) -> dict:
+    """Calibrated figures of prefilling ``prompt`` tokens from ``start``, plus ``restores`` / ``saves`` GDN
+    checkpoints (every GDN layer's copies each). ``eager``: untraced, as the prefill runs today (each op at least
+    its host dispatch); False prices the same programs as a captured trace would run them."""
     from qwen36.tt_ops.cost_model import calibrated_prefill_figures
 
     short = start == 0 and prompt in unit.get("short", {})
     c = short_prompt_counts(unit, n_gdn, n_attn, prompt) if short else prompt_counts(unit, n_gdn, n_attn, prompt, start)
-    f = calibrated_prefill_figures(c, prompt, eager=True)
+    if restores or saves:
+        c.add(unit["checkpoint_load"], restores * n_gdn)
+        c.add(unit["checkpoint_save"], saves * n_gdn)
+    f = calibrated_prefill_figures(c, prompt, eager=eager)
     f["prompt_tokens"], f["start"], f["chunks"] = prompt, start, -(-prompt // unit["chunk"])
     f["programs"], f["collectives"] = c.programs, c.collectives
     f["bytes_read_per_device"] = c.bytes_read_total
@@ -388,19 +428,23 @@ def run(args: argparse.Namespace) -> ProbeReport:
     else:
         unit = measure_units(device, cfg, args.precision, args.seed, base.vocab_size, short=short,
                              gdn_prefill=args.gdn_prefill)
-    for p in [p for p in prompts if p not in short] + [x for pair in hits for x in pair]:
+    for p in [p for p in prompts if p not in short] + [prompt for prompt, _ in hits]:
         if p % unit["chunk"]:
             raise UserError(f"{p} is not a multiple of the prefill chunk ({unit['chunk']} tokens)")
     rows = [figures(unit, n_gdn, n_attn, p) for p in prompts]
     reuse = []
     for prompt, hit in hits:
-        if not 0 <= hit < prompt:
-            raise UserError(f"prefix hit {hit} must be in [0, prompt {prompt})")
-        f = figures(unit, n_gdn, n_attn, prompt - hit, start=hit)
+        plan = hit_plan(prompt, hit, unit["chunk"], unit["block"])
+        u = plan["restored_from"]
+        f = figures(unit, n_gdn, n_attn, prompt - u, start=u, restores=1, saves=plan["saves"])
+        bare = figures(unit, n_gdn, n_attn, prompt - u, start=u)
         full = figures(unit, n_gdn, n_attn, prompt)
-        reuse.append({"prompt_tokens": prompt, "hit_tokens": hit, "prefilled_tokens": prompt - hit,
+        traced = figures(unit, n_gdn, n_attn, prompt - u, start=u, restores=1, saves=plan["saves"], eager=False)
+        reuse.append({"prompt_tokens": prompt, "hit_tokens": hit, **plan,
                       "ms": f["ms"], "ms_low": f["ms_low"], "ms_high": f["ms_high"],
-                      "full_prompt_ms": full["ms"], "saved_ms": full["ms"] - f["ms"]})
+                      "traced_ms": traced["ms"], "traced_ms_low": traced["ms_low"], "traced_ms_high": traced["ms_high"],
+                      "copies_ms": f["ms"] - bare["ms"], "full_prompt_ms": full["ms"],
+                      "saved_ms": full["ms"] - f["ms"]})
     c0, c1 = unit["chunks"][0]["parts"], unit["chunks"][1]["parts"]
     gi, ai = unit["gdn_index"], unit["attention_index"]
     same_programs = (c0["embed"].programs_per_op == c1["embed"].programs_per_op
@@ -424,9 +468,11 @@ def run(args: argparse.Namespace) -> ProbeReport:
               f"ms ({r['flops_per_device'] / 1e12:.1f} TFLOP/device); untraced: per op the larger of device "
               f"{b['eager_device_ms']:.0f} and host dispatch {b['eager_host_ms']:.0f} ms")
     for r in reuse:
-        print(f"  [{label}] prefix hit {r['hit_tokens']} of {r['prompt_tokens']}: prefill {r['prefilled_tokens']} "
-              f"tokens from position {r['hit_tokens']}: {r['ms']:.0f} ms (band {r['ms_low']:.0f}-{r['ms_high']:.0f}) "
-              f"vs {r['full_prompt_ms']:.0f} ms for the whole prompt")
+        print(f"  [{label}] prefix hit {r['hit_tokens']} of {r['prompt_tokens']}: checkpoint at {r['restored_from']} "
+              f"restored, {r['prefilled_tokens']} tokens prefilled ({r['rerun_tokens']} of them rerun below the hit), "
+              f"{r['saves']} checkpoint(s) saved: {r['ms']:.0f} ms (band {r['ms_low']:.0f}-{r['ms_high']:.0f}; the "
+              f"checkpoint copies {r['copies_ms']:.1f} ms of it) vs {r['full_prompt_ms']:.0f} ms for the whole prompt; "
+              f"as a captured trace {r['traced_ms']:.0f} ms ({r['traced_ms_low']:.0f}-{r['traced_ms_high']:.0f})")
     print(f"  [{label}] one chunk at position 0, top programs: " + "; ".join(
         f"{r['region']} {r['op'].replace('ttnn.', '')} x{r['programs']} {r['ms']:.1f} ms" for r in ranking[:8]))
     print("  not in these figures: " + "; ".join(rows[0]["uncalibrated"]))

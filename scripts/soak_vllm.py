@@ -59,6 +59,14 @@ def make_requests(args, vocab: int, steps: bool = True) -> list[dict]:
         n = rng.randint(args.min_prompt, args.max_prompt)
         # distinct first tokens per request index keep every prompt from being a prefix of another
         prompt = [1 + (i % (vocab - 1))] + [rng.randrange(1, vocab) for _ in range(n - 1)]
+        if reqs and rng.random() < getattr(args, "shared_prefix_frac", 0.0):
+            # an earlier request's first k tokens, then its own (a shared system prompt): vLLM's prefix cache hits
+            # the whole blocks of it; never a whole earlier prompt (the oracle tells requests apart by prompt)
+            base = rng.choice(reqs)["prompt"]
+            k = rng.randint(min(64, len(base) - 1), len(base) - 1)
+            prompt = base[:k] + [rng.randrange(1, vocab) for _ in range(max(1, n - k))]
+            while prompt[k] == base[k]:
+                prompt[k] = rng.randrange(1, vocab)
         sampled = rng.random() < args.sampled_frac
         sp = (dict(temperature=rng.choice([0.7, 1.0, 1.3]), top_k=rng.choice([0, 20, 50]),
                    top_p=rng.choice([1.0, 0.9, 0.8]), seed=rng.randrange(1 << 30)) if sampled
@@ -104,6 +112,42 @@ def carry_discarded_finishes(scheduler_cls) -> list:
     return carried
 
 
+def use_chunk(model_cls, chunk: int) -> None:
+    """The plugin's loader (e3fc849) passes no prefill chunk: give ``initialize_vllm_model`` one."""
+    init = model_cls.initialize_vllm_model.__func__
+
+    def with_chunk(cls, *a, **k):
+        k.setdefault("prefill_chunk", chunk)
+        return init(cls, *a, **k)
+
+    model_cls.initialize_vllm_model = classmethod(with_chunk)
+
+
+def allow_chunked_prefill() -> list:
+    """Dev-only: the plugin (e3fc849) chunks prompts only for the model types in its
+    ``platform._CHUNKED_PREFILL_MODEL_TYPES`` (Gemma 4); add Qwen3.5/3.6's (it does not read the model's
+    ``supports_chunked_prefill``). Returns the list of types added."""
+    from vllm_tt_plugin import platform
+
+    added = [t for t in ("qwen3_5", "qwen3_5_text") if t not in platform._CHUNKED_PREFILL_MODEL_TYPES]
+    platform._CHUNKED_PREFILL_MODEL_TYPES.update(added)
+    return added
+
+
+def prefix_summary(llm, model, calls: list) -> dict:
+    """vLLM's own prefix-cache counters (queries / hits, tokens) and what the adapter served: prefills by where
+    they started and what they restored or reran, decode rows."""
+    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()
+               if m.name.startswith("vllm:prefix_cache") or m.name.startswith("vllm:num_preemptions")}
+    served = [r for c in calls if c.get("served") for r in c["served"]]
+    pre = [r for r in served if r["kind"] == "prefill"]
+    return dict(vllm_metrics=metrics, adapter=model.batch.prefix.stats.as_dict(),
+                prefills=len(pre), prefills_past_0=sum(r["cached"] > 0 for r in pre),
+                restored=sum(bool(r.get("restored")) for r in pre),
+                repaired_pages=sum(r.get("repaired", 0) for r in pre),
+                decode_rows=sum(r["kind"] == "decode" for r in served))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=200)
@@ -125,6 +169,17 @@ def main(argv=None) -> int:
     ap.add_argument("--carry-finishes", action="store_true",
                     help="patch the plugin's TTScheduler so a discarded prefill pass's finished ids reach the runner "
                          "(workaround for the lost finishes, docs/soak.md); off: the plugin as is")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="vLLM's automatic prefix caching on (the adapter's GDN checkpoints, docs/chat.md \"vLLM\")")
+    ap.add_argument("--shared-prefix-frac", type=float, default=0.0,
+                    help="share of requests whose prompt starts with part of an earlier one (prefix-cache hits)")
+    ap.add_argument("--prefill-chunk", type=int, default=None,
+                    help="the model's prefill chunk (its checkpoint grid; default the model's 256): a small one puts "
+                         "grid boundaries inside short prompts")
+    ap.add_argument("--chunked-prefill", action="store_true",
+                    help="let the plugin chunk prompts (it does so only for the model types it lists; this patches "
+                         "that list, dev-only) with --max-num-batched-tokens per step")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--record", type=Path, help="write the plugin's calls here (JSON, replayable in CI)")
     ap.add_argument("--out", type=Path, help="write the run's summary and resource curve here (JSON)")
     args = ap.parse_args(argv)
@@ -171,15 +226,22 @@ def main(argv=None) -> int:
         sys.exit(f"soak_vllm: --kv-blocks {args.kv_blocks} leaves {budget} tokens after one block per sequence; "
                  f"vLLM needs one max_model_len ({args.max_model_len}) request to fit")
     Qwen36ForCausalLM.get_max_tokens_all_users = classmethod(lambda cls, *a, **k: budget)
+    if args.prefill_chunk:
+        use_chunk(Qwen36ForCausalLM, args.prefill_chunk)
+    if args.chunked_prefill:
+        allow_chunked_prefill()
     calls: list = []
     models: list = []
     rows: dict = {}  # call index -> the logits rows a prefill returned (the oracle compares every one)
     record_calls(Qwen36ForCausalLM, calls, instances=models, rows=rows)
+    # vLLM requires chunked prefill on for prefix caching on a hybrid architecture (its mamba "align" mode); the
+    # plugin then turns chunked prefill off for model types it does not list (unless --chunked-prefill patched it)
     llm = vllm.LLM(model=str(ck), max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                   block_size=BLOCK, skip_tokenizer_init=True, enable_prefix_caching=False,
-                   enable_chunked_prefill=False, max_num_batched_tokens=args.max_model_len, async_scheduling=False,
-                   generation_config="vllm", additional_config={"tt": {"trace_mode": "all",
-                                                                      "optimizations": "accuracy"}})
+                   block_size=BLOCK, skip_tokenizer_init=True, enable_prefix_caching=args.prefix_caching,
+                   enable_chunked_prefill=args.prefix_caching or args.chunked_prefill,
+                   max_num_batched_tokens=args.max_num_batched_tokens or args.max_model_len, async_scheduling=False,
+                   disable_log_stats=not args.prefix_caching, generation_config="vllm",
+                   additional_config={"tt": {"trace_mode": "all", "optimizations": "accuracy"}})
     engine = llm.llm_engine
     core = engine.engine_core.engine_core  # InprocClient -> EngineCore
     sched = core.scheduler
@@ -249,8 +311,10 @@ def main(argv=None) -> int:
         lens = lens["values"] if isinstance(lens, dict) else lens
         starts = c["args"].get("start_pos")
         starts = (starts["values"] if isinstance(starts, dict) else starts) or [0] * len(toks)
-        for row, n, s in zip(toks, lens, starts):
-            if s == 0:
+        kinds = [r["kind"] for r in c["served"]] if c.get("served") else ["prefill" if x == 0 else "decode"
+                                                                           for x in starts]
+        for row, n, kind in zip(toks, lens, kinds):
+            if kind == "prefill":
                 r = next((x for x in reqs if row[: len(x["prompt"])] == x["prompt"]), None)
                 if r is not None and n > len(r["prompt"]):
                     resumed.add(r["id"])
@@ -312,6 +376,7 @@ def main(argv=None) -> int:
                   for k, x in sorted(results.items()) if x["max_abs"] > LOGITS_TOL},
         flips_vs_uninterrupted=flips, check_s=round(t_check, 1), mismatches=bad,
         flat=flat, plugin_calls=soak_calls, carried_finishes=carried,
+        prefix=prefix_summary(llm, model, calls[warm_calls:soak_calls]) if args.prefix_caching else None,
         args={k: str(v) for k, v in vars(args).items()}, curve=curve)
     print("\nstep  running waiting free_blocks slots_held slots_busy live_traces captures rss_mb  t")
     for c in curve:
@@ -325,6 +390,9 @@ def main(argv=None) -> int:
         args.record.write_text(json.dumps({
             "vllm": vllm.__version__, "max_num_seqs": args.max_num_seqs, "block_size": BLOCK,
             "max_model_len": args.max_model_len, "kv_blocks": n_blocks, "checkpoint": args.checkpoint,
+            "prefix_caching": args.prefix_caching, "prefill_chunk": model.model.args.prefill_chunk,
+            "chunked_prefill": args.chunked_prefill, "max_num_batched_tokens": args.max_num_batched_tokens,
+            "prefix_checkpoints": model.batch.prefix.config.checkpoints,
             "prompts": [r["prompt"] for r in reqs], "requests": [
                 {k: r[k] for k in ("id", "max_tokens", "sampling", "arrival", "abort")} for r in reqs],
             "outputs": [out_tokens.get(r["id"], []) for r in reqs],

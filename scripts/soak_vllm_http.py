@@ -34,10 +34,13 @@ BLOCK = 64
 
 
 def serve(argv: list[str]) -> None:
-    """The server process: ``--serve RECORD_DIR BUDGET_TOKENS CARRY(0|1) -- <qwen36 serve arguments>``: ``qwen36 serve``
-    (its launcher, in this process) with the soak's instruments installed first, which vLLM's forked engine core
-    inherits: the recorder, the KV budget, and with CARRY the lost-finishes patch."""
-    record, budget, carry, serve_args = Path(argv[0]), int(argv[1]), argv[2] == "1", argv[4:]
+    """The server process: ``--serve RECORD_DIR BUDGET_TOKENS CARRY(0|1) PREFILL_CHUNK(0: the model's) -- <qwen36 serve
+    arguments>``: ``qwen36 serve`` (its launcher, in this process) with the soak's instruments installed first, which
+    vLLM's forked engine core inherits: the recorder, the KV budget, with CARRY the lost-finishes patch, with
+    PREFILL_CHUNK the model's prefill chunk (its checkpoint grid, docs/vllm_prefix.md)."""
+    if len(argv) < 5 or argv[4] != "--":
+        raise SystemExit("soak_vllm_http --serve RECORD_DIR BUDGET_TOKENS CARRY PREFILL_CHUNK -- <qwen36 serve args>")
+    record, budget, carry, chunk, serve_args = Path(argv[0]), int(argv[1]), argv[2] == "1", int(argv[3]), argv[5:]
     from qwen36.cli import build_parser
     from qwen36.commands.serve import check_launch, launch
 
@@ -47,11 +50,15 @@ def serve(argv: list[str]) -> None:
         from qwen36.testing.vllm_calls import record_into
         from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 
+        from qwen36.testing.scripts import load_script
+
+        soak = load_script("soak_vllm")
         if carry:  # the plugin's lost finishes (docs/soak.md): the same patch as scripts/soak_vllm.py --carry-finishes
             from vllm_tt_plugin.scheduler import TTScheduler
 
-            from qwen36.testing.scripts import load_script
-            load_script("soak_vllm").carry_discarded_finishes(TTScheduler)
+            soak.carry_discarded_finishes(TTScheduler)
+        if chunk:
+            soak.use_chunk(Qwen36ForCausalLM, chunk)
 
         def status(models):
             held = sum(f is not None for f in models[0].batch.fed) if models else None
@@ -194,6 +201,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-every", type=float, default=5.0, help="seconds between resource samples")
     ap.add_argument("--carry-finishes", action="store_true",
                     help="patch the server's TTScheduler as scripts/soak_vllm.py --carry-finishes does (docs/soak.md)")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="vLLM's prefix caching on (qwen36 serve's default; off otherwise, as the soaks before it)")
+    ap.add_argument("--shared-prefix-frac", type=float, default=0.0,
+                    help="share of requests whose prompt starts with part of an earlier one")
+    ap.add_argument("--prefill-chunk", type=int, default=None, help="the model's prefill chunk (checkpoint grid)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
@@ -216,7 +228,8 @@ def main(argv=None) -> int:
     record.mkdir()
     url = f"http://127.0.0.1:{args.port}"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", str(record), str(budget),
-           "1" if args.carry_finishes else "0", "--", "--device", "emulated-p150x2", "--checkpoint", str(ck),
+           "1" if args.carry_finishes else "0", str(args.prefill_chunk or 0), "--", "--device", "emulated-p150x2",
+           "--checkpoint", str(ck), *([] if args.prefix_caching else ["--no-prefix-caching"]),
            "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", str(args.max_model_len),
            "--precision", "accuracy", "--reasoning-parser", "none", "--tool-call-parser", "none",
            "--host", "127.0.0.1", "--port", str(args.port), "--", "--generation-config", "vllm"]

@@ -17,7 +17,9 @@ torch.set_num_threads(TEST_TORCH_THREADS)
 # two pytest-xdist workers finish together (longest first; the Makefile turns off xdist's reordering by test count).
 # Every other file keeps its collection order; a listed path that no longer exists stops the run at collection.
 SLOWEST_FILES_FIRST = (
-    "tests/probes/test_gdn_transaction_tp.py", "tests/tt/spec/test_spec_depth.py", "tests/tt/spec/test_spec_backend.py",
+    "tests/tt/serving/test_vllm_soak_replay.py", "tests/tt/serving/test_vllm_prefix_replay.py",
+    "tests/probes/test_gdn_transaction_tp.py", "tests/tt/spec/test_spec_depth.py",
+    "tests/tt/spec/test_spec_backend.py",
     "tests/speculative/test_engine.py", "tests/emulator/test_host_independence.py",
     "tests/tt/spec/test_spec_stochastic.py", "tests/tt/spec/test_thinking_inject.py", "tests/probes/test_lossless.py",
     "tests/tt/model/test_tt_moe.py",

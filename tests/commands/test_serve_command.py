@@ -32,8 +32,12 @@ def test_the_vllm_command_line():
     assert "--enable-auto-tool-choice" in argv
     assert option(argv, "--max-num-seqs") == "4" and option(argv, "--max-model-len") == "2048"
     assert option(argv, "--max-num-batched-tokens") == "2048" and option(argv, "--block-size") == "64"
-    for flag in ("--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--no-async-scheduling"):
+    # a plain launch: vLLM's prefix caching (vLLM requires chunked prefill with it for a hybrid architecture; the
+    # plugin turns chunked prefill off again); a speculative one, or --no-prefix-caching: both off
+    for flag in ("--enable-prefix-caching", "--enable-chunked-prefill", "--no-async-scheduling"):
         assert flag in argv
+    off = argv_of("--device", "emulated-p150x2", "--no-prefix-caching")
+    assert "--no-enable-prefix-caching" in off and "--no-enable-chunked-prefill" in off
     assert json.loads(option(argv, "--additional-config")) == {"tt": {"trace_mode": "all",
                                                                        "optimizations": "performance"}}
     assert option(argv, "--host") == "127.0.0.1" and option(argv, "--port") == "8123"
@@ -46,6 +50,7 @@ def test_the_vllm_command_line():
     assert json.loads(option(cards, "--speculative-config")) == {
         "method": "custom_class", "model": "vllm_tt_plugin.model_owned_drafter", "num_speculative_tokens": 7}
     assert not {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice"} & set(cards)
+    assert "--no-enable-prefix-caching" in cards and "--enable-prefix-caching" not in cards
 
 
 def test_usage_errors(capsys):

@@ -223,7 +223,7 @@ def test_prefill_cost_probe_record(tmp_path):
 
     rec = tmp_path / "pc.jsonl"
     assert main(["probe", "prefill-cost", "--device", "emulated-p150x2", "--preset", "ci", "--prompts", "128,256,512",
-                 "--prefix-hits", "512:256", "--records", str(rec)]) == 0
+                 "--prefix-hits", "512:256,512:320", "--records", str(rec)]) == 0
     (r,) = read_records(rec)
     perf = r["performance"]
     assert r["verdict"] == "pass" and perf["label"] == CALIBRATED_LABEL and perf["tp"] == 2 and perf["batch"] == 1
@@ -240,9 +240,16 @@ def test_prefill_cost_probe_record(tmp_path):
         assert t["ms_low"] < t["ms"] < t["ms_high"] and t["tok_s"] > 0
         assert {"launch_ms", "kernel_ms", "dram_interleaved_ms", "compute_excess_ms"} <= set(t["breakdown"])
     assert perf["ttft"]["512"]["ms"] > perf["ttft"]["256"]["ms"]
-    (hit,) = perf["prefix_reuse"]
+    hit, off_grid = perf["prefix_reuse"]
     assert hit["prompt_tokens"] == 512 and hit["hit_tokens"] == 256 and hit["prefilled_tokens"] == 256
+    assert (hit["restored_from"], hit["rerun_tokens"], hit["saves"]) == (256, 0, 0)
     assert 0 < hit["ms"] < hit["full_prompt_ms"] and hit["saved_ms"] == pytest.approx(hit["full_prompt_ms"] - hit["ms"])
+    assert 0 < hit["copies_ms"] < hit["ms"]  # the checkpoint restore's device copies are in it
+    # the same programs as a captured trace: no host dispatch per op, so never slower than the untraced prefill
+    assert 0 < hit["traced_ms_low"] < hit["traced_ms"] < hit["traced_ms_high"] and hit["traced_ms"] <= hit["ms"]
+    # a hit of 320 tokens restores the same grid boundary (256) and reruns rows 256..319: the same pieces, same time
+    assert (off_grid["restored_from"], off_grid["rerun_tokens"], off_grid["prefilled_tokens"]) == (256, 64, 256)
+    assert off_grid["ms"] == pytest.approx(hit["ms"])
     assert perf["uncalibrated"]
     # the ranking of one chunk's programs adds up to one chunk of the 256-token prompt less its head
     rank = perf["chunk_ranking"]
@@ -266,6 +273,8 @@ def test_prefill_cost_refuses_partial_chunks():
         pc.prompt_counts({"chunk": 256}, 1, 1, 300)
     with pytest.raises(UserError, match="PROMPT:HIT"):
         pc.parse_hits("4096")
+    with pytest.raises(UserError, match="multiple of the KV page"):
+        pc.hit_plan(512, 300, 256, 64)
     with pytest.raises(ValueError, match="not counted as a short prompt"):
         pc.short_prompt_counts({"chunk": 256, "short": {}}, 1, 1, 128)
 

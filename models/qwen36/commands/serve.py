@@ -1,8 +1,8 @@
 """qwen36 serve: the OpenAI-compatible API, served by the real ``vllm serve`` (vLLM 0.25.1) through the vllm-tt plugin
 with this project's model class (docs/serving.md), on two P150a cards or on the emulated mesh.
 
-The command builds the ``vllm serve`` arguments a Qwen3.6 launch needs (one prompt per prefill, no prefix caching,
-no async scheduling, block size 64, traces on; Qwen3.6's reasoning and tool-call parsers on), registers the model
+The command builds the ``vllm serve`` arguments a Qwen3.6 launch needs (one prompt per prefill, prefix caching in a
+plain launch, no async scheduling, block size 64, traces on; Qwen3.6's reasoning and tool-call parsers on), registers the model
 class through the repository's bundle directory (``vllm_models/``), and runs vLLM's own CLI in this process. On
 ``--device emulated-p150x2`` the plugin's worker opens this project's emulated 1x2 mesh instead of cards: its
 ``open_mesh_device`` is replaced before vLLM starts, and vLLM's engine core is started with ``fork`` so that it
@@ -67,6 +67,8 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--spec-k", type=_spec_k, default=None, metavar="K|auto",
                    help="MTP speculative decoding with K drafts (auto: the depth per step), max-num-seqs 1, greedy "
                         "requests; needs a vllm-tt plugin with a speculative runner")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="vLLM's prefix caching off (on by default in a plain launch; a speculative launch has it off)")
     p.add_argument("--reasoning-parser", default=REASONING_PARSER,
                    help=f"vLLM reasoning parser, or 'none' (default {REASONING_PARSER}: <think> ... </think>)")
     p.add_argument("--tool-call-parser", default=TOOL_CALL_PARSER,
@@ -77,6 +79,16 @@ def add_parser(sub, name: str) -> None:
     p.set_defaults(run=run)
 
 
+def prefix_caching_args(args: argparse.Namespace) -> list[str]:
+    """vLLM's prefix caching: on in a plain launch (a hit prefills from vLLM's cached blocks and the model's GDN
+    checkpoints, docs/vllm_prefix.md), off with ``--no-prefix-caching`` and in a speculative launch (its MTP drafter
+    has no state at a hit: ``spec_plan`` refuses the combination). vLLM requires chunked prefill on with prefix caching
+    for a hybrid architecture; the plugin (e3fc849) turns it off again for this model type."""
+    if args.spec_k is None and not args.no_prefix_caching:
+        return ["--enable-prefix-caching", "--enable-chunked-prefill"]
+    return ["--no-enable-prefix-caching", "--no-enable-chunked-prefill"]
+
+
 def vllm_argv(args: argparse.Namespace, checkpoint: Path) -> list[str]:
     """The ``vllm serve`` arguments of this launch (docs/serving.md says why each is there)."""
     tt = {"trace_mode": "all", "optimizations": args.precision}
@@ -85,7 +97,7 @@ def vllm_argv(args: argparse.Namespace, checkpoint: Path) -> list[str]:
     argv = [str(checkpoint), "--served-model-name", args.served_model_name,
             "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", str(args.max_model_len),
             "--max-num-batched-tokens", str(args.max_model_len), "--block-size", str(KV_BLOCK),
-            "--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--no-async-scheduling"]
+            *prefix_caching_args(args), "--no-async-scheduling"]
     if args.spec_k is not None:
         k = MAX_K if args.spec_k == "auto" else int(args.spec_k)
         if args.spec_k == "auto":

@@ -34,8 +34,11 @@ def oracle_generator(ck, engine_args, device: str = "emulated-p150x2", precision
 def request_rows(calls: list[dict], rows: dict[int, torch.Tensor], prompts: list[list[int]],
                  outputs: list[list[int]]) -> list[list[tuple[int, bool, torch.Tensor]]]:
     """Per request, in order, (n fed, segment start, engine logits row predicting output token n - len(prompt), call
-    index, row in the call, rows in the call) of every row the engine's ``prefill_forward`` calls returned. ``rows[i]`` holds call i's last-position logits
-    [B, V]. Every row must continue its request with the tokens the engine emitted."""
+    index, row in the call, rows in the call) of every row the engine's ``prefill_forward`` calls returned. ``rows[i]``
+    holds call i's last-position logits [B, V]. Every row must continue its request with the tokens the engine
+    emitted. A segment starts where the adapter prefilled (the call's "served" kinds, recorded with prefix caching:
+    a prefill that resumed from a cached prefix equals the same tokens prefilled from position 0), else at a prefill
+    from position 0."""
     from .vllm_calls import restore
 
     got: list[list] = [[] for _ in prompts]
@@ -46,14 +49,18 @@ def request_rows(calls: list[dict], rows: dict[int, torch.Tensor], prompts: list
         lens = restore(c["args"]["prompt_lens"])
         starts = c["args"].get("start_pos")
         starts = restore(starts) if starts is not None else None
+        served = c.get("served")  # how the adapter served each row (a prefill, from a cached prefix or not; a decode)
         for i in range(tokens.shape[0]):
-            u = next((j for j, p in enumerate(prompts) if tokens[i, : len(p)].tolist() == p), None)
+            n = int(lens[i])
+            # the request: the longest prompt the row starts with (a conversation's next turn starts with the last)
+            u = max((j for j, p in enumerate(prompts) if len(p) <= n and tokens[i, : len(p)].tolist() == p),
+                    key=lambda j: len(prompts[j]), default=None)
             if u is None:  # padding row
                 continue
-            n, p = int(lens[i]), len(prompts[u])
+            p = len(prompts[u])
             if tokens[i, :n].tolist() != prompts[u] + outputs[u][: n - p]:
                 raise AssertionError(f"request {u}: row {i} of call {ci} is not its prompt + emitted tokens")
-            start = starts is None or int(starts[i]) == 0
+            start = (served[i]["kind"] == "prefill") if served else (starts is None or int(starts[i]) == 0)
             if not start and (not got[u] or got[u][-1][0] != n - 1):
                 raise AssertionError(f"request {u}: call {ci} continues at {n} without the row before it")
             got[u].append((n, start, rows[ci][i].float().clone(), ci, i, int(tokens.shape[0])))

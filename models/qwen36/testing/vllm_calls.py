@@ -36,7 +36,8 @@ def summarize(x):
 def record_calls(cls, calls: list, setattr_=setattr, instances: list | None = None,
                  rows: dict | None = None) -> None:
     """Wrap ``cls``'s serving methods so every call appends {"call", "args"} to ``calls`` (a prefill also gets
-    "returned": shape, dtype and the tokens the runner reads). ``setattr_`` installs the wrapper (pytest's
+    "returned": shape, dtype and the tokens the runner reads, and in a plain launch "served": per row, a decode step or
+    a prefill and from where, ``ServedPrefix.served``). ``setattr_`` installs the wrapper (pytest's
     ``monkeypatch.setattr`` undoes it after the test); ``instances`` receives each model object once; ``rows``
     (call index -> fp32 [B, V]) keeps the last-position logits a prefill returned (not the recording's: too big)."""
     for name in RECORDED:
@@ -57,10 +58,14 @@ def record_calls(cls, calls: list, setattr_=setattr, instances: list | None = No
             if __name == "prefill_forward":  # what the runner reads: [B, 1, V] logits or [B, 1] ids (+ rope deltas)
                 lg = out[0] if isinstance(out, tuple) else out
                 toks = lg[:, -1].argmax(-1) if lg.dim() == 3 else lg[:, -1]
-                calls[-1]["returned"] = {"shape": list(lg.shape), "dtype": str(lg.dtype).replace("torch.", ""),
-                                         "tokens": toks.tolist()}
                 if rows is not None and lg.dim() == 3:
                     rows[len(calls) - 1] = lg[:, -1].float().clone()
+                prefix = getattr(getattr(self, "batch", None), "prefix", None)
+                if prefix is not None:  # how each row was served: a decode step, or a prefill from which position
+                    calls[-1]["served"] = [dict(r) for r in prefix.served]
+                # last: a recorder flushing from another thread counts the call complete once "returned" is there
+                calls[-1]["returned"] = {"shape": list(lg.shape), "dtype": str(lg.dtype).replace("torch.", ""),
+                                         "tokens": toks.tolist()}
             return out
 
         setattr_(cls, name, wrap)

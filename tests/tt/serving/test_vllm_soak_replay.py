@@ -25,10 +25,12 @@ import pytest
 
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 from qwen36.testing.soak_oracle import check_request, oracle_generator, request_rows
-from qwen36.testing.vllm_calls import feed_calls
+from qwen36.testing.vllm_calls import feed_calls, load_trace
 from qwen36.testing.vllm_replay import LOGITS_TOL, batch1_generator, load_on_mesh as _load, open_env
+from qwen36.tt.serving.vllm_prefix import PrefixConfig
 
-SOAK = json.loads((Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_soak_trace.json").read_text())
+DATA = Path(__file__).resolve().parents[2] / "data"
+SOAK = json.loads((DATA / "vllm_tt_plugin_soak_trace.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +41,17 @@ def env(tmp_path_factory):
 
 
 def _replay(m: Qwen36ForCausalLM, trace: dict):
-    """Feeds the recorded calls; returns (call index -> the logits rows the prefill returned, widest call)."""
+    """Feeds the recorded calls; returns (call index -> the logits rows the prefill returned, widest call). Where
+    the recording says how each row was served (a decode step, or a prefill and from where), the replay serves it
+    the same way."""
     rows, widest = {}, 0
     for ci, c, args, out in feed_calls(m, trace["calls"]):
         if c["call"] != "prefill_forward":
             continue
         res = out[0] if isinstance(out, tuple) else out
         assert res[:, -1].argmax(-1).tolist() == c["returned"]["tokens"]
+        if c.get("served"):
+            assert m.batch.prefix.served == c["served"], ci
         widest = max(widest, args["tokens"].shape[0])
         rows[ci] = res[:, -1].float().clone()
     return rows, widest
@@ -118,3 +124,40 @@ def test_the_oracle_prefills_in_the_engines_chunks(env):
     finally:
         same.close()
         other.close()
+
+
+@pytest.mark.slow
+def test_replay_of_a_prefix_caching_soak(env):
+    """``tests/data/vllm_tt_plugin_soak_apc_trace.json.gz``: ``scripts/soak_vllm.py --prefix-caching`` (command in
+    docs/soak.md): 14 requests, 60 % of them starting with part of an earlier prompt, ``max_num_seqs=4``, a 10-block
+    pool, the model's prefill chunk (its checkpoint grid) 128. vLLM reported cached prefixes for 7 prefills: they
+    restored GDN checkpoints or reran from position 0 on vLLM's cached pages, one of them a preempted request whose
+    resume hit a page its own decode steps wrote (rewritten with the prefill's rows). Every row the engine returned
+    equals the batch-1 run that prefills each prompt (and the resume) from position 0 and decodes the rest,
+    bit for bit: a hit is the cold computation."""
+    ck, ctx = env
+    t = load_trace(DATA / "vllm_tt_plugin_soak_apc_trace.json.gz")
+    assert t["prefix_caching"] and t["prefill_chunk"] == 128
+    hf = json.loads((ck / "config.json").read_text())
+    m = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
+        hf, ctx.mesh_device, t["max_num_seqs"], max_seq_len=t["max_model_len"], tt_data_parallel=1, checkpoint=ck,
+        optimizations="accuracy", prefill_chunk=t["prefill_chunk"], prefix=PrefixConfig(t["prefix_checkpoints"])))
+    rows, widest = _replay(m, t)
+    stats = m.batch.prefix.stats
+    m.release_persistent_capture()
+    # what the recording exercises: hits, a restored checkpoint, a rerun below a hit, a rewritten decode page, a resume
+    assert stats.hits >= 5 and stats.restores >= 1 and stats.recomputed_tokens > 0 and stats.repaired_pages >= 1
+    assert stats.unsafe_repairs == 0 and t["resumed"]
+    entries = request_rows(t["calls"], rows, t["prompts"], t["outputs"])
+    ref = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
+        hf, ctx.mesh_device, 1, t["max_model_len"], optimizations="accuracy", checkpoint=ck,
+        prefill_chunk=t["prefill_chunk"]))
+    gen = batch1_generator(ctx, ref)
+    results = {}
+    for u, (prompt, out, spec) in enumerate(zip(t["prompts"], t["outputs"], t["requests"])):
+        if entries[u]:
+            results[u] = check_request(gen, prompt, out, spec["sampling"], entries[u], sample_fn=None)
+    ref.release_persistent_capture()
+    assert all(x["max_abs"] == 0.0 for x in results.values()), results
+    greedy = [u for u in results if t["requests"][u]["sampling"]["temperature"] == 0.0]
+    assert greedy and all(results[u]["tokens_equal"] for u in greedy), results

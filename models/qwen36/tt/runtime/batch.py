@@ -43,6 +43,7 @@ from ...config import FULL
 from ..model.model import TTQwen36Model
 from ..model.model_config import TensorGroup, state_memory_config
 from .prefix import TTBlockPool, TTPrefillResult, prefill as tt_prefix_prefill
+from .resume import CheckpointStore, ResumePlan, run_pieces
 from ..model.state import GDNLayerState, KVLayerState, TTModelState, allocate_decode_inputs, allocate_state, new_layer_state
 from .trace import StepTraces
 
@@ -211,6 +212,46 @@ class TTBatchDecoder:
         self.pos[slot] = ids.numel()
         self.prefills[slot] = res
         return res.logits
+
+    @torch.no_grad()
+    def join_resumed(self, slot: int, prompt, plan: ResumePlan, store: CheckpointStore | None,
+                     scratch_pages) -> torch.Tensor:
+        """``join`` for a sequence whose KV rows [0, ``plan.cached``) are in the pages of the slot's page-table row
+        already (a prefix-cache hit in a pool the caller owns, or the sequence's own earlier prefill chunks): only
+        the pages from ``plan.own_from`` on are zeroed, the GDN state starts from the checkpoint ``plan.checkpoint``
+        (zero without one) and the canonical pieces [plan.start, plan.end) run (tt/runtime/resume.py), the rows of
+        pages in ``plan.divert`` written to ``scratch_pages`` (those cached pages are read, never written). Returns
+        the last row's fp32 logits [V]."""
+        self._check_joins("join")
+        self._check_slot(slot)
+        if self.pos[slot] != FREE:
+            raise ValueError(f"slot {slot} is held (position {self.pos[slot]}); leave() it first")
+        ids = torch.as_tensor(prompt, dtype=torch.int64).reshape(-1)
+        if ids.numel() < plan.end:
+            raise ValueError(f"resume plan ends at {plan.end}, the prompt has {ids.numel()} tokens")
+        if plan.checkpoint is not None and store is None:
+            raise ValueError("a plan that restores a checkpoint needs its store")
+        ttnn = self.ttnn
+        row = self.state.page_table_host[slot: slot + 1].contiguous()
+        own = row.clone()
+        own[0, : plan.own_from] = 0  # cached pages are never zeroed (the null block takes those writes)
+        self.write_ids(own, self.slot_page_table)
+        self.zero_scratch()
+        gdn = [sc for sc in self.scratch if sc is not None]
+        view = self._scratch_view(row)
+        with self.scratch_scope():
+            for st in self.state.layers:
+                if isinstance(st, KVLayerState):
+                    for cache in (st.k, st.v):
+                        ttnn.experimental.paged_fill_cache(cache, self.kv_zeros, self.slot_page_table, batch_idx=0)
+            self.write_ids(row, self.slot_page_table)  # reads see the real pages
+            if plan.checkpoint is not None:
+                store.pool.load(plan.checkpoint, gdn)
+            logits = run_pieces(self.model, view, ids, plan, store, scratch_pages, gdn)
+        self._install_scratch(slot)
+        self.pos[slot] = plan.end
+        self.prefills[slot] = TTPrefillResult(logits, plan.start, plan.end - plan.start)
+        return logits
 
     def leave(self, slot: int) -> None:
         """Free ``slot``: its GDN recurrent and conv state are zeroed on device, its position forgotten."""

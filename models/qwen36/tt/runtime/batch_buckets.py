@@ -180,9 +180,9 @@ class BucketedBatchDecoder:
         return next(b for b in self.buckets if users <= b)
 
     # ---- users ----------------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def join(self, slot: int, prompt) -> torch.Tensor:
-        """Prefill ``prompt`` into free ``slot``; grows to the next bucket first when every row is held."""
+    def _joined(self, slot: int, fill):
+        """Give free ``slot`` a row of the current bucket (growing to the next bucket first when every row is held)
+        and fill it with ``fill(row)``; the row is given back if that fails."""
         self._check_slot(slot)
         if slot in self.row:
             raise ValueError(f"slot {slot} is held (position {self.pos[slot]}); leave() it first")
@@ -192,10 +192,20 @@ class BucketedBatchDecoder:
         self.row[slot] = r
         self._sync_pages()
         try:
-            return self.dec.join(r, prompt)
+            return fill(r)
         except BaseException:
             del self.row[slot]
             raise
+
+    @torch.no_grad()
+    def join(self, slot: int, prompt) -> torch.Tensor:
+        """Prefill ``prompt`` into free ``slot``; grows to the next bucket first when every row is held."""
+        return self._joined(slot, lambda r: self.dec.join(r, prompt))
+
+    @torch.no_grad()
+    def join_resumed(self, slot: int, prompt, plan, store, scratch_pages) -> torch.Tensor:
+        """:meth:`join` of a sequence resumed from a checkpoint (``TTBatchDecoder.join_resumed``)."""
+        return self._joined(slot, lambda r: self.dec.join_resumed(r, prompt, plan, store, scratch_pages))
 
     def leave(self, slot: int) -> None:
         self._check_slot(slot)

@@ -40,7 +40,7 @@ _BYTES = {"bfloat16": 2.0, "float32": 4.0, "bfloat8_b": 1088 / 1024, "bfloat4_b"
           "uint32": 4.0}
 
 
-def _nbytes(t) -> int:
+def shard_nbytes(t) -> int:
     """Bytes of one device's shard (block-float formats with their shared exponents)."""
     name = str(t.dtype).split(".")[-1].lower()
     vol = 1
@@ -173,8 +173,8 @@ def _snapshot(model, view: TTModelState, lo: int, hi: int, hidden: list) -> TTBl
             kv.append((pair[0], pair[1]))
     gdn = [(ttnn.clone(s.recurrent), ttnn.clone(s.conv)) for s in view.layers if isinstance(s, GDNLayerState)]
     hid = [ttnn.clone(h) for h in hidden]
-    nbytes = (sum(_nbytes(t) for ks, vs in kv for t in ks + vs) + sum(_nbytes(r) + _nbytes(c) for r, c in gdn)
-              + sum(_nbytes(h) for h in hid))
+    nbytes = (sum(shard_nbytes(t) for ks, vs in kv for t in ks + vs)
+              + sum(shard_nbytes(r) + shard_nbytes(c) for r, c in gdn) + sum(shard_nbytes(h) for h in hid))
     return TTBlockPayload(kv, gdn, hid, nbytes, ttnn)
 
 

@@ -98,7 +98,8 @@ from .vllm_args import (DEPTH_COSTS, DEPTH_MODES, MAX_BATCH, MAX_K, ONE_USER, Bl
                         config_uses_mrope, hf_dict, max_depth, sampling_from_plugin, spec_depth_mode)
 from .vllm_batch import BatchServer
 from .vllm_failure import DeviceStepFailed, stops_on_device_failure
-from .vllm_one import OneSequenceServer, depth_controller, spec_bytes
+from .vllm_one import SPEC_PREFIX, OneSequenceServer, depth_controller, spec_bytes
+from .vllm_prefix import PrefixConfig
 
 __all__ = ["DecodeHandle", "DeviceStepFailed", "Qwen36ForCausalLM", "sampling_from_plugin", "stops_on_device_failure"]
 
@@ -110,9 +111,11 @@ class Qwen36ForCausalLM:
     # there); absent keys default to False / () / 1 on the plugin side. "max_batch_size" is ours (the plugin does not
     # read it): the most sequences a plain launch decodes per step, enforced at load.
     model_capabilities = {
-        # a prompt is prefilled in one call (start_pos > 0 is refused, but for the one-token decode continuation)
-        "supports_chunked_prefill": False,
-        "supports_prefix_caching": False,
+        # a prefill from start_pos > 0: a prefix hit (vLLM's cached blocks hold its KV; the GDN state comes from the
+        # model's checkpoints, vllm_prefix.py) or a chunk of a long prompt; speculative launches refuse both
+        # (spec_plan). The plugin at e3fc849 gates chunked prefill by model type, not by this key (docs/vllm_prefix.md)
+        "supports_chunked_prefill": True,
+        "supports_prefix_caching": True,
         # with "sample_on_device_mode" in the launch's tt options the plain decode samples on device (DeviceSampler);
         # without it (the default) vLLM samples on host from the returned logits
         "supports_sample_on_device": True,
@@ -129,7 +132,8 @@ class Qwen36ForCausalLM:
 
     def __init__(self, model: TTQwen36Model, reader, mechanism: str = DEFAULT_MECHANISM, cache_dir=None, *,
                  gen: TTGenerator | None = None, uses_mrope: bool = False, spec_k: int | None = None,
-                 spec_depth: str = "fixed", depth_costs: str = DEPTH_COSTS, max_batch_size: int = 1):
+                 spec_depth: str = "fixed", depth_costs: str = DEPTH_COSTS, max_batch_size: int = 1,
+                 prefix: PrefixConfig | None = None):
         """``gen``: the speculative launch's one-sequence generator (its state is the sequence's KV + GDN state);
         a plain launch has none: its batched decoder holds every sequence's state, vLLM's KV pool included."""
         self.model, self.gen = model, gen
@@ -146,6 +150,8 @@ class Qwen36ForCausalLM:
         self.spec_depth, self.depth_costs = spec_depth, depth_costs
         self.uses_mrope = uses_mrope
         self.spec_k = spec_k  # K of the launch's speculative_config (warmup compiles that step), None = plain
+        self.max_batch_size = int(max_batch_size)
+        self._prefix = prefix  # None: read from the launch's vLLM config when its KV pool is allocated
         self.blocks = BlockTables(model.args)  # vLLM's block tables against the KV pool (its size once allocated)
         # the MTP drafter and the speculative backend only where a launch speculates (a plain launch never drafts):
         # vLLM hands each verify its own drafts, so the backend caps acceptance at their count (capped_accept)
@@ -200,6 +206,8 @@ class Qwen36ForCausalLM:
             return vt.SpecReject("the checkpoint has no MTP head (mtp_num_hidden_layers = 0): nothing drafts")
         if int(max_num_seqs) != 1:
             return vt.SpecReject(f"max_num_seqs={max_num_seqs}: {ONE_USER}")
+        if getattr(getattr(vllm_config, "cache_config", None), "enable_prefix_caching", False):
+            return vt.SpecReject(SPEC_PREFIX)
         k, k_max = int(requested_k), max_depth(cfg)
         supported = tuple(range(1, k_max + 1))
         if not 1 <= k <= k_max:
@@ -228,14 +236,16 @@ class Qwen36ForCausalLM:
                               checkpoint: str | Path | None = None, cache_dir: str | Path | None = None,
                               block_size: int | None = None, prefill_chunk: int | None = None,
                               mechanism: str = DEFAULT_MECHANISM, spec_k: int | None = None,
-                              spec_depth: str | None = None, depth_costs: str = DEPTH_COSTS) -> "Qwen36ForCausalLM":
+                              spec_depth: str | None = None, depth_costs: str = DEPTH_COSTS,
+                              prefix: PrefixConfig | None = None) -> "Qwen36ForCausalLM":
         """Build the model on an already opened ``mesh_device``. Weights come from ``checkpoint``, else
         hf_config's ``_name_or_path``, else ``HF_MODEL``; the checkpoint's config must equal ``hf_config``'s.
         ``optimizations``: None / "performance" / "accuracy" (our precision presets). ``vllm_config`` (passed by
         newer plugin loaders) supplies vLLM's KV ``block_size``, the speculative K and (``additional_config``
         ``{"tt": {"spec_depth": "auto"}}``) the depth mode, unless given explicitly. ``depth_costs``: the device
         name whose step-cost table the depth controller uses (``speculative.depth.cost_key``; the P150a table by
-        default)."""
+        default). ``prefix``: the prefix-cache checkpoints (default: from the launch's vLLM config when the KV pool is
+        allocated: ``PrefixConfig.from_tt_options``)."""
         if not 1 <= int(max_batch_size) <= MAX_BATCH:
             raise NotImplementedError(f"max_batch_size={max_batch_size}: this model decodes 1..{MAX_BATCH} sequences "
                                       f"per step (the largest decode bucket); start vLLM with --max-num-seqs <= "
@@ -283,7 +293,7 @@ class Qwen36ForCausalLM:
         logger.info(f"vllm-tt Qwen3.6: tp={n}, precision={prec_name}, max_seq_len={max_seq_len}, "
                     f"block_size={args.block_size}, mtp={cfg.has_mtp}, spec_k={spec_k}, spec_depth={spec_depth}")
         return cls(model, reader, mechanism, cache_dir, gen=gen, uses_mrope=config_uses_mrope(raw), spec_k=spec_k,
-                   spec_depth=spec_depth, depth_costs=depth_costs, max_batch_size=int(max_batch_size))
+                   spec_depth=spec_depth, depth_costs=depth_costs, max_batch_size=int(max_batch_size), prefix=prefix)
 
     # ---- KV cache ------------------------------------------------------------------------------------------
     def _attn_layers(self) -> list[int]:
@@ -326,13 +336,14 @@ class Qwen36ForCausalLM:
         if num_blocks < 2:
             raise ValueError(f"kv_cache_shape {shape}: need at least the null block and one block")
         self._release_traces()  # caches are persistent buffers the traces point at: replace them before capture
+        extra = self.server.scratch_pages  # pages past vLLM's blocks that only the model names (vllm_prefix.py)
         for i in self._attn_layers():
             old = self.state.layers[i]
             self.model.ttnn.deallocate(old.k)  # the launch's own cache: vLLM's pool replaces it
             self.model.ttnn.deallocate(old.v)
-            self.state.layers[i] = self._kv_state(num_blocks)
+            self.state.layers[i] = self._kv_state(num_blocks + extra)
         self.blocks.num_blocks = num_blocks
-        self.server.on_kv_pool(num_blocks)
+        self.server.on_kv_pool(num_blocks, self.prefix_config())
         if dtype is not None:
             logger.info(f"KV cache: {num_blocks} blocks of {a.block_size} tokens; vLLM's dtype {dtype} noted, the "
                         f"element dtype follows the precision preset")
@@ -348,6 +359,20 @@ class Qwen36ForCausalLM:
                 return num_blocks if name == "num_blocks" else getattr(a, name)
 
         return new_layer_state(_Blocks(), self.model.ttnn, self.model.mesh, FULL)
+
+    def prefix_config(self) -> PrefixConfig:
+        """The launch's prefix-cache checkpoints: as given to ``initialize_vllm_model``, else from the engine's vLLM
+        config (prefix caching or chunked prefill on, the ``tt`` options; ``vt.current_vllm_config``), else off."""
+        if self._prefix is not None:
+            return self._prefix
+        vc = vt.current_vllm_config()
+        if vc is None:
+            return PrefixConfig.off()
+        add = getattr(vc, "additional_config", None) or {}
+        tt = add.get("tt", {}) if isinstance(add, dict) else {}
+        on = bool(getattr(vc.cache_config, "enable_prefix_caching", False)) or bool(
+            getattr(vc.scheduler_config, "enable_chunked_prefill", False))
+        return PrefixConfig.from_tt_options(tt if isinstance(tt, dict) else {}, on, self.max_batch_size)
 
     def _release_traces(self) -> None:
         if self.gen is not None:

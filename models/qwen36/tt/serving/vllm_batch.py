@@ -12,6 +12,7 @@ from ..runtime.batch import DEFAULT_BUCKETS, FREE
 from ..runtime.batch_buckets import BucketedBatchDecoder
 from ..model.state import KVLayerState
 from .vllm_args import BlockTables, DecodeHandle, sampling_from_plugin
+from .vllm_prefix import PrefixConfig, ServedPrefix
 
 
 class BatchServer:
@@ -43,6 +44,13 @@ class BatchServer:
         # sampler row holds (None: never sampled on device), the token the device sampled last (None: the last token
         # came from vLLM's host sampler, so the penalty row must be rewritten before the next device step)
         self.meta: list[dict | None] = [None] * slots
+        # whether a held slot's device state still is its fed tokens' state: a decode step pads the rows of held
+        # slots it does not feed, and a padded row's GDN state is rewritten (tt/runtime/batch.py), so a slot left out
+        # of a step (its request preempted, or finished) holds its tokens in ``fed`` but no longer their state
+        self.intact: list[bool] = [False] * slots
+        self._rid = 0  # serial of the last sequence prefilled (meta "rid": which sequence's decode wrote a page)
+        # prefix caching (vllm_prefix.py): no checkpoints and no scratch pages until vLLM's KV pool arrives
+        self.prefix = ServedPrefix(model, PrefixConfig.off(), [])
 
     # ---- helpers ---------------------------------------------------------------------------------------------
     def _page_rows(self, page_table, slots: dict[int, int], tokens: dict[int, int] | None = None) -> None:
@@ -72,13 +80,23 @@ class BatchServer:
         vLLM's pool replaces (``Qwen36ForCausalLM.allocate_kv_cache*``)."""
         return self.dec.decs[self.dec.slots].state
 
-    def on_kv_pool(self, num_blocks: int) -> None:
-        """vLLM's pool replaced the caches of ``kv_state`` (the model class's ``state``): every bucket reads and
-        writes it."""
+    @property
+    def scratch_pages(self) -> int:
+        """KV pages the model appends to vLLM's pool: one prefill piece of them, where the rows of cached pages a
+        prefix hit reruns are written (vllm_prefix.py)."""
+        a = self.model.args
+        return a.prefill_chunk // a.block_size
+
+    def on_kv_pool(self, num_blocks: int, prefix: PrefixConfig = PrefixConfig.off()) -> None:
+        """vLLM's pool (``num_blocks`` of its blocks, then the model's scratch pages) replaced the caches of
+        ``kv_state`` (the model class's ``state``): every bucket reads and writes it. ``prefix``: the launch's
+        prefix-cache settings; its checkpoint pool is allocated here, before any capture."""
         for i, layer in enumerate(self.kv_state.layers):
             if isinstance(layer, KVLayerState):
                 self.dec.replace_kv(i, layer)
         self.fit_page_tables(num_blocks)
+        self.prefix.release()
+        self.prefix = ServedPrefix(self.model, prefix, list(range(num_blocks, num_blocks + self.scratch_pages)))
 
     def release_traces(self) -> None:
         self.dec.release()
@@ -106,12 +124,13 @@ class BatchServer:
     def _remap(self, remap: list[int]) -> None:
         self.dec.slot_remap(remap)  # validates; identity does nothing
         self.fed = [self.fed[j] for j in remap]
+        self.intact = [self.intact[j] for j in remap]
         self.meta = [self.meta[j] for j in remap]
 
     def _free(self, slot: int) -> None:
         if self.dec.pos[slot] != FREE:
             self.dec.leave(slot)
-        self.fed[slot], self.meta[slot] = None, None
+        self.fed[slot], self.meta[slot], self.intact[slot] = None, None, False
 
     def _row_params(self, sampling_params, row: int, slot: int) -> SamplingParams:
         vocab = self.model.args.cfg.vocab_size
@@ -151,6 +170,50 @@ class BatchServer:
         return out
 
     # ---- the plugin's calls ----------------------------------------------------------------------------------
+    def _classify(self, tokens, starts, lens, rows: int) -> dict[int, int]:
+        """Rows that continue a held sequence by one decode step: row -> source slot. A one-token row past position
+        0 continues the slot whose fed tokens are its ``tokens[:start]`` (how the synchronous runner sends a decode
+        step) unless the call also prefills: the plugin's steps are all-prefill or all-decode (TTScheduler), so in a
+        call that prefills any row, a one-token row is the last token of a prompt (a prefix hit one token short of
+        the prompt's end, or the last chunk of a chunked prompt) and is prefilled like the others."""
+        if not self.prefix.config.enabled:
+            return self._strict_continuations(tokens, starts, lens, rows)
+        cont: dict[int, int] = {}
+        taken: set[int] = set()
+        for i in range(rows):
+            start, end = int(starts[i]), int(lens[i])
+            if start == 0 or end != start + 1:
+                return {}
+            seq = tokens[i, :start].tolist()
+            src = next((j for j in range(self.dec.slots) if j not in taken and self.intact[j] and self.fed[j] == seq),
+                       None)
+            if src is None:
+                return {}
+            taken.add(src)
+            cont[i] = src
+        return cont
+
+    def _strict_continuations(self, tokens, starts, lens, rows: int) -> dict[int, int]:
+        """A launch with prefix caching and chunked prefill off: every row past position 0 must continue a held
+        sequence by one token; anything else is refused by name."""
+        cont: dict[int, int] = {}
+        taken: set[int] = set()
+        for i in range(rows):
+            start, end = int(starts[i]), int(lens[i])
+            if start == 0:
+                continue
+            if end != start + 1:
+                raise NotImplementedError(f"prefill row {i}: start_pos={start}, prompt_lens={end}: a prefill continues "
+                                          f"no cached prefix in a launch with prefix caching and chunked prefill off; "
+                                          f"only the one-token continuation of a live sequence is served")
+            seq = tokens[i, :start].tolist()
+            src = next((j for j in range(self.dec.slots) if j not in taken and self.fed[j] == seq), None)
+            if src is None:
+                raise ValueError(f"prefill row {i} continues a sequence of {start} tokens that no state slot holds")
+            taken.add(src)
+            cont[i] = src
+        return cont
+
     def prefill(self, tokens, lens, start_pos, page_table, empty_slots, sampling_params, enable_trace: bool):
         rows = tokens.shape[0]
         starts = (torch.zeros(rows, dtype=torch.int64) if start_pos is None
@@ -160,25 +223,17 @@ class BatchServer:
             raise ValueError(f"prefill of {rows} rows with start_pos {starts.tolist()} and empty_slots {slots}")
         if len(set(slots)) != rows or any(not 0 <= x < self.dec.slots for x in slots):
             raise ValueError(f"empty_slots {slots}: distinct slots in [0, {self.dec.slots}) expected")
-        new, cont = [], {}  # rows prefilled from position 0; row -> source slot of a one-token continuation
-        taken: set[int] = set()
         for i in range(rows):
-            start, end = int(starts[i]), int(lens[i])
-            if start == 0:
-                new.append(i)
-                continue
-            if end != start + 1:
-                raise NotImplementedError(f"prefill row {i}: start_pos={start}, prompt_lens={end}: a prefill continues "
-                                          f"no cached prefix here (run vLLM without prefix caching / chunked prefill); "
-                                          f"only the one-token continuation of a live sequence is served")
-            seq = tokens[i, :start].tolist()
-            src = next((j for j in range(self.dec.slots) if j not in taken and self.fed[j] == seq), None)
-            if src is None:
-                raise ValueError(f"prefill row {i} continues a sequence of {start} tokens that no state slot holds")
-            taken.add(src)
-            cont[i] = src
+            if not 0 <= int(starts[i]) < int(lens[i]) <= tokens.shape[1]:
+                raise ValueError(f"prefill row {i}: start_pos {int(starts[i])}, prompt_lens {int(lens[i])} with "
+                                 f"{tokens.shape[1]} tokens")
+        # rows prefilled (from position 0, or from a cached prefix: vLLM's prefix hit, a chunk of a long prompt);
+        # row -> source slot of a one-token continuation (a decode step)
+        cont = self._classify(tokens, starts, lens, rows)
+        new = [i for i in range(rows) if i not in cont]
         # one permutation moves every continuing state to its destination slot (sources of nothing stay put when
         # they can); a new prompt's destination then receives whatever was left there and is overwritten
+        taken = set(cont.values())
         dest = {slots[i]: src for i, src in cont.items()}
         remap = [dest.get(t) for t in range(self.dec.slots)]
         spare = [j for j in range(self.dec.slots) if j not in taken]
@@ -193,12 +248,21 @@ class BatchServer:
         self._page_rows(page_table, dict(enumerate(slots)), {i: int(lens[i]) for i in range(rows)})
         got, ids = {}, {}
         vocab = self.model.args.cfg.vocab_size
+        served = [None] * rows
         for i in new:
-            slot, prompt = slots[i], tokens[i, : int(lens[i])].tolist()
+            slot, start, prompt = slots[i], int(starts[i]), tokens[i, : int(lens[i])].tolist()
             self._free(slot)  # a finished request's slot named again: the plugin never said it finished
-            got[i] = self.dec.join(slot, prompt)
-            self.fed[slot] = prompt
-            self.meta[slot] = {"prompt_len": len(prompt), "seed": secrets.randbits(31), "params": None, "last": None}
+            row = self.dec.page_table_host[slot]
+            plan = self.prefix.plan(prompt, start, len(prompt), row)
+            self.prefix.repairs_checked(plan, slot, prompt, self.fed, self.meta, self.intact)
+            got[i] = self.dec.join_resumed(slot, prompt, plan, self.prefix.store, self.prefix.scratch)
+            self.prefix.prefilled(plan, row)
+            served[i] = {"row": i, "kind": "prefill", "cached": start, "ran_from": plan.start,
+                         "restored": plan.checkpoint is not None, "repaired": len(plan.repairs)}
+            self.fed[slot], self.intact[slot] = prompt, True
+            self._rid += 1
+            self.meta[slot] = {"prompt_len": len(prompt), "seed": secrets.randbits(31), "params": None, "last": None,
+                               "rid": self._rid}
             if sampling_params is not None:  # the first token from the prompt's last row, on the host
                 params = self._row_params(sampling_params, i, slot)
                 gen = params.generator() if not params.greedy else None
@@ -212,6 +276,7 @@ class BatchServer:
                 if self.dec.pos[slot] != start:
                     raise RuntimeError(f"slot {slot} is at position {self.dec.pos[slot]}, row {i} continues at {start}")
                 feed[slot] = int(tokens[i, start])
+                served[i] = {"row": i, "kind": "decode", "cached": start}
             if sampling_params is not None:
                 picked = self._device_tokens(sampling_params, {slots[i]: (i, feed[slots[i]]) for i in cont})
                 ids.update({i: picked[slots[i]] for i in cont})
@@ -220,8 +285,8 @@ class BatchServer:
                 for i in cont:
                     got[i] = logits[slots[i]]
                     self.meta[slots[i]]["last"] = None  # vLLM samples this step's token on the host
-            for i in cont:
-                self.fed[slots[i]].append(feed[slots[i]])
+            self._decoded(feed)
+        self.prefix.served = served
         if sampling_params is not None:
             out = torch.zeros(rows, 1, dtype=torch.int32)
             for i, t in ids.items():
@@ -231,6 +296,17 @@ class BatchServer:
         if self.uses_mrope:
             return out, torch.zeros(rows, dtype=torch.int64)
         return out
+
+    def _decoded(self, feed: dict[int, int]) -> None:
+        """After a decode step of the slots in ``feed``: their tokens are fed, the pages their rows went to hold
+        decode rows (the page ledger stops vouching for them), and every other held slot was a padded row."""
+        table = self.dec.page_table_host
+        for slot, tok in feed.items():
+            self.prefix.decoded(table[slot], len(self.fed[slot]), self.meta[slot]["rid"])
+            self.fed[slot].append(tok)
+        for slot in range(self.dec.slots):  # the held slots the step padded lost their state
+            if slot not in feed:
+                self.intact[slot] = False
 
     def decode(self, tokens, pos, page_table, enable_trace: bool, read_from_device: bool, sampling_params,
                num_valid_drafts, accepted_counts, spec_mode, extra: dict):
@@ -259,15 +335,14 @@ class BatchServer:
         if sampling_params is not None:  # async_decode.submit_decode: ids sampled on device, [B, 1] int32
             self._check_history(extra.get("prompt_tokens"), extra.get("output_tokens"), feed)
             got = self._device_tokens(sampling_params, {i: (i, t) for i, t in feed.items()})
-            for i in live:
-                self.fed[i].append(feed[i])
+            self._decoded(feed)
             ids = torch.zeros(rows, 1, dtype=torch.int32)  # padding rows: token 0, never read
             for i, t in got.items():
                 ids[i, 0] = t
             return ids if read_from_device else DecodeHandle(tokens=ids)
         logits, _ = self.dec.step(feed)
+        self._decoded(feed)
         for i in live:
-            self.fed[i].append(feed[i])
             self.meta[i]["last"] = None  # vLLM samples this step's token on the host
         out = self._logits_out(rows, {i: logits[i] for i in live})
         return out if read_from_device else DecodeHandle(out)
@@ -300,10 +375,22 @@ class BatchServer:
 
     def warmup_prefill(self, lens: list[int]) -> None:
         self._warm_table()
-        vocab = self.model.args.cfg.vocab_size
+        a = self.model.args
+        vocab = a.cfg.vocab_size
         for n in lens:
             self._free(0)
             self.dec.join(0, [i % vocab for i in range(1, n + 1)])
+        if self.prefix.store is not None and a.max_seq_len >= a.prefill_chunk + 2:
+            # a checkpoint saved at the grid boundary and a prefill resumed from it (its copies' programs), then
+            # forgotten (the warmup's prompts are dummies in scratch blocks)
+            prompt = [i % vocab for i in range(1, a.prefill_chunk + 2)]
+            for start in (0, a.prefill_chunk):
+                self._free(0)
+                row = self.dec.page_table_host[0]
+                plan = self.prefix.plan(prompt, start, len(prompt), row)
+                self.dec.join_resumed(0, prompt, plan, self.prefix.store, self.prefix.scratch)
+                self.prefix.prefilled(plan, row)
+            self.prefix.clear()
         self._free(0)
 
     def warmup_decode(self, steps: int, enable_trace: bool, sampled: bool = False) -> None:

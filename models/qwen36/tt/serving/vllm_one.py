@@ -15,6 +15,13 @@ from . import vllm_types as vt
 from .vllm_args import DEPTH_COSTS, ONE_USER, BlockTables, batch_rows, max_depth, sampling_from_plugin
 
 
+# why a speculative launch serves no prefill past position 0 (a prefix hit, a prompt chunk): the model's MTP drafter
+# keeps its own KV and reads the target's hidden row of every prompt position, which a cached prefix does not carry
+SPEC_PREFIX = ("speculative decoding with prefix caching: a prefix hit would need the MTP drafter's KV and the "
+               "target's hidden rows of the cached positions, which vLLM's cache does not hold; launch with "
+               "--no-enable-prefix-caching --no-enable-chunked-prefill")
+
+
 def depth_controller(k_max: int, costs: str = DEPTH_COSTS):
     """The fitted draft-depth controller (``speculative/depth.py``) for steps of at most ``k_max`` drafts."""
     return DepthPolicy.load().controller(cost_key(costs), k_max=k_max)
@@ -44,6 +51,7 @@ class OneSequenceServer:
     tables against the KV pool)."""
 
     slots = 1
+    scratch_pages = 0  # no prefill past position 0 (SPEC_PREFIX), so no pages for rerunning cached rows
 
     def __init__(self, gen, spec_backend, blocks: BlockTables, *, spec_k: int, spec_depth: str = "fixed",
                  depth_costs: str = DEPTH_COSTS, uses_mrope: bool = False):
@@ -72,7 +80,7 @@ class OneSequenceServer:
         return {"mode": "auto", "depths": tuple(self.controller.depths), "next_k": nxt,
                 "costs": self.controller.describe()}
 
-    def on_kv_pool(self, num_blocks: int) -> None:
+    def on_kv_pool(self, num_blocks: int, prefix=None) -> None:
         """vLLM's pool replaced the model's cache (``blocks`` holds its size): the generator and the speculative
         backend read it directly."""
 
@@ -115,7 +123,8 @@ class OneSequenceServer:
             raise NotImplementedError(f"empty_slots={list(empty_slots)}: the only state slot is 0; {ONE_USER}")
         if start != 0:
             raise NotImplementedError(f"prefill start_pos=[{start}]: a speculative launch prefills from position 0 "
-                                      f"only and sends every decode step as a verify (supports_narrow_decode=False)")
+                                      f"only and sends every decode step as a verify (supports_narrow_decode=False); "
+                                      f"{SPEC_PREFIX}")
         self._bind_page_table(page_table)
         prompt = tokens[0, : int(lens[0])].tolist()
         logits = self._prefill(prompt)

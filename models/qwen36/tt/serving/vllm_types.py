@@ -174,3 +174,15 @@ SEED_NONE = -1
 __all__ = ["ACCEPT_MODE_ARGMAX_IDS", "LOGPROBS_NONE", "PLACEHOLDER_TOKEN_ID", "SAMPLING_SOURCE", "SEED_NONE",
            "DraftOutput", "SOURCE", "SpecPlan", "SpecReject", "TTSamplingParams", "VerifyOutput",
            "check_spec_side_tensors", "check_spec_side_tensors_stand_in"]
+
+
+def current_vllm_config():
+    """The engine's ``VllmConfig`` while vLLM has it set (its worker sets it around KV-cache allocation,
+    ``WorkerWrapperBase.initialize_from_config``), else None (no vLLM, or outside that window). The plugin at
+    e3fc849 passes no ``vllm_config`` to ``initialize_vllm_model``; the launch's prefix-caching settings are read
+    here instead."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return get_current_vllm_config_or_none()
