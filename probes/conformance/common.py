@@ -1,5 +1,6 @@
-"""What the emulator's conformance-case modules share: the case record, PCC, device upload/readback helpers and the
-refusal check (``emulator_conformance`` and ``conformance_kda`` both build their cases from it)."""
+"""What the emulator's conformance-case modules share: the case record, PCC, device upload/readback helpers, the
+refusal check and the source of each case (``cases_*``, ``kda``, ``kda_scan`` and ``gdn_chunk`` build their cases
+from it)."""
 
 from __future__ import annotations
 

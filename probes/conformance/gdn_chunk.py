@@ -1,6 +1,6 @@
 """Conformance cases for the chunked Gated-DeltaNet ops of ttnn 0.81.1 (``transformer.chunk_gated_delta_rule`` and
 ``transformer.gated_delta_attn_seq``), restated from Tenstorrent's tests (registered into
-``emulator_conformance.CASES``).
+``cases.CASES``).
 
 Sources (read for facts):
 

@@ -1,6 +1,6 @@
 """Conformance cases for the KDA convolution / gated norm and the fused GDN ops of ttnn 0.81.1, restated from
 Tenstorrent's own tests for them (in our words, at their shapes or smaller); registered into
-``emulator_conformance.CASES`` so ``qwen36 probe emu-conformance`` runs them.
+``cases.CASES`` so ``qwen36 probe emu-conformance`` runs them.
 
 Where a test was written against another tt-metal revision than the 0.81.1 library, the case follows 0.81.1 (its
 docstring and the validation messages in the installed ``_ttnncpp.so``) and says so.

@@ -1,5 +1,5 @@
 """Conformance cases for the KDA chunk-recurrence pieces of ttnn 0.81.1, restated from Tenstorrent's tests for them
-(registered into ``emulator_conformance.CASES``). Those tests were written against earlier call forms (separate beta,
+(registered into ``cases.CASES``). Those tests were written against earlier call forms (separate beta,
 constant-tile inputs, wrap indicators); each case makes the 0.81.1 call (``actual_start`` / ``local_rows`` / tail
 arguments on one sequence-parallel rank) and keeps the test's inputs, oracle and bar.
 

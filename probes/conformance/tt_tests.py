@@ -1,8 +1,8 @@
 """Three of Tenstorrent's op test files, restated case by case (same parametrisation, same calls, same checks, in our
 words) so that the emulator can be run against each file's whole grid.
 
-``TT_FILES`` maps each file to its cases (``conformance_tt_rotary``, ``conformance_tt_cache``,
-``conformance_tt_sparse``); every case is a ``conformance_tt_base.TTCase`` with the mesh it needs (``"device"``: the
+``TT_FILES`` maps each file to its cases (``tt_rotary``, ``tt_cache``,
+``tt_sparse``); every case is a ``tt_base.TTCase`` with the mesh it needs (``"device"``: the
 file's single-device fixture, ``"mesh2"``: its two-device ``mesh_device``). ``cases(Case)`` gives the ones the
 conformance suite (``qwen36.probes.conformance.cases``, ``qwen36 probe emu-conformance``) carries: every case of the
 indexed cache update and indexed sparse matmul files, and the rotary file's cases that exercise what those files

@@ -69,7 +69,7 @@ def test_probe_writes_a_record(tmp_path):
 
 
 def test_a_restated_tt_file_counts_passed_failed_and_skipped(monkeypatch):
-    """conformance_tt_tests.run_file (the whole-file check run by hand) opens the mesh a case names and counts a
+    """tt_tests.run_file (the whole-file check run by hand) opens the mesh a case names and counts a
     failure instead of raising; the suite carries the marked cases of every restated file (as tt_file:<name>)."""
     from qwen36.probes.conformance import tt_tests as T
     from qwen36.probes.conformance.tt_base import TTCase
