@@ -1,6 +1,6 @@
 """Probe emu-conformance: the emulator against cases taken from Tenstorrent's own tests for the hand-emulated ops.
 
-Runs every case of ``qwen36.testing.emulator_conformance`` (paged caches, paged SDPA decode incl. spec_multi_pos_tiles,
+Runs every case of ``qwen36.probes.conformance.cases`` (paged caches, paged SDPA decode incl. spec_multi_pos_tiles,
 fused recurrent / chunked GDN, both rotary ops, the decode head split, the fused and indexed cache updates,
 sparse_matmul, rms_norm, async collectives, the KDA convolution / gated norm / chunk-recurrence pieces and
 gated_delta_attn_seq) on an emulated mesh and records, per op, the cases passed, failed and
@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from qwen36.testing.emulator_conformance import run_cases, summarize
+    from qwen36.probes.conformance.cases import run_cases, summarize
     from qwen36.tt_ops.device import open_mesh
 
     if not str(args.device).startswith("emulated-"):

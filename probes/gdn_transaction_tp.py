@@ -140,7 +140,7 @@ class Probe:
         return [r[i.reshape(-1).long()] for r, i in zip(ring, idx)]  # [Hv, Dk, Dv], like s.recurrent
 
     def snapshot(self, be) -> dict:
-        from qwen36.testing.tt import device_position, read_scalar
+        from qwen36.probes.gdn_transaction_tp_checks import device_position, read_scalar
 
         ttnn, st = self.ttnn, self.gen.state
         gdn = st.gdn_states()
@@ -396,7 +396,7 @@ def matrix_args(args: argparse.Namespace, batch: int) -> tuple[tuple[int, ...], 
 def run(args: argparse.Namespace) -> ProbeReport:
     """The matrix for one user (``run_matrix``) or, with ``--batch B``, for B users in one packed verify
     (``run_tp_batch_matrix``: mechanisms x K, default K in ``BATCH_KS``), on one checkpoint built or given."""
-    from qwen36.testing.tt import make_bf16_checkpoint
+    from qwen36.tiny import make_bf16_checkpoint
     from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
 
     batch = getattr(args, "batch", 1)

@@ -41,6 +41,17 @@ def per_device(ttnn, t) -> list[torch.Tensor]:
     return [ttnn.to_torch(x).clone() for x in ttnn.get_device_tensors(t)]
 
 
+def read_scalar(step_state, buf) -> float:
+    """Device 0's value of a [1,1,1,1] step-state buffer (``SpecDeviceState.n``, ``.pending``), read back eagerly."""
+    ttnn = step_state.ttnn
+    return float(ttnn.to_torch(ttnn.get_device_tensors(buf)[0]).reshape(-1)[0])
+
+
+def device_position(backend) -> int:
+    """The device-resident position n of a TTSpecBackend's step state."""
+    return int(read_scalar(backend.step_state, backend.step_state.n))
+
+
 def write_per_device(ttnn, mesh, t, parts: list[torch.Tensor]) -> None:
     """Overwrite device buffer ``t`` in place with one host tensor per device (concat/shard on dim 0)."""
     host = ttnn.from_torch(torch.cat(parts, 0), dtype=t.dtype, layout=t.layout,

@@ -51,7 +51,7 @@ def plain_vs_reference(ref, prompt, plain, kept, precision: str) -> dict:
     import torch
 
     from qwen36.numerics import pcc
-    from qwen36.testing.pcc import PCC_GATES
+    from qwen36.numerics import PCC_GATES
 
     with torch.no_grad():
         ids = torch.tensor([list(prompt) + list(plain[:-1])])

@@ -110,7 +110,7 @@ def run_matrix(gen, ks=KS, seed: int = 0) -> list[dict]:
 
 def run(args: argparse.Namespace) -> ProbeReport:
     from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
-    from qwen36.testing.tt import make_bf16_checkpoint
+    from qwen36.tiny import make_bf16_checkpoint
 
     t0 = time.perf_counter()
     ks = tuple(int(x) for x in args.ks.split(","))

@@ -3,7 +3,7 @@
 docs/serving.md, "The chat API").
 
 Starts ``qwen36 serve --device emulated-p150x2`` (its launcher, run by this script with ``--serve``, with the model
-class's plugin calls recorded into a folder), sends every row of ``qwen36.testing.chat_api.ROWS`` with the ``openai``
+class's plugin calls recorded into a folder), sends every row of ``support.chat_api.ROWS`` with the ``openai``
 client, one after the other, checks each response, stops the server (SIGINT) and checks that it exited cleanly.
 Prints one line per row (status, what it showed) and with ``--out`` writes the recording the CI replay reads:
 every row's request, response (streamed rows: the chunks, and the answer they add up to) and the range of plugin
@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import support_path  # noqa: F401  (tests/ on sys.path: the test-support package `support`)
+
 
 
 def serve(argv: list[str]) -> None:
@@ -36,7 +38,7 @@ def serve(argv: list[str]) -> None:
     args = build_parser().parse_args(["serve", *serve_args])
 
     def recorder():
-        from qwen36.testing.vllm_calls import record_into
+        from support.vllm_calls import record_into
         from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 
         record_into(record, Qwen36ForCausalLM)
@@ -46,7 +48,7 @@ def serve(argv: list[str]) -> None:
 
 def settled(record: Path, quiet: float = 2.5, timeout: float = 60.0) -> int:
     """The number of recorded calls once the recorder has written nothing new for ``quiet`` seconds."""
-    from qwen36.testing.vllm_calls import read_recording
+    from support.vllm_calls import read_recording
 
     n, since, t0 = -1, time.time(), time.time()
     while time.time() - t0 < timeout:
@@ -89,7 +91,7 @@ def drive(url: str, record: Path, checkpoint: Path, only: list[str] | None = Non
     import openai
     from transformers import AutoTokenizer
 
-    from qwen36.testing.chat_api import ROWS, prompt_failures
+    from support.chat_api import ROWS, prompt_failures
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint))
 
@@ -144,8 +146,8 @@ def main(argv=None) -> int:
 
     import httpx
 
-    from qwen36.testing.chat_api import CHAT_CHECKPOINT, make_chat_checkpoint
-    from qwen36.testing.vllm_calls import read_recording
+    from support.chat_api import CHAT_CHECKPOINT, make_chat_checkpoint
+    from support.vllm_calls import read_recording
 
     tmp = Path(tempfile.mkdtemp(prefix="chat-api-"))
     ck = args.checkpoint or make_chat_checkpoint(tmp / CHAT_CHECKPOINT)

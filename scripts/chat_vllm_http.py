@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import support_path  # noqa: F401  (tests/ on sys.path: the test-support package `support`)
+
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 64
 TURNS = ("def add(a, b):", "import os\nimport sys", "class Stack:\n    def __init__(self):",
@@ -150,7 +152,7 @@ def recorded(record: Path, warm: int) -> tuple[list, dict]:
 def requests_of(calls: list) -> list[list[int]]:
     """The prompts of the requests, in order: every row the adapter served as a prefill from a new sequence (a
     turn's prompt) is one (the conversation runs one request at a time)."""
-    from qwen36.testing.vllm_calls import restore
+    from support.vllm_calls import restore
 
     prompts = []
     for c in calls:
@@ -186,9 +188,9 @@ def main(argv=None) -> int:
     from transformers import PreTrainedTokenizerFast
 
     from qwen36 import DEFAULT_CHECKPOINT
-    from qwen36.testing.chat_api import CHAT_CHECKPOINT, make_chat_checkpoint
-    from qwen36.testing.soak_oracle import check_request, oracle_generator, request_rows, row_digest
-    from qwen36.testing.vllm_replay import LOGITS_TOL
+    from support.chat_api import CHAT_CHECKPOINT, make_chat_checkpoint
+    from support.soak_oracle import check_request, oracle_generator, request_rows, row_digest
+    from support.vllm_replay import LOGITS_TOL
 
     tmp = Path(tempfile.mkdtemp(prefix="chat-http-"))
     if args.checkpoint == CHAT_CHECKPOINT:

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import support_path  # noqa: F401  (tests/ on sys.path: the test-support package `support`)
+
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 64
 
@@ -74,10 +76,10 @@ def main(argv=None) -> int:
     from vllm_tt_plugin import worker as plugin_worker
     from vllm_tt_plugin.scheduler import TTScheduler
 
-    from qwen36.testing.scripts import load_script
-    from qwen36.testing.soak_oracle import check_request, oracle_generator, request_rows
-    from qwen36.testing.tt import make_bf16_checkpoint
-    from qwen36.testing.vllm_calls import record_calls
+    from support.scripts import load_script
+    from support.soak_oracle import check_request, oracle_generator, request_rows
+    from qwen36.tiny import make_bf16_checkpoint
+    from support.vllm_calls import record_calls
     from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
     from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
     from qwen36.tt_ops.device import open_mesh

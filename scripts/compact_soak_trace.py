@@ -17,7 +17,9 @@ from pathlib import Path
 
 import torch
 
-from qwen36.testing.soak_oracle import row_digest
+import support_path  # noqa: F401  (tests/ on sys.path: the test-support package `support`)
+
+from support.soak_oracle import row_digest
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ go through ``vllm.LLM``'s engine (``add_request`` / ``step`` / ``abort_request``
 engine steps), at ``--max-num-seqs``, with a KV pool of ``--kv-blocks`` blocks (small: the scheduler preempts and
 later resumes requests). Then:
 
-- every request is checked against the batch-1 run that does the same thing (``qwen36.testing.soak_oracle``: a
+- every request is checked against the batch-1 run that does the same thing (``support.soak_oracle``: a
   ``TTGenerator`` on its own emulated mesh prefills what the engine prefilled, the prompt and at each resume the
   prompt + the tokens generated so far, and decodes the rest): every logits row the engine returned within
   ``LOGITS_TOL`` of the batch-1 row (max abs; PCC reported), a greedy request's tokens the argmax of the batch-1
@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import support_path  # noqa: F401  (tests/ on sys.path: the test-support package `support`)
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 64  # the model's KV block; the e3fc849 loader passes no vllm_config, so vLLM's block size must equal it
@@ -190,10 +192,10 @@ def main(argv=None) -> int:
     from vllm_tt_plugin import worker as plugin_worker
 
     from qwen36 import DEFAULT_CHECKPOINT
-    from qwen36.testing.tt import make_bf16_checkpoint
-    from qwen36.testing.soak_oracle import check_request, oracle_generator, request_rows
-    from qwen36.testing.vllm_calls import record_calls
-    from qwen36.testing.vllm_replay import LOGITS_TOL
+    from qwen36.tiny import make_bf16_checkpoint
+    from support.soak_oracle import check_request, oracle_generator, request_rows
+    from support.vllm_calls import record_calls
+    from support.vllm_replay import LOGITS_TOL
     from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
     from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
     from qwen36.tt_ops.device import open_mesh
@@ -319,7 +321,7 @@ def main(argv=None) -> int:
                 if r is not None and n > len(r["prompt"]):
                     resumed.add(r["id"])
 
-    # checks: the resume-aware batch-1 oracle (qwen36.testing.soak_oracle) on every request that emitted a token
+    # checks: the resume-aware batch-1 oracle (support.soak_oracle) on every request that emitted a token
     t_check = time.time()
     entries = request_rows(calls[warm_calls:soak_calls], {i - warm_calls: r for i, r in rows.items()
                                                           if warm_calls <= i < soak_calls},

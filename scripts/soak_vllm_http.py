@@ -5,14 +5,14 @@ The real server (``vllm serve``, its API process and its engine-core process) se
 launched by ``qwen36 serve --device emulated-p150x2`` (its launcher, run by this script with ``--serve``), with two
 changes made before vLLM's CLI runs, inherited by the engine core: the KV pool is ``--kv-blocks`` blocks (small: the
 scheduler preempts), and the model class records the plugin's calls and the logits rows it returns into a folder
-(``qwen36.testing.vllm_calls.record_into``).
+(``support.vllm_calls.record_into``).
 
 The client sends N requests with random prompts, budgets, greedy or seeded sampled settings at random arrival times
 (``/v1/completions``, streamed, token ids in and out) as concurrent connections, and closes some connections after
 a random number of tokens (a client disconnect: the server aborts the request). While it runs it samples the
 server's ``/metrics`` (running, waiting, KV usage, preemptions), the RSS of the server's processes and the slots
 the model holds. Afterwards every request is checked with the soak's resume-aware batch-1 oracle
-(``qwen36.testing.soak_oracle``) against the rows the server's model returned, and the tokens each client received
+(``support.soak_oracle``) against the rows the server's model returned, and the tokens each client received
 must be what the engine emitted.
 
     python scripts/soak_vllm_http.py --requests 48 --max-num-seqs 8 --kv-blocks 12 --out http48.json
@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import support_path  # noqa: F401  (tests/ on sys.path: the test-support package `support`)
 
 BLOCK = 64
 
@@ -47,10 +49,10 @@ def serve(argv: list[str]) -> None:
     args = build_parser().parse_args(["serve", *serve_args])
 
     def instruments():
-        from qwen36.testing.vllm_calls import record_into
+        from support.vllm_calls import record_into
         from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 
-        from qwen36.testing.scripts import load_script
+        from support.scripts import load_script
 
         soak = load_script("soak_vllm")
         if carry:  # the plugin's lost finishes (docs/soak.md): the same patch as scripts/soak_vllm.py --carry-finishes
@@ -165,7 +167,7 @@ async def drive(args, reqs, url: str, server: subprocess.Popen, record: Path) ->
 def engine_outputs(calls: list[dict], prompts: list[list[int]]) -> list[list[int]]:
     """Per request the generated tokens the engine fed back (the longest row of each request): every emitted token
     but the last one, whatever the client received."""
-    from qwen36.testing.vllm_calls import restore
+    from support.vllm_calls import restore
 
     out: list[list[int]] = [[] for _ in prompts]
     for c in calls:
@@ -211,7 +213,7 @@ def main(argv=None) -> int:
 
     import httpx
 
-    from qwen36.testing.tt import make_bf16_checkpoint
+    from qwen36.tiny import make_bf16_checkpoint
 
     tmp = Path(tempfile.mkdtemp(prefix="soak-http-"))
     ck = make_bf16_checkpoint(tmp / "ci", "ci")
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
     budget = (args.kv_blocks - args.max_num_seqs) * BLOCK
     if budget < args.max_model_len:
         sys.exit(f"soak_vllm_http: --kv-blocks {args.kv_blocks} leaves {budget} tokens after one block per sequence")
-    from qwen36.testing.scripts import load_script
+    from support.scripts import load_script
 
     reqs = load_script("soak_vllm").make_requests(args, vocab, steps=False)  # the same draws as the vLLM.LLM soak
     record = tmp / "record"
@@ -266,8 +268,8 @@ def main(argv=None) -> int:
             for i in range(warm_calls, warm_calls + len(calls)) if (record / "rows" / f"{i}.pt").exists()}
 
     # the oracle, after the server is gone
-    from qwen36.testing.soak_oracle import check_request, oracle_generator, request_rows
-    from qwen36.testing.vllm_replay import LOGITS_TOL
+    from support.soak_oracle import check_request, oracle_generator, request_rows
+    from support.vllm_replay import LOGITS_TOL
 
     prompts = [r["prompt"] for r in reqs]
     fed = engine_outputs(calls, prompts)

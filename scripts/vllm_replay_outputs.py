@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+import support_path  # noqa: F401  (tests/ on sys.path: the test-support package `support`)
+
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 # trace file -> how the recorded engine run loaded the class (max_num_seqs from the trace)
 TRACES = ("vllm_tt_plugin_batch_trace.json", "vllm_tt_plugin_batch_sampled_trace.json",
@@ -54,8 +56,8 @@ def plain(x):
 
 
 def record(out: Path) -> None:
-    from qwen36.testing.tt import make_bf16_checkpoint
-    from qwen36.testing.vllm_calls import feed_calls
+    from qwen36.tiny import make_bf16_checkpoint
+    from support.vllm_calls import feed_calls
     from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
     from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
     from qwen36.tt_ops.device import open_mesh
@@ -123,7 +125,7 @@ def unused_cost() -> None:
     TTGenerator (its KV + GDN state and decode inputs) and, with an MTP head, the speculative backend with its MTP
     drafter (built here on a plain launch's weights, as the class built them, and measured as they allocate)."""
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.testing.tt import make_bf16_checkpoint
+    from qwen36.tiny import make_bf16_checkpoint
     from qwen36.tt.model.state import allocate_state
     from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION, TTGenerator
     from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM

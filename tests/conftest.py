@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.testing.cards import card_device_or_skip_reason
+from support.cards import card_device_or_skip_reason
 
 # One intra-op thread for the whole suite: the shapes are tiny (batch-1 decode, emulator goldens that are many small
 # torch ops), where one thread is as fast as two on an idle 2-core machine and 10-30x faster on a busy one

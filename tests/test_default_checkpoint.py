@@ -13,7 +13,7 @@ from qwen36.checkpoint import load_checkpoint
 from qwen36.commands.common import DEFAULT_CHECKPOINT
 from qwen36.config import FULL, LINEAR
 
-from qwen36.testing.scripts import load_script
+from support.scripts import load_script
 
 _spec_eval = load_script("spec_eval")
 engine_acceptance, heldout_ce, load_heldout = _spec_eval.engine_acceptance, _spec_eval.heldout_ce, _spec_eval.load_heldout

@@ -2,17 +2,17 @@
 imports, module-level and inside functions alike, are checked against the rules below.
 
     command line   qwen36.cli, qwen36.commands: wires everything together; nothing else imports it
-    probes         qwen36.probes: may use the models, the engine, the TT backend and qwen36.testing
+    probes         qwen36.probes (the emulator's conformance cases included, qwen36.probes.conformance): may use the
+                   models, the engine and the TT backend; only the command line imports them
     TT backend     qwen36.tt: gets ttnn only through qwen36.tt_ops.device (the real module on cards, the emulator here)
                    its wings import downwards only: tt.model <- tt.runtime <- tt.spec <- tt.serving
     engine, model  qwen36.speculative, qwen36.reference: torch only, no ttnn, no TT backend (a CUDA box without ttnn
                    runs them), nothing from above; the reference model sits below the speculative engine
     generation     qwen36.generation (sampling, thinking budget, the plain driver): below the reference, the engine and
                    the TT backend, which all import it; it imports none of them
-    test support   qwen36.testing: used by tests and probes only (the TP test checkpoints, the emulator's
-                   conformance cases); runtime code (models, engine, TT backend, tt_ops, command line) never imports it;
-                   qwen36.testing.cli alone runs the command line (in-process, as a test does)
-    tests          no test file imports another test file or conftest.py: shared helpers live in qwen36.testing,
+    test support   `support` (tests/support/, not installed): used by tests and scripts/ only; no module of the
+                   package imports it (probes included), so the wheel carries no test support
+    tests          no test file imports another test file or conftest.py: shared helpers live in `support`,
                    shared fixtures in conftest.py
 
 The checker is a plain function over {module name: source}, so the test below plants each kind of violation and
@@ -29,9 +29,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 COMMAND_LINE = ("qwen36.cli", "qwen36.commands")
-CLI_RUNNER = "qwen36.testing.cli"  # test support that runs the command line in-process, as the tests do
 TT_SIDE = ("ttnn", "qwen36.tt", "qwen36.tt_ops")
-TEST_SUPPORT = "qwen36.testing"
+TEST_SUPPORT = "support"  # tests/support/, on sys.path for tests (pyproject's pytest pythonpath) and scripts only
+PROBES = "qwen36.probes"
 # what qwen36.generation (sampling, thinking budget, the plain driver) sits below
 GENERATION_ABOVE = ("qwen36.reference", "qwen36.speculative", "qwen36.prefix_cache", "qwen36.chat_session",
                     "qwen36.probes", "qwen36.commands", "qwen36.cli") + TT_SIDE + (TEST_SUPPORT,)
@@ -78,7 +78,7 @@ def imports_of(name: str, source: str, is_package: bool = False) -> set[str]:
 def rule_breaks(name: str, imp: str) -> list[tuple[str, str]]:
     """(rule, message) for each rule that module ``name`` importing ``imp`` breaks."""
     out = []
-    if under(imp, COMMAND_LINE) and not under(name, COMMAND_LINE + (CLI_RUNNER,)):
+    if under(imp, COMMAND_LINE) and not under(name, COMMAND_LINE):
         out.append(("cli", f"{name} imports the command line ({imp}); only qwen36.cli / qwen36.commands may"))
     if under(name, ("qwen36.speculative", "qwen36.reference")) and under(imp, TT_SIDE + (TEST_SUPPORT,)):
         out.append(("engine", f"{name} imports {imp}: the engine and the reference model stay free of ttnn, the TT "
@@ -90,8 +90,11 @@ def rule_breaks(name: str, imp: str) -> list[tuple[str, str]]:
                                   "backend"))
     if under(name, "qwen36.tt") and under(imp, "ttnn"):
         out.append(("ttnn", f"{name} imports ttnn directly; the TT backend gets it from qwen36.tt_ops.device"))
-    if under(imp, TEST_SUPPORT) and not under(name, (TEST_SUPPORT, "qwen36.probes")):
-        out.append(("testing", f"{name} imports test support ({imp}); only tests and probes may"))
+    if under(imp, TEST_SUPPORT):
+        out.append(("testing", f"{name} imports test support ({imp}); only tests and scripts may (the wheel "
+                               "carries none)"))
+    if under(imp, PROBES) and not under(name, COMMAND_LINE + (PROBES,)):
+        out.append(("probes", f"{name} imports the probes ({imp}); only the command line runs them"))
     if under(imp, "tests"):
         out.append(("tests", f"{name} imports {imp}: a foreign `tests` package may come first on sys.path"))
     wing, imp_wing = tt_wing(name), tt_wing(imp)
@@ -196,8 +199,8 @@ def package_graph(modules: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
     return graph
 
 
-# Package-level loops left to remove (test support and the probes import each other).
-KNOWN_PACKAGE_CYCLES: set[frozenset[str]] = {frozenset({"qwen36.probes", "qwen36.testing"})}
+# Package-level loops left to remove.
+KNOWN_PACKAGE_CYCLES: set[frozenset[str]] = set()  # none left
 
 
 def test_no_package_level_loops_beyond_the_known_ones():
@@ -235,20 +238,23 @@ def test_cycle_finder_on_planted_graphs(modules, expect):
 def test_the_package_keeps_its_layers():
     modules = package_sources()
     assert {"qwen36.cli", "qwen36.speculative.engine", "qwen36.tt.spec.verify", "qwen36.tt_ops.device",
-            "qwen36.probes.gdn_transaction_tp", "qwen36.testing.tt",
-            "qwen36.testing.emulator_conformance"} <= set(modules)  # the walk saw everything
+            "qwen36.probes.gdn_transaction_tp", "qwen36.probes.conformance.cases"} <= set(modules)  # saw everything
+    assert not [n for n in modules if under(n, ("qwen36.testing", TEST_SUPPORT))], "test support in the package"
     assert layering_violations(modules) == []
 
 
-def sources_under_tests(root: Path = ROOT) -> dict[str, str]:
-    """{path under tests/ (posix): source} of every Python file under tests/, subfolders included."""
+def sources_under_tests(root: Path = ROOT, support: bool = False) -> dict[str, str]:
+    """{path under tests/ (posix): source} of every test file under tests/ (conftest.py included), subfolders
+    included; with ``support``, of the test-support package tests/support/ instead."""
     tests = root / "tests"
-    return {p.relative_to(tests).as_posix(): p.read_text() for p in sorted(tests.rglob("*.py"))}
+    files = sorted(tests.rglob("*.py"))
+    return {p.relative_to(tests).as_posix(): p.read_text() for p in files
+            if (p.relative_to(tests).parts[0] == "support") == support}
 
 
 def cross_test_imports(sources: dict[str, str]) -> list[str]:
     """Imports of one test file by another: a module named like any Python file under tests/ (conftest included),
-    any relative import, or a `tests` package. Helpers shared by tests belong in qwen36.testing, fixtures in
+    any relative import, or a `tests` package. Helpers shared by tests belong in `support`, fixtures in
     conftest.py; an import by file name depends on which folders pytest put on sys.path."""
     local = {Path(rel).stem for rel in sources}
     bad = []
@@ -266,7 +272,7 @@ def test_no_test_file_imports_another():
     sources = sources_under_tests()
     assert "conftest.py" in sources and "test_layering.py" in {Path(r).name for r in sources}  # the walk saw them
     bad = cross_test_imports(sources)
-    assert not bad, "test files importing test files (move the helper to qwen36.testing):\n" + "\n".join(bad)
+    assert not bad, "test files importing test files (move the helper to support):\n" + "\n".join(bad)
 
 
 def test_test_file_basenames_are_unique():
@@ -327,7 +333,9 @@ def stale_package_imports(sources: dict[str, str], modules: dict[str, tuple[str,
 
 
 def test_tests_import_what_the_package_has():
-    bad = stale_package_imports(sources_under_tests(), package_sources())
+    sources = {**sources_under_tests(), **sources_under_tests(support=True)}
+    assert "support/tt.py" in sources  # the test support is checked too
+    bad = stale_package_imports(sources, package_sources())
     assert not bad, "imports of names the package does not have:\n" + "\n".join(bad)
 
 
@@ -356,7 +364,7 @@ def test_stale_import_check_on_planted_sources():
 def test_test_file_check_catches_planted_imports(source, expect):
     bad = cross_test_imports({"sub/test_a.py": source, "other/test_b.py": "", "conftest.py": ""})
     assert bad and all(b.startswith("tests/sub/test_a.py imports ") for b in bad) and any(expect in b for b in bad), bad
-    assert cross_test_imports({"sub/test_a.py": "from qwen36.testing.stats import chi2_p\nimport torch",
+    assert cross_test_imports({"sub/test_a.py": "from support.stats import chi2_p\nimport torch",
                               "test_b.py": ""}) == []
 
 
@@ -372,19 +380,19 @@ def test_test_file_check_catches_planted_imports(source, expect):
     ("qwen36.probes.lossless", "from qwen36.commands.common import DEFAULT_CHECKPOINT", False, "command line"),
     ("qwen36.tt.model.model", "from qwen36 import cli", False, "command line"),
     ("qwen36.tt.model.gdn", "import ttnn", False, "from qwen36.tt_ops.device"),
-    ("qwen36.tt.spec.spec_backend", "from ...testing.speculative import oracle_drafter", False, "test support"),
+    ("qwen36.tt.spec.spec_backend", "from support.speculative import oracle_drafter", False, "test support"),
     # the TT wings import downwards only (model <- runtime <- spec <- serving), inside functions too
     ("qwen36.tt.model.gdn", "from ..runtime.generator import TTGenerator", False, "wings import downwards"),
     ("qwen36.tt.runtime.generator", "def f():\n    from ..spec.spec_backend import TTSpecBackend\n", False,
      "wings import downwards"),
     ("qwen36.tt.spec.verify", "from qwen36.tt.serving import vllm_types", False, "wings import downwards"),
     ("qwen36.tt.spec.spec_backend", "from tests.test_tt_spec import oracle_drafter", False, "foreign `tests`"),
-    # the emulator's conformance cases are test support: the emulator and the device layer never load them
-    ("qwen36.tt_ops.emulator.mesh", "from qwen36.testing.emulator_conformance import CASES", False, "test support"),
-    ("qwen36.tt_ops.device", "def f():\n    from ..testing import emulator_conformance\n", False, "test support"),
-    ("qwen36.commands.probe", "from ..testing.emulator_conformance import run_cases", False, "test support"),
-    # test support other than its CLI runner keeps off the command line
-    ("qwen36.testing.tt_batch", "from ..cli import main", False, "command line"),
+    # the emulator's conformance cases ship with the probes: the emulator and the device layer never load them
+    ("qwen36.tt_ops.emulator.mesh", "from qwen36.probes.conformance.cases import CASES", False, "only the command line"),
+    ("qwen36.tt_ops.device", "def f():\n    from ..probes.conformance import cases\n", False, "only the command line"),
+    # no module of the package imports test support, the probes and the command line included
+    ("qwen36.probes.verify_tp", "from support.tt import LayerHarness", False, "test support"),
+    ("qwen36.commands.probe", "def f():\n    from support.cli import run_cli\n", False, "test support"),
 ])
 def test_checker_catches_planted_violations(module, source, is_pkg, expect):
     bad = layering_violations({module: (source, is_pkg)})
@@ -397,9 +405,9 @@ def test_checker_allows_what_the_layers_allow():
         "qwen36.tt.model.model": ("from ...tt_ops.device import open_mesh\nfrom ...generation.sampling import SamplingParams", False),
         "qwen36.tt.spec.verify": ("from ..model.model import TTQwen36Model\nfrom ..runtime.trace import StepTraces", False),
         "qwen36.tt.serving.qwen36_vllm": ("from ..spec.spec_backend import TTSpecBackend\nfrom ..runtime import generator", False),
-        "qwen36.probes.verify_tp": ("from qwen36.testing.tt import make_bf16_checkpoint", False),
-        "qwen36.testing.cli": ("def run(a):\n    from ..cli import main", False),
-        "qwen36.probes.emu_conformance": ("def run(a):\n    from qwen36.testing.emulator_conformance import run_cases", False),
+        "qwen36.probes.verify_tp": ("from qwen36.tiny import make_bf16_checkpoint", False),
+        "qwen36.commands.probe": ("from ..probes.registry import load_probe", False),
+        "qwen36.probes.emu_conformance": ("def run(a):\n    from qwen36.probes.conformance.cases import run_cases", False),
         "qwen36.tt_ops.emulator.ttnn_import": ("import ttnn", False),
     }
     assert layering_violations(ok) == []

@@ -2,13 +2,15 @@
 
 On card machines tt-metal's repository root is on PYTHONPATH, and it has its own top-level `models` package; vllm-tt
 registers model classes by module path. So the wheel must install exactly one import root (`qwen36`), and nothing
-in it may import `models`, `tt_ops`, `probes`, `scripts` or `tests` by those names. These tests build the real wheel
+in it may import `models`, `tt_ops`, `probes`, `scripts` or `tests` by those names, nor the test support (`support`,
+tests/support/, which the wheel does not carry). These tests build the real wheel
 (an editable install resolves names through its own finder and would hide a clash), unpack it into a fresh
 directory, and run the CLI, the vllm-tt model class and every probe module with foreign packages of those names
 first on sys.path. The foreign packages raise on import, so any accidental use of them fails loudly.
 """
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -22,7 +24,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # source folder -> import name (pyproject.toml [tool.setuptools.package-dir])
 SOURCE_ROOTS = {"models/qwen36": "qwen36", "tt_ops": "qwen36.tt_ops", "probes": "qwen36.probes"}
-FOREIGN = ("models", "tt_ops", "probes", "scripts", "tests")
+FOREIGN = ("models", "tt_ops", "probes", "scripts", "tests", "support")
+TEST_SUPPORT = ("support", "testing")  # the test-support package's name, and its name when it sat inside the package
 pytestmark = pytest.mark.slow  # every test here needs the built wheel, and the last runs the CLI and a probe from it
 
 
@@ -95,6 +98,47 @@ def test_wheel_installs_one_import_root_with_every_package(wheel):
                  "qwen36/tt_ops/mock_clusters/blackhole_2xp150.yaml",
                  "qwen36/tt_ops/mesh_graph/p150x2_one_cable.textproto"):
         assert data in files, f"package data {data} missing from the wheel"
+
+
+def support_imports_in(sources: dict[str, str]) -> list[str]:
+    """'file: name' for each import of test support in {file: source} (absolute or relative, at module level or inside
+    a function)."""
+    bad = []
+    for f, src in sources.items():
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Import):
+                names, level = [a.name for a in node.names], 0
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module or ''}.{a.name}".lstrip(".") for a in node.names]
+                level = node.level
+            else:
+                continue
+            for n in names:
+                parts = [x for x in n.split(".") if x]
+                if (level and any(x in TEST_SUPPORT for x in parts)) or (not level and parts and (
+                        parts[0] in TEST_SUPPORT or n.startswith("qwen36.testing"))):
+                    bad.append(f"{f}: {'.' * level}{n}")
+    return sorted(set(bad))
+
+
+def test_test_support_import_check_on_planted_sources():
+    planted = {"a.py": "import support.tt", "b.py": "def f():\n    from support import cli\n",
+               "c.py": "from ..testing import tt", "d.py": "from qwen36.testing.pcc import comp_pcc",
+               "ok.py": "import torch.testing\nfrom qwen36.numerics import PCC_GATES\nfrom . import cases"}
+    assert [b.split(":")[0] for b in support_imports_in(planted)] == ["a.py", "b.py", "b.py", "c.py", "c.py", "d.py",
+                                                                         "d.py"]
+
+
+def test_wheel_carries_no_test_support(wheel):
+    """No package of the wheel is test support, and no module in it imports test support: the harnesses, checkpoint
+    makers and vLLM call replay live in tests/support/ (the package `support`, not installed)."""
+    with zipfile.ZipFile(wheel) as z:
+        sources = {f: z.read(f).decode() for f in z.namelist() if f.endswith(".py")}
+    assert "qwen36/probes/conformance/cases.py" in sources and "qwen36/tiny.py" in sources  # what probes ship
+    packages = {f.rsplit("/", 1)[0].replace("/", ".") for f in sources if f.endswith("/__init__.py")}
+    assert not [p for p in packages if p.split(".")[-1] in TEST_SUPPORT], sorted(packages)
+    bad = support_imports_in(sources)
+    assert not bad, "wheel modules importing test support:\n" + "\n".join(bad)
 
 
 def test_console_script_points_into_the_package(wheel, installed, foreign, tmp_path):

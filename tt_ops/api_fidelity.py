@@ -1,8 +1,9 @@
 """API-fidelity scan: every ``ttnn.<name>`` the project's TT code uses must exist in the installed ttnn,
 and every keyword argument passed to a ttnn op must be accepted by its real signature.
 
-Scanned by default: ``models/qwen36/tt/**/*.py``, ``models/qwen36/testing/**/*.py`` (test support, e.g. the
-emulator's conformance cases), ``tt_ops/**/*.py``, ``probes/**/*.py``.
+Scanned by default: ``models/qwen36/tt/**/*.py``, ``tests/support/**/*.py`` (test support outside the
+package: the layer harness, the vLLM replay), ``tt_ops/**/*.py``, ``probes/**/*.py`` (the emulator's conformance
+cases included).
 
 What counts as a ttnn chain (static, via ``ast``):
 
@@ -27,7 +28,7 @@ import pathlib
 import sys
 from typing import Iterable
 
-DEFAULT_GLOBS = ("models/qwen36/tt/**/*.py", "models/qwen36/testing/**/*.py", "tt_ops/**/*.py", "probes/**/*.py")
+DEFAULT_GLOBS = ("models/qwen36/tt/**/*.py", "tests/support/**/*.py", "tt_ops/**/*.py", "probes/**/*.py")
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

@@ -131,3 +131,11 @@ def make_tiny(out_dir: str | Path, preset: str = "ci", seed: int = 0, dtype: tor
         cfg = replace(cfg, mtp_num_hidden_layers=0)
     return write_checkpoint(out_dir, cfg, random_weights(cfg, seed, dtype, with_mtp=with_mtp), wrapped=wrapped,
                             expert_layout=expert_layout)
+
+
+def make_bf16_checkpoint(out_dir: str | Path, preset: str | Qwen36Config = "ci", seed: int = 0) -> Path:
+    """A random checkpoint written in bf16, as real Qwen3.6 checkpoints are (the TP probes, the soak scripts and the
+    TT tests build theirs with it): the TT loader then quantises from the dtype the real loader sees, and an fp32
+    reference runs on exactly the checkpoint's weights. ``preset``: a PRESETS name or a config."""
+    cfg = PRESETS[preset] if isinstance(preset, str) else preset
+    return write_checkpoint(out_dir, cfg, random_weights(cfg, seed, dtype=torch.bfloat16))

@@ -1,4 +1,4 @@
-"""qwen36 bench decode / compare against a local OpenAI-compatible endpoint (qwen36.testing.openai_stub) backed by
+"""qwen36 bench decode / compare against a local OpenAI-compatible endpoint (support.openai_stub) backed by
 the reference model on the embedded default checkpoint: records written through qwen36.probes.records, the
 server's usage honoured, greedy output hashes equal to an independent reference greedy run, plain vs speculative
 servers byte-identical, a differing server detected."""
@@ -9,7 +9,7 @@ import hashlib
 import pytest
 import torch
 
-from qwen36.testing.openai_stub import StubServer
+from support.openai_stub import StubServer
 from qwen36.cli import main
 from qwen36.commands.bench import build_prompt
 from qwen36.commands.common import DEFAULT_CHECKPOINT

@@ -94,7 +94,7 @@ def test_skipped_or_failed_card_tests_are_failed_cells(tmp_path):
 
 
 def test_card_tests_skip_naming_the_missing_cards_or_simulator(monkeypatch, tmp_path):
-    from qwen36.testing.cards import card_device_or_skip_reason
+    from support.cards import card_device_or_skip_reason
     from qwen36.tt_ops import device as dev
 
     monkeypatch.setattr(dev, "TT_DEVICE_DIR", tmp_path / "none")

@@ -10,7 +10,7 @@ from qwen36.chat import STOP_THINKING_PHRASE
 from qwen36.cli import main
 from qwen36.errors import UserError
 
-from qwen36.testing.cli import assert_one_line_error, run_cli
+from support.cli import assert_one_line_error, run_cli
 
 CONV = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"},
         {"role": "assistant", "content": "(replaced by the model's answer)"}, {"role": "user", "content": "import os"},

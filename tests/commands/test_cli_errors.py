@@ -11,7 +11,7 @@ import pytest
 
 from qwen36.cli import main
 from qwen36.errors import UserError
-from qwen36.testing.cli import assert_one_line_error, run_cli, run_cli_streams as cli
+from support.cli import assert_one_line_error, run_cli, run_cli_streams as cli
 
 
 

@@ -23,8 +23,8 @@ from qwen36.commands.generate import user_requests
 from qwen36.commands.speculative_generate import load_backend
 from qwen36.speculative.engine import speculative_generate
 from qwen36.generation.sampling import SamplingParams, probs_from_logits
-from qwen36.testing.cli import assert_one_line_error, run_cli, run_cli_streams as cli
-from qwen36.testing.stats import P_VALUE_MIN, chi2_p, rank_cell
+from support.cli import assert_one_line_error, run_cli, run_cli_streams as cli
+from support.stats import P_VALUE_MIN, chi2_p, rank_cell
 
 # fp32 on CPU: a packed B-row verify may round differently from the one-row one (tests/reference/test_slot_decoder.py)
 LOGPROB_ATOL = 1e-4
@@ -237,7 +237,7 @@ def test_tt_speculative_mixed_batch_equals_each_user_alone(tmp_path):
 def test_tt_plain_mixed_batch_equals_each_user_alone(tmp_path):
     """The same users decoded plain as one TT batch (``TTGenerator.generate``: TTBatchDecoder + a DeviceSampler with
     their stages): each user's tokens and raw logprobs equal its batch-1 ``generate``, exactly."""
-    from qwen36.testing.tt import small_tt_generator
+    from support.tt import small_tt_generator
 
     users = requests(tmp_path, TT_LINES, speculative=False)
     gen = small_tt_generator(DEFAULT_CHECKPOINT, prefill_chunk=64)

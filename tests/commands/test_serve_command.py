@@ -10,7 +10,7 @@ import pytest
 
 from qwen36.cli import build_parser
 from qwen36.commands import serve
-from qwen36.testing.cli import assert_one_line_error, run_cli
+from support.cli import assert_one_line_error, run_cli
 
 
 def argv_of(*cli: str) -> list[str]:

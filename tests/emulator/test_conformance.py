@@ -1,4 +1,4 @@
-"""The CI subset of the conformance cases (qwen36.testing.emulator_conformance, written from Tenstorrent's op tests) on the
+"""The CI subset of the conformance cases (qwen36.probes.conformance.cases, written from Tenstorrent's op tests) on the
 emulated 1x2 mesh, and the probe that runs them all."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("ttnn")
 
-from qwen36.testing import emulator_conformance as C  # noqa: E402
+from qwen36.probes.conformance import cases as C  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 
 
@@ -69,10 +69,10 @@ def test_probe_writes_a_record(tmp_path):
 
 
 def test_a_restated_tt_file_counts_passed_failed_and_skipped(monkeypatch):
-    """conformance_tt_tests.run_file (the whole-file check run by hand) opens the mesh a case names and counts a
+    """tt_tests.run_file (the whole-file check run by hand) opens the mesh a case names and counts a
     failure instead of raising; the suite carries the marked cases of every restated file (as tt_file:<name>)."""
-    from qwen36.testing import conformance_tt_tests as T
-    from qwen36.testing.conformance_tt_base import TTCase
+    from qwen36.probes.conformance import tt_tests as T
+    from qwen36.probes.conformance.tt_base import TTCase
 
     carried = sum(c.suite for cs in T.TT_FILES.values() for c in cs)
     assert len({c.name for c in C.CASES if c.name.startswith("tt_file:")}) == carried
@@ -96,7 +96,7 @@ def test_a_program_cache_case_leaves_the_shared_mesh_caching(name):
     """The restated indexed-cache cases that switch the program cache on used to switch it off when they finished,
     so every later case of the suite on the same mesh ran without a program cache (and program-cache cases of other
     ops failed). The mesh must be left as it was opened: caching, and empty."""
-    from qwen36.testing.conformance_tt_cache import indexed_cases
+    from qwen36.probes.conformance.tt_cache import indexed_cases
 
     case = next(c for c in indexed_cases() if c.name == name)
     device = "emulated-p150" if case.mesh == "device" else "emulated-p150x2"

@@ -6,7 +6,7 @@ on its place in the call), its sums associate by SIMD width and thread split, an
 row count. On an AVX-512 host this once made a batched verify and a batch-1 decode differ by 1 ulp in the GDN
 gate g and flip a near-tie token, failing a lossless check that passed elsewhere.
 
-``qwen36.testing.host_fingerprint`` runs the model's ops (1-row and 24-row calls), a plain and a traced greedy
+``support.host_fingerprint`` runs the model's ops (1-row and 24-row calls), a plain and a traced greedy
 speculative run with the device MTP head, a batched speculative run and the weights ``qwen36.tiny`` generates for
 the test checkpoints, and writes SHA-256 fingerprints. Here it
 runs in subprocesses under every ``ATEN_CPU_CAPABILITY`` this CPU has (scalar ``default``, ``avx2``, ``avx512``) and
@@ -20,9 +20,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+TESTS_DIR = Path(__file__).resolve().parents[1]  # holds the test-support package `support`
 
 pytest.importorskip("ttnn")
 
@@ -42,8 +45,9 @@ def _settings() -> list[tuple[str, int]]:
 
 def _run(tmp_path, cap: str, threads: int, part: str) -> dict:
     out = tmp_path / f"{part}-{cap}-{threads}.json"
-    env = dict(os.environ, ATEN_CPU_CAPABILITY=cap, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    code = f"import torch; torch.set_num_threads({threads}); from qwen36.testing.host_fingerprint import main; " \
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=cap, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])))
+    code = f"import torch; torch.set_num_threads({threads}); from support.host_fingerprint import main; " \
            f"main([{str(out)!r}, '--part', {part!r}])"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"{cap}/{threads} threads failed:\n{r.stderr[-3000:]}"

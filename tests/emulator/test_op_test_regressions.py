@@ -241,7 +241,7 @@ def test_rotary_hf_decode_takes_cos_sin_padded_to_a_tile_row_per_user(ctx2):
 def test_indexed_update_refuses_in_the_device_ops_words(ctx2, case):
     """test_indexed_fused_update_cache.py::test_indexed_fused_update_cache_validation matches on the device op's
     message (strings of 0.81.1's library); the emulator's own wording failed these six."""
-    from qwen36.testing.conformance_tt_cache import VALIDATION_MESSAGES, validation_case
+    from qwen36.probes.conformance.tt_cache import VALIDATION_MESSAGES, validation_case
 
     assert VALIDATION_MESSAGES[case].startswith(("physical_update_idxs_tensor", "cache_tensor1", "input_tensor1"))
     validation_case(case)(ctx2.ttnn, ctx2.mesh_device)

@@ -1,6 +1,6 @@
 """The chunk-32 GDN kernel model (``ops_gdn_chunk``): its algebra is the recurrence, its roundings are the card's,
 the flat rank-3 path's contract and counts, and ``gated_delta_attn_seq``. Tenstorrent's own cases for the chunk op
-are in ``qwen36.testing.conformance_kda``."""
+are in ``qwen36.probes.conformance.kda``."""
 
 from __future__ import annotations
 

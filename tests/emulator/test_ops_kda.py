@@ -1,6 +1,6 @@
 """The KDA convolution and gated norm (``ops_kda``) against independent torch formulations of their kernels' rounding
 sequences, their chronology, accounting and refusals. Tenstorrent's own cases for them are in
-``qwen36.testing.conformance_kda`` (run by tests/emulator/test_conformance.py)."""
+``qwen36.probes.conformance.kda`` (run by tests/emulator/test_conformance.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The KDA chunk-recurrence pieces (``ops_kda_scan``): their semantics against independent formulations, the
 single-rank chronology (actual_end, the last valid group's carry slot), the affine steps' FPU arithmetic and the
-refusal of several sequence-parallel ranks. Tenstorrent's cases: ``qwen36.testing.conformance_kda_scan``."""
+refusal of several sequence-parallel ranks. Tenstorrent's cases: ``qwen36.probes.conformance.kda_scan``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("ttnn")
 
-from qwen36.testing.conformance_kda_scan import _prep_host, _prep_oracle, _protocol, _scan_ref  # noqa: E402
+from qwen36.probes.conformance.kda_scan import _prep_host, _prep_oracle, _protocol, _scan_ref  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 from qwen36.tt_ops.emulator.errors import NotEmulatedError  # noqa: E402
 

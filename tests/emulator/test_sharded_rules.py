@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("ttnn")
 
-from qwen36.testing.pcc import comp_pcc  # noqa: E402
+from qwen36.numerics import comp_pcc  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 from qwen36.tt_ops.emulator import EmulatorError  # noqa: E402
 

@@ -100,7 +100,7 @@ def test_probe_mechanics_on_the_ci_preset(tmp_path):  # 4.8 s on the 2-core mach
     each give a pooled cell; the record reloads (no TT run the second time) and gate-0b step times become tok/s."""
     from qwen36.probes.acceptance import run
     from qwen36.probes.records import to_record
-    from qwen36.testing.tt import make_bf16_checkpoint
+    from qwen36.tiny import make_bf16_checkpoint
 
     ckpt = make_bf16_checkpoint(tmp_path / "ckpt", "ci", seed=0)
     prompts = tmp_path / "prompts.json"

@@ -61,7 +61,7 @@ def tp4_figures():
     """gate-0b at CI size with the 27B TP=2 attention shape (2 KV heads per device), K = 1 and 3."""
     import dataclasses
 
-    from qwen36.testing.tt import tp4_config
+    from support.tt import tp4_config
     from qwen36.probes import gate_0b
 
     cfg = dataclasses.replace(tp4_config(), eos_token_id=())

@@ -207,7 +207,7 @@ def test_speculative_greedy_lossless_on_moe(moe_model, k):
     from qwen36.speculative.mechanisms import MECHANISMS
     from qwen36.speculative.reference_backend import ReferenceBackend
 
-    from qwen36.testing.speculative import ScriptedDrafter, engine_prompts as prompts
+    from support.speculative import ScriptedDrafter, engine_prompts as prompts
 
     ps = prompts(moe_model.config.vocab_size)
     for mechanism in MECHANISMS:

@@ -10,7 +10,7 @@ import torch
 
 from qwen36.reference.batch import SlotDecoder, generate, packed_forward
 from qwen36.reference.model import Qwen36Model
-from qwen36.testing.cli import run_cli_streams as cli
+from support.cli import run_cli_streams as cli
 
 # fp32 on CPU: a [B, H] matmul may round differently from the [1, H] one, so batched logits equal the batch-1
 # logits to float rounding, not bit for bit (observed max abs ~1e-6 on these checkpoints).

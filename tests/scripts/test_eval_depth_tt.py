@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from qwen36.testing.scripts import load_script
+from support.scripts import load_script
 
 from qwen36.speculative.depth import DepthPolicy, FixedDepth
 
@@ -118,7 +118,7 @@ def test_tt_acceptance_trace_commits_one_token_per_step_and_predicts_the_engine(
     speculative run on the same backend."""
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
-    from qwen36.testing.tt import small_tt_generator
+    from support.tt import small_tt_generator
     from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
     from qwen36.tt.spec.spec_backend import TTSpecBackend
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from qwen36.testing.scripts import load_script
+from support.scripts import load_script
 
 tt = load_script("train_tiny")
 

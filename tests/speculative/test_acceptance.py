@@ -7,7 +7,7 @@ import torch
 
 from qwen36.speculative.acceptance import ONE_HOT_DRAFT, PLACEHOLDER_TOKEN_ID as P, greedy_accept, rejection_sample
 from qwen36.generation.sampling import SamplingParams, probs_from_logits
-from qwen36.testing.stats import P_VALUE_MIN, chi_square_p
+from support.stats import P_VALUE_MIN, chi_square_p
 
 
 def test_greedy_accept_prefix_correction_and_bonus():

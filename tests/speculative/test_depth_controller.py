@@ -101,7 +101,7 @@ def test_shipped_p150_table_is_the_calibrated_gate0b_record():
     import re
     from pathlib import Path
 
-    from qwen36.testing.scripts import load_script
+    from support.scripts import load_script
 
     table = DepthPolicy.load().costs["p150x2-27b"]
     name = re.search(r"gate-0b record (\S+) ", table.note).group(1)

@@ -27,8 +27,8 @@ from qwen36.speculative.reference_backend import ReferenceBackend
 from qwen36.speculative.reference_mechanisms import ShadowCommit
 from qwen36.generation.sampling import SamplingParams, probs_from_logits
 
-from qwen36.testing.speculative import DistDrafter, ScriptedDrafter, engine_prompts as prompts, two_token_counts
-from qwen36.testing.stats import P_VALUE_MIN, chi_square_p
+from support.speculative import DistDrafter, ScriptedDrafter, engine_prompts as prompts, two_token_counts
+from support.stats import P_VALUE_MIN, chi_square_p
 
 BATCHES = [1, 4]  # B = 1 and several users in one backend: the same code path
 STAT_SLOTS = 8  # users per backend in the statistical tests: n seeded runs go 8 at a time

@@ -18,8 +18,8 @@ from qwen36.speculative.reference_backend import ReferenceBackend
 from qwen36.generation.sampling import (MAX_LOGPROBS, Penalties, SamplingParams, TokenHistory, penalize,
                                          probs_from_logits, token_logprobs)
 
-from qwen36.testing.speculative import DistDrafter, ScriptedDrafter, penalty_prompts as prompts, two_token_counts
-from qwen36.testing.stats import P_VALUE_MIN, chi_square_p
+from support.speculative import DistDrafter, ScriptedDrafter, penalty_prompts as prompts, two_token_counts
+from support.stats import P_VALUE_MIN, chi_square_p
 
 # repetition > 1 (divides positive logits), a negative presence penalty and a positive frequency penalty: on the
 # untrained tiny model only this mix changes greedy output on both prompts (it rarely repeats on its own)

@@ -18,7 +18,7 @@ def cards(card_device):
 
 @pytest.fixture(scope="module")
 def ckpt(cards, tmp_path_factory):
-    from qwen36.testing.tt import make_bf16_checkpoint
+    from qwen36.tiny import make_bf16_checkpoint
 
     return make_bf16_checkpoint(tmp_path_factory.mktemp("tt-cards-ci"), "ci", seed=0)
 
@@ -29,8 +29,8 @@ def test_layers_on_cards(cards, ckpt, preset, layer_id):
     from qwen36.tt_ops.device import open_mesh
 
     from qwen36.tt.model.model_config import PrecisionSetting
-    from qwen36.testing.pcc import PCC_GATES, comp_pcc
-    from qwen36.testing.tt import LayerHarness
+    from qwen36.numerics import PCC_GATES, comp_pcc
+    from support.tt import LayerHarness
 
     gate = PCC_GATES["layer_bf16" if preset == "accuracy" else "layer_bf8"]
     with open_mesh(cards) as ctx:

@@ -211,7 +211,7 @@ def dram_sharded_case():
 
 
 def test_dram_sharded_matmul_runs_and_counts_bank_bytes(dram_sharded_case):
-    from qwen36.testing.pcc import comp_pcc
+    from qwen36.numerics import comp_pcc
 
     ctx, plan, w, _, x, want = dram_sharded_case
     ttnn = ctx.ttnn

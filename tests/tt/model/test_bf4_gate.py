@@ -20,8 +20,8 @@ import torch
 
 from qwen36.tiny import PRESETS, random_weights, write_checkpoint
 from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup
-from qwen36.testing.pcc import PCC_GATES, comp_pcc
-from qwen36.testing.tt import LayerHarness
+from qwen36.numerics import PCC_GATES, comp_pcc
+from support.tt import LayerHarness
 
 LAYER = 1  # a CI-config layer; only its MLP is run
 

@@ -7,7 +7,8 @@ import torch
 
 from qwen36.tt.model.gdn_plan import GDNRoute, GDNStepPlan
 from qwen36.tt.model.model_config import PrecisionSetting
-from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
+from support.tt import LayerHarness
+from qwen36.tiny import make_bf16_checkpoint
 
 ROWS = 3  # a K = 2 verify
 

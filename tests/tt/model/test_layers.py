@@ -1,6 +1,6 @@
 """TT layers vs the pure-torch reference on the emulated 1x2 mesh, same inputs (per-layer PCC gates).
 
-Gates (models/qwen36/testing/pcc.py): PCC >= 0.9999 with bf16 weights (accuracy preset), >= 0.99 with bf8
+Gates (models/qwen36/numerics.py): PCC >= 0.9999 with bf16 weights (accuracy preset), >= 0.99 with bf8
 weights (performance preset); GDN recurrent state after prefill + decode steps PCC >= 0.999.
 """
 from __future__ import annotations
@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from qwen36.tt.model.model_config import PrecisionSetting
-from qwen36.testing.pcc import PCC_GATES, comp_pcc
-from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
+from qwen36.numerics import PCC_GATES, comp_pcc
+from support.tt import LayerHarness
+from qwen36.tiny import make_bf16_checkpoint
 
 PRESET_GATE = {"accuracy": "layer_bf16", "performance": "layer_bf8"}
 PROMPT = 40  # two 32-row GDN chunks, one partial: exercises chunk padding
@@ -97,7 +98,7 @@ def test_gdn_bf16_activations_miss_the_bf16_gate(mesh, bf16_ckpt):
     0.99999 at every step). The fused layer (tt/model/gdn.py: conv summed with fp32 accumulation, silu(z) fused into the
     gate multiply) rounds less than the composite one did, which missed the gate within 3 steps (0.99982)."""
     from qwen36.tt.model.model_config import TensorGroup
-    from qwen36.testing.pcc import pcc
+    from qwen36.numerics import pcc
 
     prec = PrecisionSetting.accuracy().with_group(TensorGroup.GDN_ACTIVATION, "bfloat16")
     h = LayerHarness(bf16_ckpt, mesh, prec, 0)

@@ -10,8 +10,9 @@ from qwen36.reference.model import Qwen36Model
 from qwen36.tiny import PRESETS
 from qwen36.tt.runtime.generator import TTGenerator
 from qwen36.tt.model.model_config import PrecisionSetting, TPSplitError, TTModelArgs
-from qwen36.testing.pcc import PCC_GATES, comp_pcc
-from qwen36.testing.tt import make_bf16_checkpoint, tp4_config
+from qwen36.numerics import PCC_GATES, comp_pcc
+from qwen36.tiny import make_bf16_checkpoint
+from support.tt import tp4_config
 
 DECODE_STEPS = 32
 # Random-weight tiny models have near-ties (reference top-2 gaps down to ~1e-3) that no bf16 arithmetic can

@@ -12,10 +12,11 @@ import torch
 from qwen36.checkpoint import load_checkpoint
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.engine import speculative_generate
-from qwen36.testing.speculative import oracle_drafter
-from qwen36.testing.tt import make_bf16_checkpoint, tp4_config
+from support.speculative import oracle_drafter
+from qwen36.tiny import make_bf16_checkpoint
+from support.tt import tp4_config
 from qwen36.tt.runtime.generator import TTGenerator
-from qwen36.testing.pcc import PCC_GATES, comp_pcc
+from qwen36.numerics import PCC_GATES, comp_pcc
 from qwen36.tt.spec.spec_backend import TTSpecBackend
 
 pytestmark = pytest.mark.slow  # one 1x4 mesh build and a few emulated generations: ~tens of seconds

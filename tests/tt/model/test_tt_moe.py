@@ -1,6 +1,6 @@
 """The MoE sibling on the emulated 1x2 mesh: the TT MoE block (tt/model/moe.py) and the full MoE model vs the reference.
 
-Gates (models/qwen36/testing/pcc.py): block PCC >= 0.9999 with bf16 weights (accuracy), >= 0.99 with bfloat8_b experts
+Gates (models/qwen36/numerics.py): block PCC >= 0.9999 with bf16 weights (accuracy), >= 0.99 with bfloat8_b experts
 (performance), at 1 row (decode), 4 rows (a K=3 packed verify; indexed expert matmuls) and 40 rows (a prefill chunk
 with rows*k > E: every expert over all rows). On-device routing picks the reference's experts (ids equal) with
 weights within 1e-3. The routed experts read exactly rows*k expert groups per device (k for decode), counted by
@@ -18,9 +18,10 @@ from qwen36.reference.model import Qwen36Model
 from qwen36.tiny import PRESETS
 from qwen36.tt.model.model_config import PrecisionSetting
 from qwen36.tt.model.moe import row_onehot
-from qwen36.testing.pcc import PCC_GATES, comp_pcc
+from qwen36.numerics import PCC_GATES, comp_pcc
 from qwen36.tt.model.weights import expert_gate_up_blocks
-from qwen36.testing.tt import LayerHarness, make_bf16_checkpoint
+from support.tt import LayerHarness
+from qwen36.tiny import make_bf16_checkpoint
 
 pytest.importorskip("ttnn")
 

@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from qwen36.tt.runtime.batch_buckets import BucketedBatchDecoder
-from qwen36.testing.tt_batch import (assert_users_match_single, host_greedy, batch_one_greedy as single, batch_test_checkpoint,
-                                     batch_test_generator, gdn_rows, random_prompt as prompt)
+from support.tt_batch import (
+    assert_users_match_single,
+    host_greedy,
+    batch_one_greedy as single,
+    batch_test_checkpoint,
+    batch_test_generator,
+    gdn_rows,
+    random_prompt as prompt,
+)
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,20 @@ from qwen36.reference.batch import SlotDecoder
 from qwen36.reference.model import Qwen36Model
 from qwen36.generation.sampling import SamplingParams
 from qwen36.generation.thinking import ThinkingBudget
-from qwen36.testing.tt import small_tt_generator
+from support.tt import small_tt_generator
 from qwen36.tt.runtime.batch import TTBatchDecoder, bucket_for
-from qwen36.testing.pcc import comp_pcc
-from qwen36.testing.tt_batch import (assert_users_match_single, host_greedy, batch_cli_equals_alone, batch_one_greedy as single,
-                                     batch_test_checkpoint, batch_test_generator, gdn_rows, poison_slot,
-                                     random_prompt as prompt)
+from qwen36.numerics import comp_pcc
+from support.tt_batch import (
+    assert_users_match_single,
+    host_greedy,
+    batch_cli_equals_alone,
+    batch_one_greedy as single,
+    batch_test_checkpoint,
+    batch_test_generator,
+    gdn_rows,
+    poison_slot,
+    random_prompt as prompt,
+)
 
 # TT (accuracy preset, bf16 weights) vs the fp32 reference: the same gates as tests/tt/model/test_model.py's decode.
 TT_VS_REF_PCC = 0.99

@@ -16,7 +16,7 @@ from qwen36.speculative.engine import speculative_generate
 from qwen36.reference.batch import generate
 from qwen36.generation.sampling import (SamplingParams, TokenHistory, penalize, pick_token, probs_from_logits,
                                          token_logprobs)
-from qwen36.testing.tt import small_tt_generator
+from support.tt import small_tt_generator
 from qwen36.tt.spec.accept import DeviceAcceptor
 from qwen36.generation.plain import plain_generate
 from qwen36.tt.runtime.batch import TTBatchDecoder
@@ -26,8 +26,8 @@ from qwen36.tt.runtime.sampler import DeviceSampler
 from qwen36.tt.runtime.sampler_transform import SamplerStages
 from qwen36.tt.runtime.trace import TracedStep
 
-from qwen36.testing.speculative import penalty_prompts as prompts
-from qwen36.testing.stats import chi2_p
+from support.speculative import penalty_prompts as prompts
+from support.stats import chi2_p
 
 V = 64
 PENALTIES = dict(repetition_penalty=1.3, presence_penalty=-1.5, frequency_penalty=0.7)
@@ -465,8 +465,8 @@ def test_generate_cli_sampled_batch_on_tt(capsys, tmp_path, monkeypatch):
     """`qwen36 generate --device emulated-p150x2` with two prompts and --temperature: `ids[i]` equal each prompt's
     own single-prompt run with the same settings and seed; with --logprobs the batch prints each user's logprobs
     and the same tokens (the one plain driver serves logprobs at any B)."""
-    from qwen36.testing.cli import run_cli_streams as cli
-    from qwen36.testing.tt_batch import CLI_TEXTS, batch_cli_equals_alone
+    from support.cli import run_cli_streams as cli
+    from support.tt_batch import CLI_TEXTS, batch_cli_equals_alone
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
     base = ["generate", "--max-new-tokens", "6", "--device", "emulated-p150x2", "--temperature", "0.8",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.testing.tt import make_bf16_checkpoint
+from qwen36.tiny import make_bf16_checkpoint
 from qwen36.tt.model.state import GDNLayerState, KVLayerState
 from qwen36.tt.runtime.generator import TTGenerator
 from qwen36.tt.runtime.resume import (CheckpointPolicy, CheckpointStore, PageLedger, chain_keys, plan_resume,

@@ -9,7 +9,7 @@ import torch
 
 from qwen36.prefix_cache import PrefixCache
 from qwen36.generation.sampling import SamplingParams
-from qwen36.testing.tt import small_tt_generator
+from support.tt import small_tt_generator
 
 BLOCK = 32  # = the paged-KV block size of small_tt_generator (a cached block is whole pages)
 BIG = 1 << 34
@@ -95,7 +95,7 @@ def test_warm_equals_cold_sampled_traced_and_eviction(gen):
 def _batch_run(gen, cache, prompts, limits, arrivals, pool_blocks=0, keep_pool=False):
     from types import SimpleNamespace
 
-    from qwen36.testing.tt_batch import host_greedy
+    from support.tt_batch import host_greedy
     from qwen36.tt.runtime.batch import TTBatchDecoder
 
     gen.release_trace()
@@ -316,7 +316,7 @@ def test_batched_speculative_pool_caches_under_a_live_trace(ckpt_factory):
     nothing under the live trace (the behaviour the pool lifts)."""
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
-    from qwen36.testing.tt_batch import record_emitted_logits
+    from support.tt_batch import record_emitted_logits
     from qwen36.tt.spec.spec_backend import TTSpecBackend
     from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 

@@ -11,7 +11,7 @@ recorded table in tests/tt/serving/test_chat_api_replay.py).
   the schema;
 - ``qwen36 serve --spec-k`` with a plugin that has no speculative runner is refused before vLLM starts;
 - the whole table (``scripts/chat_api_table.py``, about 10 minutes on the shared host): every row answers as
-  ``qwen36.testing.chat_api.ROWS`` says, the prompts are the template's, and SIGINT stops the server cleanly.
+  ``support.chat_api.ROWS`` says, the prompts are the template's, and SIGINT stops the server cleanly.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ pytest.importorskip("vllm_tt_plugin", reason="the vllm-tt plugin is not installe
 
 from qwen36 import DEFAULT_CHECKPOINT  # noqa: E402
 from qwen36.chat import render  # noqa: E402
-from qwen36.testing.chat_api import ASK, CLOCK, TOOLS, WEATHER  # noqa: E402
-from qwen36.testing.cli import assert_one_line_error, run_cli  # noqa: E402
+from support.chat_api import ASK, CLOCK, TOOLS, WEATHER  # noqa: E402
+from support.cli import assert_one_line_error, run_cli  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +117,6 @@ def test_a_speculative_launch_is_refused_without_a_speculative_runner(capsys):
 @pytest.mark.slow
 def test_the_table_live(tmp_path):
     pytest.importorskip("openai", reason="the openai client is not installed")
-    from qwen36.testing.scripts import load_script
+    from support.scripts import load_script
 
     assert load_script("chat_api_table").main(["--port", "8793", "--out", str(tmp_path / "t.json.gz")]) == 0

@@ -2,7 +2,7 @@
 
 ``tests/data/vllm_chat_api_trace.json.gz`` was recorded by ``scripts/chat_api_table.py`` (vLLM 0.25.1, the vllm-tt
 plugin at e3fc849, the openai client against ``qwen36 serve --device emulated-p150x2`` serving the chat-ci
-checkpoint; command in docs/serving.md): every row of ``qwen36.testing.chat_api.ROWS``, its request, the server's
+checkpoint; command in docs/serving.md): every row of ``support.chat_api.ROWS``, its request, the server's
 response (streamed rows: the chunks and what they add up to) and the plugin calls it caused.
 
 What CI checks from it:
@@ -27,10 +27,18 @@ import pytest
 import torch
 
 from qwen36.chat import ChatFormatError, THINK_START, TOOL_RESPONSE_START, TOOLS_HEAD, parse_tool_calls, render
-from qwen36.testing.chat_api import (CHAT_CHECKPOINT, ROWS, log_softmax_at, make_chat_checkpoint, message,
-                                     prompt_failures, rendered_prompt, template_input)
-from qwen36.testing.vllm_calls import feed_calls, load_trace, restore
-from qwen36.testing.vllm_replay import load_on_mesh, served_model
+from support.chat_api import (
+    CHAT_CHECKPOINT,
+    ROWS,
+    log_softmax_at,
+    make_chat_checkpoint,
+    message,
+    prompt_failures,
+    rendered_prompt,
+    template_input,
+)
+from support.vllm_calls import feed_calls, load_trace, restore
+from support.vllm_replay import load_on_mesh, served_model
 from qwen36.tt_ops.device import open_mesh
 from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
 

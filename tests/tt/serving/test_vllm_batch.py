@@ -24,8 +24,8 @@ import torch
 
 from qwen36.generation.sampling import SamplingParams
 from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
-from qwen36.testing.vllm_calls import replay_calls as replay
-from qwen36.testing.vllm_replay import LOGITS_TOL, batch1_generator, load_on_mesh as _load, open_env, served_model
+from support.vllm_calls import replay_calls as replay
+from support.vllm_replay import LOGITS_TOL, batch1_generator, load_on_mesh as _load, open_env, served_model
 
 TRACE = json.loads((Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_batch_trace.json").read_text())
 SAMPLED = json.loads((Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_batch_sampled_trace.json").read_text())

@@ -26,9 +26,21 @@ import torch
 
 from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
 from qwen36.tt.serving import vllm_types as vt
-from qwen36.testing.vllm_replay import (BLOCK, K, MAX_LEN, N_NEW, P, PROMPT, PluginReplay, committed_positions,
-                                        greedy_accept, load_on_mesh as _load, open_env, reference_greedy,
-                                        verify_block)
+from support.vllm_replay import (
+    BLOCK,
+    K,
+    MAX_LEN,
+    N_NEW,
+    P,
+    PROMPT,
+    PluginReplay,
+    committed_positions,
+    greedy_accept,
+    load_on_mesh as _load,
+    open_env,
+    reference_greedy,
+    verify_block,
+)
 
 HELPER_TRACE = Path(__file__).resolve().parents[2] / "data" / "vllm_tt_plugin_spec_helpers.json"
 

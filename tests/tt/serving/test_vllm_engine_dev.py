@@ -28,7 +28,7 @@ plugin_worker = pytest.importorskip("vllm_tt_plugin.worker",
 
 from qwen36.generation.sampling import SamplingParams  # noqa: E402
 from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION, build_generator  # noqa: E402
-from qwen36.testing.tt import make_bf16_checkpoint  # noqa: E402
+from qwen36.tiny import make_bf16_checkpoint  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
@@ -169,7 +169,7 @@ SAMPLED_TRACE = REPO / "tests/data/vllm_tt_plugin_batch_sampled_trace.json"
 
 def _recording(monkeypatch, calls: list, rows: dict | None = None):
     """Record every call the plugin makes on the model class's serving methods (name, arguments by keyword)."""
-    from qwen36.testing.vllm_calls import record_calls
+    from support.vllm_calls import record_calls
     from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 
     record_calls(Qwen36ForCausalLM, calls, monkeypatch.setattr, rows=rows)

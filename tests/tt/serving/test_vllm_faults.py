@@ -16,8 +16,8 @@ import torch
 
 from qwen36.tt.serving.qwen36_vllm import DeviceStepFailed, Qwen36ForCausalLM
 from qwen36.tt_ops.emulator.faults import InjectedDeviceFault, clear_fault, inject_fault
-from qwen36.testing.vllm_calls import feed_calls, replay_calls as replay, restore as _arg
-from qwen36.testing.vllm_replay import load_on_mesh as _load, open_env, served_model
+from support.vllm_calls import feed_calls, replay_calls as replay, restore as _arg
+from support.vllm_replay import load_on_mesh as _load, open_env, served_model
 
 TRACE = json.loads((Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_batch_trace.json").read_text())
 

@@ -22,7 +22,7 @@ plugin_worker = pytest.importorskip("vllm_tt_plugin.worker",
                                     reason="the vllm-tt plugin is not installed (dev-only check; see docs/serving.md)")
 from vllm_tt_plugin.scheduler import TTScheduler  # noqa: E402
 
-from qwen36.testing.tt import make_bf16_checkpoint  # noqa: E402
+from qwen36.tiny import make_bf16_checkpoint  # noqa: E402
 from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION  # noqa: E402
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402

@@ -22,8 +22,15 @@ import pytest
 import torch
 
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
-from qwen36.testing.vllm_replay import (K, LOGITS_TOL, PluginReplay, batch1_generator, load_on_mesh as _load, open_env,
-                                        served_model)
+from support.vllm_replay import (
+    K,
+    LOGITS_TOL,
+    PluginReplay,
+    batch1_generator,
+    load_on_mesh as _load,
+    open_env,
+    served_model,
+)
 
 TRACE = json.loads((Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_batch_trace.json").read_text())
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from qwen36.testing.vllm_replay import load_on_mesh, open_env
+from support.vllm_replay import load_on_mesh, open_env
 from qwen36.tt.serving import vllm_types as vt
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 from qwen36.tt.serving.vllm_prefix import PrefixConfig

@@ -22,9 +22,9 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (dev-only check
 plugin_worker = pytest.importorskip("vllm_tt_plugin.worker",
                                     reason="the vllm-tt plugin is not installed (dev-only check; see docs/serving.md)")
 
-from qwen36.testing.soak_oracle import request_rows  # noqa: E402
-from qwen36.testing.tt import make_bf16_checkpoint  # noqa: E402
-from qwen36.testing.vllm_calls import record_calls  # noqa: E402
+from support.soak_oracle import request_rows  # noqa: E402
+from qwen36.tiny import make_bf16_checkpoint  # noqa: E402
+from support.vllm_calls import record_calls  # noqa: E402
 from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION  # noqa: E402
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402

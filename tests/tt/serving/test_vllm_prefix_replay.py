@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from qwen36.testing.soak_oracle import check_request, request_rows, row_digest
-from qwen36.testing.vllm_calls import feed_calls, load_trace
-from qwen36.testing.chat_api import CHAT_CHECKPOINT, make_chat_checkpoint
-from qwen36.testing.vllm_replay import batch1_generator, load_on_mesh, open_env
+from support.soak_oracle import check_request, request_rows, row_digest
+from support.vllm_calls import feed_calls, load_trace
+from support.chat_api import CHAT_CHECKPOINT, make_chat_checkpoint
+from support.vllm_replay import batch1_generator, load_on_mesh, open_env
 from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
 from qwen36.tt_ops.device import open_mesh
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM

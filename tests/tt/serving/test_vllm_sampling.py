@@ -28,8 +28,16 @@ import torch
 from qwen36.generation.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
 from qwen36.tt.serving import vllm_types as vt
 from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM, sampling_from_plugin
-from qwen36.testing.vllm_replay import (BLOCK, MAX_LEN, PROMPT, PluginReplay, batch1_generator, greedy_accept,
-                                        load_on_mesh as _load, open_env)
+from support.vllm_replay import (
+    BLOCK,
+    MAX_LEN,
+    PROMPT,
+    PluginReplay,
+    batch1_generator,
+    greedy_accept,
+    load_on_mesh as _load,
+    open_env,
+)
 
 PLUGIN_FIELDS = Path(__file__).resolve().parents[2] / "data" / "vllm_tt_plugin_sampling_params.json"
 P = len(PROMPT)

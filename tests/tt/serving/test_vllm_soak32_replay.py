@@ -9,7 +9,7 @@ engine got the sha256 of its fp32 bytes, its argmax and its max. 233 engine step
 up to 28 rows per call), 180 requests completed, 20 aborted, 23 preempted and resumed.
 
 That dev run already checked every one of its 3120 rows against the resume-aware batch-1 oracle
-(``qwen36.testing.soak_oracle``: all bit-equal, greedy tokens the oracle's argmax, seeded sampled tokens what vLLM's
+(``support.soak_oracle``: all bit-equal, greedy tokens the oracle's argmax, seeded sampled tokens what vLLM's
 ``Sampler`` draws from the oracle's rows). Rerunning the oracle for all of them took 33 min on the 2-core host, so
 this test checks the replay against the engine's own rows instead: equal hashes mean the adapter today returns
 exactly the bits the engine got when the oracle passed. It also checks that every row continues its request with
@@ -31,9 +31,9 @@ import pytest
 import torch
 
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
-from qwen36.testing.soak_oracle import check_request, request_rows, row_digest
-from qwen36.testing.vllm_calls import feed_calls, load_trace
-from qwen36.testing.vllm_replay import batch1_generator, load_on_mesh, open_env, served_model
+from support.soak_oracle import check_request, request_rows, row_digest
+from support.vllm_calls import feed_calls, load_trace
+from support.vllm_replay import batch1_generator, load_on_mesh, open_env, served_model
 
 SOAK = load_trace(Path(__file__).resolve().parents[2] / "data/vllm_tt_plugin_soak32_trace.json.gz")
 ORACLE = {1: "greedy, resumed", 3: "sampled, resumed", 29: "greedy, aborted while running"}

@@ -8,7 +8,7 @@ another slot), rows condensed as requests finished, and slots were taken over wi
 
 The replay feeds the recorded arguments to the adapter and checks: every call returns the recorded argmax; every
 row continues its request with the tokens the engine emitted; each bucket's step was captured once; and every request
-against the resume-aware batch-1 oracle (``qwen36.testing.soak_oracle``, the soak's own): the batch-1 run that
+against the resume-aware batch-1 oracle (``support.soak_oracle``, the soak's own): the batch-1 run that
 prefills what the engine prefilled (the prompt, and at a resume the prompt + the tokens generated so far) and decodes
 the rest. Every logits row (greedy, sampled, aborted, before and after a resume) equals that run's row (max abs <=
 1e-4; the tokens of a seeded sampled request then follow, vLLM's sampler drawing from equal rows with the same
@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
-from qwen36.testing.soak_oracle import check_request, oracle_generator, request_rows
-from qwen36.testing.vllm_calls import feed_calls, load_trace
-from qwen36.testing.vllm_replay import LOGITS_TOL, batch1_generator, load_on_mesh as _load, open_env
+from support.soak_oracle import check_request, oracle_generator, request_rows
+from support.vllm_calls import feed_calls, load_trace
+from support.vllm_replay import LOGITS_TOL, batch1_generator, load_on_mesh as _load, open_env
 from qwen36.tt.serving.vllm_prefix import PrefixConfig
 
 DATA = Path(__file__).resolve().parents[2] / "data"

@@ -28,10 +28,10 @@ spec_decode = pytest.importorskip(
     "vllm_tt_plugin.spec_decode",
     reason="no vllm-tt plugin with spec_decode installed (dev-only check; see docs/serving.md)")
 
-import qwen36.testing.vllm_replay as harness  # noqa: E402
+import support.vllm_replay as harness  # noqa: E402
 from qwen36.tt.serving import vllm_types as vt  # noqa: E402
 from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM  # noqa: E402
-from qwen36.testing.vllm_replay import K, N_NEW, P, PROMPT, PluginReplay, load_on_mesh, open_env, reference_greedy  # noqa: E402
+from support.vllm_replay import K, N_NEW, P, PROMPT, PluginReplay, load_on_mesh, open_env, reference_greedy  # noqa: E402
 
 
 @pytest.fixture(scope="module")

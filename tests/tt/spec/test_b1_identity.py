@@ -22,7 +22,7 @@ import torch
 from qwen36.checkpoint import load_checkpoint
 from qwen36.probes.gdn_transaction_tp_checks import kv_host
 from qwen36.generation.sampling import SamplingParams
-from qwen36.testing.tt import small_tt_generator
+from support.tt import small_tt_generator
 from qwen36.tt.spec.spec_backend import TTSpecBackend
 from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 from qwen36.tt.spec.spec_backend import TTSpecBackend

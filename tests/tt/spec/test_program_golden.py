@@ -2,7 +2,7 @@
 one-user step: device-derived row inputs, no GDN row mask, n/pending advanced by the commit, the one-user MTP ops)
 and at four users (the packed B-slot step), K = 1, 2, 3, compared exactly, phase by phase and op by op; and (slow)
 the replayed step as ``TTSpecBackend`` runs it in both layouts (programs per op, trace replays, host transfers,
-captures, tokens). Against ``tests/data/tt_spec_program_golden.json`` (``qwen36.testing.program_golden``; its
+captures, tokens). Against ``tests/data/tt_spec_program_golden.json`` (``support.program_golden``; its
 ``command`` field regenerates it, only for a deliberate, reviewed change of the step's programs)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen36.testing.program_golden import BACKEND_CASES, BATCHES, COMMAND, backend_steps, gate0b_programs
+from support.program_golden import BACKEND_CASES, BATCHES, COMMAND, backend_steps, gate0b_programs
 
 GOLDEN = Path(__file__).resolve().parents[2] / "data" / "tt_spec_program_golden.json"
 

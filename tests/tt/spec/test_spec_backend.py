@@ -37,10 +37,11 @@ from qwen36.speculative.engine import SpecBackend, speculative_generate
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft as RefBatchDraft
 from qwen36.generation.sampling import SamplingParams, probs_from_logits
-from qwen36.testing.pcc import comp_pcc, pcc
-from qwen36.testing.speculative import oracle_drafter
-from qwen36.testing.tt import device_position, make_bf16_checkpoint
-from qwen36.testing.tt_batch import poison_slot
+from qwen36.numerics import comp_pcc, pcc
+from support.speculative import oracle_drafter
+from qwen36.probes.gdn_transaction_tp_checks import device_position
+from qwen36.tiny import make_bf16_checkpoint
+from support.tt_batch import poison_slot
 from qwen36.tt.runtime.generator import TTGenerator
 from qwen36.tt.runtime.sampler_transform import SamplerStages
 from qwen36.tt.spec.mechanisms import GDNStateBytes
@@ -678,7 +679,7 @@ def test_per_user_params_with_the_device_drafter_equal_each_user_on_the_one_user
     from the user's seed), exactly: the packed drafts equal one user's, per-user logits are row-wise, and each user's
     uniform stream follows its own seed and steps."""
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.testing.tt import small_tt_generator
+    from support.tt import small_tt_generator
     from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 
     g = small_tt_generator(MTP_CKPT, prefill_chunk=64, require_mtp=True)

@@ -25,8 +25,10 @@ from qwen36.speculative.depth import DepthPolicy
 from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.generation.sampling import SamplingParams, probs_from_logits
-from qwen36.testing.speculative import oracle_drafter
-from qwen36.testing.tt import device_position, make_bf16_checkpoint, read_scalar, small_tt_generator
+from support.speculative import oracle_drafter
+from qwen36.probes.gdn_transaction_tp_checks import device_position, read_scalar
+from qwen36.tiny import make_bf16_checkpoint
+from support.tt import small_tt_generator
 from qwen36.tt.spec.spec_backend import TTSpecBackend
 
 PROMPT = list(range(5, 17))
@@ -305,7 +307,7 @@ def test_auto_depth_stochastic_chi_square(gen, drafter, draft, seed, penalties):
     tests/tt/spec/test_spec_stochastic.py); P(a >= 1) vs the sum of the per-step closed forms. With penalties the
     target distribution of row j is the one plain sampling would use there (host token history of the committed
     tokens plus d_1..d_j), and after every step the device's shared token counts equal the host history's."""
-    from qwen36.testing.stats import P_VALUE_MIN as P_MIN, chi2_p, rank_cell
+    from support.stats import P_VALUE_MIN as P_MIN, chi2_p, rank_cell
 
     from qwen36.generation.sampling import TokenHistory
 

@@ -27,8 +27,8 @@ import pytest
 import torch
 
 from qwen36.generation.sampling import SamplingParams, probs_from_logits
-from qwen36.testing.stats import chi2_p, rank_cell
-from qwen36.testing.tt import small_tt_generator
+from support.stats import chi2_p, rank_cell
+from support.tt import small_tt_generator
 from qwen36.tt.spec.accept import DeviceAcceptor
 from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 from qwen36.tt.runtime.sampler_transform import SampledDraftPick

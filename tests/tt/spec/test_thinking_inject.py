@@ -17,9 +17,9 @@ from qwen36.checkpoint import load_checkpoint
 from qwen36.speculative.engine import speculative_generate
 from qwen36.generation.sampling import SamplingParams
 from qwen36.generation.thinking import ThinkingBudget
-from qwen36.testing.pcc import pcc
-from qwen36.testing.tt import small_tt_generator
-from qwen36.testing.tt_batch import record_emitted_logits
+from qwen36.numerics import pcc
+from support.tt import small_tt_generator
+from support.tt_batch import record_emitted_logits
 from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
 from qwen36.tt.spec.spec_backend import TTSpecBackend
 
@@ -121,7 +121,7 @@ def plain_b(gen):
     """TT plain greedy of the three users as one batch (TTBatchDecoder, ForcedFeed) with the same budget."""
     from types import SimpleNamespace
 
-    from qwen36.testing.tt_batch import host_greedy
+    from support.tt_batch import host_greedy
     from qwen36.tt.runtime.batch import TTBatchDecoder
 
     gen.release_trace()

@@ -1,7 +1,7 @@
 """The TT MTP head (tt/spec/mtp.py ``TTMTPHead``) and its packed per-user draft chain (tt/spec/mtp_drafter.py
 ``TTMTPDrafter`` inside tt/spec/spec_backend.py ``TTSpecBackend``), on the emulated 1x2 P150a mesh.
 
-One user, vs the reference MTP, including the reseed over verified rows. Gates (models/qwen36/testing/pcc.py): MTP
+One user, vs the reference MTP, including the reseed over verified rows. Gates (models/qwen36/numerics.py): MTP
 logits PCC >= 0.9999 with bf16 weights (accuracy preset), >= 0.99 with bf8 (performance); K=3 draft tokens ==
 reference ``mtp_draft`` tokens on inputs whose reference top-2 gap is >= MIN_MARGIN at every draft (asserted);
 per-step draft-logit PCC >= 0.9999; MTP KV rows 0..n+a after a reseed vs the oracle cache (reference
@@ -32,20 +32,20 @@ import torch
 
 from qwen36.checkpoint import load_checkpoint
 from qwen36.reference.model import Qwen36Model
-from qwen36.testing.tt_hooks import acceptor_host_logits, mtp_kv_from_host, mtp_kv_to_host
+from support.tt_hooks import acceptor_host_logits, mtp_kv_from_host, mtp_kv_to_host
 from qwen36.tt.spec.accept import DeviceAcceptor
 from qwen36.tt.model.model import TTQwen36Model
 from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup, TTModelArgs
 from qwen36.tt.spec.mtp import TTMTPHead, load_tt_mtp
-from qwen36.testing.pcc import PCC_GATES, comp_pcc
-from qwen36.testing.tt import make_bf16_checkpoint
+from qwen36.numerics import PCC_GATES, comp_pcc
+from qwen36.tiny import make_bf16_checkpoint
 from qwen36.tt.runtime.trace import TracedStep
 from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
 from qwen36.speculative.engine import speculative_generate
 from qwen36.generation.sampling import SamplingParams
-from qwen36.testing.cli import run_cli_streams as cli
-from qwen36.testing.pcc import pcc
-from qwen36.testing.tt import small_tt_generator
+from support.cli import run_cli_streams as cli
+from qwen36.numerics import pcc
+from support.tt import small_tt_generator
 from qwen36.tt.spec.mtp_drafter import PackedMTPDrafter, TTMTPDrafter
 from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
 

@@ -13,9 +13,10 @@ from qwen36.config import FULL
 from qwen36.speculative.engine import speculative_generate
 from qwen36.tt.runtime.generator import TTGenerator
 from qwen36.tt.spec.spec_backend import TTSpecBackend
-from qwen36.testing.tt import make_bf16_checkpoint, tp4_config
+from qwen36.tiny import make_bf16_checkpoint
+from support.tt import tp4_config
 from qwen36.tt.spec.verify import VerifyShapeError, check_verify_shape
-from qwen36.testing.speculative import oracle_drafter
+from support.speculative import oracle_drafter
 
 PROMPT = list(range(5, 17))
 MAX_NEW = 16

@@ -87,7 +87,7 @@ def restore(v):
     import numpy as np
     import torch
 
-    from ..tt.serving import vllm_types as vt
+    from qwen36.tt.serving import vllm_types as vt
 
     if isinstance(v, dict) and v.get("dataclass") == "TTSamplingParams":
         return vt.TTSamplingParams(**{k: restore(x) for k, x in v["fields"].items()})

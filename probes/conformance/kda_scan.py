@@ -1,5 +1,5 @@
 """Conformance cases for the KDA chunk-recurrence pieces of ttnn 0.81.1, restated from Tenstorrent's tests for them
-(registered into ``emulator_conformance.CASES``). Those tests were written against earlier call forms (separate beta,
+(registered into ``cases.CASES``). Those tests were written against earlier call forms (separate beta,
 constant-tile inputs, wrap indicators); each case makes the 0.81.1 call (``actual_start`` / ``local_rows`` / tail
 arguments on one sequence-parallel rank) and keeps the test's inputs, oracle and bar.
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .conformance_common import Case, _dev, _expect_rejected, pcc
+from .common import Case, expect_rejected, on_mesh, pcc
 
 _DIR = "tt-metal tests/ttnn/nightly/unit_tests/operations/experimental/kda/"
 SRC_PREP = _DIR + "test_prepare_chunk_recurrence.py"
@@ -85,7 +85,7 @@ def _prep_oracle(q, k, v, g, logits, h):
 def _prep_contract(h, n, kd, vd, mask, l1):
     def run(ttnn, mesh):
         host = _prep_host(h, n, kd, vd)
-        ins = [_dev(ttnn, mesh, x) for x in host]
+        ins = [on_mesh(ttnn, mesh, x) for x in host]
         before = [_first(ttnn, x).clone() for x in ins]
         mc = ttnn.L1_MEMORY_CONFIG if l1 else ttnn.DRAM_MEMORY_CONFIG
         start = _scalar(ttnn, mesh, 0)
@@ -114,19 +114,19 @@ def _prep_bounds_and_rejects(ttnn, mesh):
     the outputs equal those of inputs zeroed there (docstring); and the refusals."""
     h, n, kd, vd = 2, 2, 32, 32
     host = _prep_host(h, n, kd, vd, seed=5)
-    ins = [_dev(ttnn, mesh, x) for x in host]
+    ins = [on_mesh(ttnn, mesh, x) for x in host]
     zeroed = [x.clone() for x in host]
     for j in (1, 2, 3, 4):  # k, v, g, logits
         zeroed[j][:, 40:] = 0
     run = lambda xs, **kw: ttnn.experimental.kda.prepare_chunk_recurrence(*xs, h, **kw)  # noqa: E731
     bounded = run(ins, actual_start=_scalar(ttnn, mesh, 0), actual_end=_scalar(ttnn, mesh, 40))
-    plain = run([_dev(ttnn, mesh, x) for x in zeroed])
+    plain = run([on_mesh(ttnn, mesh, x) for x in zeroed])
     assert all(torch.equal(_first(ttnn, a), _first(ttnn, b)) for a, b in zip(bounded, plain))
-    _expect_rejected(lambda: run(ins, output_bf16_mask=0x8), "unsupported KDA prep BF16 mask 0x8")
-    _expect_rejected(lambda: run(ins, actual_end=_scalar(ttnn, mesh, 40)), "actual_end requires actual_start")
+    expect_rejected(lambda: run(ins, output_bf16_mask=0x8), "unsupported KDA prep BF16 mask 0x8")
+    expect_rejected(lambda: run(ins, actual_end=_scalar(ttnn, mesh, 40)), "actual_end requires actual_start")
     l1acc = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, packer_l1_acc=True)
-    _expect_rejected(lambda: run(ins, compute_kernel_config=l1acc), "packer_l1_acc=true is unsupported")
-    _expect_rejected(lambda: run(ins[:4] + [_dev(ttnn, mesh, host[4][:, :, :1])]),
+    expect_rejected(lambda: run(ins, compute_kernel_config=l1acc), "packer_l1_acc=true is unsupported")
+    expect_rejected(lambda: run(ins[:4] + [on_mesh(ttnn, mesh, host[4][:, :, :1])]),
                      "beta logits must be token-major [1, num_chunks * 32, columns]")
 
 
@@ -157,7 +157,7 @@ def _scan_ref(proto, s):
 
 
 def _proto_dev(ttnn, mesh, proto):
-    return [_dev(ttnn, mesh, x, ttnn.bfloat16 if x.dtype == torch.bfloat16 else ttnn.float32) for x in proto]
+    return [on_mesh(ttnn, mesh, x, ttnn.bfloat16 if x.dtype == torch.bfloat16 else ttnn.float32) for x in proto]
 
 
 def _scan_case(bh, n, kd, vd, bf16=(), groups=1):
@@ -165,8 +165,8 @@ def _scan_case(bh, n, kd, vd, bf16=(), groups=1):
         proto = _protocol(bh * groups, n, kd, vd, bf16)
         s0 = 0.04 * torch.randn(bh * groups, kd, vd, generator=torch.Generator().manual_seed(2718))
         y, s = ttnn.experimental.kda.recurrent_chunk_scan(
-            *_proto_dev(ttnn, mesh, proto), _dev(ttnn, mesh, s0, ttnn.float32), actual_start=_scalar(ttnn, mesh, 0),
-            tail_entry_states=_dev(ttnn, mesh, s0[::groups], ttnn.float32), groups_per_head=groups)
+            *_proto_dev(ttnn, mesh, proto), on_mesh(ttnn, mesh, s0, ttnn.float32), actual_start=_scalar(ttnn, mesh, 0),
+            tail_entry_states=on_mesh(ttnn, mesh, s0[::groups], ttnn.float32), groups_per_head=groups)
         ry, rs = _scan_ref(proto, s0)
         assert y.dtype == ttnn.bfloat16 and list(y.shape) == [bh * groups, n, C, vd]
         assert s.dtype == ttnn.float32 and list(s.shape) == [bh * groups, kd, vd]
@@ -176,13 +176,13 @@ def _scan_case(bh, n, kd, vd, bf16=(), groups=1):
 
 def _scan_rejects(ttnn, mesh):
     proto = _proto_dev(ttnn, mesh, _protocol(2, 1, 32, 32))
-    s0 = _dev(ttnn, mesh, torch.zeros(2, 32, 32), ttnn.float32)
+    s0 = on_mesh(ttnn, mesh, torch.zeros(2, 32, 32), ttnn.float32)
     start = _scalar(ttnn, mesh, 0)
     bad = list(proto)
-    bad[3] = _dev(ttnn, mesh, _protocol(2, 1, 32, 32)[3], ttnn.bfloat16)
-    _expect_rejected(lambda: ttnn.experimental.kda.recurrent_chunk_scan(
+    bad[3] = on_mesh(ttnn, mesh, _protocol(2, 1, 32, 32)[3], ttnn.bfloat16)
+    expect_rejected(lambda: ttnn.experimental.kda.recurrent_chunk_scan(
         *bad, s0, actual_start=start, tail_entry_states=s0), "intra must be FLOAT32")
-    _expect_rejected(lambda: ttnn.experimental.kda.recurrent_chunk_scan(
+    expect_rejected(lambda: ttnn.experimental.kda.recurrent_chunk_scan(
         *proto, s0, actual_start=start, tail_entry_states=s0, groups_per_head=3),
         "groups_per_head 3 must divide the folded leading dimension 2")
 
@@ -200,7 +200,7 @@ def _summary_case(bh, n, d, bf16=()):
             *_proto_dev(ttnn, mesh, proto), actual_start=_scalar(ttnn, mesh, 0), packed_head=True)
         assert len(packed) == 1 and list(packed[0].shape) == [1, bh, d, 2 * d]
         assert torch.equal(_first(ttnn, packed[0])[0], torch.cat([_first(ttnn, outs[0]), _first(ttnn, outs[1])], -1))
-        _expect_rejected(lambda: ttnn.experimental.kda.summarize_chunk_recurrence(
+        expect_rejected(lambda: ttnn.experimental.kda.summarize_chunk_recurrence(
             *_proto_dev(ttnn, mesh, _protocol(bh, n, d, 2 * d)), actual_start=_scalar(ttnn, mesh, 0)),
             "K must equal V")
     return run
@@ -224,7 +224,7 @@ def _excl_case(bh, groups, kd, vd, bf16):
     def run(ttnn, mesh):
         a, b, s0 = _affine_host(bh, groups, kd, vd)
         dt = ttnn.bfloat16 if bf16 else ttnn.float32
-        a_tt, b_tt, s_tt = _dev(ttnn, mesh, a, dt), _dev(ttnn, mesh, b, dt), _dev(ttnn, mesh, s0, ttnn.float32)
+        a_tt, b_tt, s_tt = on_mesh(ttnn, mesh, a, dt), on_mesh(ttnn, mesh, b, dt), on_mesh(ttnn, mesh, s0, ttnn.float32)
         out = ttnn.experimental.kda.affine_exclusive_scan(
             a_tt, b_tt, s_tt, groups, actual_start=_scalar(ttnn, mesh, 0), local_rows=groups * C, tail_a=a_tt,
             tail_b=b_tt, tail_entry_states=s_tt)
@@ -247,7 +247,7 @@ def _reduce_case(bh, groups, kd, vd, bf16):
     def run(ttnn, mesh):
         a, b, _ = _affine_host(bh, groups, kd, vd)
         dt = ttnn.bfloat16 if bf16 else ttnn.float32
-        a_tt, b_tt = _dev(ttnn, mesh, a, dt), _dev(ttnn, mesh, b, dt)
+        a_tt, b_tt = on_mesh(ttnn, mesh, a, dt), on_mesh(ttnn, mesh, b, dt)
         ta, tb = ttnn.experimental.kda.reduce_affine_transforms(a_tt, b_tt, groups, actual_start=_scalar(ttnn, mesh, 0),
                                                                 local_rows=groups * C)
         aa = _first(ttnn, a_tt).double().reshape(bh, groups, kd, kd)
@@ -271,7 +271,7 @@ def _chain_case(bh, kd, vd):
     def run(ttnn, mesh):
         a, b, s0 = _chain_host(bh, kd, vd)
         entry, final = ttnn.experimental.kda.chain_affine_transforms(
-            _dev(ttnn, mesh, torch.cat([a, b], -1)), _dev(ttnn, mesh, s0, ttnn.float32),
+            on_mesh(ttnn, mesh, torch.cat([a, b], -1)), on_mesh(ttnn, mesh, s0, ttnn.float32),
             actual_start=_scalar(ttnn, mesh, 0), local_rows=C)
         assert pcc(s0, _first(ttnn, entry)) >= 0.999
         assert pcc(a[0].double() @ s0.double() + b[0].double(), _first(ttnn, final)) >= 0.999
@@ -284,17 +284,17 @@ def _chain_matches_composed_ops(ttnn, mesh):
     cfg = ttnn.init_device_compute_kernel_config(mesh.arch(), math_fidelity=ttnn.MathFidelity.HiFi2,
                                                  math_approx_mode=False, fp32_dest_acc_en=True, packer_l1_acc=False)
     _, final = ttnn.experimental.kda.chain_affine_transforms(
-        _dev(ttnn, mesh, torch.cat([a, b], -1)), _dev(ttnn, mesh, s0, ttnn.float32),
+        on_mesh(ttnn, mesh, torch.cat([a, b], -1)), on_mesh(ttnn, mesh, s0, ttnn.float32),
         actual_start=_scalar(ttnn, mesh, 0), local_rows=C, compute_kernel_config=cfg)
-    ta = ttnn.typecast(_dev(ttnn, mesh, a), ttnn.float32)
-    tb = ttnn.typecast(_dev(ttnn, mesh, b), ttnn.float32)
-    composed = ttnn.add(ttnn.matmul(ta, _dev(ttnn, mesh, s0.unsqueeze(0), ttnn.float32), dtype=ttnn.float32,
+    ta = ttnn.typecast(on_mesh(ttnn, mesh, a), ttnn.float32)
+    tb = ttnn.typecast(on_mesh(ttnn, mesh, b), ttnn.float32)
+    composed = ttnn.add(ttnn.matmul(ta, on_mesh(ttnn, mesh, s0.unsqueeze(0), ttnn.float32), dtype=ttnn.float32,
                                     compute_kernel_config=cfg), tb)
     assert torch.equal(_first(ttnn, composed)[0], _first(ttnn, final))
     l1acc = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi2, fp32_dest_acc_en=True,
                                              packer_l1_acc=True)
-    _expect_rejected(lambda: ttnn.experimental.kda.chain_affine_transforms(
-        _dev(ttnn, mesh, torch.cat([a, b], -1)), _dev(ttnn, mesh, s0, ttnn.float32),
+    expect_rejected(lambda: ttnn.experimental.kda.chain_affine_transforms(
+        on_mesh(ttnn, mesh, torch.cat([a, b], -1)), on_mesh(ttnn, mesh, s0, ttnn.float32),
         actual_start=_scalar(ttnn, mesh, 0), local_rows=C, compute_kernel_config=l1acc),
         "packer_l1_acc=true is unsupported")
 
@@ -306,7 +306,7 @@ def _chain_two_ranks(ttnn, mesh):
         return
     a, b, s0 = _chain_host(2, 32, 32, steps=2, seed=7)
     entry, final = ttnn.experimental.kda.chain_affine_transforms(
-        _dev(ttnn, mesh, torch.cat([a, b], -1)), _dev(ttnn, mesh, s0, ttnn.float32),
+        on_mesh(ttnn, mesh, torch.cat([a, b], -1)), on_mesh(ttnn, mesh, s0, ttnn.float32),
         actual_start=_scalar(ttnn, mesh, C), local_rows=C, sequence_parallel_axis=1)
     dev = [ttnn.to_torch(t) for t in ttnn.get_device_tensors(entry)]
     after1 = a[1].double() @ s0.double() + b[1].double()
@@ -318,8 +318,8 @@ def _chain_two_ranks(ttnn, mesh):
 def _select_final_carry(ttnn, mesh):
     rank_final = torch.randn(2, 32, 32)
     prefix = torch.randn(2, 32, 32)
-    out = ttnn.experimental.kda.select_final_carry(_dev(ttnn, mesh, rank_final, ttnn.float32),
-                                                   _dev(ttnn, mesh, prefix, ttnn.float32),
+    out = ttnn.experimental.kda.select_final_carry(on_mesh(ttnn, mesh, rank_final, ttnn.float32),
+                                                   on_mesh(ttnn, mesh, prefix, ttnn.float32),
                                                    actual_start=_scalar(ttnn, mesh, 0), local_rows=C)
     assert torch.equal(_first(ttnn, out), prefix), "one rank: the replicated prefix carry"
     if mesh.get_num_devices() == 2:
@@ -328,7 +328,7 @@ def _select_final_carry(ttnn, mesh):
         per_dev = ttnn.from_torch(torch.stack([rank_final, rank_final + 1.0]), dtype=ttnn.float32,
                                   layout=ttnn.TILE_LAYOUT, device=mesh, mesh_mapper=ttnn.ShardTensorToMesh(mesh, 0))
         out = ttnn.experimental.kda.select_final_carry(
-            ttnn.reshape(per_dev, [2, 32, 32]), _dev(ttnn, mesh, prefix, ttnn.float32),
+            ttnn.reshape(per_dev, [2, 32, 32]), on_mesh(ttnn, mesh, prefix, ttnn.float32),
             actual_start=_scalar(ttnn, mesh, 32), actual_end=_scalar(ttnn, mesh, 152), local_rows=64,
             sequence_parallel_axis=1)
         got = [ttnn.to_torch(t) for t in ttnn.get_device_tensors(out)]

@@ -14,7 +14,7 @@ The golden in ``tests/data/`` is compared exactly by ``tests/tt/spec/test_progra
 programs of the speculative step (a refactor that should be invisible, or a deliberate change) shows up there op by
 op. Regenerate it only for a deliberate, reviewed change, with the command in its ``command`` field:
 
-    .venv/bin/python -m qwen36.testing.program_golden --write tests/data/tt_spec_program_golden.json
+    PYTHONPATH=tests .venv/bin/python -m support.program_golden --write tests/data/tt_spec_program_golden.json
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import json
 PRESET, DEVICE, PRECISION, CONTEXT, VOCAB, KS, COMMIT_K, SEED = "ci", "emulated-p150x2", "performance", 4096, 4096, \
     (1, 2, 3), 3, 0
 BATCHES = (1, 4)
-COMMAND = "python -m qwen36.testing.program_golden --write tests/data/tt_spec_program_golden.json"
+COMMAND = "PYTHONPATH=tests python -m support.program_golden --write tests/data/tt_spec_program_golden.json"
 
 
 def _phases(node, path: str, out: dict) -> None:
@@ -81,11 +81,11 @@ def backend_steps(gen=None, names=None) -> dict:
     accuracy-preset ``small_tt_generator``; built here when None)."""
     from collections import Counter
 
-    from ..checkpoint import load_checkpoint
-    from ..generation.sampling import SamplingParams
-    from ..tt.spec.mtp_drafter import TTMTPDrafter
-    from ..tt.spec.spec_backend import TTSpecBackend
-    from ..tt_ops.emulator import namespace
+    from qwen36.checkpoint import load_checkpoint
+    from qwen36.generation.sampling import SamplingParams
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt_ops.emulator import namespace
     from .tt import small_tt_generator
 
     own = gen is None

@@ -1,10 +1,10 @@
 """Three of Tenstorrent's op test files, restated case by case (same parametrisation, same calls, same checks, in our
 words) so that the emulator can be run against each file's whole grid.
 
-``TT_FILES`` maps each file to its cases (``conformance_tt_rotary``, ``conformance_tt_cache``,
-``conformance_tt_sparse``); every case is a ``conformance_tt_base.TTCase`` with the mesh it needs (``"device"``: the
+``TT_FILES`` maps each file to its cases (``tt_rotary``, ``tt_cache``,
+``tt_sparse``); every case is a ``tt_base.TTCase`` with the mesh it needs (``"device"``: the
 file's single-device fixture, ``"mesh2"``: its two-device ``mesh_device``). ``cases(Case)`` gives the ones the
-conformance suite (``qwen36.testing.emulator_conformance``, ``qwen36 probe emu-conformance``) carries: every case of the
+conformance suite (``qwen36.probes.conformance.cases``, ``qwen36 probe emu-conformance``) carries: every case of the
 indexed cache update and indexed sparse matmul files, and the rotary file's cases that exercise what those files
 found (every ``out_sharded`` case, the fp32 cases, the padded-cos/sin decode case) plus one interleaved case per
 shape; a few small ones run in CI. ``run_file(source)`` runs a whole file's grid and counts passed, failed and skipped
@@ -32,10 +32,10 @@ Sources (tenstorrent/tt-metal, read for facts):
 
 from __future__ import annotations
 
-from .conformance_tt_base import TTCase
-from .conformance_tt_cache import indexed_cases
-from .conformance_tt_rotary import rope_cases
-from .conformance_tt_sparse import sparse_cases
+from .tt_base import TTCase
+from .tt_cache import indexed_cases
+from .tt_rotary import rope_cases
+from .tt_sparse import sparse_cases
 
 ROPE_FILE = "tt-metal tests/tt_eager/python_api_testing/unit_testing/misc/test_rotary_embedding_hf.py"
 INDEXED_FILE = ("tt-metal tests/ttnn/unit_tests/operations/experimental/indexed_page_cache/"
@@ -56,7 +56,7 @@ def cases(case_type) -> list:
 def run_file(source: str) -> dict:
     """Run every case of one file on the emulated mesh each case names (``device``: emulated-p150, ``mesh2``:
     emulated-p150x2, opened for each case as the file's fixtures do); returns counts and the failures."""
-    from ..tt_ops.device import open_mesh
+    from qwen36.tt_ops.device import open_mesh
 
     counts, failures = {"passed": 0, "failed": 0, "skipped": 0}, []
     for c in TT_FILES[source]:

@@ -1,6 +1,6 @@
 """Conformance cases for the chunked Gated-DeltaNet ops of ttnn 0.81.1 (``transformer.chunk_gated_delta_rule`` and
 ``transformer.gated_delta_attn_seq``), restated from Tenstorrent's tests (registered into
-``emulator_conformance.CASES``).
+``cases.CASES``).
 
 Sources (read for facts):
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .conformance_common import Case, _dev, _expect_rejected, pcc
+from .common import Case, expect_rejected, on_mesh, pcc
 
 SRC_CHUNK_REF = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_chunk_gated_delta_rule.py"
 CHUNK = "transformer.chunk_gated_delta_rule"
@@ -69,7 +69,7 @@ def _chunk_vs_recurrent(b, hk, hv, dk, dv, t, with_state, flat=False):
         if flat:  # raw q/k: the kernel normalises; scale them so the in-kernel norm has work to do
             q, k = q * 3.0, k * 0.25
         qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
-        dev = lambda x, dt=ttnn.float32: _dev(ttnn, mesh, x, dt)  # noqa: E731
+        dev = lambda x, dt=ttnn.float32: on_mesh(ttnn, mesh, x, dt)  # noqa: E731
         shape = (lambda x: x.reshape(b, t, -1)) if flat else (lambda x: x)
         o, fs = ttnn.transformer.chunk_gated_delta_rule(
             dev(shape(qb), ttnn.bfloat16), dev(shape(kb), ttnn.bfloat16), dev(shape(vb), ttnn.bfloat16), dev(g),
@@ -92,7 +92,7 @@ def _chunk_decode_padded(ttnn, mesh):
     q, k, v, beta, g, s0 = _chunk_inputs(1, 1, hk, hv, d, d, True, seed=3)
     pad = lambda x: torch.cat([x, torch.zeros(1, 31, *x.shape[2:])], 1)  # noqa: E731
     qb, kb, vb = (pad(x).to(torch.bfloat16) for x in (q, k, v))
-    dev = lambda x, dt=ttnn.float32: _dev(ttnn, mesh, x, dt)  # noqa: E731
+    dev = lambda x, dt=ttnn.float32: on_mesh(ttnn, mesh, x, dt)  # noqa: E731
     o, fs = ttnn.transformer.chunk_gated_delta_rule(
         dev(qb.reshape(1, 32, -1), ttnn.bfloat16), dev(kb.reshape(1, 32, -1), ttnn.bfloat16),
         dev(vb.reshape(1, 32, -1), ttnn.bfloat16), dev(pad(g)), dev(pad(beta)), initial_state=dev(s0),
@@ -123,7 +123,7 @@ _SEQ_ORDER = ("L_unit", "v_beta_sc", "k_bd_sc", "intra_attn", "q_decay", "k_deca
 def _seq_smoke(bh, nc):
     def run(ttnn, mesh):
         x = _seq_host(bh, nc)
-        out, st = ttnn.transformer.gated_delta_attn_seq(*(_dev(ttnn, mesh, x[n], ttnn.float32) for n in _SEQ_ORDER))
+        out, st = ttnn.transformer.gated_delta_attn_seq(*(on_mesh(ttnn, mesh, x[n], ttnn.float32) for n in _SEQ_ORDER))
         s = torch.zeros(bh, 128, 128, dtype=torch.float64)
         outs = []
         for n in range(nc):  # L_unit = I: v_cor = v_beta_sc, k_cum = k_bd_sc
@@ -138,16 +138,16 @@ def _seq_smoke(bh, nc):
 
 def _seq_rejects(ttnn, mesh):
     x = _seq_host(1, 1)
-    dev = {n: _dev(ttnn, mesh, x[n], ttnn.float32) for n in _SEQ_ORDER}
+    dev = {n: on_mesh(ttnn, mesh, x[n], ttnn.float32) for n in _SEQ_ORDER}
     call = lambda d: ttnn.transformer.gated_delta_attn_seq(*(d[n] for n in _SEQ_ORDER))  # noqa: E731
-    _expect_rejected(lambda: call(dict(dev, q_decay=_dev(ttnn, mesh, x["q_decay"], ttnn.bfloat16))),
+    expect_rejected(lambda: call(dict(dev, q_decay=on_mesh(ttnn, mesh, x["q_decay"], ttnn.bfloat16))),
                      "q_decay must be float32, got DataType::BFLOAT16")
-    _expect_rejected(lambda: call(dict(dev, L_inv=_dev(ttnn, mesh, x["L_inv"], ttnn.float32,
+    expect_rejected(lambda: call(dict(dev, L_inv=on_mesh(ttnn, mesh, x["L_inv"], ttnn.float32,
                                                        ttnn.ROW_MAJOR_LAYOUT))), "L_inv must be tiled")
-    _expect_rejected(lambda: call(dict(dev, dl_exp=_dev(ttnn, mesh, torch.ones(1, 1, 1, 2), ttnn.float32))),
+    expect_rejected(lambda: call(dict(dev, dl_exp=on_mesh(ttnn, mesh, torch.ones(1, 1, 1, 2), ttnn.float32))),
                      "dl_exp dim[3] expected 1 got 2")
     small = _seq_host(1, 1, d=64)
-    _expect_rejected(lambda: call(dict(dev, k_bd_sc=_dev(ttnn, mesh, small["k_bd_sc"], ttnn.float32))),
+    expect_rejected(lambda: call(dict(dev, k_bd_sc=on_mesh(ttnn, mesh, small["k_bd_sc"], ttnn.float32))),
                      "key_dim must be exactly 128, got 64")
 
 

@@ -1,4 +1,4 @@
-"""Tenstorrent's ``test_sparse_matmul_indexed.py`` restated (sources: ``qwen36.testing.conformance_tt_tests``)."""
+"""Tenstorrent's ``test_sparse_matmul_indexed.py`` restated (sources: ``qwen36.probes.conformance.tt_tests``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from .conformance_tt_base import TTCase, host0, pcc_at_least, raises, randn
+from .tt_base import TTCase, host0, pcc_at_least, raises, randn
 
 
 def _sparse_pc(ttnn, m, n):

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from .. import DEFAULT_CHECKPOINT
-from ..chat import render
+from qwen36 import DEFAULT_CHECKPOINT
+from qwen36.chat import render
 
 # ---- the checkpoint ------------------------------------------------------------------------------------------------
 # The CI config's shapes (fast on the emulated mesh) with the embedded checkpoint's vocabulary and tokenizer, which
@@ -33,7 +33,7 @@ CHAT_CHECKPOINT = "chat-ci"
 
 
 def make_chat_checkpoint(out_dir: str | Path) -> Path:
-    from ..tiny import PRESETS, random_weights, write_checkpoint
+    from qwen36.tiny import PRESETS, random_weights, write_checkpoint
 
     import torch
 

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import torch
 
-from ..generation.plain import PlainResult, plain_generate
-from ..tt.model.state import GDNLayerState, KVLayerState
-from ..tt.runtime.batch import TTBatchDecoder
-from ..tt.runtime.decode import LogitsRows, TTDecoder
-from ..tt.runtime.generator import SMALL_PAGES, TTGenerator, build_generator
+from qwen36.generation.plain import PlainResult, plain_generate
+from qwen36.tt.model.state import GDNLayerState, KVLayerState
+from qwen36.tt.runtime.batch import TTBatchDecoder
+from qwen36.tt.runtime.decode import LogitsRows, TTDecoder
+from qwen36.tt.runtime.generator import SMALL_PAGES, TTGenerator, build_generator
 from .cli import run_cli_streams
-from .tt import make_bf16_checkpoint
+from qwen36.tiny import make_bf16_checkpoint
 
 # Batched vs batch-1 on the same TT graph: every op is row-wise (a row of a [B, H] matmul sees the same tiles and
 # accumulation order as the [1, H] one in the emulator's tile arithmetic), so the logits agree to this bound

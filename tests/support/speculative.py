@@ -6,8 +6,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..speculative.engine import Acceptance, speculative_step
-from ..speculative.reference_backend import ReferenceBackend, ReferenceDraft
+from qwen36.speculative.engine import Acceptance, speculative_step
+from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft
 
 
 def oracle_drafter(prompt: Sequence[int], plain: Sequence[int], vocab: int = 512) -> Callable[[list[int], int], list[int]]:

@@ -7,7 +7,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "scripts"  # models/qwen36/testing/ -> the checkout's root
+SCRIPTS_DIR = Path(__file__).resolve().parents[2] / "scripts"  # tests/support/ -> the checkout's root
 
 
 def load_script(name: str):
@@ -18,6 +18,8 @@ def load_script(name: str):
     path = SCRIPTS_DIR / f"{name}.py"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: scripts/ exists only in a source checkout (editable install)")
+    if str(SCRIPTS_DIR) not in sys.path:  # a script's first import, scripts/support_path.py, is its sibling
+        sys.path.append(str(SCRIPTS_DIR))
     spec = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module

@@ -5,7 +5,7 @@ from __future__ import annotations
 def run_cli_streams(capsys, *argv: str) -> tuple[int, str, str]:
     """Exit status, stdout and stderr of ``qwen36 ARGV`` run in-process (``capsys``: pytest's capture fixture;
     argparse usage errors exit through SystemExit)."""
-    from ..cli import main  # the one test-support module that may: it runs the command line as a user does
+    from qwen36.cli import main  # the one test-support module that may: it runs the command line as a user does
 
     capsys.readouterr()
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 def card_device_or_skip_reason(requested: str | None, need: int = 2) -> tuple[str | None, str | None]:
     """(device, None) when the card tests can run, else (None, reason naming what is missing)."""
-    from ..tt_ops.device import (EMULATED_DEVICES, HARDWARE_DEVICES, SIMULATOR, resolve_device_name,
+    from qwen36.tt_ops.device import (EMULATED_DEVICES, HARDWARE_DEVICES, SIMULATOR, resolve_device_name,
                                  select_backend, count_tenstorrent_cards)
 
     name = resolve_device_name(requested or "p150x2")

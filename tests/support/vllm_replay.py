@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import torch
 
-from ..tt.model.state import KVLayerState, allocate_state
-from ..tt.runtime.generator import DEFAULT_TRACE_REGION, TTGenerator
-from ..tt.serving import vllm_types as vt
-from ..tt.serving.qwen36_vllm import Qwen36ForCausalLM
-from ..tt_ops.device import open_mesh
-from .tt import make_bf16_checkpoint
+from qwen36.tt.model.state import KVLayerState, allocate_state
+from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION, TTGenerator
+from qwen36.tt.serving import vllm_types as vt
+from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
+from qwen36.tt_ops.device import open_mesh
+from qwen36.tiny import make_bf16_checkpoint
 
 # The contract scenario: one request, its prompt, the speculative depth and the engine's limits.
 PROMPT = list(range(5, 45))  # 40 tokens: crosses a 32-token block

@@ -1,4 +1,4 @@
-"""What the restated Tenstorrent op-test files share (``qwen36.testing.conformance_tt_tests`` lists the files): the
+"""What the restated Tenstorrent op-test files share (``qwen36.probes.conformance.tt_tests`` lists the files): the
 case record, the file's ``expect_error`` and PCC checks, and seeded random inputs (a generator per case, so running a
 case never moves torch's global random state)."""
 
@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from ..numerics import pcc
+from qwen36.numerics import pcc
 
 
 @dataclasses.dataclass

@@ -1,10 +1,10 @@
-"""Tenstorrent's ``test_indexed_fused_update_cache.py`` restated (sources: ``qwen36.testing.conformance_tt_tests``)."""
+"""Tenstorrent's ``test_indexed_fused_update_cache.py`` restated (sources: ``qwen36.probes.conformance.tt_tests``)."""
 
 from __future__ import annotations
 
 import torch
 
-from .conformance_tt_base import TTCase, host0, raises, randn, two_devices
+from .tt_base import TTCase, host0, raises, randn, two_devices
 
 
 def _idx_ref(cache, packed, positions):

@@ -1,9 +1,6 @@
-"""Test support for the TT model (used by tests/tt/ and the TP probes): bf16 test checkpoints and a
-one-layer harness that runs the same inputs through a TT layer and the pure-torch reference layer.
-
-Test checkpoints are written in bf16, like real Qwen3.6 checkpoints: the TT loader then quantises from the
-source dtype the real loader sees, and the fp32 reference runs on exactly the checkpoint's weights, so a TT
-vs reference difference is the TT arithmetic (plus the bf8/bf4 conversion in the performance preset).
+"""Test support for the TT model (used by tests/tt/): a one-layer harness that runs the same inputs through a TT
+layer and the pure-torch reference layer, on bf16 checkpoints (``qwen36.tiny.make_bf16_checkpoint``), so a TT vs
+reference difference is the TT arithmetic (plus the bf8/bf4 conversion in the performance preset).
 """
 from __future__ import annotations
 
@@ -12,15 +9,15 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import load_checkpoint
-from ..config import FULL, Qwen36Config
-from ..reference.model import Qwen36Model
-from ..tiny import PRESETS, random_weights, write_checkpoint
-from ..tt.model.attention import AttentionContext
-from ..tt.model.model import TTDecoderLayer, TTQwen36Model
-from ..tt.model.model_config import PrecisionSetting, TTModelArgs
-from ..tt.model.state import GDNLayerState, allocate_decode_inputs, allocate_state
-from ..tt.model.weights import WeightLoader
+from qwen36.checkpoint import load_checkpoint
+from qwen36.config import FULL, Qwen36Config
+from qwen36.reference.model import Qwen36Model
+from qwen36.tiny import PRESETS
+from qwen36.tt.model.attention import AttentionContext
+from qwen36.tt.model.model import TTDecoderLayer, TTQwen36Model
+from qwen36.tt.model.model_config import PrecisionSetting, TTModelArgs
+from qwen36.tt.model.state import GDNLayerState, allocate_decode_inputs, allocate_state
+from qwen36.tt.model.weights import WeightLoader
 
 
 def tp4_config() -> Qwen36Config:
@@ -33,16 +30,12 @@ def small_tt_generator(ckpt, **kw):
     """The emulated-mesh TT generator the speculative and sampling tests share: accuracy preset, 128-token
     sequences in 32-token KV blocks (``prefill_chunk`` the model default unless given), no progress bars; ``kw``
     adds what a test needs (``require_mtp``, ``prefill_chunk``, ...)."""
-    from ..tt.runtime.generator import Pages, build_generator
+    from qwen36.tt.runtime.generator import Pages, build_generator
 
     pages = Pages(block_size=32, prefill_chunk=kw.pop("prefill_chunk", None))
     return build_generator(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
                            pages=pages, cache_dir=None, **kw)
 
-
-def make_bf16_checkpoint(out_dir: str | Path, preset: str | Qwen36Config = "ci", seed: int = 0) -> Path:
-    cfg = PRESETS[preset] if isinstance(preset, str) else preset
-    return write_checkpoint(out_dir, cfg, random_weights(cfg, seed, dtype=torch.bfloat16))
 
 
 def gdn_channel_permutation(cfg: Qwen36Config, n: int) -> torch.Tensor:
@@ -129,13 +122,3 @@ class LayerHarness:
         ref_conv = self.ref_state.conv[0][perm].t()[None, None]  # [1, 1, K-1, C] device-major
         return {"recurrent": (self.ref_state.recurrent, rec), "conv": (ref_conv.float(), conv)}
 
-
-def read_scalar(step_state, buf) -> float:
-    """Device 0's value of a [1,1,1,1] step-state buffer (``SpecDeviceState.n``, ``.pending``), read back eagerly."""
-    ttnn = step_state.ttnn
-    return float(ttnn.to_torch(ttnn.get_device_tensors(buf)[0]).reshape(-1)[0])
-
-
-def device_position(backend) -> int:
-    """The device-resident position n of a TTSpecBackend's step state."""
-    return int(read_scalar(backend.step_state, backend.step_state.n))

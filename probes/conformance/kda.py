@@ -1,6 +1,6 @@
 """Conformance cases for the KDA convolution / gated norm and the fused GDN ops of ttnn 0.81.1, restated from
 Tenstorrent's own tests for them (in our words, at their shapes or smaller); registered into
-``emulator_conformance.CASES`` so ``qwen36 probe emu-conformance`` runs them.
+``cases.CASES`` so ``qwen36 probe emu-conformance`` runs them.
 
 Where a test was written against another tt-metal revision than the 0.81.1 library, the case follows 0.81.1 (its
 docstring and the validation messages in the installed ``_ttnncpp.so``) and says so.
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .conformance_common import Case, _dev, _expect_rejected, pcc
+from .common import Case, expect_rejected, on_mesh, pcc
 
 SRC_CONV = "tt-metal tests/ttnn/nightly/unit_tests/operations/experimental/kda/test_qkv_causal_conv1d_silu.py"
 SRC_CONV_DOC = "ttnn 0.81.1 docstring of experimental.kda.qkv_causal_conv1d_silu_with_carry"
@@ -67,8 +67,8 @@ def _qkv_host(sequence=64, widths=(512, 512, 512), batch=1, history_rows=3, seed
 
 def _qkv_dev(ttnn, mesh, host, x_layout=None):
     x, hist, taps = host
-    return (_dev(ttnn, mesh, x, layout=x_layout or ttnn.ROW_MAJOR_LAYOUT),
-            _dev(ttnn, mesh, hist, layout=ttnn.ROW_MAJOR_LAYOUT), tuple(_dev(ttnn, mesh, t) for t in taps))
+    return (on_mesh(ttnn, mesh, x, layout=x_layout or ttnn.ROW_MAJOR_LAYOUT),
+            on_mesh(ttnn, mesh, hist, layout=ttnn.ROW_MAJOR_LAYOUT), tuple(on_mesh(ttnn, mesh, t) for t in taps))
 
 
 def _qkv_ref(x, hist, taps, widths):
@@ -177,10 +177,10 @@ def _conv_rejects_configs(ttnn, mesh):
     dev = _qkv_dev(ttnn, mesh, _qkv_host(32, widths, seed=818))
     approx = ttnn.init_device_compute_kernel_config(mesh.arch(), math_fidelity=ttnn.MathFidelity.HiFi4,
                                                     math_approx_mode=True, fp32_dest_acc_en=False, packer_l1_acc=False)
-    _expect_rejected(lambda: _conv(ttnn, mesh, *dev, widths, 384, compute_kernel_config=approx),
+    expect_rejected(lambda: _conv(ttnn, mesh, *dev, widths, 384, compute_kernel_config=approx),
                      "math_approx_mode=true is unsupported")
     l1acc = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, packer_l1_acc=True)
-    _expect_rejected(lambda: _conv(ttnn, mesh, *dev, widths, 384, compute_kernel_config=l1acc),
+    expect_rejected(lambda: _conv(ttnn, mesh, *dev, widths, 384, compute_kernel_config=l1acc),
                      "packer_l1_acc=true is unsupported")
 
 
@@ -190,7 +190,7 @@ def _conv_rejects_chunk_sizes(ttnn, mesh):
     for chunk, msg in ((0, "channel_chunk_size must be positive"), (16, "channel_chunk_size must be tile aligned"),
                        (416, "channel_chunk_size must not exceed Q+K+V width"),
                        (160, "channel_chunk_size must divide Q+K+V width exactly")):
-        _expect_rejected(lambda: _conv(ttnn, mesh, *dev, widths, chunk), msg)
+        expect_rejected(lambda: _conv(ttnn, mesh, *dev, widths, chunk), msg)
 
 
 def _conv_rejects_tensors(ttnn, mesh):
@@ -213,26 +213,26 @@ def _conv_rejects_tensors(ttnn, mesh):
         if case == "host_input":
             x_tt = ttnn.from_torch(x, dtype=ttnn.bfloat16, layout=ttnn.ROW_MAJOR_LAYOUT)
         elif case == "tap_last_dimension":
-            taps_tt[2] = _dev(ttnn, mesh, taps[2].reshape(-1, 1))
+            taps_tt[2] = on_mesh(ttnn, mesh, taps[2].reshape(-1, 1))
         elif case == "tap_volume":
-            taps_tt[2] = _dev(ttnn, mesh, torch.cat((taps[2], taps[2]), 0))
+            taps_tt[2] = on_mesh(ttnn, mesh, torch.cat((taps[2], taps[2]), 0))
         elif case == "history_layout":
-            hist_tt = _dev(ttnn, mesh, hist)
+            hist_tt = on_mesh(ttnn, mesh, hist)
         elif case == "tap_layout":
-            taps_tt[1] = _dev(ttnn, mesh, taps[1], layout=ttnn.ROW_MAJOR_LAYOUT)
+            taps_tt[1] = on_mesh(ttnn, mesh, taps[1], layout=ttnn.ROW_MAJOR_LAYOUT)
         elif case == "input_dtype":
-            x_tt = _dev(ttnn, mesh, x.float(), ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
+            x_tt = on_mesh(ttnn, mesh, x.float(), ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
         elif case == "history_dtype":
-            hist_tt = _dev(ttnn, mesh, hist.float(), ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
+            hist_tt = on_mesh(ttnn, mesh, hist.float(), ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
         elif case == "tap_dtype":
-            taps_tt[3] = _dev(ttnn, mesh, taps[3].float(), ttnn.float32)
+            taps_tt[3] = on_mesh(ttnn, mesh, taps[3].float(), ttnn.float32)
         elif case == "sharded_history":
             spec = ttnn.ShardSpec(ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(0, 0))}),
                                   [hist.shape[0] * hist.shape[1], hist.shape[2]], ttnn.ShardOrientation.ROW_MAJOR)
             hist_tt = ttnn.from_torch(hist, dtype=ttnn.bfloat16, layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh,
                                       memory_config=ttnn.MemoryConfig(ttnn.TensorMemoryLayout.HEIGHT_SHARDED,
                                                                       ttnn.BufferType.L1, spec))
-        _expect_rejected(lambda: ttnn.experimental.kda.qkv_causal_conv1d_silu(
+        expect_rejected(lambda: ttnn.experimental.kda.qkv_causal_conv1d_silu(
             x_tt, hist_tt, *taps_tt, *widths, actual_start=_start(ttnn, mesh), predecessor_carry=hist_tt,
             program_config=ttnn.QkvCausalConv1dSiluProgramConfig(channel_chunk_size=384)), msg)
 
@@ -242,11 +242,11 @@ def _conv_rejects_widths_and_sharded_output(ttnn, mesh):
     for widths, msg in (((0, 128, 256), "Q/K/V widths must be positive"),
                         ((100, 128, 156), "Q/K/V widths must be tile aligned"),
                         ((128, 128, 64), "history must be [1,3,Q+K+V]")):
-        _expect_rejected(lambda: _conv(ttnn, mesh, *dev, widths, sum(widths)), msg)
+        expect_rejected(lambda: _conv(ttnn, mesh, *dev, widths, sum(widths)), msg)
     spec = ttnn.ShardSpec(ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(0, 0))}), [32, 128],
                           ttnn.ShardOrientation.ROW_MAJOR)
     sharded = ttnn.MemoryConfig(ttnn.TensorMemoryLayout.HEIGHT_SHARDED, ttnn.BufferType.L1, spec)
-    _expect_rejected(lambda: _conv(ttnn, mesh, *dev, (128, 128, 128), 384, memory_config=sharded),
+    expect_rejected(lambda: _conv(ttnn, mesh, *dev, (128, 128, 128), 384, memory_config=sharded),
                      "output memory layout must be INTERLEAVED, got HEIGHT_SHARDED")
 
 
@@ -256,15 +256,15 @@ def _conv_tile_input_and_column_offset(ttnn, mesh):
     widths = (128, 64, 128)
     x, hist, taps = _qkv_host(64, widths, seed=5)
     fused = torch.cat([torch.randn(1, 64, 64, dtype=torch.bfloat16), x, torch.randn(1, 64, 32).bfloat16()], -1)
-    hist_tt = _dev(ttnn, mesh, hist, layout=ttnn.ROW_MAJOR_LAYOUT)
-    taps_tt = tuple(_dev(ttnn, mesh, t) for t in taps)
-    rm = _conv(ttnn, mesh, _dev(ttnn, mesh, x, layout=ttnn.ROW_MAJOR_LAYOUT), hist_tt, taps_tt, widths, 320)
-    tile = _conv(ttnn, mesh, _dev(ttnn, mesh, x), hist_tt, taps_tt, widths, 320)
-    off = _conv(ttnn, mesh, _dev(ttnn, mesh, fused), hist_tt, taps_tt, widths, 320, input_column_offset=64)
+    hist_tt = on_mesh(ttnn, mesh, hist, layout=ttnn.ROW_MAJOR_LAYOUT)
+    taps_tt = tuple(on_mesh(ttnn, mesh, t) for t in taps)
+    rm = _conv(ttnn, mesh, on_mesh(ttnn, mesh, x, layout=ttnn.ROW_MAJOR_LAYOUT), hist_tt, taps_tt, widths, 320)
+    tile = _conv(ttnn, mesh, on_mesh(ttnn, mesh, x), hist_tt, taps_tt, widths, 320)
+    off = _conv(ttnn, mesh, on_mesh(ttnn, mesh, fused), hist_tt, taps_tt, widths, 320, input_column_offset=64)
     for a, b, c, want in zip(rm, tile, off, _qkv_ref(x, hist, taps, widths)):
         assert torch.equal(_first(ttnn, a), _first(ttnn, b)) and torch.equal(_first(ttnn, a), _first(ttnn, c))
         assert pcc(want, _first(ttnn, a).float()) >= 0.999
-    _expect_rejected(lambda: _conv(ttnn, mesh, _dev(ttnn, mesh, fused), hist_tt, taps_tt, widths, 320,
+    expect_rejected(lambda: _conv(ttnn, mesh, on_mesh(ttnn, mesh, fused), hist_tt, taps_tt, widths, 320,
                                    input_column_offset=48), "input_column_offset must be tile aligned")
 
 
@@ -313,8 +313,8 @@ def _norm_run(ttnn, mesh, dev, heads=12, **kw):
 
 def _norm_dev(ttnn, mesh, host):
     x, gate, w = host
-    return (_dev(ttnn, mesh, x, ttnn.float32 if x.dtype == torch.float32 else ttnn.bfloat16),
-            _dev(ttnn, mesh, gate), _dev(ttnn, mesh, w))
+    return (on_mesh(ttnn, mesh, x, ttnn.float32 if x.dtype == torch.float32 else ttnn.bfloat16),
+            on_mesh(ttnn, mesh, gate), on_mesh(ttnn, mesh, w))
 
 
 def _norm_accurate(fp32_in, fp32_out, batch=1, sequence=64, heads=12, production=False):
@@ -373,7 +373,7 @@ def _norm_default_config(ttnn, mesh):
 def _norm_rejects(ttnn, mesh):
     l1acc = ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, packer_l1_acc=True)
     dev = _norm_dev(ttnn, mesh, _norm_host())
-    _expect_rejected(lambda: _norm_run(ttnn, mesh, dev, compute_kernel_config=l1acc),
+    expect_rejected(lambda: _norm_run(ttnn, mesh, dev, compute_kernel_config=l1acc),
                      "packer_l1_acc=true is unsupported")
     for case, msg in (("host_input", "allocated device tensor"), ("input_dtype", "input has unsupported dtype"),
                       ("gate_dtype", "gate has unsupported dtype"), ("weight_dtype", "weight has unsupported dtype"),
@@ -388,34 +388,34 @@ def _norm_rejects(ttnn, mesh):
         if case == "host_input":
             x_tt = ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT)
         elif case == "input_dtype":
-            x_tt = _dev(ttnn, mesh, x, ttnn.bfloat8_b)
+            x_tt = on_mesh(ttnn, mesh, x, ttnn.bfloat8_b)
         elif case == "gate_dtype":
-            gate_tt = _dev(ttnn, mesh, gate.float(), ttnn.float32)
+            gate_tt = on_mesh(ttnn, mesh, gate.float(), ttnn.float32)
         elif case == "weight_dtype":
-            w_tt = _dev(ttnn, mesh, w.float(), ttnn.float32)
+            w_tt = on_mesh(ttnn, mesh, w.float(), ttnn.float32)
         elif case == "input_layout":
-            x_tt = _dev(ttnn, mesh, x, ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
+            x_tt = on_mesh(ttnn, mesh, x, ttnn.float32, ttnn.ROW_MAJOR_LAYOUT)
         elif case == "gate_shape":
-            gate_tt = _dev(ttnn, mesh, gate[..., :-32])
+            gate_tt = on_mesh(ttnn, mesh, gate[..., :-32])
         elif case == "weight_shape":
-            w_tt = _dev(ttnn, mesh, w.reshape(2, -1))
+            w_tt = on_mesh(ttnn, mesh, w.reshape(2, -1))
         elif case == "sharded_input":
             spec = ttnn.ShardSpec(ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(0, 0))}),
                                   [x.shape[0] * x.shape[1], x.shape[2]], ttnn.ShardOrientation.ROW_MAJOR)
             x_tt = ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT, device=mesh,
                                    memory_config=ttnn.MemoryConfig(ttnn.TensorMemoryLayout.HEIGHT_SHARDED,
                                                                    ttnn.BufferType.L1, spec))
-        _expect_rejected(lambda: _norm_run(ttnn, mesh, (x_tt, gate_tt, w_tt)), msg)
+        expect_rejected(lambda: _norm_run(ttnn, mesh, (x_tt, gate_tt, w_tt)), msg)
     for heads, eps, dt, msg in ((0, 1e-5, ttnn.float32, "num_heads must be positive"),
                                 (5, 1e-5, ttnn.float32, "leading dimension must be divisible"),
                                 (12, 0.0, ttnn.float32, "epsilon must be finite and positive"),
                                 (12, float("nan"), ttnn.float32, "epsilon must be finite and positive"),
                                 (12, 1e-5, ttnn.uint32, "output_dtype must be FLOAT32 or BFLOAT16")):
-        _expect_rejected(lambda: _norm_run(ttnn, mesh, dev, heads, epsilon=eps, output_dtype=dt), msg)
+        expect_rejected(lambda: _norm_run(ttnn, mesh, dev, heads, epsilon=eps, output_dtype=dt), msg)
     spec = ttnn.ShardSpec(ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(0, 0))}),
                           [64, 12 * 128], ttnn.ShardOrientation.ROW_MAJOR)
     sharded = ttnn.MemoryConfig(ttnn.TensorMemoryLayout.HEIGHT_SHARDED, ttnn.BufferType.L1, spec)
-    _expect_rejected(lambda: _norm_run(ttnn, mesh, dev, memory_config=sharded),
+    expect_rejected(lambda: _norm_run(ttnn, mesh, dev, memory_config=sharded),
                      "output memory configuration must be interleaved")
 
 
@@ -424,11 +424,11 @@ def _norm_gate_column_offset(ttnn, mesh):
     fused = torch.cat([torch.randn(1, 32, 96).bfloat16(), gate, torch.randn(1, 32, 32).bfloat16()], -1)
     x_tt, gate_tt, w_tt = _norm_dev(ttnn, mesh, (x, gate, w))
     sliced = _first(ttnn, _norm_run(ttnn, mesh, (x_tt, gate_tt, w_tt), 4))
-    offset = _first(ttnn, _norm_run(ttnn, mesh, (x_tt, _dev(ttnn, mesh, fused), w_tt), 4, gate_column_offset=96))
+    offset = _first(ttnn, _norm_run(ttnn, mesh, (x_tt, on_mesh(ttnn, mesh, fused), w_tt), 4, gate_column_offset=96))
     assert torch.equal(sliced, offset)
-    _expect_rejected(lambda: _norm_run(ttnn, mesh, (x_tt, _dev(ttnn, mesh, fused), w_tt), 4, gate_column_offset=16),
+    expect_rejected(lambda: _norm_run(ttnn, mesh, (x_tt, on_mesh(ttnn, mesh, fused), w_tt), 4, gate_column_offset=16),
                      "gate_column_offset must be tile aligned")
-    _expect_rejected(lambda: _norm_run(ttnn, mesh, (x_tt, _dev(ttnn, mesh, fused), w_tt), 4, gate_column_offset=160),
+    expect_rejected(lambda: _norm_run(ttnn, mesh, (x_tt, on_mesh(ttnn, mesh, fused), w_tt), 4, gate_column_offset=160),
                      "hold H*V = 256 columns at gate_column_offset 160")
 
 

@@ -1,5 +1,5 @@
-"""Fingerprints of what the emulated mesh computes, for comparing hosts: ``python -m qwen36.testing.host_fingerprint
-OUT.json [--part ops|model|all]``.
+"""Fingerprints of what the emulated mesh computes, for comparing hosts:
+``PYTHONPATH=tests python -m support.host_fingerprint OUT.json [--part ops|model|all]``.
 
 A card computes every element of a tile alike, whatever the host that drives it. The emulator must too (rule N8,
 docs/emulator_ops.md): the same inputs must give the same bits under any ``ATEN_CPU_CAPABILITY`` (scalar, AVX2,
@@ -45,8 +45,8 @@ def int_tensor(seed: int, *shape: int, scale: float = 2.0 ** -12) -> torch.Tenso
 
 
 def op_fingerprints() -> dict:
-    from ..tt.model.model_config import compute_config_norm
-    from ..tt_ops.device import open_mesh
+    from qwen36.tt.model.model_config import compute_config_norm
+    from qwen36.tt_ops.device import open_mesh
 
     out = {}
     with open_mesh("emulated-p150", trace_region_size=100_000) as ctx:
@@ -190,20 +190,20 @@ def weights_digest(weights: dict[str, torch.Tensor]) -> str:
 
 
 def tiny_weight_fingerprints() -> dict:
-    from ..tiny import PRESETS, random_weights
+    from qwen36.tiny import PRESETS, random_weights
 
     return {f"tiny:random_weights:{preset}:{dt}": weights_digest(random_weights(PRESETS[preset], 0, getattr(torch, dt)))
             for preset in ("ci", "moe-ci") for dt in ("float32", "bfloat16")}
 
 
 def model_fingerprints() -> dict:
-    from ..checkpoint import load_checkpoint
-    from ..speculative.engine import speculative_generate
-    from ..generation.sampling import SamplingParams
-    from ..tt.spec.build import build_spec_backend
-    from ..tt.runtime.generator import SMALL_PAGES, build_generator
-    from ..tt.spec.mtp_drafter import TTMTPDrafter
-    from ..tt.spec.build import build_spec_backend
+    from qwen36.checkpoint import load_checkpoint
+    from qwen36.speculative.engine import speculative_generate
+    from qwen36.generation.sampling import SamplingParams
+    from qwen36.tt.spec.build import build_spec_backend
+    from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
+    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.spec.build import build_spec_backend
 
     ckpt = files("qwen36") / "default_checkpoint"
     reader = load_checkpoint(ckpt, require_mtp=True)
