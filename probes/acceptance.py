@@ -149,8 +149,8 @@ def tt_runs(ckpt: Path, device: str, precision: str, prompts, ks, max_new: int):
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
     from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.build import build_spec_backend
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.build import build_spec_backend
 
     longest = max(len(p) for p in prompts) + max_new + max(ks) + 2
     gen = build_generator(ckpt, device, precision=precision, max_seq_len=-(-longest // 64) * 64, progress=False,

@@ -232,13 +232,13 @@ def forward_components(regs: dict, corr: Cost, ratio: float, n_gdn: int, n_attn:
 def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, seed: int, real_vocab: int,
             acceptance=("0.8", "0.6", "0.5", "0.8/0.6/0.5")) -> dict:
     from qwen36.generation.sampling import SamplingParams
-    from qwen36.tt.spec.accept import DeviceAcceptor
-    from qwen36.tt.spec.commit import commit
-    from qwen36.tt.spec.mtp import TTMTPHead
+    from qwen36.tt.speculative.accept import DeviceAcceptor
+    from qwen36.tt.speculative.commit import commit
+    from qwen36.tt.speculative.mtp import TTMTPHead
     from qwen36.tt.runtime.sampler import DeviceSampler
     from qwen36.tt.runtime.sampler_transform import SamplerStages
     from qwen36.tt.model.state import allocate_decode_inputs
-    from qwen36.tt.spec.verify import SpecDeviceState
+    from qwen36.tt.speculative.verify import SpecDeviceState
     from qwen36.tt.model.weights import GDN_PREFILL_ONLY, WeightLoader, load_mtp_weights
 
     from qwen36.probes.decode_cost import RandomCheckpoint

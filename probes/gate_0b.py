@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=1,
                    help="users per step: B > 1 costs the batched plain decode (B rows) and the packed batched verify "
-                        "(B x (K+1) rows, tt/spec/spec_backend.py B slots) at each K of --ks that verify admits; 1: the single-user "
+                        "(B x (K+1) rows, tt/speculative/spec_backend.py B slots) at each K of --ks that verify admits; 1: the single-user "
                         "step above")
 
 
@@ -133,8 +133,8 @@ class DeviceRowsStep:
         return inputs
 
     def spec_state(self, k: int, mech: str):
-        from qwen36.tt.spec.accept import DeviceAcceptor
-        from qwen36.tt.spec.verify import SpecDeviceState
+        from qwen36.tt.speculative.accept import DeviceAcceptor
+        from qwen36.tt.speculative.verify import SpecDeviceState
 
         b, vocab = self.bench, self.bench.model.args.cfg.vocab_size
         acc = DeviceAcceptor(b.ttnn, b.mesh, k=k, vocab=vocab, ring_heads=b.args.gdn_hv_d).allocate()
@@ -148,12 +148,12 @@ class DeviceRowsStep:
         return acc.greedy(vout.out.logits, step_state.drafts)
 
     def commit(self, step_state, vout, res):
-        from qwen36.tt.spec.commit import commit
+        from qwen36.tt.speculative.commit import commit
 
         return commit(step_state, vout, res)
 
     def draft(self, mtp_w, step_state, acc, vout, k: int) -> dict:
-        from qwen36.tt.spec.mtp import TTMTPHead
+        from qwen36.tt.speculative.mtp import TTMTPHead
 
         return draft_phase(self.meter, self.bench.model, mtp_w, TTMTPHead, k, self.pos, self.ratio)
 
@@ -334,7 +334,7 @@ def draft_phase(meter: Meter, model, mtp_w, head_cls, k: int, pos: int, ratio: f
 # ---- batch B > 1: the batched plain decode and the packed B x (K+1) verify (TTSpecBackend B slots) ----------------
 def batch_verify_refusal(batch: int, k: int) -> str | None:
     """Why the packed verify of ``batch`` users x (K+1) rows cannot run, or None. The bound is the one
-    ``TTSpecBackend`` with B slots (tt/spec/spec_backend.py) refuses by, read from the same sources: at most ``TILE_ROWS`` rows
+    ``TTSpecBackend`` with B slots (tt/speculative/spec_backend.py) refuses by, read from the same sources: at most ``TILE_ROWS`` rows
     (the decode-path attention puts one row per core) and, above one row of cores, whole rows of cores
     (``model_config.user_core_grid``)."""
     from qwen36.tt.model.gdn import TILE_ROWS
@@ -374,8 +374,8 @@ class HostRowsStep:
         return inputs
 
     def spec_state(self, k: int, mech: str):
-        from qwen36.tt.spec.accept import DeviceAcceptor
-        from qwen36.tt.spec.host_rows import HostRowsState
+        from qwen36.tt.speculative.accept import DeviceAcceptor
+        from qwen36.tt.speculative.host_rows import HostRowsState
 
         b, batch, pos = self.bench, self.batch, self.pos
         vocab, heads, bs = b.model.args.cfg.vocab_size, b.args.hkv_d, b.args.block_size
@@ -404,12 +404,12 @@ class HostRowsStep:
         return acc.greedy(ttnn.reshape(vout.out.logits, [1, self.batch, k + 1, vocab]), st.drafts)
 
     def commit(self, st, vout, res):
-        from qwen36.tt.spec.commit import commit
+        from qwen36.tt.speculative.commit import commit
 
         return commit(st, vout)
 
     def draft(self, mtp_w, st, acc, vout, k: int) -> dict:
-        from qwen36.tt.spec.mtp_packed import PackedMTPHead
+        from qwen36.tt.speculative.mtp_packed import PackedMTPHead
 
         return packed_draft_phase(self.meter, self.bench.model, mtp_w, PackedMTPHead, st, acc, vout, k, self.batch,
                                   self.pos, self.ratio)

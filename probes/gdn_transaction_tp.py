@@ -20,7 +20,7 @@ K in {1,2,3,7} x a in [0, K]. One cell:
   6. continuation: 16 single-row greedy decode steps from the committed state (target KV rows >= n+a+1 poisoned
      with a large finite value (POISON) first: rejected rows must never be read) vs 16 from the oracle state
      (teacher-forced with its tokens): logits within tolerance, argmax equal except at near ties.
-Counters are checked against TT's own closed form (``TTMechanism.expected_step_counters``, tt/spec/mechanisms.py): the
+Counters are checked against TT's own closed form (``TTMechanism.expected_step_counters``, tt/speculative/mechanisms.py): the
 device shapes are fixed, so the cost does not depend on a (snapshot always restores; snapshot/recompute re-advance
 all K+1 rows masked).
 
@@ -33,7 +33,7 @@ arithmetic only (see TOLERANCES for the measured figures and their source); abor
 are teacher-forced with the oracle's tokens; an argmax that differs must be a near tie (top-2 margin within twice
 the row's logit difference), else the cell fails.
 
-``--batch B`` (B >= 2): the batched transaction through ``tt/spec/spec_backend.py`` TTSpecBackend with B slots (one packed
+``--batch B`` (B >= 2): the batched transaction through ``tt/speculative/spec_backend.py`` TTSpecBackend with B slots (one packed
 B x (K+1) verify, per-user on-device acceptance and commit), each user against its own single-user oracle
 (``run_tp_batch_cell``). B users (prompts of different lengths) share one backend whose extra slots stay free
 (at least one: the slot count is the smallest above B whose verify rows, slots x (K+1), the decode-path core grid holds) and are
@@ -115,14 +115,14 @@ class Probe:
     """Holds the generator, the device MTP drafter and the cell logic."""
 
     def __init__(self, gen, reader, plain: list[int], prompt: list[int], backend_factory=None):
-        from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-        from qwen36.tt.spec.spec_backend import TTSpecBackend
+        from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+        from qwen36.tt.speculative.spec_backend import TTSpecBackend
 
         self.gen, self.ttnn, self.mesh, self.model = gen, gen.ttnn, gen.mesh, gen.model
         self.plain, self.prompt = plain, prompt
         self.drafter = TTMTPDrafter(reader)
         self.factory = backend_factory or TTSpecBackend
-        from qwen36.tt.spec.mechanisms import GDNStateBytes
+        from qwen36.tt.speculative.mechanisms import GDNStateBytes
 
         self.n_gdn = len(gen.state.gdn_states())
         self.state_bytes = GDNStateBytes.of(self.model.args, self.n_gdn)
@@ -327,7 +327,7 @@ class Probe:
 
     def refusal_cell(self, mech: str) -> dict:
         """A ring mechanism (shadow_commit): abort after verify must be refused (ring slots overwritten in place)."""
-        from qwen36.tt.spec.build import build_spec_backend
+        from qwen36.tt.speculative.build import build_spec_backend
 
         be = build_spec_backend(self.gen, self.drafter, mechanism=mech, use_trace=False)
         self.label = be.label
@@ -356,7 +356,7 @@ def run_matrix(probe: Probe, ks=KS, mechs=MECHANISMS, accepts=None) -> tuple[lis
                 cells.append(c)
                 for key, v in c["counters"].items():
                     totals[m][key] = totals[m].get(key, 0) + v
-    from qwen36.tt.spec.mechanisms import TT_MECHANISMS
+    from qwen36.tt.speculative.mechanisms import TT_MECHANISMS
 
     cells += [probe.refusal_cell(m) for m in mechs if TT_MECHANISMS[m].ring]
     return cells, totals

@@ -80,7 +80,7 @@ def _oracle(gen, tokens: list[int], prompt_len: int) -> dict:
     gen.release_trace()
     return out
 def run_tp_batch_cell(gen, mechanism: str, k: int, b: int, prompts, plains) -> dict:
-    from qwen36.tt.spec.build import build_spec_backend
+    from qwen36.tt.speculative.build import build_spec_backend
 
     vocab = gen.config.vocab_size
     plan = user_plan(b, k)

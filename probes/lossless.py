@@ -83,8 +83,8 @@ def run_matrix(gen, reader, ref, ref_tokens, prompt, ks, mechs, max_new, precisi
     from qwen36.speculative.engine import speculative_generate
     from qwen36.speculative.oracle import divergence_note
     from qwen36.generation.sampling import SamplingParams
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.build import build_spec_backend
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.build import build_spec_backend
 
     gen.use_trace = True
     plain = gen.generate([prompt], max_new)[0].tokens

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
         with_mtp, drafter = False, None
         if args.spec_k:
             from qwen36.checkpoint import load_checkpoint
-            from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+            from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
 
             drafter = TTMTPDrafter(load_checkpoint(args.checkpoint, require_mtp=True))
     cache = PrefixCache(args.block, 1 << 34, with_mtp=with_mtp)

@@ -52,7 +52,7 @@ def gdn_host(gen, t):
 
 def run_case(gen, k: int, prompt: list[int], rows: list[int]) -> dict:
     """One K: sequential decode vs packed verify from the same prefill."""
-    from qwen36.tt.spec.build import build_spec_backend
+    from qwen36.tt.speculative.build import build_spec_backend
 
     ttnn = gen.ttnn
     gen.use_trace = False

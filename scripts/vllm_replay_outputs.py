@@ -129,8 +129,8 @@ def unused_cost() -> None:
     from qwen36.tt.model.state import allocate_state
     from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION, TTGenerator
     from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.build import build_spec_backend
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.build import build_spec_backend
     from qwen36.tt_ops.device import open_mesh
 
     with tempfile.TemporaryDirectory() as tmp:

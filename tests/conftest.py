@@ -18,10 +18,10 @@ torch.set_num_threads(TEST_TORCH_THREADS)
 # Every other file keeps its collection order; a listed path that no longer exists stops the run at collection.
 SLOWEST_FILES_FIRST = (
     "tests/tt/serving/test_vllm_soak_replay.py", "tests/tt/serving/test_vllm_prefix_replay.py",
-    "tests/probes/test_gdn_transaction_tp.py", "tests/tt/spec/test_spec_depth.py",
-    "tests/tt/spec/test_spec_backend.py",
+    "tests/probes/test_gdn_transaction_tp.py", "tests/tt/speculative/test_spec_depth.py",
+    "tests/tt/speculative/test_spec_backend.py",
     "tests/speculative/test_engine.py", "tests/emulator/test_host_independence.py",
-    "tests/tt/spec/test_spec_stochastic.py", "tests/tt/spec/test_thinking_inject.py", "tests/probes/test_lossless.py",
+    "tests/tt/speculative/test_spec_stochastic.py", "tests/tt/speculative/test_thinking_inject.py", "tests/probes/test_lossless.py",
     "tests/tt/model/test_tt_moe.py",
 )
 

@@ -5,7 +5,7 @@ imports, module-level and inside functions alike, are checked against the rules 
     probes         qwen36.probes (the emulator's conformance cases included, qwen36.probes.conformance): may use the
                    models, the engine and the TT backend; only the command line imports them
     TT backend     qwen36.tt: gets ttnn only through qwen36.tt_ops.device (the real module on cards, the emulator here)
-                   its wings import downwards only: tt.model <- tt.runtime <- tt.spec <- tt.serving
+                   its wings import downwards only: tt.model <- tt.runtime <- tt.speculative <- tt.serving
     engine, model  qwen36.speculative, qwen36.reference: torch only, no ttnn, no TT backend (a CUDA box without ttnn
                    runs them), nothing from above; the reference model sits below the speculative engine
     generation     qwen36.generation (sampling, thinking budget, the plain driver): below the reference, the engine and
@@ -107,7 +107,7 @@ def rule_breaks(name: str, imp: str) -> list[tuple[str, str]]:
 # The TT backend's wings, lowest first: the model (layers, weights, state, model config, collectives), the runtime
 # that runs it (generator, slot decoders, sampler, traces, prefix cache), speculation on top of it (MTP head, drafter,
 # verify, accept, commit, mechanisms, backends) and serving (the vLLM class). A wing imports only wings below it.
-TT_WINGS = ("model", "runtime", "spec", "serving")
+TT_WINGS = ("model", "runtime", "speculative", "serving")
 
 
 def tt_wing(name: str) -> str | None:
@@ -237,7 +237,7 @@ def test_cycle_finder_on_planted_graphs(modules, expect):
 
 def test_the_package_keeps_its_layers():
     modules = package_sources()
-    assert {"qwen36.cli", "qwen36.speculative.engine", "qwen36.tt.spec.verify", "qwen36.tt_ops.device",
+    assert {"qwen36.cli", "qwen36.speculative.engine", "qwen36.tt.speculative.verify", "qwen36.tt_ops.device",
             "qwen36.probes.gdn_transaction_tp", "qwen36.probes.conformance.cases"} <= set(modules)  # saw everything
     assert not [n for n in modules if under(n, ("qwen36.testing", TEST_SUPPORT))], "test support in the package"
     assert layering_violations(modules) == []
@@ -380,13 +380,13 @@ def test_test_file_check_catches_planted_imports(source, expect):
     ("qwen36.probes.lossless", "from qwen36.commands.common import DEFAULT_CHECKPOINT", False, "command line"),
     ("qwen36.tt.model.model", "from qwen36 import cli", False, "command line"),
     ("qwen36.tt.model.gdn", "import ttnn", False, "from qwen36.tt_ops.device"),
-    ("qwen36.tt.spec.spec_backend", "from support.speculative import oracle_drafter", False, "test support"),
+    ("qwen36.tt.speculative.spec_backend", "from support.speculative import oracle_drafter", False, "test support"),
     # the TT wings import downwards only (model <- runtime <- spec <- serving), inside functions too
     ("qwen36.tt.model.gdn", "from ..runtime.generator import TTGenerator", False, "wings import downwards"),
-    ("qwen36.tt.runtime.generator", "def f():\n    from ..spec.spec_backend import TTSpecBackend\n", False,
+    ("qwen36.tt.runtime.generator", "def f():\n    from ..speculative.spec_backend import TTSpecBackend\n", False,
      "wings import downwards"),
-    ("qwen36.tt.spec.verify", "from qwen36.tt.serving import vllm_types", False, "wings import downwards"),
-    ("qwen36.tt.spec.spec_backend", "from tests.test_tt_spec import oracle_drafter", False, "foreign `tests`"),
+    ("qwen36.tt.speculative.verify", "from qwen36.tt.serving import vllm_types", False, "wings import downwards"),
+    ("qwen36.tt.speculative.spec_backend", "from tests.test_tt_spec import oracle_drafter", False, "foreign `tests`"),
     # the emulator's conformance cases ship with the probes: the emulator and the device layer never load them
     ("qwen36.tt_ops.emulator.mesh", "from qwen36.probes.conformance.cases import CASES", False, "only the command line"),
     ("qwen36.tt_ops.device", "def f():\n    from ..probes.conformance import cases\n", False, "only the command line"),
@@ -403,15 +403,15 @@ def test_checker_allows_what_the_layers_allow():
     ok = {
         "qwen36.commands.generate": ("from ..tt.runtime.generator import build_generator\nfrom ..speculative import engine", False),
         "qwen36.tt.model.model": ("from ...tt_ops.device import open_mesh\nfrom ...generation.sampling import SamplingParams", False),
-        "qwen36.tt.spec.verify": ("from ..model.model import TTQwen36Model\nfrom ..runtime.trace import StepTraces", False),
-        "qwen36.tt.serving.qwen36_vllm": ("from ..spec.spec_backend import TTSpecBackend\nfrom ..runtime import generator", False),
+        "qwen36.tt.speculative.verify": ("from ..model.model import TTQwen36Model\nfrom ..runtime.trace import StepTraces", False),
+        "qwen36.tt.serving.qwen36_vllm": ("from ..speculative.spec_backend import TTSpecBackend\nfrom ..runtime import generator", False),
         "qwen36.probes.verify_tp": ("from qwen36.tiny import make_bf16_checkpoint", False),
         "qwen36.commands.probe": ("from ..probes.registry import load_probe", False),
         "qwen36.probes.emu_conformance": ("def run(a):\n    from qwen36.probes.conformance.cases import run_cases", False),
         "qwen36.tt_ops.emulator.ttnn_import": ("import ttnn", False),
     }
     assert layering_violations(ok) == []
-    assert imports_of("qwen36.tt.spec.verify", "from .mechanisms import tt_mechanism") >= {"qwen36.tt.spec.mechanisms"}
+    assert imports_of("qwen36.tt.speculative.verify", "from .mechanisms import tt_mechanism") >= {"qwen36.tt.speculative.mechanisms"}
     assert imports_of("qwen36.speculative", "from . import engine", True) >= {"qwen36.speculative.engine"}
 
 

@@ -90,7 +90,7 @@ class _TT:
                                  thinking=thinking)[0]
 
     def spec_backend(self, mechanism, k, cache, max_len):
-        from .tt.spec.build import build_spec_backend
+        from .tt.speculative.build import build_spec_backend
 
         if self.drafter is None:
             raise ValueError("speculative chat on a TT device needs the device MTP drafter")

@@ -166,9 +166,9 @@ def test_library_errors_are_user_errors_and_keep_their_builtin_types():
     from qwen36.checkpoint import CheckpointError
     from qwen36.config import ConfigError
     from qwen36.tokenizer import TokenizerMissingError
-    from qwen36.tt.spec.accept import DraftDepthError
+    from qwen36.tt.speculative.accept import DraftDepthError
     from qwen36.tt.model.model_config import TPSplitError
-    from qwen36.tt.spec.verify import VerifyShapeError
+    from qwen36.tt.speculative.verify import VerifyShapeError
     from qwen36.tt_ops.device import DeviceSelectionError
 
     for cls, builtin in [(CheckpointError, ValueError), (ConfigError, ValueError), (TPSplitError, ValueError),

@@ -176,7 +176,7 @@ def test_batch_verify_refusal_is_the_backends_bound(b):
     """The probe's admission of B x (K+1) rows is the one TTSpecBackend with B slots refuses by: refused (B, K) raise the
     backend's BatchSpecError before it touches the generator; admitted ones get past that check."""
     from qwen36.probes.gate_0b import batch_verify_refusal
-    from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
+    from qwen36.tt.speculative.spec_backend import BatchSpecError, TTSpecBackend
 
     for k in range(1, 8):
         with pytest.raises(Exception) as e:

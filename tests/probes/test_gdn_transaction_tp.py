@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from qwen36.errors import UserError
-from qwen36.tt.spec.device_rows import DeviceRows
-from qwen36.tt.spec.spec_backend import TTSpecBackend
+from qwen36.tt.speculative.device_rows import DeviceRows
+from qwen36.tt.speculative.spec_backend import TTSpecBackend
 from qwen36.tiny import make_bf16_checkpoint
 from qwen36.probes import gdn_transaction_tp as probe
 from qwen36.probes.registry import load_probe

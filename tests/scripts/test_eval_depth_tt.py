@@ -119,8 +119,8 @@ def test_tt_acceptance_trace_commits_one_token_per_step_and_predicts_the_engine(
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
     from support.tt import small_tt_generator
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.spec_backend import TTSpecBackend
 
     ckpt, prompt, n, k_max = "models/qwen36/default_checkpoint", [1734, 4064, 17, 279, 1076, 4064, 17, 279], 24, 5
     gen = small_tt_generator(ckpt, prefill_chunk=64, require_mtp=True)

@@ -149,13 +149,13 @@ def test_auto_depth_through_the_cli_equals_plain_greedy(capsys):
 
 @pytest.mark.slow
 def test_auto_depth_through_the_cli_on_the_emulated_mesh_equals_plain_greedy(capsys):
-    """--spec-k auto on the TT path: per-depth traces over one device state (tests/tt/spec/test_spec_depth.py has the
+    """--spec-k auto on the TT path: per-depth traces over one device state (tests/tt/speculative/test_spec_depth.py has the
     state-level tests); the controller is capped by the verify's K+1 limit and uses the P150a cost table."""
     from qwen36.cli import main
 
     # the TT speculative path against itself at a fixed K: on this prompt the reference's top-2 logits at the 5th
     # new token differ by 0.011 (fp64), and TT plain decode (1-row programs) and the K+1-row verify break that tie
-    # differently whatever K; tests/tt/spec/test_spec_depth.py checks auto == TT plain == reference on a tie-free prompt
+    # differently whatever K; tests/tt/speculative/test_spec_depth.py checks auto == TT plain == reference on a tie-free prompt
     args = ["generate", "--prompt", "def parse(text):\n    ", "--max-new-tokens", "20", "--device", "emulated-p150x2"]
     assert main(args + ["--spec-k", "3"]) == 0
     fixed = capsys.readouterr().out.splitlines()[0]

@@ -9,7 +9,7 @@ from qwen36.generation.sampling import DRAFT_MODES
 from qwen36.speculative.mechanisms import DEFAULT_MECHANISM, MECHANISMS, check_mechanism
 from qwen36.speculative.reference_mechanisms import REFERENCE_MECHANISMS, ReferenceMechanism, reference_mechanism
 from qwen36.generation.sampling import SamplingParams
-from qwen36.tt.spec.mechanisms import TT_MECHANISMS, GDNStateBytes, TTMechanism, tt_mechanism
+from qwen36.tt.speculative.mechanisms import TT_MECHANISMS, GDNStateBytes, TTMechanism, tt_mechanism
 
 
 @pytest.mark.parametrize("family", [REFERENCE_MECHANISMS, TT_MECHANISMS], ids=["reference", "tt"])

@@ -200,10 +200,10 @@ def model_fingerprints() -> dict:
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
     from qwen36.generation.sampling import SamplingParams
-    from qwen36.tt.spec.build import build_spec_backend
+    from qwen36.tt.speculative.build import build_spec_backend
     from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.build import build_spec_backend
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.build import build_spec_backend
 
     ckpt = files("qwen36") / "default_checkpoint"
     reader = load_checkpoint(ckpt, require_mtp=True)

@@ -10,7 +10,7 @@ runs, not times):
   B = 1 K = 2, B = 2 K = 3); programs per op, trace replays, collectives, bytes read, host transfer calls, trace
   captures and the step's tokens.
 
-The golden in ``tests/data/`` is compared exactly by ``tests/tt/spec/test_program_golden.py``: a change to the
+The golden in ``tests/data/`` is compared exactly by ``tests/tt/speculative/test_program_golden.py``: a change to the
 programs of the speculative step (a refactor that should be invisible, or a deliberate change) shows up there op by
 op. Regenerate it only for a deliberate, reviewed change, with the command in its ``command`` field:
 
@@ -83,8 +83,8 @@ def backend_steps(gen=None, names=None) -> dict:
 
     from qwen36.checkpoint import load_checkpoint
     from qwen36.generation.sampling import SamplingParams
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.spec_backend import TTSpecBackend
     from qwen36.tt_ops.emulator import namespace
     from .tt import small_tt_generator
 

@@ -125,7 +125,7 @@ def record_emitted_logits(be) -> dict[int, list[torch.Tensor]]:
     the join's prefill row, then rows 0..a of each committed verify (a step's accepted rows and its bonus row, an
     inject round's forced rows and the row after them). Compare with a plain decoder's ``keep_logits`` rows."""
     rows: dict[int, list[torch.Tensor]] = {s: [] for s in range(be.slots)}
-    layout = be.layout  # the B-slot step layout (tt/spec/host_slots.py HostRows), whose commit the inject rounds call
+    layout = be.layout  # the B-slot step layout (tt/speculative/host_slots.py HostRows), whose commit the inject rounds call
     join, commit = be.decoder.join, layout.commit
 
     def join_rec(slot, prompt, **kw):

@@ -82,7 +82,7 @@ def test_scan_sees_a_second_copy():
         "    self.gen.release_trace()\n"  # a method of ours, not the ttnn call: allowed
         "    ctx = AttentionContext('prefill', cos, sin, pt, chunk_start=0, chunk_page_table=cpt)\n"
     )
-    got = violations(bad, "models/qwen36/tt/spec/accept.py")
+    got = violations(bad, "models/qwen36/tt/speculative/accept.py")
     assert [v.split(": ", 1)[1] for v in got] == [
         "trace begin_trace_capture", "trace end_trace_capture", "trace execute_trace",
         "compute config WormholeComputeKernelConfig", "device rng uniform", "prefill attention context"], got
@@ -90,5 +90,5 @@ def test_scan_sees_a_second_copy():
         "models/qwen36/tt/runtime/trace.py:5: compute config WormholeComputeKernelConfig",
         "models/qwen36/tt/runtime/trace.py:6: device rng uniform", "models/qwen36/tt/runtime/trace.py:8: prefill attention context"]
     scanned = {rel for rel, _ in _scanned_files()}
-    assert {"models/qwen36/tt/runtime/generator.py", "models/qwen36/tt/spec/spec_backend.py", "models/qwen36/tt/spec/mtp.py",
-            "probes/decode_cost.py", "tests/tt/spec/test_tt_mtp.py"} <= scanned
+    assert {"models/qwen36/tt/runtime/generator.py", "models/qwen36/tt/speculative/spec_backend.py", "models/qwen36/tt/speculative/mtp.py",
+            "probes/decode_cost.py", "tests/tt/speculative/test_tt_mtp.py"} <= scanned

@@ -1,4 +1,4 @@
-"""Random-number ops on the emulated mesh (used by on-device stochastic acceptance, models/qwen36/tt/spec/accept.py).
+"""Random-number ops on the emulated mesh (used by on-device stochastic acceptance, models/qwen36/tt/speculative/accept.py).
 
 ``ttnn.uniform(input, from=0, to=1, seed=0, *, memory_config, compute_kernel_config)`` (ttnn 0.81.1):
 the op docstring says it *updates the input tensor in place* with values drawn from U[from, to) and

@@ -85,7 +85,7 @@ def load_session(args, ckpt, tok):
 
         if args.spec_k:
             from ..checkpoint import load_checkpoint
-            from ..tt.spec.mtp_drafter import TTMTPDrafter
+            from ..tt.speculative.mtp_drafter import TTMTPDrafter
 
             drafter = TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
         target, with_mtp = build_generator(ckpt, args.device, precision=args.precision), False

@@ -14,7 +14,7 @@ from .backends import REFERENCE_DEVICES
 def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, depth=None, users: int = 1,
                  params=None, precision: str = "accuracy", per_user=None):
     """The speculative backend for --device: the torch reference, or the TT target + device MTP (the TT builders,
-    ``tt.runtime.generator.build_generator`` and ``tt.spec.build.build_spec_backend``). ``depth``: the depth policy
+    ``tt.runtime.generator.build_generator`` and ``tt.speculative.build.build_spec_backend``). ``depth``: the depth policy
     (an int K, or a controller: the TT backend allocates every depth it may pick; the reference sizes its verify for
     the largest). ``users``: the backend's slots (one packed verify per step for all users; on TT several users
     verify one fixed K). ``params``: the users' shared sampling parameters, seeds aside; ``per_user``: instead,
@@ -23,8 +23,8 @@ def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, d
     if device not in REFERENCE_DEVICES:
         from ..checkpoint import load_checkpoint
         from ..tt.runtime.generator import SPEC_PAGES, build_generator
-        from ..tt.spec.build import build_spec_backend, check_spec_request
-        from ..tt.spec.mtp_drafter import TTMTPDrafter
+        from ..tt.speculative.build import build_spec_backend, check_spec_request
+        from ..tt.speculative.mtp_drafter import TTMTPDrafter
 
         check_spec_request(users, depth, per_user)  # before anything loads
         gen = build_generator(ckpt, device, precision=precision, require_mtp=True, max_len=max_len, pages=SPEC_PAGES)
@@ -75,7 +75,7 @@ def depth_policy(spec_k, device: str, config=None):
     if not device.startswith("reference"):
         if config is None:
             raise ValueError("--spec-k auto on a TT device needs the model config (the verify bounds K by head_dim)")
-        from ..tt.spec.verify import max_spec_tiles
+        from ..tt.speculative.verify import max_spec_tiles
 
         k_max = max_spec_tiles(config.head_dim) - 1
     return DepthPolicy.load().controller(cost_key(device), k_max=k_max)

@@ -17,7 +17,7 @@ integers per step.
 
 The step order lives in one place, :meth:`SpecBatch.step` (one object per batch of running requests; the driver
 :func:`speculative_generate` and a server both call it). ``reference_backend.py`` implements the protocol on the
-torch reference (the oracle); ``tt/spec/spec_backend.py`` (B slots, one user is B = 1) on the TT model.
+torch reference (the oracle); ``tt/speculative/spec_backend.py`` (B slots, one user is B = 1) on the TT model.
 """
 from __future__ import annotations
 

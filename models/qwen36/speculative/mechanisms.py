@@ -10,7 +10,7 @@ overwritten later); the GDN recurrent state and the conv window do. Three ways t
 
 Each backend implements every mechanism as one small class (its buffers, pre-verify work, commit, abort and the
 counters one step is expected to produce): ``speculative/reference_mechanisms.py`` for the torch reference,
-``tt/spec/mechanisms.py`` for the TT backend. Both families are keyed by the names below; the command line
+``tt/speculative/mechanisms.py`` for the TT backend. Both families are keyed by the names below; the command line
 (``--commit``), the probes and the tests iterate over :data:`MECHANISMS`. A name is resolved to its object once,
 when a backend is built (:func:`resolve`).
 

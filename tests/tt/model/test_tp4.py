@@ -3,7 +3,7 @@
 
 Speculative greedy through the same TT code (packed K+1 verify, commit mechanisms, device MTP) must equal TT plain
 greedy on the same mesh (lossless), and the logits must agree with the fp32 reference on the same weights.
-Tolerances are those of tests/tt/model/test_model.py (``model_prefill``) and tests/tt/spec/test_spec_backend.py (verify vs decode)."""
+Tolerances are those of tests/tt/model/test_model.py (``model_prefill``) and tests/tt/speculative/test_spec_backend.py (verify vs decode)."""
 from __future__ import annotations
 
 import pytest
@@ -17,7 +17,7 @@ from qwen36.tiny import make_bf16_checkpoint
 from support.tt import tp4_config
 from qwen36.tt.runtime.generator import TTGenerator
 from qwen36.numerics import PCC_GATES, comp_pcc
-from qwen36.tt.spec.spec_backend import TTSpecBackend
+from qwen36.tt.speculative.spec_backend import TTSpecBackend
 
 pytestmark = pytest.mark.slow  # one 1x4 mesh build and a few emulated generations: ~tens of seconds
 
@@ -72,7 +72,7 @@ def test_tp4_spec_greedy_equals_plain_host_drafter(gen, plain, mech, k):
 
 
 def test_tp4_spec_greedy_equals_plain_device_mtp(gen, ckpt, plain):
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
 
     be = TTSpecBackend(gen, "shadow_commit", drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)),
                        use_trace=True)

@@ -260,8 +260,8 @@ def test_moe_speculative_greedy_lossless_all_mechanisms(ckpt, ref):
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
     from qwen36.speculative.mechanisms import MECHANISMS
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.spec_backend import TTSpecBackend
 
     exp, _, margins = ref_greedy_with_margins(ref, torch.tensor(PROMPT), 16)
     assert margins.min() >= MIN_MARGIN
@@ -324,8 +324,8 @@ def test_moe_stochastic_speculation_emits_the_target_distribution(ckpt):
     probability 0, and both rejection and acceptance occur."""
     from qwen36.checkpoint import load_checkpoint
     from qwen36.generation.sampling import SamplingParams, probs_from_logits
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.spec_backend import TTSpecBackend
 
     top_k, k, steps = 50, 2, 100
     bins = [(0, 1), (1, 2), (2, 3), (3, 10), (10, top_k)]

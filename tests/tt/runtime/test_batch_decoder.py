@@ -202,7 +202,7 @@ def test_join_rejects_a_held_slot(gen):
 @pytest.mark.slow
 def test_generate_cli_several_prompts_on_tt(capsys, tmp_path, monkeypatch):
     """`qwen36 generate --device emulated-p150x2` with two prompts decodes them as one TT batch: `ids[i]` equal
-    each prompt's own single-prompt TT run (speculative with several prompts on TT: tests/tt/spec/test_tt_mtp.py)."""
+    each prompt's own single-prompt TT run (speculative with several prompts on TT: tests/tt/speculative/test_tt_mtp.py)."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
     base = ["generate", "--max-new-tokens", "5", "--device", "emulated-p150x2"]
     lines = batch_cli_equals_alone(capsys, base)

@@ -17,11 +17,11 @@ from qwen36.reference.batch import generate
 from qwen36.generation.sampling import (SamplingParams, TokenHistory, penalize, pick_token, probs_from_logits,
                                          token_logprobs)
 from support.tt import small_tt_generator
-from qwen36.tt.spec.accept import DeviceAcceptor
+from qwen36.tt.speculative.accept import DeviceAcceptor
 from qwen36.generation.plain import plain_generate
 from qwen36.tt.runtime.batch import TTBatchDecoder
 from qwen36.tt.runtime.decode import DevicePicks, TTDecoder
-from qwen36.tt.spec.spec_backend import TTSpecBackend
+from qwen36.tt.speculative.spec_backend import TTSpecBackend
 from qwen36.tt.runtime.sampler import DeviceSampler
 from qwen36.tt.runtime.sampler_transform import SamplerStages
 from qwen36.tt.runtime.trace import TracedStep
@@ -563,7 +563,7 @@ def test_tt_speculative_greedy_with_penalties_is_plain_greedy_with_penalties(mtp
 
 def test_tt_speculative_sampling_with_penalties_is_seeded(mtp_gen, ckpt):
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
 
     prompt = [5, 6, 7, 8, 9]
     be = TTSpecBackend(mtp_gen, "shadow_commit", drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)))

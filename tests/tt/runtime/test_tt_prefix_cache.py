@@ -234,8 +234,8 @@ def test_speculative_warm_equals_cold(gen, ckpt_factory, mech):
     the warm request's prefill logits, tokens and accepted counts equal the cold request's, at both boundaries."""
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.spec_backend import TTSpecBackend
 
     drafter = TTMTPDrafter(load_checkpoint(ckpt_factory("ci"), require_mtp=True))
     prompt = prompt_of(gen.config.vocab_size, 70, 11)
@@ -279,8 +279,8 @@ def test_batched_speculative_shares_blocks(ckpt_factory):
     and accepted counts equal the same schedule with nothing cached."""
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.spec_backend import TTSpecBackend
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
 
     ckpt = ckpt_factory("ci")
     g = small_tt_generator(ckpt, prefill_chunk=64, require_mtp=True)
@@ -317,8 +317,8 @@ def test_batched_speculative_pool_caches_under_a_live_trace(ckpt_factory):
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
     from support.tt_batch import record_emitted_logits
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.spec_backend import TTSpecBackend
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
 
     ckpt = ckpt_factory("ci")
     g = small_tt_generator(ckpt, prefill_chunk=64, require_mtp=True)

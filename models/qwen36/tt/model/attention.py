@@ -41,7 +41,7 @@ class AttentionContext:
     pos: Any = None  # decode: [B] int32 cache position of the row
     chunk_start: int = 0  # prefill: absolute position of row 0 (a multiple of block_size)
     chunk_page_table: Any = None  # prefill: [B, pages of this chunk] int32
-    verify_plan: Any = None  # K+1-row verify (models/qwen36/tt/spec/verify.py VerifyPlan): per-row KV rows and bounds
+    verify_plan: Any = None  # K+1-row verify (models/qwen36/tt/speculative/verify.py VerifyPlan): per-row KV rows and bounds
     gdn_plan: Any = None  # K+1-row verify: the GDN layers' routes and what they keep (gdn_plan.GDNStepPlan)
 
 
@@ -143,7 +143,7 @@ class TTGatedAttention:
         Name suffixes: T rows, G local KV heads, g query heads per KV head (padded to 32), R = T*32, D head dim.
         At G = 1 the view and the table are the plain ones.
 
-        Batched verify (``plan.users`` = B > 1, tt/spec host rows): the rows are B users x T candidates (user b's at
+        Batched verify (``plan.users`` = B > 1, tt/speculative host rows): the rows are B users x T candidates (user b's at
         b*T..), the groups are the B*G (user, KV head) pairs (group b*G + h: that user's page table ``pt_b*G + h``
         and its own bounds), phys_rows [1, B*T] (a negative row is not written: inert rows) and bounds [B*G*T]."""
         ttnn, plan = self.ttnn, ctx.verify_plan

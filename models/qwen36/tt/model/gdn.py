@@ -27,7 +27,7 @@ slot b of the state (conv [B, 1, K-1, Cd], recurrent [B*Hv, Dk, Dv]). The same o
 the ring mode with B slots (head h of user b reads and rewrites block b*Hv + h in place). B = 1 is the plain
 decode.
 
-Batched verify (B users x T = K+1 rows, tt/spec host rows): x [1, 1, B*T, H] holds user b's T rows at b*T..b*T+T-1.
+Batched verify (B users x T = K+1 rows, tt/speculative host rows): x [1, 1, B*T, H] holds user b's T rows at b*T..b*T+T-1.
 The conv window is [B, 1, K-1+T, Cd] (each user's state then its T inputs), unfolded by one embedding whose index
 reads user b's window rows only; q/k/v/g/beta are [B, T, heads, D] and the recurrence runs every user's T rows in
 one call (ring mode: user b's head h starts from block idx[b*Hv + h] and leaves the state after row t in block

@@ -399,7 +399,7 @@ def compute_config_exact_select(ttnn):
 
 
 def compute_config_exact_count(ttnn):
-    """Acceptance and sampling reductions (tt/spec/accept.py, tt/runtime/sampler.py): sums of 0/1 masks that become token ids
+    """Acceptance and sampling reductions (tt/speculative/accept.py, tt/runtime/sampler.py): sums of 0/1 masks that become token ids
     and accepted counts, and of probabilities. HiFi4 with fp32 dest accumulation keeps integer sums exact below
     2**24 (a bf16 dest would round ids above 256); no L1 packer accumulation, these are single-tile reductions."""
     return ttnn.WormholeComputeKernelConfig(math_fidelity=ttnn.MathFidelity.HiFi4, math_approx_mode=False,

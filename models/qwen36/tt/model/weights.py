@@ -360,7 +360,7 @@ class MTPWeights:
 
 def load_mtp_weights(loader: WeightLoader) -> MTPWeights:
     """Convert the ``mtp.*`` tensors (15 for a dense config; the layer's MLP is the MoE block for a MoE one) with ``loader`` (same cache directory / precision as the target).
-    ``mtp.fc`` is column-parallel (see models/qwen36/tt/spec/mtp.py for why) and uses the ATTN_QKV precision, of
+    ``mtp.fc`` is column-parallel (see models/qwen36/tt/speculative/mtp.py for why) and uses the ATTN_QKV precision, of
     the MTP head's precision (model_config.mtp_head_args) when the preset gives the head its own."""
     if not loader.reader.has_mtp:
         raise ValueError(f"{loader.reader.path}: checkpoint has no 'mtp.*' tensors (MTP head needed for drafting)")

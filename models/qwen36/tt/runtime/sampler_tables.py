@@ -1,5 +1,5 @@
 """Device-resident tables the samplers read and update in place (the plain-decode sampler, tt/runtime/sampler.py; the
-acceptor, tt/spec/accept.py; the MTP drafter's sampled picks, tt/runtime/sampler_transform.py and tt/spec/mtp.py).
+acceptor, tt/speculative/accept.py; the MTP drafter's sampled picks, tt/runtime/sampler_transform.py and tt/speculative/mtp.py).
 
 * :class:`UniformTable`: a persistent fp32 table of uniforms plus a device-resident row counter. A traced step
   gathers the row at the counter (``ttnn.embedding``) and advances the counter in place; no RNG op runs inside a
@@ -167,7 +167,7 @@ DRAFT_UNIFORMS_PER_ROW = 32  # one tile row of uniforms per chain: draft i uses 
 def draft_uniform_seeds(seed: int):
     """(device_seed(refill), host_seed) of the draft picks' uniform stream for ``seed``: nonzero, deterministic per
     (seed, refill), a different affine map than the acceptor's seeds (independent streams). Shared by the
-    single-user :class:`SampledDraftPick` and the batched MTP head's sampled chain (tt/spec/mtp.py)."""
+    single-user :class:`SampledDraftPick` and the batched MTP head's sampled chain (tt/speculative/mtp.py)."""
     s = int(seed)
     return ((lambda refill: (s * 2_246_822_519 + refill * 3_266_489_917 + 0x5EED) % 0x7FFFFFFF or 1),
             (s * 0x9E3779B1 + 0x5EED) % (1 << 62))

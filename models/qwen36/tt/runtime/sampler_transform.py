@@ -1,4 +1,4 @@
-"""The sampling transform on device, shared by the acceptor (tt/spec/accept.py), the MTP drafter's sampled picks and
+"""The sampling transform on device, shared by the acceptor (tt/speculative/accept.py), the MTP drafter's sampled picks and
 the plain-decode sampler (tt/runtime/sampler.py).
 
 * :func:`inverse_cdf_draw`: one categorical draw per row from unnormalised weights and one uniform.
@@ -8,7 +8,7 @@ the plain-decode sampler (tt/runtime/sampler.py).
 * :class:`SamplerStages`, :func:`row_values`, :func:`penalize_rows` and :func:`probs_rows`: the same steps with
   per-row operands (each row its own user's parameters; a row whose parameter is off holds the neutral value),
   which the plain-decode sampler and the acceptor's per-row params (``stages=``) share.
-* :func:`argmax_pick` and :class:`SampledDraftPick`: the ``pick`` hooks of the MTP draft chain (tt/spec/mtp.py).
+* :func:`argmax_pick` and :class:`SampledDraftPick`: the ``pick`` hooks of the MTP draft chain (tt/speculative/mtp.py).
 
 The tables these read (uniforms, token counts) are in tt/runtime/sampler_tables.py.
 """

@@ -89,10 +89,10 @@ from . import vllm_types as vt
 from ..runtime.generator import TTGenerator
 from ..model.model import TTQwen36Model
 from ..model.model_config import PrecisionSetting, TTModelArgs
-from ..spec.mtp_drafter import TTMTPDrafter
-from ..spec.build import build_spec_backend
+from ..speculative.mtp_drafter import TTMTPDrafter
+from ..speculative.build import build_spec_backend
 from ..model.state import KVLayerState, allocate_state, new_layer_state
-from ..spec.verify import max_spec_tiles
+from ..speculative.verify import max_spec_tiles
 from ..model.weights import WeightLoader
 from .vllm_args import (DEPTH_COSTS, DEPTH_MODES, MAX_BATCH, MAX_K, ONE_USER, BlockTables, DecodeHandle, batch_rows,
                         config_uses_mrope, hf_dict, max_depth, sampling_from_plugin, spec_depth_mode)

@@ -11,8 +11,8 @@ from ...config import Qwen36Config
 from ...generation.sampling import SamplingParams, SamplingParamsError
 from . import vllm_types as vt
 from ..runtime.batch import DEFAULT_BUCKETS
-from ..spec.accept import UNIFORMS_PER_ROW
-from ..spec.verify import max_spec_tiles
+from ..speculative.accept import UNIFORMS_PER_ROW
+from ..speculative.verify import max_spec_tiles
 
 MAX_BATCH = max(DEFAULT_BUCKETS)  # plain decode: one TTBatchDecoder slot per vLLM sequence
 MAX_K = UNIFORMS_PER_ROW - 1  # the device acceptor draws K accept uniforms + 1 per row (one tile row)

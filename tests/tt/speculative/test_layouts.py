@@ -7,11 +7,11 @@ import pytest
 
 from qwen36.generation.sampling import SamplingParams
 from qwen36.tt.runtime.sampler_transform import SamplerStages
-from qwen36.tt.spec.mtp import TTMTPHead
-from qwen36.tt.spec.mtp_packed import PackedMTPHead
-from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
-from qwen36.tt.spec.host_rows import HostRowsState
-from qwen36.tt.spec.verify import SpecDeviceState
+from qwen36.tt.speculative.mtp import TTMTPHead
+from qwen36.tt.speculative.mtp_packed import PackedMTPHead
+from qwen36.tt.speculative.spec_backend import BatchSpecError, TTSpecBackend
+from qwen36.tt.speculative.host_rows import HostRowsState
+from qwen36.tt.speculative.verify import SpecDeviceState
 
 
 def host_drafter(history, k):

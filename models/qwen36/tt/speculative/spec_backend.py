@@ -11,8 +11,8 @@ each a :class:`~.layout.StepLayout` with the protocol's interface, to which ever
 * ``"host"``, :class:`~.host_slots.HostRows` (the default above one slot): the host writes every user's row inputs
   before each step over the B slots of the layout's own :class:`~..runtime.batch.TTBatchDecoder`, with the packed
   device MTP chain in a draft trace of its own (three replays and 12 host writes a step); its row inputs in
-  tt/spec/host_rows.py. At one slot it is the batched step at B = 1: the same numbers as device rows, other programs
-  (tests/tt/spec/test_b1_identity.py, tests/tt/spec/test_program_golden.py).
+  tt/speculative/host_rows.py. At one slot it is the batched step at B = 1: the same numbers as device rows, other programs
+  (tests/tt/speculative/test_b1_identity.py, tests/tt/speculative/test_program_golden.py).
 
 Why one user keeps device rows: at B = 1 they cost less on cards (docs/tt_spec.md, "One backend, two step layouts":
 the modelled, calibrated 27B step of each layout). The step of each layout (its traces, what the host reads and
@@ -95,7 +95,7 @@ class TTSpecBackend:
                              "draft() and takes its params at join()")
         mechanism = tt_mechanism(mechanism)
         if drafter is None:
-            raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/spec/mtp_drafter.py) or a "
+            raise ValueError("TTSpecBackend needs a drafter: the device MTP (models/qwen36/tt/speculative/mtp_drafter.py) or a "
                              "host callable (history, k) -> k draft ids")
         self.layout = self.one_user_layout(gen, mechanism, drafter, use_trace, rng, depths, prefix_cache,
                                            capped_accept)

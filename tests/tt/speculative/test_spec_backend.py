@@ -1,4 +1,4 @@
-"""The TT speculative backend (tt/spec/spec_backend.py ``TTSpecBackend``) on the emulated P150a x2 mesh, ci checkpoint:
+"""The TT speculative backend (tt/speculative/spec_backend.py ``TTSpecBackend``) on the emulated P150a x2 mesh, ci checkpoint:
 one user (``slots=1``: the device-rows layout) and B slots (host rows: one packed B x (K+1) verify per step over
 TTBatchDecoder's slots, per-user on-device acceptance and commit). Where a property is per user the same test runs
 at B = 1 and at B >= 2 users in one backend.
@@ -21,7 +21,7 @@ at B = 1 and at B >= 2 users in one backend.
   and the greedy user's tokens its plain batch-1 greedy output. Exact equality holds because each user's uniform
   stream is seeded per user and advances once per step it is in, whatever its row, the batched verify's per-user
   logits are bit-equal to a batch-1 verify's (row-wise ops), and the per-row parameters are exact in fp32
-  (tests/tt/spec/test_accept.py says why that matters on the emulator); with the packed device MTP drafter, the
+  (tests/tt/speculative/test_accept.py says why that matters on the emulator); with the packed device MTP drafter, the
   same against the one-user layout; where per-user params are unsupported they are refused.
 """
 from __future__ import annotations
@@ -44,9 +44,9 @@ from qwen36.tiny import make_bf16_checkpoint
 from support.tt_batch import poison_slot
 from qwen36.tt.runtime.generator import TTGenerator
 from qwen36.tt.runtime.sampler_transform import SamplerStages
-from qwen36.tt.spec.mechanisms import GDNStateBytes
-from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
-from qwen36.tt.spec.verify import VerifyShapeError, check_verify_shape
+from qwen36.tt.speculative.mechanisms import GDNStateBytes
+from qwen36.tt.speculative.spec_backend import BatchSpecError, TTSpecBackend
+from qwen36.tt.speculative.verify import VerifyShapeError, check_verify_shape
 
 # Batched vs batch-1 on the same TT graph: row-wise ops see the same tiles (measured: bit-equal); a cross-user
 # leak or a wrong row select would be O(1).
@@ -556,7 +556,7 @@ def test_probe_tp_batch_cell_passes_and_catches_a_broken_commit(gen, monkeypatch
     fewer drafts, one sitting out, NaN-poisoned free slots) passes against each user's batch-1 TT oracle; the same
     cell with the commit's masked re-advance dropped (live keeps the state after all K+1 rows) fails."""
     from qwen36.probes import gdn_transaction_tp as probe
-    from qwen36.tt.spec import commit as commit_module
+    from qwen36.tt.speculative import commit as commit_module
 
     cells, _ = probe.run_tp_batch_matrix(gen, batch=4, ks=(3,), mechanisms=("snapshot",))
     cell = cells[0]
@@ -680,7 +680,7 @@ def test_per_user_params_with_the_device_drafter_equal_each_user_on_the_one_user
     uniform stream follows its own seed and steps."""
     from qwen36.checkpoint import load_checkpoint
     from support.tt import small_tt_generator
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
 
     g = small_tt_generator(MTP_CKPT, prefill_chunk=64, require_mtp=True)
     reader = load_checkpoint(MTP_CKPT, require_mtp=True)

@@ -2,7 +2,7 @@
 user)"): position and pending token are device state, the verify derives its row inputs from them, and the commit
 advances them and makes the next step's drafts inside the commit trace (two trace replays a step, no host writes).
 Per-step draft depths (``depths=``, ``--spec-k auto``): one buffer set per depth over the one device state
-(tt/spec/depth_sets.py; docs/depth.md). ``capped_accept``: a caller's drafts, acceptance capped at their count
+(tt/speculative/depth_sets.py; docs/depth.md). ``capped_accept``: a caller's drafts, acceptance capped at their count
 (the vLLM verify)."""
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ through the step's own verify / commit traces with every forced row accepted, an
 the last forced row. Greedy output == TT plain decoding with the same budget (``TTGenerator.generate``), every
 mechanism; the committed state continues exactly as a plain run of prompt + emitted tokens would.
 
-B slots (host rows, ``HostRows.inject`` in tt/spec/host_slots.py): three users, one forced at its first token, one cut mid-step, one never
+B slots (host rows, ``HostRows.inject`` in tt/speculative/host_slots.py): three users, one forced at its first token, one cut mid-step, one never
 forced: each user's tokens and every emitted token's logits row == the TT plain batch (``plain_generate`` with host picks) with the
 same budget (bit-equal), two mechanisms; seeded sampling == each user run alone on the one-user layout. The pick after
 a phrase forced over several rounds counts each earlier token once (both layouts)."""
@@ -20,8 +20,8 @@ from qwen36.generation.thinking import ThinkingBudget
 from qwen36.numerics import pcc
 from support.tt import small_tt_generator
 from support.tt_batch import record_emitted_logits
-from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-from qwen36.tt.spec.spec_backend import TTSpecBackend
+from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+from qwen36.tt.speculative.spec_backend import TTSpecBackend
 
 CKPT = "models/qwen36/default_checkpoint"
 START, END = 7, 9  # stand-ins for <think> / </think>
@@ -186,8 +186,8 @@ def test_batch_slots_sampled_budget_equals_one_user_path(gen, reader):
 def test_pick_after_the_phrase_counts_each_token_once(gen, reader, monkeypatch, slots):
     """Penalties: the host pick after a phrase forced over several rounds sees the output counts of exactly the
     tokens emitted before it (a regression: the one-user layout added the earlier rounds' tokens twice)."""
-    import qwen36.tt.spec.device_rows as device_mod
-    import qwen36.tt.spec.host_slots as slots_mod
+    import qwen36.tt.speculative.device_rows as device_mod
+    import qwen36.tt.speculative.host_slots as slots_mod
 
     seen = []
 

@@ -40,7 +40,7 @@ Host/device boundary of the traced step (all buffers persistent, allocated by :m
  -> draft_tokens [1, 1, 1, K] uint32 ROW_MAJOR, draft_logits [1, 1, K, V] fp32 TILE (persistent outputs;
     ``DeviceAcceptor.greedy/stochastic(logits, draft_tokens, probs_from_logits(draft_logits))`` take them).
 
-``PackedMTPHead`` (tt/spec/mtp_packed.py) is the same layer packed over the B user slots of the B-slot step layout
+``PackedMTPHead`` (tt/speculative/mtp_packed.py) is the same layer packed over the B user slots of the B-slot step layout
 (``TTSpecBackend`` with B slots): a B-slot MTP KV cache, the reseed over every user's verify rows in one forward
 (user b's rows as virtual users on its own pages) and a chain of B rows per step; its class doc gives the layout.
 """

@@ -5,7 +5,7 @@ A mechanism owns, per GDN layer, its persistent buffers (allocated once, before 
 before the verify, the verify's recurrence routing, its part of the device commit, the eager abort after a verify,
 and the counters one step adds. Everything here except :meth:`TTMechanism.start` and
 :meth:`~TTMechanism.abort_after_verify` is device-only and traceable. The commit it plugs into is
-``tt/spec/commit.py``; the step state is ``verify.SpecDeviceState``.
+``tt/speculative/commit.py``; the step state is ``verify.SpecDeviceState``.
 
 Device shapes are fixed per K, so every mechanism costs the same whatever the accepted count a:
 

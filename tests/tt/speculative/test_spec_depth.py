@@ -9,7 +9,7 @@
 * the fitted depth controller with the device MTP on the shipped checkpoint: greedy output == TT plain greedy ==
   the torch reference's greedy, every commit mechanism, and the controller really switched depth;
 * stochastic acceptance with the depth changing every step: chi-square of the emitted tokens against the target's
-  own distribution (the end-to-end test of tests/tt/spec/test_spec_stochastic.py, shorter), also with penalties;
+  own distribution (the end-to-end test of tests/tt/speculative/test_spec_stochastic.py, shorter), also with penalties;
 * penalties under auto K: every depth's acceptor reads and commits one token-count buffer; greedy with penalties
   == plain greedy with penalties (TT and reference), and the device counts == the host token history;
 * refusals: a depth outside ``depths``, a draft at a depth the last commit did not prepare, a depth change
@@ -29,7 +29,7 @@ from support.speculative import oracle_drafter
 from qwen36.probes.gdn_transaction_tp_checks import device_position, read_scalar
 from qwen36.tiny import make_bf16_checkpoint
 from support.tt import small_tt_generator
-from qwen36.tt.spec.spec_backend import TTSpecBackend
+from qwen36.tt.speculative.spec_backend import TTSpecBackend
 
 PROMPT = list(range(5, 17))
 SCHEDULE = [3, 1, 5, 2, 2, 5, 1, 3, 3, 1, 2, 5]
@@ -226,7 +226,7 @@ def gen():
 @pytest.fixture(scope="module")
 def drafter():
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+    from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
 
     return TTMTPDrafter(load_checkpoint(CKPT, require_mtp=True))
 
@@ -304,7 +304,7 @@ TOP_K = 3
 def test_auto_depth_stochastic_chi_square(gen, drafter, draft, seed, penalties):
     """Depth cycles 1, 2, 3 step after step (every step switches). First emitted token's rank cell vs the target's
     T=1 top-3 distribution of verify row 0, second (given a >= 1) vs row 1, summed over steps (as in
-    tests/tt/spec/test_spec_stochastic.py); P(a >= 1) vs the sum of the per-step closed forms. With penalties the
+    tests/tt/speculative/test_spec_stochastic.py); P(a >= 1) vs the sum of the per-step closed forms. With penalties the
     target distribution of row j is the one plain sampling would use there (host token history of the committed
     tokens plus d_1..d_j), and after every step the device's shared token counts equal the host history's."""
     from support.stats import P_VALUE_MIN as P_MIN, chi2_p, rank_cell

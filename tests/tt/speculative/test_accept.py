@@ -1,4 +1,4 @@
-"""On-device acceptance (models/qwen36/tt/spec/accept.py ``DeviceAcceptor``, one user or B rows) on the emulated 1x2
+"""On-device acceptance (models/qwen36/tt/speculative/accept.py ``DeviceAcceptor``, one user or B rows) on the emulated 1x2
 P150a mesh vs the reference engine.
 
 Gates:
@@ -33,7 +33,7 @@ pytest.importorskip("ttnn")
 from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID, greedy_accept, rejection_sample  # noqa: E402
 from qwen36.generation.sampling import SamplingParams, probs_from_logits  # noqa: E402
 from support.tt_hooks import acceptor_host_draft_probs, acceptor_host_drafts, acceptor_host_logits  # noqa: E402
-from qwen36.tt.spec.accept import DeviceAcceptor  # noqa: E402
+from qwen36.tt.speculative.accept import DeviceAcceptor  # noqa: E402
 from qwen36.tt.runtime.sampler_transform import SamplerStages  # noqa: E402
 from qwen36.tt.runtime.trace import TracedStep  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402

@@ -1,7 +1,7 @@
 """The device drafters of the TT speculative step: the MTP head driven inside the step's traces, with argmax or
 sampled draft picks (tt/runtime/sampler_transform.py). :class:`TTMTPDrafter` drafts for one user (the one-user step
-layout, tt/spec/device_rows.py; tt/spec/mtp.py); :class:`PackedMTPDrafter` for the B user slots of the B-slot layout
-(tt/spec/host_slots.py; tt/spec/mtp_packed.py), which builds it from the drafter it is given
+layout, tt/speculative/device_rows.py; tt/speculative/mtp.py); :class:`PackedMTPDrafter` for the B user slots of the B-slot layout
+(tt/speculative/host_slots.py; tt/speculative/mtp_packed.py), which builds it from the drafter it is given
 (:meth:`TTMTPDrafter.for_slots`)."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .verify import SpecDeviceState
 
 
 class TTMTPDrafter:
-    """Device drafter: the TT MTP head (models/qwen36/tt/spec/mtp.py). Reseed over the K+1 verify rows (tokens = the
+    """Device drafter: the TT MTP head (models/qwen36/tt/speculative/mtp.py). Reseed over the K+1 verify rows (tokens = the
     acceptor's result, hidden = the verify's post-norm rows), select row a, chain K-1 drafts: all inside the
     commit trace, writing the drafts buffer the next verify reads.
 

@@ -1,4 +1,4 @@
-"""In-place commit of a packed K+1 verify on device, every commit mechanism (``tt/spec/mechanisms.py``), traceable.
+"""In-place commit of a packed K+1 verify on device, every commit mechanism (``tt/speculative/mechanisms.py``), traceable.
 
 Input: what each GDN layer kept in the verify (``tt/model/gdn_plan.GDNKept``, in ``vout.plan.gdn.kept``) and the
 acceptor's accepted count ``a`` (``DeviceAcceptor.count``, fp32 [1,1,1,1] on device). Nothing is read back.
@@ -15,7 +15,7 @@ acceptor's accepted count ``a`` (``DeviceAcceptor.count``, fp32 [1,1,1,1] on dev
     recompute: the verify ran on scratch; re-run on live with the same masking. 1 copy per layer (scratch).
     positions: n' = n + a + 1; pending' = emitted token a (from the acceptor's result row).
 
-Host rows (``HostRowsState``, tt/spec/host_rows.py, B user slots): user b's a_b = count_b for the users in the step and -1
+Host rows (``HostRowsState``, tt/speculative/host_rows.py, B user slots): user b's a_b = count_b for the users in the step and -1
 for the others (``active`` [1, B, 1, 1], written by the host): conv rows 0.. (unchanged), nothing re-advanced, and
 count_b zeroed so the ring points the user at slot 0 (its unchanged state). Positions and pending tokens are host
 inputs of the next step there, not device state.

@@ -74,7 +74,7 @@ def check_drafts(device_drafter: bool, params: SamplingParams, stages: SamplerSt
 class HostRowsState(SpecDeviceState):
     """The step state of B user slots (``users``): the verify's row inputs are persistent buffers the host writes
     before each step (B users x T rows; -1 = an inert row), with the GDN row mask and the step's active flags;
-    positions and pending tokens are inputs of each step, not device state (tt/spec/verify.py module doc)."""
+    positions and pending tokens are inputs of each step, not device state (tt/speculative/verify.py module doc)."""
 
     @staticmethod
     def _check_users(users: int) -> None:

@@ -15,15 +15,15 @@ per-KV-head table ``pt*G + h`` ([G, blocks] int32). Attention: ONE ``indexed_fus
 rows of K and V, then ONE paged SDPA decode in multi-position mode (``spec_multi_pos_tiles=T``) with one group per local KV head
 over a per-head view of the cache: every candidate shares one scan of each KV head (``tt/model/attention.py``
 ``attend_verify``). GDN: ``fused_recurrent_gated_delta_rule`` over the T rows, routed by the commit mechanism
-(``tt/spec/mechanisms.py``): shadow_commit in ring mode (per-token states in place, head h starting from ring block
+(``tt/speculative/mechanisms.py``): shadow_commit in ring mode (per-token states in place, head h starting from ring block
 ``initial_state_block_idx[h]`` = the slot the previous commit selected), snapshot on the live state (after copying
 it), recompute on a scratch copy. The conv window of every
-GDN layer is kept for the commit (``models/qwen36/tt/spec/commit.py``), which selects the accepted row's window.
+GDN layer is kept for the commit (``models/qwen36/tt/speculative/commit.py``), which selects the accepted row's window.
 
-Users (``users=B``, ``TTSpecBackend`` with B slots, ``tt/spec/spec_backend.py``): the verify packs B users x T rows (user b's at
+Users (``users=B``, ``TTSpecBackend`` with B slots, ``tt/speculative/spec_backend.py``): the verify packs B users x T rows (user b's at
 b*T..) over a decoder's B slots. Its row inputs (token rows, RoPE rows, physical KV rows, SDPA bounds, the
 per-KV-head page table) are then persistent buffers the host writes before each verify (``HostRowsState``,
-tt/spec/host_rows.py) instead of being derived from a resident n and pending token (``SpecDeviceState``, one user
+tt/speculative/host_rows.py) instead of being derived from a resident n and pending token (``SpecDeviceState``, one user
 only), the GDN recurrence
 multiplies g and beta by a per-row mask (``row_mask`` [B, T, 1]: 0 for inert rows, so a user's rows past its depth
 and a slot outside the step leave its state bit for bit), the mechanism buffers are B-slot shaped (``hv`` counts
@@ -240,7 +240,7 @@ class SpecDeviceState:
                                         for s in self.state.gdn_states()})
 
     def commit_selection(self):
-        """The commit's row selection (device, traceable; tt/spec/commit.py): (conv window rows of the new conv state,
+        """The commit's row selection (device, traceable; tt/speculative/commit.py): (conv window rows of the new conv state,
         uint32 RM [1, Kc-1]; the re-advance mask [1, T, 1], 1 for rows <= a, or None without a re-advance)."""
         ttnn, a = self.ttnn, self.acceptor.count  # [1,1,1,1] fp32
         # window row index of every new conv-state row: a+1+i, as the uint32 ROW_MAJOR [1, Kc-1] embedding wants

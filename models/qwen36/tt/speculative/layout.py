@@ -1,5 +1,5 @@
-"""What the two step layouts of :class:`~.spec_backend.TTSpecBackend` share (tt/spec/device_rows.py: one user, the
-row inputs derived on device; tt/spec/host_slots.py: B slots, the row inputs written by the host): the
+"""What the two step layouts of :class:`~.spec_backend.TTSpecBackend` share (tt/speculative/device_rows.py: one user, the
+row inputs derived on device; tt/speculative/host_slots.py: B slots, the row inputs written by the host): the
 generator's model, the commit mechanism, the drafter, the counters, the step traces, the phase of the open step, and
 the state views tests and probes read between steps. A layout implements the engine's protocol for its rows
 (``speculative.engine.SpecBackend``); the backend picks one at construction and hands every call to it."""

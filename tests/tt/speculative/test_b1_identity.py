@@ -1,7 +1,7 @@
 """The record of one user on the TT speculative step, frozen bit for bit: TTSpecBackend's two step layouts at one
 slot, the one-user layout (``rows="device"``, the default: device-derived row inputs, no GDN row mask, n/pending
 advanced on device, the one-user MTP head) and the B-slot layout at B = 1 (``rows="host"``: host-written row inputs,
-the GDN row mask, the packed MTP head, three traces), run different programs (tests/tt/spec/test_program_golden.py)
+the GDN row mask, the packed MTP head, three traces), run different programs (tests/tt/speculative/test_program_golden.py)
 and must give the same numbers.
 
 Per step, ``torch.equal``: the device MTP's draft ids and fp32 draft logits, the verify's fp32 logits [K+1, V], the
@@ -23,9 +23,9 @@ from qwen36.checkpoint import load_checkpoint
 from qwen36.probes.gdn_transaction_tp_checks import kv_host
 from qwen36.generation.sampling import SamplingParams
 from support.tt import small_tt_generator
-from qwen36.tt.spec.spec_backend import TTSpecBackend
-from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-from qwen36.tt.spec.spec_backend import TTSpecBackend
+from qwen36.tt.speculative.spec_backend import TTSpecBackend
+from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
+from qwen36.tt.speculative.spec_backend import TTSpecBackend
 
 pytestmark = pytest.mark.slow
 

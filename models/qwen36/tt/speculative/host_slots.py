@@ -1,7 +1,7 @@
 """The B-slot step layout of :class:`~.spec_backend.TTSpecBackend` (host rows; docs/tt_spec.md, "The step (B slots)"):
 B users over a :class:`~..runtime.batch.TTBatchDecoder` of its own, the host writing every user's row inputs before
 each step, the packed device MTP chain in a draft trace of its own (three trace replays a step); at one slot it is
-the batched step at B = 1. The row inputs, users and draft handle: tt/spec/host_rows.py.
+the batched step at B = 1. The row inputs, users and draft handle: tt/speculative/host_rows.py.
 
 Forced tokens (:meth:`HostRows.inject`, a thinking budget's stop-thinking phrase, ``generation/thinking.py``): each
 round is one step of the layout's own draft-less traces: the forced users' next up-to-K forced tokens are written as
@@ -52,7 +52,7 @@ class HostRows(StepLayout):
         device_drafter = is_packed_device_drafter(drafter)
         if drafter is None or (not device_drafter and not callable(drafter)):
             raise BatchSpecError("B slots (host rows) need a drafter: the device MTP "
-                                 "(tt/spec/mtp_drafter.py TTMTPDrafter) or a host drafter (history, k) -> k ids")
+                                 "(tt/speculative/mtp_drafter.py TTMTPDrafter) or a host drafter (history, k) -> k ids")
         check_drafts(device_drafter, params, stages)
         n_rows = slots * (k + 1)
         if n_rows > TILE_ROWS:

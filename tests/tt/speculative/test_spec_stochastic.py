@@ -29,10 +29,10 @@ import torch
 from qwen36.generation.sampling import SamplingParams, probs_from_logits
 from support.stats import chi2_p, rank_cell
 from support.tt import small_tt_generator
-from qwen36.tt.spec.accept import DeviceAcceptor
-from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+from qwen36.tt.speculative.accept import DeviceAcceptor
+from qwen36.tt.speculative.mtp_drafter import TTMTPDrafter
 from qwen36.tt.runtime.sampler_transform import SampledDraftPick
-from qwen36.tt.spec.spec_backend import TTSpecBackend
+from qwen36.tt.speculative.spec_backend import TTSpecBackend
 from qwen36.tt.runtime.trace import TracedStep
 
 P_MIN = 1e-3

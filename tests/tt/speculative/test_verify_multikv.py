@@ -2,7 +2,7 @@
 emulated 1x2 mesh, at CI size: the CI config with doubled heads (8 q / 4 KV heads -> 4 q / 2 KV per device).
 
 The multi-position SDPA takes one KV head per cache; the verify runs one group per local KV head over a per-head
-view of the paged cache (tt/model/attention.py ``attend_verify``). Tolerances are those of tests/tt/spec/test_spec_backend.py."""
+view of the paged cache (tt/model/attention.py ``attend_verify``). Tolerances are those of tests/tt/speculative/test_spec_backend.py."""
 from __future__ import annotations
 
 import pytest
@@ -12,10 +12,10 @@ from qwen36.config import FULL
 
 from qwen36.speculative.engine import speculative_generate
 from qwen36.tt.runtime.generator import TTGenerator
-from qwen36.tt.spec.spec_backend import TTSpecBackend
+from qwen36.tt.speculative.spec_backend import TTSpecBackend
 from qwen36.tiny import make_bf16_checkpoint
 from support.tt import tp4_config
-from qwen36.tt.spec.verify import VerifyShapeError, check_verify_shape
+from qwen36.tt.speculative.verify import VerifyShapeError, check_verify_shape
 from support.speculative import oracle_drafter
 
 PROMPT = list(range(5, 17))
@@ -48,7 +48,7 @@ def test_shape_check_accepts_two_kv_heads_and_refuses_big_k(gen):
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("k", [1, 3])
 def test_verify_equals_sequential_decode(gen, k, paged):
-    """Same tolerance as tests/tt/spec/test_spec_backend.py::test_verify_vs_decode_shared_rows (max abs <= 1e-6,
+    """Same tolerance as tests/tt/speculative/test_spec_backend.py::test_verify_vs_decode_shared_rows (max abs <= 1e-6,
     PCC >= 0.99999, argmax equal; GDN per-token states PCC >= 0.99999, max abs <= 1e-5)."""
     from qwen36.probes.verify_tp import run_case, shuffle_pages
 

@@ -1,5 +1,5 @@
-"""The TT MTP head (tt/spec/mtp.py ``TTMTPHead``) and its packed per-user draft chain (tt/spec/mtp_drafter.py
-``TTMTPDrafter`` inside tt/spec/spec_backend.py ``TTSpecBackend``), on the emulated 1x2 P150a mesh.
+"""The TT MTP head (tt/speculative/mtp.py ``TTMTPHead``) and its packed per-user draft chain (tt/speculative/mtp_drafter.py
+``TTMTPDrafter`` inside tt/speculative/spec_backend.py ``TTSpecBackend``), on the emulated 1x2 P150a mesh.
 
 One user, vs the reference MTP, including the reseed over verified rows. Gates (models/qwen36/numerics.py): MTP
 logits PCC >= 0.9999 with bf16 weights (accuracy preset), >= 0.99 with bf8 (performance); K=3 draft tokens ==
@@ -33,10 +33,10 @@ import torch
 from qwen36.checkpoint import load_checkpoint
 from qwen36.reference.model import Qwen36Model
 from support.tt_hooks import acceptor_host_logits, mtp_kv_from_host, mtp_kv_to_host
-from qwen36.tt.spec.accept import DeviceAcceptor
+from qwen36.tt.speculative.accept import DeviceAcceptor
 from qwen36.tt.model.model import TTQwen36Model
 from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup, TTModelArgs
-from qwen36.tt.spec.mtp import TTMTPHead, load_tt_mtp
+from qwen36.tt.speculative.mtp import TTMTPHead, load_tt_mtp
 from qwen36.numerics import PCC_GATES, comp_pcc
 from qwen36.tiny import make_bf16_checkpoint
 from qwen36.tt.runtime.trace import TracedStep
@@ -46,8 +46,8 @@ from qwen36.generation.sampling import SamplingParams
 from support.cli import run_cli_streams as cli
 from qwen36.numerics import pcc
 from support.tt import small_tt_generator
-from qwen36.tt.spec.mtp_drafter import PackedMTPDrafter, TTMTPDrafter
-from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
+from qwen36.tt.speculative.mtp_drafter import PackedMTPDrafter, TTMTPDrafter
+from qwen36.tt.speculative.spec_backend import BatchSpecError, TTSpecBackend
 
 K = 3
 PROMPT = 80  # MTP prefill in two chunks (64 + 16), the second partial

@@ -1,5 +1,5 @@
 """The MTP head packed over the B user slots of the B-slot step layout (``TTSpecBackend`` with B slots, host rows):
-the layer of :class:`~.mtp.TTMTPHead` (tt/spec/mtp.py: weights, body, LM head, prompt prefill) over a B-slot MTP KV
+the layer of :class:`~.mtp.TTMTPHead` (tt/speculative/mtp.py: weights, body, LM head, prompt prefill) over a B-slot MTP KV
 cache of its own, every op over all users, host-written positions. At one slot it is the batched step at B = 1 (the
 same numbers as the one-user head, other programs)."""
 from __future__ import annotations
