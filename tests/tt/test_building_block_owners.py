@@ -59,8 +59,8 @@ def _scanned_files():
             rel = p.relative_to(ROOT).as_posix()
             if rel.startswith("tt_ops/emulator/") or "/.venv/" in rel:
                 continue  # the emulator implements these APIs
-            if (rel.startswith(("tests/emulator/", "tests/support/conformance_"))
-                    or rel in ("tests/tt_ops/test_api_fidelity.py", "probes/conformance/cases.py")):
+            if (rel.startswith(("tests/emulator/", "probes/conformance/"))
+                    or rel == "tests/tt_ops/test_api_fidelity.py"):
                 continue  # tests of the emulator (incl. its conformance cases) / of ttnn signatures use the raw APIs
             yield rel, p
 
