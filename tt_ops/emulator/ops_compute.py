@@ -82,6 +82,14 @@ def _finish(op, a, outs, dtype, memory_config, optional_output_tensor):
                      memory_config=output_memory_config(op, memory_config, a))
 
 
+def _check_matmul(op, a, b, program_config, memory_config, compute_kernel_config, transpose_a, transpose_b):
+    """What linear and matmul validate before they compute: TILE operands, then the DRAM-sharded and 1D-multicast
+    program configs' own checks."""
+    _check_layouts(op, a, b)
+    check_dram_sharded_matmul(op, a, b, program_config, memory_config, transpose_a, transpose_b)
+    check_mcast_1d_matmul(op, a, b, program_config, memory_config, compute_kernel_config, transpose_a, transpose_b)
+
+
 def _check_layouts(op, a, b):
     for name, t in (("input_tensor_a", a), ("input_tensor_b", b)):
         if t.layout != ttnn.TILE_LAYOUT:
@@ -175,11 +183,8 @@ def linear(
     prefetcher_pipes=(),
     in0_column_offset=None,
 ):
-    _check_layouts("ttnn.linear", input_tensor_a, input_tensor_b)
-    check_dram_sharded_matmul("ttnn.linear", input_tensor_a, input_tensor_b, program_config, memory_config,
-                              transpose_a, transpose_b)
-    check_mcast_1d_matmul("ttnn.linear", input_tensor_a, input_tensor_b, program_config, memory_config,
-                          compute_kernel_config, transpose_a, transpose_b)
+    _check_matmul("ttnn.linear", input_tensor_a, input_tensor_b, program_config, memory_config, compute_kernel_config,
+                  transpose_a, transpose_b)
     if in0_column_offset is not None:
         raise NotEmulatedError("ttnn.linear(in0_column_offset=...) is not emulated")
     fused = getattr(program_config, "fused_activation", None) if program_config is not None else None
@@ -222,11 +227,8 @@ def matmul(
     sub_device_id=None,
     prefetcher_pipes=(),
 ):
-    _check_layouts("ttnn.matmul", input_tensor_a, input_tensor_b)
-    check_dram_sharded_matmul("ttnn.matmul", input_tensor_a, input_tensor_b, program_config, memory_config,
-                              transpose_a, transpose_b)
-    check_mcast_1d_matmul("ttnn.matmul", input_tensor_a, input_tensor_b, program_config, memory_config,
-                          compute_kernel_config, transpose_a, transpose_b)
+    _check_matmul("ttnn.matmul", input_tensor_a, input_tensor_b, program_config, memory_config, compute_kernel_config,
+                  transpose_a, transpose_b)
     fused = getattr(program_config, "fused_activation", None) if program_config is not None else None
     outs = []
     for i in range(input_tensor_a.num_shards):

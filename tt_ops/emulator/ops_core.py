@@ -1,4 +1,4 @@
-"""Tensor creation, transfer, layout/dtype conversion, in-place copy and mesh mappers (emulated).
+"""Tensor creation, transfer, layout/dtype conversion and in-place copy (emulated; the mesh mappers: ops_mappers.py).
 
 Host<->device transfers are host functions (not device programs): they are not counted as programs,
 and they are forbidden inside trace capture. Layout/dtype conversions and copies of device tensors are
@@ -585,44 +585,3 @@ def copy(input_a, input_b):
 def clone(input, *, dtype=None, memory_config=None, compute_kernel_config=None):
     return make_like(input, [s.clone() for s in input.shards], dtype=dtype,
                      memory_config=output_memory_config("ttnn.clone", memory_config, input), pad_fill=input.pad_fill)
-
-
-# ------------------------------------------------------------------------------------------------
-# Mesh mappers / composers
-# ------------------------------------------------------------------------------------------------
-@host_fn("ttnn.ShardTensorToMesh")
-@host_fn("ttnn.shard_tensor_to_mesh_mapper", validate=False)  # functional alias, same mapper
-def _shard(mesh, mesh_device, dim):
-    return mappers.ShardTensorToMesh(mesh_device, dim)
-
-
-@host_fn("ttnn.ReplicateTensorToMesh")
-@host_fn("ttnn.replicate_tensor_to_mesh_mapper", validate=False)  # functional alias
-def _replicate(mesh, mesh_device):
-    return mappers.ReplicateTensorToMesh(mesh_device)
-
-
-@host_fn("ttnn.ShardTensor2dMesh")
-def _shard2d(mesh, mesh_device, mesh_shape, dims):
-    return mappers.ShardTensor2dMesh(mesh_device, mesh_shape, dims)
-
-
-@host_fn("ttnn.create_mesh_mapper", validate=False)
-def _create_mapper(mesh, mesh_device, config):
-    return mappers.create_mesh_mapper(mesh_device, config)
-
-
-@host_fn("ttnn.ConcatMeshToTensor")
-@host_fn("ttnn.concat_mesh_to_tensor_composer", validate=False)  # functional alias
-def _concat(mesh, mesh_device, dim):
-    return mappers.ConcatMeshToTensor(mesh_device, dim)
-
-
-@host_fn("ttnn.ConcatMesh2dToTensor")
-def _concat2d(mesh, mesh_device, mesh_shape, dims):
-    return mappers.ConcatMesh2dToTensor(mesh_device, mesh_shape, dims)
-
-
-@host_fn("ttnn.create_mesh_composer", validate=False)
-def _create_composer(mesh, mesh_device, config):
-    return mappers.create_mesh_composer(mesh_device, config)

@@ -313,17 +313,23 @@ def _local_rows(op, rows, groups):
         raise EmulatorError(f"{op}: local_rows must contain a positive whole number of 32-token chunks per group")
 
 
+def _groups(op, groups_per_head, lead: int) -> int:
+    """``groups_per_head`` as the scan ops validate it: positive, dividing the leading dimension."""
+    if int(groups_per_head) <= 0:
+        raise EmulatorError(f"{op}: groups_per_head must be positive")
+    groups = int(groups_per_head)
+    if lead % groups:
+        raise EmulatorError(f"{op}: leading dimension must be divisible by groups_per_head")
+    return groups
+
+
 @device_op("ttnn.experimental.kda.affine_exclusive_scan")
 def affine_exclusive_scan(a, b, initial_state, groups_per_head, *, actual_start, local_rows, tail_a, tail_b,
                           tail_entry_states, memory_config=None, compute_kernel_config=None, sequence_parallel_axis=0,
                           actual_end=None):
     op = EXCL
     lead, kd_, vd = _affine_pair(op, a, b)
-    if int(groups_per_head) <= 0:
-        raise EmulatorError(f"{op}: groups_per_head must be positive")
-    groups = int(groups_per_head)
-    if lead % groups:
-        raise EmulatorError(f"{op}: leading dimension must be divisible by groups_per_head")
+    groups = _groups(op, groups_per_head, lead)
     check_device(op, "initial_state", initial_state)
     if initial_state.logical_shape_list != [lead // groups, kd_, vd]:
         raise EmulatorError(f"{op}: initial_state shape must be [batch_heads, K, V]")
@@ -356,11 +362,7 @@ def reduce_affine_transforms(a, b, groups_per_head, *, actual_start, local_rows,
                              compute_kernel_config=None, sequence_parallel_axis=0, actual_end=None):
     op = REDUCE
     lead, kd_, vd = _affine_pair(op, a, b)
-    if int(groups_per_head) <= 0:
-        raise EmulatorError(f"{op}: groups_per_head must be positive")
-    groups = int(groups_per_head)
-    if lead % groups:
-        raise EmulatorError(f"{op}: leading dimension must be divisible by groups_per_head")
+    groups = _groups(op, groups_per_head, lead)
     _local_rows(op, local_rows, groups)
     check_output_interleaved(op, memory_config)
     cfg = kernel_config(op, compute_kernel_config, _HIFI2_FP32)

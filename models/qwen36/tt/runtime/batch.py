@@ -129,6 +129,13 @@ class TTBatchDecoder:
                             mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
         ttnn.copy_host_to_device_tensor(h, buf)
 
+    def _zero_slot_kv(self) -> None:
+        """Zero the KV pages the slot page table names (the pages a join writes), every attention layer."""
+        for st in self.state.layers:
+            if isinstance(st, KVLayerState):
+                for cache in (st.k, st.v):
+                    self.ttnn.experimental.paged_fill_cache(cache, self.kv_zeros, self.slot_page_table, batch_idx=0)
+
     def zero_scratch(self) -> None:
         """Zero the batch-1 GDN scratch state (a join's starting state, a leave's source row)."""
         ttnn = self.ttnn
@@ -192,16 +199,12 @@ class TTBatchDecoder:
         ids = torch.as_tensor(prompt, dtype=torch.int64).reshape(-1)
         if ids.numel() == 0:
             raise ValueError("join needs at least one prompt token")
-        ttnn, a = self.ttnn, self.model.args
         row = self.state.page_table_host[slot: slot + 1].contiguous()
         self.write_ids(row, self.slot_page_table)
         self.zero_scratch()
         view = self._scratch_view(row)
         with self.scratch_scope():
-            for st in self.state.layers:
-                if isinstance(st, KVLayerState):
-                    for cache in (st.k, st.v):
-                        ttnn.experimental.paged_fill_cache(cache, self.kv_zeros, self.slot_page_table, batch_idx=0)
+            self._zero_slot_kv()
             # with a cache: resume from the longest cached boundary; new blocks are cached into the pool, or without
             # one only while no decode trace is live (a cached block's device buffers outlive this call)
             if insert is None:
@@ -231,7 +234,6 @@ class TTBatchDecoder:
             raise ValueError(f"resume plan ends at {plan.end}, the prompt has {ids.numel()} tokens")
         if plan.checkpoint is not None and store is None:
             raise ValueError("a plan that restores a checkpoint needs its store")
-        ttnn = self.ttnn
         row = self.state.page_table_host[slot: slot + 1].contiguous()
         own = row.clone()
         own[0, : plan.own_from] = 0  # cached pages are never zeroed (the null block takes those writes)
@@ -240,10 +242,7 @@ class TTBatchDecoder:
         gdn = [sc for sc in self.scratch if sc is not None]
         view = self._scratch_view(row)
         with self.scratch_scope():
-            for st in self.state.layers:
-                if isinstance(st, KVLayerState):
-                    for cache in (st.k, st.v):
-                        ttnn.experimental.paged_fill_cache(cache, self.kv_zeros, self.slot_page_table, batch_idx=0)
+            self._zero_slot_kv()
             self.write_ids(row, self.slot_page_table)  # reads see the real pages
             if plan.checkpoint is not None:
                 store.pool.load(plan.checkpoint, gdn)
