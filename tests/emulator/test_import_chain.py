@@ -20,7 +20,7 @@ LEVELS = [
     ("tensor",),
     ("numerics", "programs", "mappers", "program_cache", "dram_sharded_readers", "op_accounting", "l1",
      "shard_specs"),
-    ("goldens", "kda_common"),
+    ("goldens", "kda_common", "matmul_1d"),
     ("trace", "ops_core", "ops_mappers", "ops_compute", "ops_ccl", "ops_attention", "ops_kv_cache", "ops_gdn",
      "ops_trace", "ops_sampling", "ops_gather", "ops_sparse", "ops_kda", "ops_gdn_chunk", "ops_kda_scan"),
     ("work",),

@@ -313,7 +313,7 @@ def _local_rows(op, rows, groups):
         raise EmulatorError(f"{op}: local_rows must contain a positive whole number of 32-token chunks per group")
 
 
-def _groups(op, groups_per_head, lead: int) -> int:
+def _affine_groups(op, groups_per_head, lead: int) -> int:
     """``groups_per_head`` as the scan ops validate it: positive, dividing the leading dimension."""
     if int(groups_per_head) <= 0:
         raise EmulatorError(f"{op}: groups_per_head must be positive")
@@ -329,7 +329,7 @@ def affine_exclusive_scan(a, b, initial_state, groups_per_head, *, actual_start,
                           actual_end=None):
     op = EXCL
     lead, kd_, vd = _affine_pair(op, a, b)
-    groups = _groups(op, groups_per_head, lead)
+    groups = _affine_groups(op, groups_per_head, lead)
     check_device(op, "initial_state", initial_state)
     if initial_state.logical_shape_list != [lead // groups, kd_, vd]:
         raise EmulatorError(f"{op}: initial_state shape must be [batch_heads, K, V]")
@@ -362,7 +362,7 @@ def reduce_affine_transforms(a, b, groups_per_head, *, actual_start, local_rows,
                              compute_kernel_config=None, sequence_parallel_axis=0, actual_end=None):
     op = REDUCE
     lead, kd_, vd = _affine_pair(op, a, b)
-    groups = _groups(op, groups_per_head, lead)
+    groups = _affine_groups(op, groups_per_head, lead)
     _local_rows(op, local_rows, groups)
     check_output_interleaved(op, memory_config)
     cfg = kernel_config(op, compute_kernel_config, _HIFI2_FP32)
