@@ -244,11 +244,11 @@ class CostBench:
 
 def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME,
                 emulated_only: bool = True, decode_matmuls: str = "dram_sharded", slots: int = 1,
-                dram_readers: int = 2, numerics: str = "strict") -> CostBench:
+                dram_readers: int = 2, numerics: str = "strict", **args_kw) -> CostBench:
     """Open the mesh (emulated unless ``emulated_only`` is False) and build the first GDN + first attention layer
     of ``cfg`` with state for ``slots`` users of a ``context``-token sequence (plus 64 positions of head room).
     ``numerics`` (emulator only): ``"exact"`` computes faster with the same counts (prefill-cost uses it; a test
-    compares the counts of both)."""
+    compares the counts of both). ``args_kw`` go to TTModelArgs (``prefill_chunk``, ``block_size``)."""
     from qwen36.tt_ops.device import open_mesh
 
     from qwen36.config import FULL
@@ -266,7 +266,7 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
         gdn_id, attn_id = cfg.layer_types.index("linear_attention"), cfg.layer_types.index(FULL)
         args = TTModelArgs.from_config(cfg, ctx.num_devices, PrecisionSetting.named(precision),
                                        max_seq_len=context + 64, decode_matmuls=decode_matmuls,
-                                       dram_readers=dram_readers)
+                                       dram_readers=dram_readers, **args_kw)
         weights = WeightLoader(RandomCheckpoint(cfg, seed), args, ctx.ttnn, ctx.mesh_device, progress=False).load(
             layers=[gdn_id, attn_id])
         model = TTQwen36Model(args, weights, ctx.ttnn, ctx.mesh_device)

@@ -31,7 +31,7 @@ class OverrideSpec:
 OVERRIDES: dict[str, OverrideSpec] = {}
 
 _MODULES = ("ops_core", "ops_compute", "ops_ccl", "ops_attention", "ops_kv_cache", "ops_gdn", "ops_trace",
-            "ops_sampling", "ops_gather", "ops_sparse")
+            "ops_sampling", "ops_gather", "ops_sparse", "ops_sdpa_prefill")
 _loaded = False
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from .ccl import all_reduce, ccl_for
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
                            compute_config_norm, kv_update_input_memory_config, rope_decode_memory_config,
-                           sdpa_decode_program_config)
+                           sdpa_decode_program_config, sdpa_prefill_program_config)
 from .state import KVLayerState
 from .weights import AttentionWeights
 
@@ -188,6 +188,7 @@ class TTGatedAttention:
             ttnn.experimental.paged_fill_cache(cache, heads_first, ctx.chunk_page_table, batch_idx=0)
         o = ttnn.transformer.chunked_scaled_dot_product_attention(
             qh, kv.k, kv.v, ctx.page_table, ctx.chunk_start, scale=self.scale,
+            program_config=sdpa_prefill_program_config(ttnn, self.mesh, ctx.chunk_start, rows),
             compute_kernel_config=compute_config_norm(ttnn), memory_config=activation_memory_config(ttnn))
         o = ttnn.permute(o, (0, 2, 1, 3))  # [1, T, Hq_d, D]
         return ttnn.reshape(o, [1, 1, rows, self.hq * self.d])
