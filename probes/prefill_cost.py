@@ -20,8 +20,9 @@ first attention layer built, the vocabulary cut to ``--vocab-sample``):
     attention layer is run at ``--long-check`` (default the longest prompt's last whole chunk, up to 262,144 - chunk:
     chunked SDPA over that many K/V positions) and its counts must equal the chunk moved there from position 0
     (:func:`long_position_check`, a cell of the record);
-  * ``--preset 35b-a3b``: built at 32 and at 64 routed experts, every per-chunk count extrapolated linearly to the
-    real 256 (:func:`extrapolate_experts`; checked at CI size against a third build);
+  * ``--preset 35b-a3b``: built at 32, 64 and 96 routed experts, every per-chunk count extrapolated to the real 256
+    as a polynomial of degree 2 in the expert count (:func:`extrapolate_experts`; checked at CI size against a fourth
+    build);
   * the total is charged by ``cost_model.calibrated_prefill_figures``: the decode constants (launch, kernels,
     DRAM, collectives) plus the compute term (docs/cost_model.md "Prefill and time to first token").
 
@@ -158,57 +159,71 @@ def sdpa_pair_flops(counts, start: int, rows: int) -> int:
     return key[1] // pairs
 
 
-def _lin(lo: int, hi: int, x_lo: int, x_hi: int, x: int) -> int:
-    num = lo * (x_hi - x) + hi * (x - x_lo)
-    if num % (x_hi - x_lo):
-        raise ValueError(f"{lo} -> {hi} over {x_lo} -> {x_hi} experts is not linear at {x} on whole bytes")
-    return num // (x_hi - x_lo)
+def _poly(values, xs, x: int) -> int:
+    """The polynomial through (xs[i], values[i]) (degree len(xs) - 1, Lagrange) at ``x``, on whole numbers."""
+    from fractions import Fraction
+
+    total = Fraction(0)
+    for i, (xi, vi) in enumerate(zip(xs, values)):
+        term = Fraction(vi)
+        for j, xj in enumerate(xs):
+            if j != i:
+                term *= Fraction(x - xj, xi - xj)
+        total += term
+    if total.denominator != 1:
+        raise ValueError(f"{values} over {xs} experts is not a degree-{len(xs) - 1} polynomial at {x} on whole bytes")
+    return int(total)
 
 
-def extrapolate_experts(c_lo, c_hi, e_lo: int, e_hi: int, e: int, name: str):
-    """Counts of one region at ``e`` routed experts from the same region built with ``e_lo`` and ``e_hi``: the
-    programs must be the same, and every byte, collective byte and FLOP count is taken as linear in the expert
-    count (the MoE prefill runs every expert over the chunk: its expert weights, its [1, E, M, *] activations, the
-    router [H, E] and the [M, E] routing tensors all scale with E; E a multiple of 32 keeps the tiles whole).
-    tests/probes/test_prefill_cost.py checks it at CI size against a third build."""
-    from qwen36.tt_ops.emulator.counters import Counts
-
-    if c_lo.programs_per_op != c_hi.programs_per_op or c_lo.collectives != c_hi.collectives:
-        raise ValueError(f"{name}: the programs differ between {e_lo} and {e_hi} experts; not extrapolated")
-    f = lambda a, b: _lin(a, b, e_lo, e_hi, e)  # noqa: E731
-    out = Counts(name)
-    out.programs, out.collectives = c_hi.programs, c_hi.collectives
-    out.collective_bytes = f(c_lo.collective_bytes, c_hi.collective_bytes)
-    for d in ("per_op", "programs_per_op", "collectives_per_op"):
-        getattr(out, d).update(getattr(c_hi, d))
-    for d in ("bytes_read", "bytes_written", "collective_bytes_per_op"):
-        lo, hi = getattr(c_lo, d), getattr(c_hi, d)
-        for k in set(lo) | set(hi):
-            getattr(out, d)[k] = f(lo.get(k, 0), hi.get(k, 0))
-    for op in set(c_lo.bytes_read_per_op) | set(c_hi.bytes_read_per_op):
-        lo, hi = c_lo.bytes_read_per_op.get(op, {}), c_hi.bytes_read_per_op.get(op, {})
-        for k in set(lo) | set(hi):
-            out.bytes_read_per_op[op][k] = f(lo.get(k, 0), hi.get(k, 0))
-    # compute programs: those the expert count does not change have the same key in both builds (kept as they are);
-    # the others pair up by op, fidelity and read keys, in order of FLOPs (two programs may share a key in one build
-    # and not in the other, so keys are paired per program, not per dict entry)
+def extrapolate_experts(builds: list, experts: list[int], e: int, name: str):
+    """Counts of one region at ``e`` routed experts from the same region built at each count of ``experts``: the
+    programs must be the same, and every byte, collective byte and FLOP count is taken as a polynomial in the expert
+    count of degree ``len(experts) - 1`` through the builds. The MoE prefill's counts are at most quadratic in E
+    for E a multiple of 32 (tiles whole): the router [M, E], the one-hot ranks [E, S] and the dispatch buffer and the
+    grouped matmuls over E + S/32 blocks are linear, the per-block expert ownership [32 NB, E] and the sparsity
+    [NB, E] quadratic (tt/model/moe_dispatch.py); tests/probes/test_prefill_cost.py checks it at CI size against a
+    fourth build."""
     from collections import Counter
 
-    lo_all, hi_all = Counter(c_lo.compute_work), Counter(c_hi.compute_work)
-    same = lo_all & hi_all
+    from qwen36.tt_ops.emulator.counters import Counts
+
+    first = builds[0]
+    for c in builds[1:]:
+        if c.programs_per_op != first.programs_per_op or c.collectives != first.collectives:
+            raise ValueError(f"{name}: the programs differ between {experts} experts; not extrapolated")
+    f = lambda *vals: _poly(vals, experts, e)  # noqa: E731
+    out = Counts(name)
+    out.programs, out.collectives = first.programs, first.collectives
+    out.collective_bytes = f(*(c.collective_bytes for c in builds))
+    for d in ("per_op", "programs_per_op", "collectives_per_op"):
+        getattr(out, d).update(getattr(first, d))
+    for d in ("bytes_read", "bytes_written", "collective_bytes_per_op"):
+        for k in set().union(*(getattr(c, d) for c in builds)):
+            getattr(out, d)[k] = f(*(getattr(c, d).get(k, 0) for c in builds))
+    for op in set().union(*(c.bytes_read_per_op for c in builds)):
+        for k in set().union(*(c.bytes_read_per_op.get(op, {}) for c in builds)):
+            out.bytes_read_per_op[op][k] = f(*(c.bytes_read_per_op.get(op, {}).get(k, 0) for c in builds))
+    # compute programs: those the expert count does not change have the same key in every build (kept as they are);
+    # the others pair up by op, fidelity and read keys, in order of FLOPs (two programs may share a key in one build
+    # and not in another, so keys are paired per program, not per dict entry)
+    counters = [Counter(c.compute_work) for c in builds]
+    same = counters[0]
+    for c in counters[1:]:
+        same = same & c
     for k, n in same.items():
         out.compute_work[k] += n
     groups: dict = {}
-    for side, rest in ((0, lo_all - same), (1, hi_all - same)):
-        for key, n in rest.items():
+    for side, c in enumerate(counters):
+        for key, n in (c - same).items():
             op, fl, ph, fp, reads = key
-            groups.setdefault((op, ph, fp, tuple(k for k, _ in reads)), ([], []))[side].extend([key] * n)
-    for sig, (lo_keys, hi_keys) in groups.items():
-        if len(lo_keys) != len(hi_keys):
-            raise ValueError(f"{name}: {sig[0]} programs do not pair up between {e_lo} and {e_hi} experts")
-        for (op, fl, ph, fp, rl), (_, fh, _, _, rh) in zip(sorted(lo_keys, key=lambda k: (k[1], k[4])),
-                                                         sorted(hi_keys, key=lambda k: (k[1], k[4]))):
-            out.compute_work[(op, f(fl, fh), ph, fp, tuple((k, f(a, b)) for (k, a), (_, b) in zip(rl, rh)))] += 1
+            groups.setdefault((op, ph, fp, tuple(k for k, _ in reads)), [[] for _ in builds])[side].extend([key] * n)
+    for sig, sides in groups.items():
+        if len({len(x) for x in sides}) != 1:
+            raise ValueError(f"{name}: {sig[0]} programs do not pair up between {experts} experts")
+        for keys in zip(*(sorted(x, key=lambda k: (k[1], k[4])) for x in sides)):
+            op, _, ph, fp, _ = keys[0]
+            reads = tuple((kk, f(*(dict(k[4])[kk] for k in keys))) for kk, _ in keys[0][4])
+            out.compute_work[(op, f(*(k[1] for k in keys)), ph, fp, reads)] += 1
     return out
 
 
@@ -277,24 +292,26 @@ def rows_needed(chunk: int, block: int, prompts, hits) -> set[int]:
 PARTS = ("embed", "gdn", "attention", "head")
 
 
+MOE_BUILDS = (32, 64, 96)  # expert counts the 35B-A3B prefill is built at (three points: counts up to quadratic in E)
+
+
 def measure_units_moe(device: str, cfg, real, precision: str, seed: int, numerics: str = "exact",
-                      experts: tuple[int, int] | None = None, chunk: int | None = None, rows=()) -> dict:
-    """:func:`measure_units` for a MoE config built with fewer experts than ``real`` (decode-cost's build): two
-    builds (``experts``, default half and all of ``cfg``'s) and every per-chunk unit extrapolated linearly to
-    ``real.num_experts`` (:func:`extrapolate_experts`)."""
+                      experts: tuple[int, ...] = MOE_BUILDS, chunk: int | None = None, rows=()) -> dict:
+    """:func:`measure_units` for a MoE config built with fewer experts than ``real`` (decode-cost's build): one
+    build per count in ``experts`` and every per-chunk unit extrapolated to ``real.num_experts``
+    (:func:`extrapolate_experts`)."""
     import dataclasses
 
-    e_lo, e_hi = experts or (cfg.num_experts // 2, cfg.num_experts)
-    lo, hi = (measure_units(device, dataclasses.replace(cfg, num_experts=e), precision, seed, real.vocab_size,
-                            numerics, chunk=chunk, rows=rows) for e in (e_lo, e_hi))
-    unit = dict(hi)
-    unit["rows"] = {r: {part: extrapolate_experts(lo["rows"][r][part], hi["rows"][r][part], e_lo, e_hi,
-                                                  real.num_experts, hi["rows"][r][part].name) for part in PARTS}
-                    for r in hi["rows"]}
-    if lo["sdpa_pair_flops"] != hi["sdpa_pair_flops"]:
+    units = [measure_units(device, dataclasses.replace(cfg, num_experts=e), precision, seed, real.vocab_size,
+                           numerics, chunk=chunk, rows=rows) for e in experts]
+    unit = dict(units[-1])
+    unit["rows"] = {r: {part: extrapolate_experts([u["rows"][r][part] for u in units], list(experts),
+                                                  real.num_experts, units[-1]["rows"][r][part].name) for part in PARTS}
+                    for r in units[-1]["rows"]}
+    if len({u["sdpa_pair_flops"] for u in units}) != 1:
         raise ValueError("the SDPA work changed with the expert count")
-    unit["experts"] = {"built": [e_lo, e_hi], "extrapolated_to": real.num_experts}
-    unit["built_rows"] = hi["rows"]  # what a build at e_hi experts counts (the long-position check runs that build)
+    unit["experts"] = {"built": list(experts), "extrapolated_to": real.num_experts}
+    unit["built_rows"] = units[-1]["rows"]  # what the last build counts (the long-position check runs that build)
     return unit
 
 

@@ -287,9 +287,10 @@ def test_prefill_cost_chunk_plan_and_refusals():
 
 
 def test_moe_units_extrapolate_in_experts():
-    """The MoE sibling's prefill at CI size: per-chunk counts built at 32 and 64 experts, extrapolated linearly to
-    96, equal the counts of a build at 96 experts (programs, bytes, collectives, FLOPs of every compute program);
-    the sparse matmuls' FLOPs are 2 x experts x M x K x N (the prefill's scan mode runs every expert)."""
+    """The MoE sibling's prefill at CI size: per-chunk counts built at 32, 64 and 96 experts, extrapolated to 128 as
+    a quadratic in the expert count, equal the counts of a build at 128 experts (programs, bytes, collectives, FLOPs
+    of every compute program); the grouped expert matmuls compute E + M k / 32 blocks of 32 rows each (only the
+    routed pairs: tt/model/moe_dispatch.py)."""
     pytest.importorskip("ttnn")
     import dataclasses
 
@@ -297,8 +298,8 @@ def test_moe_units_extrapolate_in_experts():
     from qwen36.probes.decode_cost import build_config
 
     cfg, _ = build_config("moe-ci", 4096)
-    real = dataclasses.replace(cfg, num_experts=96)
-    got = pc.measure_units_moe("emulated-p150x2", cfg, real, "performance", 0, experts=(32, 64))
+    real = dataclasses.replace(cfg, num_experts=128)
+    got = pc.measure_units_moe("emulated-p150x2", cfg, real, "performance", 0, experts=(32, 64, 96))
     want = pc.measure_units("emulated-p150x2", real, "performance", 0, real.vocab_size)
     for part in pc.PARTS:
         g, w = got["rows"][256][part], want["rows"][256][part]
@@ -308,5 +309,6 @@ def test_moe_units_extrapolate_in_experts():
     assert len(sparse) == 2 and all(n == 1 for _, n in sparse)
     pad = lambda n: -(-n // 32) * 32  # noqa: E731  (the engine computes whole tiles)
     h, i_d = real.hidden_size, real.moe_intermediate_size // 2  # each expert tensor-parallel over 2 devices
-    assert sorted(k[1] for k, _ in sparse) == sorted([2 * 96 * 256 * h * pad(2 * i_d), 2 * 96 * 256 * pad(i_d) * h])
-    assert got["experts"] == {"built": [32, 64], "extrapolated_to": 96}
+    blocks = 128 + 256 * real.num_experts_per_tok // 32
+    assert sorted(k[1] for k, _ in sparse) == sorted([2 * blocks * 32 * h * pad(2 * i_d), 2 * blocks * 32 * pad(i_d) * h])
+    assert got["experts"] == {"built": [32, 64, 96], "extrapolated_to": 128}
