@@ -132,7 +132,8 @@ def ci_units():
     cfg, base = build_config("ci", 4096)
     out = {}
     for numerics in ("exact", "strict"):
-        bench = build_bench("emulated-p150x2", cfg, "performance", context=PROMPT, numerics=numerics)
+        bench = build_bench("emulated-p150x2", cfg, "performance", context=PROMPT, numerics=numerics,
+                            prefill_chunk=256)
         try:
             ids = torch.randint(0, cfg.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(0))
             out[numerics] = pc.count_chunks(bench, ids)
@@ -241,7 +242,7 @@ def test_prefill_cost_probe_record(tmp_path):
 
     rec = tmp_path / "pc.jsonl"
     assert main(["probe", "prefill-cost", "--device", "emulated-p150x2", "--preset", "ci", "--prompts", "128,256,512",
-                 "--prefix-hits", "512:256", "--long-check", "512", "--records", str(rec)]) == 0
+                 "--chunk", "256", "--prefix-hits", "512:256", "--long-check", "512", "--records", str(rec)]) == 0
     (r,) = read_records(rec)
     perf = r["performance"]
     assert r["verdict"] == "pass" and perf["label"] == CALIBRATED_LABEL and perf["tp"] == 2 and perf["batch"] == 1
@@ -299,8 +300,8 @@ def test_moe_units_extrapolate_in_experts():
 
     cfg, _ = build_config("moe-ci", 4096)
     real = dataclasses.replace(cfg, num_experts=128)
-    got = pc.measure_units_moe("emulated-p150x2", cfg, real, "performance", 0, experts=(32, 64, 96))
-    want = pc.measure_units("emulated-p150x2", real, "performance", 0, real.vocab_size)
+    got = pc.measure_units_moe("emulated-p150x2", cfg, real, "performance", 0, experts=(32, 64, 96), chunk=256)
+    want = pc.measure_units("emulated-p150x2", real, "performance", 0, real.vocab_size, chunk=256)
     for part in pc.PARTS:
         g, w = got["rows"][256][part], want["rows"][256][part]
         _same(g, w)

@@ -179,7 +179,10 @@ class TTModelArgs:
     precision: PrecisionSetting
     max_seq_len: int = 4096
     block_size: int = 64  # paged-KV page size in tokens (tiles of 32 rows; 64 = tt_transformers default)
-    prefill_chunk: int = 256  # prefill chunk length; a multiple of block_size (paged_fill_cache writes whole pages)
+    # prefill chunk length; a multiple of block_size (paged_fill_cache writes whole pages). Every chunk re-reads all
+    # weights, so longer chunks amortise them: at 27B TP=2 the calibrated 4k TTFT is 1,868 / 1,067 / 991 ms at
+    # 256 / 1,024 / 2,048 rows (prefill-cost --chunk; docs/cost_figures.md), where the matmuls turn compute-bound
+    prefill_chunk: int = 2048
     batch: int = 1
     # decode matmul layout of the groups in DRAM_SHARDED_GROUPS: "dram_sharded" (weights width-sharded over the DRAM
     # banks, 1-tile-row activations width-sharded in L1: decode_matmul_plan) or "interleaved" (DRAM-interleaved
