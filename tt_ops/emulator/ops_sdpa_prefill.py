@@ -33,7 +33,8 @@ from .tensor import shard_bytes
 from .ttnn_import import ttnn
 
 OP = "ttnn.transformer.chunked_scaled_dot_product_attention"
-KEY_BLOCK = 8192  # keys per block of the two-pass softmax (bounds the fp64 score block to Hq/Hkv x T x KEY_BLOCK)
+KEY_BLOCK = 8192  # keys per block of the two-pass softmax, at most (the fp64 score block is Hq/Hkv x T x block)
+SCORE_BLOCK_ELEMENTS = 1 << 23  # and at most this many scores per block (64 MB of fp64)
 
 
 def _start(b: dict) -> int:
@@ -87,6 +88,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     hq, rows, _ = q.shape
     hkv, s_len, _ = keys.shape
     g = hq // hkv
+    key_block = max(32, min(key_block, SCORE_BLOCK_ELEMENTS // (g * rows)))
     qpos = start + torch.arange(rows)
     out = torch.empty(q.shape, dtype=torch.float64)
     for h in range(hkv):
