@@ -34,10 +34,12 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=32)
     p.add_argument("--device", default="reference", help="reference | reference-cuda | emulated-p150x2 | p150x2 | ...")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
-    p.add_argument("--precision", default=None, choices=TT_PRECISIONS,
+    p.add_argument("--precision", default=None, type=precision_name,
                    help=f"TT devices: the precision preset (docs/tt_precision.md) of plain and speculative decoding alike, "
-                        f"so that the two decode the same model (default {DEFAULT_TT_PRECISION}); the reference's "
-                        f"numerics are set by --dtype")
+                        f"so that the two decode the same model (default {DEFAULT_TT_PRECISION}): one of "
+                        f"{', '.join(TT_PRECISIONS)}, optionally with +<group>=<dtype> modifiers, e.g. "
+                        f"performance+kv_cache=bfloat8_b (the bf8 KV cache, docs/memory.md); the reference's numerics "
+                        f"are set by --dtype")
     add_spec_args(p)
     add_thinking_arg(p)
     p.set_defaults(run=run)
@@ -45,6 +47,19 @@ def add_parser(sub, name: str) -> None:
 
 # The TT precision presets (tt/model/model_config.py PrecisionSetting.named) and the one `generate` uses unless told.
 TT_PRECISIONS = ("accuracy", "performance", "performance-bf4")
+
+
+def precision_name(text: str) -> str:
+    """A precision name ``PrecisionSetting.named`` accepts (a preset and ``+`` modifiers), else a usage error."""
+    from ..tt.model.model_config import PrecisionSetting
+
+    try:
+        PrecisionSetting.named(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 DEFAULT_TT_PRECISION = "performance"
 
 
