@@ -103,3 +103,20 @@ def test_speculative_greedy_with_the_bf8_cache_is_lossless(gen8, b):
         be.close()
     for i in range(b):
         assert got[i].tokens[:n] == plain[i][:n], f"user {i}: speculative greedy differs from plain greedy"
+
+
+@pytest.mark.slow
+def test_prefix_cache_warm_equals_cold_with_the_bf8_cache(gen8):
+    """The prefix cache copies bf8 KV pages as they are (slices, then ``paged_fill_cache`` into the restoring
+    request's pages): a warm request equals the cold one bit for bit, as with the bf16 cache
+    (tests/tt/runtime/test_tt_prefix_cache.py)."""
+    from qwen36.prefix_cache import PrefixCache
+
+    prompt = torch.randint(0, 512, (70,), generator=torch.Generator().manual_seed(1)).tolist()
+    cold = gen8.generate(prompt, 6, prefix_cache=PrefixCache(32, 1 << 34, with_mtp=False), keep_logits=True)
+    cache = PrefixCache(32, 1 << 34, with_mtp=False)
+    gen8.generate(prompt[:65], 1, prefix_cache=cache)  # caches the blocks up to 64
+    warm = gen8.generate(prompt, 6, prefix_cache=cache, keep_logits=True)
+    assert (warm.prefill.reused, warm.prefill.computed) == (64, 6)
+    assert warm.tokens == cold.tokens
+    assert all(torch.equal(x, y) for x, y in zip(warm.logits, cold.logits))
