@@ -290,7 +290,7 @@ def test_prefill_cost_chunk_plan_and_refusals():
 def test_moe_units_extrapolate_in_experts():
     """The MoE sibling's prefill at CI size: per-chunk counts built at 32, 64 and 96 experts, extrapolated to 128 as
     a quadratic in the expert count, equal the counts of a build at 128 experts (programs, bytes, collectives, FLOPs
-    of every compute program); the grouped expert matmuls compute E + M k / 32 blocks of 32 rows each (only the
+    of every compute program); the grouped expert matmuls compute E + M k / R blocks of R rows each (only the
     routed pairs: tt/model/moe_dispatch.py)."""
     pytest.importorskip("ttnn")
     import dataclasses
@@ -310,6 +310,9 @@ def test_moe_units_extrapolate_in_experts():
     assert len(sparse) == 2 and all(n == 1 for _, n in sparse)
     pad = lambda n: -(-n // 32) * 32  # noqa: E731  (the engine computes whole tiles)
     h, i_d = real.hidden_size, real.moe_intermediate_size // 2  # each expert tensor-parallel over 2 devices
-    blocks = 128 + 256 * real.num_experts_per_tok // 32
-    assert sorted(k[1] for k, _ in sparse) == sorted([2 * blocks * 32 * h * pad(2 * i_d), 2 * blocks * 32 * pad(i_d) * h])
+    from qwen36.tt.model.moe_dispatch import BLOCK
+
+    blocks = 128 + 256 * real.num_experts_per_tok // BLOCK
+    assert sorted(k[1] for k, _ in sparse) == sorted([2 * blocks * BLOCK * h * pad(2 * i_d),
+                                                      2 * blocks * BLOCK * pad(i_d) * h])
     assert got["experts"] == {"built": [32, 64, 96], "extrapolated_to": 128}

@@ -101,14 +101,14 @@ class TTMoE:
 
     def routed_dispatch(self, x, w, ids):
         """The k routed experts of every row for chunks with M*k > E (prefill): the slots dispatched to their experts
-        in 32-row blocks, one grouped matmul pair over the blocks, the outputs gathered back and weighted
+        in blocks of ``moe_dispatch.BLOCK`` rows, one grouped matmul pair over the blocks, the outputs gathered back and weighted
         (tt/model/moe_dispatch.py). Only the routed (row, expert) pairs are computed, each expert's weights read once
         per block of its rows."""
         ttnn, a = self.ttnn, self.args
         rows = x.shape[2]
         mc, act = activation_memory_config(ttnn), a.dtype(TensorGroup.ACTIVATION, ttnn)
         d = moe_dispatch.plan(ttnn, a, self.dispatch_consts(rows), x, ids)
-        y = self._experts(d.rows_x, d.blocks, grouped=d.sparsity)  # [1, NB, 32, H]
+        y = self._experts(d.rows_x, d.blocks, grouped=d.sparsity)  # [1, NB, R, H]
         y = moe_dispatch.gather_back(ttnn, y, d.slot_rows, rows, self.k)  # [1, k, M, H]
         wc = ttnn.reshape(ttnn.permute(w, (0, 1, 3, 2), memory_config=mc), [1, self.k, rows, 1])  # choice-major
         y = ttnn.multiply(y, wc, dtype=act, memory_config=mc)
@@ -117,7 +117,7 @@ class TTMoE:
     def _experts(self, x, groups: int, grouped=None, **mode):
         """down(silu(gate x) * up x) of ``groups`` expert slots over the M rows of x: [1, groups, M, H]. ``mode`` picks
         the sparse_matmul mode the gate/up and down matmuls share: ``indices=`` (the listed experts, each over all M
-        rows). ``grouped`` (a [1, 1, groups, E] sparsity with one expert per block): x is [1, groups, 32, H], block b
+        rows). ``grouped`` (a [1, 1, groups, E] sparsity with one expert per block): x is [1, groups, R, H], block b
         computed against its own expert only (the dense-A mode, ``nnz`` = groups, compact outputs)."""
         ttnn, a = self.ttnn, self.args
         rows, h = x.shape[2], a.cfg.hidden_size

@@ -2,24 +2,29 @@
 
 A chunk of M rows routes S = M*k (row, expert) slots, more than the indexed ``sparse_matmul`` can list (at most E
 groups). Instead of running every expert over every row, the rows are copied into an expert-major dispatch buffer
-of NB = E + ceil(S / 32) blocks of 32 rows: expert e owns ceil(c_e / 32) consecutive blocks (c_e = slots routed to
-it), its rows in slot order, the rest of its last block zero. One grouped ``sparse_matmul`` pair (gate/up, down)
-then computes each block against its own expert only (the dense-A mode over NB batches, its sparsity marking one
-expert per block, ``nnz`` = NB exactly, the compact output), and each slot reads its row of the result back.
-NB is the bound sum_e ceil(c_e / 32) <= E + S / 32, so every shape is static (no host round trip); blocks past the
+of NB = E + ceil(S / R) blocks of R = ``BLOCK`` rows: expert e owns ceil(c_e / R) consecutive blocks (c_e = slots
+routed to it), its rows in slot order, the rest of its last block zero. One grouped ``sparse_matmul`` pair (gate/up,
+down) then computes each block against its own expert only (the dense-A mode over NB batches, its sparsity marking
+one expert per block, ``nnz`` = NB exactly, the compact output), and each slot reads its row of the result back.
+NB is the bound sum_e ceil(c_e / R) <= E + S / R, so every shape is static (no host round trip); blocks past the
 last used one hold zero rows and count as the last expert's. Slots are choice-major: slot s = j*M + r is row r's
 j-th choice, so the weighted sum over the k choices is a sum over the outer dim of [1, k, M, H].
+
+R trades the blocks' expert-weight reads (NB x one expert's weights: an expert is read again for every block of its
+rows) against the dispatch buffers (R x NB rows): per chunk about (E + S/R) W + (E R + S) c bytes, least near
+R = sqrt(S W / (c E)); for the 35B-A3B at TP=2 (W = 1.67 MB of bf8 weights per expert and device, c about 16 KB per
+dispatch row, E = 256, S = 16,384 for a 2,048-row chunk) that is about 80, so R = 64 (a whole number of tile rows).
 
 Index arithmetic is exact: counts, ranks, block and row numbers are integers below 2^24 held in fp32 (cumsum,
 sums with fp32 Dst accumulation, SFPU element-wise ops), typecast to uint32/uint16 where an op takes indices:
 
     onehot[e, s] = [id_s == e]                      [E, S]
     rank_s       = sum_e onehot * cumsum_s(onehot)  rank (from 1) among the slots of its expert, in slot order
-    c_e          = sum_s onehot;  b_e = ceil(c_e / 32)
+    c_e          = sum_s onehot;  b_e = ceil(c_e / R)
     bstart_e     = cumsum(b) - b;  sstart_e = cumsum(c) - c
-    d_s          = 32 bstart_{e_s} + rank_s - 1     the slot's dispatch row
-    dispatch row q of expert e (32 bstart_e <= q < 32 bstart_e + c_e) holds the slot at position
-    q - 32 bstart_e + sstart_e of the slots sorted by expert (``ttnn.sort``, stable: the rank order), else zeros.
+    d_s          = R bstart_{e_s} + rank_s - 1      the slot's dispatch row
+    dispatch row q of expert e (R bstart_e <= q < R bstart_e + c_e) holds the slot at position
+    q - R bstart_e + sstart_e of the slots sorted by expert (``ttnn.sort``, stable: the rank order), else zeros.
 
 The gathers of rows are ``ttnn.embedding`` lookups (the zero row is row M of the table), the slot lookups
 ``ttnn.gather`` on uint TILE tensors (an uint16 slot permutation from ``sort``, an uint32 row table).
@@ -33,7 +38,7 @@ import torch
 
 from .model_config import TensorGroup, TTModelArgs, activation_memory_config, compute_config_norm
 
-BLOCK = 32  # rows per dispatch block: one tile row, the grouped matmul's M
+BLOCK = 64  # R: rows per dispatch block, the grouped matmul's M (module doc says why 64)
 
 
 @dataclass
@@ -43,17 +48,17 @@ class DispatchConsts:
     slots: int
     blocks: int
     expert_rows: Any  # [1, 1, E, S] fp32: e on row e
-    dispatch_rows: Any  # [1, 1, Q, E] fp32: q on row q (Q = 32 * blocks)
+    dispatch_rows: Any  # [1, 1, Q, E] fp32: q on row q (Q = R * blocks)
     block_rows: Any  # [1, 1, NB, E] fp32: b on row b
     row_of_slot: Any  # [1, 1, 1, S] uint32: s mod M
     keep_last: Any  # [1, 1, 1, E] fp32: 1, 0 for the last expert
     fill_last: Any  # [1, 1, 1, E] fp32: 0, NB for the last expert
-    zero_rows: Any  # [1, 1, 32, H] ROW_MAJOR activation zeros: the table row M that empty dispatch rows read
+    zero_rows: Any  # [1, 1, R, H] ROW_MAJOR activation zeros: the table row M that empty dispatch rows read
 
 
 def dispatch_blocks(rows: int, k: int, experts: int) -> int:
-    """NB = E + ceil(M k / 32): the most 32-row blocks the slots of a chunk can need (sum over experts of
-    ceil(c_e / 32) with sum c_e = M k)."""
+    """NB = E + ceil(M k / R): the most R-row blocks the slots of a chunk can need (sum over experts of
+    ceil(c_e / R) with sum c_e = M k)."""
     return experts + -(-rows * k // BLOCK)
 
 
@@ -84,7 +89,7 @@ def make_consts(ttnn, mesh, args: TTModelArgs, rows: int) -> DispatchConsts:
 class Dispatch:
     """One chunk's dispatch: the expert-major rows, the grouped matmuls' sparsity, each slot's dispatch row."""
 
-    rows_x: Any  # [1, NB, 32, H] the dispatched rows (zeros where no slot lands)
+    rows_x: Any  # [1, NB, R, H] the dispatched rows (zeros where no slot lands)
     sparsity: Any  # [1, 1, NB, E] bf16 ROW_MAJOR: exactly one expert per block
     slot_rows: Any  # [1, S] uint32 ROW_MAJOR: dispatch row of slot s
     blocks: int
@@ -107,13 +112,13 @@ def plan(ttnn, args: TTModelArgs, consts: DispatchConsts, x, ids) -> Dispatch:
     counts = ttnn.sum(onehot, dim=3, keepdim=True, **red)  # [1, 1, E, 1]
     blocks = ttnn.ceil(ttnn.multiply(counts, 1.0 / BLOCK, **kw), **kw)
     bend = ttnn.cumsum(blocks, dim=2, dtype=f32)
-    first = ttnn.multiply(ttnn.subtract(bend, blocks, **kw), float(BLOCK), **kw)  # 32 bstart_e
+    first = ttnn.multiply(ttnn.subtract(bend, blocks, **kw), float(BLOCK), **kw)  # R bstart_e
     sstart = ttnn.subtract(ttnn.cumsum(counts, dim=2, dtype=f32), counts, **kw)
-    # each slot's dispatch row: 32 bstart of its expert + its rank - 1
+    # each slot's dispatch row: R bstart of its expert + its rank - 1
     d = ttnn.add(ttnn.sum(ttnn.multiply(onehot, ttnn.subtract(first, 1.0, **kw), **kw), dim=2, keepdim=True, **red),
                  rank, **kw)
     slot_rows = ttnn.reshape(ttnn.to_layout(ttnn.typecast(d, ttnn.uint32), ttnn.ROW_MAJOR_LAYOUT), [1, s])
-    # each dispatch row's source: the sorted slot at q - 32 bstart_e + sstart_e for the expert e whose rows hold q
+    # each dispatch row's source: the sorted slot at q - R bstart_e + sstart_e for the expert e whose rows hold q
     lo, cnt = col_to_row(first), col_to_row(counts)
     own = ttnn.multiply(ttnn.ge(consts.dispatch_rows, lo, **kw),
                         ttnn.lt(consts.dispatch_rows, ttnn.add(lo, cnt, **kw), **kw), **kw)  # [1, 1, Q, E]
@@ -136,7 +141,7 @@ def plan(ttnn, args: TTModelArgs, consts: DispatchConsts, x, ids) -> Dispatch:
 
 
 def gather_back(ttnn, y, slot_rows, rows: int, k: int):
-    """y [1, NB, 32, H] (the dispatch rows' expert outputs) -> [1, k, M, H]: slot s = j*M + r's output at [0, j, r]."""
+    """y [1, NB, R, H] (the dispatch rows' expert outputs) -> [1, k, M, H]: slot s = j*M + r's output at [0, j, r]."""
     nb, h = y.shape[1], y.shape[3]
     table = ttnn.reshape(ttnn.to_layout(ttnn.reshape(y, [1, 1, nb * BLOCK, h]), ttnn.ROW_MAJOR_LAYOUT),
                          [nb * BLOCK, h])
