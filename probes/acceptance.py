@@ -13,6 +13,15 @@ Prompts: ``speculative/depth_prompts.json``'s ``--split`` (default ``eval``: pro
 stdlib files, never trained on and not the ones the depth policy was fit on), ``--per-class`` of each class in
 ``--classes``.
 
+``--gate CANDIDATE:BASELINE`` (e.g. ``performance-bf4:performance``): the acceptance-aware precision gate on the
+trained checkpoint, thresholds fixed before the first run. Greedy agreement: over every prompt, the candidate's greedy
+tokens before its first divergence from the baseline's, as a fraction of the generated tokens; it must be at least the
+baseline's own agreement with the fp32 reference less ``AGREEMENT_DROP_MAX`` (3 points, the tolerance of
+precision-gate's top-1 criterion, Tenstorrent's 91 -> 88 % for this change on Llama-3.2-1B): the candidate may move the
+text away from the default no further than the default already stands from fp32. MTP acceptance: the candidate's mean
+accepted drafts per step at least ``ACCEPTANCE_RATIO_MIN`` (95 %) of the baseline's at every K, since a precision
+that saves a few percent of step time must not give it back in drafts. A failing gate says by how much.
+
 ``--step-records``: gate-0b records (``qwen36 probe gate-0b --preset 27b --ks 3,5 --precision P``). For each
 precision with a record at that K: tok/s = mean emitted per step x 1000 / the record's calibrated shadow-commit
 step time, with the record's band. That step time is **modelled (calibrated)** (tt_ops/cost_model.py) at 27B
@@ -27,6 +36,7 @@ import json
 import time
 from pathlib import Path
 
+from qwen36.errors import UserError
 from qwen36.probes.records import ProbeReport
 
 NAME = "acceptance"
@@ -36,6 +46,8 @@ DEFAULT_PRECISIONS = ("performance", "performance+mtp=accuracy", "performance+lm
                       "performance+lm_head=bfloat16+mtp=accuracy", "performance+mtp=performance-bf4")
 DEFAULT_CLASSES = ("code-repetitive", "code-fresh", "prose")
 REFERENCE = "reference fp32"
+AGREEMENT_DROP_MAX = 0.03
+ACCEPTANCE_RATIO_MIN = 0.95
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,6 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gate-0b records (.jsonl) whose calibrated step times turn emitted/step into tok/s")
     p.add_argument("--no-reference", action="store_true",
                    help="skip the fp32 reference runs (their cells then come from --acceptance-records)")
+    p.add_argument("--gate", default=None, metavar="CANDIDATE:BASELINE",
+                   help="acceptance-aware precision gate of CANDIDATE against BASELINE (both in --precisions)")
     p.add_argument("--acceptance-records", type=Path, nargs="*", default=[],
                    help="earlier acceptance records: their measured cells are reused (same prompts, K and tokens "
                         "required) and those precisions are not run again")
@@ -183,6 +197,44 @@ def earlier_cells(paths, config: dict, ks) -> tuple[dict, dict, str | None]:
     return figures, source, backend
 
 
+def agreement(got, want) -> float:
+    """Greedy agreement of token lists ``got`` with ``want`` (one per prompt): the tokens before the first divergence,
+    pooled over prompts, as a fraction of the generated tokens."""
+    same = total = 0
+    for g, w in zip(got, want):
+        n = 0
+        while n < min(len(g), len(w)) and g[n] == w[n]:
+            n += 1
+        same, total = same + n, total + len(w)
+    return same / total if total else 0.0
+
+
+def gate_cell(spec: str, figures: dict, ks) -> dict:
+    """The acceptance-aware gate of ``CANDIDATE:BASELINE`` (module doc): greedy agreement and MTP acceptance."""
+    cand, base = spec.split(":")
+    k0 = ks[0]  # greedy speculative decoding is lossless: the tokens are those of plain greedy at every K
+    tokens = {p: figures[p][k0]["tokens_per_prompt"] for p in (cand, base)}
+    if REFERENCE not in figures:
+        raise UserError("--gate needs the fp32 reference runs (drop --no-reference or give its acceptance record)")
+    ref = figures[REFERENCE][k0]["tokens_per_prompt"]
+    a_cb, a_br, a_cr = agreement(tokens[cand], tokens[base]), agreement(tokens[base], ref), agreement(tokens[cand], ref)
+    need = a_br - AGREEMENT_DROP_MAX
+    def ratio(c, b):  # a baseline that accepted nothing loses nothing to a candidate that accepts as little
+        return c / b if b > 0 else (1.0 if c == 0 else float("inf"))
+
+    ratios = {k: ratio(figures[cand][k]["mean_accepted"], figures[base][k]["mean_accepted"]) for k in ks}
+    agree_ok = a_cb >= need
+    accept_ok = all(r >= ACCEPTANCE_RATIO_MIN for r in ratios.values())
+    return {"cell": f"gate {cand} vs {base}", "precision": cand, "baseline": base, "k": k0, "steps": 1,
+            "greedy_agreement_vs_baseline": a_cb, "baseline_agreement_vs_reference": a_br,
+            "candidate_agreement_vs_reference": a_cr, "greedy_agreement_min": need, "greedy_agreement_ok": agree_ok,
+            "greedy_agreement_shortfall": max(0.0, need - a_cb), "acceptance_ratio": ratios,
+            "acceptance_ratio_min": ACCEPTANCE_RATIO_MIN, "acceptance_ok": accept_ok,
+            "acceptance_shortfall": {k: max(0.0, ACCEPTANCE_RATIO_MIN - r) for k, r in ratios.items()},
+            "gate": True, "pass": agree_ok and accept_ok,
+            "failed": [n for n, ok in (("greedy_agreement", agree_ok), ("acceptance", accept_ok)) if not ok]}
+
+
 def run(args: argparse.Namespace) -> ProbeReport:
     from qwen36.tt.model.model_config import PrecisionSetting
 
@@ -191,6 +243,8 @@ def run(args: argparse.Namespace) -> ProbeReport:
     precisions = [p for p in args.precisions.split(",") if p]
     for p in precisions:
         PrecisionSetting.named(p)  # a bad name fails before any run
+    if args.gate and (args.gate.count(":") != 1 or any(x not in precisions for x in args.gate.split(":"))):
+        raise UserError(f"--gate {args.gate!r}: give CANDIDATE:BASELINE, both among --precisions")
     rows = load_prompts(args.prompts, args.split, [c for c in args.classes.split(",") if c], args.per_class)
     prompts = [r["ids"] for r in rows]
     config = {"checkpoint": str(args.checkpoint), "precisions": precisions, "ks": list(ks), "split": args.split,
@@ -214,7 +268,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
         t = time.perf_counter()
         got, label = tt_runs(args.checkpoint, args.device, p, prompts, ks, args.max_new_tokens)
         wall[p] = round(time.perf_counter() - t, 1)
-        figures[p] = {k: pooled(got[k], ref_tokens[k]) for k in ks}
+        figures[p] = {k: {**pooled(got[k], ref_tokens[k]), "tokens_per_prompt": [r.tokens for r in got[k]]} for k in ks}
     cells = []
     for p, by_k in figures.items():
         for k, f in by_k.items():
@@ -230,6 +284,8 @@ def run(args: argparse.Namespace) -> ProbeReport:
                              "tok_s_label": f"{st[3]} step time x measured acceptance (this checkpoint)"})
             cell["pass"] = f["steps"] > 0
             cells.append(cell)
+    if args.gate:
+        cells.append(gate_cell(args.gate, figures, ks))
     print_figures(cells, label)
     return ProbeReport(probe=NAME, backend=label or "torch reference (no TT precision run)", config=config,
                        cells=cells, gate_complete=len(prompts) >= 6 and bool(steps),
@@ -239,6 +295,14 @@ def run(args: argparse.Namespace) -> ProbeReport:
 
 def print_figures(cells, label) -> None:
     for c in cells:
+        if c.get("gate"):
+            print(f"[measured on {label}] {c['cell']}: greedy agreement with {c['baseline']} "
+                  f"{c['greedy_agreement_vs_baseline']:.1%} (needs >= {c['greedy_agreement_min']:.1%}: "
+                  f"{c['baseline']} vs fp32 {c['baseline_agreement_vs_reference']:.1%} less 3 points), acceptance "
+                  + ", ".join(f"K={k} {r:.1%}" for k, r in c["acceptance_ratio"].items())
+                  + f" of {c['baseline']}'s (needs >= {c['acceptance_ratio_min']:.0%}): "
+                  + ("PASS" if c["pass"] else "FAIL"))
+            continue
         line = (f"[measured on {label if c['precision'] != REFERENCE else 'torch reference'}] {c['cell']}: "
                 f"accepted/step {c['mean_accepted']:.3f} (per prompt {c['per_prompt_min_max'][0]:.2f}-"
                 f"{c['per_prompt_min_max'][1]:.2f}), emitted/step {c['mean_emitted']:.3f}, per position "

@@ -2,7 +2,8 @@
 
 Runs every case of ``qwen36.testing.emulator_conformance`` (paged caches, paged SDPA decode incl. spec_multi_pos_tiles,
 fused recurrent / chunked GDN, both rotary ops, the decode head split, the fused and indexed cache updates,
-sparse_matmul, rms_norm, async collectives) on an emulated mesh and records, per op, the cases passed, failed and
+sparse_matmul, rms_norm, async collectives, the KDA convolution / gated norm / chunk-recurrence pieces and
+gated_delta_attn_seq) on an emulated mesh and records, per op, the cases passed, failed and
 skipped (each skip carries the reason the emulator cannot express it).
 """
 from __future__ import annotations

@@ -27,6 +27,7 @@ PROBES: dict[str, str] = {
     "prefill-cost": "qwen36.probes.prefill_cost",
     "precision-gate": "qwen36.probes.precision_gate",
     "acceptance": "qwen36.probes.acceptance",
+    "calibration": "qwen36.probes.calibration",
 }
 
 

@@ -2,10 +2,10 @@
 """Soak ``vllm serve`` over HTTP (dev-only: vLLM 0.25.1 and the vllm-tt plugin, docs/soak.md) on the emulated mesh.
 
 The real server (``vllm serve``, its API process and its engine-core process) serves this model through the plugin,
-registered from ``vllm_models/`` as ``scripts/serve_p150x2.sh`` does. A launcher (this script with ``--serve``)
-starts it with three changes made before vLLM's CLI runs, inherited by the engine core (started with ``fork``): the
-plugin's worker opens the emulated 1x2 mesh instead of cards, the KV pool is ``--kv-blocks`` blocks (small: the
-scheduler preempts), and the model class records the plugin's calls and the logits rows it returns into a folder.
+launched by ``qwen36 serve --device emulated-p150x2`` (its launcher, run by this script with ``--serve``), with two
+changes made before vLLM's CLI runs, inherited by the engine core: the KV pool is ``--kv-blocks`` blocks (small: the
+scheduler preempts), and the model class records the plugin's calls and the logits rows it returns into a folder
+(``qwen36.testing.vllm_calls.record_into``).
 
 The client sends N requests with random prompts, budgets, greedy or seeded sampled settings at random arrival times
 (``/v1/completions``, streamed, token ids in and out) as concurrent connections, and closes some connections after
@@ -27,79 +27,42 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 BLOCK = 64
 
 
-def _complete(c: dict, last: bool) -> bool:
-    return not last or c["call"] != "prefill_forward" or "returned" in c
-
-
 def serve(argv: list[str]) -> None:
-    """The server process: ``--serve RECORD_DIR BUDGET_TOKENS CARRY(0|1) -- <vllm serve arguments>``."""
-    record, budget, carry, vllm_args = Path(argv[0]), int(argv[1]), argv[2] == "1", argv[4:]
-    os.environ.update(VLLM_WORKER_MULTIPROC_METHOD="fork", EXTRA_MODELS_DIR=str(REPO / "vllm_models"),
-                      MESH_DEVICE="P150x2")
-    import torch
-    from vllm_tt_plugin import worker as plugin_worker
+    """The server process: ``--serve RECORD_DIR BUDGET_TOKENS CARRY(0|1) -- <qwen36 serve arguments>``: ``qwen36 serve``
+    (its launcher, in this process) with the soak's instruments installed first, which vLLM's forked engine core
+    inherits: the recorder, the KV budget, and with CARRY the lost-finishes patch."""
+    record, budget, carry, serve_args = Path(argv[0]), int(argv[1]), argv[2] == "1", argv[4:]
+    from qwen36.cli import build_parser
+    from qwen36.commands.serve import check_launch, launch
 
-    from qwen36.testing.vllm_calls import record_calls
-    from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
-    from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
-    from qwen36.tt_ops.device import open_mesh
+    args = build_parser().parse_args(["serve", *serve_args])
 
-    if carry:  # the plugin's lost finishes (docs/soak.md): the same patch as scripts/soak_vllm.py --carry-finishes
-        from vllm_tt_plugin.scheduler import TTScheduler
+    def instruments():
+        from qwen36.testing.vllm_calls import record_into
+        from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
 
-        from qwen36.testing.scripts import load_script
-        load_script("soak_vllm").carry_discarded_finishes(TTScheduler)
-    calls: list = []
-    models: list = []
-    rows: dict = {}
-    record_calls(Qwen36ForCausalLM, calls, instances=models, rows=rows)
-    Qwen36ForCausalLM.get_max_tokens_all_users = classmethod(lambda cls, *a, **k: budget)
-    mesh: list = []
+        if carry:  # the plugin's lost finishes (docs/soak.md): the same patch as scripts/soak_vllm.py --carry-finishes
+            from vllm_tt_plugin.scheduler import TTScheduler
 
-    def flush_forever():
-        (record / "rows").mkdir(parents=True, exist_ok=True)
-        done_calls, done_rows = 0, set()
-        with open(record / "calls.jsonl", "a") as cf, open(record / "status.jsonl", "a") as sf:
-            while True:
-                n = len(calls)
-                while done_calls < n and _complete(calls[done_calls], done_calls == n - 1):
-                    cf.write(json.dumps(calls[done_calls]) + "\n")
-                    done_calls += 1
-                for k in [k for k in list(rows) if k not in done_rows]:
-                    torch.save(rows[k], record / "rows" / f"{k}.pt")
-                    done_rows.add(k)
-                cf.flush()
-                if models and not (record / "model_args.json").exists():
-                    a = models[0].model.args
-                    (record / "model_args.json").write_text(json.dumps(
-                        {f: getattr(a, f) for f in ("prefill_chunk", "block_size", "max_seq_len")}))
-                held = sum(f is not None for f in models[0].batch.fed) if models else None
-                rss = next(int(x.split()[1]) / 1024 for x in Path("/proc/self/status").read_text().splitlines()
-                           if x.startswith("VmRSS:"))
-                sf.write(json.dumps(dict(t=round(time.time(), 2), calls=done_calls, slots_held=held,
-                                         rss_mb=round(rss, 1))) + "\n")
-                sf.flush()
-                time.sleep(1.0)
+            from qwen36.testing.scripts import load_script
+            load_script("soak_vllm").carry_discarded_finishes(TTScheduler)
 
-    def open_emulated(*a, **k):  # runs in the engine core
-        if not mesh:
-            mesh.append(open_mesh("emulated-p150x2", trace_region_size=DEFAULT_TRACE_REGION))
-            threading.Thread(target=flush_forever, daemon=True).start()
-        return mesh[0].mesh_device
+        def status(models):
+            held = sum(f is not None for f in models[0].batch.fed) if models else None
+            rss = next(int(x.split()[1]) / 1024 for x in Path("/proc/self/status").read_text().splitlines()
+                       if x.startswith("VmRSS:"))
+            return dict(slots_held=held, rss_mb=round(rss, 1))
 
-    plugin_worker.open_mesh_device = open_emulated
-    plugin_worker.close_mesh_device = lambda *a, **k: None
-    sys.argv = ["vllm", "serve", *vllm_args]
-    from vllm.entrypoints.cli.main import main as vllm_main
-    vllm_main()
+        record_into(record, Qwen36ForCausalLM, rows=True, status=status)
+        Qwen36ForCausalLM.get_max_tokens_all_users = classmethod(lambda cls, *a, **k: budget)
+
+    launch(args, check_launch(args), prepare=instruments)
 
 
 async def one_request(client, url: str, r: dict, t0: float, got: dict) -> None:
@@ -253,13 +216,10 @@ def main(argv=None) -> int:
     record.mkdir()
     url = f"http://127.0.0.1:{args.port}"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", str(record), str(budget),
-           "1" if args.carry_finishes else "0", "--", str(ck),
-           "--served-model-name", "qwen36", "--max-num-seqs", str(args.max_num_seqs),
-           "--max-model-len", str(args.max_model_len), "--max-num-batched-tokens", str(args.max_model_len),
-           "--block-size", str(BLOCK), "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
-           "--no-async-scheduling", "--generation-config", "vllm",
-           "--additional-config", json.dumps({"tt": {"trace_mode": "all", "optimizations": "accuracy"}}),
-           "--host", "127.0.0.1", "--port", str(args.port)]
+           "1" if args.carry_finishes else "0", "--", "--device", "emulated-p150x2", "--checkpoint", str(ck),
+           "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", str(args.max_model_len),
+           "--precision", "accuracy", "--reasoning-parser", "none", "--tool-call-parser", "none",
+           "--host", "127.0.0.1", "--port", str(args.port), "--", "--generation-config", "vllm"]
     t0 = time.time()
     log = open(tmp / "server.log", "w")
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -182,9 +182,10 @@ __all__ = ["Anchor", "DecoderShapes", "LLAMA31_8B", "LLAMA_ANCHORS", "LLAMA_LAYE
            "anchor_workload", "dram_sharded_weight_bytes", "llama31_8b_decode", "llama_step_programs"]
 
 
-# ---- measured Qwen3.6-27B decode figures of other code, shown beside ours (context, not pins) ----------------
-# Different programs (Tenstorrent's fused GDN decode, a third party's port) and, for Tenstorrent's, four dies instead
-# of our two: the calibrated model is not pinned to these, they say where the same model stands on Blackhole.
+# ---- measured Qwen3.6-27B decode figures of other code, shown beside ours by `qwen36 report` ----------------------
+# Tenstorrent's own qwen36 restated and pinned (its pre-fused program list at TP=2 and TP=4, the serving baseline
+# among them): tt_ops/calibration_qwen36*.py, ``QWEN36_ANCHORS``. These rows are what the report lists beside our
+# figures; the fused-GDN TPOT is another program list (a comparison there) and the third party's port is not restated.
 @dataclass(frozen=True)
 class Reference:
     name: str

@@ -21,6 +21,7 @@ COMMANDS = {
     "bench": "bench",
     "cards-check": "cards_check",
     "report": "report",
+    "serve": "serve",
 }
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from .chat import CHAT_TEMPLATE, check_chat_tokenizer
+from .chat import CHAT_TEMPLATE, MARKERS, check_chat_tokenizer
 from .errors import UserError
 from .io_utils import atomic_write_json, atomic_write_text
 
@@ -83,34 +83,35 @@ def make_fixed_tokenizer(out_dir: str | Path, vocab_size: int) -> int:
     return save_hf_tokenizer(tok, out_dir)
 
 
-# The chat markers a checkpoint without them gains (``add_chat_format``): Qwen3.6's thinking block delimiters.
-THINK_TOKENS = ("<think>", "</think>")
-
-
 def add_chat_format(checkpoint_dir: str | Path) -> list[int]:
-    """Give a project-made tokenizer Qwen3.6's chat format: the thinking markers as single added tokens and the chat
-    template (``qwen36.chat.CHAT_TEMPLATE``) in tokenizer_config.json. The model's vocabulary is full (its embedding
-    has one row per id), so the markers take the ids of the last BPE merges, which are removed (their text then
-    encodes as its two halves; the trained model loses two rare tokens and nothing else). Returns the markers' ids.
-    Idempotent."""
+    """Give a project-made tokenizer Qwen3.6's chat format: the markers (``qwen36.chat.MARKERS``: the thinking block's
+    and the tool call / tool response delimiters) as single added tokens, not special (decoding keeps them, as in
+    Qwen's tokenizers), and the chat template (``qwen36.chat.CHAT_TEMPLATE``) in tokenizer_config.json. The model's
+    vocabulary is full (its embedding has one row per id), so each missing marker takes the id of one of the last BPE
+    merges (the rarest pairs of the training text), which is removed (its text then encodes as its two halves; the
+    trained model loses that rare token and nothing else). Returns the markers' ids. Idempotent."""
     checkpoint_dir = Path(checkpoint_dir)
     path, cfg_path = checkpoint_dir / "tokenizer.json", checkpoint_dir / "tokenizer_config.json"
     data = json.loads(path.read_text(encoding="utf-8"))
     added = {t["content"]: t["id"] for t in data["added_tokens"]}
-    if not all(t in added for t in THINK_TOKENS):
+    missing = [t for t in MARKERS if t not in added]
+    if missing:
         model = data["model"]
-        last = model["merges"][-len(THINK_TOKENS):]
-        del model["merges"][-len(THINK_TOKENS):]
-        for token, merge in zip(THINK_TOKENS, last):
+        last = model["merges"][-len(missing):]
+        del model["merges"][-len(missing):]
+        for token, merge in zip(missing, last):
             left, right = merge if isinstance(merge, list) else merge.split(" ")
             data["added_tokens"].append({"id": model["vocab"].pop(left + right), "content": token, "single_word": False,
                                          "lstrip": False, "rstrip": False, "normalized": False, "special": False})
+        # the tokenizers library numbers added tokens absent from the vocabulary in list order after it: keep the
+        # list in id order so that every marker gets the id written next to it
+        data["added_tokens"].sort(key=lambda t: t["id"])
         atomic_write_text(path, json.dumps(data, ensure_ascii=False, separators=(",", ":")))
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     cfg["chat_template"] = CHAT_TEMPLATE
     atomic_write_json(cfg_path, cfg)
     data = json.loads(path.read_text(encoding="utf-8"))
-    return [next(t["id"] for t in data["added_tokens"] if t["content"] == tok) for tok in THINK_TOKENS]
+    return [next(t["id"] for t in data["added_tokens"] if t["content"] == tok) for tok in MARKERS]
 
 
 class TokenizerMissingError(UserError, FileNotFoundError):

@@ -58,7 +58,7 @@ def test_generate_messages_thinking_budget_plain_equals_speculative(tmp_path, ca
 
 
 def test_chat_refusals(tmp_path, capsys):
-    bad = write(tmp_path, [{"role": "tool", "content": "x"}])
+    bad = write(tmp_path, [{"role": "function", "content": "x"}])
     assert_one_line_error(*run_cli(capsys, "chat", "--messages", bad), "role")
     ok = write(tmp_path, CONV[:2], "ok.json")
     assert_one_line_error(*run_cli(capsys, "generate", "--messages", ok, "--thinking-budget", "2", "--logprobs", "1"),

@@ -1,6 +1,7 @@
-"""Regression tests for five emulator bugs found by running Tenstorrent's own op tests (tenstorrent/tt-metal) against
-the emulated mesh, and for the 0.81.1 features the emulator now implements or refuses by name. Each test restates, at
-small shapes, the call form of the TT test named in its docstring; each failed on the emulator before the fix."""
+"""Regression tests for emulator bugs found by running Tenstorrent's own op tests (tenstorrent/tt-metal) against the
+emulated mesh, and for the 0.81.1 features the emulator now implements or refuses by name. Each test restates, at small
+shapes, the call form of the TT test named in its docstring; each failed on the emulator before the fix. (Spec-less
+sharded output configs, which the rotary test found: test_specless_shards.py.)"""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 pytest.importorskip("ttnn")
 
+from qwen36.numerics import pcc  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 from qwen36.tt_ops.emulator import EmulatorError  # noqa: E402
 from qwen36.tt_ops.emulator.errors import NotEmulatedError  # noqa: E402
@@ -193,3 +195,84 @@ def test_sparse_matmul_compact_output_refuses_a_wrong_nnz(ctx2):
         ttnn.sparse_matmul(dev(torch.randn(1, 1, 32, 64)), dev(torch.randn(1, 4, 64, 32)),
                            sparsity=dev(sp, ttnn.ROW_MAJOR_LAYOUT), nnz=3, optional_output_tensor=out,
                            program_config=_pc(ttnn))
+
+
+# ---- rotary_embedding_hf decode with cos/sin padded to a tile row; refusals in the device op's words -------------
+def _tile(ttnn, mesh, x, dtype=None, mc=None):
+    return ttnn.from_torch(x, dtype=dtype or ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=mesh, memory_config=mc)
+
+
+def _dev0(ttnn, t):
+    return ttnn.to_torch(ttnn.get_device_tensors(t)[0]).float()
+
+
+def test_rotary_hf_decode_takes_cos_sin_padded_to_a_tile_row_per_user(ctx2):
+    """test_rotary_embedding_hf.py::test_rotary_embedding_hf_decode_per_batch_position pads cos/sin [1, B, 1, D] with
+    zero rows to [1, B, 32, D]; the device op checks only the batch dim and its kernel multiplies with row 0 of each
+    user's tile broadcast over the heads (the same tiles either way). The emulator refused anything but [1, B, 1, D].
+    Rows 1..31 are never read (here: random, not zero); more than one tile row per user is refused by name."""
+    ttnn, mesh = ctx2.ttnn, ctx2.mesh_device
+    b, nh, d = 4, 32, 64
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, b, nh, d, generator=g).bfloat16().float()
+    cos1, sin1 = (torch.randn(1, b, 1, d, generator=g).bfloat16().float() for _ in range(2))
+    grid = ttnn.num_cores_to_corerangeset(b, mesh.compute_with_storage_grid_size(), True)
+    mc = ttnn.MemoryConfig(ttnn.TensorMemoryLayout.HEIGHT_SHARDED, ttnn.BufferType.L1,
+                           ttnn.ShardSpec(grid, [32, d], ttnn.ShardOrientation.ROW_MAJOR))
+    xs = _tile(ttnn, mesh, x, mc=mc)
+    outs = []
+    for rows in (1, 32):
+        fill = [torch.randn(1, b, rows - 1, d, generator=g) for _ in range(2)]
+        cs, ss = (_tile(ttnn, mesh, torch.cat([t, f], dim=2), mc=mc) for t, f in zip((cos1, sin1), fill))
+        outs.append(_dev0(ttnn, ttnn.experimental.rotary_embedding_hf(xs, cs, ss, is_decode_mode=True)))
+    assert torch.equal(outs[0], outs[1])
+    h = d // 2
+    want = x * cos1 + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin1
+    assert pcc(outs[0], want) >= 0.9999
+    two = ttnn.MemoryConfig(ttnn.TensorMemoryLayout.HEIGHT_SHARDED, ttnn.BufferType.L1,
+                            ttnn.ShardSpec(grid, [64, d], ttnn.ShardOrientation.ROW_MAJOR))
+    c64 = _tile(ttnn, mesh, torch.zeros(1, b, 64, d), mc=two)
+    with pytest.raises(NotEmulatedError, match="one tile row per user"):
+        ttnn.experimental.rotary_embedding_hf(xs, c64, c64, is_decode_mode=True)
+
+
+@pytest.mark.parametrize("case", ["positions_dtype", "positions_layout", "positions_too_short",
+                                  "cache_requires_padding", "too_many_source_rows", "positions_too_wide"])
+def test_indexed_update_refuses_in_the_device_ops_words(ctx2, case):
+    """test_indexed_fused_update_cache.py::test_indexed_fused_update_cache_validation matches on the device op's
+    message (strings of 0.81.1's library); the emulator's own wording failed these six."""
+    from qwen36.testing.conformance_tt_cache import VALIDATION_MESSAGES, validation_case
+
+    assert VALIDATION_MESSAGES[case].startswith(("physical_update_idxs_tensor", "cache_tensor1", "input_tensor1"))
+    validation_case(case)(ctx2.ttnn, ctx2.mesh_device)
+
+
+def test_sparse_matmul_indexed_contract_in_the_device_ops_words(ctx2):
+    """test_sparse_matmul_indexed.py's contract tests match on the device op's messages (0.81.1's strings)."""
+    ttnn, mesh = ctx2.ttnn, ctx2.mesh_device
+    a = _tile(ttnn, mesh, torch.randn(1, 1, 32, 64))
+    w = _tile(ttnn, mesh, torch.randn(1, 4, 64, 32), ttnn.bfloat8_b)
+    sp = ttnn.from_torch(torch.ones(1, 1, 1, 4), dtype=ttnn.bfloat16, layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
+    ids = lambda v, shape=None, dt=None: ttnn.from_torch(  # noqa: E731
+        torch.tensor(v, dtype=torch.int32).reshape(shape or (1, 1, 1, len(v))), dtype=dt or ttnn.uint16,
+        layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
+    pc = ttnn.MatmulMultiCoreReuseMultiCast1DProgramConfig(
+        compute_with_storage_grid_size=ttnn.CoreCoord(1, 1), in0_block_w=1, out_subblock_h=1, out_subblock_w=1,
+        out_block_h=1, out_block_w=1, per_core_M=1, per_core_N=1, fuse_batch=False, fused_activation=None,
+        mcast_in0=True)
+    call = lambda ix, **kw: ttnn.sparse_matmul(a, w, sparsity=sp, indices=ix, program_config=pc, **kw)  # noqa: E731
+    for ix, kw, needle in (
+            (ids([0, 1], (1, 1, 2, 1)), {}, "indices must occupy a single ROW_MAJOR stick"),
+            (ids([0, 1], dt=ttnn.uint32), {}, "indices must be UINT16 dtype"),
+            (ids([0, 1, 2, 3, 0]), {}, "must be <= the number of sparse groups in input B"),
+            (ids([0, 1]), {"nnz": 2}, "nnz \\(2\\) must not be supplied together with indices"),
+            (ids([0, 1]), {"is_input_a_sparse": True, "is_input_b_sparse": False}, "requires is_input_b_sparse=true"),
+            (None, {"bias": _tile(ttnn, mesh, torch.zeros(4, 1, 32))}, "bias requires indices"),
+            (ids([0, 1]), {"bias": _tile(ttnn, mesh, torch.zeros(4, 1, 32), ttnn.bfloat8_b)}, "bias must be BFLOAT16"),
+            (ids([0, 1]), {"bias": _tile(ttnn, mesh, torch.zeros(3, 1, 32))}, "bias must have padded shape")):
+        with pytest.raises(EmulatorError, match=needle):
+            call(ix, **kw)
+    host = ttnn.from_torch(torch.tensor([[[[0, 1]]]], dtype=torch.int32), dtype=ttnn.uint16,
+                           layout=ttnn.ROW_MAJOR_LAYOUT)
+    with pytest.raises(EmulatorError, match="Device Operations expect device tensors as inputs"):
+        call(host)

@@ -8,7 +8,18 @@ import json
 
 import pytest
 
-from qwen36.probes.acceptance import REFERENCE, earlier_cells, load_prompts, pooled, step_times, tok_s
+from qwen36.probes.acceptance import (
+    ACCEPTANCE_RATIO_MIN,
+    AGREEMENT_DROP_MAX,
+    REFERENCE,
+    agreement,
+    earlier_cells,
+    gate_cell,
+    load_prompts,
+    pooled,
+    step_times,
+    tok_s,
+)
 from qwen36.speculative.engine import AcceptanceStats, GenerationResult
 
 
@@ -25,6 +36,34 @@ def test_pooled_counts_every_step_of_every_prompt():
     assert f["histogram"] == [1, 1, 1, 1]
     assert f["per_prompt_mean_accepted"] == pytest.approx([4 / 3, 2.0]) and f["per_prompt_min_max"] == [4 / 3, 2.0]
     assert f["prompts_tokens_equal_reference"] == 0.5
+
+
+def test_greedy_agreement_counts_tokens_before_the_first_divergence():
+    assert agreement([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]]) == pytest.approx((2 + 2) / 6)
+    assert agreement([[1, 2]], [[1, 2]]) == 1.0 and agreement([[7]], [[1]]) == 0.0
+
+
+def _figs(tokens, accepted):
+    return {k: {"tokens_per_prompt": tokens, "mean_accepted": a} for k, a in accepted.items()}
+
+
+def test_acceptance_aware_gate_passes_and_fails_by_its_thresholds():
+    """Greedy agreement with the baseline >= the baseline's agreement with fp32 less 3 points; acceptance >= 95 % of
+    the baseline's at every K; a fail says by how much."""
+    ref = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
+    base = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 11]]  # 90 % of the reference's tokens before diverging
+    figures = {REFERENCE: _figs(ref, {3: 1.4, 5: 1.7}), "performance": _figs(base, {3: 1.5, 5: 1.7})}
+    figures["cand"] = _figs([[1, 2, 3, 4, 5, 6, 7, 8, 9, 12]], {3: 1.5 * (ACCEPTANCE_RATIO_MIN + 0.01), 5: 1.7})
+    c = gate_cell("cand:performance", figures, (3, 5))
+    assert c["baseline_agreement_vs_reference"] == pytest.approx(0.9)
+    assert c["greedy_agreement_vs_baseline"] == pytest.approx(0.9)
+    assert c["greedy_agreement_min"] == pytest.approx(0.9 - AGREEMENT_DROP_MAX) and c["pass"]
+    figures["cand"] = _figs([[1, 2, 3, 4, 5, 6, 7, 8, 0, 0]], {3: 1.2, 5: 1.7})
+    c = gate_cell("cand:performance", figures, (3, 5))
+    assert not c["greedy_agreement_ok"] and c["greedy_agreement_shortfall"] == pytest.approx(0.87 - 0.8)
+    assert not c["acceptance_ok"] and c["acceptance_shortfall"][3] == pytest.approx(0.95 - 0.8)
+    assert c["acceptance_shortfall"][5] == 0.0 and not c["pass"]
+    assert c["failed"] == ["greedy_agreement", "acceptance"]
 
 
 def gate0b_line(precision, ms_by_k, batch=None) -> str:
@@ -68,7 +107,8 @@ def test_probe_mechanics_on_the_ci_preset(tmp_path):  # 4.8 s on the 2-core mach
     prompts.write_text(json.dumps({"prompts": [{"class": "c", "split": "eval", "source": "s", "ids": [5, 9, 2, 7, 1, 3]}]}))
     prec = "performance+mtp=accuracy"
     ns = dict(checkpoint=ckpt, precisions=prec, ks="2", prompts=prompts, split="eval", classes="c", per_class=1,
-              max_new_tokens=6, step_records=[], no_reference=False, acceptance_records=[], device="emulated-p150x2")
+              max_new_tokens=6, step_records=[], no_reference=False, acceptance_records=[], device="emulated-p150x2",
+              gate=None)
     rep = run(argparse.Namespace(**ns))
     ref, tt = rep.cells
     assert ref["precision"] == REFERENCE and tt["precision"] == prec and "emulated" in rep.backend
@@ -86,3 +126,11 @@ def test_probe_mechanics_on_the_ci_preset(tmp_path):  # 4.8 s on the 2-core mach
     assert tt2["mean_accepted"] == tt["mean_accepted"] and tt2["measured_in"] == str(rec)
     assert tt2["tok_s_27b"] == pytest.approx(tok_s(tt["mean_emitted"], [50.0, 45.0, 60.0]))
     assert again.gate_complete is False  # one prompt is a mechanics check, not a measurement
+    # the gate over the reused record (a precision against itself: agreement 1, acceptance 100 %); refusals by name
+    gated = run(argparse.Namespace(**{**ns, "acceptance_records": [rec], "gate": f"{prec}:{prec}"}))
+    (g_cell,) = [c for c in gated.cells if c.get("gate")]
+    assert g_cell["greedy_agreement_vs_baseline"] == 1.0 and g_cell["acceptance_ratio"] == {2: 1.0} and g_cell["pass"]
+    from qwen36.errors import UserError
+
+    with pytest.raises(UserError, match="CANDIDATE:BASELINE"):
+        run(argparse.Namespace(**{**ns, "gate": "performance-bf4:performance"}))

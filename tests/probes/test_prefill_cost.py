@@ -74,16 +74,22 @@ def test_gemm_pins(m, k, n, dtype, phases, measured_us, in_sample):
 
 
 def test_compute_excess_is_max_of_compute_and_bytes():
-    """A compute-bound program adds compute - bytes; a bytes-bound one (a decode row) adds nothing, and the decode
-    figures (calibrated_figures) never include the compute term."""
+    """A compute-bound program adds compute - bytes (and the whole-grid matmul's fixed time); a bytes-bound one (a
+    decode row) adds only the fixed time, and the decode figures (calibrated_figures) never include the compute
+    term. A program accumulating in fp32 Dst runs at ``matmul_util_fp32_acc``."""
     m = CalibratedP150aModel()
+    fixed = m.k("prefill_matmul_fixed_us") * 1e-3
     big = _matmul_counts(2048, 4096, 4096, "BFLOAT8_B", 2)
     e = prefill_compute_excess(big, m)
     t = 2 * 2048 * 4096 * 4096 / (matmul_peak_tflops(2) * 1e12 * 0.83) * 1e3
     read_ms = (2048 * 4096 + 4096 * 4096) // 1024 * 1088 / (376e9) * 1e3
-    assert e["compute_ms"] == pytest.approx(t) and e["excess_ms"] == pytest.approx(t - read_ms)
+    assert e["compute_ms"] == pytest.approx(t) and e["excess_ms"] == pytest.approx(t - read_ms + fixed)
     row = _matmul_counts(32, 4096, 4096, "BFLOAT8_B", 2)
-    assert prefill_compute_excess(row, m)["excess_ms"] == 0.0
+    assert prefill_compute_excess(row, m)["excess_ms"] == pytest.approx(fixed)
+    acc = Counts("fp32")
+    acc.add_op("ttnn.linear", {}, {}, work=(2 * 2048 * 4096 * 4096, 2, True))
+    t32 = 2 * 2048 * 4096 * 4096 / (matmul_peak_tflops(2) * 1e12 * m.k("matmul_util_fp32_acc")) * 1e3
+    assert prefill_compute_excess(acc, m)["compute_ms"] == pytest.approx(t32) and t32 > t
     assert calibrated_figures(big)["ms"] == pytest.approx(m.breakdown(big)["total_ms"])
     f = calibrated_prefill_figures(big, 2048)
     assert f["label"] == CALIBRATED_LABEL and f["ms_low"] < f["ms"] < f["ms_high"]

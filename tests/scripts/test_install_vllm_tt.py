@@ -277,17 +277,19 @@ def test_script_lines_are_the_working_ones():
 ENV_NAMES = REPO / "tests" / "data" / "vllm_0251_env_names.json"
 
 
-def test_serve_script_sets_only_variables_vllm_0251_reads():
-    """Every VLLM_* name the serve script exports is one vLLM 0.25.1 defines (vllm/envs.py; it warns about others,
-    and ignores them): the start-up limit is VLLM_ENGINE_READY_TIMEOUT_S, not VLLM_RPC_TIMEOUT."""
+def test_serve_launcher_sets_only_variables_vllm_0251_reads():
+    """Every VLLM_* name `qwen36 serve` (and the cards' script around it) sets is one vLLM 0.25.1 defines
+    (vllm/envs.py; it warns about others, and ignores them): the start-up limit is VLLM_ENGINE_READY_TIMEOUT_S, not
+    VLLM_RPC_TIMEOUT."""
     import json
     import re
 
     known = set(json.loads(ENV_NAMES.read_text())["names"])
-    text = (REPO / "scripts" / "serve_p150x2.sh").read_text()
-    used = set(re.findall(r"\b(VLLM_[A-Z0-9_]+)=", text))
+    text = (REPO / "scripts" / "serve_p150x2.sh").read_text() + (REPO / "models/qwen36/commands/serve.py").read_text()
+    used = set(re.findall(r"\b(VLLM_[A-Z0-9_]+)=", text)) | set(re.findall(r"[\"'](VLLM_[A-Z0-9_]+)[\"']", text))
     assert used and used <= known, sorted(used - known)
     assert "VLLM_ENGINE_READY_TIMEOUT_S" in used and "VLLM_RPC_TIMEOUT" not in known
+    assert "qwen36 serve --device p150x2" in text  # the cards' script is the command's launcher, not a second one
 
 
 def test_recorded_env_names_match_installed_vllm():

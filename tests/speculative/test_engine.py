@@ -176,20 +176,68 @@ def test_loop_without_a_model_steps_users_together_and_each_stops_on_its_own():
 
 
 def test_spec_batch_step_is_the_one_step_order():
-    """SpecBatch: add() joins now (lowest free slot), step() runs the requests that joined before the last step."""
+    """SpecBatch: add() joins now (lowest free slot), step() runs every running request or the ones named (the
+    driver names those that joined before the round)."""
     be = CannedBackend([10, 20], [[Acceptance(0, [11]), Acceptance(0, [12])], [Acceptance(0, [21])]])
     batch = SpecBatch(be)
     r0 = batch.add([1], 3, 1)
-    assert batch.step() == [] and be.calls == []  # r0 joined since the last step: its first token came from the join
+    assert batch.step([]) == [] and be.calls == []  # nothing named: no backend call
     r1 = batch.add([1], 2, 1)
     assert (r0.slot, r1.slot) == (0, 1)
-    assert batch.step() == [r0] and r0.tokens == [10, 11]
+    assert batch.step([r0]) == [r0] and r0.tokens == [10, 11]
     assert batch.step() == [r0, r1] and r0.done and r1.done and batch.free == [0, 1] and not batch.running
     assert r0.result().tokens == [10, 11, 12] and r1.result().tokens == [20, 21]
     with pytest.raises(ValueError, match="no slot is free"):
         full = SpecBatch(CannedBackend([10], [[]]))
         full.add([1], 5, 1)
         full.add([1], 5, 1)
+
+
+class CappedBackend(CannedBackend):
+    """CannedBackend that records the drafts a caller capped and the aborts."""
+
+    def cap_drafts(self, drafts):
+        self.calls.append(("cap", {s: list(d) for s, d in drafts.items()}))
+
+    def abort(self):
+        self.calls.append("abort")
+
+
+class Observed(FixedDepth):
+    def __init__(self, k):
+        super().__init__(k)
+        self.seen = []
+
+    def observe(self, k, num_accepted):
+        self.seen.append((k, num_accepted))
+
+
+def test_spec_batch_open_step_with_caller_drafts():
+    """A server that hands the drafts out: draft() opens the step, step(drafts=...) finishes it with the caller's
+    (capped) drafts; the depth policy learns from the drafts offered, nothing from a step that offered none;
+    abort() drops an open step; nothing else runs while a step is open."""
+    be = CappedBackend([10], [[Acceptance(0, [11]), Acceptance(1, [5, 12]), Acceptance(0, [13])]])
+    batch = SpecBatch(be)
+    depth = Observed(3)
+    r = batch.add([1], 99, depth)
+    assert batch.draft() == [r] and be.calls == ["draft"] and batch.is_open
+    with pytest.raises(RuntimeError, match="step\\(\\) or abort\\(\\) first"):
+        batch.draft()
+    with pytest.raises(ValueError, match="finishes the step draft\\(\\) opened"):
+        batch.step([r])
+    assert batch.step(drafts={0: []}) == [r] and not batch.is_open
+    assert be.calls[1:] == [("cap", {0: []}), "verify", "accept", "commit"] and depth.seen == []
+    batch.step(drafts={0: [5, 6]})  # no open step: step() drafts first
+    assert depth.seen == [(2, 1)] and r.last.tokens == [5, 12] and r.stats.depths == [3, 3]
+    batch.draft()
+    batch.abort()
+    assert be.calls[-2:] == ["draft", "abort"] and not batch.is_open
+    with pytest.raises(RuntimeError, match="no open step"):
+        batch.abort()
+    batch.step()
+    assert depth.seen == [(2, 1), (3, 0)] and r.tokens == [10, 11, 5, 12, 13]
+    batch.leave(r)
+    assert batch.free == [0] and be.left == [0] and r.slot == -1
 
 
 def test_reference_backend_satisfies_the_protocol_and_refuses_misuse(model):

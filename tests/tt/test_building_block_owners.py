@@ -59,7 +59,8 @@ def _scanned_files():
             rel = p.relative_to(ROOT).as_posix()
             if rel.startswith("tt_ops/emulator/") or "/.venv/" in rel:
                 continue  # the emulator implements these APIs
-            if rel.startswith("tests/emulator/") or rel in ("tests/tt_ops/test_api_fidelity.py", "models/qwen36/testing/emulator_conformance.py"):
+            if (rel.startswith(("tests/emulator/", "models/qwen36/testing/conformance_"))
+                    or rel in ("tests/tt_ops/test_api_fidelity.py", "models/qwen36/testing/emulator_conformance.py")):
                 continue  # tests of the emulator (incl. its conformance cases) / of ttnn signatures use the raw APIs
             yield rel, p
 

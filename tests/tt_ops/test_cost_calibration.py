@@ -34,7 +34,8 @@ def test_every_constant_names_its_source_and_band():
     for row in calibration_markdown_rows():  # the docs print the code's table, unchanged
         assert row in doc, row
     fitted = [c.name for c in CALIBRATION.values() if c.source.startswith("fit ")]
-    assert fitted == ["compute_op_us"]  # the one constant not read from a source
+    # the constants not read from a source: the in-model DRAM-sharded utilisations, fitted to tt-metal PR 55080's arms
+    assert fitted == ["dram_sharded_util_1_reader", "dram_sharded_util_multi_reader"]
 
 
 def test_read_keys():
@@ -54,10 +55,13 @@ def test_formula_by_term():
     m = CalibratedP150aModel()
     b = m.breakdown(c)
     k = {n: x.value for n, x in CALIBRATION.items()}
-    assert b["launch_ms"] == pytest.approx(7 * k["launch_us"] * 1e-3)
-    assert b["kernel_ms_by_class"] == pytest.approx({"data_movement": 3 * k["data_movement_us"] * 1e-3,
-                                                     "matmul": 2 * k["compute_op_us"] * 1e-3,
-                                                     "eltwise": k["eltwise_us"] * 1e-3})
+    # a traced launch hides behind a longer kernel: every program costs max(launch, kernel), the collective its terms
+    assert k["program_us"] > k["launch_us"] and b["launch_ms"] == 0.0
+    assert b["kernel_ms_by_class"] == pytest.approx({"data_movement": 3 * k["program_us"] * 1e-3,
+                                                     "matmul": 2 * k["program_us"] * 1e-3,
+                                                     "eltwise": k["program_us"] * 1e-3})
+    slow_launch = CalibratedP150aModel(overrides=(("launch_us", k["program_us"] + 1.0),)).breakdown(c)
+    assert slow_launch["launch_ms"] == pytest.approx(6 * 1.0 * 1e-3)  # the six non-collective programs
     assert b["dram_interleaved_ms"] == pytest.approx(279e6 / (k["interleaved_bf4_gbps"] * 1e9) * 1e3)  # bf4: 1 ms
     one, two = (512e6 / (u * 512e9) * 1e3 for u in (k["dram_sharded_util_1_reader"],
                                                       k["dram_sharded_util_multi_reader"]))
@@ -93,7 +97,7 @@ def test_op_classes_come_from_the_emulators_counts():
                        "ttnn.linear": "matmul", "ttnn.to_memory_config": "reshard"}
     b = CalibratedP150aModel().breakdown(c)
     assert set(b["kernel_ms_by_class"]) == {"data_movement", "norm", "eltwise", "matmul", "reshard"}
-    assert b["launch_ms"] == pytest.approx(5 * CALIBRATION["launch_us"].value * 1e-3)
+    assert b["kernel_ms"] == pytest.approx(5 * CALIBRATION["program_us"].value * 1e-3)
 
 
 # ---- readers per DRAM bank (num_workers_per_dram_bank, ttnn 0.81.1) -------------------------------------------
@@ -218,6 +222,22 @@ def test_llama_workload_follows_pr_55080():
     assert saved == pytest.approx(30.53 - 23.76, rel=0.15)
 
 
+def test_fitted_utilisations_reproduce_pr_55080():
+    """The two fitted constants are the least-squares fit (to 0.01) of PR 55080's two arms with every other constant
+    at its source; PERF.md's batch-1 figure stays out of sample (test_llama_8b_pins)."""
+    arms = [anchor_workload(a) for a in LLAMA_ANCHORS[:2]]
+
+    def sq(u1, u2):
+        m = CalibratedP150aModel(overrides=(("dram_sharded_util_1_reader", u1), ("dram_sharded_util_multi_reader", u2)))
+        return sum((m.predict_ms(w.counts) / a.measured_ms - 1) ** 2 for w, a in zip(arms, LLAMA_ANCHORS))
+
+    u1, u2 = CALIBRATION["dram_sharded_util_1_reader"].value, CALIBRATION["dram_sharded_util_multi_reader"].value
+    here = sq(u1, u2)
+    for d1 in (-0.01, 0.0, 0.01):
+        for d2 in (-0.01, 0.0, 0.01):
+            assert here <= sq(u1 + d1, u2 + d2) + 1e-12, (d1, d2)
+
+
 @pytest.mark.parametrize("rows,measured_us", [(512, 40.6), (2048, 137.2), (8192, 500.9)])
 def test_fabric_all_gather_pins(rows, measured_us):
     """Thatch-cloud docs/fabric-bandwidth-2026-09-19.md, ttnn.all_gather over the 2x P150a pair, bf16 [rows, 5120]
@@ -240,7 +260,7 @@ def test_fabric_all_gather_pins(rows, measured_us):
 def test_overrides_and_band_ends():
     c = anchor_workload(LLAMA_ANCHORS[0]).counts
     base = CalibratedP150aModel().predict_ms(c)
-    slower = CalibratedP150aModel(overrides=(("dram_sharded_util_1_reader", 0.45),)).predict_ms(c)
+    slower = CalibratedP150aModel(overrides=(("dram_sharded_util_1_reader", 0.30),)).predict_ms(c)
     assert slower > base
     lo, hi = CalibratedP150aModel("low").predict_ms(c), CalibratedP150aModel("high").predict_ms(c)
     assert lo < base < hi

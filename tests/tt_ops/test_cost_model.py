@@ -9,6 +9,7 @@ import torch
 
 from qwen36.tt_ops.cost_model import (
     LABEL,
+    P150A_DISPATCH_US_PER_PROGRAM,
     P150A_DRAM_BW_EFFECTIVE_GBPS,
     P150aCostModel,
 )
@@ -26,7 +27,7 @@ def test_formula_and_label():
     assert b["label"] == LABEL == "modelled"
     assert b["dram_ms"] == pytest.approx(10e9 / (P150A_DRAM_BW_EFFECTIVE_GBPS * 1e9) * 1e3)
     assert b["dram_ms"] == pytest.approx(24.69, abs=0.01)  # weight-stream floor ~24.6 ms at ~405 GB/s (tt_ops/cost_model.py)
-    assert b["dispatch_ms"] == pytest.approx(100 * 4e-3)
+    assert b["dispatch_ms"] == pytest.approx(100 * P150A_DISPATCH_US_PER_PROGRAM * 1e-3)  # the traced launch floor
     assert b["collective_fixed_ms"] == pytest.approx(64 * 10e-3)
     assert b["collective_bw_ms"] == pytest.approx(64 * 10240 / 84e9 * 1e3)
     assert b["total_ms"] == pytest.approx(b["dram_ms"] + b["dispatch_ms"] + b["collective_fixed_ms"]

@@ -11,6 +11,7 @@ import torch
 
 from . import numerics
 from .errors import NotEmulatedError
+from .shard_specs import output_memory_config
 from .tensor import EmuTensor, dtype_name, iter_tensors, make_like, map_shards, quantize_via_ttnn, write_inplace
 from .ttnn_import import ttnn
 
@@ -150,7 +151,7 @@ OUTPUT_LAYOUT = {
 
 def _assemble(op_name, results, args, kwargs, ref, out_kw=None):
     first = results[0]
-    mem = kwargs.get("memory_config")
+    mem = output_memory_config(op_name, kwargs.get("memory_config"), ref)
     if isinstance(first, torch.Tensor):
         dtype = _out_dtype_for(first, args, kwargs, ref)
         layout = OUTPUT_LAYOUT[op_name](args, kwargs) if op_name in OUTPUT_LAYOUT else ref.layout

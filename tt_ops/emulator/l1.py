@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import EmulatorError
+from .errors import EmulatorError, NotEmulatedError
 from .tensor import BLOCK_FLOAT, ELEMENT_BYTES, TILE, TILE_BYTES, dtype_name, is_tile, padded_shape_of
 
 BH_WORKER_L1_BYTES = 1_572_864  # blackhole_140_arch.yaml worker_l1_size
@@ -70,9 +70,9 @@ def l1_footprint(t, num_banks: int) -> tuple[int, int, int]:
     mc = t.memory_config()
     if mc.is_sharded():
         spec = mc.shard_spec
-        if spec is None:
-            raise EmulatorError("L1 accounting: a sharded L1 tensor without a shard_spec (the emulator sizes L1 "
-                                "shards from it)")
+        if spec is None:  # a spec-less config never gets here (shard_specs.require_shard_spec): an ND-only one
+            raise NotEmulatedError("L1 accounting: a tensor sharded by an nd_shard_spec only (no 2-D shard_spec) "
+                                   "is not emulated")
         cores = spec.grid.num_cores()
         pages_per_shard, page = _pages(list(spec.shape), t.dtype, t.layout)
         pages = pages_per_shard * cores

@@ -15,6 +15,7 @@ import torch
 from .counters import Counters
 from .errors import EmulatorError, TraceRuleError
 from .l1 import l1_bank_bytes, l1_footprint
+from .shard_specs import require_shard_spec
 from .mappers import (  # noqa: F401  (re-exported: the mesh module is where users look for them)
     ConcatMesh2dToTensor,
     ConcatMeshToTensor,
@@ -186,6 +187,7 @@ class EmulatedMeshDevice(EmuMeshBase):
         self.check_open()
         if self.trace.replaying:
             return
+        require_shard_spec(t)  # the tensor layer refuses a sharded buffer without a shard spec (shard_specs.py)
         self._account_dram(t)
         self._account_l1(t)
         self.trace.note_allocation(t)

@@ -144,9 +144,10 @@ class Dispatcher:
             if t._deallocated and not (mesh.trace.replaying and not t._freed):
                 raise EmulatorError(f"{op_name}: input tensor {t.logical_shape_list} was deallocated")
             if not t.on_device:
-                raise EmulatorError(
-                    f"{op_name}: input tensor {t.logical_shape_list} ({dtype_name(t.dtype)}) is on host; device ops "
-                    "need device tensors (ttnn.from_torch(..., device=mesh) or ttnn.to_device)"
+                raise EmulatorError(  # ttnn's device-operation launch guard words it so
+                    f"{op_name}: Device Operations expect device tensors as inputs: input tensor "
+                    f"{t.logical_shape_list} ({dtype_name(t.dtype)}) is on host; the op needs an allocated device "
+                    "tensor (ttnn.from_torch(..., device=mesh) or ttnn.to_device)"
                 )
             if t.mesh is not mesh:
                 raise EmulatorError(f"{op_name}: input tensor lives on another mesh ({t.mesh!r})")
@@ -218,12 +219,16 @@ class Dispatcher:
             n = programs_for(op_name, args, kwargs, out)
             if n == 0:  # a view: no program, no data moved
                 return {}, {}, None, 0, 0, None
-            read = read_bytes(args, kwargs) if read_bytes else bytes_read_by_placement(
-                iter_tensors((args, kwargs)) if inputs is None else inputs)
+            # an op's own accounting may return None for the calls it leaves to the default (every input read once)
+            read = read_bytes(args, kwargs) if read_bytes else None
+            if read is None:
+                read = bytes_read_by_placement(iter_tensors((args, kwargs)) if inputs is None else inputs)
             # a DRAM-sharded matmul's weight bytes keyed by its readers per bank (validated like the device op)
             read = account_readers(op_name, args, kwargs, read, lambda t: dtype_name(t.dtype) + read_placement(t),
                                    _read_bytes_of)
-            written = written_bytes(args, kwargs) if written_bytes else bytes_by_dtype(iter_tensors(out))
+            written = written_bytes(args, kwargs) if written_bytes else None
+            if written is None:
+                written = bytes_by_dtype(iter_tensors(out))
             cb = collective_bytes(args, kwargs, out) if collective_bytes else None
             return (read, written, cb, n, collectives_for(op_name, args, kwargs) if cb is not None else 0,
                     compute_work(op_name, args, kwargs))
@@ -272,6 +277,8 @@ class OpProxy:
         self.written_bytes = written_bytes
         self.__doc__ = getattr(real_op, "__doc__", None)
         self.__name__ = op_name
+        # host-side torch reference: ttnn.get_golden_function(op) reads it (Tenstorrent's tests call it)
+        self.golden_function = getattr(real_op, "golden_function", None)
 
     def __call__(self, *args, **kwargs):
         return self.dispatcher.call(

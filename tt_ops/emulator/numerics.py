@@ -206,6 +206,44 @@ def fpu_matmul(a: torch.Tensor, b: torch.Tensor, a_dtype: str, b_dtype: str, cfg
     return out
 
 
+def src_operand(x: torch.Tensor, dtype_name: str, srca: bool) -> torch.Tensor:
+    """An operand as it sits in a Src register, as fp64 ([SRC]): FLOAT32 becomes TF32 (SrcA also ignores the TF32
+    LSB in multiplications); BF16 and the block floats unpack losslessly. For the eltwise FPU ops ``in0`` is SrcA and
+    ``in1`` SrcB; for matmuls ``in0`` is SrcB and ``in1`` SrcA (module doc)."""
+    if dtype_name == "FLOAT32":
+        return wide(_keep_mantissa_bits(x, 9 if srca else 10))
+    return wide(x.to(torch.float32))
+
+
+def fidelity_hi(srcb: torch.Tensor, srca: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The high parts the first fidelity phase multiplies ([SRC]): SrcB implicit + 6 bits, SrcA implicit + 4 bits."""
+    return wide(_keep_mantissa_bits(srcb, 6)), wide(_keep_mantissa_bits(srca, 4))
+
+
+def fpu_product(srcb: torch.Tensor, srca: torch.Tensor, phases: int) -> torch.Tensor:
+    """Elementwise product of Src operands (fp64 values already in their Src formats) under ``phases`` fidelity
+    phases ([SRC] table, as in :func:`fpu_matmul`: SrcB hi = implicit + 6 bits, SrcA hi = implicit + 4 bits); exact
+    in fp64."""
+    if phases >= 4:
+        return srcb * srca
+    b_hi, a_hi = fidelity_hi(srcb, srca)
+    if phases == 1:
+        return b_hi * a_hi
+    if phases == 2:
+        return b_hi * srca
+    return b_hi * srca + (srcb - b_hi) * a_hi
+
+
+def round_fp32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 Dst / an FLOAT32 circular buffer (round to nearest even), returned as fp64."""
+    return wide(x.to(torch.float32))
+
+
+def round_dst(x: torch.Tensor, fp32_dest_acc_en: bool) -> torch.Tensor:
+    """A value written to Dst (and packed out of it): fp32 with ``fp32_dest_acc_en``, else bf16 ([FP32]); as fp64."""
+    return round_fp32(x) if fp32_dest_acc_en else wide(round_bf16(x))
+
+
 def reduce_sum(x: torch.Tensor, dims: list[int], dtype_name: str, cfg: KernelConfig, fast_and_approximate: bool,
                scale: float = 1.0) -> tuple[torch.Tensor, str]:
     """``ttnn.sum`` over ``dims`` (keepdim) as the card computes it; returns (fp32 result, path name).
@@ -278,6 +316,11 @@ __all__ = [
     "to_tf32",
     "round_bf16",
     "fpu_matmul",
+    "src_operand",
+    "fpu_product",
+    "fidelity_hi",
+    "round_fp32",
+    "round_dst",
     "reduce_sum",
     "dst_output",
     "poison_like",

@@ -21,8 +21,14 @@ flash-decode kernel sources (``ttnn/cpp/.../sdpa_decode/device/kernels``, read f
   device op's ``validate_on_program_cache_miss`` (tt-metal ``rotary_embedding_hf_device_operation.cpp``, read
   for facts): TILE tensors, padded head dim 32 or a multiple of 64, cos and sin of one dtype and shape with
   ``cos[0] == 1`` and ``cos[-1] == D``. Decode: x ``[1, B, nh, D]`` HEIGHT_SHARDED, cos/sin sharded
-  ``[1, B, 1, D]`` (one row per user, broadcast over heads). Prefill: x ``[1, nh, S, D]`` (any memory layout but
-  width-sharded), cos/sin ``[1, 1, S' >= S, D]``, row s of every head takes cos row s. Output: x's dtype.
+  ``[1, B, rows <= 32, D]``: the validation checks only ``cos[1] == B`` (its "seq_len must be 1" check reads the
+  padded dim 0 in the versions that match 0.81.1's messages), and the sharded kernel
+  (``kernels/compute/rotary_embedding_hf_sharded.cpp``, shipped in the wheel) holds one tile row of cos/sin per user
+  and multiplies with ``BroadcastDim::Row``: row 0 of the user's tile, broadcast over the heads. So ``[1, B, 1, D]``
+  and Tenstorrent's test's zero-padded ``[1, B, 32, D]`` are the same tiles; more than one tile row per user is
+  refused by name. Prefill: x ``[1, nh, S, D]`` (any memory layout but width-sharded), cos/sin ``[1, 1, S' >= S,
+  D]``, row s of every head takes cos row s. Output: x's dtype; a sharded ``memory_config`` without a shard spec
+  takes the input's spec, or the input's tile rows split evenly (``shard_specs.ROTARY_HF``).
 
 Attention math runs in fp64 (rule N8) and is rounded to q's dtype (cards accumulate flash-decode partials in
 bf16/fp32 per program config; that reduction-order error is not modelled).
@@ -39,6 +45,7 @@ from .errors import EmulatorError, NotEmulatedError
 from .goldens import golden_impl
 from .op_accounting import add_bytes, bind_op, shard_ints
 from .registry import device_op
+from .shard_specs import output_memory_config
 from .tensor import EmuTensor, dtype_name, make_like, shard_bytes
 from .ttnn_import import ttnn
 
@@ -179,7 +186,8 @@ def paged_sdpa_decode(input_tensor_q, input_tensor_k, input_tensor_v, page_table
         if q.shape[1] != pt.shape[0]:
             raise EmulatorError(f"{op}: q has {q.shape[1]} users/groups but the page table has {pt.shape[0]} rows")
         outs.append(_decode_core(op, q, k, v, pos, kwargs.get("scale"), kwargs.get("is_causal", True), spec_t))
-    return make_like(input_tensor_q, outs, memory_config=kwargs.get("memory_config"))
+    return make_like(input_tensor_q, outs,
+                     memory_config=output_memory_config(op, kwargs.get("memory_config"), input_tensor_q))
 
 
 @device_op("ttnn.transformer.scaled_dot_product_attention_decode")
@@ -198,7 +206,8 @@ def sdpa_decode(input_tensor_q, input_tensor_k, input_tensor_v, **kwargs):
         if pos is None and kwargs.get("cur_pos"):
             pos = torch.tensor(list(kwargs["cur_pos"]), dtype=torch.int64)
         outs.append(_decode_core(op, q, k, v, pos, kwargs.get("scale"), kwargs.get("is_causal", True), 0))
-    return make_like(input_tensor_q, outs, memory_config=kwargs.get("memory_config"))
+    return make_like(input_tensor_q, outs,
+                     memory_config=output_memory_config(op, kwargs.get("memory_config"), input_tensor_q))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -248,7 +257,7 @@ def rotary_embedding_llama(input_tensor, cos_cache, sin_cache, trans_mat, *, is_
             if cos.shape[-2] != x.shape[-2]:
                 raise EmulatorError(f"{op}: cos/sin seq_len {cos.shape[-2]} != input seq_len {x.shape[-2]}")
         outs.append(x * cos + rot * sin)
-    return make_like(input_tensor, outs, memory_config=memory_config)
+    return make_like(input_tensor, outs, memory_config=output_memory_config(op, memory_config, input_tensor))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -297,9 +306,14 @@ def rotary_embedding_hf(input_tensor, cos_cache, sin_cache, *, is_decode_mode=Fa
             raise EmulatorError(f"{op}: decode mode needs a HEIGHT_SHARDED input (the device op's validation)")
         if not (cos_cache.memory_config().is_sharded() and sin_cache.memory_config().is_sharded()):
             raise EmulatorError(f"{op}: decode mode needs sharded cos/sin")
-        if shape[0] != 1 or cshape[1] != shape[1] or cshape[2] != 1:
-            raise EmulatorError(f"{op}: decode mode takes x [1, B, nh, D] and cos/sin [1, B, 1, D]; got x {shape}, "
-                                f"cos {cshape}")
+        if shape[0] != 1 or cshape[1] != shape[1]:
+            raise EmulatorError(f"{op}: decode mode takes x [1, B, nh, D] and cos/sin [1, B, rows, D]; got x "
+                                f"{shape}, cos {cshape}")
+        if cshape[2] > 32:
+            # the validation lets it through, but the sharded kernel reads one tile row of cos/sin per user
+            raise NotEmulatedError(f"{op}: decode cos/sin with {cshape[2]} rows per user: the device op's sharded "
+                                   "kernel reads one tile row per user (row 0 broadcast over the heads); pass "
+                                   "[1, B, 1, D] or [1, B, <=32, D]")
     else:
         if cshape[1] != 1:
             raise EmulatorError(f"{op}: prefill mode needs cos/sin batch dim 1, got {cshape}")
@@ -325,10 +339,11 @@ def rotary_embedding_hf(input_tensor, cos_cache, sin_cache, *, is_decode_mode=Fa
     for i in range(input_tensor.num_shards):
         x = operand(input_tensor, i)
         cos, sin = operand(cos_cache, i), operand(sin_cache, i)
-        if not is_decode_mode:
-            cos, sin = cos[:, :, : shape[2], :], sin[:, :, : shape[2], :]
+        # prefill: the first seq_len rows; decode: row 0 of each user's tile, broadcast over the heads
+        rows = shape[2] if not is_decode_mode else 1
+        cos, sin = cos[:, :, :rows, :], sin[:, :, :rows, :]
         outs.append(packed(x * cos) + packed(_rotate_half(x) * sin))
-    return make_like(input_tensor, outs, memory_config=memory_config)
+    return make_like(input_tensor, outs, memory_config=output_memory_config(op, memory_config, input_tensor))
 
 
 # ------------------------------------------------------------------------------------------------

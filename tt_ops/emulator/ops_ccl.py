@@ -27,6 +27,7 @@ import torch
 
 from .errors import EmulatorError, TraceRuleError
 from .registry import device_op, host_fn
+from .shard_specs import output_memory_config
 from .signatures import bind_arguments
 from .tensor import EmuTensor, make_like, quantize_via_ttnn, write_inplace
 from .ttnn_import import ttnn
@@ -143,7 +144,7 @@ def _ar_bytes(args, kwargs, out):
     return 2 * (n - 1) * _bytes(t) // n
 
 
-def _emit(t: EmuTensor, shards, memory_config, output_tensor=None, dtype=None):
+def _emit(op: str, t: EmuTensor, shards, memory_config, output_tensor=None, dtype=None):
     if output_tensor is not None:
         if list(output_tensor.shards[0].shape) != list(shards[0].shape):
             raise EmulatorError(
@@ -151,27 +152,27 @@ def _emit(t: EmuTensor, shards, memory_config, output_tensor=None, dtype=None):
             )
         write_inplace(output_tensor, [quantize_via_ttnn(s, output_tensor.dtype) for s in shards])
         return output_tensor
-    return make_like(t, shards, dtype=dtype, memory_config=memory_config)
+    return make_like(t, shards, dtype=dtype, memory_config=output_memory_config(op, memory_config, t))
 
 
 @device_op("ttnn.all_gather", collective_bytes=_ag_bytes)
 def all_gather(input_tensor, dim, *, cluster_axis=None, memory_config=None, output_tensor=None, **_ignored):
     _forbid_sync_in_capture("ttnn.all_gather", input_tensor)
     shards = _all_gather_shards(input_tensor, dim, cluster_axis, "ttnn.all_gather")
-    return _emit(input_tensor, shards, memory_config, output_tensor)
+    return _emit("ttnn.all_gather", input_tensor, shards, memory_config, output_tensor)
 
 
 @device_op("ttnn.reduce_scatter", collective_bytes=_rs_bytes)
 def reduce_scatter(input_tensor, dim, *, cluster_axis=None, memory_config=None, output_tensor=None, **_ignored):
     _forbid_sync_in_capture("ttnn.reduce_scatter", input_tensor)
     shards = _reduce_scatter_shards(input_tensor, dim, cluster_axis, "ttnn.reduce_scatter")
-    return _emit(input_tensor, shards, memory_config, output_tensor)
+    return _emit("ttnn.reduce_scatter", input_tensor, shards, memory_config, output_tensor)
 
 
 @device_op("ttnn.all_reduce", collective_bytes=_ar_bytes)
 def all_reduce(input_tensor, *, cluster_axis=None, memory_config=None, **_ignored):
     _forbid_sync_in_capture("ttnn.all_reduce", input_tensor)
-    return _emit(input_tensor, _all_reduce_shards(input_tensor, cluster_axis), memory_config)
+    return _emit("ttnn.all_reduce", input_tensor, _all_reduce_shards(input_tensor, cluster_axis), memory_config)
 
 
 # ---- experimental async forms ------------------------------------------------------------------
@@ -188,7 +189,8 @@ def all_gather_async(*args, **kwargs):
     _require_semaphores("ttnn.experimental.all_gather_async", t,
                         multi_device_global_semaphore=b.get("multi_device_global_semaphore"))
     shards = _all_gather_shards(t, b["dim"], b.get("cluster_axis"), "ttnn.experimental.all_gather_async")
-    return _emit(t, shards, b.get("memory_config"), b.get("persistent_output_buffer"))
+    return _emit("ttnn.experimental.all_gather_async", t, shards, b.get("memory_config"),
+                 b.get("persistent_output_buffer"))
 
 
 def _rs_async_bytes(args, kwargs, out):
@@ -210,7 +212,7 @@ def reduce_scatter_minimal_async(*args, **kwargs):
     bufs = b.get("persistent_output_buffers")
     # persistent_output_buffers = [intermediate, output] on cards; the output is the last one
     out_buf = bufs[-1] if bufs else None
-    return _emit(t, shards, b.get("memory_config"), out_buf)
+    return _emit(name, t, shards, b.get("memory_config"), out_buf)
 
 
 def _ar_async_bytes(args, kwargs, out):
@@ -268,7 +270,7 @@ def all_reduce_async(*args, **kwargs):
         _require_semaphores(name, t, multi_device_global_semaphore=b["multi_device_global_semaphore"])
         out_mc = b.get("memory_config") or t.memory_config()  # the op's default: the input's memory config
         _check_single_op_all_reduce(name, t, b.get("buffer_tensor"), out_mc, _group_size(t, b.get("cluster_axis")))
-        return _emit(t, _all_reduce_shards(t, b.get("cluster_axis")), out_mc, dtype=b.get("dtype"))
+        return _emit(name, t, _all_reduce_shards(t, b.get("cluster_axis")), out_mc, dtype=b.get("dtype"))
     else:
         _require_semaphores(name, t, barrier_semaphores=b.get("barrier_semaphores"),
                             rs_global_semaphores=b.get("rs_global_semaphores"),
@@ -276,7 +278,7 @@ def all_reduce_async(*args, **kwargs):
     math_op = b.get("math_op")
     if math_op is not None and str(math_op).split(".")[-1].lower() != "sum":
         raise EmulatorError(f"{name}: only math_op=ReduceType.Sum is emulated, got {math_op}")
-    return _emit(t, _all_reduce_shards(t, b.get("cluster_axis")), b.get("memory_config"))
+    return _emit(name, t, _all_reduce_shards(t, b.get("cluster_axis")), b.get("memory_config"))
 
 
 class EmuGlobalSemaphore:

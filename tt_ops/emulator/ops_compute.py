@@ -17,6 +17,7 @@ from . import numerics
 from .errors import EmulatorError, NotEmulatedError
 from .goldens import golden_impl
 from .registry import device_op
+from .shard_specs import output_memory_config
 from .tensor import EmuTensor, dtype_name, make_like, quantize_via_ttnn, write_inplace
 from .ttnn_import import ttnn
 
@@ -77,7 +78,7 @@ def _finish(op, a, outs, dtype, memory_config, optional_output_tensor):
         write_inplace(optional_output_tensor, [quantize_via_ttnn(o, optional_output_tensor.dtype) for o in outs])
         return optional_output_tensor
     return make_like(a, outs, dtype=dtype if dtype is not None else a.dtype, layout=ttnn.TILE_LAYOUT,
-                     memory_config=memory_config)
+                     memory_config=output_memory_config(op, memory_config, a))
 
 
 def _check_layouts(op, a, b):
@@ -265,7 +266,8 @@ def _reduce(op_name, scale_by_count, input_tensor, dim=None, keepdim=False, **kw
             for d in reversed(dims):
                 y = y.squeeze(d)
         outs.append(y)
-    return make_like(input_tensor, outs, memory_config=kwargs.get("memory_config"))
+    return make_like(input_tensor, outs,
+                     memory_config=output_memory_config(op_name, kwargs.get("memory_config"), input_tensor))
 
 
 @device_op("ttnn.sum")
@@ -282,7 +284,8 @@ def mean(input_tensor, dim=None, keepdim=False, **kwargs):
 def fill_implicit_tile_padding(input_tensor, fill_value, *, memory_config=None):
     """Same values, tile padding set to ``fill_value`` (0.81.1 docstring: "Fills the implicit padding of a tiled
     input tensor with the specified value")."""
-    return make_like(input_tensor, list(input_tensor.shards), memory_config=memory_config,
+    return make_like(input_tensor, list(input_tensor.shards),
+                     memory_config=output_memory_config("ttnn.fill_implicit_tile_padding", memory_config, input_tensor),
                      pad_fill=float(fill_value))
 
 

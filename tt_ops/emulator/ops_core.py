@@ -17,6 +17,7 @@ from . import mappers
 from .errors import EmulatorError, NotEmulatedError, TraceRuleError
 from .programs import reshape_is_view
 from .registry import device_op, host_fn
+from .shard_specs import output_memory_config
 from .tensor import (
     EmuMeshBase,
     EmuTensor,
@@ -427,7 +428,8 @@ def _to_layout_impl(tensor, layout, dtype=None, memory_config=None, sub_core_gri
         return tensor
     # tilize fills the padding with pad_value; a TILE -> TILE conversion converts the padding with the data
     pad = pad_value if tensor.layout != ttnn.TILE_LAYOUT else tensor.pad_fill
-    return make_like(tensor, list(tensor.shards), dtype=dtype, layout=layout, memory_config=memory_config, pad_fill=pad)
+    return make_like(tensor, list(tensor.shards), dtype=dtype, layout=layout,
+                     memory_config=output_memory_config("ttnn.to_layout", memory_config, tensor), pad_fill=pad)
 
 
 @host_fn("ttnn.to_layout")
@@ -466,13 +468,16 @@ def typecast(input_tensor, *args, dtype=None, memory_config=None, output_tensor=
     if output_tensor is not None:
         write_inplace(output_tensor, [quantize_via_ttnn(s, output_tensor.dtype) for s in src])
         return output_tensor
-    return make_like(tensor, src, dtype=dtype, memory_config=memory_config, pad_fill=tensor.pad_fill)
+    return make_like(tensor, src, dtype=dtype, pad_fill=tensor.pad_fill,
+                     memory_config=output_memory_config("ttnn.typecast", memory_config, tensor))
 
 
 @device_op("ttnn.to_memory_config")
 def to_memory_config(tensor, memory_config, dtype=None, output_tensor=None):
     dtype = dtype if dtype is not None else tensor.dtype
-    return make_like(tensor, list(tensor.shards), dtype=dtype, memory_config=memory_config, pad_fill=tensor.pad_fill)
+    return make_like(tensor, list(tensor.shards), dtype=dtype,
+                     memory_config=output_memory_config("ttnn.to_memory_config", memory_config, tensor),
+                     pad_fill=tensor.pad_fill)
 
 
 def _sharded_config(op, args, kwargs):
@@ -554,7 +559,8 @@ def reshape(input_tensor, shape=None, *rest, memory_config=None, pad_value=None,
         pad = tensor.pad_fill  # a view moves no data
     else:  # "pad_value ... applied to tile padding lanes" unless skip_padding_fill (ttnn.reshape docstring)
         pad = None if skip_padding_fill else float(pad_value if pad_value is not None else 0.0)
-    return make_like(tensor, [s.reshape(target) for s in tensor.shards], memory_config=memory_config, pad_fill=pad)
+    return make_like(tensor, [s.reshape(target) for s in tensor.shards],
+                     memory_config=output_memory_config("ttnn.reshape", memory_config, tensor), pad_fill=pad)
 
 
 def _copy_read(args, kwargs):
@@ -577,8 +583,8 @@ def copy(input_a, input_b):
 
 @device_op("ttnn.clone")
 def clone(input, *, dtype=None, memory_config=None, compute_kernel_config=None):
-    return make_like(input, [s.clone() for s in input.shards], dtype=dtype, memory_config=memory_config,
-                     pad_fill=input.pad_fill)
+    return make_like(input, [s.clone() for s in input.shards], dtype=dtype,
+                     memory_config=output_memory_config("ttnn.clone", memory_config, input), pad_fill=input.pad_fill)
 
 
 # ------------------------------------------------------------------------------------------------

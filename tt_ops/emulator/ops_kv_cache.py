@@ -402,27 +402,44 @@ def indexed_fused_update_cache(cache_tensor1, input_tensor1, cache_tensor2, inpu
             raise EmulatorError(f"{op}: {name} must use the default non-transposed 32x32 tile (got "
                                 f"{describe_tile(t._tile)})")
     _check_indexed_topology(op, named)
-    if (not isinstance(idx, EmuTensor) or dtype_name(idx.dtype) != "INT32" or idx.layout != ttnn.ROW_MAJOR_LAYOUT
-            or len(idx.logical_shape_list) != 2 or idx.logical_shape_list[0] != 1):
-        raise EmulatorError(f"{op}: physical_update_idxs_tensor must be a ROW_MAJOR INT32 [1, N] tensor")
-    n_idx = idx.logical_shape_list[1]
+    # the device op's messages (strings of 0.81.1's library; Tenstorrent's test matches on them), in the order its
+    # test needs: shapes, page alignment and source rows before the index tensor's own checks
     if cache_tensor1.logical_shape_list != cache_tensor2.logical_shape_list:
         raise EmulatorError(f"{op}: cache_tensor1 and cache_tensor2 must have identical shapes")
     if input_tensor1.logical_shape_list != input_tensor2.logical_shape_list:
         raise EmulatorError(f"{op}: input_tensor1 and input_tensor2 must have identical shapes")
-    if len(cache_tensor1.logical_shape_list) == 4 and cache_tensor1.logical_shape_list[2] % 32:
-        raise EmulatorError(f"{op}: cache rows per physical page must be tile aligned")
+    cs, xs = cache_tensor1.logical_shape_list, input_tensor1.logical_shape_list
+    if len(cs) != 4 or len(xs) != 4 or xs[0] != 1 or xs[1] != cs[1] or xs[3] != cs[3]:
+        raise EmulatorError(f"{op}: input {xs} must be [1, num_heads, packed_rows, head_dim] of cache {cs}")
+    if cs[2] % 32:
+        raise EmulatorError(f"{op}: cache_tensor1 rows per physical page must be tile aligned (got {cs[2]} rows)")
+    rows = xs[2]
+    if rows > 256:
+        raise EmulatorError(f"{op}: input_tensor1 supports at most 256 source rows (got {rows})")
+    if rows < 1:
+        raise EmulatorError(f"{op}: input_tensor1 has no source rows")
+    if not isinstance(idx, EmuTensor) or not idx.on_device:
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor must be a device tensor")
+    if dtype_name(idx.dtype) != "INT32":
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor must use INT32 (got {dtype_name(idx.dtype)})")
+    if idx.layout != ttnn.ROW_MAJOR_LAYOUT:
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor must use ROW_MAJOR layout (got {idx.layout.name})")
+    if idx.memory_config().is_sharded():
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor must use interleaved memory")
+    if len(idx.logical_shape_list) != 2 or idx.logical_shape_list[0] != 1:
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor must have shape [1, num_rows] (got "
+                            f"{idx.logical_shape_list})")
+    n_idx = idx.logical_shape_list[1]
+    if n_idx < rows:
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor has fewer entries than the packed input has rows "
+                            f"({n_idx} < {rows})")
+    if n_idx > 256:
+        raise EmulatorError(f"{op}: physical_update_idxs_tensor supports at most 256 entries (got {n_idx})")
     if any(list(sh.shape) != list(idx.shards[0].shape) or not torch.equal(sh, idx.shards[0]) for sh in idx.shards):
         raise EmulatorError(f"{op}: physical_update_idxs_tensor must be replicated across mesh axes (the same "
                             "physical rows on every device)")
     new = []
     for cache_t, x_t in ((cache_tensor1, input_tensor1), (cache_tensor2, input_tensor2)):
-        cs, xs = cache_t.logical_shape_list, x_t.logical_shape_list
-        if len(cs) != 4 or len(xs) != 4 or xs[0] != 1 or xs[1] != cs[1] or xs[3] != cs[3]:
-            raise EmulatorError(f"{op}: input {xs} must be [1, num_heads, packed_rows, head_dim] of cache {cs}")
-        rows = xs[2]
-        if not 1 <= rows <= 256 or not rows <= n_idx <= 256:
-            raise EmulatorError(f"{op}: need 1 <= packed_rows ({rows}) <= num_indices ({n_idx}) <= 256")
         shards = []
         for i in range(cache_t.num_shards):
             cache = cache_t.shards[i].clone()

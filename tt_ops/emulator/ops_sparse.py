@@ -35,6 +35,7 @@ import torch
 from . import numerics
 from .errors import EmulatorError, NotEmulatedError
 from .registry import device_op
+from .shard_specs import output_memory_config
 from .tensor import EmuTensor, describe_tile, dtype_name, is_default_tile, make_like, quantize_via_ttnn, write_inplace
 from .ttnn_import import ttnn
 
@@ -127,28 +128,39 @@ def _check(b: dict) -> None:
         if list(sps) != list(want_sp):
             raise EmulatorError(f"{OP}: sparsity must be {want_sp} in this mode (the docstring's modes table), got "
                                 f"{list(sps)}")
+    # the device op's messages below are the strings of 0.81.1's library (Tenstorrent's test matches on them)
     bias = b.get("bias")
     if bias is not None:
         bs = bias.logical_shape_list
         if idx is None:
-            raise EmulatorError(f"{OP}: bias is supported in indexed/gather mode only (pass indices)")
-        if dtype_name(bias.dtype) != "BFLOAT16" or bias.layout != ttnn.TILE_LAYOUT:
-            raise EmulatorError(f"{OP}: bias must be a BFLOAT16 TILE tensor")
+            raise EmulatorError(f"{OP}: sparse_matmul bias requires indices (indexed/gather mode)")
+        if dtype_name(bias.dtype) != "BFLOAT16":
+            raise EmulatorError(f"{OP}: bias must be BFLOAT16 (it is added at bias precision, not the weight dtype), "
+                                f"got {dtype_name(bias.dtype)}")
+        if bias.layout != ttnn.TILE_LAYOUT:
+            raise EmulatorError(f"{OP}: bias must be TILE layout, got {bias.layout.name}")
         if len(bs) != 3 or bs[0] != e or bs[1] > 32 or bs[2] != w.logical_shape_list[-1]:
-            raise EmulatorError(f"{OP}: bias must have padded shape [E={e}, 32, N={w.logical_shape_list[-1]}] "
-                                f"(one tile row per group), got logical {bs}")
+            raise EmulatorError(f"{OP}: bias must have padded shape [E, tile_height, N] with E the number of sparse "
+                                f"groups ({e}) and N the output width ({w.logical_shape_list[-1]}), got logical {bs}")
     if idx is not None:
         shape = idx.logical_shape_list
-        if idx.layout != ttnn.ROW_MAJOR_LAYOUT or dtype_name(idx.dtype) != "UINT16":
-            raise EmulatorError(f"{OP}: indices must be a ROW_MAJOR uint16 tensor")
+        if idx.layout != ttnn.ROW_MAJOR_LAYOUT:
+            raise EmulatorError(f"{OP}: indices must be ROW_MAJOR layout, got {idx.layout.name}")
+        if dtype_name(idx.dtype) != "UINT16":
+            raise EmulatorError(f"{OP}: indices must be UINT16 dtype, got {dtype_name(idx.dtype)}")
         if any(s != 1 for s in shape[:-1]):
-            raise EmulatorError(f"{OP}: indices must be one ROW_MAJOR stick (all dims but the last 1), got {shape}")
+            raise EmulatorError(f"{OP}: indices must occupy a single ROW_MAJOR stick (all dimensions except the last "
+                                f"must be 1), got shape {shape}")
         if not b.get("is_input_b_sparse", True):
-            raise EmulatorError(f"{OP}: indices needs is_input_b_sparse=True")
+            raise EmulatorError(f"{OP}: Indexed/gather mode requires is_input_b_sparse=true (the indexed operand is "
+                                "the expert weight tensor B, laid out as [..., E, K, N]).")
         if b.get("nnz") is not None:
-            raise EmulatorError(f"{OP}: nnz must not be given together with indices")
+            raise EmulatorError(f"{OP}: nnz ({b['nnz']}) must not be supplied together with indices: the "
+                                "indexed/gather loop count is num_active (the length of indices), so nnz would be "
+                                "ignored")
         if shape[-1] > e:
-            raise EmulatorError(f"{OP}: {shape[-1]} indices for {e} groups")
+            raise EmulatorError(f"{OP}: indices length / num_active ({shape[-1]}) must be <= the number of sparse "
+                                f"groups in input B ({e})")
 
 
 def _block(x: torch.Tensor, w: torch.Tensor, a: EmuTensor, b: EmuTensor, cfg) -> torch.Tensor:
@@ -268,10 +280,15 @@ def sparse_matmul(input_tensor_a, input_tensor_b, **kwargs):
                                     "(a card hangs on this mismatch; the docstring makes exactness the caller's duty)")
             outs = [_compact(b, i, o) for i, o in enumerate(outs)]
         elif list(out_t.logical_shape_list) != list(outs[0].shape):
+            if b.get("indices") is not None:  # the device op's message
+                raise EmulatorError(f"{OP}: Optional output tensor shape {out_t.logical_shape_list} must match the "
+                                    f"indexed output shape {list(outs[0].shape)} when indices are provided "
+                                    f"(num_active={b['indices'].logical_shape_list[-1]})")
             raise EmulatorError(f"{OP}: optional_output_tensor has shape {out_t.logical_shape_list}; expected the "
                                 f"expanded {list(outs[0].shape)}" + (f" or the compact {compact}" if compact else ""))
         write_inplace(out_t, [quantize_via_ttnn(o, out_t.dtype) for o in outs])
         return out_t
     dtype = b.get("dtype")
     return make_like(input_tensor_a, outs, dtype=dtype if dtype is not None else input_tensor_a.dtype,
-                     layout=ttnn.TILE_LAYOUT, memory_config=b.get("memory_config"))
+                     layout=ttnn.TILE_LAYOUT,
+                     memory_config=output_memory_config(OP, b.get("memory_config"), input_tensor_a))

@@ -36,5 +36,17 @@ def _spec(obj: Any):
     return type(obj).__name__ if " at 0x" in r or r.startswith("Emu") else r
 
 
+# ops whose attributes ttnn hashes after resolving them (a default compute config equals the explicit one), registered
+# by their op module: fn(args, kwargs) -> (args, kwargs) with the resolved attributes
+_KEY_ARGS: dict = {}
+
+
+def register_key_args(op_name: str, fn) -> None:
+    _KEY_ARGS[op_name] = fn
+
+
 def program_key(op_name: str, args: tuple, kwargs: dict) -> tuple:
+    fn = _KEY_ARGS.get(op_name)
+    if fn is not None:
+        args, kwargs = fn(args, kwargs)
     return (op_name, _spec(args), _spec(kwargs))

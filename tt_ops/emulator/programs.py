@@ -34,6 +34,14 @@ from .tensor import EmuTensor, dtype_name, is_tile
 
 TILE = 32
 
+# ops whose program count depends on their arguments, registered by their op module: fn(args, kwargs, out) -> int
+_OP_PROGRAMS: dict = {}
+
+
+def register_programs(op_name: str, fn) -> None:
+    """Register how many programs one call of ``op_name`` launches (an op module's own rule, stated there)."""
+    _OP_PROGRAMS[op_name] = fn
+
 
 def reshape_is_view(old: Sequence[int], new: Sequence[int], layout) -> bool:
     """True when ``ttnn.reshape`` from ``old`` to ``new`` is a 0-cost view (docstring rule, see module doc)."""
@@ -77,6 +85,9 @@ def _slice_unaligned(t: EmuTensor, starts, ends) -> bool:
 
 def programs_for(op_name: str, args: tuple, kwargs: dict, out) -> int:
     """Programs a card launches for this call (see the module doc)."""
+    fn = _OP_PROGRAMS.get(op_name)
+    if fn is not None:
+        return int(fn(args, kwargs, out))
     if op_name == "ttnn.reshape":
         t = args[0] if args else kwargs.get("input_tensor")
         if isinstance(t, EmuTensor) and isinstance(out, EmuTensor) and reshape_is_view(
@@ -104,7 +115,6 @@ def programs_for(op_name: str, args: tuple, kwargs: dict, out) -> int:
         return 2
     if op_name == "ttnn.experimental.all_reduce_async":
         return _all_reduce_async_plan(args, kwargs)[0]
-    return 1
     return 1
 
 

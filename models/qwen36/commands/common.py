@@ -12,6 +12,20 @@ from ..errors import UserError
 from ..speculative.sampling import MAX_LOGPROBS, PENALTY_RANGE
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float64": "float64"}
+# The TT precision presets (tt/model/model_config.py PrecisionSetting.named) and the one a TT run uses unless told.
+TT_PRECISIONS = ("accuracy", "performance", "performance-bf4")
+DEFAULT_TT_PRECISION = "performance"
+
+
+def precision_name(text: str) -> str:
+    """A precision name ``PrecisionSetting.named`` accepts (a preset and ``+`` modifiers), else a usage error."""
+    from ..tt.model.model_config import PrecisionSetting
+
+    try:
+        PrecisionSetting.named(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def parse_ids(text: str) -> list[int]:

@@ -10,8 +10,9 @@ from pathlib import Path
 from ..errors import UserError
 from ..speculative.sampling import SamplingParams, SamplingParamsError
 from ..speculative.mechanisms import DEFAULT_MECHANISM, DRAFT_MODES, MECHANISMS
-from .common import (add_checkpoint_arg, add_sampling_args, add_thinking_arg, parse_ids, positive_int, print_logprobs,
-                     print_outputs, read_messages, resolve_checkpoint, sampling_params, torch_dtype)
+from .common import (DEFAULT_TT_PRECISION, TT_PRECISIONS, add_checkpoint_arg, add_sampling_args, add_thinking_arg,
+                     parse_ids, positive_int, precision_name, print_logprobs, print_outputs, read_messages,
+                     resolve_checkpoint, sampling_params, torch_dtype)
 
 
 def add_parser(sub, name: str) -> None:
@@ -43,24 +44,6 @@ def add_parser(sub, name: str) -> None:
     add_spec_args(p)
     add_thinking_arg(p)
     p.set_defaults(run=run)
-
-
-# The TT precision presets (tt/model/model_config.py PrecisionSetting.named) and the one `generate` uses unless told.
-TT_PRECISIONS = ("accuracy", "performance", "performance-bf4")
-
-
-def precision_name(text: str) -> str:
-    """A precision name ``PrecisionSetting.named`` accepts (a preset and ``+`` modifiers), else a usage error."""
-    from ..tt.model.model_config import PrecisionSetting
-
-    try:
-        PrecisionSetting.named(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
-DEFAULT_TT_PRECISION = "performance"
 
 
 def tt_precision(args: argparse.Namespace) -> str | None:

@@ -81,8 +81,10 @@ class SpecBackend(Protocol):
     place (``steps`` counts steps of the whole batch).
 
     Optional: ``plan_next_depths(depths)`` (a backend that drafts the next step inside this step's commit is told
-    the next depths between accept and commit) and ``inject(forced, depths)`` (the thinking budget's forced tokens; ``depths``: each user's
-    next draft depth, for a backend whose forced rows go through its step at that depth).
+    the next depths between accept and commit), ``inject(forced, depths)`` (the thinking budget's forced tokens; ``depths``: each user's
+    next draft depth, for a backend whose forced rows go through its step at that depth) and ``cap_drafts(drafts)``
+    (between draft and verify: each listed user's step verifies the caller's n_b <= k_b drafts instead, its
+    acceptance capped at n_b; ``SpecBatch.step(drafts=...)``).
     """
 
     label: str
@@ -210,6 +212,7 @@ class SpecRequest:
         self.next_k = 0
         self.tracker = thinking.tracker(prompt) if thinking is not None else None
         self.inject_now = False  # the thinking budget is reached: force the stop-thinking phrase after this step
+        self.last: Acceptance | None = None  # the last step's acceptance, as recorded
 
     @property
     def want_logprobs(self) -> bool:
@@ -228,15 +231,19 @@ class SpecRequest:
         self.tokens, self.done = _cut(forced + self.tokens, self.max_new_tokens, self.eos_ids)
         self.inject_now = self.tracker is not None and self.tracker.cut([first], len(forced))[1]
 
-    def record(self, label: str, acceptance: Acceptance) -> Acceptance:
+    def record(self, label: str, acceptance: Acceptance, judged: int | None = None) -> Acceptance:
         """One step's outcome at depth ``next_k``: cut it after the thinking budget's last token, tell the depth
-        policy, append the tokens, choose the next depth. Returns the acceptance as cut."""
+        policy, append the tokens, choose the next depth. Returns the acceptance as cut. ``judged``: the drafts the
+        step offered when a caller capped them (``SpecBatch.step(drafts=...)``); the policy then learns from those
+        (nothing from a step that offered none)."""
         if self.tracker is not None:  # cut the step right after the budget's last thinking token
             keep, self.inject_now = self.tracker.cut(acceptance.tokens, len(self.tokens))
             if keep < len(acceptance.tokens):
                 acceptance = Acceptance(keep - 1, acceptance.tokens[:keep])
         k = self.next_k
-        self.depth.observe(k, acceptance.num_accepted)
+        judged = k if judged is None else judged
+        if judged:
+            self.depth.observe(judged, acceptance.num_accepted)
         self.stats.record(acceptance, k)
         self.emit(acceptance.tokens)
         if self.want_logprobs:
@@ -244,6 +251,7 @@ class SpecRequest:
                 raise RuntimeError(f"{label}: logprobs were asked for but the step returned none per token")
             self.logprobs += acceptance.logprobs
         self.next_k = k if self.done else self.depth.choose()
+        self.last = acceptance
         return acceptance
 
     def result(self) -> GenerationResult:
@@ -254,13 +262,14 @@ class SpecRequest:
 class SpecBatch:
     """The running requests of one backend, and the step order, in one place.
 
-    ``add`` joins a request into the lowest free slot (its prefill); ``step`` runs one speculative step for every
-    running request that joined before the last ``step`` (one joined since sits it out: its first token came from
-    the prefill), in this order: draft at each request's depth -> verify -> accept -> record (each request's next
-    depth is chosen here, between accept and commit: a backend that drafts the next step inside the commit is told
-    it through ``plan_next_depths``; the choice uses only the accepted counts accept() brought to the host) ->
-    commit -> force the stop-thinking phrase of every request that reached its budget, in ONE packed
-    ``backend.inject`` -> leave the slots of finished requests."""
+    ``add`` joins a request into the lowest free slot (its prefill); ``step`` runs one speculative step for the
+    running requests (every one, or those named), in this order: draft at each request's depth -> verify -> accept
+    -> record (each request's next depth is chosen here, between accept and commit: a backend that drafts the next
+    step inside the commit is told it through ``plan_next_depths``; the choice uses only the accepted counts
+    accept() brought to the host) -> commit -> force the stop-thinking phrase of every request that reached its
+    budget, in ONE packed ``backend.inject`` -> leave the slots of finished requests. A caller that hands the
+    drafts out between drafting and verifying (a server whose scheduler holds them) opens the step with ``draft``,
+    reads them from the backend, and finishes it with ``step`` (or drops it with ``abort``)."""
 
     def __init__(self, backend: SpecBackend, thinking: ThinkingBudget | None = None):
         if thinking is not None and not hasattr(backend, "inject"):
@@ -269,7 +278,7 @@ class SpecBatch:
         self.backend, self.thinking = backend, thinking
         self.free = list(range(backend.slots))
         self.running: list[SpecRequest] = []
-        self._fresh: list[SpecRequest] = []  # joined since the last step()
+        self._open: tuple[list[SpecRequest], Any] | None = None  # the step draft() opened: (its requests, handle)
         self._plan = getattr(backend, "plan_next_depths", None)
 
     def add(self, prompt: Sequence[int], max_new_tokens: int, depth: "int | FixedDepth | DepthController",
@@ -284,6 +293,7 @@ class SpecBatch:
             depth = FixedDepth(depth)
         if any(r.depth is depth for r in self.running):
             raise ValueError("each user needs its own depth policy object (a policy tracks one user's acceptance)")
+        self._check_closed("add()")
         req = SpecRequest(prompt, max_new_tokens, depth, params, eos_ids, self.thinking)
         req.slot = self.free.pop(0)
         forced = req.tracker.forced(0) if req.tracker is not None and req.tracker.inject_first() else []
@@ -293,23 +303,44 @@ class SpecBatch:
         if req.inject_now and not req.done:
             self._inject([req])  # the budget is reached at the join's token (budget 1)
         if req.done:
-            self._leave(req)
-        else:
-            self._fresh.append(req)
+            self.leave(req)
         return req
 
-    def step(self) -> list[SpecRequest]:
-        """One speculative step of every running request that joined before the last step; returns them."""
+    @property
+    def is_open(self) -> bool:
+        """Whether ``draft`` opened a step that ``step`` has not finished (nor ``abort`` dropped)."""
+        return self._open is not None
+
+    def draft(self, requests: Sequence[SpecRequest] | None = None) -> list[SpecRequest]:
+        """Open a step: draft for ``requests`` (default: every running request) at each one's depth. Returns them."""
+        self._check_closed("draft()")
+        stepping = list(self.running if requests is None else requests)
+        if stepping:
+            self._open = (stepping, self.backend.draft({r.slot: r.next_k for r in stepping}))
+        return stepping
+
+    def step(self, requests: Sequence[SpecRequest] | None = None,
+             drafts: Mapping[int, Sequence[int]] | None = None) -> list[SpecRequest]:
+        """One speculative step of ``requests`` (default: every running request), or the rest of the step ``draft``
+        opened; returns the requests that stepped. ``drafts``: slot -> the n_b <= k_b drafts the caller holds for
+        this step (a server whose scheduler sent back fewer or other drafts than were proposed): the backend
+        verifies those and caps each user's acceptance at n_b (its ``cap_drafts``), and the user's depth policy
+        learns from its n_b drafts."""
         backend = self.backend
-        stepping = [r for r in self.running if r not in self._fresh]
-        self._fresh = []
-        if not stepping:
+        if self._open is None:
+            self.draft(requests)
+        elif requests is not None:
+            raise ValueError("step(requests=...) finishes the step draft() opened, for the requests it drafted")
+        if self._open is None:
             return []
-        draft = backend.draft({r.slot: r.next_k for r in stepping})
+        (stepping, draft), self._open = self._open, None
+        if drafts is not None:
+            backend.cap_drafts(drafts)
         verify = backend.verify(draft)
         accepted = backend.accept(draft, verify)
         for r in stepping:
-            accepted[r.slot] = r.record(backend.label, accepted[r.slot])
+            judged = None if drafts is None else len(drafts[r.slot])
+            accepted[r.slot] = r.record(backend.label, accepted[r.slot], judged)
         if self._plan is not None:
             self._plan({r.slot: r.next_k for r in stepping if not r.done})
         backend.commit(accepted)
@@ -318,20 +349,33 @@ class SpecBatch:
             self._inject(forcing)
         for r in stepping:
             if r.done:
-                self._leave(r)
+                self.leave(r)
         return stepping
+
+    def abort(self) -> None:
+        """Drop the step ``draft`` opened (the backend's state as before it)."""
+        if self._open is None:
+            raise RuntimeError("abort() with no open step")
+        self._open = None
+        self.backend.abort()
+
+    def leave(self, req: SpecRequest) -> None:
+        """``req`` is over (finished, or dropped by its caller): its slot is free for the next ``add``."""
+        self._check_closed("leave()")
+        self.backend.leave(req.slot)
+        self.running.remove(req)
+        self.free = sorted(self.free + [req.slot])
+        req.slot = -1
+
+    def _check_closed(self, what: str) -> None:
+        if self._open is not None:
+            raise RuntimeError(f"{what} inside the step draft() opened: step() or abort() first")
 
     def _inject(self, reqs: list[SpecRequest]) -> None:
         accepted = self.backend.inject({r.slot: r.tracker.forced(len(r.tokens)) for r in reqs},
                                        {r.slot: r.next_k for r in reqs})
         for r in reqs:
             r.emit(accepted[r.slot].tokens)
-
-    def _leave(self, req: SpecRequest) -> None:
-        self.backend.leave(req.slot)
-        self.running.remove(req)
-        self.free = sorted(self.free + [req.slot])
-        req.slot = -1
 
     def _first_logprobs(self, slot: int) -> TokenLogprobs:
         lp = self.backend.first_logprobs(slot)
@@ -350,7 +394,8 @@ def speculative_generate(backend: SpecBackend, prompts: Sequence[Sequence[int]],
     user), ``params[i]`` (default greedy) and arrival round ``arrivals[i]`` (default 0).
 
     Round r first adds the users arriving in round r (each takes the lowest free slot), then runs one
-    :meth:`SpecBatch.step`. Users advance in lockstep, each accepting its own number of drafts; a user that reaches
+    :meth:`SpecBatch.step` of the users that arrived before (one that just joined sits the round out: its first
+    token came from the prefill). Users advance in lockstep, each accepting its own number of drafts; a user that reaches
     EOS (kept; EOS inside an accepted block ends it there) or ``max_new_tokens`` (one count, or one per user) leaves
     its slot while the others go on. A user's result depends on its own inputs only: the same as decoding it alone. ``thinking``: the thinking
     budget (``thinking.py``), each user its own count (the backend needs ``inject``)."""
@@ -370,12 +415,14 @@ def speculative_generate(backend: SpecBackend, prompts: Sequence[Sequence[int]],
     reqs: list[SpecRequest | None] = [None] * n
     round_ = 0
     while not all(r is not None and r.done for r in reqs):
+        new = []
         for i in range(n):
             if arrivals[i] == round_:
                 if not batch.free:
                     raise ValueError(f"user {i} arrives in round {round_} but no slot is free (the backend has "
                                      f"{backend.slots})")
                 reqs[i] = batch.add(prompts[i], limits[i], ctrls[i], params[i], eos_ids)
-        batch.step()
+                new.append(reqs[i])
+        batch.step([r for r in batch.running if r not in new])
         round_ += 1
     return [r.result() for r in reqs]

@@ -55,16 +55,20 @@ Sources (tenstorrent/tt-metal, read for facts):
 * ttnn's layernorm device op (``layernorm_device_operation.cpp``): rms_norm rejects a HEIGHT_SHARDED input.
 * rotary_embedding_llama: op docstring (cos/sin ``[1, 1 or nh, S, dh]``, decode mode) and the per-user decode
   transformation matrix form (one 32x32 tile per user).
+* ``qwen36.testing.conformance_tt_tests`` (cases named ``tt_file:...``): three files restated whole,
+  ``test_rotary_embedding_hf.py`` (the ``out_sharded`` grid, fp32, padded cos/sin in decode),
+  ``test_indexed_fused_update_cache.py`` and ``test_sparse_matmul_indexed.py``; that module lists its sources.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import traceback
-from typing import Callable
 
 import torch
+
+from . import conformance_tt_tests
+from .conformance_common import Case, _dev, _expect_rejected, _one, pcc  # noqa: F401  (re-exported)
 
 SRC_PAGED_MASK = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_paged_cache_mask.py"
 SRC_FILL = "tt-metal tests/ttnn/unit_tests/operations/transformers/repro_paged_fill_cache_pagetable_row_hang.py"
@@ -81,33 +85,6 @@ SRC_CREATE_HEADS_HOST = ("tt-metal ttnn/cpp/ttnn/operations/experimental/transfo
 SRC_INDEXED_UPDATE = "tt-metal tests/ttnn/unit_tests/operations/transformers/test_indexed_fused_update_cache.py"
 SRC_LAYERNORM_OP = "tt-metal ttnn/cpp/ttnn/operations/normalization/layernorm/device/layernorm_device_operation.cpp"
 SRC_SPARSE = "tt-metal tests/ttnn/unit_tests/operations/matmul/test_sparse_matmul.py"
-
-
-@dataclasses.dataclass
-class Case:
-    op: str
-    name: str
-    source: str
-    fn: Callable | None = None  # fn(ttnn, mesh) -> None; raises AssertionError on a mismatch
-    skip: str | None = None  # why the emulator cannot express this case
-    ci: bool = True  # in the CI subset (tests/emulator/test_conformance.py); the probe runs every case
-
-
-def pcc(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    a, b = a - a.mean(), b - b.mean()
-    den = a.norm() * b.norm()
-    return 1.0 if den == 0 else float((a @ b) / den)
-
-
-def _dev(ttnn, mesh, x, dtype=None, layout=None, mapper=None):
-    return ttnn.from_torch(x, dtype=dtype or ttnn.bfloat16, layout=layout or ttnn.TILE_LAYOUT, device=mesh,
-                           mesh_mapper=mapper)
-
-
-def _one(ttnn, mesh, t):
-    """Device 0's shard as torch."""
-    return ttnn.to_torch(ttnn.get_device_tensors(t)[0]).float()
 
 
 # ---- paged caches -----------------------------------------------------------------------------------------
@@ -587,15 +564,6 @@ def _create_heads_case(nq, nkv, dh, b, sharded, overlap=True):
     return fn
 
 
-def _expect_rejected(fn, needle):
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the emulator's EmulatorError or a card's TT_FATAL
-        assert needle in str(e), str(e)
-    else:
-        raise AssertionError(f"accepted a call the device op rejects ({needle})")
-
-
 def _create_heads_rejects(ttnn, mesh):
     t = _dev(ttnn, mesh, torch.zeros(1, 1, 4, 12 * 64))
     split = ttnn.experimental.nlp_create_qkv_heads_decode
@@ -720,7 +688,7 @@ def _indexed_update_rejects(ttnn, mesh):
     _expect_rejected(call(c1=z((2, 2, 64, 64), ttnn.bfloat8_b)), "BFLOAT16")
     _expect_rejected(call(idx=z((1, 4), ttnn.uint32, ttnn.ROW_MAJOR_LAYOUT)), "INT32")
     _expect_rejected(call(idx=_indexed_dev(ttnn, mesh, ar(4), ttnn.int32, ttnn.TILE_LAYOUT)), "ROW_MAJOR")
-    _expect_rejected(call(idx=_indexed_dev(ttnn, mesh, ar(3), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT)), "num_indices")
+    _expect_rejected(call(idx=_indexed_dev(ttnn, mesh, ar(3), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT)), "fewer entries")
     _expect_rejected(call(c2=z((3, 2, 64, 64))), "identical shapes")
     _expect_rejected(call(i2=z((1, 2, 5, 64))), "identical shapes")
     _expect_rejected(call(c1=z((2, 2, 33, 64)), c2=z((2, 2, 33, 64))), "tile aligned")
@@ -954,7 +922,7 @@ def _sparse_indexed_bias(ttnn, mesh):
         assert pcc(y[0, 0, 0, slot], in0[0, 0] @ in1[0, ei] + bias[ei, 0]) >= 0.999, f"slot {slot}"
         assert (y[0, 0, 0, slot] - y0[0, 0, 0, slot] - bias[ei, 0]).abs().max() <= 0.0625, "bias not added"
     _expect_rejected(lambda: ttnn.sparse_matmul(a_t, b_t, sparsity=kw["sparsity"], nnz=e, program_config=_sparse_pc(
-        ttnn), bias=_dev(ttnn, mesh, bias)), "indexed/gather mode only")
+        ttnn), bias=_dev(ttnn, mesh, bias)), "bias requires indices")
 
 
 CASES: list[Case] = [
@@ -1082,6 +1050,15 @@ CASES += [
     Case("experimental.rotary_embedding_hf", "decode_cos_sin_via_interleaved_to_sharded", SRC_ROPE_HF,
          _rope_hf_decode_cos_sin_via_interleaved_to_sharded),
 ]
+# Tenstorrent's op test files restated case by case, in their own modules (qwen36.testing.conformance_tt_tests)
+CASES += conformance_tt_tests.cases(Case)
+
+# the KDA convolution / gated norm and the fused GDN ops live in their own module
+from .conformance_kda import CASES as _KDA_CASES  # noqa: E402
+from .conformance_gdn_chunk import CASES as _GDN_CHUNK_CASES  # noqa: E402
+from .conformance_kda_scan import CASES as _KDA_SCAN_CASES  # noqa: E402
+
+CASES += _KDA_CASES + _GDN_CHUNK_CASES + _KDA_SCAN_CASES
 
 
 def run_cases(ctx, only_ops: set[str] | None = None, ci_only: bool = False) -> list[dict]:

@@ -119,6 +119,63 @@ def op_fingerprints() -> dict:
                 cur_pos_tensor=ttnn.from_torch(pos, dtype=ttnn.int32, device=mesh))
             sd[users] = host(y)
         out["op:paged_sdpa_decode"] = [digest(sd[1]), digest(sd[4]), bool(torch.equal(sd[1][:, 0], sd[4][:, 0]))]
+        out.update(kda_fingerprints(ttnn, mesh, dev, host))
+    return out
+
+
+def kda_fingerprints(ttnn, mesh, dev, host) -> dict:
+    """The fused KDA / GDN ops: a 32-token call vs the same tokens first in a 64-token call."""
+    out = {}
+    widths, c = (32, 32, 64), 128
+    x, hist = int_tensor(40, 1, 64, c), int_tensor(41, 1, 3, c)
+    taps = [dev(int_tensor(42 + i, 1, 1, c, scale=2.0 ** -10), ttnn.bfloat16) for i in range(4)]
+    start = ttnn.from_torch(torch.tensor([0]), dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
+    h = ttnn.from_torch(hist, dtype=ttnn.bfloat16, layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
+    conv = {}
+    for t_len in (32, 64):
+        q, k, v = ttnn.experimental.kda.qkv_causal_conv1d_silu(
+            dev(x[:, :t_len], ttnn.bfloat16), h, *taps, *widths, actual_start=start, predecessor_carry=h,
+            program_config=ttnn.QkvCausalConv1dSiluProgramConfig(channel_chunk_size=c))
+        conv[t_len] = torch.cat([host(z) for z in (q, k, v)], -1)
+    out["op:qkv_causal_conv1d_silu"] = [digest(conv[32]), digest(conv[64]),
+                                        bool(torch.equal(conv[32], conv[64][:, :32]))]
+    xn, gate = int_tensor(46, 2, 64, 64), int_tensor(47, 1, 64, 2 * 64)
+    wn = dev(int_tensor(48, 64) + 1.0, ttnn.bfloat16)
+    nrm = {t_len: host(ttnn.experimental.kda.sigmoid_gated_rms_norm(dev(xn[:, :t_len]), dev(gate[:, :t_len],
+                                                                                             ttnn.bfloat16), wn, 2))
+           for t_len in (32, 64)}
+    out["op:sigmoid_gated_rms_norm"] = [digest(nrm[32]), digest(nrm[64]), bool(torch.equal(nrm[32], nrm[64][:, :32]))]
+    # the flat chunk GDN kernel (1 key head, 2 value heads of 32) and the Path A scan: one chunk vs the same chunk first
+    qf, kf, vf = int_tensor(50, 1, 64, 32), int_tensor(51, 1, 64, 32), int_tensor(52, 1, 64, 64)
+    gf, bf = -int_tensor(53, 1, 64, 2).abs() * 8, int_tensor(54, 1, 64, 2).abs() * 4
+    ch = {t_len: host(ttnn.transformer.chunk_gated_delta_rule(
+        *(dev(z[:, :t_len], ttnn.bfloat16) for z in (qf, kf, vf)), dev(gf[:, :t_len]), dev(bf[:, :t_len]),
+        chunk_size=32, output_head_major=True)[0]) for t_len in (32, 64)}
+    out["op:chunk_gdn_flat"] = [digest(ch[32]), digest(ch[64]), bool(torch.equal(ch[32], ch[64][:, :32]))]
+    sq = {n: int_tensor(60 + i, 1, 2, *shape, scale=2.0 ** -16)
+          for i, (n, shape) in enumerate((("L_unit", (128, 128)), ("v", (128, 128)), ("k", (128, 128)),
+                                           ("intra", (128, 128)), ("q", (128, 128)), ("kt", (128, 128)),
+                                           ("L_inv", (128, 32))))}
+    dl = torch.full((1, 2, 1, 1), 0.9375)
+    seq = {nc: host(ttnn.transformer.gated_delta_attn_seq(
+        *(dev(sq[n][:, :nc]) for n in ("L_unit", "v", "k", "intra", "q", "kt")), dev(dl[:, :nc]),
+        dev(sq["L_inv"][:, :nc]))[0]) for nc in (1, 2)}
+    out["op:gated_delta_attn_seq"] = [digest(seq[1]), digest(seq[2]), bool(torch.equal(seq[1], seq[2][:, :1]))]
+    # the KDA preparation and chunk scan: one chunk vs the same chunk first of two
+    pq, pk, pg = (int_tensor(70 + i, 1, 64, 64, scale=2.0 ** -13) for i in range(3))
+    pv, pb = int_tensor(73, 1, 64, 64), int_tensor(74, 1, 64, 32)
+    start = ttnn.from_torch(torch.tensor([0]), dtype=ttnn.uint32, layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
+    prep, scan = {}, {}
+    for t_len in (32, 64):
+        terms = ttnn.experimental.kda.prepare_chunk_recurrence(
+            *(dev(z[:, :t_len], ttnn.bfloat16) for z in (pq, pk, pv, -pg.abs(), pb)), 2)
+        prep[t_len] = torch.cat([host(x).reshape(2, t_len // 32, -1) for x in terms], -1)
+        y, _ = ttnn.experimental.kda.recurrent_chunk_scan(*terms, dev(torch.zeros(2, 32, 32)), actual_start=start,
+                                                          tail_entry_states=dev(torch.zeros(2, 32, 32)))
+        scan[t_len] = host(y)
+    out["op:kda_prepare_chunk_recurrence"] = [digest(prep[32]), digest(prep[64]),
+                                              bool(torch.equal(prep[32], prep[64][:, :1]))]
+    out["op:kda_recurrent_chunk_scan"] = [digest(scan[32]), digest(scan[64]), bool(torch.equal(scan[32], scan[64][:, :1]))]
     return out
 
 

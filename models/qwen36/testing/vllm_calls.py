@@ -134,3 +134,70 @@ def replay_calls(m, trace: dict) -> list[list[tuple]]:
             assert int(lens[i]) == len(prompts[user]) + len(got[user])  # the row is this request's next step
             got[user].append((toks[i], res[i, -1].clone() if res.dim() == 3 else None))
     return got
+
+
+def record_into(folder, cls, rows: bool = False, status=None) -> None:
+    """A dev server's recorder (``vllm serve`` launched in-process, its engine core forked from the launcher): wrap
+    ``cls``'s serving methods (``record_calls``) and, from the engine core's first ``initialize_vllm_model`` on, write
+    every second into ``folder``: ``calls.jsonl`` (each call once complete), ``model_args.json`` (the loaded model's
+    prefill chunk, KV block size and max sequence length, which a replay needs), with ``rows`` the last-position
+    logits of each prefill (``rows/<call index>.pt``), and one ``status.jsonl`` line per second ({"t", "calls"} plus
+    ``status(models)``). Call it in the launcher before vLLM starts."""
+    import json
+    import threading
+    import time
+    from pathlib import Path
+
+    import torch
+
+    folder = Path(folder)
+    calls: list = []
+    models: list = []
+    kept: dict | None = {} if rows else None
+    record_calls(cls, calls, instances=models, rows=kept)
+
+    def complete(c: dict, last: bool) -> bool:
+        return not last or c["call"] != "prefill_forward" or "returned" in c
+
+    def flush_forever():
+        (folder / "rows").mkdir(parents=True, exist_ok=True)
+        done, done_rows = 0, set()
+        with open(folder / "calls.jsonl", "a") as cf, open(folder / "status.jsonl", "a") as sf:
+            while True:
+                n = len(calls)
+                while done < n and complete(calls[done], done == n - 1):
+                    cf.write(json.dumps(calls[done]) + "\n")
+                    done += 1
+                cf.flush()
+                for k in [k for k in list(kept or {}) if k not in done_rows]:
+                    torch.save(kept[k], folder / "rows" / f"{k}.pt")
+                    done_rows.add(k)
+                if models and not (folder / "model_args.json").exists():
+                    a = models[0].model.args
+                    (folder / "model_args.json").write_text(json.dumps(
+                        {f: getattr(a, f) for f in ("prefill_chunk", "block_size", "max_seq_len")}))
+                sf.write(json.dumps(dict(t=round(time.time(), 2), calls=done, **(status(models) if status else {})))
+                         + "\n")
+                sf.flush()
+                time.sleep(1.0)
+
+    init = cls.initialize_vllm_model.__func__
+    started: list = []
+
+    def initialize_vllm_model(klass, *a, **k):  # in the engine core: the recorder's thread lives there
+        if not started:
+            started.append(threading.Thread(target=flush_forever, daemon=True))
+            started[0].start()
+        return init(klass, *a, **k)
+
+    cls.initialize_vllm_model = classmethod(initialize_vllm_model)
+
+
+def read_recording(folder, after: int = 0) -> list[dict]:
+    """The calls a ``record_into`` folder holds, from call index ``after`` on."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / "calls.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(x) for x in lines[after:]]

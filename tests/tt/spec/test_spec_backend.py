@@ -423,6 +423,45 @@ def test_refuses_what_it_cannot_serve(gen, plain):
     # penalties and logprobs are per user now, and per-user params need stages (the per-user params tests below)
 
 
+def test_capped_accept_verifies_the_callers_drafts(gen, plain):
+    """capped_accept (the vLLM verify): the caller's drafts replace the step's, acceptance stops at their count even
+    where the step's own drafts would have gone on, and the target's argmax ids of every row come back."""
+    with pytest.raises(ValueError, match="capped_accept=True"):
+        be = TTSpecBackend(gen, drafter=users_drafter(plain), use_trace=False)
+        try:
+            be.join(0, PROMPTS[0])
+            be.draft({0: 3})
+            be.cap_drafts({0: []})
+        finally:
+            be.close()
+    with pytest.raises(NotImplementedError, match="one-user layout"):
+        TTSpecBackend(gen, slots=2, k=2, drafter=users_drafter(plain), capped_accept=True)
+    be = TTSpecBackend(gen, drafter=lambda history, k: [0] * k, use_trace=False, capped_accept=True)
+    try:
+        with pytest.raises(NotImplementedError, match="verifies greedily"):
+            be.join(0, PROMPTS[0], SamplingParams(temperature=0.7))
+        want = plain[0]
+        assert be.join(0, PROMPTS[0]) == want[0]
+        with pytest.raises(RuntimeError, match="between draft\\(\\) and verify"):
+            be.cap_drafts({0: want[1:3]})
+        d = be.draft({0: 3})
+        assert be.draft_ids(0) == [0, 0, 0]  # the host drafter's
+        with pytest.raises(RuntimeError, match="cap_drafts\\(\\) between"):
+            be.verify(d)
+        with pytest.raises(ValueError, match="4 drafts for a step of depth 3"):
+            be.cap_drafts({0: want[1:5]})
+        be.cap_drafts({0: want[1:3]})  # two right drafts of three: the third column must not be accepted
+        acc = be.accept(d, be.verify(d))[0]
+        assert (acc.num_accepted, acc.tokens) == (2, want[1:4])
+        ids = be.verify_ids(0)
+        assert ids.tolist()[:3] == want[1:4] and torch.equal(ids, be.verify_logits()[0].argmax(-1))
+        be.commit({0: acc})
+        with pytest.raises(NotImplementedError, match="capped_accept"):
+            be.inject({0: [1]}, {0: 3})
+    finally:
+        be.close()
+
+
 # ---- vs the reference batched backend ---------------------------------------------------------------------------
 def test_verify_logits_track_reference_batch_backend(gen, ckpt):
     """The same prompts and forced drafts through one packed verify on TT and on the reference ReferenceBackend

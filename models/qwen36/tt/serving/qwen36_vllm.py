@@ -63,14 +63,15 @@ samples on the host anyway (min_p, logit_bias, allowed/bad words, structured out
 greedy requests only (accept mode ``argmax_ids``), so a verify's ``sampling_params`` must be greedy without
 penalties.
 
-Servers: the class maps each plugin call onto the launch's server and does nothing else. A plain launch (no
-speculative K; ``max_batch_size`` N in 1..32, host or device sampling) is :class:`.vllm_batch._BatchServer` (the
+Servers: the class maps each plugin call onto the launch's server and does nothing else; each server gets what it
+uses (the model or generator, the speculative backend, the block tables) as constructor arguments. A plain launch (no
+speculative K; ``max_batch_size`` N in 1..32, host or device sampling) is :class:`.vllm_batch.BatchServer` (the
 batched TT decoder, vLLM state slot j = decoder slot j, one sequence is bucket 1; how the plugin's calls map onto it
 is in that class and docs/serving.md, "Plain launches"); a speculative launch (``--max-num-seqs 1``) is
-:class:`.vllm_one.OneSequenceServer` (one GDN state slot, the verify / propose steps; rows past the first are
-accepted only as the runner's padding rows, a real second user fails fast naming ``--max-num-seqs 1``). Argument conversion lives
-in :mod:`.vllm_args`, the failure policy in :mod:`.vllm_failure`, the speculative backend in
-:mod:`.vllm_spec_backend`.
+:class:`.vllm_one.OneSequenceServer` (one GDN state slot; every verify is the engine's ``SpecBatch.step`` on a
+``TTSpecBackend`` with ``capped_accept``; rows past the first are accepted only as the runner's padding rows, a real
+second user fails fast naming ``--max-num-seqs 1``). Argument conversion and the block tables live in
+:mod:`.vllm_args`, the failure policy in :mod:`.vllm_failure`.
 """
 from __future__ import annotations
 
@@ -89,15 +90,15 @@ from ..runtime.generator import TTGenerator
 from ..model.model import TTQwen36Model
 from ..model.model_config import PrecisionSetting, TTModelArgs
 from ..spec.mtp_drafter import TTMTPDrafter
+from ..spec.spec_backend import TTSpecBackend
 from ..model.state import KVLayerState, allocate_state, new_layer_state
 from ..spec.verify import max_spec_tiles
 from ..model.weights import WeightLoader
-from .vllm_args import (DEPTH_COSTS, DEPTH_MODES, MAX_BATCH, MAX_K, ONE_USER, DecodeHandle, batch_rows,
+from .vllm_args import (DEPTH_COSTS, DEPTH_MODES, MAX_BATCH, MAX_K, ONE_USER, BlockTables, DecodeHandle, batch_rows,
                         config_uses_mrope, hf_dict, max_depth, sampling_from_plugin, spec_depth_mode)
-from .vllm_batch import _BatchServer
+from .vllm_batch import BatchServer
 from .vllm_failure import DeviceStepFailed, stops_on_device_failure
-from .vllm_one import OneSequenceServer, depth_controller, spec_bytes
-from .vllm_spec_backend import _VllmSpecBackend
+from .vllm_one import OneSequenceServer, depth_controller, launch_depths, spec_bytes
 
 __all__ = ["DecodeHandle", "DeviceStepFailed", "Qwen36ForCausalLM", "sampling_from_plugin", "stops_on_device_failure"]
 
@@ -145,6 +146,14 @@ class Qwen36ForCausalLM:
         self.spec_depth, self.depth_costs = spec_depth, depth_costs
         self.uses_mrope = uses_mrope
         self.spec_k = spec_k  # K of the launch's speculative_config (warmup compiles that step), None = plain
+        self.blocks = BlockTables(model.args)  # vLLM's block tables against the KV pool (its size once allocated)
+        # the MTP drafter and the speculative backend only where a launch speculates (a plain launch never drafts):
+        # vLLM hands each verify its own drafts, so the backend caps acceptance at their count (capped_accept)
+        self.spec_backend = None
+        if spec_k and self.has_mtp:
+            self.spec_backend = TTSpecBackend(gen, mechanism, drafter=TTMTPDrafter(reader, cache_dir),
+                                              use_trace=gen.use_trace, capped_accept=True,
+                                              depths=launch_depths(reader.config, spec_k, spec_depth, depth_costs))
         # the server of the launch: plain decode of 1..32 sequences on the batched decoder (vLLM state slot j =
         # decoder slot j; one sequence is bucket 1, the same code path), or the speculative sequence of a launch
         # with a speculative K; ``batch`` is the batch server, None in a speculative launch
@@ -153,16 +162,12 @@ class Qwen36ForCausalLM:
         # in a plain one
         if spec_k:
             self.state = gen.state
-            self.server = OneSequenceServer(self)
+            self.server = OneSequenceServer(gen, self.spec_backend, self.blocks, spec_k=spec_k, spec_depth=spec_depth,
+                                            depth_costs=depth_costs, uses_mrope=uses_mrope)
         else:
-            self.server = _BatchServer(self, max_batch_size)
+            self.server = BatchServer(model, max_batch_size, self.blocks, uses_mrope=uses_mrope)
             self.state = self.server.kv_state
         self.batch = None if spec_k else self.server
-        depths = self.server.controller.depths if spec_depth == "auto" else None
-        # the MTP drafter and the speculative backend only where a launch speculates (a plain launch never drafts)
-        self.spec_backend = (_VllmSpecBackend(gen, mechanism, drafter=TTMTPDrafter(reader, cache_dir),
-                                              use_trace=gen.use_trace, depths=depths)
-                             if spec_k and self.has_mtp else None)
         self._kv_cache = None
         self.already_warmed_up_prefill = False
         logger.info(f"vllm-tt contract types from {vt.SOURCE}; sampling payload from {vt.SAMPLING_SOURCE}")
@@ -209,7 +214,7 @@ class Qwen36ForCausalLM:
 
     def depth_plan(self) -> dict:
         """What the speculative step does: mode, the depths it may use, and the depth of the next step (auto: the
-        controller's choice for the live sequence, None before its first step is chosen)."""
+        controller's choice for the live sequence's next step, None while no sequence is live)."""
         if self.spec_depth == "fixed":
             return {"mode": "fixed", "depths": (self.spec_k,) if self.spec_k else (), "next_k": self.spec_k}
         return self.server.depth_plan()
@@ -324,7 +329,7 @@ class Qwen36ForCausalLM:
             self.model.ttnn.deallocate(old.k)  # the launch's own cache: vLLM's pool replaces it
             self.model.ttnn.deallocate(old.v)
             self.state.layers[i] = self._kv_state(num_blocks)
-        self.num_blocks = num_blocks
+        self.blocks.num_blocks = num_blocks
         self.server.on_kv_pool(num_blocks)
         if dtype is not None:
             logger.info(f"KV cache: {num_blocks} blocks of {a.block_size} tokens; vLLM's dtype {dtype} noted, the "
@@ -444,11 +449,6 @@ class Qwen36ForCausalLM:
         a = self.model.args
         room = a.max_seq_len - (self.spec_k or 0) - 2
         return sorted({min(1, room), min(a.prefill_chunk + 1, room)})
-
-    def _warm_page_table(self) -> torch.Tensor:
-        """Scratch blocks for warmup (no request exists yet), never vLLM's null block 0."""
-        limit = getattr(self, "num_blocks", self.model.args.num_blocks)
-        return (1 + torch.arange(self.model.args.blocks_per_seq, dtype=torch.int32) % (limit - 1))[None]
 
     @stops_on_device_failure
     @torch.no_grad()

@@ -1,7 +1,8 @@
 """The vllm-tt plugin's call arguments in our terms, and our return forms: the launch limits and their one-line
 refusal (``ONE_USER``), the HF config dict and its mrope flag, the launch's ``tt.spec_depth`` option, the plugin's
-per-row sampling payload -> :class:`SamplingParams` (:func:`sampling_from_plugin`), and :class:`DecodeHandle` (what
-``decode_forward(read_from_device=False)`` returns). Pure host code: no device, no model."""
+per-row sampling payload -> :class:`SamplingParams` (:func:`sampling_from_plugin`), vLLM's block-table rows
+(:class:`BlockTables`), and :class:`DecodeHandle` (what ``decode_forward(read_from_device=False)`` returns). Pure host
+code: no device, no model."""
 from __future__ import annotations
 
 import torch
@@ -122,6 +123,38 @@ def batch_rows(x, what: str) -> torch.Tensor:
     if t.dim() == 0:
         raise ValueError(f"{what} must have a batch dimension, got a scalar")
     return t
+
+
+class BlockTables:
+    """vLLM's block-table rows in the model's page-table form, checked against the KV pool: ``num_blocks`` is the
+    model's own count until vLLM's pool replaces the caches (``Qwen36ForCausalLM.allocate_kv_cache*`` sets it)."""
+
+    def __init__(self, args):
+        self.args = args  # TTModelArgs: blocks_per_seq, block_size, max_seq_len
+        self.num_blocks = args.num_blocks
+
+    def row(self, page_table: torch.Tensor, i: int, tokens: int | None = None) -> torch.Tensor:
+        """Row ``i`` of vLLM's block table as a ``blocks_per_seq`` int32 row. Entries past blocks_per_seq must be the
+        null block 0 and every id must index the pool. With ``tokens`` (what the sequence holds after the call),
+        entries past the blocks those tokens cover become the null block 0."""
+        a = self.args
+        bps, limit = a.blocks_per_seq, self.num_blocks
+        row = page_table[i].to(torch.int32)
+        if row.numel() > bps and bool((row[bps:] != 0).any()):
+            raise ValueError(f"page_table row {i} names blocks past blocks_per_seq={bps} (max_seq_len "
+                             f"{a.max_seq_len}): {row[bps:].tolist()}")
+        if int(row.min()) < 0 or int(row.max()) >= limit:
+            raise ValueError(f"page_table row {i} has block ids outside [0, {limit}): {row.tolist()}")
+        new = torch.zeros(bps, dtype=torch.int32)
+        w = min(bps, row.numel())
+        if tokens is not None:
+            w = min(w, -(-tokens // a.block_size))
+        new[:w] = row[:w]
+        return new
+
+    def warm(self) -> torch.Tensor:
+        """[1, blocks_per_seq]: scratch blocks for warmup (no request exists yet), never vLLM's null block 0."""
+        return (1 + torch.arange(self.args.blocks_per_seq, dtype=torch.int32) % (self.num_blocks - 1))[None]
 
 
 class DecodeHandle:

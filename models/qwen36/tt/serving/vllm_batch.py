@@ -11,10 +11,10 @@ from ...speculative.sampling import SamplingParams, TokenHistory, pick_token
 from ..runtime.batch import DEFAULT_BUCKETS, FREE
 from ..runtime.batch_buckets import BucketedBatchDecoder
 from ..model.state import KVLayerState
-from .vllm_args import DecodeHandle, sampling_from_plugin
+from .vllm_args import BlockTables, DecodeHandle, sampling_from_plugin
 
 
-class _BatchServer:
+class BatchServer:
     """The vLLM sequences of a plain launch (1..32) on one :class:`BucketedBatchDecoder` (logits to vLLM's host
     sampler, or ids sampled on device).
 
@@ -28,14 +28,16 @@ class _BatchServer:
     the same tokens hold the same state), and the continuing states are moved to their destinations by one
     on-device permutation before the step. The plugin does not tell a model when a request finishes (a finished
     request's slot is simply named again by a later prefill), so a prefill into a held slot replaces it, and until
-    then a finished request's slot counts as held (the decoder shrinks to a smaller bucket only below that)."""
+    then a finished request's slot counts as held (the decoder shrinks to a smaller bucket only below that).
 
-    def __init__(self, owner, slots: int):
-        self.owner = owner
+    Dependencies: ``model`` (the TT model the decoder runs), ``blocks`` (vLLM's block tables against the KV pool)."""
+
+    def __init__(self, model, slots: int, blocks: BlockTables, *, uses_mrope: bool = False):
+        self.model, self.blocks, self.uses_mrope = model, blocks, uses_mrope
         # the decode buckets below max_num_seqs, and max_num_seqs itself: a step runs the smallest that holds the
         # live sequences (the runner pads every decode to max_num_seqs rows; the padding costs nothing here)
         buckets = tuple(b for b in DEFAULT_BUCKETS if b < slots) + (slots,)
-        self.dec = BucketedBatchDecoder(owner.model, buckets, use_trace=True, sampling=True)
+        self.dec = BucketedBatchDecoder(model, buckets, use_trace=True, sampling=True)
         self.fed: list[list[int] | None] = [None] * slots  # tokens whose state each slot holds (None: free)
         # per slot: prompt length, the request's seed if it carries none (drawn at its prefill), the params its device
         # sampler row holds (None: never sampled on device), the token the device sampled last (None: the last token
@@ -55,22 +57,9 @@ class _BatchServer:
         if pt.dim() != 2 or pt.shape[0] <= max(slots, default=-1):
             raise ValueError(f"page_table must be [B > {max(slots, default=-1)}, max_blocks], got shape "
                              f"{tuple(pt.shape)}")
-        a = self.owner.model.args
-        bps, limit = a.blocks_per_seq, getattr(self.owner, "num_blocks", a.num_blocks)
         table = self.dec.page_table_host
         for i, slot in slots.items():
-            row = pt[i].to(torch.int32)
-            if row.numel() > bps and bool((row[bps:] != 0).any()):
-                raise ValueError(f"page_table row {i} names blocks past blocks_per_seq={bps} (max_seq_len "
-                                 f"{a.max_seq_len}): {row[bps:].tolist()}")
-            if int(row.min()) < 0 or int(row.max()) >= limit:
-                raise ValueError(f"page_table row {i} has block ids outside [0, {limit}): {row.tolist()}")
-            new = torch.zeros(bps, dtype=torch.int32)
-            w = min(bps, row.numel())
-            if tokens is not None:
-                w = min(w, -(-tokens[i] // a.block_size))
-            new[:w] = row[:w]
-            table[slot] = new
+            table[slot] = self.blocks.row(pt, i, None if tokens is None else tokens[i])
         self.dec.set_page_table(table)
 
     @property
@@ -84,8 +73,9 @@ class _BatchServer:
         return self.dec.decs[self.dec.slots].state
 
     def on_kv_pool(self, num_blocks: int) -> None:
-        """vLLM's pool replaced the caches of ``kv_state`` (the owner's ``state``): every bucket reads and writes it."""
-        for i, layer in enumerate(self.owner.state.layers):
+        """vLLM's pool replaced the caches of ``kv_state`` (the model class's ``state``): every bucket reads and
+        writes it."""
+        for i, layer in enumerate(self.kv_state.layers):
             if isinstance(layer, KVLayerState):
                 self.dec.replace_kv(i, layer)
         self.fit_page_tables(num_blocks)
@@ -124,7 +114,7 @@ class _BatchServer:
         self.fed[slot], self.meta[slot] = None, None
 
     def _row_params(self, sampling_params, row: int, slot: int) -> SamplingParams:
-        vocab = self.owner.model.args.cfg.vocab_size
+        vocab = self.model.args.cfg.vocab_size
         params = sampling_from_plugin(sampling_params, vocab, self.meta[slot]["seed"], row=row)
         held = self.meta[slot]["params"]
         if held is not None and params != held:
@@ -154,7 +144,7 @@ class _BatchServer:
         return got
 
     def _logits_out(self, rows: int, got: dict[int, torch.Tensor], read: bool = True):
-        vocab = self.owner.model.args.cfg.vocab_size
+        vocab = self.model.args.cfg.vocab_size
         out = torch.zeros(rows, 1, vocab, dtype=torch.float32)  # rows not served: zeros, never read
         for i, lg in got.items():
             out[i, 0] = lg
@@ -202,7 +192,7 @@ class _BatchServer:
         self._remap(remap)
         self._page_rows(page_table, dict(enumerate(slots)), {i: int(lens[i]) for i in range(rows)})
         got, ids = {}, {}
-        vocab = self.owner.model.args.cfg.vocab_size
+        vocab = self.model.args.cfg.vocab_size
         for i in new:
             slot, prompt = slots[i], tokens[i, : int(lens[i])].tolist()
             self._free(slot)  # a finished request's slot named again: the plugin never said it finished
@@ -238,7 +228,7 @@ class _BatchServer:
                 out[i, 0] = t
         else:
             out = self._logits_out(rows, got)
-        if self.owner.uses_mrope:
+        if self.uses_mrope:
             return out, torch.zeros(rows, dtype=torch.int64)
         return out
 
@@ -306,11 +296,11 @@ class _BatchServer:
 
     # ---- warmup ----------------------------------------------------------------------------------------------
     def _warm_table(self) -> None:
-        self._page_rows(self.owner._warm_page_table().expand(self.dec.slots, -1), {i: i for i in range(self.dec.slots)})
+        self._page_rows(self.blocks.warm().expand(self.dec.slots, -1), {i: i for i in range(self.dec.slots)})
 
     def warmup_prefill(self, lens: list[int]) -> None:
         self._warm_table()
-        vocab = self.owner.model.args.cfg.vocab_size
+        vocab = self.model.args.cfg.vocab_size
         for n in lens:
             self._free(0)
             self.dec.join(0, [i % vocab for i in range(1, n + 1)])

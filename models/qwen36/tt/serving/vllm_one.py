@@ -1,22 +1,31 @@
-"""The sequence of a speculative vLLM launch (``max_num_seqs`` 1, a speculative K): its prefill on
-:class:`TTGenerator` / the adapter's :class:`TTSpecBackend` and every decode step as the speculative step (verify +
-on-device greedy acceptance + commit + the MTP's next drafts). Plain launches, ``max_num_seqs`` 1 included, run on
-the batch server (:mod:`.vllm_batch`). The sequence lives in GDN state slot 0; rows past the first are accepted only
-as the runner's padding rows (position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert outputs."""
+"""The sequence of a speculative vLLM launch (``max_num_seqs`` 1, a speculative K): its prefill and every decode
+step as the engine's speculative step (``SpecBatch.step``: verify + on-device greedy acceptance + commit + the MTP's
+next drafts) on a :class:`TTSpecBackend` built with ``capped_accept`` (vLLM's drafts, acceptance capped at its
+``num_valid_drafts``). Plain launches, ``max_num_seqs`` 1 included, run on the batch server (:mod:`.vllm_batch`).
+The sequence lives in GDN state slot 0; rows past the first are accepted only as the runner's padding rows
+(position -1; ``num_valid_drafts`` 0, ``accepted_counts`` 1) and get inert outputs."""
 from __future__ import annotations
 
 import torch
 
 from ...config import LINEAR, Qwen36Config
-from ...speculative.depth import DepthPolicy, cost_key
-from ...speculative.sampling import SamplingParams
+from ...speculative.depth import DepthPolicy, FixedDepth, cost_key
+from ...speculative.engine import SpecBatch, SpecRequest
 from . import vllm_types as vt
-from .vllm_args import DEPTH_COSTS, ONE_USER, batch_rows, max_depth, sampling_from_plugin
+from .vllm_args import DEPTH_COSTS, ONE_USER, BlockTables, batch_rows, max_depth, sampling_from_plugin
 
 
 def depth_controller(k_max: int, costs: str = DEPTH_COSTS):
     """The fitted draft-depth controller (``speculative/depth.py``) for steps of at most ``k_max`` drafts."""
     return DepthPolicy.load().controller(cost_key(costs), k_max=k_max)
+
+
+def launch_depths(cfg: Qwen36Config, spec_k: int, spec_depth: str, costs: str = DEPTH_COSTS) -> tuple[int, ...] | None:
+    """The draft depths a speculative launch's steps may use: the controller's (``auto``), else None (one depth,
+    the launch's K)."""
+    if spec_depth != "auto":
+        return None
+    return tuple(depth_controller(min(int(spec_k), max_depth(cfg)), costs).depths)
 
 
 def spec_bytes(cfg: Qwen36Config, depths, max_len: int) -> int:
@@ -32,49 +41,51 @@ def spec_bytes(cfg: Qwen36Config, depths, max_len: int) -> int:
 
 
 class OneSequenceServer:
-    """The live sequence of a speculative launch: its mode (None: no sequence, "new" after the prefill,
-    "spec" once it steps) and, under ``spec_depth`` auto, its depth controller. ``owner`` holds the generator, the
-    speculative backend and the launch options. A speculative launch declares no narrow decode
+    """The live sequence of a speculative launch: its mode (None: no sequence, "new" after the prefill, "spec" once
+    it steps), its engine request on ``batch`` (a :class:`SpecBatch` over ``spec_backend``) and, under
+    ``spec_depth`` auto, its depth controller. A speculative launch declares no narrow decode
     (``supports_narrow_decode=False``), so the runner sends every decode step as a verify: a plain decode, a
-    one-token prefill continuation or a device-sampled step is refused here."""
+    one-token prefill continuation or a device-sampled step is refused here.
+
+    Dependencies: ``gen`` (the sequence's generator: model, KV + GDN state), ``spec_backend`` (a
+    :class:`TTSpecBackend` on ``gen`` with ``capped_accept``; None without an MTP head), ``blocks`` (vLLM's block
+    tables against the KV pool)."""
 
     slots = 1
 
-    def __init__(self, owner):
-        self.owner = owner
-        self.gen, self.model, self.state = owner.gen, owner.model, owner.state
-        self.spec_k, self.spec_depth, self.uses_mrope = owner.spec_k, owner.spec_depth, owner.uses_mrope
+    def __init__(self, gen, spec_backend, blocks: BlockTables, *, spec_k: int, spec_depth: str = "fixed",
+                 depth_costs: str = DEPTH_COSTS, uses_mrope: bool = False):
+        self.gen, self.model, self.state = gen, gen.model, gen.state
+        self.spec_backend, self.blocks = spec_backend, blocks
+        self.batch = SpecBatch(spec_backend) if spec_backend is not None else None
+        self.spec_k, self.spec_depth, self.depth_costs = spec_k, spec_depth, depth_costs
+        self.uses_mrope = uses_mrope
+        self.request: SpecRequest | None = None  # the live sequence's request on ``batch``
         self.controller = None  # the depth controller of the live sequence (auto)
-        self._first_k = None  # auto: the depth chosen for a sequence's first step
         if self.spec_depth == "auto":
             self.new_controller()
         self.mode = None  # None (no sequence) | "new" (after prefill) | "spec"
         self._accepted_count = None  # tokens committed by the last spec call (1 right after prefill)
 
-    @property
-    def spec_backend(self):
-        return self.owner.spec_backend
-
     def new_controller(self):
         """A new sequence (or the launch): acceptance estimates start from the fitted prior."""
         k_max = min(int(self.spec_k), max_depth(self.model.args.cfg))
-        self.controller = depth_controller(k_max, self.owner.depth_costs)
-        self._first_k = None
+        self.controller = depth_controller(k_max, self.depth_costs)
         return self.controller
 
     def depth_plan(self) -> dict:
         if self.spec_depth == "fixed":
             return {"mode": "fixed", "depths": (self.spec_k,) if self.spec_k else (), "next_k": self.spec_k}
-        be = self.spec_backend
-        nxt = be.next_depth if be is not None and be.depth is not None else self._first_k
+        nxt = self.request.next_k if self.request is not None else None
         return {"mode": "auto", "depths": tuple(self.controller.depths), "next_k": nxt,
                 "costs": self.controller.describe()}
 
     def on_kv_pool(self, num_blocks: int) -> None:
-        """vLLM's pool replaced the model's cache: the generator and the speculative backend read it directly."""
+        """vLLM's pool replaced the model's cache (``blocks`` holds its size): the generator and the speculative
+        backend read it directly."""
 
     def release_traces(self) -> None:
-        """The generator's and the speculative backend's traces are the owner's to release."""
+        """The generator's and the speculative backend's traces are the model class's to release."""
 
     def _live_rows(self, positions: torch.Tensor, what: str) -> None:
         """Row 0 is the sequence; every other row must be a padding row (position -1 in the first column)."""
@@ -85,24 +96,13 @@ class OneSequenceServer:
 
     def _bind_page_table(self, page_table) -> None:
         """Copy the sequence's row of vLLM's block table into the model's persistent page-table buffer (host ->
-        device, outside any trace) when it changed. Entries past the model's blocks_per_seq must be the null
-        block 0; every id must index the allocated cache."""
+        device, outside any trace) when it changed."""
         if page_table is None:
             return
         pt = torch.as_tensor(page_table)
         if pt.dim() != 2:
             raise ValueError(f"page_table must be [B, max_blocks], got shape {tuple(pt.shape)}")
-        row = pt[0].to(torch.int32)
-        bps = self.model.args.blocks_per_seq
-        if row.numel() > bps and bool((row[bps:] != 0).any()):
-            raise ValueError(f"page_table row 0 names blocks past blocks_per_seq={bps} (max_seq_len "
-                             f"{self.model.args.max_seq_len}): {row[bps:].tolist()}")
-        limit = getattr(self.owner, "num_blocks", self.model.args.num_blocks)
-        if int(row.min()) < 0 or int(row.max()) >= limit:
-            raise ValueError(f"page_table row 0 has block ids outside [0, {limit}): {row.tolist()}")
-        new = torch.zeros(bps, dtype=torch.int32)
-        w = min(bps, row.numel())
-        new[:w] = row[:w]
+        new = self.blocks.row(pt, 0)
         host = self.state.page_table_host
         if torch.equal(host[0], new):
             return
@@ -137,18 +137,21 @@ class OneSequenceServer:
 
     def _prefill(self, prompt: list[int]) -> torch.Tensor:
         if self.spec_backend is not None:
+            self._drop()  # a new sequence replaces the last one (the plugin does not always say it finished)
             self.spec_backend.use_trace = self.gen.use_trace
-            self.spec_backend.join(0, prompt, SamplingParams())  # greedy; also keeps the MTP's h_t
+            # a new sequence: (auto) acceptance estimates start from the fitted prior
+            depth = self.new_controller() if self.spec_depth == "auto" else FixedDepth(self.spec_k)
+            # greedy (the verify serves argmax_ids); the join also keeps the MTP's h_t. The engine never ends the
+            # request (vLLM does, by release_request or a new prefill): its token limit is the context
+            self.request = self.batch.add(prompt, self.model.args.max_seq_len, depth)
             logits = self.spec_backend.prefill_logits
-            if self.spec_depth == "auto":  # a new sequence: acceptance estimates start from the fitted prior
-                self.new_controller()
         else:
             logits = self.gen.prefill(prompt)
         self.mode, self._accepted_count = "new", 1
         return logits
 
     # ---- sampling (sample_on_device_mode) ------------------------------------------------------------------
-    def _request_params(self, sampling_params) -> SamplingParams:
+    def _request_params(self, sampling_params):
         """Row 0 of the plugin's payload as our params: under speculation greedy without penalties only."""
         params = sampling_from_plugin(sampling_params, self.model.args.cfg.vocab_size, 0)
         if not params.greedy or params.penalized:
@@ -214,7 +217,7 @@ class OneSequenceServer:
             raise ValueError(f"num_valid_drafts {nv_all.tolist()} must be [B={b}] in [0, K={k}]")
         row = [int(t) for t in tokens[0].tolist()]
         prow = [int(p) for p in pos[0].tolist()]
-        n = self.spec_backend.n
+        n = self.spec_backend.position(0)
         if row[0] != self.spec_backend.history[-1] or prow[0] != n:
             raise ValueError(f"verify row 0 (token {row[0]} at {prow[0]}) must be the pending token "
                              f"{self.spec_backend.history[-1]} at position {n}")
@@ -224,49 +227,47 @@ class OneSequenceServer:
         kd = self._step_depth(k)  # the depth of this step: the block width, or (auto) the controller's choice
         if nv > kd:
             raise ValueError(f"num_valid_drafts={nv} but this step drafted {kd} (propose_draft_tokens' num_valid)")
-        self._draft(kd)
         drafts = row[1: nv + 1]
-        vocab = self.model.args.cfg.vocab_size
-        self.spec_backend.step_state.write_drafts(drafts + [0] * (kd - nv))  # placeholder columns: any valid id, never read
-        self.spec_backend.write_accept_drafts(drafts + [vocab] * (kd - nv))  # never equal to an argmax: acceptance <= n
-        vout = self.spec_backend.verify(None)
-        ids = self.model.to_host(vout.out.tokens).reshape(-1).to(torch.int64)[: kd + 1]
-        acc = self.spec_backend.accept(None, vout)[0]
+        self._open()
+        # the engine's step with vLLM's drafts: placeholder columns past nv are never accepted (capped acceptance),
+        # and the depth controller (auto) learns from the nv drafts offered
+        self.batch.step(drafts={0: drafts})
+        acc = self.request.last
+        ids = self.spec_backend.verify_ids(0)
         host_a = 0
         while host_a < nv and drafts[host_a] == int(ids[host_a]):
             host_a += 1
         if host_a != acc.num_accepted:
             raise RuntimeError(f"device acceptor accepted {acc.num_accepted} drafts but the argmax ids imply {host_a}")
-        if self.spec_depth == "auto":
-            # the next depth, from the count accept() just read (no other device read), before the commit drafts it
-            if nv:
-                self.controller.observe(nv, acc.num_accepted)
-            self.spec_backend.plan_next_depths({0: self.controller.choose()})
-        self.spec_backend.commit({0: acc})
         self._accepted_count = acc.num_accepted + 1
         out = torch.zeros(b, k + 1, dtype=torch.int32)  # padding rows / columns past this step's depth: never read
         out[0, : kd + 1] = ids.to(torch.int32)
         return vt.VerifyOutput(spec_mode=vt.ACCEPT_MODE_ARGMAX_IDS, argmax_ids=out, hidden=None)
 
     def _step_depth(self, width: int) -> int:
-        """Depth of the open step: the block width K (fixed), or the depth the last commit drafted at (auto; the
-        controller's first choice for a sequence's first step)."""
+        """Depth of the open step: the launch's K (fixed; the block width), or the controller's choice for it
+        (auto; the block width is the deepest step)."""
         if self.spec_depth == "fixed":
+            if width != self.spec_k:
+                raise ValueError(f"verify block width K={width} != the launch's num_speculative_tokens {self.spec_k}")
             return width
         if width < self.controller.k_max:
             raise ValueError(f"verify block width K={width} < the deepest step {self.controller.k_max}")
-        be = self.spec_backend
-        if be.depth is not None:
-            return be.next_depth
-        if self._first_k is None:
-            self._first_k = self.controller.choose()
-        return self._first_k
+        return self.request.next_k
 
-    def _draft(self, k: int) -> None:
-        if self.spec_backend.phase != "drafted":
-            self.spec_backend.draft({0: k})  # first call at this K: allocates, MTP prefill + first chain
-        elif k != self.spec_backend.depth:
-            raise ValueError(f"verify with K={k} after propose_draft_tokens(K={self.spec_backend.depth})")
+    def _open(self) -> None:
+        """Open the sequence's step (the drafts of the last commit; the first step after a prefill drafts here)
+        unless propose_draft_tokens already did."""
+        if not self.batch.is_open:
+            self.batch.draft()
+
+    def _drop(self) -> None:
+        """Forget the live request: its open step (an outstanding proposal) and its slot."""
+        if self.batch.is_open:
+            self.batch.abort()
+        if self.request is not None and self.request.slot >= 0:
+            self.batch.leave(self.request)
+        self.request = None
 
     def propose(self, num_drafts: int, committed_tokens, committed_positions, accepted_counts, hidden):
         """``DraftOutput(draft_token_ids [B, K] int32, num_valid [B] int32)`` from the device MTP: the drafts its
@@ -290,8 +291,8 @@ class OneSequenceServer:
         if pending != self.spec_backend.history[-1]:
             raise ValueError(f"committed token {pending} (entry {self._accepted_count - 1}) != the model's pending "
                              f"token {self.spec_backend.history[-1]}")
-        self._draft(k)
-        drafts, _ = self.spec_backend.drafter.head.read_drafts()
+        self._open()
+        drafts = self.spec_backend.draft_ids(0)
         ids = torch.full((b, width), vt.PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
         ids[0, :k] = torch.tensor(drafts, dtype=torch.int32)
         nv = torch.zeros(b, dtype=torch.int32)
@@ -303,8 +304,8 @@ class OneSequenceServer:
         """A finished / preempted request: forget the sequence (its GDN state is zeroed by the next prefill)."""
         if int(slot) != 0:
             raise ValueError(f"release_request(slot={slot}): the only state slot is 0")
-        if self.spec_backend is not None and self.spec_backend.phase == "drafted":
-            self.spec_backend.abort()  # the outstanding proposal belongs to the released request
+        if self.spec_backend is not None:
+            self._drop()  # with the outstanding proposal, which belongs to the released request
         self.mode, self._accepted_count = None, None
 
     def check_moved(self, moved: dict) -> None:
@@ -317,15 +318,15 @@ class OneSequenceServer:
             raise NotImplementedError(f"slot_remap {r.tolist()}: row 0 must read slot 0 ({ONE_USER})")
 
     def warmup_prefill(self, lens: list[int]) -> None:
-        self._bind_page_table(self.owner._warm_page_table())
+        self._bind_page_table(self.blocks.warm())
         for n in lens:
             self._prefill([i % self.model.args.cfg.vocab_size for i in range(1, n + 1)])
-        self.owner.release_request(0)
+        self.release(0)
 
     def warmup_decode(self, steps: int, enable_trace: bool, sampled: bool = False) -> None:
         """The step of this launch: the K-draft verify + commit + MTP chain (``sampled`` adds nothing: the
         verify serves greedy requests only)."""
-        self._bind_page_table(self.owner._warm_page_table())
+        self._bind_page_table(self.blocks.warm())
         self.gen.use_trace = bool(enable_trace)
         prompt = [1, 2]
         first = int(self._prefill(prompt).argmax())
@@ -336,18 +337,14 @@ class OneSequenceServer:
             nv, drafts = 0, [vt.PLACEHOLDER_TOKEN_ID] * k
             if i:
                 pad = [vt.PLACEHOLDER_TOKEN_ID] * (k + 1 - len(block))
-                d = self.owner.propose_draft_tokens(k, torch.tensor([block + pad], dtype=torch.int32),
-                                                    torch.tensor([list(range(pos - ac + 1, pos + 1)) + [-1] * len(pad)],
-                                                                 dtype=torch.int32),
-                                                    torch.tensor([ac], dtype=torch.int32))
+                d = self.propose(k, torch.tensor([block + pad], dtype=torch.int32),
+                                 torch.tensor([list(range(pos - ac + 1, pos + 1)) + [-1] * len(pad)], dtype=torch.int32),
+                                 torch.tensor([ac], dtype=torch.int32), None)
                 nv, drafts = int(d.num_valid[0]), d.draft_token_ids[0].tolist()  # auto: nv <= k
-            v = self.owner.decode_forward(torch.tensor([[tok] + drafts]), None, None,
-                                          torch.tensor([[pos + j if j <= nv else -1 for j in range(k + 1)]]),
-                                          enable_trace=enable_trace,
-                                          num_valid_drafts=torch.tensor([nv], dtype=torch.int32),
-                                          accepted_counts=torch.tensor([ac], dtype=torch.int32),
-                                          spec_mode=vt.ACCEPT_MODE_ARGMAX_IDS)
+            v = self.decode(torch.tensor([[tok] + drafts]), torch.tensor([[pos + j if j <= nv else -1 for j in range(k + 1)]]),
+                            None, bool(enable_trace), True, None, torch.tensor([nv], dtype=torch.int32),
+                            torch.tensor([ac], dtype=torch.int32), vt.ACCEPT_MODE_ARGMAX_IDS, {})
             a = self._accepted_count - 1
             block = v.argmax_ids[0, : a + 1].tolist()
             tok, pos, ac = block[-1], pos + a + 1, a + 1
-        self.owner.release_request(0)
+        self.release(0)

@@ -47,7 +47,8 @@ class TTSpecBackend(HostRowSlots):
     def __init__(self, gen: TTGenerator, mechanism: str | TTMechanism = DEFAULT_MECHANISM, drafter: Any = None,
                  use_trace: bool = True, rng: str = "device", depths: Sequence[int] | None = None,
                  prefix_cache=None, *, slots: int = 1, k: int | None = None, params: SamplingParams | None = None,
-                 rows: str | None = None, stages: SamplerStages | None = None, pool_blocks: int = 0):
+                 rows: str | None = None, stages: SamplerStages | None = None, pool_blocks: int = 0,
+                 capped_accept: bool = False):
         """``depths``: the draft depths steps of one generation may use (``--spec-k auto``, one user); None = one
         depth per generation (the first draft()'s K), the single-depth traces "verify" / "commit".
         ``prefix_cache``: a ``qwen36.prefix_cache.PrefixCache`` (tt/runtime/prefix.py; the MTP prefill is redone
@@ -58,13 +59,18 @@ class TTSpecBackend(HostRowSlots):
         and at one slot the batched step at B = 1); ``k`` and ``params`` are the host rows' verify width and
         sampling params (one user takes its params at join()). ``stages``: host rows only, per-user params (module
         doc): what the traced step contains, e.g. ``SamplerStages.of`` the users' params or ``SamplerStages.every()``;
-        None: every user has ``params`` (apart from the seed)."""
+        None: every user has ``params`` (apart from the seed).
+        ``capped_accept``: a caller may hand the step its own drafts (:meth:`cap_drafts`, a server whose scheduler
+        holds them): the greedy acceptor then reads a copy of the drafts whose columns past the caller's count hold
+        an id no argmax equals (the vocabulary size), so acceptance stops at that count. Greedy users only."""
         if not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be an int >= 1, got {slots!r}")
         self.rows = rows or ("device" if slots == 1 else "host")
         if self.rows not in ("device", "host"):
             raise ValueError(f"rows must be 'device' or 'host', got {rows!r}")
         if self.rows == "host":
+            if capped_accept:
+                raise NotImplementedError("capped_accept (caller drafts, cap_drafts) is the one-user layout's so far")
             if depths is not None:
                 raise BatchSpecError("depths= (per-step depth switching) is the one-user layout's; B slots verify "
                                      "k drafts per user and each user drafts k_b <= k")
@@ -113,6 +119,10 @@ class TTSpecBackend(HostRowSlots):
             for d in self.depths:
                 check_verify_shape(self.model.args, d)
         self._by_k: dict[int, DepthBuffers] = {}
+        self.capped_accept = capped_accept
+        self._accept_bufs: dict = {}  # capped_accept: K -> the acceptor's copy of the drafts (cap_drafts)
+        self._verify_ids: torch.Tensor | None = None  # capped_accept: the last step's target argmax ids
+        self._capped = False  # capped_accept: cap_drafts() ran for the open step
         self._next_k: int | None = None  # depth of the drafts now on device (made by the last commit)
         self._planned_k: int | None = None  # plan_next_depths() of the open step
 
@@ -177,10 +187,22 @@ class TTSpecBackend(HostRowSlots):
         step_state.start(self.n, self.history[-1])
         if self.device_drafter:
             self.drafter.start(step_state, self.history, self._prompt_hidden)
+        if self.capped_accept:
+            self._alloc_accept_drafts([k])
+
+    def _alloc_accept_drafts(self, ks) -> None:
+        ttnn = self.ttnn
+        self._accept_bufs = {k: ttnn.from_torch(torch.zeros(1, 1, 1, k, dtype=torch.int32), dtype=ttnn.uint32,
+                                                layout=ttnn.ROW_MAJOR_LAYOUT, device=self.mesh,
+                                                mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+                             for k in ks}
 
     def _setup_depths(self, k_first: int) -> None:
         """Allocate every depth's buffers over one shared device state, compile them, start at k_first."""
         self.release()
+        if self.capped_accept:
+            self._alloc_accept_drafts(self.depths)
+            self.release()
         self._by_k = allocate_depth_set(self.ttnn, self.mesh, self.model, self.state, self.mechanism, self.params,
                                         self.rng, self.depths)
         if self.device_drafter:
@@ -247,6 +269,8 @@ class TTSpecBackend(HostRowSlots):
             raise ValueError("slot 0 is in use: leave() it first")
         if len(prompt) == 0:
             raise ValueError("empty prompt")
+        if self.capped_accept and not params.greedy:
+            raise NotImplementedError(f"capped_accept verifies greedily; {params.describe()} requested")
         self.release()
         self.release_prefix()
         t0 = time.perf_counter()
@@ -318,6 +342,7 @@ class TTSpecBackend(HostRowSlots):
         if not self.device_drafter:
             self.step_state.write_drafts([int(t) for t in self.drafter(list(self.history), k)])
         self._phase = "drafted"
+        self._capped = False
         self.counters.mtp_forwards += k
         return self.step_state.drafts
 
@@ -357,6 +382,44 @@ class TTSpecBackend(HostRowSlots):
             raise ValueError(f"draft depth {k} is not one of this backend's depths {list(self.depths)}")
         self._planned_k = k
 
+    def cap_drafts(self, drafts: Mapping[int, Sequence[int]]) -> None:
+        """Between draft() and verify() (``capped_accept``): the step of user ``slot`` verifies the caller's
+        ``drafts[slot]`` (n <= K ids; the rows past n hold token 0, their outputs unread) and its greedy acceptance
+        stops at n."""
+        if not self.capped_accept:
+            raise ValueError("cap_drafts() needs a backend built with capped_accept=True")
+        if self._phase != "drafted":
+            raise RuntimeError("cap_drafts() goes between draft() and verify()")
+        ids = [int(t) for t in self._only(drafts, "cap_drafts()")]
+        k = self._k
+        if len(ids) > k:
+            raise ValueError(f"cap_drafts(): {len(ids)} drafts for a step of depth {k}")
+        self.step_state.write_drafts(ids + [0] * (k - len(ids)))
+        buf = self._accept_bufs[k]
+        x = torch.tensor(ids + [self.config.vocab_size] * (k - len(ids)), dtype=torch.int32).reshape(1, 1, 1, k)
+        self.ttnn.copy_host_to_device_tensor(self.step_state.host(x, buf), buf)
+        self._capped = True
+
+    def draft_ids(self, slot: int) -> list[int]:
+        """Host copy of user ``slot``'s drafts of the open step (between draft() and verify()): the device MTP's
+        (made inside the last commit, or by this draft()), or the host drafter's."""
+        if self._phase != "drafted":
+            raise RuntimeError("draft_ids() goes between draft() and verify()")
+        k = self._draft.depths[slot] if self.rows == "host" else self._k
+        if self.device_drafter:
+            ids, _ = self.drafter.read_drafts()
+            return [int(t) for t in ids[slot if self.rows == "host" else 0, :k]]
+        row = self.model.to_host(self.step_state.drafts).reshape(self.slots, -1)[slot]
+        return [int(t) for t in row[:k]]
+
+    def verify_ids(self, slot: int) -> torch.Tensor:
+        """The last step's target argmax id of every verified row of user ``slot``, int64 [K+1] (``capped_accept``:
+        read at accept(), before the commit's traces replay over the verify's outputs)."""
+        if self._verify_ids is None:
+            raise RuntimeError("verify_ids() needs a capped_accept backend and an accepted step")
+        self._check_slot(slot)
+        return self._verify_ids
+
     def _name(self, what: str, k: int) -> str:
         return what if self.depths is None else f"{what}:{k}"
 
@@ -370,7 +433,8 @@ class TTSpecBackend(HostRowSlots):
     def _verify_and_accept(self):
         vout = self.step_state.verify()
         if self.params.greedy:
-            res = self.acceptor.greedy(vout.out.logits, self.step_state.drafts)
+            drafts = self._accept_bufs[self._k] if self.capped_accept else self.step_state.drafts
+            res = self.acceptor.greedy(vout.out.logits, drafts)
         else:
             probs = self.drafter.draft_probs(self.acceptor) if self.device_drafter else None
             res = self.acceptor.stochastic(vout.out.logits, self.step_state.drafts, probs)
@@ -381,6 +445,9 @@ class TTSpecBackend(HostRowSlots):
             return self._verify_slots(draft)
         if self._phase != "drafted":
             raise RuntimeError("verify() needs exactly one draft() before it")
+        if self.capped_accept and not self._capped:
+            raise RuntimeError("a capped_accept backend verifies the caller's drafts: cap_drafts() between draft() "
+                               "and verify()")
         self._vout, self._result = self._run(self._name("verify", self._k), self._verify_and_accept)
         self._phase = "verified"
         c, n_gdn, t = self.counters, len(self.state.gdn_states()), self._k + 1
@@ -394,6 +461,8 @@ class TTSpecBackend(HostRowSlots):
             raise RuntimeError("accept() needs verify() first")
         if self.rows == "host":
             return self._accept_slots(draft)
+        if self.capped_accept:  # the caller returns the target's choice at every row (vLLM's argmax_ids)
+            self._verify_ids = self.model.to_host(self._vout.out.tokens).reshape(-1).to(torch.int64)[: self._k + 1]
         r = self.acceptor.read_results(self._result)[0]  # the one readback: tokens + count
         toks, a = r.tokens, r.num_accepted
         lps = self.acceptor.read_logprobs(toks[: a + 1]) if self.params.logprobs is not None else None  # (+ asked)
@@ -469,6 +538,9 @@ class TTSpecBackend(HostRowSlots):
         (the row after the last forced token) with the user's params. Returns the forced tokens + that pick."""
         if self.rows == "host":  # B slots: tt/spec/inject.py (the verify width k; ``depths`` is not needed)
             return inject_slots(self, forced)
+        if self.capped_accept:
+            raise NotImplementedError("inject() (forced tokens) on a capped_accept backend: its acceptor reads the "
+                                      "caller's drafts")
         toks = [int(t) for t in self._only(forced, "inject()")]
         if not toks:
             raise ValueError("inject() needs at least one forced token")
