@@ -45,6 +45,8 @@ NOT_IN_SUITE = {
                       "by design)",
     "acceptance": "a choice between precisions of the MTP layer / LM head by measured acceptance x modelled step "
                   "time, run when a preset changes; on cards the same command measures acceptance there",
+    "calibration": "the cost model's prediction for a published workload beside the measurements it is pinned to; "
+                   "nothing runs on a device, and CI checks the pins",
 }
 # Probes that only make sense on some backends: name -> (backend kinds, why not elsewhere).
 BACKEND_ONLY = {
