@@ -148,20 +148,20 @@ def tt_runs(ckpt: Path, device: str, precision: str, prompts, ks, max_new: int):
     """{K: [GenerationResult per prompt]}, backend label."""
     from qwen36.checkpoint import load_checkpoint
     from qwen36.speculative.engine import speculative_generate
-    from qwen36.tt.runtime.generator import TTGenerator
+    from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
     from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt.spec.build import build_spec_backend
 
     longest = max(len(p) for p in prompts) + max_new + max(ks) + 2
-    gen = TTGenerator.from_checkpoint(ckpt, device, precision=precision, max_seq_len=-(-longest // 64) * 64,
-                                      progress=False, block_size=32, prefill_chunk=64, require_mtp=True)
+    gen = build_generator(ckpt, device, precision=precision, max_seq_len=-(-longest // 64) * 64, progress=False,
+                          pages=SMALL_PAGES, cache_dir=None, require_mtp=True)
     try:
         drafter = TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
         out = {}
         for k in ks:
             out[k] = []
             for p in prompts:
-                be = TTSpecBackend(gen, "shadow_commit", drafter=drafter, use_trace=True)
+                be = build_spec_backend(gen, drafter, mechanism="shadow_commit")
                 try:
                     out[k].append(speculative_generate(be, [p], max_new, [k])[0])
                 finally:

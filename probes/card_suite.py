@@ -98,8 +98,8 @@ def _probe_args(name: str, module, size: str) -> list[str]:
 
     if size != "ci":
         return list(FULL_ARGS.get(name, []))
-    opts = {o for a in probe_parser(name, module)._actions for o in a.option_strings}
-    return (["--preset", "ci"] if "--preset" in opts else []) + CI_ARGS.get(name, [])
+    takes_preset = "--preset" in probe_parser(name, module).format_help().split()  # its options, as help lists them
+    return (["--preset", "ci"] if takes_preset else []) + CI_ARGS.get(name, [])
 
 
 def build_steps(device: str, size: str = "full") -> list[Step]:

@@ -143,31 +143,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-sample", type=int, default=4096,
                    help="vocabulary actually built (LM head extrapolated to the real vocab)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--decode-matmuls", default="dram_sharded", choices=["dram_sharded", "interleaved"],
-                   help="decode layout of the MLP matmuls (tt/model/model_config.py decode_matmul_plan); interleaved: "
-                        "the DRAM-interleaved weights and default program configs of before, for A/B figures")
+    p.add_argument("--decode-matmuls", default="mcast_1d", choices=["mcast_1d", "dram_sharded", "interleaved"],
+                   help="decode layout of the MLP and LM-head matmuls (tt/model/decode_matmuls.py): mcast_1d (1D "
+                        "multicast matmuls on DRAM-interleaved weights, the default), dram_sharded (DRAM-sharded "
+                        "weights), interleaved (ttnn's default program configs), for A/B figures")
     p.add_argument("--dram-readers", type=int, default=2, choices=[1, 2, 3],
                    help="readers per DRAM bank asked of the DRAM-sharded decode matmuls (num_workers_per_dram_bank; "
-                        "tt/model/model_config.py decode_readers_per_bank: a matmul whose bank shards the rule refuses "
+                        "tt/model/decode_matmuls.py decode_readers_per_bank: a matmul whose bank shards the rule refuses "
                         "keeps one); 1: the 0.81.1 default, for A/B figures")
     p.add_argument("--batch", type=int, default=1,
                    help="users decoded per step (batched plain decode, tt/runtime/batch.py; 1, 8 or 32 are the buckets)")
 
 
-def _tensor_bytes(obj) -> int:
-    """Per-device bytes of every device tensor inside a weights dataclass / list."""
+def tensor_bytes(obj, read_by_decode: bool = False) -> int:
+    """Per-device bytes of every device tensor inside a weights dataclass / list (``read_by_decode``: only those a
+    decode step reads, the GDN weights only the prefill reads left out)."""
+    from qwen36.tt.model.weights import GDN_PREFILL_ONLY, GDNWeights
+
     if obj is None:
         return 0
     if hasattr(obj, "bytes_per_device"):
         return int(obj.bytes_per_device())
     if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(o) for o in obj)
+        return sum(tensor_bytes(o, read_by_decode) for o in obj)
     if dataclasses.is_dataclass(obj):
-        return sum(_tensor_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "layer_type")
+        skip = ("layer_type",) + (GDN_PREFILL_ONLY if read_by_decode and isinstance(obj, GDNWeights) else ())
+        return sum(tensor_bytes(getattr(obj, f.name), read_by_decode) for f in dataclasses.fields(obj)
+                   if f.name not in skip)
     return 0
 
 
-def _scaled(counts, name: str, ratio: float):
+def vocab_scaled_counts(counts, name: str, ratio: float):
     from qwen36.tt_ops.emulator.counters import Counts
 
     c = Counts(name)
@@ -246,7 +252,7 @@ class CostBench:
 
 
 def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME,
-                emulated_only: bool = True, decode_matmuls: str = "dram_sharded", slots: int = 1,
+                emulated_only: bool = True, decode_matmuls: str = "mcast_1d", slots: int = 1,
                 dram_readers: int = 2, numerics: str = "strict", **args_kw) -> CostBench:
     """Open the mesh (emulated unless ``emulated_only`` is False) and build the first GDN + first attention layer
     of ``cfg`` with state for ``slots`` users of a ``context``-token sequence (plus 64 positions of head room).
@@ -328,7 +334,7 @@ def program_ranking(parts: dict) -> list:
 
 def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, real_vocab: int | None = None,
             n_gdn: int | None = None, n_attn: int | None = None, real_cfg=None,
-            decode_matmuls: str = "dram_sharded", batch: int = 1, dram_readers: int = 2,
+            decode_matmuls: str = "mcast_1d", batch: int = 1, dram_readers: int = 2,
             more_contexts: tuple[int, ...] = ()) -> dict:
     """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step of ``batch``
     users by region and extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default:
@@ -402,21 +408,21 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
                    "resident_expert_bytes_per_layer": group * real.num_experts,
                    "router_bytes_per_layer": router, "router_correction_per_layer": corr}
         ratio = (real_vocab or cfg.vocab_size) / cfg.vocab_size
-        head = _scaled(regions["head"], "head (vocab-extrapolated)", ratio)
+        head = vocab_scaled_counts(regions["head"], "head (vocab-extrapolated)", ratio)
 
         n_gdn = len(cfg.gdn_layer_ids) if n_gdn is None else n_gdn
         n_attn = len(cfg.attention_layer_ids) if n_attn is None else n_attn
         token = token_counts(f"decode token ({n_gdn} GDN + {n_attn} attention layers, extrapolated)",
                              ((embed, 1), (gdn, n_gdn), (attn, n_attn), (head, 1)))
 
-        lw_gdn, lw_attn = _tensor_bytes(weights.layers[0]), _tensor_bytes(weights.layers[1])
+        lw_gdn, lw_attn = (tensor_bytes(weights.layers[i], read_by_decode=True) for i in (0, 1))
         if moe is not None:  # weights read per token: the k routed experts, not the resident stack
             adj = (moe["routed_expert_bytes_read_per_layer"] - group * cfg.num_experts
                    + sum(moe["router_correction_per_layer"].get(k, 0) for k in
                          (bench.dtype_name(TensorGroup.MOE_ROUTER),)))
             lw_gdn, lw_attn = lw_gdn + adj, lw_attn + adj
         lm_head = weights.lm_head.bytes_per_device() * ratio
-        weight_bytes = n_gdn * lw_gdn + n_attn * lw_attn + lm_head + _tensor_bytes(weights.final_norm) + h * 2
+        weight_bytes = n_gdn * lw_gdn + n_attn * lw_attn + lm_head + tensor_bytes(weights.final_norm) + h * 2
         cm = P150aCostModel()
         br = cm.breakdown(token)
         cal = calibrated_block(token, batch)
@@ -427,7 +433,8 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         for extra, reg in by_context.items():
             t = token_counts(f"decode token at context {extra}", (
                 (bench.corrected_embed(reg["embed"], batch), 1), (_moe_corrected(reg["layer0"], moe_corr), n_gdn),
-                (_moe_corrected(reg["layer1"], moe_corr), n_attn), (_scaled(reg["head"], "head", ratio), 1)))
+                (_moe_corrected(reg["layer1"], moe_corr), n_attn),
+                (vocab_scaled_counts(reg["head"], "head (vocab-extrapolated)", ratio), 1)))
             by_ctx[extra] = calibrated_block(t, batch)
         calibrated_by_context = {str(c): {k: f[k] for k in ("ms", "ms_low", "ms_high", "tok_s", "tok_s_low",
                                                              "tok_s_high", "aggregate_tok_s")}

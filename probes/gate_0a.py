@@ -231,7 +231,7 @@ def forward_components(regs: dict, corr: Cost, ratio: float, n_gdn: int, n_attn:
 
 def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, seed: int, real_vocab: int,
             acceptance=("0.8", "0.6", "0.5", "0.8/0.6/0.5")) -> dict:
-    from qwen36.speculative.sampling import SamplingParams
+    from qwen36.generation.sampling import SamplingParams
     from qwen36.tt.spec.accept import DeviceAcceptor
     from qwen36.tt.spec.commit import commit
     from qwen36.tt.spec.mtp import TTMTPHead
@@ -239,7 +239,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
     from qwen36.tt.runtime.sampler_transform import SamplerStages
     from qwen36.tt.model.state import allocate_decode_inputs
     from qwen36.tt.spec.verify import SpecDeviceState
-    from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
+    from qwen36.tt.model.weights import GDN_PREFILL_ONLY, WeightLoader, load_mtp_weights
 
     from qwen36.probes.decode_cost import RandomCheckpoint
 
@@ -258,13 +258,13 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
                 st = state.layers[i]
                 static[f"layer{i}"] = Cost({"w:norm": lw.input_norm.bytes_per_device() + lw.post_norm.bytes_per_device()})
                 if i == 0:
-                    static[f"mixer{i}"] = _weights(lw.mixer, GDN_FIELDS, "GDNWeights").plus(
+                    static[f"mixer{i}"] = _weights(lw.mixer, GDN_FIELDS, "GDNWeights", skip=GDN_PREFILL_ONLY).plus(
                         Cost({"s:gdn_state": st.recurrent.bytes_per_device()}))
                 else:
                     static[f"mixer{i}"] = _weights(lw.mixer, ATTN_FIELDS, "AttentionWeights").plus(
                         Cost({"s:kv_cache": bench.kv_read_bytes()}))
                 static[f"mlp{i}"] = _weights(lw.mlp, MLP_FIELDS, "MLPWeights")
-            head_key = f"w:lm_head{_dram_placement(w.lm_head)}"  # DRAM-sharded for <= 32 rows (model.lm_head_logits)
+            head_key = f"w:lm_head{_dram_placement(w.lm_head)}"  # where the decode layout placed it (decode_matmuls.py)
             static["lm_head"] = Cost({"w:norm": w.final_norm.bytes_per_device(), head_key: w.lm_head.bytes_per_device()})
             static["logits"] = Cost({head_key: w.lm_head.bytes_per_device()})
             ml = mtp_w.layer
@@ -332,7 +332,7 @@ def measure(device: str, cfg, precision: str, context: int, ks, mechanism: str, 
             comps["host_readback"] = readback("readback", acc.read_result, [(acc.result, a.num_devices)],
                                               reads=a.num_devices)
             pre = regs["pre_verify"]
-            no_layers = dataclasses.replace(vout, plan=dataclasses.replace(vout.plan, records=[]))
+            no_layers = vout.without_gdn_kept()
             meter.run("commit", lambda: commit(step_state, vout, res))
             meter.run("commit_fixed", lambda: commit(step_state, no_layers, res))
             cregs, _ = meter.take()

@@ -64,7 +64,7 @@ from qwen36.speculative.engine import speculative_step
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.oracle import greedy_continuation, replay, serial_decode
 from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 from qwen36.probes.records import ProbeReport
 
 from .gdn_transaction_checks import (TOLERANCES, compare, free_slot_intact, kv_rows, live_equal, poison_free_slot,
@@ -167,11 +167,12 @@ def run_cell(model, factory: BackendFactory, mechanism: str, k: int, a: int, pro
 
 
 # ---- one cell, B users in one packed verify -------------------------------------------------------------
-def run_batch_cell(model, mechanism: str, k: int, b: int, prompts: list[list[int]]) -> dict:
+def run_batch_cell(model, mechanism: str, k: int, b: int, prompts: list[list[int]],
+                   factory: BackendFactory = ReferenceBackend) -> dict:
     vocab = model.config.vocab_size
     plan = user_plan(b, k)
     max_len = max(map(len, prompts)) + (DRIVE_STEPS + 3) * (k + 1) + CONTINUATION_STEPS + 4
-    be = ReferenceBackend(model, mechanism, max_len=max_len, slots=b + 1, max_k=k)
+    be = factory(model, mechanism, max_len=max_len, slots=b + 1, max_k=k)
     free = b
     for slot, p in enumerate(prompts):
         be.join(slot, p)
@@ -270,36 +271,30 @@ def run_batch_cell(model, mechanism: str, k: int, b: int, prompts: list[list[int
 
 
 # ---- the matrix ---------------------------------------------------------------------------------------
-def run_matrix(model, *, ks=KS, mechanisms=MECHANISMS, factory: BackendFactory = ReferenceBackend,
+def run_matrix(model, *, batch: int = 1, ks=None, mechanisms=MECHANISMS, factory: BackendFactory = ReferenceBackend,
                seed: int = 0) -> tuple[list[dict], dict[str, dict]]:
-    """All cells; returns (cells, counters summed per mechanism over the accept legs)."""
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, model.config.vocab_size, (PROMPT_LEN,), generator=gen).tolist()
-    cells, totals = [], {m: {} for m in mechanisms}
-    for k in ks:
-        for a in range(k + 1):
-            for mech in mechanisms:
-                cell = run_cell(model, factory, mech, k, a, prompt)
-                cells.append(cell)
-                for key, v in cell["counters"].items():
-                    totals[mech][key] = totals[mech].get(key, 0) + v
-    return cells, totals
-
-
-def run_batch_matrix(model, *, batch: int, ks=BATCH_KS, mechanisms=MECHANISMS, seed: int = 0):
-    """All (mechanism, K) cells for B = ``batch`` users; returns (cells, counters summed per mechanism)."""
-    if batch < 2:
-        raise ValueError(f"the batched probe needs B >= 2 users, got {batch}")
+    """Every cell for ``batch`` users: one user, every (K, a, mechanism) (:func:`run_cell`); B >= 2 users in one
+    packed verify, every (K, mechanism), each user's a from ``user_plan`` (:func:`run_batch_cell`). ``ks`` defaults
+    to ``KS`` (one user) or ``BATCH_KS``. User i's prompt: PROMPT_LEN + 3i random ids. Returns (cells, counters summed
+    per mechanism over the accept legs)."""
+    if batch < 1:
+        raise ValueError(f"the probe needs B >= 1 users, got {batch}")
+    ks = ks if ks is not None else KS if batch == 1 else BATCH_KS
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, model.config.vocab_size, (PROMPT_LEN + 3 * i,), generator=gen).tolist()
                for i in range(batch)]
+    if batch == 1:
+        grid = [(mech, lambda m, k=k, a=a: run_cell(model, factory, m, k, a, prompts[0]))
+                for k in ks for a in range(k + 1) for mech in mechanisms]
+    else:
+        grid = [(mech, lambda m, k=k: run_batch_cell(model, m, k, batch, prompts, factory))
+                for k in ks for mech in mechanisms]
     cells, totals = [], {m: {} for m in mechanisms}
-    for k in ks:
-        for mech in mechanisms:
-            cell = run_batch_cell(model, mech, k, batch, prompts)
-            cells.append(cell)
-            for key, v in cell["counters"].items():
-                totals[mech][key] = totals[mech].get(key, 0) + v
+    for mech, cell_of in grid:
+        cell = cell_of(mech)
+        cells.append(cell)
+        for key, v in cell["counters"].items():
+            totals[mech][key] = totals[mech].get(key, 0) + v
     return cells, totals
 
 
@@ -336,10 +331,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
         raise UserError(f"--ks must be positive draft depths, got {args.ks!r}")
     t0 = time.perf_counter()
     model, source = load_model(args)
-    if batch > 1:
-        cells, totals = run_batch_matrix(model, batch=batch, ks=ks, seed=args.seed)
-    else:
-        cells, totals = run_matrix(model, ks=ks, seed=args.seed)
+    cells, totals = run_matrix(model, batch=batch, ks=ks, seed=args.seed)
     cfg = model.config
     backend = ReferenceBackend(model).label
     return ProbeReport(

@@ -72,16 +72,15 @@ from qwen36.errors import UserError
 from qwen36.probes.records import ProbeReport
 from qwen36.speculative.mechanisms import MECHANISMS
 
-from .gdn_transaction_tp_checks import (TOLERANCES, argmax_flips, compare, free_slot_intact, gdn_host_batch1,
-                                        kv_host, kv_logical, kv_states, per_device, poison_free_slot, poison_kv,
-                                        poison_past_rows, slot_state, states_equal, worst, write_per_device)
-from .transaction_plan import BATCH_KS, forced_drafts, user_plan
+from .gdn_transaction_tp_checks import (TOLERANCES, argmax_flips, compare, kv_logical, kv_states, per_device, poison_kv,
+                                        worst, write_per_device)
+from .transaction_plan import BATCH_KS
+from .gdn_transaction_tp_batch import CONTINUATION_BATCH_STEPS, DRIVE_STEPS, run_tp_batch_matrix
 
 NAME = "gdn-transaction-tp"
 HELP = ("speculative transaction through the TT path at TP=N: 3 mechanisms x K x acceptance length vs TT "
         "single-row decode replay (GDN, conv, KV, MTP KV, 16-step continuation)")
 KS = (1, 2, 3, 7)
-DRIVE_STEPS = 2
 CONTINUATION_STEPS = 16
 PROMPT_LEN = 12
 MAX_SEQ_LEN = 128
@@ -328,9 +327,9 @@ class Probe:
 
     def refusal_cell(self, mech: str) -> dict:
         """A ring mechanism (shadow_commit): abort after verify must be refused (ring slots overwritten in place)."""
-        from qwen36.tt.spec.spec_backend import TTSpecBackend
+        from qwen36.tt.spec.build import build_spec_backend
 
-        be = TTSpecBackend(self.gen, mech, drafter=self.drafter, use_trace=False)
+        be = build_spec_backend(self.gen, self.drafter, mechanism=mech, use_trace=False)
         self.label = be.label
         be.join(0, self.prompt)
         be.verify(be.draft({0: 1}))
@@ -363,262 +362,93 @@ def run_matrix(probe: Probe, ks=KS, mechs=MECHANISMS, accepts=None) -> tuple[lis
     return cells, totals
 
 
-# ---- the batched transaction (--batch B) ------------------------------------------------------------------
-CONTINUATION_BATCH_STEPS = 4
-
-
-def slots_for(b: int, k: int) -> int:
-    """The smallest slot count > b whose verify rows the backend accepts (<= 8, or a multiple of 8, up to 32)."""
-    t = k + 1
-    for s in range(b + 1, 33):
-        rows = s * t
-        if rows <= 32 and (rows <= 8 or rows % 8 == 0):
-            return s
-    raise ValueError(f"no slot count above {b} fits B x (K+1 = {t}) verify rows in 32")
-
-
-class Diverged(RuntimeError):
-    """A user's tokens left its plain greedy sequence (the batched run is not lossless)."""
-
-    def __init__(self, message: str, user: int, prompt, got, want):
-        super().__init__(message)
-        self.user, self.prompt, self.got, self.want = user, list(prompt), list(got), list(want)
-
-
-def _explain(gen, e: Diverged) -> str:
-    """The failure message with the reference model's top-2 margin where the user's tokens first left its plain
-    greedy sequence: a near tie (a last-bit difference flipped it) reads differently from a state bug."""
-    if gen.ckpt is None:
-        return str(e)
-    from qwen36.reference.model import Qwen36Model
-    from qwen36.speculative.oracle import divergence_note
-
-    ref = Qwen36Model.from_checkpoint(gen.ckpt, dtype=torch.float32, with_mtp=False)
-    return f"{e}; {divergence_note(ref, e.prompt, e.got, e.want)}"
-
-
-class _Drafts:
-    """The host drafter of every user: the oracle (plain greedy with deliberate misses) or forced drafts."""
-
-    def __init__(self, prompts, plains, vocab):
-        self.full = [list(p) + list(pl) for p, pl in zip(prompts, plains)]
-        self.prompts, self.vocab = prompts, vocab
-        self.forced: dict[int, list[int]] | None = None
-
-    def user(self, hist) -> int:
-        for u, p in enumerate(self.prompts):
-            if hist[: len(p)] == list(p):
-                return u
-        raise KeyError("history of no known prompt")
-
-    def cont(self, u: int, hist, n: int) -> list[int]:
-        """The plain greedy tokens after ``hist`` (which must be a prefix of the user's greedy sequence)."""
-        full = self.full[u]
-        if full[: len(hist)] != list(hist):
-            n = len(self.prompts[u])
-            raise Diverged(f"user {u}: history left the plain greedy sequence (lossless broken)", u,
-                           self.prompts[u], list(hist)[n:], full[n:len(hist)])
-        return full[len(hist): len(hist) + n]
-
-    def __call__(self, hist, k):
-        u = self.user(hist)
-        if self.forced is not None:
-            return self.forced[u][:k]
-        nxt = self.cont(u, hist, k)
-        return [(t + 1) % self.vocab if (len(hist) + j) % 3 == 0 else t for j, t in enumerate(nxt)]
-
-
-def _oracle(gen, tokens: list[int], prompt_len: int) -> dict:
-    """TT batch-1 plain greedy decode of ``tokens`` (prefill of the prompt, then one single-row decode per token)."""
-    ttnn = gen.ttnn
-    gen.prefill(torch.tensor(tokens[:prompt_len]))
-    for tok in tokens[prompt_len:]:
-        gen.decode_step(tok)
-    st = gen.state
-    out = {"n": len(tokens), "gdn": gdn_host_batch1(ttnn, st), "kv": kv_host(ttnn, st, 0, len(tokens))}
-    gen.release_trace()
-    return out
-
-
-def run_tp_batch_cell(gen, mechanism: str, k: int, b: int, prompts, plains) -> dict:
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
-
-    vocab = gen.config.vocab_size
-    plan = user_plan(b, k)
-    slots = slots_for(b, k)
-    drafts = _Drafts(prompts, plains, vocab)
-    be = TTSpecBackend(gen, mechanism, slots=slots, k=k, drafter=drafts)
-    failed: list[str] = []
-    users: list[dict] = []
-    try:
-        for s, p in enumerate(prompts):
-            be.join(s, p)
-        for _ in range(DRIVE_STEPS):
-            d = be.draft({s: k for s in range(b)})
-            be.commit(be.accept(d, be.verify(d)))
-        free = list(range(b, slots))
-        for s in free:
-            poison_free_slot(be, s)
-        pre = {s: slot_state(be, s) for s in range(b)}
-        stepping = {s: kb for s, (kb, _) in enumerate(plan) if kb is not None}
-        cont = {s: drafts.cont(s, be.users[s].history, kb + 1) for s, kb in stepping.items()}
-        drafts.forced = {s: forced_drafts(cont[s], kb, plan[s][1], vocab) for s, kb in stepping.items()}
-
-        # abort leg
-        d = be.draft(stepping)
-        if not be.mechanism.ring:
-            be.verify(d)
-        be.abort()
-        abort = {f"user{s}": states_equal(slot_state(be, s), pre[s]) for s in range(b)}
-        failed += [f"abort:{u}" for u, ok in abort.items() if not ok]
-
-        # accept leg
-        before = be.counters.as_dict()
-        d = be.draft(stepping)
-        v = be.verify(d)
-        finite = bool(be.verify_logits()[list(stepping)].isfinite().all())
-        accepted = be.accept(d, v)
-        be.commit(accepted)
-        counters = {key: x - before[key] for key, x in be.counters.as_dict().items()}
-        drafts.forced = None
-        if not finite:
-            failed.append("nonfinite_logits")
-        if not all(free_slot_intact(be, s) for s in free):
-            failed.append("free_slot")
-        post = {s: slot_state(be, s) for s in range(b)}
-        for s, (kb, a) in enumerate(plan):
-            if kb is None:
-                ok = states_equal(post[s], pre[s])
-                users.append({"user": s, "k": None, "untouched": ok, "pass": ok})
-                if not ok:
-                    failed.append(f"user{s}:touched")
-                continue
-            acc = accepted[s]
-            tokens_ok = acc.num_accepted == a and acc.tokens == cont[s][: a + 1]
-            pos_ok = post[s]["n"] == pre[s]["n"] + a + 1
-            users.append({"user": s, "k": kb, "a": a, "accepted": acc.num_accepted, "tokens_ok": tokens_ok,
-                          "pos_ok": pos_ok, "prompt_len": len(prompts[s])})
-            failed += [f"user{s}:{name}" for name, ok in (("tokens", tokens_ok), ("pos", pos_ok)) if not ok]
-
-        # continuation: rejected / inert rows poisoned, then more batched steps must stay on the greedy path
-        for s in range(b):
-            poison_past_rows(be, s)
-        cont_ok = True
-        try:
-            for _ in range(CONTINUATION_BATCH_STEPS):
-                d = be.draft({s: k for s in range(b)})
-                be.commit(be.accept(d, be.verify(d)))
-                for s in range(b):
-                    drafts.cont(s, be.users[s].history, 0)  # raises when a user left its greedy sequence
-        except Diverged as e:
-            cont_ok = False
-            failed.append(f"continuation:{_explain(gen, e)}")
-        consumed = {s: list(be.users[s].history[:-1]) for s in range(b)}
-        final = {s: slot_state(be, s) for s in range(b)}
-        captures = be.captures
-    finally:
-        be.close()
-    if captures != 2:
-        failed.append(f"captures:{captures}")
-    # oracle per user (after the backend's traces are released: the batch-1 decode allocates)
-    for u in users:
-        s = u["user"]
-        orc = _oracle(gen, consumed[s], len(prompts[s]))
-        got = final[s]
-        u["oracle_n_ok"] = got["n"] == orc["n"]
-        u["gdn_recurrent"] = compare([g[0] for g in got["gdn"]], [g[0] for g in orc["gdn"]], "gdn_recurrent")
-        u["conv"] = compare([g[1] for g in got["gdn"]], [g[1] for g in orc["gdn"]], "conv")
-        u["target_kv"] = compare(got["kv"], orc["kv"], "target_kv")
-        for name in ("gdn_recurrent", "conv", "target_kv"):
-            if not u[name]["pass"]:
-                failed.append(f"user{s}:{name}")
-        if not u["oracle_n_ok"]:
-            failed.append(f"user{s}:oracle_n")
-        u["pass"] = not any(f.startswith(f"user{s}:") for f in failed)
-    return {"cell": f"B={b} K={k} {mechanism}", "batch": b, "slots": slots, "k": k, "mechanism": mechanism,
-            "plan": [{"k": kb, "a": a} for kb, a in plan], "users": users, "abort": abort,
-            "continuation_ok": cont_ok, "counters": counters, "captures": captures, "failed": failed,
-            "pass": not failed}
-
-
-def run_tp_batch_matrix(gen, *, batch: int, ks, mechanisms=MECHANISMS, seed: int = 0, prompt_len: int = 12):
-    """Every (mechanism, K) cell for B = ``batch`` users -> (cells, counters summed per mechanism)."""
-    if batch < 2:
-        raise ValueError(f"the batched probe needs B >= 2 users, got {batch}")
-    g = torch.Generator().manual_seed(seed)
-    v = gen.config.vocab_size
-    prompts = [torch.randint(0, v, (prompt_len + 3 * i,), generator=g).tolist() for i in range(batch)]
-    n_plain = (DRIVE_STEPS + 2 + CONTINUATION_BATCH_STEPS) * (max(ks) + 1) + 2
-    plains = []
-    for p in prompts:
-        plains.append(gen.greedy(p, n_plain))
-        gen.release_trace()
-    cells, totals = [], {m: {} for m in mechanisms}
-    for k in ks:
-        for mech in mechanisms:
-            try:
-                cell = run_tp_batch_cell(gen, mech, k, batch, prompts, plains)
-            except Diverged as e:  # before the forced step: nothing else of the cell is meaningful
-                cell = {"cell": f"B={batch} K={k} {mech}", "batch": batch, "k": k, "mechanism": mech, "users": [],
-                        "counters": {}, "failed": [f"lossless:{_explain(gen, e)}"], "pass": False}
-            cells.append(cell)
-            for key, x in cell["counters"].items():
-                totals[mech][key] = totals[mech].get(key, 0) + x
-    return cells, totals
-
-
 def open_probe(ckpt: Path, device: str, precision: str, seed: int, backend_factory=None):
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.tt.runtime.generator import TTGenerator
+    from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
 
-    gen = TTGenerator.from_checkpoint(ckpt, device, precision=precision, max_seq_len=MAX_SEQ_LEN, use_trace=True,
-                                      progress=False, block_size=32, prefill_chunk=64, require_mtp=True)
+    gen = build_generator(ckpt, device, precision=precision, max_seq_len=MAX_SEQ_LEN, use_trace=True, progress=False,
+                          pages=SMALL_PAGES, cache_dir=None, require_mtp=True)
     v = gen.config.vocab_size
     prompt = torch.randint(0, v, (PROMPT_LEN,), generator=torch.Generator().manual_seed(seed)).tolist()
     # the forcing oracle: TT plain greedy continuation (single-row decode), long enough for every cell
-    plain = gen.greedy(prompt, (DRIVE_STEPS + 2) * (max(KS) + 1) + 2)
+    plain = gen.generate([prompt], (DRIVE_STEPS + 2) * (max(KS) + 1) + 2)[0].tokens
     gen.release_trace()
     return Probe(gen, load_checkpoint(ckpt, require_mtp=True), plain, prompt, backend_factory)
 
 
+def matrix_args(args: argparse.Namespace, batch: int) -> tuple[tuple[int, ...], tuple[str, ...], set[int] | None]:
+    """(ks, mechanisms, accepts) of the command line, refused by name where they cannot run: ``--ks`` defaults to
+    ``BATCH_KS`` for B users (the batched cells force their own per-user plan, so no ``--accepts``)."""
+    ks_arg = ",".join(map(str, BATCH_KS)) if batch > 1 and args.ks == ",".join(map(str, KS)) else args.ks
+    ks = tuple(int(x) for x in ks_arg.split(","))
+    mechs = tuple(args.mechanisms.split(","))
+    if any(k < 1 for k in ks) or any(m not in MECHANISMS for m in mechs):
+        raise UserError(f"--ks must be positive and --mechanisms in {MECHANISMS}; got {ks_arg!r} {args.mechanisms!r}")
+    if batch > 1 and args.accepts is not None:
+        raise UserError("--accepts is for the single-user matrix; the batched cells force their own per-user plan")
+    if args.device.startswith("reference"):
+        ref = "qwen36 probe gdn-transaction" + (" --batch B" if batch > 1 else "")
+        raise UserError(f"probe {NAME} runs the TT path (--device emulated-p150x2 or p150x2); "
+                        f"for the reference backend use `{ref}`")
+    return ks, mechs, None if args.accepts is None else {int(x) for x in args.accepts.split(",")}
+
+
 def run(args: argparse.Namespace) -> ProbeReport:
+    """The matrix for one user (``run_matrix``) or, with ``--batch B``, for B users in one packed verify
+    (``run_tp_batch_matrix``: mechanisms x K, default K in ``BATCH_KS``), on one checkpoint built or given."""
     from qwen36.testing.tt import make_bf16_checkpoint
+    from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
 
     batch = getattr(args, "batch", 1)
     if batch < 1:
         raise UserError(f"--batch must be >= 1, got {batch}")
-    if batch > 1:
-        return run_batch(args, batch)
-    ks = tuple(int(x) for x in args.ks.split(","))
-    mechs = tuple(args.mechanisms.split(","))
-    accepts = None if args.accepts is None else {int(x) for x in args.accepts.split(",")}
-    if any(k < 1 for k in ks) or any(m not in MECHANISMS for m in mechs):
-        raise UserError(f"--ks must be positive and --mechanisms in {MECHANISMS}; got {args.ks!r} {args.mechanisms!r}")
-    if args.device.startswith("reference"):
-        raise UserError(f"probe {NAME} runs the TT path (--device emulated-p150x2 or p150x2); "
-                        "for the reference backend use `qwen36 probe gdn-transaction`")
+    ks, mechs, accepts = matrix_args(args, batch)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qwen36-gdn-tp-") as tmp:
         if args.checkpoint is not None:
             ckpt, source = args.checkpoint, str(args.checkpoint)
         else:
-            cfg = full_config() if args.full else "ci"
-            ckpt = make_bf16_checkpoint(Path(tmp) / "ckpt", cfg, seed=args.seed)
+            ckpt = make_bf16_checkpoint(Path(tmp) / "ckpt", full_config() if args.full else "ci", seed=args.seed)
             source = f"generated bf16 {'full (27B per-device GDN shapes)' if args.full else 'ci'} (seed {args.seed})"
-        probe = open_probe(ckpt, args.device, args.precision, args.seed)
+        if batch == 1:
+            probe = open_probe(ckpt, args.device, args.precision, args.seed)
+            gen = probe.gen
+        else:
+            gen = build_generator(ckpt, args.device, precision=args.precision, max_seq_len=MAX_SEQ_LEN,
+                                  use_trace=True, progress=False, pages=SMALL_PAGES, cache_dir=None)
+            label = f"tt ({gen.label or 'mesh'}) + host drafter"
         try:
-            cells, totals = run_matrix(probe, ks, mechs, accepts)
-            label = probe.label
-            a = probe.model.args
+            if batch == 1:
+                cells, totals = run_matrix(probe, ks, mechs, accepts)
+                label = probe.label  # the backend's own label, set by the cells
+            else:
+                cells, totals = run_tp_batch_matrix(gen, batch=batch, ks=ks, mechanisms=mechs, seed=args.seed,
+                                                    prompt_len=PROMPT_LEN)
+            a = gen.model.args
         finally:
-            probe.gen.close()
+            gen.close()
+    measured = {"wall_s_measured": round(time.perf_counter() - t0, 2),
+                "peak_rss_mib_measured": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    config = {"checkpoint": source, "full": bool(args.full)}
+    if batch > 1:
+        return ProbeReport(
+            probe=NAME, backend=label,
+            config={**config, "batch": batch, "ks": list(ks), "mechanisms": list(mechs), "precision": args.precision,
+                    "seed": args.seed, "prompt_len": PROMPT_LEN, "drive_steps": DRIVE_STEPS,
+                    "continuation_batch_steps": CONTINUATION_BATCH_STEPS,
+                    "oracle": "per user: TT batch-1 plain greedy decode (prefill + single-row decode) of its tokens",
+                    "drafts": "host (oracle / forced); the batched backend has no device MTP drafter",
+                    "tolerances": TOLERANCES, "tp": a.num_devices},
+            cells=cells, counters=totals,
+            gate_complete=set(ks) >= set(BATCH_KS) and set(mechs) >= set(MECHANISMS) and batch in (2, 4),
+            notes={**measured, "worst_measured": worst(cells)})
     cfg = a.cfg
-    worst = {name: max((c[name]["max_abs"] for c in cells if name in c), default=0.0) for name in TOLERANCES}
+    worst_abs = {name: max((c[name]["max_abs"] for c in cells if name in c), default=0.0) for name in TOLERANCES}
     worst_pcc = {name: min((c[name]["pcc"] for c in cells if name in c), default=1.0) for name in TOLERANCES}
     full_grid = accepts is None and set(ks) >= set(KS) and set(mechs) >= set(MECHANISMS)
     return ProbeReport(
         probe=NAME, backend=label,
-        config={"checkpoint": source, "full": bool(args.full), "ks": list(ks), "mechanisms": list(mechs),
+        config={**config, "ks": list(ks), "mechanisms": list(mechs),
                 "accepts": sorted(accepts) if accepts else "all", "precision": args.precision, "seed": args.seed,
                 "prompt_len": PROMPT_LEN, "drive_steps": DRIVE_STEPS, "continuation_steps": CONTINUATION_STEPS,
                 "oracle": "TT single-row decode replay from the pre-step state (+ MTP reseed from decode hiddens)",
@@ -628,53 +458,5 @@ def run(args: argparse.Namespace) -> ProbeReport:
                           "gdn_head_dims": [cfg.linear_key_head_dim, cfg.linear_value_head_dim],
                           "kv_heads_per_device": a.hkv_d, "head_dim": cfg.head_dim}},
         cells=cells, counters=totals, gate_complete=full_grid,
-        notes={"wall_s_measured": round(time.perf_counter() - t0, 2),
-               "peak_rss_mib_measured": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-               "worst_max_abs_measured": worst, "worst_pcc_measured": worst_pcc,
+        notes={**measured, "worst_max_abs_measured": worst_abs, "worst_pcc_measured": worst_pcc,
                "counters_formula": "TTMechanism.expected_step_counters (fixed device shapes; independent of a)"})
-
-
-def run_batch(args: argparse.Namespace, batch: int) -> ProbeReport:
-    """``--batch B``: the batched matrix (``run_tp_batch_matrix``: mechanisms x K, default K in {2, 3})."""
-    from qwen36.testing.tt import make_bf16_checkpoint
-    from qwen36.tt.runtime.generator import TTGenerator
-
-    ks_arg = ",".join(map(str, BATCH_KS)) if args.ks == ",".join(map(str, KS)) else args.ks
-    ks = tuple(int(x) for x in ks_arg.split(","))
-    mechs = tuple(args.mechanisms.split(","))
-    if any(k < 1 for k in ks) or any(m not in MECHANISMS for m in mechs):
-        raise UserError(f"--ks must be positive and --mechanisms in {MECHANISMS}; got {ks_arg!r} {args.mechanisms!r}")
-    if args.accepts is not None:
-        raise UserError("--accepts is for the single-user matrix; the batched cells force their own per-user plan")
-    if args.device.startswith("reference"):
-        raise UserError(f"probe {NAME} runs the TT path (--device emulated-p150x2 or p150x2); "
-                        "for the reference backend use `qwen36 probe gdn-transaction --batch B`")
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="qwen36-gdn-tp-batch-") as tmp:
-        if args.checkpoint is not None:
-            ckpt, source = args.checkpoint, str(args.checkpoint)
-        else:
-            ckpt = make_bf16_checkpoint(Path(tmp) / "ckpt", full_config() if args.full else "ci", seed=args.seed)
-            source = f"generated bf16 {'full (27B per-device GDN shapes)' if args.full else 'ci'} (seed {args.seed})"
-        gen = TTGenerator.from_checkpoint(ckpt, args.device, precision=args.precision, max_seq_len=MAX_SEQ_LEN,
-                                          use_trace=True, progress=False, block_size=32, prefill_chunk=64)
-        try:
-            cells, totals = run_tp_batch_matrix(gen, batch=batch, ks=ks, mechanisms=mechs, seed=args.seed,
-                                                prompt_len=PROMPT_LEN)
-            label = f"tt ({gen.label or 'mesh'}) + host drafter"
-            a = gen.model.args
-        finally:
-            gen.close()
-    return ProbeReport(
-        probe=NAME, backend=label,
-        config={"checkpoint": source, "full": bool(args.full), "batch": batch, "ks": list(ks),
-                "mechanisms": list(mechs), "precision": args.precision, "seed": args.seed, "prompt_len": PROMPT_LEN,
-                "drive_steps": DRIVE_STEPS, "continuation_batch_steps": CONTINUATION_BATCH_STEPS,
-                "oracle": "per user: TT batch-1 plain greedy decode (prefill + single-row decode) of its tokens",
-                "drafts": "host (oracle / forced); the batched backend has no device MTP drafter",
-                "tolerances": TOLERANCES, "tp": a.num_devices},
-        cells=cells, counters=totals,
-        gate_complete=set(ks) >= set(BATCH_KS) and set(mechs) >= set(MECHANISMS) and batch in (2, 4),
-        notes={"wall_s_measured": round(time.perf_counter() - t0, 2),
-               "peak_rss_mib_measured": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-               "worst_measured": worst(cells)})

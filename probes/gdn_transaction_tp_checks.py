@@ -18,7 +18,7 @@ POISON = 64.0
 
 # name -> (max abs, min PCC) of committed state vs the single-row decode replay (same TT kernels, same weights).
 # Measured worst cases on emulated-p150x2 (all 51 cells; docs/tt_spec.md "Accuracy and exactness"; the CI run's
-# figures and thresholds: docs/decisions.md, 2026-12-01):
+# figures and thresholds: docs/decisions/2026-12.md, 2026-12-01):
 #   ci preset: recurrent max abs 2.4e-7, conv / target KV / MTP KV / continuation bit-equal (asserted in CI);
 #   --full (27b-ratios): recurrent 9.0e-3 (PCC 0.999993), conv 1.5e-2, KV and MTP KV 3.1e-2 (= 1 bf16 ulp at
 #   |x| in [4, 8)), teacher-forced continuation logits 2.7e-2 (PCC 0.99998). Source of the --full differences:

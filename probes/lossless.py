@@ -82,14 +82,14 @@ def run_matrix(gen, reader, ref, ref_tokens, prompt, ks, mechs, max_new, precisi
 
     from qwen36.speculative.engine import speculative_generate
     from qwen36.speculative.oracle import divergence_note
-    from qwen36.speculative.sampling import SamplingParams
+    from qwen36.generation.sampling import SamplingParams
     from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt.spec.build import build_spec_backend
 
     gen.use_trace = True
-    plain = gen.greedy(prompt, max_new)
+    plain = gen.generate([prompt], max_new)[0].tokens
     gen.release_trace()
-    kept = gen.generate(prompt, max_new, SamplingParams(), keep_logits=True)
+    kept = gen.generate([prompt], max_new, SamplingParams(), keep_logits=True)[0]
     gen.release_trace()
     drafter = TTMTPDrafter(reader)
 
@@ -104,7 +104,7 @@ def run_matrix(gen, reader, ref, ref_tokens, prompt, ks, mechs, max_new, precisi
               **why(plain, ref_tokens)}]
     for k in ks:
         for m in mechs:
-            be = TTSpecBackend(gen, m, drafter=drafter, use_trace=True)
+            be = build_spec_backend(gen, drafter, mechanism=m)
             r = speculative_generate(be, [prompt], max_new, [k])[0]
             be.close()
             ok = r.tokens == plain
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
 
     from qwen36.checkpoint import load_checkpoint
     from qwen36.reference.model import Qwen36Model
-    from qwen36.tt.runtime.generator import TTGenerator
+    from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
 
     t0 = time.perf_counter()
     ks = tuple(int(x) for x in args.ks.split(","))
@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> ProbeReport:
         while len(ref_tokens) < args.max_new_tokens:
             out = ref(torch.tensor([[ref_tokens[-1]]]), st)
             ref_tokens.append(int(out.logits[0, -1].argmax()))
-    gen = TTGenerator.from_checkpoint(args.checkpoint, args.device, precision=args.precision, max_seq_len=256,
-                                      progress=False, block_size=32, prefill_chunk=64, require_mtp=True)
+    gen = build_generator(args.checkpoint, args.device, precision=args.precision, max_seq_len=256,
+                                      progress=False, pages=SMALL_PAGES, cache_dir=None, require_mtp=True)
     try:
         cells = run_matrix(gen, load_checkpoint(args.checkpoint, require_mtp=True), ref, ref_tokens, prompt, ks,
                            mechs, args.max_new_tokens, args.precision)

@@ -59,7 +59,7 @@ def _ints(text: str, what: str) -> list[int]:
 
 def measure(device: str, cfg, base, precision: str, seed: int = 0) -> dict:
     """Per-device bytes of each allocation kind, per unit (layer, token, slot) and fixed."""
-    from qwen36.probes.decode_cost import BUILT_EXPERTS, _tensor_bytes, build_bench
+    from qwen36.probes.decode_cost import BUILT_EXPERTS, tensor_bytes, build_bench
     from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION
     from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
 
@@ -73,7 +73,7 @@ def measure(device: str, cfg, base, precision: str, seed: int = 0) -> dict:
         expert_ratio = (base.num_experts / cfg.num_experts) if cfg.is_moe else 1.0
 
         def layer_bytes(lw) -> int:
-            total = _tensor_bytes(lw)
+            total = tensor_bytes(lw)
             if cfg.is_moe:  # every expert is resident: the built stack scaled to the real count
                 m = lw.mlp
                 stack = m.experts_gate_up.bytes_per_device() + m.experts_down.bytes_per_device()
@@ -84,7 +84,7 @@ def measure(device: str, cfg, base, precision: str, seed: int = 0) -> dict:
         rope = w.rope_cos.bytes_per_device() + w.rope_sin.bytes_per_device()
         positions = a.max_seq_len  # the RoPE tables hold max_seq_len rows
         mtp = load_mtp_weights(WeightLoader(RandomCheckpoint(cfg, seed), a, bench.ttnn, bench.mesh, progress=False))
-        mtp_bytes = layer_bytes(mtp.layer) + _tensor_bytes(mtp) - _tensor_bytes(mtp.layer)
+        mtp_bytes = layer_bytes(mtp.layer) + tensor_bytes(mtp) - tensor_bytes(mtp.layer)
         k = st.layers[1].k
         kv_token = 2 * k.bytes_per_device() // (k.shape[0] * a.block_size)  # K + V per token, one attention layer
         gdn = st.layers[0]
@@ -103,7 +103,7 @@ def measure(device: str, cfg, base, precision: str, seed: int = 0) -> dict:
                 "attention_layers": n_attn * layer_bytes(w.layers[1]),
                 "embedding": int(w.embedding.bytes_per_device() * vocab_ratio),
                 "lm_head": int(w.lm_head.bytes_per_device() * vocab_ratio),
-                "final_norm": _tensor_bytes(w.final_norm),
+                "final_norm": tensor_bytes(w.final_norm),
             },
             "rope_bytes_per_position": rope / positions,
             "mtp_bytes": mtp_bytes,

@@ -8,7 +8,9 @@ first attention layer built, the vocabulary cut to ``--vocab-sample``):
     run through the model's own prefill pieces in ``prefill_forward``'s order (``embed``, ``prefill_chunk_context``,
     ``layers_forward``, ``head`` of the last row), each piece under a counter scope (:func:`count_chunks`; a test
     checks their sum equals ``prefill_forward``'s counts), and one chunk of each other row count a prompt needs (its
-    partial last chunk, e.g. all of a 128-token prompt);
+    partial last chunk, e.g. all of a 128-token prompt), the GDN layers on the model's own prefill path (ttnn's
+    fused ops where the config's heads fit them) or, with ``--gdn-prefill composite``, the composite one
+    (:func:`force_gdn_prefill`; the record's ``gdn_prefill_path`` says which ran);
   * one correction, as decode-cost corrects its gathers: the emulator charges a token-embedding or RoPE-table
     gather its whole table; on cards it reads one row per token (``CostBench.corrected_embed``);
   * per layer kind the programs of every chunk of a given row count are the same, and the only counts that change
@@ -45,6 +47,7 @@ HELP = ("calibrated P150a time to first token (prefill chunks + last-row LM head
         "emulator counts")
 SDPA = "ttnn.transformer.chunked_scaled_dot_product_attention"
 PAGE_TABLE_KEY = "INT32"  # the page table's dtype: the counters' key of its bytes
+GDN_PREFILL = ("fused", "composite")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-sample", type=int, default=4096,
                    help="vocabulary actually built (LM head extrapolated to the real vocab)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gdn-prefill", default="fused", choices=list(GDN_PREFILL),
+                   help="fused: the GDN layers' prefill on ttnn's fused ops where the config's heads fit them (the "
+                        "model's choice); composite: the composite GDN prefill forced, for an A/B of the two")
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -229,11 +235,11 @@ def extrapolate_experts(builds: list, experts: list[int], e: int, name: str):
 
 
 def scale_head(counts, ratio: float, name: str):
-    """The head region extrapolated in vocab (decode-cost's ``_scaled``) with its compute work scaled alike (the
+    """The head region extrapolated in vocab (decode-cost's ``vocab_scaled_counts``) with its compute work scaled alike (the
     LM-head matmul's FLOPs and bytes are linear in the vocabulary)."""
-    from qwen36.probes.decode_cost import _scaled
+    from qwen36.probes.decode_cost import vocab_scaled_counts
 
-    out = _scaled(counts, name, ratio)
+    out = vocab_scaled_counts(counts, name, ratio)
     for (op, f, ph, fp, items), n in counts.compute_work.items():
         out.compute_work[(op, int(f * ratio), ph, fp, tuple((k, int(v * ratio)) for k, v in items))] += n
     return out
@@ -297,14 +303,15 @@ MOE_BUILDS = (32, 64, 96)  # expert counts the 35B-A3B prefill is built at (thre
 
 
 def measure_units_moe(device: str, cfg, real, precision: str, seed: int, numerics: str = "exact",
-                      experts: tuple[int, ...] = MOE_BUILDS, chunk: int | None = None, rows=()) -> dict:
+                      experts: tuple[int, ...] = MOE_BUILDS, chunk: int | None = None, rows=(),
+                      gdn_prefill: str = "fused") -> dict:
     """:func:`measure_units` for a MoE config built with fewer experts than ``real`` (decode-cost's build): one
     build per count in ``experts`` and every per-chunk unit extrapolated to ``real.num_experts``
     (:func:`extrapolate_experts`)."""
     import dataclasses
 
     units = [measure_units(device, dataclasses.replace(cfg, num_experts=e), precision, seed, real.vocab_size,
-                           numerics, chunk=chunk, rows=rows) for e in experts]
+                           numerics, chunk=chunk, rows=rows, gdn_prefill=gdn_prefill) for e in experts]
     unit = dict(units[-1])
     unit["rows"] = {r: {part: extrapolate_experts([u["rows"][r][part] for u in units], list(experts),
                                                   real.num_experts, units[-1]["rows"][r][part].name) for part in PARTS}
@@ -335,13 +342,28 @@ def _parts(bench, counted: dict, rows: int, head_ratio: float, gdn_i: int, attn_
     return out
 
 
+def force_gdn_prefill(model, path: str) -> str:
+    """Set every GDN layer's prefill to ``path`` (``GDN_PREFILL``): "fused" keeps the model's own choice,
+    "composite" drops the fused prefill (the composite one runs). Returns the layers' ``prefill_path``."""
+    if path not in GDN_PREFILL:
+        raise UserError(f"--gdn-prefill must be one of {', '.join(GDN_PREFILL)}, got {path!r}")
+    mixers = [layer.mixer for layer in model.layers if hasattr(layer.mixer, "prefill_path")]
+    if path == "composite":
+        for m in mixers:
+            m.fused_prefill, m.prefill_path = None, "composite (forced: --gdn-prefill composite)"
+    paths = {m.prefill_path for m in mixers}
+    if len(paths) != 1:
+        raise ValueError(f"the built GDN layers prefill differently: {sorted(paths)}")
+    return paths.pop()
+
+
 def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, numerics: str = "exact",
-                  chunk: int | None = None, rows=()) -> dict:
+                  chunk: int | None = None, rows=(), gdn_prefill: str = "fused") -> dict:
     """Build the bench (prefill chunks of ``chunk`` rows), count two whole chunks (positions 0 and ``chunk``) and
     one chunk of every other row count in ``rows`` (a prompt's partial last chunk, run from position 0), and return
     the per-chunk unit counts (module doc). The emulator runs with ``numerics="exact"`` by default: the counts do not
     depend on the rounding rules (tests/probes/test_prefill_cost.py compares them with ``"strict"``), and exact is
-    several times cheaper at 27B shapes on a CPU."""
+    several times cheaper at 27B shapes on a CPU. ``gdn_prefill``: :func:`force_gdn_prefill`."""
     from qwen36.config import FULL
     from qwen36.probes.decode_cost import build_bench
 
@@ -350,6 +372,7 @@ def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, 
                         prefill_chunk=chunk)
     try:
         a = bench.args
+        path = force_gdn_prefill(bench.model, gdn_prefill)
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, cfg.vocab_size, (2 * chunk,), generator=gen)
         chunks = count_chunks(bench, ids)
@@ -372,6 +395,7 @@ def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, 
             "gdn_index": gdn_i, "attention_index": attn_i,
         }
         unit["sdpa_pair_flops"] = sdpa_pair_flops(full["attention"], 0, chunk)
+        unit["gdn_prefill_path"] = path
         return unit
     finally:
         bench.close()
@@ -477,9 +501,11 @@ def run(args: argparse.Namespace) -> ProbeReport:
     n_gdn, n_attn = len(base.gdn_layer_ids), len(base.attention_layer_ids)
     need = rows_needed(chunk, block, prompts, hits)
     if base.is_moe and base.num_experts != cfg.num_experts:
-        unit = measure_units_moe(device, cfg, base, args.precision, args.seed, chunk=chunk, rows=need)
+        unit = measure_units_moe(device, cfg, base, args.precision, args.seed, chunk=chunk, rows=need,
+                                 gdn_prefill=args.gdn_prefill)
     else:
-        unit = measure_units(device, cfg, args.precision, args.seed, base.vocab_size, chunk=chunk, rows=need)
+        unit = measure_units(device, cfg, args.precision, args.seed, base.vocab_size, chunk=chunk, rows=need,
+                             gdn_prefill=args.gdn_prefill)
     capacity = max(prompts + [p for p, _ in hits])  # one model serves every prompt: its page-table rows hold this
     rows = [figures(unit, n_gdn, n_attn, p, capacity=capacity) for p in prompts]
     reuse = []
@@ -511,8 +537,9 @@ def run(args: argparse.Namespace) -> ProbeReport:
     label = rows[0]["label"]
     print(f"[{label}] prefill-cost {args.preset} {args.precision} tp{unit['tp']} batch 1 on {unit['backend']} "
           f"(chunk {unit['chunk']} rows; {n_gdn} GDN + {n_attn} attention layers):")
-    print(f"  programs per chunk: embed {c0['embed'].programs}, GDN layer {c0[f'layer{gi}'].programs}, attention "
-          f"layer {c0[f'layer{ai}'].programs}; head {unit['rows'][unit['chunk']]['head'].programs}")
+    print(f"  GDN prefill: {unit['gdn_prefill_path']}; programs per chunk: embed {c0['embed'].programs}, GDN "
+          f"layer {c0[f'layer{gi}'].programs}, attention layer {c0[f'layer{ai}'].programs}; head "
+          f"{unit['rows'][unit['chunk']]['head'].programs}")
     for r in rows:
         b = r["breakdown"]
         print(f"  [{label}] TTFT {r['prompt_tokens']} tokens: {r['ms']:.0f} ms (band {r['ms_low']:.0f}-"
@@ -534,6 +561,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
     print("  not in these figures: " + "; ".join(rows[0]["uncalibrated"]))
     perf = {"label": label, "backend": unit["backend"], "tp": unit["tp"], "batch": 1, "precision": args.precision,
             "chunk_tokens": unit["chunk"], "layers": {"gdn": n_gdn, "attention": n_attn},
+            "gdn_prefill_path": unit["gdn_prefill_path"],
             "programs_per_chunk": {"embed": c0["embed"].programs, "gdn_layer": c0[f"layer{gi}"].programs,
                                    "attention_layer": c0[f"layer{ai}"].programs,
                                    "head": unit["rows"][unit["chunk"]]["head"].programs},
@@ -550,6 +578,6 @@ def run(args: argparse.Namespace) -> ProbeReport:
                        config={"preset": args.preset, "precision": args.precision, "prompts": prompts, "chunk": chunk,
                                "long_check": long_at,
                                "prefix_hits": [list(h) for h in hits], "vocab_sample": cfg.vocab_size,
-                               "real_vocab": base.vocab_size, "seed": args.seed},
+                               "real_vocab": base.vocab_size, "seed": args.seed, "gdn_prefill": args.gdn_prefill},
                        cells=cells, counters={"programs_per_chunk": perf["programs_per_chunk"]},
                        gate_complete=True, performance=perf)

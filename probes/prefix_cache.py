@@ -112,10 +112,10 @@ def run(args: argparse.Namespace) -> ProbeReport:
         with_mtp = target.mtp is not None
         drafter = None
     else:
-        from qwen36.tt.runtime.generator import TTGenerator
+        from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
 
-        target = TTGenerator.from_checkpoint(args.checkpoint, args.device, precision="accuracy", max_seq_len=512,
-                                             progress=False, block_size=32, prefill_chunk=64)
+        target = build_generator(args.checkpoint, args.device, precision="accuracy", max_seq_len=512, progress=False,
+                                 pages=SMALL_PAGES, cache_dir=None)
         with_mtp, drafter = False, None
         if args.spec_k:
             from qwen36.checkpoint import load_checkpoint

@@ -52,7 +52,7 @@ def gdn_host(gen, t):
 
 def run_case(gen, k: int, prompt: list[int], rows: list[int]) -> dict:
     """One K: sequential decode vs packed verify from the same prefill."""
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt.spec.build import build_spec_backend
 
     ttnn = gen.ttnn
     gen.use_trace = False
@@ -64,7 +64,7 @@ def run_case(gen, k: int, prompt: list[int], rows: list[int]) -> dict:
         seq_states.append([gdn_host(gen, s.recurrent) for s in gen.state.gdn_states()])
     seq_logits = torch.stack(seq_logits)
     # packed verify (shadow_commit ring: per-row states land in ring slots 0..K)
-    be = TTSpecBackend(gen, "shadow_commit", drafter=lambda h, kk: rows[1:kk + 1], use_trace=False)
+    be = build_spec_backend(gen, lambda h, kk: rows[1:kk + 1], mechanism="shadow_commit", use_trace=False)
     be.join(0, prompt)
     be.history[-1] = rows[0]  # verify row 0 = rows[0] (the pending token)
     be.draft({0: k})
@@ -109,15 +109,15 @@ def run_matrix(gen, ks=KS, seed: int = 0) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> ProbeReport:
-    from qwen36.tt.runtime.generator import TTGenerator
+    from qwen36.tt.runtime.generator import SMALL_PAGES, build_generator
     from qwen36.testing.tt import make_bf16_checkpoint
 
     t0 = time.perf_counter()
     ks = tuple(int(x) for x in args.ks.split(","))
     with tempfile.TemporaryDirectory(prefix="qwen36-verify-tp-") as tmp:
         ckpt = args.checkpoint or make_bf16_checkpoint(Path(tmp) / "ci", "ci", seed=args.seed)
-        gen = TTGenerator.from_checkpoint(ckpt, args.device, precision=args.precision, max_seq_len=256,
-                                          use_trace=False, progress=False, block_size=32, prefill_chunk=64)
+        gen = build_generator(ckpt, args.device, precision=args.precision, max_seq_len=256, use_trace=False,
+                              progress=False, pages=SMALL_PAGES, cache_dir=None)
         try:
             cells = run_matrix(gen, ks, args.seed)
         finally:

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fit_depth_policy as fit  # noqa: E402
 
 from qwen36.commands.common import DEFAULT_CHECKPOINT  # noqa: E402
-from qwen36.commands.speculative_generate import config_of, depth_policy, load_tt_backend  # noqa: E402
+from qwen36.commands.speculative_generate import config_of, depth_policy, load_backend  # noqa: E402
 from qwen36.io_utils import atomic_write_json  # noqa: E402
 from qwen36.reference.model import Qwen36Model  # noqa: E402
 from qwen36.speculative.depth import DepthPolicy, FixedDepth, StepCosts, cost_key  # noqa: E402
@@ -89,7 +89,7 @@ def tt_plain_greedy(be, prompt: list[int], n: int) -> list[int]:
     plain prefill allocates, and no device allocation may happen while a trace is live."""
     be.release()
     try:
-        return be.gen.greedy(prompt, n)
+        return be.gen.generate([prompt], n)[0].tokens
     finally:
         be.gen.release_trace()
 
@@ -273,7 +273,7 @@ def main(argv=None) -> int:
     def backend():
         nonlocal be
         if be is None:
-            be = load_tt_backend(DEFAULT_CHECKPOINT, args.device, "shadow_commit", max_len, depths=make().depths)
+            be = load_backend(DEFAULT_CHECKPOINT, args.device, None, "shadow_commit", max_len, make())
         return be
 
     def over_budget() -> bool:

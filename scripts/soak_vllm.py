@@ -275,7 +275,7 @@ def main(argv=None) -> int:
     for rid in sorted(resumed_res):
         r = by_id[rid]
         if r["sampling"]["temperature"] == 0.0 and finished.get(rid) == "length" and r["abort"] is None:
-            alone = ref_gen.greedy(r["prompt"], r["max_tokens"])
+            alone = ref_gen.generate([r["prompt"]], r["max_tokens"])[0].tokens
             if alone != out_tokens[rid]:
                 d = next(i for i, (x, y) in enumerate(zip(alone, out_tokens[rid])) if x != y)
                 top = ref_gen.prefill(r["prompt"] + alone[:d]).float().reshape(-1).topk(2).values

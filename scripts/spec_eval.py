@@ -136,7 +136,7 @@ def full_split_ce(model, data_dir: Path, window: int = 512) -> dict:
 
 def evaluate(ckpt: Path, ks: list[int], max_new_tokens: int, n_prompts: int | None, cross_check_k: int = 3,
              data_dir: Path | None = None) -> dict:
-    from qwen36.reference.batch import greedy_generate
+    from qwen36.reference.batch import generate
     from qwen36.reference.model import Qwen36Model
     from qwen36.speculative.greedy_loop import greedy_speculative_generate
 
@@ -165,7 +165,7 @@ def evaluate(ckpt: Path, ks: list[int], max_new_tokens: int, n_prompts: int | No
             res["cross_check"] = {"k": k, "minimal_loop": summarize(k, acc_mine),
                                   "tokens_equal_engine": all(m[0] == o for m, o in zip(mine, outs)),
                                   "accepted_equal_engine": [m[1] for m in mine] == summ["accepted_per_prompt"]}
-            greedy = [greedy_generate(model, torch.tensor(p), max_new_tokens) for p in prompts]
+            greedy = [generate(model, [p], max_new_tokens)[0].tokens for p in prompts]
             res["cross_check"]["tokens_equal_plain_greedy"] = sum(g == o for g, o in zip(greedy, outs))
             print(json.dumps(res["cross_check"]), flush=True)
     return res

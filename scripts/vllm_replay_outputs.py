@@ -128,7 +128,7 @@ def unused_cost() -> None:
     from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION, TTGenerator
     from qwen36.tt.serving.qwen36_vllm import Qwen36ForCausalLM
     from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
-    from qwen36.tt.spec.spec_backend import TTSpecBackend
+    from qwen36.tt.spec.build import build_spec_backend
     from qwen36.tt_ops.device import open_mesh
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,7 +145,7 @@ def unused_cost() -> None:
             d0, h0 = ctx.mesh_device.dram_in_use(), host_bytes()
             gen = TTGenerator(m.model, allocate_state(a, m.model.ttnn, m.model.mesh), use_trace=True)
             d1, h1 = ctx.mesh_device.dram_in_use(), host_bytes()
-            be = TTSpecBackend(gen, drafter=TTMTPDrafter(load_checkpoint(ck)), use_trace=True, capped_accept=True)
+            be = build_spec_backend(gen, TTMTPDrafter(load_checkpoint(ck)), capped_accept=True)
             d2, h2 = ctx.mesh_device.dram_in_use(), host_bytes()
             print(f"{name} (max_seq_len {trace['max_model_len']}, block {a.block_size}): TTGenerator state + inputs "
                   f"DRAM {[y - x for x, y in zip(d0, d1)]} B per device, emulator host {h1 - h0} B; spec backend + MTP "

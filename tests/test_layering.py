@@ -6,7 +6,9 @@ imports, module-level and inside functions alike, are checked against the rules 
     TT backend     qwen36.tt: gets ttnn only through qwen36.tt_ops.device (the real module on cards, the emulator here)
                    its wings import downwards only: tt.model <- tt.runtime <- tt.spec <- tt.serving
     engine, model  qwen36.speculative, qwen36.reference: torch only, no ttnn, no TT backend (a CUDA box without ttnn
-                   runs them), nothing from above
+                   runs them), nothing from above; the reference model sits below the speculative engine
+    generation     qwen36.generation (sampling, thinking budget, the plain driver): below the reference, the engine and
+                   the TT backend, which all import it; it imports none of them
     test support   qwen36.testing: used by tests and probes only (the TP test checkpoints, the emulator's
                    conformance cases); runtime code (models, engine, TT backend, tt_ops, command line) never imports it;
                    qwen36.testing.cli alone runs the command line (in-process, as a test does)
@@ -30,6 +32,9 @@ COMMAND_LINE = ("qwen36.cli", "qwen36.commands")
 CLI_RUNNER = "qwen36.testing.cli"  # test support that runs the command line in-process, as the tests do
 TT_SIDE = ("ttnn", "qwen36.tt", "qwen36.tt_ops")
 TEST_SUPPORT = "qwen36.testing"
+# what qwen36.generation (sampling, thinking budget, the plain driver) sits below
+GENERATION_ABOVE = ("qwen36.reference", "qwen36.speculative", "qwen36.prefix_cache", "qwen36.chat_session",
+                    "qwen36.probes", "qwen36.commands", "qwen36.cli") + TT_SIDE + (TEST_SUPPORT,)
 
 
 def under(name: str, prefixes) -> bool:
@@ -78,6 +83,11 @@ def rule_breaks(name: str, imp: str) -> list[tuple[str, str]]:
     if under(name, ("qwen36.speculative", "qwen36.reference")) and under(imp, TT_SIDE + (TEST_SUPPORT,)):
         out.append(("engine", f"{name} imports {imp}: the engine and the reference model stay free of ttnn, the TT "
                               "backend and test support"))
+    if under(name, "qwen36.reference") and under(imp, "qwen36.speculative"):
+        out.append(("reference", f"{name} imports {imp}: the reference model sits below the speculative engine"))
+    if under(name, "qwen36.generation") and under(imp, GENERATION_ABOVE):
+        out.append(("generation", f"{name} imports {imp}: generation sits below the models, the engine and the TT "
+                                  "backend"))
     if under(name, "qwen36.tt") and under(imp, "ttnn"):
         out.append(("ttnn", f"{name} imports ttnn directly; the TT backend gets it from qwen36.tt_ops.device"))
     if under(imp, TEST_SUPPORT) and not under(name, (TEST_SUPPORT, "qwen36.probes")):
@@ -172,6 +182,38 @@ def test_no_import_cycles_beyond_the_known_ones():
     gone = sorted(" / ".join(sorted(k)) for k in KNOWN_CYCLES - found)
     assert not new, "new import cycle(s); cut one import of each:\n" + "\n".join(new)
     assert not gone, "cycle(s) removed: delete their KNOWN_CYCLES entries:\n" + "\n".join(gone)
+
+
+def package_graph(modules: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """The import graph one level down: ``qwen36.X`` (a subpackage, or a top-level module) -> the ``qwen36.Y`` it
+    imports, so a loop through several packages (a -> b.x -> a) shows even when no two files import each other."""
+    def top(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    graph: dict[str, set[str]] = {}
+    for a, imps in import_graph(modules).items():
+        graph.setdefault(top(a), set()).update(top(b) for b in imps if top(b) != top(a))
+    return graph
+
+
+# Package-level loops left to remove (test support and the probes import each other).
+KNOWN_PACKAGE_CYCLES: set[frozenset[str]] = {frozenset({"qwen36.probes", "qwen36.testing"})}
+
+
+def test_no_package_level_loops_beyond_the_known_ones():
+    graph = package_graph(package_sources())
+    found = import_cycles(graph)
+    new = sorted(describe_cycle(graph, k) for k in found - KNOWN_PACKAGE_CYCLES)
+    gone = sorted(" / ".join(sorted(k)) for k in KNOWN_PACKAGE_CYCLES - found)
+    assert not new, "new package-level loop(s):\n" + "\n".join(new)
+    assert not gone, "loop(s) removed: delete their KNOWN_PACKAGE_CYCLES entries:\n" + "\n".join(gone)
+
+
+def test_package_graph_sees_a_loop_through_two_packages():
+    modules = {"qwen36.a.x": ("from qwen36.b import y", False), "qwen36.b.y": ("def f():\n    import qwen36.a.z", False),
+               "qwen36.a.z": ("", False)}
+    assert import_cycles(import_graph(modules)) == set()  # no file-level cycle ...
+    assert import_cycles(package_graph(modules)) == {frozenset({"qwen36.a", "qwen36.b"})}  # ... but a package loop
 
 
 @pytest.mark.parametrize("modules,expect", [
@@ -323,6 +365,10 @@ def test_test_file_check_catches_planted_imports(source, expect):
     ("qwen36.speculative", "def f():\n    import ttnn\n", True, "free of ttnn"),  # lazy imports count too
     ("qwen36.reference.model", "from qwen36.tt_ops.device import open_mesh", False, "free of ttnn"),
     ("qwen36.speculative.oracle", "from ..commands.backends import load_target", False, "command line"),
+    ("qwen36.reference.batch", "def f():\n    from qwen36.speculative.thinking import ForcedFeed\n", False,
+     "below the speculative engine"),
+    ("qwen36.generation.plain", "from ..reference.batch import SlotDecoder", False, "generation sits below"),
+    ("qwen36.generation.sampling", "from ..tt.runtime.sampler import DeviceSampler", False, "generation sits below"),
     ("qwen36.probes.lossless", "from qwen36.commands.common import DEFAULT_CHECKPOINT", False, "command line"),
     ("qwen36.tt.model.model", "from qwen36 import cli", False, "command line"),
     ("qwen36.tt.model.gdn", "import ttnn", False, "from qwen36.tt_ops.device"),
@@ -347,8 +393,8 @@ def test_checker_catches_planted_violations(module, source, is_pkg, expect):
 
 def test_checker_allows_what_the_layers_allow():
     ok = {
-        "qwen36.commands.generate": ("from ..tt.runtime.generator import load_tt_target\nfrom ..speculative import engine", False),
-        "qwen36.tt.model.model": ("from ...tt_ops.device import open_mesh\nfrom ...speculative.sampling import SamplingParams", False),
+        "qwen36.commands.generate": ("from ..tt.runtime.generator import build_generator\nfrom ..speculative import engine", False),
+        "qwen36.tt.model.model": ("from ...tt_ops.device import open_mesh\nfrom ...generation.sampling import SamplingParams", False),
         "qwen36.tt.spec.verify": ("from ..model.model import TTQwen36Model\nfrom ..runtime.trace import StepTraces", False),
         "qwen36.tt.serving.qwen36_vllm": ("from ..spec.spec_backend import TTSpecBackend\nfrom ..runtime import generator", False),
         "qwen36.probes.verify_tp": ("from qwen36.testing.tt import make_bf16_checkpoint", False),
@@ -359,3 +405,83 @@ def test_checker_allows_what_the_layers_allow():
     assert layering_violations(ok) == []
     assert imports_of("qwen36.tt.spec.verify", "from .mechanisms import tt_mechanism") >= {"qwen36.tt.spec.mechanisms"}
     assert imports_of("qwen36.speculative", "from . import engine", True) >= {"qwen36.speculative.engine"}
+
+
+# ---- no private attribute read across a module boundary ---------------------------------------------------------
+def private_reads(name: str, source: str) -> list[str]:
+    """``obj._x`` reads in module ``name`` where ``obj`` is not ``self`` / ``cls`` and the module does not define ``_x``
+    itself (a def or class of its own, an attribute or name it assigns, a parameter), and imports of another
+    module's ``_name``: a private name is its module's own business (a caller that needs it needs a public name)."""
+    tree = ast.parse(source)
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+        elif isinstance(node, ast.arg):
+            own.add(node.arg)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr not in own:
+                out.append(f"{name}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom):
+            out += [f"{name}: from {node.module} import {a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+# Private reads left to remove (the emulator's tensor fields and helpers), one entry per read as
+# the check words it. The test fails when the reads found differ from this list either way.
+KNOWN_PRIVATE_READS = {
+    "qwen36.tt_ops.emulator.l1: t._shards",
+    "qwen36.tt_ops.emulator.namespace: t._shards",
+    "qwen36.tt_ops.emulator.namespace: t._deallocated",
+    "qwen36.tt_ops.emulator.namespace: t._tile",
+    "qwen36.tt_ops.emulator.namespace: mesh.counters._sink",
+    "qwen36.tt_ops.emulator.namespace: t._freed",
+    "qwen36.tt_ops.emulator.ops_core: mesh.ttnn._dispatcher",
+    "qwen36.tt_ops.emulator.ops_kv_cache: t._tile",
+    "qwen36.tt_ops.emulator.ops_kv_cache: a._base",
+    "qwen36.tt_ops.emulator.ops_kv_cache: b._base",
+    "qwen36.tt_ops.emulator.tensor_index: t._ns",
+    "qwen36.tt_ops.emulator.trace: t._freed",
+}
+
+
+def test_no_private_reads_across_modules_beyond_the_known_ones():
+    found = {r for name, (src, _) in package_sources().items() if not under(name, TEST_SUPPORT)
+             for r in private_reads(name, src)}
+    new, gone = sorted(found - KNOWN_PRIVATE_READS), sorted(KNOWN_PRIVATE_READS - found)
+    assert not new, "private attributes read across a module boundary (give them a public name):\n" + "\n".join(new)
+    assert not gone, "private read(s) removed: delete their KNOWN_PRIVATE_READS entries:\n" + "\n".join(gone)
+
+
+def test_private_read_check_on_planted_sources():
+    src = ("from .other import _helper\n"
+           "class A:\n    def f(self, dec):\n        self._mine = 1\n        dec._write(self._mine)\n"
+           "        other._mine\n        cls_thing = A._kind\n\n    _kind = 3\n")
+    # dec._write: another object's private name this module does not define; other._mine / A._kind: names this
+    # module defines itself (an attribute it assigns, a class attribute), allowed
+    assert sorted(private_reads("p.m", src)) == ["p.m: dec._write", "p.m: from other import _helper"]
+
+
+# ---- no production module over 600 lines ------------------------------------------------------------------------
+MAX_MODULE_LINES = 600
+# Modules over the limit left to split (the emulator's core ops, its owners' to split), with their length when
+# listed: the test fails when another module passes the limit, and when a listed one is back under it.
+KNOWN_LONG_MODULES = {"qwen36.tt_ops.emulator.ops_core": 622}
+
+
+def test_no_production_module_over_the_limit():
+    lengths = {n: len(src.splitlines()) for n, (src, _) in package_sources().items() if not under(n, TEST_SUPPORT)}
+    long = {n: k for n, k in lengths.items() if k > MAX_MODULE_LINES}
+    new = sorted(f"{n}: {k} lines" for n, k in long.items() if n not in KNOWN_LONG_MODULES)
+    gone = sorted(n for n in KNOWN_LONG_MODULES if n not in long)
+    assert not new, f"production modules over {MAX_MODULE_LINES} lines (split them):\n" + "\n".join(new)
+    assert not gone, "back under the limit: delete their KNOWN_LONG_MODULES entries:\n" + "\n".join(gone)

@@ -15,9 +15,9 @@ from qwen36.reference.model import Qwen36Model
 from qwen36.reference.prefix import fill, prefill
 from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.mechanisms import MECHANISMS
-from qwen36.speculative.plain import plain_generate
+from qwen36.reference.batch import generate
 from qwen36.speculative.reference_backend import ReferenceBackend
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 
 BLOCK = 4
 BIG = 1 << 30
@@ -82,29 +82,29 @@ def assert_same(cold, warm):
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_plain_warm_equals_cold_at_every_boundary(model, prompt, params):
-    cold = plain_generate(model, prompt, 8, params, prefix_cache=PrefixCache(BLOCK, BIG), keep_logits=True)
+    cold = generate(model, [prompt], 8, params, prefix_cache=PrefixCache(BLOCK, BIG), keep_logits=True)[0]
     assert cold.prefill.reused == 0 and cold.prefill.computed == len(prompt)
     for k in range(1, (len(prompt) - 1) // BLOCK + 1):
         cache = PrefixCache(BLOCK, BIG)
         prime(model, cache, prompt[: k * BLOCK + 1])  # caches exactly the blocks ending at or before k * BLOCK
-        warm = plain_generate(model, prompt, 8, params, prefix_cache=cache, keep_logits=True)
+        warm = generate(model, [prompt], 8, params, prefix_cache=cache, keep_logits=True)[0]
         assert (warm.prefill.reused, warm.prefill.computed) == (k * BLOCK, len(prompt) - k * BLOCK)
         assert_same(cold, warm)
         assert all(n.refs == 0 for n in cache.nodes())  # released when the request returned
     # the segmented prefill vs the one-forward prefill: equal to rounding, not bitwise (documented)
-    plain = plain_generate(model, prompt, 8, params, keep_logits=True)
+    plain = generate(model, [prompt], 8, params, keep_logits=True)[0]
     assert max(float((a - b).abs().max()) for a, b in zip(plain.logits, cold.logits)) < 1e-4
 
 
 def test_partial_block_prefixes(model, prompt):
     """A cached conversation that diverges from the prompt mid-block reuses only the whole blocks before it."""
-    cold = plain_generate(model, prompt, 6, GREEDY, prefix_cache=PrefixCache(BLOCK, BIG), keep_logits=True)
+    cold = generate(model, [prompt], 6, GREEDY, prefix_cache=PrefixCache(BLOCK, BIG), keep_logits=True)[0]
     vocab = model.config.vocab_size
     for shared in (2, 6, 9, 14):  # tokens in common; blocks 0..shared // BLOCK - 1 are reusable
         cache = PrefixCache(BLOCK, BIG)
         other = prompt[:shared] + [(t + 1) % vocab for t in prompt[shared:]]
         prime(model, cache, other)
-        warm = plain_generate(model, prompt, 6, GREEDY, prefix_cache=cache, keep_logits=True)
+        warm = generate(model, [prompt], 6, GREEDY, prefix_cache=cache, keep_logits=True)[0]
         assert warm.prefill.reused == shared // BLOCK * BLOCK
         assert_same(cold, warm)
 

@@ -109,7 +109,7 @@ def _reshape_programs(old, new) -> int:
     return 0 if reshape_is_view(list(old), list(new), ttnn.TILE_LAYOUT) else 1
 
 
-def _slice_programs(start: int, end: int, extent: int) -> int:
+def slice_programs(start: int, end: int, extent: int) -> int:
     """A tiled slice along the last dim: one program when its bounds are tile-aligned (or end at the extent), else
     untilize + slice + tilize (emulator/programs.py; tt-metal gdn/tp.py ``_project_qkvzab`` notes the same
     untilize for the mid-tile a/b slices)."""
@@ -214,10 +214,10 @@ def gdn_decode_mixer(r: Region, p: Per, batch: int) -> None:
     matmul_1d(r, x, d.hidden, p.qkvzab, "BFLOAT8_B")
     out = (1, m, p.qkvzab)
     for lo, hi in ((0, c), (c, c + p.vd), (c + p.vd, c + p.vd + TILE * -(-2 * nv // TILE))):
-        r.op("ttnn.slice", l1(*out), programs=_slice_programs(lo, hi, p.qkvzab))
+        r.op("ttnn.slice", l1(*out), programs=slice_programs(lo, hi, p.qkvzab))
     ab_w = TILE * -(-2 * nv // TILE)
     for lo, hi in ((0, nv), (nv, 2 * nv)):
-        r.op("ttnn.slice", l1(1, m, ab_w), programs=_slice_programs(lo, hi, ab_w))
+        r.op("ttnn.slice", l1(1, m, ab_w), programs=slice_programs(lo, hi, ab_w))
     # conv: shift register (4 in-place copies of the DRAM conv states), then multiply + 3 x mac (each a multiply and
     # an add on the device: "7 BinaryNg ops for these 4 calls") + SiLU
     st = dram(1, m, c)
@@ -232,7 +232,7 @@ def gdn_decode_mixer(r: Region, p: Per, batch: int) -> None:
     r.op("ttnn.silu", l1(1, m, c))
     # q/k/v slices, head reshapes, GQA expand, recurrence-input reshapes
     for lo, hi, heads, hd in ((0, p.kd, nk, dk), (p.kd, 2 * p.kd, nk, dk), (2 * p.kd, c, nv, dk)):
-        r.op("ttnn.slice", l1(1, m, c), programs=_slice_programs(lo, hi, c))
+        r.op("ttnn.slice", l1(1, m, c), programs=slice_programs(lo, hi, c))
         r.op("ttnn.reshape", l1(1, m, hi - lo), programs=_reshape_programs((1, b, hi - lo), (b, heads, hd)))
     for _ in range(2):
         r.op("ttnn.repeat_interleave", l1(b, nk, dk))

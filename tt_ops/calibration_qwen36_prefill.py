@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .calibration_qwen36 import QWEN36_27B, TILE, Per, Qwen36Dims, Region, _slice_programs, dram, l1, sharded
+from .calibration_qwen36 import QWEN36_27B, TILE, Per, Qwen36Dims, Region, slice_programs, dram, l1, sharded
 from .emulator.counters import Counts
 
 PREFILL_CHUNK = 2048
@@ -58,9 +58,9 @@ def gdn_prefill_mixer(r: Region, p: Per, t: int, carry: bool, last: bool) -> Non
     _agmm(r, p, t, w)
     ab_w = TILE * -(-2 * p.nv // TILE)
     for lo, hi in ((0, c), (c, c + p.vd), (c + p.vd, c + p.vd + ab_w)):
-        r.op("ttnn.slice", l1(1, t, w), programs=_slice_programs(lo, hi, w))
+        r.op("ttnn.slice", l1(1, t, w), programs=slice_programs(lo, hi, w))
     for lo, hi in ((0, p.nv), (p.nv, 2 * p.nv)):
-        r.op("ttnn.slice", l1(1, t, ab_w), programs=_slice_programs(lo, hi, ab_w))
+        r.op("ttnn.slice", l1(1, t, ab_w), programs=slice_programs(lo, hi, ab_w))
     # native conv1d, Blackhole TILE prologue: new_state (last K-1 rows), the carry/zero-pad concat, row-major
     # relayout, the conv chain per channel half, back to interleaved TILE, SiLU
     k1 = d.conv_taps - 1
@@ -81,7 +81,7 @@ def gdn_prefill_mixer(r: Region, p: Per, t: int, carry: bool, last: bool) -> Non
     r.op("ttnn.to_layout", dram(1, t, c))
     r.op("ttnn.silu", dram(1, t, c))
     for lo, hi in ((0, p.kd), (p.kd, 2 * p.kd), (2 * p.kd, c)):
-        r.op("ttnn.slice", dram(1, t, c), programs=_slice_programs(lo, hi, c))
+        r.op("ttnn.slice", dram(1, t, c), programs=slice_programs(lo, hi, c))
     r.op("ttnn.sigmoid", l1(1, t, p.nv))
     r.op("ttnn.add", l1(1, t, p.nv), dram(1, 1, p.nv))  # softplus(a + dt_bias), fused activation
     r.op("ttnn.multiply", dram(1, 1, p.nv), l1(1, t, p.nv))

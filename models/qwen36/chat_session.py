@@ -1,5 +1,5 @@
 """A multi-turn chat session: Qwen3.6's chat format (``chat.py``), the hybrid prefix cache (``prefix_cache.py``) and
-the thinking budget (``speculative/thinking.py``) on one backend. Used by ``qwen36 chat`` and the ``prefix-cache``
+the thinking budget (``generation/thinking.py``) on one backend. Used by ``qwen36 chat`` and the ``prefix-cache``
 probe.
 
 Per turn: the conversation is rendered with the template (thinking on unless the budget is 0) and generated through
@@ -7,13 +7,10 @@ the cache (the prompt resumes from its longest cached block boundary); the reply
 and appended; then the history the next turn will repeat (``chat.history_ids``) is filled into the cache, off the
 next turn's time to first token, so the next prompt prefills only its new tokens plus at most one block.
 
-Runners (what generates one turn):
-* reference, plain: ``plain_generate`` (greedy or sampled, thinking budget);
-* reference, speculative: ``ReferenceBackend`` + ``speculative_generate`` (any commit mechanism, thinking budget);
-* TT (emulated mesh or cards), plain: ``TTGenerator.generate`` (GDN / conv / KV restored by device copies; thinking
-  budget with the phrase fed as decode rows);
-* TT, speculative: ``TTSpecBackend`` with the device MTP drafter (the MTP prefill redone from cached hidden rows);
-  thinking budget through ``TTSpecBackend.inject`` (the phrase through the step's own traces).
+One runner generates a turn on the session's target (a reference model or a TT generator, each behind a small
+adapter that says how it decodes, builds a speculative backend and fills the cache): plain decoding through the one
+driver (``generation.plain``; greedy or sampled, thinking budget), or ``speculative_generate`` on a backend built for
+the turn (any commit mechanism, thinking budget).
 """
 from __future__ import annotations
 
@@ -25,8 +22,8 @@ import torch
 
 from .chat import THINK_END, THINK_START, STOP_THINKING_PHRASE, history_ids, parse_turn, prompt_ids
 from .prefix_cache import PrefixCache
-from .speculative.sampling import SamplingParams
-from .speculative.thinking import ThinkingBudget
+from .generation.sampling import SamplingParams
+from .generation.thinking import ThinkingBudget
 
 
 @dataclass
@@ -54,81 +51,90 @@ class TurnStats:
         return d
 
 
-class _RefPlain:
-    def __init__(self, model, cache, keep_logits):
-        self.model, self.cache, self.keep_logits = model, cache, keep_logits
+class _Reference:
+    """A reference ``Qwen36Model`` as the session's target: plain turns on ``reference.batch.generate``, speculative
+    ones on a ``ReferenceBackend``, the cache filled by ``reference.prefix.fill``."""
+
+    def __init__(self, model):
+        self.model = model
         self.label = f"reference (torch {model.embed_tokens.weight.device.type.upper()})"
 
-    def run(self, prompt, max_new, params, eos, thinking):
-        from .speculative.plain import plain_generate
+    def generate(self, prompt, max_new, params, eos, *, cache, keep_logits, thinking):
+        from .reference.batch import generate
 
-        res = plain_generate(self.model, prompt, max_new, params, eos, prefix_cache=self.cache,
-                             keep_logits=self.keep_logits, thinking=thinking)
-        return res.tokens, res.prefill.reused, res.prefill.computed, res.prefill_s, res.logits
+        return generate(self.model, [prompt], max_new, params, eos, prefix_cache=cache, keep_logits=keep_logits,
+                        thinking=thinking)[0]
 
-    def fill(self, ids):
-        from .reference.prefix import fill
-
-        return fill(self.model, ids, self.cache) if self.cache is not None and len(ids) > 1 else 0
-
-
-class _RefSpec(_RefPlain):
-    def __init__(self, model, cache, mechanism, k):
-        super().__init__(model, cache, False)
-        self.mechanism, self.k = mechanism, k
-
-    def run(self, prompt, max_new, params, eos, thinking):
-        from .speculative.engine import speculative_generate
+    def spec_backend(self, mechanism, k, cache, max_len):
         from .speculative.reference_backend import ReferenceBackend
 
-        forced = len(thinking.phrase) if thinking is not None else 0  # the phrase's rows
-        be = ReferenceBackend(self.model, self.mechanism, max_len=len(prompt) + max_new + forced + self.k + 2,
-                              max_k=self.k, prefix_cache=self.cache)
-        # the finished user leaves its slot: its cached prefix blocks become evictable
-        res = speculative_generate(be, [prompt], max_new, [self.k], [params], eos, thinking=thinking)[0]
-        self.label = be.label + f" speculative K={self.k} {be.mechanism.name}"
-        return res.tokens, be.last_prefill.reused, be.last_prefill.computed, be.prefill_s, None
+        return ReferenceBackend(self.model, mechanism, max_len=max_len, max_k=k, prefix_cache=cache)
+
+    def fill(self, ids, cache) -> int:
+        from .reference.prefix import fill
+
+        return fill(self.model, ids, cache)
 
 
-class _TTPlain:
-    def __init__(self, gen, cache, keep_logits):
-        self.gen, self.cache, self.keep_logits = gen, cache, keep_logits
+class _TT:
+    """A ``TTGenerator`` as the session's target: plain turns on its ``generate`` (GDN / conv / KV restored by device
+    copies; the thinking phrase fed as decode rows), speculative ones on a ``TTSpecBackend`` with the device MTP
+    drafter (the MTP prefill redone from cached hidden rows; the phrase through ``TTSpecBackend.inject``)."""
+
+    def __init__(self, gen, drafter):
+        self.gen, self.drafter = gen, drafter
         self.label = gen.label or "tt"
 
-    def run(self, prompt, max_new, params, eos, thinking):
-        res = self.gen.generate(prompt, max_new, params, eos, prefix_cache=self.cache, keep_logits=self.keep_logits,
-                                thinking=thinking)
-        reused, computed = (res.prefill.reused, res.prefill.computed) if res.prefill is not None else (0, len(prompt))
-        return res.tokens, reused, computed, res.prefill_s, res.logits
+    def generate(self, prompt, max_new, params, eos, *, cache, keep_logits, thinking):
+        return self.gen.generate([prompt], max_new, params, eos, prefix_cache=cache, keep_logits=keep_logits,
+                                 thinking=thinking)[0]
 
-    def fill(self, ids):
-        if self.cache is None or len(ids) < 2:
-            return 0
-        res = self.gen.prefill_cached(ids, self.cache)
+    def spec_backend(self, mechanism, k, cache, max_len):
+        from .tt.spec.build import build_spec_backend
+
+        if self.drafter is None:
+            raise ValueError("speculative chat on a TT device needs the device MTP drafter")
+        self.gen.release_trace()
+        return build_spec_backend(self.gen, self.drafter, depth=k, mechanism=mechanism, prefix_cache=cache)
+
+    def fill(self, ids, cache) -> int:
+        res = self.gen.prefill_cached(ids, cache)
         res.lease.release()
         return res.computed
 
 
-class _TTSpec(_TTPlain):
-    """TTSpecBackend (traced verify / commit, device MTP drafter) through the cache: the target state is restored,
-    the MTP prefill redone over the prompt from the (cached + computed) hidden rows (tt/runtime/prefix.py)."""
+class _Runner:
+    """What generates one turn on the session's target: plain decoding (one driver, ``generation.plain``), or with
+    ``spec_k`` ``speculative_generate`` on a backend built for the turn (the finished user leaves its slot: its
+    cached prefix blocks become evictable). -> (tokens, prompt tokens reused, computed, time to first token,
+    logits or None)."""
 
-    def __init__(self, gen, cache, mechanism, k, drafter):
-        super().__init__(gen, cache, False)
-        self.mechanism, self.k, self.drafter = mechanism, k, drafter
+    def __init__(self, target, cache, keep_logits, spec_k, mechanism):
+        self.target, self.cache, self.keep_logits = target, cache, keep_logits
+        self.spec_k, self.mechanism = spec_k, mechanism
+        self.label = target.label
 
     def run(self, prompt, max_new, params, eos, thinking):
+        if not self.spec_k:
+            res = self.target.generate(prompt, max_new, params, eos, cache=self.cache, keep_logits=self.keep_logits,
+                                       thinking=thinking)
+            pre = res.prefill
+            reused, computed = (pre.reused, pre.computed) if pre is not None else (0, len(prompt))
+            return res.tokens, reused, computed, res.prefill_s, res.logits
         from .speculative.engine import speculative_generate
-        from .tt.spec.spec_backend import TTSpecBackend
 
-        self.gen.release_trace()
-        be = TTSpecBackend(self.gen, self.mechanism, drafter=self.drafter, prefix_cache=self.cache)
+        forced = len(thinking.phrase) if thinking is not None else 0  # the phrase's rows
+        be = self.target.spec_backend(self.mechanism, self.spec_k, self.cache,
+                                      len(prompt) + max_new + forced + self.spec_k + 2)
         try:
-            res = speculative_generate(be, [prompt], max_new, [self.k], [params], eos, thinking=thinking)[0]
+            res = speculative_generate(be, [prompt], max_new, [self.spec_k], [params], eos, thinking=thinking)[0]
         finally:
-            be.close()
-        self.label = f"{be.label} speculative K={self.k} {be.mechanism.name}"
+            getattr(be, "close", lambda: None)()
+        self.label = f"{be.label} speculative K={self.spec_k} {be.mechanism.name}"
         return res.tokens, be.last_prefill.reused, be.last_prefill.computed, be.prefill_s, None
+
+    def fill(self, ids):
+        return self.target.fill(ids, self.cache) if self.cache is not None and len(ids) > 1 else 0
 
 
 class ChatSession:
@@ -145,13 +151,10 @@ class ChatSession:
         self.tok, self.cache, self.params, self.max_new = tok, cache, params, max_new_tokens
         self.preserve = preserve_thinking
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
-        if isinstance(target, Qwen36Model):
-            self.runner = _RefSpec(target, cache, mechanism, spec_k) if spec_k else _RefPlain(target, cache, keep_logits)
-        else:
-            if spec_k and drafter is None:
-                raise ValueError("speculative chat on a TT device needs the device MTP drafter")
-            self.runner = (_TTSpec(target, cache, mechanism, spec_k, drafter) if spec_k
-                           else _TTPlain(target, cache, keep_logits))
+        if spec_k and drafter is None and not isinstance(target, Qwen36Model):
+            raise ValueError("speculative chat on a TT device needs the device MTP drafter")
+        tgt = _Reference(target) if isinstance(target, Qwen36Model) else _TT(target, drafter)
+        self.runner = _Runner(tgt, cache, keep_logits if not spec_k else False, spec_k, mechanism)
         start, end = tok.convert_tokens_to_ids([THINK_START, THINK_END])
         self.thinking_on = thinking_budget != 0
         self.thinking = (ThinkingBudget(thinking_budget, start, end, tuple(tok.encode(STOP_THINKING_PHRASE)))

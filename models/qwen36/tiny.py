@@ -32,6 +32,9 @@ _CI = Qwen36Config(
 PRESETS: dict[str, Qwen36Config] = {
     "ci": _CI,
     "ci-tied": replace(_CI, tie_word_embeddings=True),
+    # the CI config with GDN head dims of 32: the smallest whose GDN prefill takes ttnn's fused ops (tile-wide heads;
+    # the CI config's 16 runs the composite prefill, tt/model/gdn_prefill.py)
+    "ci-gdn32": replace(_CI, linear_key_head_dim=32, linear_value_head_dim=32),
     "27b-ratios": replace(
         _CI, vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
         num_attention_heads=24, num_key_value_heads=4, head_dim=256,

@@ -14,7 +14,7 @@ from qwen36.cli import main
 from qwen36.commands.bench import build_prompt
 from qwen36.commands.common import DEFAULT_CHECKPOINT
 from qwen36.probes.records import read_records
-from qwen36.reference.batch import greedy_generate
+from qwen36.reference.batch import generate
 from qwen36.reference.model import Qwen36Model
 from qwen36.tokenizer import load_tokenizer
 
@@ -60,7 +60,7 @@ def test_decode_record_fields_and_hash(plain_run):
         assert cell["completion_tokens"] == NEW and cell["max_model_len"] == 1024
         assert cell["ttft_s"] > 0 and cell["decode_tok_s"] > 0
         # independent: the reference greedy continuation of the same prompt, hashed the same way
-        ids = greedy_generate(model, torch.tensor(tok.encode(text, add_special_tokens=False)), NEW)
+        ids = generate(model, [torch.tensor(tok.encode(text, add_special_tokens=False))], NEW)[0].tokens
         assert cell["output_sha256"] == hashlib.sha256(tok.decode(ids).encode("utf-8")).hexdigest()
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from qwen36.cli import main
 from qwen36.errors import UserError
-from qwen36.testing.cli import assert_one_line_error, run_cli
+from qwen36.testing.cli import assert_one_line_error, run_cli, run_cli_streams as cli
 
 
 
@@ -81,14 +81,23 @@ def test_bad_sampling_values_plain_and_speculative(capsys, ci_ckpt, flag, value,
         assert_one_line_error(rc, err, fragment)
 
 
-def test_several_prompts_plain_sampling_refused(capsys, ci_ckpt):
-    """Plain batched decoding on the reference is greedy only: a sampled or penalised plain batch is refused with
-    one line (the speculative batch and a single plain prompt take every sampling parameter; sampled plain batches
-    run on the TT devices, tests/tt/runtime/test_device_sampler.py)."""
-    for extra in (["--temperature", "0.7"], ["--repetition-penalty", "1.2"], ["--logprobs", "2"]):
-        rc, err = run_cli(capsys, "generate", "--checkpoint", str(ci_ckpt), "--ids", "1,2", "--ids", "3",
-                          "--max-new-tokens", "2", *extra)
-        assert_one_line_error(rc, err, "several prompts (batch 2) on", "decode plain greedy only")
+def test_several_prompts_plain_sampling_equals_each_prompt_alone(capsys, ci_ckpt):
+    """A sampled, penalised or logprobs plain batch on the reference runs the one plain driver (each user its own
+    slot, generator and penalties): every prompt's output lines equal its own run (regression: this was refused
+    while the reference's plain batch was a greedy-only loop of its own)."""
+    for extra in (["--temperature", "0.7", "--seed", "3"], ["--repetition-penalty", "1.2"], ["--logprobs", "2"]):
+        base = ["generate", "--checkpoint", str(ci_ckpt), "--max-new-tokens", "3", *extra]
+        alone = []
+        for ids in ("1,2", "3"):
+            rc, out, err = cli(capsys, *base, "--ids", ids)
+            assert rc == 0, err
+            alone.append(out.splitlines())
+        rc, out, err = cli(capsys, *base, "--ids", "1,2", "--ids", "3")
+        assert rc == 0, err
+        lines = out.splitlines()
+        assert [l for l in lines if l.startswith("ids[")] == [f"ids[{i}]: " + a[0].removeprefix("ids: ")
+                                                             for i, a in enumerate(alone)]
+        assert "batch 2" in err
 
 
 def test_precision_is_a_tt_option(capsys, ci_ckpt):
@@ -115,7 +124,7 @@ def test_plain_and_speculative_generate_load_the_same_tt_precision(monkeypatch):
         seen.setdefault("plain" if not kw.get("require_mtp") else "spec", []).append(precision)
         raise SystemExit(0)
 
-    monkeypatch.setattr("qwen36.tt.runtime.generator.load_tt_target", fake_target)
+    monkeypatch.setattr("qwen36.tt.runtime.generator.build_generator", fake_target)
     for extra in ([], ["--spec-k", "2"], ["--precision", "accuracy"], ["--precision", "accuracy", "--spec-k", "2"],
                   ["--ids", "3,4", "--spec-k", "2"]):
         ns = argparse.ArgumentParser()

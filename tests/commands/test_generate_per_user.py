@@ -22,7 +22,7 @@ from qwen36.cli import build_parser
 from qwen36.commands.generate import user_requests
 from qwen36.commands.speculative_generate import load_backend
 from qwen36.speculative.engine import speculative_generate
-from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+from qwen36.generation.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.cli import assert_one_line_error, run_cli, run_cli_streams as cli
 from qwen36.testing.stats import P_VALUE_MIN, chi2_p, rank_cell
 
@@ -97,21 +97,29 @@ def test_tt_per_user_sampled_drafts_refused_before_loading(capsys, tmp_path):
                                    "emulated-p150x2"), "user 1", "pass --draft greedy")
 
 
-def test_reference_plain_batch_takes_budgets_and_refuses_sampled_users(capsys, tmp_path):
+def test_reference_plain_batch_takes_each_users_settings(capsys, tmp_path):
+    """The reference's plain batch (the one plain driver) takes every user's budget and sampling settings: each
+    user's printed tokens equal its own run alone (a greedy user with logprobs, a seeded sampled one, a penalised
+    one)."""
     lines = [{"ids": PROMPTS[0], "max_tokens": 3}, {"ids": PROMPTS[2]}]
     rc, out, _ = cli(capsys, "generate", "--prompts-file", write_lines(tmp_path / "u.jsonl", lines),
                      "--max-new-tokens", str(N_NEW))
     assert rc == 0
     from qwen36.reference.model import Qwen36Model
-    from qwen36.speculative.plain import plain_generate
+    from qwen36.reference.batch import generate
 
     model = Qwen36Model.from_checkpoint(DEFAULT_CHECKPOINT)
     eos = model.config.eos_token_id
-    alone = [plain_generate(model, p, n, SamplingParams(), eos).tokens for p, n in ((PROMPTS[0], 3), (PROMPTS[2], N_NEW))]
+    alone = [generate(model, [p], n, SamplingParams(), eos)[0].tokens for p, n in ((PROMPTS[0], 3), (PROMPTS[2], N_NEW))]
     ids = [[int(t) for t in l.split(": ")[1].split(",")] for l in out.splitlines() if l.startswith("ids[")]
     assert ids == alone and len(alone[0]) == 3
-    assert_one_line_error(*run_cli(capsys, "generate", "--prompts-file", write_lines(tmp_path / "s.jsonl", LINES)),
-                          "user 0 (greedy (logprobs=20))", "decodes greedy only")
+    users = requests(tmp_path, LINES, speculative=False)
+    rc, out, _ = cli(capsys, "generate", "--prompts-file", write_lines(tmp_path / "s.jsonl", LINES),
+                     "--max-new-tokens", str(N_NEW))
+    assert rc == 0
+    ids = [[int(t) for t in l.split(": ")[1].split(",")] for l in out.splitlines() if l.startswith("ids[")]
+    want = [generate(model, [p], n, sp, eos)[0].tokens for p, n, sp in zip(PROMPTS, users.max_tokens, users.params)]
+    assert ids == want
 
 
 def test_reference_speculative_mixed_batch_equals_each_user_alone(capsys, tmp_path):
@@ -122,7 +130,7 @@ def test_reference_speculative_mixed_batch_equals_each_user_alone(capsys, tmp_pa
     got = run_reference(users)
     greedy_plain = {}
     from qwen36.reference.model import Qwen36Model
-    from qwen36.speculative.plain import plain_generate
+    from qwen36.reference.batch import generate
 
     model = Qwen36Model.from_checkpoint(DEFAULT_CHECKPOINT)
     for u, line in enumerate(LINES):
@@ -134,12 +142,12 @@ def test_reference_speculative_mixed_batch_equals_each_user_alone(capsys, tmp_pa
         if users.params[u].logprobs is not None:
             assert logprob_gap(got[u].logprobs, want.logprobs) <= LOGPROB_ATOL, f"user {u}"
         if users.params[u].greedy:
-            plain = plain_generate(model, PROMPTS[u], users.max_tokens[u], users.params[u], model.config.eos_token_id)
+            plain = generate(model, [PROMPTS[u]], users.max_tokens[u], users.params[u], model.config.eos_token_id)[0]
             assert got[u].tokens == plain.tokens, f"user {u}"
             greedy_plain[u] = plain
     assert logprob_gap(got[0].logprobs, greedy_plain[0].logprobs) <= LOGPROB_ATOL
     assert any(a > 0 for r in got for a in r.stats.accepted)  # drafts were accepted
-    assert got[1].tokens != plain_generate(model, PROMPTS[1], 5, SamplingParams(), ()).tokens  # user 1 sampled
+    assert got[1].tokens != generate(model, [PROMPTS[1]], 5, SamplingParams(), ())[0].tokens  # user 1 sampled
 
     # the command line prints these users' tokens
     write_lines(tmp_path / "u.jsonl", LINES)
@@ -227,19 +235,18 @@ def test_tt_speculative_mixed_batch_equals_each_user_alone(tmp_path):
 
 @pytest.mark.slow
 def test_tt_plain_mixed_batch_equals_each_user_alone(tmp_path):
-    """The same users decoded plain as one TT batch (plain_batch_per_user: TTBatchDecoder + a DeviceSampler with
+    """The same users decoded plain as one TT batch (``TTGenerator.generate``: TTBatchDecoder + a DeviceSampler with
     their stages): each user's tokens and raw logprobs equal its batch-1 ``generate``, exactly."""
-    from qwen36.commands.generate import plain_batch_per_user
     from qwen36.testing.tt import small_tt_generator
 
     users = requests(tmp_path, TT_LINES, speculative=False)
     gen = small_tt_generator(DEFAULT_CHECKPOINT, prefill_chunk=64)
     try:
         eos = gen.config.eos_token_id
-        toks, lps = plain_batch_per_user(gen, "emulated-p150x2", users, eos, None)
+        got = gen.generate(users.prompts, users.max_tokens, users.params, eos)
         for u in range(len(TT_LINES)):
-            want = gen.generate(users.prompts[u], users.max_tokens[u], users.params[u], eos)
-            assert toks[u] == want.tokens and len(toks[u]) == users.max_tokens[u], f"user {u}"
-            assert logprob_gap(lps[u], want.logprobs) == 0.0, f"user {u}"
+            want = gen.generate([users.prompts[u]], users.max_tokens[u], users.params[u], eos)[0]
+            assert got[u].tokens == want.tokens and len(got[u].tokens) == users.max_tokens[u], f"user {u}"
+            assert logprob_gap(got[u].logprobs, want.logprobs) == 0.0, f"user {u}"
     finally:
         gen.close()

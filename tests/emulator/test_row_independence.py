@@ -63,18 +63,17 @@ def test_tt_speculative_equals_tt_plain_greedy_at_a_near_tie():
     0.016 apart; with the old row-count-dependent matmul the TT speculative run took the runner-up there while TT
     plain greedy took the argmax."""
     from qwen36.commands.common import DEFAULT_CHECKPOINT
-    from qwen36.commands.speculative_generate import config_of, depth_policy, load_tt_backend
+    from qwen36.commands.speculative_generate import config_of, depth_policy, load_backend
     from qwen36.speculative.engine import speculative_generate
 
     torch.set_num_threads(1)
     ids = json.loads((files("qwen36.speculative") / "depth_prompts.json").read_text())["prompts"][15]["ids"]
     policy = lambda: depth_policy("auto", "emulated-p150x2", config_of(DEFAULT_CHECKPOINT))  # noqa: E731
-    be = load_tt_backend(DEFAULT_CHECKPOINT, "emulated-p150x2", "shadow_commit", len(ids) + 24,
-                         depths=policy().depths)
+    be = load_backend(DEFAULT_CHECKPOINT, "emulated-p150x2", None, "shadow_commit", len(ids) + 24, policy())
     try:
         spec = speculative_generate(be, [ids], 8, [policy()])[0].tokens
         be.release()
-        plain = be.gen.greedy(ids, 8)
+        plain = be.gen.generate([ids], 8)[0].tokens
     finally:
         be.close()
     assert spec == plain

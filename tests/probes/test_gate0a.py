@@ -125,14 +125,15 @@ def test_gate0a_label_from_the_mesh():
     assert label_of(SimpleNamespace(is_emulated=False)) == "measured"
 
 
-def test_gate0a_lm_head_weights_at_the_dram_sharded_rate(record):
-    """The LM head is DRAM-sharded for <= 32 rows: its weight term streams at the banks' rate, not the interleaved
-    one (regression: the static weight key once lacked the placement and charged it at 405 GB/s)."""
+def test_gate0a_lm_head_weights_at_their_placements_rate(record):
+    """The LM head's weight term streams at the rate of where the weight lies: DRAM-interleaved in the default
+    ``mcast_1d`` decode layout, so the interleaved rate (regression: the static weight key once lacked the
+    placement, so a DRAM-sharded head was charged at the interleaved rate; tt/model/decode_matmuls.py)."""
     from qwen36.tiny import PRESETS
-    from qwen36.tt_ops.cost_model import P150A_DRAM_BANKS, P150A_DRAM_SHARDED_BANK_GBPS
+    from qwen36.tt_ops.cost_model import P150A_DRAM_BW_EFFECTIVE_GBPS
 
     cfg = PRESETS["ci"]
     head_bytes = cfg.hidden_size * (cfg.vocab_size // 2) // 1024 * 1088  # bf8 [H, V/2] per device, whole tiles
-    want_ms = head_bytes / (P150A_DRAM_BANKS * P150A_DRAM_SHARDED_BANK_GBPS * 1e9) * 1e3
+    want_ms = head_bytes / (P150A_DRAM_BW_EFFECTIVE_GBPS * 1e9) * 1e3
     got = record["performance"]["steps"]["decode"]["categories"]["weights:lm_head"]
     assert got == pytest.approx(want_ms, rel=1e-6), (got, want_ms)

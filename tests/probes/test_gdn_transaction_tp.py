@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from qwen36.errors import UserError
+from qwen36.tt.spec.device_rows import DeviceRows
 from qwen36.tt.spec.spec_backend import TTSpecBackend
 from qwen36.testing.tt import make_bf16_checkpoint
 from qwen36.probes import gdn_transaction_tp as probe
@@ -52,7 +53,7 @@ def _write_const(spec, buf, x: torch.Tensor) -> None:
     spec.ttnn.copy_host_to_device_tensor(spec.host(x, buf), buf)
 
 
-class WrongConvWindow(TTSpecBackend):
+class WrongConvWindowRows(DeviceRows):
     """Commit selects the conv window one row too late (rows a+2.. instead of a+1..)."""
 
     def _setup(self, k):
@@ -61,7 +62,7 @@ class WrongConvWindow(TTSpecBackend):
         _write_const(s, s.c_conv_rows, torch.arange(2, s.kc + 1, dtype=torch.float32).reshape(1, 1, 1, s.kc - 1))
 
 
-class RingSlotOffByOne(TTSpecBackend):
+class RingSlotOffByOneRows(DeviceRows):
     """shadow_commit points the next verify at ring slot a+1 instead of a."""
 
     def _setup(self, k):
@@ -72,7 +73,7 @@ class RingSlotOffByOne(TTSpecBackend):
         acc.ring_block_idx()
 
 
-class ReadvanceMaskShort(TTSpecBackend):
+class ReadvanceMaskShortRows(DeviceRows):
     """snapshot/recompute re-advance masks one row too many (rows <= a-1 kept)."""
 
     def _setup(self, k):
@@ -81,13 +82,22 @@ class ReadvanceMaskShort(TTSpecBackend):
         _write_const(s, s.c_rows, torch.arange(s.t, dtype=torch.float32).reshape(1, s.t, 1) + 1)
 
 
-class AbortWithoutRestore(TTSpecBackend):
+class AbortWithoutRestoreRows(DeviceRows):
     """Abort after verify skips the snapshot restore."""
 
     def abort(self):
         if self._phase in ("verified", "accepted"):
             self._phase = "drafted"
         super().abort()
+
+
+def broken(rows_cls):
+    """A TTSpecBackend whose one-user layout is ``rows_cls`` (the probe builds backends from this factory)."""
+    return type(rows_cls.__name__.removesuffix("Rows"), (TTSpecBackend,), {"one_user_layout": rows_cls})
+
+
+WrongConvWindow, RingSlotOffByOne = broken(WrongConvWindowRows), broken(RingSlotOffByOneRows)
+ReadvanceMaskShort, AbortWithoutRestore = broken(ReadvanceMaskShortRows), broken(AbortWithoutRestoreRows)
 
 
 @pytest.mark.parametrize("factory,mechanism,accepts,must_fail", [

@@ -52,16 +52,19 @@ def test_bf4_gate_up_fails_the_end_to_end_gate_on_the_trained_checkpoint(tmp_pat
     assert not cand["top1_ok"] and not cand["sym_kl_ok"]
 
 
-def test_bf4_gate_up_is_read_dram_sharded_in_decode():
-    """The cost model charges what the layout does: in a decode step every bfloat4_b byte (MLP gate/up) is read
-    through the DRAM-sharded matmul (key ``BFLOAT4_B@dram_sharded/...``), none as interleaved bf4 pages, so the
-    DRAM-sharded utilisation applies and ``interleaved_bf4_gbps`` (576 B pages, 62 % of peak) does not."""
+@pytest.mark.parametrize("layout", ["mcast_1d", "dram_sharded"])
+def test_bf4_gate_up_is_charged_as_its_layout_reads_it(layout):
+    """The cost model charges what the layout does: in a decode step the bfloat4_b bytes (MLP gate/up) of the default
+    ``mcast_1d`` layout are interleaved pages (key ``BFLOAT4_B``, charged at ``interleaved_bf4_gbps``: 576 B pages,
+    62 % of peak); in the ``dram_sharded`` layout every one is read through the DRAM-sharded matmul (key
+    ``BFLOAT4_B@dram_sharded/...``), so the DRAM-sharded utilisation applies and the bf4 page rate does not."""
     from qwen36.probes.decode_cost import build_bench
     from qwen36.tiny import PRESETS
     from qwen36.tt.model.state import allocate_decode_inputs
     from qwen36.tt_ops.cost_model import CalibratedP150aModel
+    from qwen36.tt_ops.emulator.counters import Counts
 
-    bench = build_bench("emulated-p150x2", PRESETS["27b-ratios"], "performance-bf4", 64)
+    bench = build_bench("emulated-p150x2", PRESETS["27b-ratios"], "performance-bf4", 64, decode_matmuls=layout)
     try:
         model, ttnn = bench.model, bench.ttnn
         inputs = allocate_decode_inputs(ttnn, bench.mesh)
@@ -71,10 +74,15 @@ def test_bf4_gate_up_is_read_dram_sharded_in_decode():
         mlp_keys = {k: v for c in bench.regions.values() for k, v in c.bytes_read.items() if k.startswith("BFLOAT4_B")}
     finally:
         bench.close()
-    assert mlp_keys and all("@dram_sharded/" in k for k in mlp_keys), mlp_keys
-    from qwen36.tt_ops.emulator.counters import Counts
-
     c = Counts("bf4 weights")
     c.bytes_read.update(mlp_keys)
-    b = CalibratedP150aModel().breakdown(c)
-    assert b["dram_interleaved_ms"] == 0 and b["dram_sharded_ms"] > 0
+    cal = CalibratedP150aModel()
+    b = cal.breakdown(c)
+    if layout == "dram_sharded":
+        assert mlp_keys and all("@dram_sharded/" in k for k in mlp_keys), mlp_keys
+        assert b["dram_interleaved_ms"] == 0 and b["dram_sharded_ms"] > 0
+    else:
+        assert list(mlp_keys) == ["BFLOAT4_B"], mlp_keys
+        assert b["dram_sharded_ms"] == 0
+        want = mlp_keys["BFLOAT4_B"] / (cal.k("interleaved_bf4_gbps") * 1e9) * 1e3
+        assert b["dram_interleaved_ms"] == pytest.approx(want), (b["dram_interleaved_ms"], want)

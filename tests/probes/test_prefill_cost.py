@@ -256,6 +256,14 @@ def test_prefill_cost_probe_record(tmp_path):
     assert perf["ttft"]["128"]["ms"] < perf["ttft"]["256"]["ms"]
     lc = perf["long_position_check"]
     assert lc["start"] == 512 and lc["agree"] and r["config"]["long_check"] == 512
+    # the CI config's GDN heads (16 wide) are narrower than a tile: the composite prefill ran, and the record says so
+    assert perf["gdn_prefill_path"].startswith("composite") and r["config"]["gdn_prefill"] == "fused"
+    # a 128-token prompt is one partial chunk, counted as it runs: the same programs as a whole chunk (every op runs
+    # once per layer whatever the rows), fewer bytes and FLOPs
+    short, one_chunk = perf["ttft"]["128"], perf["ttft"]["256"]
+    assert short["chunks"] == 1 and short["programs"] == one_chunk["programs"]
+    assert short["bytes_read_per_device"] < one_chunk["bytes_read_per_device"]
+    assert short["flops_per_device"] < one_chunk["flops_per_device"] and short["ms"] <= one_chunk["ms"]
     for t in perf["ttft"].values():
         assert t["ms_low"] < t["ms"] < t["ms_high"] and t["tok_s"] > 0
         assert {"launch_ms", "kernel_ms", "dram_interleaved_ms", "compute_excess_ms"} <= set(t["breakdown"])
@@ -291,6 +299,31 @@ def test_prefill_cost_chunk_plan_and_refusals():
         pc.prompt_counts({"chunk": 256, "block": 64, "rows": {256: {}}}, 1, 1, 300)
     with pytest.raises(UserError, match="PROMPT:HIT"):
         pc.parse_hits("4096")
+
+
+def test_force_gdn_prefill():
+    """--gdn-prefill composite drops every GDN layer's fused prefill (the attention layers untouched); fused keeps
+    the model's choice; an unknown name and layers that disagree are refused."""
+    from types import SimpleNamespace
+
+    from qwen36.errors import UserError
+    from qwen36.probes import prefill_cost as pc
+
+    def model():
+        gdn = [SimpleNamespace(fused_prefill=object(), prefill_path="fused") for _ in range(2)]
+        return SimpleNamespace(layers=[SimpleNamespace(mixer=m) for m in gdn] + [SimpleNamespace(mixer=object())])
+
+    m = model()
+    assert pc.force_gdn_prefill(m, "fused") == "fused"
+    assert all(layer.mixer.fused_prefill is not None for layer in m.layers[:2])
+    assert pc.force_gdn_prefill(m, "composite").startswith("composite")
+    assert all(layer.mixer.fused_prefill is None for layer in m.layers[:2])
+    with pytest.raises(UserError, match="--gdn-prefill"):
+        pc.force_gdn_prefill(model(), "chunked")
+    m = model()
+    m.layers[1].mixer.prefill_path = "composite (heads of 16)"
+    with pytest.raises(ValueError, match="prefill differently"):
+        pc.force_gdn_prefill(m, "fused")
 
 
 def test_moe_units_extrapolate_in_experts():

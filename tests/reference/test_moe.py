@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from qwen36.checkpoint import CheckpointError, load_checkpoint
 from qwen36.config import ConfigError, Qwen36Config
-from qwen36.reference.batch import greedy_generate
+from qwen36.reference.batch import generate
 from qwen36.reference.model import Qwen36Model
 from qwen36.tiny import PRESETS
 
@@ -211,13 +211,13 @@ def test_speculative_greedy_lossless_on_moe(moe_model, k):
 
     ps = prompts(moe_model.config.vocab_size)
     for mechanism in MECHANISMS:
-        ref = greedy_generate(moe_model, torch.tensor(ps[0]), 20 + k)
+        ref = generate(moe_model, [torch.tensor(ps[0])], 20 + k)[0].tokens
         be = ScriptedDrafter(moe_model, mechanism, 64, [ref], [len(ps[0])], seed=k)
         out = speculative_generate(be, [ps[0]], 20, [k])[0]
         assert out.tokens == ref[:20], f"scripted drafts, K={k} {mechanism}"
         assert len(set(out.stats.accepted)) > 1 or k == 1
         for p in ps[1:]:
-            ref = greedy_generate(moe_model, torch.tensor(p), 10)
+            ref = generate(moe_model, [torch.tensor(p)], 10)[0].tokens
             out = speculative_generate(ReferenceBackend(moe_model, mechanism, 64), [p], 10, [k])[0]
             assert out.tokens == ref, f"MTP drafts, K={k} {mechanism}, prompt len {len(p)}"
 

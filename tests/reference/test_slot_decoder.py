@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.reference.batch import SlotDecoder, batched_greedy_generate, packed_forward
+from qwen36.reference.batch import SlotDecoder, generate, packed_forward
 from qwen36.reference.model import Qwen36Model
 from qwen36.testing.cli import run_cli_streams as cli
 
@@ -53,7 +53,7 @@ def test_batched_greedy_equals_each_users_batch1_greedy(ci_model, b):
     eos = (batch1[1][0][5],)
     batch1 = [batch1_greedy(ci_model, p, n, eos) for p in prompts]
     assert len({len(t) for t, _ in batch1}) > 1, "users should finish at different times"
-    got = batched_greedy_generate(ci_model, prompts, n, eos)
+    got = [r.tokens for r in generate(ci_model, prompts, n, eos_ids=eos)]
     assert got == [t for t, _ in batch1]
 
 
@@ -200,7 +200,7 @@ def test_batched_greedy_fp64_model(ci_ckpt):
     batch state must widen the batch state, not fail."""
     model = Qwen36Model.from_checkpoint(ci_ckpt, dtype=torch.float64)
     prompts = prompts_of(2, model.config.vocab_size, seed=1)
-    assert batched_greedy_generate(model, prompts, 4) == [batch1_greedy(model, p, 4)[0] for p in prompts]
+    assert [r.tokens for r in generate(model, prompts, 4)] == [batch1_greedy(model, p, 4)[0] for p in prompts]
 
 
 # ---- the masked-inert packed forward -------------------------------------------------------------------

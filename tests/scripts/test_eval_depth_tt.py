@@ -127,7 +127,7 @@ def test_tt_acceptance_trace_commits_one_token_per_step_and_predicts_the_engine(
     drafter = TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
     make = lambda: DepthPolicy.load().controller("reference", k_max=k_max)  # noqa: E731  (switches K on this text)
     try:
-        plain = gen.greedy(prompt, n)
+        plain = gen.generate([prompt], n)[0].tokens
         gen.release_trace()
         be = TTSpecBackend(gen, "shadow_commit", drafter=drafter, depths=make().depths)
         trace, tokens = ev.tt_acceptance_trace(be, prompt, n, k_max)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qwen36.speculative.acceptance import ONE_HOT_DRAFT, PLACEHOLDER_TOKEN_ID as P, greedy_accept, rejection_sample
-from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+from qwen36.generation.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.stats import P_VALUE_MIN, chi_square_p
 
 

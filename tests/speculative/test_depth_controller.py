@@ -116,14 +116,14 @@ def test_shipped_p150_table_is_the_calibrated_gate0b_record():
 
 @pytest.mark.parametrize("mechanism", ["shadow_commit", pytest.param("snapshot", marks=pytest.mark.slow)])
 def test_auto_depth_is_lossless_on_the_reference(ci_ckpt, mechanism):
-    from qwen36.reference.batch import greedy_generate
+    from qwen36.reference.batch import generate
     from qwen36.reference.model import Qwen36Model
     from qwen36.speculative.engine import speculative_generate
     from qwen36.speculative.reference_backend import ReferenceBackend
 
     model = Qwen36Model.from_checkpoint(ci_ckpt, dtype=torch.float64, require_mtp=True)
     prompt, n = [3, 17, 5, 9, 11, 2], 40
-    plain = greedy_generate(model, torch.tensor([prompt]), n)
+    plain = generate(model, [torch.tensor([prompt])], n)[0].tokens
     be = ReferenceBackend(model, mechanism, max_len=len(prompt) + n + 9)
     controller = DepthController(DepthParams(0.5, (0.5,) * 7, 0.5), COSTS)
     res = speculative_generate(be, [prompt], n, [controller])[0]

@@ -17,7 +17,7 @@ import torch
 
 from qwen36.commands.common import DEFAULT_CHECKPOINT
 from qwen36.probes import gdn_transaction as probe
-from qwen36.reference.batch import greedy_generate
+from qwen36.reference.batch import generate
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.depth import FixedDepth
 from qwen36.speculative.engine import (Acceptance, MechanismCounters, SpecBackend, SpecBatch, speculative_generate,
@@ -25,7 +25,7 @@ from qwen36.speculative.engine import (Acceptance, MechanismCounters, SpecBacken
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.reference_backend import ReferenceBackend
 from qwen36.speculative.reference_mechanisms import ShadowCommit
-from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+from qwen36.generation.sampling import SamplingParams, probs_from_logits
 
 from qwen36.testing.speculative import DistDrafter, ScriptedDrafter, engine_prompts as prompts, two_token_counts
 from qwen36.testing.stats import P_VALUE_MIN, chi_square_p
@@ -279,7 +279,7 @@ def test_greedy_lossless(model, mechanism, k, b):
     ps = prompts(model.config.vocab_size, max(3, b))
     # scripted drafts (all acceptance lengths occur) on the first prompt(s)
     users = ps[:1] if b == 1 else ps[:b]
-    refs = [greedy_generate(model, torch.tensor(p), 20 + k) for p in users]
+    refs = [generate(model, [torch.tensor(p)], 20 + k)[0].tokens for p in users]
     out = run_scripted(scripted(model, mechanism, users, refs, b, seed=k), users, 20, k)
     for r, ref in zip(out, refs):
         assert r.tokens == ref[:20], f"scripted drafts, K={k} {mechanism} B={b}"
@@ -289,7 +289,7 @@ def test_greedy_lossless(model, mechanism, k, b):
     arrivals = None if b == 1 else [0] * (b - 1) + [2]
     got, _ = decode(model, mechanism, users, 10, k, b, arrivals=arrivals)
     for p, r in zip(users, got):
-        assert r.tokens == greedy_generate(model, torch.tensor(p), 10), f"MTP drafts, K={k} {mechanism} B={b}"
+        assert r.tokens == generate(model, [torch.tensor(p)], 10)[0].tokens, f"MTP drafts, K={k} {mechanism} B={b}"
 
 
 @pytest.mark.parametrize("b", BATCHES)
@@ -297,12 +297,12 @@ def test_greedy_lossless(model, mechanism, k, b):
 def test_eos_inside_an_accepted_block_stops_there(model, mechanism, b):
     ps, k = prompts(model.config.vocab_size, 4), 4
     users = [ps[1]] if b == 1 else [ps[1], ps[0], ps[2], ps[3]]
-    refs = [greedy_generate(model, torch.tensor(p), 16) for p in users]
+    refs = [generate(model, [torch.tensor(p)], 16)[0].tokens for p in users]
     ref = refs[0]
     # with perfect drafts step 1 emits ref[1..5]; put EOS at the first new token id in positions 2..4
     j = next(j for j in (2, 3, 4) if ref[j] not in ref[:j])
     eos = ref[j]
-    wants = [greedy_generate(model, torch.tensor(p), 16, eos_ids=(eos,)) for p in users]
+    wants = [generate(model, [torch.tensor(p)], 16, eos_ids=(eos,))[0].tokens for p in users]
     assert wants[0] == ref[: j + 1]
     bes = scripted(model, mechanism, users, refs, b, wrong=0.0)
     out = run_scripted(bes, users, 16, k, eos=(eos,))
@@ -316,7 +316,7 @@ def test_mechanism_counters(model, mechanism):
     """One user: the counters equal the mechanism's closed form summed over the steps (a packed step of several
     users counts each forward once: test_packed_speculative_greedy_is_lossless)."""
     p, k = prompts(model.config.vocab_size)[0], 3
-    ref = greedy_generate(model, torch.tensor(p), 30)
+    ref = generate(model, [torch.tensor(p)], 30)[0].tokens
     be = ScriptedDrafter(model, mechanism, 64, [ref], [len(p)], seed=3)
     out = speculative_generate(be, [p], 24, [k])[0]
     n_gdn, nbytes = be.gdn_layout
@@ -404,7 +404,7 @@ def test_abort_then_step_matches_uninterrupted(model, b):
     users = prompts(model.config.vocab_size, max(2, b))[1:] if b == 1 else prompts(model.config.vocab_size, b)
     users = users[:1] if b == 1 else users
     for mechanism in MECHANISMS:
-        refs = [greedy_generate(model, torch.tensor(p), 12) for p in users]
+        refs = [generate(model, [torch.tensor(p)], 12)[0].tokens for p in users]
         be = scripted(model, mechanism, users, refs, b if b > 1 else 1, seed=9)[0]
         toks = [[be.join(s, p, SamplingParams())] for s, p in enumerate(users)]
         depths = {s: 3 for s in range(len(users))}
@@ -458,7 +458,7 @@ def test_divergence_note_gives_the_reference_top2_margin_where_tokens_part(model
     from qwen36.speculative.oracle import divergence_note, first_difference
 
     prompt = prompts(model.config.vocab_size)[0]
-    want = greedy_generate(model, torch.tensor(prompt), 6)
+    want = generate(model, [torch.tensor(prompt)], 6)[0].tokens
     assert divergence_note(model, prompt, want, want) == "" and first_difference(want, want) is None
     got = want[:3] + [(want[3] + 1) % model.config.vocab_size] + want[4:]
     note = divergence_note(model, prompt, got, want)
@@ -621,13 +621,10 @@ class ShadowCommitsEveryone(ShadowCommit):
 
 @pytest.mark.parametrize("broken,must_fail", [(ShadowIgnoresInertRows, "user2:gdn_recurrent"),
                                               (ShadowCommitsEveryone, "user3:touched")])
-def test_broken_batch_mechanisms_fail_the_probe(model, monkeypatch, broken, must_fail):
+def test_broken_batch_mechanisms_fail_the_probe(model, broken, must_fail):
     """The probe catches a user committed past its own valid rows, and a user moved although it sat out."""
-    import qwen36.probes.gdn_transaction as mod
-
-    real = mod.ReferenceBackend
-    monkeypatch.setattr(mod, "ReferenceBackend", lambda model, mechanism, **kw: real(model, broken(), **kw))
-    cells, _ = probe.run_batch_matrix(model, batch=4, ks=(3,), mechanisms=("shadow_commit",))
+    factory = lambda model, mechanism, **kw: ReferenceBackend(model, broken(), **kw)  # noqa: E731
+    cells, _ = probe.run_matrix(model, batch=4, ks=(3,), mechanisms=("shadow_commit",), factory=factory)
     assert not cells[0]["pass"] and must_fail in cells[0]["failed"], cells[0]["failed"]
 
 

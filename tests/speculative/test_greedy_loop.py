@@ -38,9 +38,9 @@ def test_same_tokens_and_acceptances_as_the_engine(model_and_prompt, k):
     assert (tokens, accepted) == engine(model, prompt, 32, k, "shadow_commit")
     if k == 3:  # both branches of the commit ran: a rejection (restore + re-advance) and a full acceptance
         assert min(accepted) < k and max(accepted) == k, accepted
-    from qwen36.reference.batch import greedy_generate
+    from qwen36.reference.batch import generate
 
-    assert tokens == greedy_generate(model, torch.tensor(prompt), 32)  # lossless vs plain greedy
+    assert tokens == generate(model, [torch.tensor(prompt)], 32)[0].tokens  # lossless vs plain greedy
 
 
 def test_eos_inside_an_accepted_block_ends_the_output(model_and_prompt):

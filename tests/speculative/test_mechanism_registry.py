@@ -5,9 +5,10 @@ import argparse
 
 import pytest
 
-from qwen36.speculative.mechanisms import DEFAULT_MECHANISM, DRAFT_MODES, MECHANISMS, check_mechanism
+from qwen36.generation.sampling import DRAFT_MODES
+from qwen36.speculative.mechanisms import DEFAULT_MECHANISM, MECHANISMS, check_mechanism
 from qwen36.speculative.reference_mechanisms import REFERENCE_MECHANISMS, ReferenceMechanism, reference_mechanism
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 from qwen36.tt.spec.mechanisms import TT_MECHANISMS, GDNStateBytes, TTMechanism, tt_mechanism
 
 

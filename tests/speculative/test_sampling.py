@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from qwen36.errors import UserError
-from qwen36.reference.batch import greedy_generate
+from qwen36.reference.batch import generate
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.engine import speculative_generate, speculative_step
 from qwen36.speculative.mechanisms import MECHANISMS
-from qwen36.speculative.plain import plain_generate
+from qwen36.reference.batch import generate
 from qwen36.speculative.reference_backend import ReferenceBackend
-from qwen36.speculative.sampling import (MAX_LOGPROBS, Penalties, SamplingParams, TokenHistory, penalize,
+from qwen36.generation.sampling import (MAX_LOGPROBS, Penalties, SamplingParams, TokenHistory, penalize,
                                          probs_from_logits, token_logprobs)
 
 from qwen36.testing.speculative import DistDrafter, ScriptedDrafter, penalty_prompts as prompts, two_token_counts
@@ -98,14 +98,14 @@ def test_raw_logprobs_and_rank():
 
 def test_plain_greedy_without_penalties_is_greedy_generate(model):
     p = prompts(model.config.vocab_size)[1]
-    assert plain_generate(model, p, 10).tokens == greedy_generate(model, torch.tensor(p), 10)
+    assert generate(model, [p], 10)[0].tokens == generate(model, [torch.tensor(p)], 10)[0].tokens
 
 
 def test_plain_sampling_is_seeded(model):
     p = prompts(model.config.vocab_size)[0]
     params = SamplingParams(temperature=1.0, top_k=20, min_p=0.02, seed=3, **PENALTIES)
-    a, b = plain_generate(model, p, 12, params), plain_generate(model, p, 12, params)
-    c = plain_generate(model, p, 12, SamplingParams(temperature=1.0, top_k=20, min_p=0.02, seed=4, **PENALTIES))
+    a, b = generate(model, [p], 12, params)[0], generate(model, [p], 12, params)[0]
+    c = generate(model, [p], 12, SamplingParams(temperature=1.0, top_k=20, min_p=0.02, seed=4, **PENALTIES))[0]
     assert a.tokens == b.tokens and len(a.tokens) == 12 and a.tokens != c.tokens
 
 
@@ -116,8 +116,8 @@ def test_greedy_speculative_with_penalties_is_plain_greedy_with_penalties(model,
     v = model.config.vocab_size
     params = SamplingParams(logprobs=3, **PENALTIES)
     for p in prompts(v):
-        plain = plain_generate(model, p, 16, params)
-        assert plain.tokens != greedy_generate(model, torch.tensor(p), 16), "penalties change nothing: weak test"
+        plain = generate(model, [p], 16, params)[0]
+        assert plain.tokens != generate(model, [torch.tensor(p)], 16)[0].tokens, "penalties change nothing: weak test"
         for k in (1, 3):
             # the real MTP drafts (an untrained head here: mostly rejected), then drafts from the known answer with
             # 30% wrong tokens, so that every acceptance length occurs
@@ -203,7 +203,7 @@ def test_speculative_sampling_with_penalties_and_min_p_is_the_target_law(model, 
     plain_law = _law(model, st, first, TokenHistory(prompt, v), params)
     plain = torch.zeros(v, v, dtype=torch.float64)
     for seed in range(n // 2):
-        toks = plain_generate(model, prompt, 2, SamplingParams(**{**params.__dict__, "seed": seed})).tokens
+        toks = generate(model, [prompt], 2, SamplingParams(**{**params.__dict__, "seed": seed}))[0].tokens
         plain[toks[0], toks[1]] += 1
     pval = chi_square_p(plain.flatten(), plain_law.flatten())
     assert pval > P_VALUE_MIN, f"plain sampler vs target law: chi-square p={pval:.2e}"

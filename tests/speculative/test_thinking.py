@@ -1,4 +1,4 @@
-"""Thinking budget (``speculative/thinking.py``) on the reference: the stop-thinking phrase is forced at exactly N
+"""Thinking budget (``generation/thinking.py``) on the reference: the stop-thinking phrase is forced at exactly N
 thinking tokens, plain and speculative (every commit mechanism) emit the same tokens, and the forced rows are a
 prefill continuation (plain decoding of prompt + kept tokens + phrase continues the same way)."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ from qwen36.prefix_cache import PrefixCache
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.mechanisms import MECHANISMS
-from qwen36.speculative.plain import plain_generate
+from qwen36.reference.batch import generate
 from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft
-from qwen36.speculative.sampling import SamplingParams
-from qwen36.speculative.thinking import ThinkingBudget
+from qwen36.generation.sampling import SamplingParams
+from qwen36.generation.thinking import ThinkingBudget
 
 START, END = 7, 9  # stand-ins for <think> / </think> on the random ci checkpoint
 PHRASE = (31, 32, 33, END, 34, 35)
@@ -47,20 +47,20 @@ def test_tracker_counts_and_cuts():
 
 @pytest.mark.parametrize("n", [0, 1, 4, 7])
 def test_plain_injects_at_exactly_n_and_continues_as_a_prefill(model, n):
-    out = plain_generate(model, PROMPT, 20, thinking=budget(n)).tokens
-    free = plain_generate(model, PROMPT, 20).tokens
+    out = generate(model, [PROMPT], 20, thinking=budget(n))[0].tokens
+    free = generate(model, [PROMPT], 20)[0].tokens
     assert END not in free[:n], "the test needs a stretch of thinking without </think>"
     assert out[:n] == free[:n]
     assert tuple(out[n:n + len(PHRASE)]) == PHRASE
     # the continuation is what plain decoding of prompt + kept + phrase gives
-    cont = plain_generate(model, PROMPT + out[:n + len(PHRASE)], 20 - n - len(PHRASE)).tokens
+    cont = generate(model, [PROMPT + out[:n + len(PHRASE)]], 20 - n - len(PHRASE))[0].tokens
     assert out[n + len(PHRASE):] == cont
 
 
 @pytest.mark.parametrize("mech", MECHANISMS)
 @pytest.mark.parametrize("n", [1, 2, 5])
 def test_speculative_equals_plain_with_the_same_injection(model, mech, n):
-    want = plain_generate(model, PROMPT, 20, thinking=budget(n)).tokens
+    want = generate(model, [PROMPT], 20, thinking=budget(n))[0].tokens
     be = ReferenceBackend(model, mech, max_len=64)
     got = speculative_generate(be, [PROMPT], 20, [3], [SamplingParams()], thinking=budget(n))[0]
     assert got.tokens == want
@@ -88,7 +88,7 @@ class OracleDrafts(ReferenceBackend):
 @pytest.mark.parametrize("mech", MECHANISMS)
 def test_budget_inside_a_fully_accepted_step(model, mech):
     n = 2
-    want = plain_generate(model, PROMPT, 20, thinking=budget(n)).tokens
+    want = generate(model, [PROMPT], 20, thinking=budget(n))[0].tokens
     be = OracleDrafts(model, mech, want, len(PROMPT))
     got = speculative_generate(be, [PROMPT], 20, [3], [SamplingParams()], thinking=budget(n))[0]
     assert got.tokens == want
@@ -112,7 +112,7 @@ def test_refusals(model):
     with pytest.raises(ValueError, match="logprobs"):
         speculative_generate(be, [PROMPT], 8, [2], [SamplingParams(logprobs=2)], thinking=budget(2))[0]
     with pytest.raises(ValueError, match="logprobs"):
-        plain_generate(model, PROMPT, 8, SamplingParams(logprobs=2), thinking=budget(2))
+        generate(model, [PROMPT], 8, SamplingParams(logprobs=2), thinking=budget(2))[0]
 
 
 def test_batched_speculative_budgets_equal_single_user_runs(model):
@@ -121,7 +121,7 @@ def test_batched_speculative_budgets_equal_single_user_runs(model):
     inject. Each user's tokens == its plain run with the budget."""
     prompts = [PROMPT, [3, 4, 5, START], [60, 61, START, 62, 63]]  # the third: thinking opened mid-prompt
     for n in (1, 3):
-        want = [plain_generate(model, p, 20, thinking=budget(n)).tokens for p in prompts]
+        want = [generate(model, [p], 20, thinking=budget(n))[0].tokens for p in prompts]
         be = ReferenceBackend(model, "snapshot", max_len=64, slots=3, max_k=3)
         got = speculative_generate(be, prompts, 20, [3, 2, 3], [SamplingParams()] * 3, thinking=budget(n),
                                    arrivals=[0, 0, 1])
@@ -132,19 +132,18 @@ def test_batched_speculative_budgets_equal_single_user_runs(model):
 @pytest.mark.parametrize("n", [0, 2, 5])
 def test_batched_plain_budgets_equal_single_user_runs(model, n):
     """The reference slot decoder (``reference.batch``) with a budget: each user's forced phrase is fed one decode
-    row a time, replacing its picks (``ForcedFeed``); its tokens equal its own ``plain_generate`` with the budget
-    (one forward over the phrase there). The users reach the budget in different steps, one never opens a block."""
-    from qwen36.reference.batch import batched_greedy_generate
+    row a time, replacing its picks (``ForcedFeed``); its tokens equal its own run alone with the budget. The users
+    reach the budget in different steps, one never opens a block."""
 
     prompts = [PROMPT, [3, 4, 5, START], [60, 61, 62, 63], [60, 61, START, 62, 63]]
-    want = [plain_generate(model, p, 20, thinking=budget(n)).tokens for p in prompts]
-    assert batched_greedy_generate(model, prompts, 20, thinking=budget(n)) == want
+    want = [generate(model, [p], 20, thinking=budget(n))[0].tokens for p in prompts]
+    assert [r.tokens for r in generate(model, prompts, 20, thinking=budget(n))] == want
     forced_users = [u for u in (0, 1, 3) if END not in want[u][:n]]
     assert forced_users and all(tuple(want[u][n:n + len(PHRASE)]) == PHRASE for u in forced_users)
 
 
 def test_forced_feed_replaces_picks_in_order():
-    from qwen36.speculative.thinking import ForcedFeed
+    from qwen36.generation.thinking import ForcedFeed
 
     feed = ForcedFeed(budget(2), PROMPT)
     emitted = [feed.choose(p, i) for i, p in enumerate([50, 51, 52, 53, 54, 55, 56, 57, 58])]

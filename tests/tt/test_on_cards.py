@@ -59,7 +59,7 @@ def test_traced_greedy_on_cards_matches_reference(cards, ckpt):
                                       block_size=32, prefill_chunk=64)
     try:
         assert gen.label == backend_label(cards, select_backend(cards))
-        tt_tokens = gen.greedy(ids.tolist(), 32)
+        tt_tokens = gen.generate([ids.tolist()], 32)[0].tokens
         # Teacher-force TT's tokens through the fp32 reference: each must be the reference's argmax, except at a
         # near-tie, where it must be the reference's second choice. Card numerics (TF32 FPU reads of fp32
         # activations, bf16 accumulation) move logits by a few hundredths: the strict emulator flipped a step

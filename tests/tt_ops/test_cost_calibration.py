@@ -113,11 +113,11 @@ def mesh1():
 def _dram_sharded_matmul(ctx, k, n, readers, layout_readers=1):
     """y = x @ w through a DRAM-sharded matmul of ``readers`` per bank, w laid out for ``layout_readers``."""
     from qwen36.tiny import PRESETS
-    from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan
-    from qwen36.tt.model.model_config import dram_sharded_weight_memory_config
+    from qwen36.tt.model.decode_matmuls import decode_matmul_plan, dram_sharded_weight_memory_config
+    from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup, TTModelArgs
 
     ttnn, mesh = ctx.ttnn, ctx.mesh_device
-    args = TTModelArgs.from_config(PRESETS["ci"], 1, PrecisionSetting.performance())
+    args = TTModelArgs.from_config(PRESETS["ci"], 1, PrecisionSetting.performance(), decode_matmuls="dram_sharded")
     plan = decode_matmul_plan(ttnn, args, TensorGroup.MLP_GATE_UP, 1, k, n)
     pc = plan.program_config
     pc = ttnn.MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig(
@@ -168,7 +168,7 @@ def test_readers_on_padded_bank_shards(mesh1):
     out for two readers the shards are 10 tiles wide (the last bank's padded) and two readers take 5 each, computing
     exactly what one reader on 9-tile shards does. Regression: one reader on those 10-tile shards is refused (the
     device's one-reader path reads ceil(N / banks) = 9 tiles per K row with no bank stride, so it would misread)."""
-    from qwen36.tt.model.model_config import dram_bank_shard_tiles
+    from qwen36.tt.model.decode_matmuls import dram_bank_shard_tiles
     from qwen36.tt_ops.emulator.dram_sharded_readers import readers_rule_violation
     from qwen36.tt_ops.emulator.errors import EmulatorError
 

@@ -134,7 +134,8 @@ def test_decode_plan_at_27b_mlp_shapes():
     """27B per device at TP=2: gate/up [5120, 8704], down [8704, 5120]: 160 and 272 tiles share 16 cores, so the
     gate/up output shard (8704 / 16 wide) is exactly down's input shard; no bank padding (272 and 160 tiles over 8)."""
     pytest.importorskip("ttnn")
-    from qwen36.tt.model.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
+    from qwen36.tt.model.decode_matmuls import decode_matmul_plan, dram_sharded_weight_memory_config
+    from qwen36.tt.model.model_config import TensorGroup
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     args = _args()
@@ -162,8 +163,9 @@ def test_decode_plan_at_27b_lm_head_shapes():
     ttnn's default config."""
     pytest.importorskip("ttnn")
     from qwen36.tiny import PRESETS
-    from qwen36.tt.model.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
-                                        dram_sharded_weight_memory_config, matrix_memory_config)
+    from qwen36.tt.model.decode_matmuls import (decode_matmul_plan, dram_sharded_weight_memory_config,
+                                                matrix_memory_config)
+    from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup, TTModelArgs
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     p = decode_matmul_plan(ttnn, _args(), TensorGroup.LM_HEAD, 1, 5120, 124160)
@@ -176,7 +178,8 @@ def test_decode_plan_at_27b_lm_head_shapes():
     # the weight is placed for the readers its matmul asks for, at either reader setting
     assert list(matrix_memory_config(ttnn, _args(), TensorGroup.LM_HEAD, 5120, 124160, 8).shard_spec.shape) == \
         [5120, 15552]
-    one = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=1)
+    one = TTModelArgs.from_config(PRESETS["ci"], 2, PrecisionSetting.performance(), dram_readers=1,
+                                  decode_matmuls="dram_sharded")
     assert decode_matmul_plan(ttnn, one, TensorGroup.LM_HEAD, 1, 5120, 124160).program_config \
         .num_workers_per_dram_bank == 1
     assert list(matrix_memory_config(ttnn, one, TensorGroup.LM_HEAD, 5120, 124160, 8).shard_spec.shape) == \
@@ -188,7 +191,8 @@ def test_decode_plan_at_27b_lm_head_shapes():
 @pytest.fixture(scope="module")
 def dram_sharded_case():
     pytest.importorskip("ttnn")
-    from qwen36.tt.model.model_config import TensorGroup, decode_matmul_plan, dram_sharded_weight_memory_config
+    from qwen36.tt.model.decode_matmuls import decode_matmul_plan, dram_sharded_weight_memory_config
+    from qwen36.tt.model.model_config import TensorGroup
     from qwen36.tt_ops.device import open_mesh
 
     with open_mesh("emulated-p150x2") as ctx:
@@ -265,8 +269,8 @@ def test_moe_shared_expert_stays_interleaved():
     """A MoE model's shared expert is too small for the two reshards to pay: no DRAM-sharded plan, no sharded weight."""
     pytest.importorskip("ttnn")
     from qwen36.tiny import PRESETS
-    from qwen36.tt.model.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
-                                        uses_dram_sharded_weights)
+    from qwen36.tt.model.decode_matmuls import decode_matmul_plan, uses_dram_sharded_weights
+    from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup, TTModelArgs
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     args = TTModelArgs.from_config(PRESETS["moe-ci"], 2, PrecisionSetting.performance())
@@ -280,8 +284,8 @@ def test_decode_plan_readers_per_bank_at_27b_shapes():
     shards laid out 486 tiles wide for two readers); dram_readers=1 asks one everywhere; out of range is refused."""
     pytest.importorskip("ttnn")
     from qwen36.tiny import PRESETS
-    from qwen36.tt.model.model_config import (PrecisionSetting, TensorGroup, TTModelArgs, decode_matmul_plan,
-                                        decode_readers_per_bank, dram_bank_shard_tiles)
+    from qwen36.tt.model.decode_matmuls import decode_matmul_plan, decode_readers_per_bank, dram_bank_shard_tiles
+    from qwen36.tt.model.model_config import PrecisionSetting, TensorGroup, TTModelArgs
     from qwen36.tt_ops.emulator.ttnn_import import ttnn
 
     args = _args()

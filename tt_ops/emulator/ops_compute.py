@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from . import numerics
 from .errors import EmulatorError, NotEmulatedError
 from .goldens import golden_impl
+from .matmul_1d import check_mcast_1d_matmul
 from .registry import device_op
 from .shard_specs import output_memory_config
 from .tensor import EmuTensor, dtype_name, make_like, quantize_via_ttnn, write_inplace
@@ -177,6 +178,8 @@ def linear(
     _check_layouts("ttnn.linear", input_tensor_a, input_tensor_b)
     check_dram_sharded_matmul("ttnn.linear", input_tensor_a, input_tensor_b, program_config, memory_config,
                               transpose_a, transpose_b)
+    check_mcast_1d_matmul("ttnn.linear", input_tensor_a, input_tensor_b, program_config, memory_config,
+                          compute_kernel_config, transpose_a, transpose_b)
     if in0_column_offset is not None:
         raise NotEmulatedError("ttnn.linear(in0_column_offset=...) is not emulated")
     fused = getattr(program_config, "fused_activation", None) if program_config is not None else None
@@ -222,6 +225,8 @@ def matmul(
     _check_layouts("ttnn.matmul", input_tensor_a, input_tensor_b)
     check_dram_sharded_matmul("ttnn.matmul", input_tensor_a, input_tensor_b, program_config, memory_config,
                               transpose_a, transpose_b)
+    check_mcast_1d_matmul("ttnn.matmul", input_tensor_a, input_tensor_b, program_config, memory_config,
+                          compute_kernel_config, transpose_a, transpose_b)
     fused = getattr(program_config, "fused_activation", None) if program_config is not None else None
     outs = []
     for i in range(input_tensor_a.num_shards):

@@ -26,7 +26,7 @@ import torch
 
 from . import numerics
 from .errors import EmulatorError, NotEmulatedError
-from .goldens import _assemble, _dst_rule
+from .goldens import assemble, dst_rule
 from .op_accounting import add_bytes, bind_op
 from .registry import device_op
 from .tensor import shard_bytes
@@ -137,8 +137,8 @@ def chunked_sdpa(input_tensor_q, input_tensor_k, input_tensor_v, page_table_tens
             outs.append(attend(input_tensor_q.shards[i][u], keys, values, start, scale))
         results.append(torch.stack(outs))
     if numerics.is_strict(input_tensor_q):
-        results = _dst_rule(results, (input_tensor_q,), kwargs, input_tensor_q)
-    return _assemble(OP, results, (input_tensor_q,), kwargs, input_tensor_q)
+        results = dst_rule(results, (input_tensor_q,), kwargs, input_tensor_q)
+    return assemble(OP, results, (input_tensor_q,), kwargs, input_tensor_q)
 
 
 __all__ = ["KEY_BLOCK", "attend", "chunked_sdpa"]

@@ -42,7 +42,7 @@ from .ttnn_import import ttnn
 OP = "ttnn.sparse_matmul"
 
 
-def _bind(args, kwargs):
+def bind_sparse_matmul(args, kwargs):
     from .signatures import bind_arguments
 
     return bind_arguments(OP, ttnn.sparse_matmul, args, kwargs)
@@ -52,7 +52,7 @@ def _indices(t: EmuTensor, i: int) -> torch.Tensor:
     return t.shards[i].reshape(-1).to(torch.int64)
 
 
-def _groups_read(b: dict) -> int:
+def groups_read(b: dict) -> int:
     """How many groups of input_tensor_b the reader fetches (per device)."""
     idx = b.get("indices")
     if idx is not None:
@@ -68,7 +68,7 @@ def _groups_read(b: dict) -> int:
 
 
 def _read(args, kwargs):
-    b = _bind(args, kwargs)
+    b = bind_sparse_matmul(args, kwargs)
     d: dict = {}
 
     def acc(t, n=None):
@@ -79,7 +79,7 @@ def _read(args, kwargs):
     acc(b.get("sparsity") if b.get("indices") is None else b["indices"])
     w = b["input_tensor_b"]
     per_group = w.bytes_per_device() // int(w.logical_shape_list[1])
-    acc(w, per_group * _groups_read(b))
+    acc(w, per_group * groups_read(b))
     return d
 
 
@@ -248,7 +248,7 @@ def _compact(b: dict, i: int, y: torch.Tensor) -> torch.Tensor:
 
 @device_op(OP, read_bytes=_read)
 def sparse_matmul(input_tensor_a, input_tensor_b, **kwargs):
-    b = _bind((input_tensor_a, input_tensor_b), kwargs)
+    b = bind_sparse_matmul((input_tensor_a, input_tensor_b), kwargs)
     _check(b)
     cfg = numerics.kernel_config(b.get("compute_kernel_config"))
     fused = getattr(b["program_config"], "fused_activation", None)

@@ -56,11 +56,11 @@ def compute_work(op_name: str, args: tuple, kwargs: dict) -> tuple | None:
             batch *= d
         flops = 2 * batch * pa[-2] * pa[-1] * pb[-1]
     elif op_name == "ttnn.sparse_matmul":
-        from .ops_sparse import _bind, _groups_read
+        from .ops_sparse import bind_sparse_matmul, groups_read
 
-        b = _bind(args, kwargs)
+        b = bind_sparse_matmul(args, kwargs)
         pa, pb = _padded(b["input_tensor_a"]), _padded(b["input_tensor_b"])
-        flops = 2 * _groups_read(b) * pa[-2] * pa[-1] * pb[-1]
+        flops = 2 * groups_read(b) * pa[-2] * pa[-1] * pb[-1]
     elif op_name == "ttnn.transformer.chunked_scaled_dot_product_attention":
         q = _arg(args, kwargs, 0, "input_tensor_q")
         start = int(_arg(args, kwargs, 4, "chunk_start_idx") or 0)

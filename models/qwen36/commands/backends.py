@@ -34,26 +34,14 @@ class ReferenceTarget:
         return self.model(ids.view(1, -1).to(dev), state).logits[0].cpu()
 
     @torch.no_grad()
-    def generate(self, prompt: list[int], max_new_tokens: int, params, eos_ids: tuple[int, ...]):
-        """Plain decoding with ``params`` (a SamplingParams) -> PlainResult (tokens, logprobs)."""
-        from ..speculative.plain import plain_generate
+    def generate(self, prompts: list[list[int]], max_new_tokens, params=None, eos_ids: tuple[int, ...] = (), *,
+                 thinking=None, keep_logits: bool = False, prefix_cache=None):
+        """Plain decoding of ``prompts`` (one slot each; ``reference.batch.generate``) -> one PlainResult per user,
+        the same contract as ``TTGenerator.generate``."""
+        from ..reference.batch import generate
 
-        return plain_generate(self.model, prompt, max_new_tokens, params, eos_ids)
-
-    @torch.no_grad()
-    def greedy(self, prompt: list[int], max_new_tokens: int, eos_ids: tuple[int, ...]) -> list[int]:
-        from ..reference.batch import greedy_generate
-
-        dev = self.model.embed_tokens.weight.device
-        return greedy_generate(self.model, torch.tensor(prompt, device=dev), max_new_tokens, eos_ids)
-
-    @torch.no_grad()
-    def greedy_batch(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...],
-                     thinking=None) -> list[list[int]]:
-        """Plain greedy decoding of several users as one batch (reference.batch: one forward per step)."""
-        from ..reference.batch import batched_greedy_generate
-
-        return batched_greedy_generate(self.model, prompts, max_new_tokens, eos_ids, thinking=thinking)
+        return generate(self.model, prompts, max_new_tokens, params, eos_ids, thinking=thinking,
+                        keep_logits=keep_logits, prefix_cache=prefix_cache)
 
 
 def load_target(ckpt: Path, device: str, dtype: torch.dtype, *, require_mtp: bool = False,
@@ -69,7 +57,7 @@ def load_target(ckpt: Path, device: str, dtype: torch.dtype, *, require_mtp: boo
         dev = "cuda" if device == "reference-cuda" else "cpu"
         model = Qwen36Model.from_checkpoint(ckpt, dtype=dtype, device=dev, require_mtp=require_mtp)
         return ReferenceTarget(model, reference_label(device))
-    from ..tt.runtime.generator import load_tt_target  # TT model (emulated mesh or cards)
+    from ..tt.runtime.generator import build_generator  # TT model (emulated mesh or cards)
 
     kw = {} if precision is None else {"precision": precision}
-    return load_tt_target(ckpt, device, dtype=dtype, require_mtp=require_mtp, **kw)
+    return build_generator(ckpt, device, dtype=dtype, require_mtp=require_mtp, **kw)

@@ -81,14 +81,14 @@ def load_session(args, ckpt, tok):
         model = Qwen36Model.from_checkpoint(ckpt, dtype=torch_dtype(args.dtype), require_mtp=args.spec_k > 0)
         target, with_mtp = model, model.mtp is not None
     else:
-        from ..tt.runtime.generator import load_tt_target
+        from ..tt.runtime.generator import build_generator
 
         if args.spec_k:
             from ..checkpoint import load_checkpoint
             from ..tt.spec.mtp_drafter import TTMTPDrafter
 
             drafter = TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
-        target, with_mtp = load_tt_target(ckpt, args.device, precision=args.precision), False
+        target, with_mtp = build_generator(ckpt, args.device, precision=args.precision), False
     return ChatSession(target, tok, cache=make_cache(args, with_mtp), params=params,
                        max_new_tokens=args.max_new_tokens, thinking_budget=args.thinking_budget, spec_k=args.spec_k,
                        mechanism=args.commit, preserve_thinking=args.preserve_thinking, system=args.system,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import DEFAULT_CHECKPOINT  # noqa: F401  (re-exported for the commands)
 from ..errors import UserError
-from ..speculative.sampling import MAX_LOGPROBS, PENALTY_RANGE
+from ..generation.sampling import MAX_LOGPROBS, PENALTY_RANGE
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float64": "float64"}
 # The TT precision presets (tt/model/model_config.py PrecisionSetting.named) and the one a TT run uses unless told.
@@ -102,7 +102,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def sampling_params(args: argparse.Namespace):
     """The one SamplingParams of a run, validated (a bad value is a one-line UserError naming it)."""
-    from ..speculative.sampling import SamplingParams
+    from ..generation.sampling import SamplingParams
 
     return SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, draft=args.draft, min_p=args.min_p,
                           repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,

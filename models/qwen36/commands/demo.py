@@ -112,14 +112,14 @@ def run(args: argparse.Namespace) -> int:
     # warm-up (first-call allocations) so that the timed runs compare like with like
     speculative_generate(backend, [ids[:8]], 4, [fresh_depth()], [params], eos_ids=eos)
     release()
-    target.generate(ids[:8], 4, params, eos)
+    target.generate([ids[:8]], 4, params, eos)
 
     t0 = time.perf_counter()
     result = speculative_generate(backend, [ids], args.max_new_tokens, [fresh_depth()], [params], eos_ids=eos)[0]
     t_spec = time.perf_counter() - t0
     release()
     t0 = time.perf_counter()
-    plain_result = target.generate(ids, args.max_new_tokens, params, eos)  # same sampling parameters
+    plain_result = target.generate([ids], args.max_new_tokens, params, eos)[0]  # same sampling parameters
     plain = plain_result.tokens
     t_plain = time.perf_counter() - t0
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UserError
-from ..speculative.sampling import SamplingParams, SamplingParamsError
-from ..speculative.mechanisms import DEFAULT_MECHANISM, DRAFT_MODES, MECHANISMS
+from ..generation.sampling import DRAFT_MODES, SamplingParams, SamplingParamsError
+from ..speculative.mechanisms import DEFAULT_MECHANISM, MECHANISMS
 from .common import (DEFAULT_TT_PRECISION, TT_PRECISIONS, add_checkpoint_arg, add_sampling_args, add_thinking_arg,
                      parse_ids, positive_int, precision_name, print_logprobs, print_outputs, read_messages,
                      resolve_checkpoint, sampling_params, torch_dtype)
@@ -212,7 +212,7 @@ def thinking_budget(args, ckpt, tok):
         raise UserError("--thinking-budget with --logprobs is not supported (forced tokens have no sampled logprob)")
     from ..chat import STOP_THINKING_PHRASE, THINK_END, THINK_START
     from ..tokenizer import load_chat_tokenizer
-    from ..speculative.thinking import ThinkingBudget
+    from ..generation.thinking import ThinkingBudget
 
     tok = tok if tok is not None else load_chat_tokenizer(ckpt)
     start, end = tok.convert_tokens_to_ids([THINK_START, THINK_END])
@@ -244,8 +244,6 @@ def run(args: argparse.Namespace) -> int:
         from .speculative_generate import run_speculative_generate
 
         return run_speculative_generate(args, ckpt, users, precision, thinking=thinking)
-    if users.per_user and len(prompts) > 1 and args.device in REFERENCE_DEVICES:
-        check_reference_plain_batch(args.device, users.params)  # before the model loads
     target = load_target(ckpt, args.device, torch_dtype(args.dtype), precision=precision)
     vocab = target.config.vocab_size
     if any(i >= vocab for ids in prompts for i in ids):
@@ -253,30 +251,9 @@ def run(args: argparse.Namespace) -> int:
     eos = target.config.eos_token_id
     t0 = time.perf_counter()
     params = users.params[0]
-    if thinking is not None and len(prompts) == 1:
-        if args.device in REFERENCE_DEVICES:
-            from ..speculative.plain import plain_generate
-
-            result = plain_generate(target.model, prompts[0], users.max_tokens[0], params, eos, thinking=thinking)
-        else:  # TT: the phrase fed as decode rows, each replacing the step's pick
-            result = target.generate(prompts[0], users.max_tokens[0], params, eos, thinking=thinking)
-        outputs, logprobs = [result.tokens], [result.logprobs]
-    elif len(prompts) == 1:
-        result = target.generate(prompts[0], users.max_tokens[0], params, eos)
-        outputs, logprobs = [result.tokens], [result.logprobs]
-    elif users.per_user:
-        outputs, logprobs = plain_batch_per_user(target, args.device, users, eos, thinking)
-    else:
-        sampled = not params.greedy or params.penalized
-        if params.logprobs is not None or sampled and not hasattr(target, "sample_batch"):
-            raise UserError(f"several prompts (batch {len(prompts)}) on {args.device} decode plain greedy only (no "
-                            f"{'--logprobs' if params.logprobs is not None else 'temperature or penalties'}; "
-                            f"sampled batches run on the TT devices); pass one prompt, or add --spec-k")
-        if sampled:
-            outputs = target.sample_batch(prompts, args.max_new_tokens, params, eos, thinking=thinking)
-        else:
-            outputs = target.greedy_batch(prompts, args.max_new_tokens, eos, thinking=thinking)
-        logprobs = [None] * len(prompts)
+    # one plain driver for every backend and batch size (generation.plain): each user its own params and budget
+    results = target.generate(prompts, users.max_tokens, users.params, eos, thinking=thinking)
+    outputs, logprobs = [r.tokens for r in results], [r.logprobs for r in results]
     dt = time.perf_counter() - t0
     n = sum(map(len, outputs))
     batch = "" if len(prompts) == 1 else f" batch {len(prompts)}:"
@@ -289,29 +266,3 @@ def run(args: argparse.Namespace) -> int:
             print(f"user {i}:")
         print_logprobs(lps, tok)
     return 0
-
-
-def check_reference_plain_batch(device: str, params) -> None:
-    """The reference's plain batch decodes greedy only: refuse a user with temperature, penalties or logprobs."""
-    odd = next((i for i, p in enumerate(params) if not p.greedy or p.penalized or p.logprobs is not None), None)
-    if odd is not None:
-        raise UserError(f"user {odd} ({params[odd].describe()}): a plain batch on {device} decodes greedy only "
-                        f"(no temperature, penalties or logprobs; sampled batches run on the TT devices); pass "
-                        f"one prompt, or add --spec-k")
-
-
-def plain_batch_per_user(target, device: str, users: UserRequests, eos_ids, thinking):
-    """Plain decoding of several users with their own settings as one batch -> (tokens, logprobs) per user.
-
-    TT: ``TTGenerator.generate_batch`` (one slot decoder and one device sampler over the bucket's rows, each row its
-    user's params and uniform stream; each user's tokens are its batch-1 ``generate`` tokens). Reference: its batch
-    decodes greedy only, so per-user settings there are budgets (greedy tokens are prefix-stable: a user's budget truncates the batch's output)."""
-    from .backends import REFERENCE_DEVICES
-
-    prompts, params, budgets = users.prompts, users.params, users.max_tokens
-    if device in REFERENCE_DEVICES:
-        check_reference_plain_batch(device, params)
-        out = target.greedy_batch(prompts, max(budgets), eos_ids, thinking=thinking)
-        return [o[:b] for o, b in zip(out, budgets)], [None] * len(prompts)
-    res = target.generate_batch(prompts, params, budgets, eos_ids, thinking=thinking)
-    return res.tokens, res.logprobs

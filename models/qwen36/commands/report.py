@@ -28,16 +28,11 @@ from typing import Any
 from qwen36.io_utils import atomic_write_text
 from qwen36.probes.records import read_records
 
+from .report_plots import (ReportError, COMPONENT_NAMES, acceptance_rows, categories, category_name, components,
+                           md_table, ms_text, opt_text, ordered_steps, plot_acceptance, plot_batch, plot_breakdowns,
+                           plot_programs, plot_tok_s, program_lists, pyplot, rates, setup, step_title)
+
 SOURCES = ("gate-0a", "decode-cost", "gate-0b", "lossless", "prefill-cost")
-COMPONENT_ORDER = ("embed", "gdn", "attention", "mlp", "lm_head", "sampling_accept", "mtp_draft", "verify_setup",
-                   "commit", "host_readback")
-COMPONENT_NAMES = {"embed": "embed", "gdn": "GDN mixer", "attention": "attention mixer", "mlp": "MLP",
-                   "lm_head": "LM head", "sampling_accept": "sampling / accept", "mtp_draft": "MTP draft",
-                   "verify_setup": "verify setup", "commit": "commit", "host_readback": "host readback"}
-
-
-class ReportError(ValueError):
-    """Input the report cannot use; the message is one line naming the file and the problem."""
 
 
 def load(files) -> list[tuple[Path, dict]]:
@@ -73,234 +68,10 @@ def latest(records: list[tuple[Path, dict]], probe: str, batch: int | None = Non
     return max(rs, key=lambda x: (x[1].get("time_utc") or "", x[1].get("run_id") or "")) if rs else None
 
 
-def _ms(x: float) -> str:
-    return f"{x:.3f}"
-
-
-def _opt(x: float | None, digits: int) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def _step_title(step: dict) -> str:
-    return "decode" if step["kind"] == "decode" else f"spec K={step['k']}"
-
-
-def _ordered_steps(perf: dict) -> list[tuple[str, dict]]:
-    return sorted(perf["steps"].items(), key=lambda kv: (kv[1]["kind"] != "decode", kv[1]["k"]))
-
-
-def _components(perf: dict) -> list[str]:
-    present = {c for s in perf["steps"].values() for c in s["components"]}
-    return [c for c in COMPONENT_ORDER if c in present] + sorted(present - set(COMPONENT_ORDER))
-
-
-CATEGORY_TAIL = ("kv_cache", "gdn_state", "other_reads", "dispatch", "collectives", "host_readback")
-CATEGORY_NAMES = {"kv_cache": "KV-cache read", "gdn_state": "GDN-state read", "host_readback": "host readback",
-                  "other_reads": "other reads (activations, conv state, ...)", "dispatch": "dispatch (programs)",
-                  "collectives": "collectives"}
-LAYER_ORDER = ("gdn_layer", "attention_layer", "mlp", "embed", "lm_head", "sampling_accept", "mtp_draft",
-               "verify_setup", "commit")
-
-
-def _categories(perf: dict) -> list[str]:
-    """Weight groups (largest first), then the other cost terms in a fixed order."""
-    totals: dict = {}
-    for s in perf["steps"].values():
-        for c, v in (s.get("categories") or {}).items():
-            totals[c] = totals.get(c, 0.0) + v
-    weights = sorted((c for c in totals if c.startswith("weights:")), key=lambda c: -totals[c])
-    tail = [c for c in CATEGORY_TAIL if c in totals]
-    return weights + tail + sorted(set(totals) - set(weights) - set(tail))
-
-
-def _category_name(c: str) -> str:
-    return f"weights: {c[8:]}" if c.startswith("weights:") else CATEGORY_NAMES.get(c, c)
-
-
-def _rates(perf: dict) -> list[str]:
-    """Acceptance scenarios of a gate-0a record: single rates (highest first), then per-position profiles."""
-    keys = {p for v in perf["spec_tok_s"].values() for p in v}
-    return sorted(keys, key=lambda p: ("/" in p, [-float(v) for v in p.split("/")]))
-
-
-def _scenario(p: str) -> str:
-    return f"profile {p} per position" if "/" in p else f"{p} per draft"
-
-
 def _source_line(use: str, path: Path, r: dict) -> list[str]:
     perf = r.get("performance") or {}
     return [use, r["probe"], str(r.get("run_id")), str(r.get("time_utc")), (r.get("git_commit") or "-")[:10],
             str(r.get("backend")), str(perf.get("label", "-")), path.name]
-
-
-def _setup(r: dict) -> str:
-    c, p = r.get("config") or {}, r.get("performance") or {}
-    return (f"{r.get('backend')}, preset {c.get('preset')}, {p.get('precision', c.get('precision'))}, "
-            f"TP={p.get('tp')}, context {p.get('context_tokens', c.get('context'))}")
-
-
-def acceptance_rows(r: dict) -> list[dict]:
-    """lossless cells with acceptance stats -> [{k, mechanism, steps, mean_emitted, per_position}] sorted by K."""
-    rows = []
-    for c in r.get("cells") or []:
-        st = c.get("stats")
-        if st and "per_position" in st:
-            rows.append({"k": int(st["k"]), "mechanism": c.get("mechanism", "-"), "steps": int(st["steps"]),
-                         "mean_emitted": float(st["mean_emitted"]), "per_position": list(st["per_position"])})
-    return sorted(rows, key=lambda x: (x["k"], x["mechanism"]))
-
-
-# ---- plots ---------------------------------------------------------------------------------------------------------
-def _plt():
-    try:
-        import matplotlib
-    except ImportError:
-        raise ReportError("the report's plots need matplotlib: pip install -e '.[report]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(plt, fig, out: Path) -> Path:
-    """Lay out, write (110 dpi) and close one figure."""
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
-
-
-def _stacked(plt, out: Path, title: str, steps, keys: list[str], value, names: dict | None = None) -> Path:
-    fig, ax = plt.subplots(figsize=(10, 6))
-    xs = list(range(len(steps)))
-    bottom = [0.0] * len(steps)
-    cmap = plt.get_cmap("tab20")
-    for i, key in enumerate(keys):
-        vals = [value(s, key) for _, s in steps]
-        ax.bar(xs, vals, bottom=bottom, label=(names or {}).get(key, key), color=cmap(i % 20), width=0.6)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    for x, (_, s) in zip(xs, steps):
-        ax.annotate(f"{s['ms']:.2f} ms", (x, s["ms"]), ha="center", va="bottom", fontsize=9,
-                    xytext=(0, 3), textcoords="offset points")
-    ax.set_xticks(xs, [f"{_step_title(s)}\n({s['rows']} row{'s' if s['rows'] > 1 else ''})" for _, s in steps])
-    ax.set_ylabel("time per step (ms)")
-    ax.set_xlabel("step")
-    ax.set_title(title, fontsize=11)
-    ax.set_ylim(0, max(s["ms"] for _, s in steps) * 1.1)
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-    ax.grid(axis="y", alpha=0.3)
-    return _save(plt, fig, out)
-
-
-def plot_breakdowns(plt, r: dict, out_dir: Path) -> list[Path]:
-    perf, label = r["performance"], r["performance"]["label"]
-    steps = _ordered_steps(perf)
-    files = [_stacked(plt, out_dir / "step_time_by_component.png",
-                      f"[{label}] step time by component\n{_setup(r)}", steps, _components(perf),
-                      lambda s, c: s["components"].get(c, {}).get("ms", 0.0), COMPONENT_NAMES)]
-    if all("categories" in s for _, s in steps):
-        files.append(_stacked(plt, out_dir / "step_time_by_cost_term.png",
-                              f"[{label}] step time by cost term\n{_setup(r)}", steps, _categories(perf),
-                              lambda s, c: s["categories"].get(c, 0.0), {c: _category_name(c) for c in _categories(perf)}))
-    return files
-
-
-def program_lists(src: dict) -> dict[str, dict[str, int]] | None:
-    """{layer: {op: count}} of one decode step's layers, from gate-0a (preferred) or decode-cost."""
-    perf = src["performance"] or {}
-    if src["probe"] == "gate-0a":
-        lists = perf.get("steps", {}).get("decode", {}).get("programs_per_layer")
-        if not lists:
-            return None
-        rank = lambda name: next((i for i, p in enumerate(LAYER_ORDER) if name.startswith(p)), len(LAYER_ORDER))  # noqa: E731
-        return {name: lists[name] for name in sorted(lists, key=lambda n: (rank(n), n))}
-    per_op = perf.get("per_op")
-    if per_op:
-        return {"GDN layer": per_op["gdn_layer"], "attention layer": per_op["attention_layer"], "head": per_op["head"]}
-    return None
-
-
-def plot_programs(plt, r: dict, lists: dict, out: Path) -> Path:
-    layers = list(lists)
-    ops = sorted({op for d in lists.values() for op in d}, key=lambda op: -sum(d.get(op, 0) for d in lists.values()))
-    fig, ax = plt.subplots(figsize=(11, 0.55 * len(layers) + 3))
-    cmap = plt.get_cmap("tab20")
-    left = [0] * len(layers)
-    ys = list(range(len(layers)))
-    for i, op in enumerate(ops):
-        vals = [lists[layer].get(op, 0) for layer in layers]
-        ax.barh(ys, vals, left=left, color=cmap(i % 20), label=op.removeprefix("ttnn."), height=0.6,
-                hatch="//" if i >= 20 else None)
-        left = [a + b for a, b in zip(left, vals)]
-    for y, n in zip(ys, left):
-        ax.annotate(str(n), (n, y), va="center", xytext=(3, 0), textcoords="offset points", fontsize=9)
-    ax.set_xlim(0, max(left) * 1.1)
-    ax.set_yticks(ys, layers)
-    ax.invert_yaxis()
-    ax.set_xlabel("device programs per layer per decode step (count)")
-    ax.set_title(f"Programs per layer by op (emulator counts, {r['probe']})\n{_setup(r)}", fontsize=11)
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False, ncol=1 + len(ops) // 24)
-    ax.grid(axis="x", alpha=0.3)
-    return _save(plt, fig, out)
-
-
-def plot_acceptance(plt, r: dict, rows: list[dict], out: Path) -> Path:
-    mech = sorted({x["mechanism"] for x in rows})[0] if rows else "-"
-    mine = [x for x in rows if x["mechanism"] == mech]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5))
-    for x in mine:
-        a1.plot(range(1, x["k"] + 1), x["per_position"], marker="o", label=f"K={x['k']} ({x['steps']} verify steps)")
-    a1.set_xticks(range(1, max(x["k"] for x in mine) + 1))
-    a1.set_xlabel("draft position i")
-    a1.set_ylabel("fraction of verify steps accepting drafts 1..i")
-    a1.set_ylim(0, 1.05)
-    a1.set_title("acceptance per position")
-    a1.legend(fontsize=8)
-    a1.grid(alpha=0.3)
-    ks = [x["k"] for x in mine]
-    a2.plot(ks, [x["mean_emitted"] for x in mine], marker="o", label="measured (mean emitted)")
-    a2.plot(ks, [k + 1 for k in ks], ls="--", color="grey", label="upper bound K+1")
-    a2.set_xticks(ks)
-    a2.set_ylim(0, max(ks) + 1.5)
-    a2.set_xlabel("draft depth K")
-    a2.set_ylabel("tokens emitted per verify step")
-    a2.set_title("tokens per step vs K")
-    a2.legend(fontsize=8)
-    a2.grid(alpha=0.3)
-    ck = Path(str((r.get("config") or {}).get("checkpoint", "?"))).name
-    fig.suptitle(f"[measured] greedy acceptance, lossless probe, checkpoint {ck}, {mech}\non {r.get('backend')}",
-                 fontsize=11)
-    return _save(plt, fig, out)
-
-
-def plot_tok_s(plt, r: dict, out: Path) -> Path:
-    perf = r["performance"]
-    label = perf["label"]
-    ks = sorted(int(k) for k in perf["spec_tok_s"])
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for p in _rates(perf):
-        kp = [k for k in ks if p in perf["spec_tok_s"][str(k)]]
-        ax.plot(kp, [perf["spec_tok_s"][str(k)][p] for k in kp], marker="s" if "/" in p else "o",
-                ls=":" if "/" in p else "-", label=f"speculative, assumed acceptance {_scenario(p)}")
-    ax.axhline(perf["decode_tok_s"], ls="--", color="black", label=f"plain decode ({perf['decode_tok_s']:.1f})")
-    ax.set_xticks(ks)
-    ax.set_xlabel("draft depth K")
-    ax.set_ylabel("tokens per second (batch 1)")
-    ax.set_ylim(0, None)
-    ax.set_title(f"[{label}] tok/s vs K\n{_setup(r)}", fontsize=11)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return _save(plt, fig, out)
-
-
-# ---- several users per step ----------------------------------------------------------------------------------------
-BATCH_SCENARIO = "0.8"  # the acceptance scenario of the batch plot
 
 
 def batch_rows(records: list[tuple[Path, dict]]) -> tuple[list[dict], list[dict], list[tuple[Path, dict]]]:
@@ -337,30 +108,6 @@ def batch_rows(records: list[tuple[Path, dict]]) -> tuple[list[dict], list[dict]
     return dec, spec, used
 
 
-def plot_batch(plt, dec: list[dict], spec: list[dict], out: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    labels = sorted({x["label"] for x in dec + spec})
-    if dec:
-        ax.plot([x["batch"] for x in dec], [x["aggregate"] for x in dec], marker="o", color="black",
-                label="plain decode (decode-cost)")
-    for k in sorted({x["k"] for x in spec if x["refused"] is None}):
-        rows = [x for x in spec if x["k"] == k and x["refused"] is None and BATCH_SCENARIO in x["mtp_per_user"]]
-        if not rows:
-            continue
-        ax.plot([x["batch"] for x in rows], [x["batch"] * x["mtp_per_user"][BATCH_SCENARIO] for x in rows],
-                marker="s", ls="--", label=f"MTP K={k}, assumed acceptance {BATCH_SCENARIO} per draft (gate-0b)")
-    ax.set_xscale("log", base=2)
-    bs_all = sorted({x["batch"] for x in dec + spec})
-    ax.set_xticks(bs_all, [str(b) for b in bs_all])
-    ax.set_xlabel("users per step B")
-    ax.set_ylabel("aggregate tokens per second (all users)")
-    ax.set_ylim(0, None)
-    ax.set_title(f"[{', '.join(labels)}] aggregate tok/s vs batch", fontsize=11)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return _save(plt, fig, out)
-
-
 def batch_section(plt, records: list[tuple[Path, dict]], out_dir: Path) -> tuple[list[str], list[Path], list[list[str]]]:
     """Markdown, plots and source lines of the batch tables; nothing unless some record has B > 1."""
     if not any(r["probe"] in ("decode-cost", "gate-0b") and batch_of(r) > 1 for _, r in records):
@@ -370,8 +117,8 @@ def batch_section(plt, records: list[tuple[Path, dict]], out_dir: Path) -> tuple
     if dec:
         one = next((x["aggregate"] for x in dec if x["batch"] == 1), None)
         md += ["", f"## Plain decode vs batch ({', '.join(sorted({x['label'] for x in dec}))}; decode-cost)", ""]
-        md.append(_table(["B", "ms/step", "tok/s per user", "aggregate tok/s", "aggregate vs B=1"],
-                         [[str(x["batch"]), _ms(x["ms"]), f"{x['per_user']:.1f}", f"{x['aggregate']:.1f}",
+        md.append(md_table(["B", "ms/step", "tok/s per user", "aggregate tok/s", "aggregate vs B=1"],
+                         [[str(x["batch"]), ms_text(x["ms"]), f"{x['per_user']:.1f}", f"{x['aggregate']:.1f}",
                            "-" if one is None else f"{x['aggregate'] / one:.1f}x"] for x in dec]))
     if spec:
         scens = sorted({sc for x in spec if x["refused"] is None for sc in x["mtp_per_user"]},
@@ -379,16 +126,16 @@ def batch_section(plt, records: list[tuple[Path, dict]], out_dir: Path) -> tuple
         md += ["", f"## Speculative step vs batch ({', '.join(sorted({x['label'] for x in spec}))}; gate-0b)", ""]
         rows = []
         for x in spec:
-            head = [str(x["batch"]), _ms(x["decode_ms"]), f"{x['plain_per_user']:.1f}", f"{x['plain_aggregate']:.1f}"]
+            head = [str(x["batch"]), ms_text(x["decode_ms"]), f"{x['plain_per_user']:.1f}", f"{x['plain_aggregate']:.1f}"]
             if x["refused"] is not None:
                 rows.append(head + ["-" if x["k"] is None else str(x["k"]), "-", "-", "-"] + ["-"] * (2 * len(scens))
                             + [f"refused: {x['refused']}"])
                 continue
             mtp = x["mtp_per_user"]
-            rows.append(head + [str(x["k"]), str(x["rows"]), _ms(x["verify_ms"]), f"{x['ratio']:.3f}"]
-                        + [_opt(mtp.get(sc), 1) for sc in scens]
-                        + [_opt(None if mtp.get(sc) is None else x["batch"] * mtp[sc], 1) for sc in scens] + [""])
-        md.append(_table(["B", "decode ms", "plain tok/s per user", "plain aggregate", "K", "verify rows", "verify ms",
+            rows.append(head + [str(x["k"]), str(x["rows"]), ms_text(x["verify_ms"]), f"{x['ratio']:.3f}"]
+                        + [opt_text(mtp.get(sc), 1) for sc in scens]
+                        + [opt_text(None if mtp.get(sc) is None else x["batch"] * mtp[sc], 1) for sc in scens] + [""])
+        md.append(md_table(["B", "decode ms", "plain tok/s per user", "plain aggregate", "K", "verify rows", "verify ms",
                           "verify_cost_ratio"] + [f"MTP tok/s per user @ {sc}" for sc in scens]
                          + [f"MTP aggregate @ {sc}" for sc in scens] + ["note"], rows))
         md += ["", "MTP step = packed verify + acceptance + MTP draft (at B > 1 the batched device MTP: reseed over "
@@ -422,7 +169,7 @@ def calibrated_section(records: list[tuple[Path, dict]], used: list) -> list[str
         w = anchor_workload(a)
         f = calibrated_figures(w.counts)
         rows.append([f"pin: {a.name}", _band([f["ms"], f["ms_low"], f["ms_high"]]),
-                     _ms(P150aCostModel().predict_ms(w.counts)), f"{a.measured_ms:.2f} (measured; {a.source})"])
+                     ms_text(P150aCostModel().predict_ms(w.counts)), f"{a.measured_ms:.2f} (measured; {a.source})"])
     dc = latest(records, "decode-cost", 1)
     if dc and "calibrated" in dc[1]["performance"]:
         path, r = dc
@@ -430,7 +177,7 @@ def calibrated_section(records: list[tuple[Path, dict]], used: list) -> list[str
         c = p["calibrated"]
         used.append(_source_line("calibrated 27B decode", path, r))
         rows.append([f"ours: 27B plain decode, 2x P150a TP=2, context {p['context_tokens']}",
-                     _band([c["ms"], c["ms_low"], c["ms_high"]]), _ms(p["modelled_ms_per_step"]), "-"])
+                     _band([c["ms"], c["ms_low"], c["ms_high"]]), ms_text(p["modelled_ms_per_step"]), "-"])
     g0b = latest(records, "gate-0b", 1)
     if g0b and "calibrated" in g0b[1]["performance"]:
         path, r = g0b
@@ -441,11 +188,11 @@ def calibrated_section(records: list[tuple[Path, dict]], used: list) -> list[str
             ratio = c["verify_cost_ratio"][k]
             rows.append([f"ours: 27B MTP step K={k} (verify_cost_ratio {_band(ratio, 3)}"
                          + (f"; {_band(tok, 1)} tok/s at 0.8/0.6/0.5)" if tok else ")"),
-                         _band(st), _ms(r["performance"]["step_ms_shadow_commit"][k]), "-"])
+                         _band(st), ms_text(r["performance"]["step_ms_shadow_commit"][k]), "-"])
     for ref in QWEN36_27B_REFERENCES:
         rows.append([f"other code: {ref.name}, {ref.hardware}", "-", "-",
                      f"{ref.ms_per_token:.1f} (measured; {ref.source})"])
-    md.append(_table(["figure", "calibrated ms (band)", "roofline ms", "measured ms"], rows))
+    md.append(md_table(["figure", "calibrated ms (band)", "roofline ms", "measured ms"], rows))
     return md + [""]
 
 
@@ -461,14 +208,14 @@ def prefill_section(records: list[tuple[Path, dict]], used: list) -> list[str]:
     md = ["", f"## Time to first token ({p['label']}, batch 1, TP={p['tp']}, prefill-cost)", "",
           f"{r.get('backend')}, preset {(r.get('config') or {}).get('preset')}, {p.get('precision')}, "
           f"{p['chunk_tokens']}-token chunks; not included: {'; '.join(p.get('uncalibrated', []))}", ""]
-    md.append(_table(["prompt tokens", "TTFT ms (band)", "prompt tok/s", "chunks", "compute excess ms",
+    md.append(md_table(["prompt tokens", "TTFT ms (band)", "prompt tok/s", "chunks", "compute excess ms",
                       "TFLOP/device"],
                      [[k, _band([t["ms"], t["ms_low"], t["ms_high"]], 0), f"{t['tok_s']:.0f}", str(t["chunks"]),
-                       _ms(t["breakdown"]["compute_excess_ms"]), f"{t['flops_per_device'] / 1e12:.1f}"]
+                       ms_text(t["breakdown"]["compute_excess_ms"]), f"{t['flops_per_device'] / 1e12:.1f}"]
                       for k, t in sorted(p["ttft"].items(), key=lambda kv: int(kv[0]))]))
     if p.get("prefix_reuse"):
         md += ["", "Prefix-cache hits (the hit's KV and GDN state reused, the rest prefilled from its position):", ""]
-        md.append(_table(["prompt", "hit", "prefilled", "TTFT ms (band)", "whole prompt ms", "saved ms"],
+        md.append(md_table(["prompt", "hit", "prefilled", "TTFT ms (band)", "whole prompt ms", "saved ms"],
                          [[str(h["prompt_tokens"]), str(h["hit_tokens"]), str(h["prefilled_tokens"]),
                            _band([h["ms"], h["ms_low"], h["ms_high"]], 0), f"{h['full_prompt_ms']:.0f}",
                            f"{h['saved_ms']:.0f}"] for h in p["prefix_reuse"]]))
@@ -480,7 +227,7 @@ def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
     records = load(files)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plt = _plt()
+    plt = pyplot()
     used: list[list[str]] = []
     md = ["# Run report", "",
           f"{len(records)} record(s) from {len({p for p, _ in records})} file(s). Figures keep their records' "
@@ -497,27 +244,27 @@ def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
         plots += plot_breakdowns(plt, r, out_dir)
         plots.append(plot_tok_s(plt, r, out_dir / "tok_s_vs_k.png"))
         used.append(_source_line("step breakdown, tok/s vs K", path, r))
-        comps = _components(perf)
-        md += [f"## Step time by component ({label}, ms)", "", _setup(r), ""]
-        md.append(_table(["step", "rows", "total"] + [COMPONENT_NAMES.get(c, c) for c in comps] + ["programs"],
-                         [[_step_title(s), str(s["rows"]), _ms(s["ms"])]
-                          + [_ms(s["components"][c]["ms"]) if c in s["components"] else "-" for c in comps]
-                          + [str(s.get("programs", "-"))] for _, s in _ordered_steps(perf)]))
-        cats = _categories(perf)
+        comps = components(perf)
+        md += [f"## Step time by component ({label}, ms)", "", setup(r), ""]
+        md.append(md_table(["step", "rows", "total"] + [COMPONENT_NAMES.get(c, c) for c in comps] + ["programs"],
+                         [[step_title(s), str(s["rows"]), ms_text(s["ms"])]
+                          + [ms_text(s["components"][c]["ms"]) if c in s["components"] else "-" for c in comps]
+                          + [str(s.get("programs", "-"))] for _, s in ordered_steps(perf)]))
+        cats = categories(perf)
         if cats:
             md += ["", f"## Step time by cost term ({label}, ms)", ""]
-            md.append(_table(["step", "total"] + [_category_name(c) for c in cats],
-                             [[_step_title(s), _ms(s["ms"])] + [_ms(s["categories"].get(c, 0.0)) for c in cats]
-                              for _, s in _ordered_steps(perf)]))
+            md.append(md_table(["step", "total"] + [category_name(c) for c in cats],
+                             [[step_title(s), ms_text(s["ms"])] + [ms_text(s["categories"].get(c, 0.0)) for c in cats]
+                              for _, s in ordered_steps(perf)]))
         ks = sorted(int(k) for k in perf["spec_tok_s"])
-        rates = _rates(perf)
+        scen = rates(perf)
         md += ["", f"## Throughput ({label}, batch 1)", "",
-               f"plain decode: {_ms(perf['steps']['decode']['ms'])} ms/step, {perf['decode_tok_s']:.1f} tok/s", ""]
-        md.append(_table(["K", "step ms", "verify_cost_ratio"]
-                         + [f"tokens/step @ {p}" for p in rates] + [f"tok/s @ {p}" for p in rates],
-                         [[str(k), _ms(perf["steps"][f"spec_k{k}"]["ms"]), f"{perf['verify_cost_ratio'][str(k)]:.3f}"]
-                          + [_opt(perf["tokens_per_step"][str(k)].get(p), 3) for p in rates]
-                          + [_opt(perf["spec_tok_s"][str(k)].get(p), 1) for p in rates] for k in ks]))
+               f"plain decode: {ms_text(perf['steps']['decode']['ms'])} ms/step, {perf['decode_tok_s']:.1f} tok/s", ""]
+        md.append(md_table(["K", "step ms", "verify_cost_ratio"]
+                         + [f"tokens/step @ {p}" for p in scen] + [f"tok/s @ {p}" for p in scen],
+                         [[str(k), ms_text(perf["steps"][f"spec_k{k}"]["ms"]), f"{perf['verify_cost_ratio'][str(k)]:.3f}"]
+                          + [opt_text(perf["tokens_per_step"][str(k)].get(p), 3) for p in scen]
+                          + [opt_text(perf["spec_tok_s"][str(k)].get(p), 1) for p in scen] for k in ks]))
         md += ["", "Acceptance scenarios are assumptions, not measurements: a single rate p is the chance each draft "
                "is accepted given the previous ones were; a profile a1/a2/... is the fraction of steps accepting "
                "drafts 1..i (as the lossless records report it)."]
@@ -529,7 +276,7 @@ def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
         plots.append(plot_programs(plt, r, lists, out_dir / "programs_per_layer.png"))
         used.append(_source_line("programs per layer", path, r))
         md += ["", "## Programs per layer, decode step (emulator counts)", ""]
-        md.append(_table(["layer", "programs", "ops (count)"],
+        md.append(md_table(["layer", "programs", "ops (count)"],
                          [[layer, str(sum(d.values())),
                            ", ".join(f"{op.removeprefix('ttnn.')} {n}" for op, n in
                                      sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))]
@@ -540,12 +287,12 @@ def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
         path, r = dc
         p = r["performance"]
         used.append(_source_line("decode-cost summary", path, r))
-        md += ["", f"## decode-cost ({p['label']})", "", _setup(r), ""]
-        md.append(_table(["programs/token", "GDN layer", "attention layer", "ms/step", "tok/s", "weight-stream floor ms",
+        md += ["", f"## decode-cost ({p['label']})", "", setup(r), ""]
+        md.append(md_table(["programs/token", "GDN layer", "attention layer", "ms/step", "tok/s", "weight-stream floor ms",
                           "batch"],
                          [[str(p["programs"]["per_token"]), str(p["programs"]["gdn_layer"]),
-                           str(p["programs"]["attention_layer"]), _ms(p["modelled_ms_per_step"]),
-                           f"{p['modelled_tok_s']:.1f}", _ms(p["weight_stream_floor_ms"]), str(batch_of(r))]]))
+                           str(p["programs"]["attention_layer"]), ms_text(p["modelled_ms_per_step"]),
+                           f"{p['modelled_tok_s']:.1f}", ms_text(p["weight_stream_floor_ms"]), str(batch_of(r))]]))
 
     md += prefill_section(records, used)
 
@@ -555,11 +302,11 @@ def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
         p = r["performance"]
         used.append(_source_line("gate-0b table", path, r))
         ks = sorted(p["verify_cost_ratio"], key=int)
-        md += ["", f"## gate-0b ({p['label']}, ms)", "", _setup(r), ""]
-        md.append(_table(["K", "verify", "verify_cost_ratio", "accept", "draft", "commit (shadow)", "step"],
-                         [[k, _ms(p["verify"][k]["ms"]), f"{p['verify_cost_ratio'][k]:.3f}", _ms(p["accept"][k]["ms"]),
-                           _ms(p["draft"][k]["total"]["ms"]), _ms(p["commit_shadow_commit_by_k"][k]["ms"]),
-                           _ms(p["step_ms_shadow_commit"][k])] for k in ks]))
+        md += ["", f"## gate-0b ({p['label']}, ms)", "", setup(r), ""]
+        md.append(md_table(["K", "verify", "verify_cost_ratio", "accept", "draft", "commit (shadow)", "step"],
+                         [[k, ms_text(p["verify"][k]["ms"]), f"{p['verify_cost_ratio'][k]:.3f}", ms_text(p["accept"][k]["ms"]),
+                           ms_text(p["draft"][k]["total"]["ms"]), ms_text(p["commit_shadow_commit_by_k"][k]["ms"]),
+                           ms_text(p["step_ms_shadow_commit"][k])] for k in ks]))
 
     batch_md, batch_plots, batch_used = batch_section(plt, records, out_dir)
     md += batch_md
@@ -575,18 +322,18 @@ def write_report(files, out_dir: str | os.PathLike) -> dict[str, Any]:
             used.append(_source_line("acceptance per position, tokens per step", path, r))
             md += ["", "## Acceptance (lossless probe, greedy; measured counts)", "",
                    f"{r.get('backend')}, checkpoint {(r.get('config') or {}).get('checkpoint')}", ""]
-            md.append(_table(["K", "mechanism", "verify steps", "tokens/step", "acceptance per position"],
+            md.append(md_table(["K", "mechanism", "verify steps", "tokens/step", "acceptance per position"],
                              [[str(x["k"]), x["mechanism"], str(x["steps"]), f"{x['mean_emitted']:.3f}",
                                ", ".join(f"{v:.3f}" for v in x["per_position"])] for x in rows]))
 
     if not used:
         raise ReportError("none of the records carries a figure this report shows")
     md += ["", "## Sources", ""]
-    md.append(_table(["used for", "probe", "run", "time (UTC)", "commit", "backend", "label", "file"], used))
+    md.append(md_table(["used for", "probe", "run", "time (UTC)", "commit", "backend", "label", "file"], used))
     unused = [_source_line("not used (older record)", p, r) for p, r in records
               if not any(r.get("run_id") == u[2] and r["probe"] == u[1] for u in used)]
     if unused:
-        md += ["", _table(["", "probe", "run", "time (UTC)", "commit", "backend", "label", "file"], unused)]
+        md += ["", md_table(["", "probe", "run", "time (UTC)", "commit", "backend", "label", "file"], unused)]
     md += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     report = out_dir / "report.md"
     atomic_write_text(report, "\n".join(md) + "\n")

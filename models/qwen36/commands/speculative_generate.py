@@ -7,27 +7,29 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..speculative.engine import GenerationResult, MechanismCounters, SpecBackend, speculative_generate
+from ..speculative.engine import GenerationResult, MechanismCounters, speculative_generate
 from .backends import REFERENCE_DEVICES
 
 
 def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, depth=None, users: int = 1,
                  params=None, precision: str = "accuracy", per_user=None):
-    """The speculative backend for --device: the torch reference, or the TT target + device MTP. ``depth``: the
-    depth policy (the TT backend allocates every depth a controller may pick; the reference sizes its verify for
-    the largest). ``users``: the backend's slots (one packed verify per step for all users): ``ReferenceBackend``,
-    or on TT ``TTSpecBackend`` for one user and ``TTSpecBackend(slots=B)`` with the packed device MTP drafter for
-    several (fixed K; ``params``: the users' shared sampling parameters, seeds aside; ``per_user``: instead, every
-    user's own params, whose stages the TT backend's acceptor then holds). ``precision``: the TT precision preset
-    (`generate` passes the one its plain path uses, so that speculative and plain decoding run the same model)."""
+    """The speculative backend for --device: the torch reference, or the TT target + device MTP (the TT builders,
+    ``tt.runtime.generator.build_generator`` and ``tt.spec.build.build_spec_backend``). ``depth``: the depth policy
+    (an int K, or a controller: the TT backend allocates every depth it may pick; the reference sizes its verify for
+    the largest). ``users``: the backend's slots (one packed verify per step for all users; on TT several users
+    verify one fixed K). ``params``: the users' shared sampling parameters, seeds aside; ``per_user``: instead,
+    every user's own params. ``precision``: the TT precision preset (`generate` passes the one its plain path
+    uses, so that speculative and plain decoding run the same model)."""
     if device not in REFERENCE_DEVICES:
-        if users != 1:
-            if not isinstance(depth, int):
-                raise UserError("batched speculative decoding on a TT device takes a fixed integer --spec-k")
-            return load_tt_batch_backend(ckpt, device, mechanism, max_len, users, depth, params, precision=precision,
-                                         per_user=per_user)
-        depths = None if depth is None or isinstance(depth, int) else depth.depths
-        return load_tt_backend(ckpt, device, mechanism, max_len, precision=precision, depths=depths)
+        from ..checkpoint import load_checkpoint
+        from ..tt.runtime.generator import SPEC_PAGES, build_generator
+        from ..tt.spec.build import build_spec_backend, check_spec_request
+        from ..tt.spec.mtp_drafter import TTMTPDrafter
+
+        check_spec_request(users, depth, per_user)  # before anything loads
+        gen = build_generator(ckpt, device, precision=precision, require_mtp=True, max_len=max_len, pages=SPEC_PAGES)
+        return build_spec_backend(gen, TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)), users=users,
+                                  depth=depth, mechanism=mechanism, params=params, per_user=per_user)
     import torch
 
     from ..reference.model import Qwen36Model
@@ -39,61 +41,6 @@ def load_backend(ckpt: Path, device: str, dtype, mechanism: str, max_len: int, d
                                         require_mtp=True)
     k_max = 8 if depth is None else depth if isinstance(depth, int) else depth.k_max
     return ReferenceBackend(model, mechanism, max_len=max_len, slots=users, max_k=k_max)
-
-
-def load_tt_backend(ckpt: Path, device: str, mechanism: str, max_len: int, precision: str = "accuracy",
-                    depths=None) -> SpecBackend:
-    """TTSpecBackend on ``device`` (emulated-p150x2, p150x2, ...): traced verify+accept / commit+MTP draft;
-    ``depths``: every draft depth a depth controller may pick (per-depth traces over one device state)."""
-    from ..checkpoint import load_checkpoint
-    from ..tt.runtime.generator import load_tt_target
-    from ..tt.spec.mtp_drafter import TTMTPDrafter
-    from ..tt.spec.spec_backend import TTSpecBackend
-
-    block = 32
-    gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,
-                         max_seq_len=max(2 * block, -(-max_len // block) * block), block_size=block)
-    return TTSpecBackend(gen, mechanism, drafter=TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True)), depths=depths)
-
-
-def load_tt_batch_backend(ckpt: Path, device: str, mechanism: str, max_len: int, users: int, k: int, params=None,
-                          precision: str = "accuracy", per_user=None):
-    """TTSpecBackend with B slots for ``users`` users on ``device``: traced draft (the packed device MTP chain) / verify +
-    accept / commit + MTP reseed, every user verifying K+1 rows per step. The slot count is padded up to one the
-    verify's core grid can lay out (``verify_slots``: 3 users at K = 3 get 4 slots, 16 rows); the spare slots stay
-    free and their rows inert. Refused before anything loads when no slot count fits. ``per_user``: every user's
-    own SamplingParams (the acceptor then holds ``SamplerStages.of`` them and each row its user's; the packed device
-    drafter drafts by argmax for them, so sampled users need draft="greedy", refused before anything loads)."""
-    from loguru import logger
-
-    from ..checkpoint import load_checkpoint
-    from ..speculative.sampling import SamplingParams
-    from ..tt.spec.host_rows import verify_slots
-    from ..tt.spec.spec_backend import TTSpecBackend
-    from ..tt.runtime.generator import load_tt_target
-    from ..tt.spec.mtp_drafter import TTMTPDrafter
-
-    from ..tt.runtime.sampler_transform import SamplerStages
-
-    stages = None
-    if per_user is not None:
-        odd = next((i for i, p in enumerate(per_user) if p.sampled_drafts), None)
-        if odd is not None:
-            raise UserError(f"user {odd} ({per_user[odd].describe()}): per-user settings in a TT speculative batch draft "
-                            f"by argmax on the device MTP chain; pass --draft greedy")
-        stages = SamplerStages.of(per_user, config_of(ckpt).vocab_size)
-    slots = verify_slots(users, k)
-    if slots != users:
-        logger.info(f"{users} users at K={k}: {slots} slots ({slots * (k + 1)} verify rows; the verify's core grid "
-                    f"takes whole rows of 8 above 8 rows), {slots - users} of them free and inert")
-    block = 32
-    gen = load_tt_target(ckpt, device, precision=precision, require_mtp=True,
-                         max_seq_len=max(2 * block, -(-max_len // block) * block), block_size=block)
-    drafter = TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
-    if stages is not None:
-        return TTSpecBackend(gen, mechanism, drafter=drafter, slots=slots, k=k, rows="host", stages=stages)
-    return TTSpecBackend(gen, mechanism, drafter=drafter, slots=slots, k=k, rows="host",
-                         params=params if params is not None else SamplingParams())
 
 
 def backend_config(backend):

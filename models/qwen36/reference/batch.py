@@ -5,6 +5,8 @@
     logits = dec.step(next_tokens)          # one decode step of every active slot -> [slots, V]
     dec.leave(0)                            # slot 0 is free again (its state reset)
 
+    results = generate(model, prompts, 32, params)   # plain decoding: ReferenceDecoder + generation.plain
+
 Slot b is row b of every state tensor: the GDN recurrent and conv state, the KV caches (each user's rows at its
 own absolute positions) and the position, which is per row (``state.pos`` is a LongTensor [slots]; the attention
 layer takes per-row positions, so users of different lengths decode in one forward). A decode step runs all slots;
@@ -14,10 +16,12 @@ only their slot) and leave between steps without touching the others.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
+from ..generation.plain import HostPicks, Pick, PlainResult, plain_generate
+from ..generation.sampling import SamplingParams
 from ..prefix_cache import PrefixCache
 from .model import ForwardOutput, Qwen36Model
 from .prefix import PrefillResult, prefill as cached_prefill
@@ -178,45 +182,49 @@ def packed_forward(model: Qwen36Model, state: ModelState, tokens: torch.Tensor, 
     return out
 
 
-@torch.no_grad()
-def batched_greedy_generate(model: Qwen36Model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                            eos_ids: Sequence[int] = (), prefix_cache: PrefixCache | None = None,
-                            thinking=None) -> list[list[int]]:
-    """Plain greedy decoding of several prompts as one batch (one slot per prompt, one forward per step).
-    Each user stops at its own EOS (kept) or at ``max_new_tokens`` and leaves its slot; the rest go on.
-    ``thinking``: one ``ThinkingBudget`` for every user, each counted on its own; the phrase's tokens are fed one
-    decode row at a time, replacing the step's pick (``ForcedFeed``)."""
-    from qwen36.speculative.thinking import ForcedFeed
+class ReferenceDecoder:
+    """The plain decoding backend on the reference (``generation.plain.DecodeBackend``): users in the slots of one
+    :class:`SlotDecoder`, tokens picked on the host from each step's logits rows (``generation.plain.HostPicks``:
+    each user's params, seeded generator and penalties). ``keep_logits``: every pick keeps its row."""
 
-    if not prompts:
-        raise ValueError("no prompts")
-    dec = SlotDecoder(model, len(prompts), max(len(p) for p in prompts) + max_new_tokens + 1, prefix_cache)
-    outputs: list[list[int]] = [[] for _ in prompts]
-    next_tok = torch.zeros(len(prompts), dtype=torch.long, device=dec.device)
-    feeds = [ForcedFeed(thinking, p) if thinking is not None else None for p in prompts]
+    def __init__(self, model: Qwen36Model, slots: int, max_len: int, prefix_cache: PrefixCache | None = None,
+                 keep_logits: bool = False):
+        self.dec = SlotDecoder(model, slots, max_len, prefix_cache)
+        self.slots = slots
+        self.label = f"reference (torch {self.dec.device.type.upper()})"
+        self.picks = HostPicks(model.config.vocab_size, self.dec.device, keep_logits)
+        # every slot's last fed token (a free slot keeps its last one: its row is inert)
+        self.next_tok = torch.zeros(slots, dtype=torch.long, device=self.dec.device)
 
-    def emit(b: int, tok: int) -> None:
-        forced = False
-        if feeds[b] is not None:
-            tok, forced = feeds[b].choose(tok, len(outputs[b]))
-        outputs[b].append(tok)
-        next_tok[b] = tok
-        if (not forced and tok in eos_ids) or len(outputs[b]) >= max_new_tokens:
-            dec.leave(b)
+    def free_slots(self) -> list[int]:
+        return [s for s in range(self.slots) if not bool(self.dec.active[s])]
 
-    for b, prompt in enumerate(prompts):
-        emit(b, int(dec.join(b, prompt).argmax()))
-    while bool(dec.active.any()):
-        active = dec.active.nonzero().flatten().tolist()
-        logits = dec.step(next_tok)
-        for b in active:
-            emit(b, int(logits[b].argmax()))
-    return outputs
+    def join(self, slot: int, prompt: Sequence[int], params: SamplingParams, forced: int | None = None) -> Pick:
+        res = self.dec.prefill(slot, prompt)
+        pick = self.picks.start(slot, prompt, params, res.logits[0], forced)
+        pick.prefill = res
+        return pick
+
+    def step(self, tokens: Mapping[int, int], forced: Mapping[int, int]) -> dict[int, Pick]:
+        for s, t in tokens.items():
+            self.next_tok[s] = t
+        logits = self.dec.step(self.next_tok)
+        return {s: self.picks.next(s, logits[s], forced.get(s)) for s in tokens}
+
+    def leave(self, slot: int) -> None:
+        self.dec.leave(slot)
+        self.picks.stop(slot)
 
 
-@torch.no_grad()
-def greedy_generate(model: Qwen36Model, prompt: torch.Tensor, max_new_tokens: int,
-                    eos_ids: tuple[int, ...] = ()) -> list[int]:
-    """Plain greedy decoding of one prompt: the batch of one of :func:`batched_greedy_generate` (one code path for
-    any number of users)."""
-    return batched_greedy_generate(model, [prompt.view(-1).tolist()], max_new_tokens, eos_ids)[0]
+def generate(model: Qwen36Model, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
+             params: SamplingParams | Sequence[SamplingParams] | None = None, eos_ids: Sequence[int] = (), *,
+             prefix_cache: PrefixCache | None = None, keep_logits: bool = False, thinking=None,
+             arrivals: Sequence[int] | None = None) -> list[PlainResult]:
+    """Plain decoding of ``prompts`` on the reference, one slot per prompt (``generation.plain.plain_generate`` on a
+    :class:`ReferenceDecoder`; one prompt is B = 1). ``prefix_cache``: each prompt resumes from its longest cached
+    block boundary (its blocks released when it leaves)."""
+    limit = max_new_tokens if isinstance(max_new_tokens, int) else max(max_new_tokens)
+    longest = max(torch.as_tensor(p).numel() for p in prompts)
+    backend = ReferenceDecoder(model, len(prompts), longest + limit + 1, prefix_cache,
+                               keep_logits)
+    return plain_generate(backend, prompts, max_new_tokens, params, eos_ids, arrivals=arrivals, thinking=thinking)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from .depth import DepthController, FixedDepth
-from .sampling import SamplingParams, TokenLogprobs
-from .thinking import ThinkingBudget
+from ..generation.sampling import SamplingParams, TokenLogprobs
+from ..generation.thinking import ThinkingBudget
 
 
 @dataclass

@@ -14,7 +14,7 @@ counters one step is expected to produce): ``speculative/reference_mechanisms.py
 (``--commit``), the probes and the tests iterate over :data:`MECHANISMS`. A name is resolved to its object once,
 when a backend is built (:func:`resolve`).
 
-Import-light on purpose (no torch): the command line builds its ``--commit`` and ``--draft`` choices from here.
+Import-light on purpose (no torch): the command line builds its ``--commit`` choices from here.
 """
 from __future__ import annotations
 
@@ -22,10 +22,6 @@ from typing import Mapping, TypeVar
 
 MECHANISMS = ("snapshot", "shadow_commit", "recompute")
 DEFAULT_MECHANISM = "shadow_commit"  # zero state copies per step (docs/speculative.md)
-
-# How the MTP picks drafts in a stochastic run (SamplingParams.draft; its ``sampled_drafts`` is the one test of it):
-# "sample" draws from the transformed draft distribution, "greedy" takes the argmax (one-hot draft distribution).
-DRAFT_MODES = ("sample", "greedy")
 
 M = TypeVar("M")
 

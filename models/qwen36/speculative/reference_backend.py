@@ -35,7 +35,7 @@ from .acceptance import ONE_HOT_DRAFT, greedy_accept, rejection_sample
 from .engine import Acceptance, MechanismCounters
 from .mechanisms import DEFAULT_MECHANISM
 from .reference_mechanisms import ReferenceMechanism, ReferenceVerify, Transaction, reference_mechanism
-from .sampling import (Penalties, SamplingParams, TokenHistory, TokenLogprobs, penalize, pick_token,
+from ..generation.sampling import (Penalties, SamplingParams, TokenHistory, TokenLogprobs, penalize, pick_token,
                        probs_from_logits, sample, token_logprobs)
 
 

@@ -199,16 +199,16 @@ def tiny_weight_fingerprints() -> dict:
 def model_fingerprints() -> dict:
     from ..checkpoint import load_checkpoint
     from ..speculative.engine import speculative_generate
-    from ..speculative.sampling import SamplingParams
-    from ..tt.spec.spec_backend import TTSpecBackend
-    from ..tt.runtime.generator import TTGenerator
+    from ..generation.sampling import SamplingParams
+    from ..tt.spec.build import build_spec_backend
+    from ..tt.runtime.generator import SMALL_PAGES, build_generator
     from ..tt.spec.mtp_drafter import TTMTPDrafter
-    from ..tt.spec.spec_backend import TTSpecBackend
+    from ..tt.spec.build import build_spec_backend
 
     ckpt = files("qwen36") / "default_checkpoint"
     reader = load_checkpoint(ckpt, require_mtp=True)
-    gen = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="performance", max_seq_len=128,
-                                      progress=False, block_size=32, prefill_chunk=64, require_mtp=True)
+    gen = build_generator(ckpt, "emulated-p150x2", precision="performance", max_seq_len=128, progress=False,
+                          pages=SMALL_PAGES, cache_dir=None, require_mtp=True)
     out = tiny_weight_fingerprints()
     try:
         prompt = PROMPTS[0]
@@ -223,14 +223,14 @@ def model_fingerprints() -> dict:
         gen.release_trace()
         out["model:decode_logits"] = digest(torch.stack(logits))
         out["model:decode_tokens"] = toks
-        be = TTSpecBackend(gen, "snapshot", drafter=TTMTPDrafter(reader))
+        be = build_spec_backend(gen, TTMTPDrafter(reader), mechanism="snapshot")
         try:
             r = speculative_generate(be, [prompt], 12, [3])[0]
         finally:
             be.release()
         out["model:spec_tokens"] = r.tokens
         out["model:spec_accepted"] = list(r.stats.accepted)
-        bb = TTSpecBackend(gen, "shadow_commit", slots=2, k=3, drafter=TTMTPDrafter(reader))
+        bb = build_spec_backend(gen, TTMTPDrafter(reader), users=2, depth=3, mechanism="shadow_commit")
         try:
             rs = speculative_generate(bb, PROMPTS, 8, [3, 3], [SamplingParams()] * 2)
         finally:

@@ -2,7 +2,7 @@
 runs, not times):
 
 * gate-0b (``probes/gate_0b.py``) on the ci preset at one user (``measure``: the one-user step composed from its
-  entry points) and at four users (``measure_batch``: the packed B-slot step), K = 1, 2, 3; per phase (decode,
+  entry points) and at four users (``measure(batch=4)``: the packed B-slot step), K = 1, 2, 3; per phase (decode,
   verify, accept, draft and its parts, commit per K and per mechanism, the per-layer parts) the program count per
   op, collectives and bytes read per device;
 * the step as ``TTSpecBackend`` runs it (:func:`backend_steps`, the shipped checkpoint): the 4th step (replayed) of
@@ -39,7 +39,7 @@ def _phases(node, path: str, out: dict) -> None:
 
 def gate0b_programs(batch: int) -> dict:
     """{phase path: {"programs": {op: n}, "collectives": n, "collective_bytes": n, "bytes_read": {dtype: n}}} of
-    gate-0b at ``batch`` users (1: ``measure``; > 1: ``measure_batch``), plus ``ks_refused`` at B > 1."""
+    gate-0b at ``batch`` users (``measure``: device rows at 1, host rows above), plus ``ks_refused`` at B > 1."""
     from qwen36.probes import gate_0b
 
     orig = gate_0b.phase_figures
@@ -54,12 +54,8 @@ def gate0b_programs(batch: int) -> dict:
     cfg, base = gate_0b.build_config(PRESET, VOCAB)
     gate_0b.phase_figures = figures
     try:
-        if batch == 1:
-            fig = gate_0b.measure(DEVICE, cfg, PRECISION, CONTEXT, list(KS), COMMIT_K, SEED, base.vocab_size,
-                                  real_cfg=base)
-        else:
-            fig = gate_0b.measure_batch(DEVICE, cfg, PRECISION, CONTEXT, list(KS), COMMIT_K, SEED, base.vocab_size,
-                                        batch, real_cfg=base)
+        fig = gate_0b.measure(DEVICE, cfg, PRECISION, CONTEXT, list(KS), COMMIT_K, SEED, base.vocab_size,
+                              real_cfg=base, batch=batch)
     finally:
         gate_0b.phase_figures = orig
     out: dict = {}
@@ -86,7 +82,7 @@ def backend_steps(gen=None, names=None) -> dict:
     from collections import Counter
 
     from ..checkpoint import load_checkpoint
-    from ..speculative.sampling import SamplingParams
+    from ..generation.sampling import SamplingParams
     from ..tt.spec.mtp_drafter import TTMTPDrafter
     from ..tt.spec.spec_backend import TTSpecBackend
     from ..tt_ops.emulator import namespace

@@ -24,10 +24,10 @@ def oracle_generator(ck, engine_args, device: str = "emulated-p150x2", precision
     ``block_size`` and ``prefill_chunk`` (``engine_args``: the adapter's ``TTModelArgs``, or a dict of those three). A
     prompt prefilled in other chunks rounds differently (a 100-token prompt of the CI checkpoint: 0.023 max abs between
     chunks of 64 and one chunk of 256), so the oracle must prefill as the engine does."""
-    from ..tt.runtime.generator import load_tt_target
+    from ..tt.runtime.generator import build_generator
 
     get = engine_args.get if isinstance(engine_args, dict) else lambda f: getattr(engine_args, f)
-    return load_tt_target(ck, device, precision=precision, cache_dir=None, max_seq_len=get("max_seq_len"),
+    return build_generator(ck, device, precision=precision, cache_dir=None, max_seq_len=get("max_seq_len"),
                           block_size=get("block_size"), prefill_chunk=get("prefill_chunk"))
 
 

@@ -31,12 +31,13 @@ def tp4_config() -> Qwen36Config:
 
 def small_tt_generator(ckpt, **kw):
     """The emulated-mesh TT generator the speculative and sampling tests share: accuracy preset, 128-token
-    sequences in 32-token KV blocks, no progress bars; ``kw`` adds what a test needs (``require_mtp``,
-    ``prefill_chunk``, ...)."""
-    from ..tt.runtime.generator import TTGenerator
+    sequences in 32-token KV blocks (``prefill_chunk`` the model default unless given), no progress bars; ``kw``
+    adds what a test needs (``require_mtp``, ``prefill_chunk``, ...)."""
+    from ..tt.runtime.generator import Pages, build_generator
 
-    return TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=128,
-                                       progress=False, block_size=32, **kw)
+    pages = Pages(block_size=32, prefill_chunk=kw.pop("prefill_chunk", None))
+    return build_generator(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=128, progress=False,
+                           pages=pages, cache_dir=None, **kw)
 
 
 def make_bf16_checkpoint(out_dir: str | Path, preset: str | Qwen36Config = "ci", seed: int = 0) -> Path:

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import torch
 
+from ..generation.plain import PlainResult, plain_generate
 from ..tt.model.state import GDNLayerState, KVLayerState
 from ..tt.runtime.batch import TTBatchDecoder
-from ..tt.runtime.generator import TTGenerator
+from ..tt.runtime.decode import LogitsRows, TTDecoder
+from ..tt.runtime.generator import SMALL_PAGES, TTGenerator, build_generator
 from .cli import run_cli_streams
 from .tt import make_bf16_checkpoint
 
@@ -30,8 +32,8 @@ def batch_test_checkpoint(tmp_path_factory) -> Path:
 
 def batch_test_generator(ckpt: Path) -> TTGenerator:
     """The batch-1 generator on the emulated 1x2 mesh whose model the batch decoders run (accuracy preset)."""
-    return TTGenerator.from_checkpoint(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=256,
-                                       progress=False, block_size=32, prefill_chunk=64)
+    return build_generator(ckpt, "emulated-p150x2", precision="accuracy", max_seq_len=256, progress=False,
+                           pages=SMALL_PAGES, cache_dir=None)
 
 
 _single_cache: dict = {}
@@ -53,12 +55,19 @@ def batch_one_greedy(gen: TTGenerator, ids: torch.Tensor, n: int) -> tuple[list[
     return _single_cache[key]
 
 
+def host_greedy(dec, prompts, max_new_tokens, arrivals=None, thinking=None) -> list[PlainResult]:
+    """Greedy plain decoding on ``dec`` (a TTBatchDecoder or BucketedBatchDecoder) with every step's logits rows
+    read back and kept (``LogitsRows``): one PlainResult per user."""
+    picks = LogitsRows(dec.model.args.cfg.vocab_size, keep_logits=True)
+    return plain_generate(TTDecoder(dec, picks), prompts, max_new_tokens, arrivals=arrivals, thinking=thinking)
+
+
 def assert_users_match_single(gen, prompts, res, limits):
     """Every user's batched tokens equal its batch-1 run's, logits within BATCH_VS_SINGLE_MAX_ABS."""
     for u, p in enumerate(prompts):
         toks, logits = batch_one_greedy(gen, p, limits[u])
-        assert res.tokens[u] == toks, f"user {u} (prompt length {p.numel()})"
-        diff = max(float((a - b).abs().max()) for a, b in zip(res.logits[u], logits))
+        assert res[u].tokens == toks, f"user {u} (prompt length {p.numel()})"
+        diff = max(float((a - b).abs().max()) for a, b in zip(res[u].logits, logits))
         assert diff <= BATCH_VS_SINGLE_MAX_ABS, f"user {u}: batched vs batch-1 logits max abs {diff}"
 
 
@@ -116,7 +125,8 @@ def record_emitted_logits(be) -> dict[int, list[torch.Tensor]]:
     the join's prefill row, then rows 0..a of each committed verify (a step's accepted rows and its bonus row, an
     inject round's forced rows and the row after them). Compare with a plain decoder's ``keep_logits`` rows."""
     rows: dict[int, list[torch.Tensor]] = {s: [] for s in range(be.slots)}
-    join, commit = be.decoder.join, be._commit_slots
+    layout = be.layout  # the B-slot step layout (tt/spec/host_slots.py HostRows), whose commit the inject rounds call
+    join, commit = be.decoder.join, layout.commit
 
     def join_rec(slot, prompt, **kw):
         logits = join(slot, prompt, **kw)
@@ -129,5 +139,5 @@ def record_emitted_logits(be) -> dict[int, list[torch.Tensor]]:
             rows[s] += [lg[s, j].clone() for j in range(acc.num_accepted + 1)]
         return commit(acceptances, forced)
 
-    be.decoder.join, be._commit_slots = join_rec, commit_rec
+    be.decoder.join, layout.commit = join_rec, commit_rec
     return rows

@@ -277,7 +277,7 @@ def reference_greedy(ck, ctx):
     m = load_on_mesh(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
         hf, ctx.mesh_device, 1, MAX_LEN, optimizations="accuracy", checkpoint=ck, block_size=BLOCK, prefill_chunk=64))
     gen = batch1_generator(ctx, m)
-    ref = gen.greedy(PROMPT, N_NEW + 2 * (K + 1))
+    ref = gen.generate([PROMPT], N_NEW + 2 * (K + 1))[0].tokens
     k0 = next(s for s in gen.state.layers if isinstance(s, KVLayerState)).k  # the first full-attention layer's K
     m.kv_blocks = m.model.to_host(k0)[:2].clone()
     gen.release_trace()

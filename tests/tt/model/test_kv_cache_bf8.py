@@ -16,9 +16,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from qwen36.generation.sampling import SamplingParams
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.engine import speculative_generate
-from qwen36.speculative.sampling import SamplingParams
 from qwen36.testing.pcc import PCC_GATES, comp_pcc
 from qwen36.testing.speculative import oracle_drafter
 from qwen36.testing.tt import make_bf16_checkpoint
@@ -88,7 +88,7 @@ def test_speculative_greedy_with_the_bf8_cache_is_lossless(gen8, b):
     n = 12
     plain = []
     for p in PROMPTS[:b]:
-        plain.append(gen8.greedy(torch.tensor(p), n + 8))
+        plain.append(gen8.generate([torch.tensor(p)], n + 8)[0].tokens)
         gen8.release_trace()
     drafters = {tuple(p): oracle_drafter(p, pl) for p, pl in zip(PROMPTS, plain)}
 
@@ -113,10 +113,10 @@ def test_prefix_cache_warm_equals_cold_with_the_bf8_cache(gen8):
     from qwen36.prefix_cache import PrefixCache
 
     prompt = torch.randint(0, 512, (70,), generator=torch.Generator().manual_seed(1)).tolist()
-    cold = gen8.generate(prompt, 6, prefix_cache=PrefixCache(32, 1 << 34, with_mtp=False), keep_logits=True)
+    cold = gen8.generate([prompt], 6, prefix_cache=PrefixCache(32, 1 << 34, with_mtp=False), keep_logits=True)[0]
     cache = PrefixCache(32, 1 << 34, with_mtp=False)
-    gen8.generate(prompt[:65], 1, prefix_cache=cache)  # caches the blocks up to 64
-    warm = gen8.generate(prompt, 6, prefix_cache=cache, keep_logits=True)
+    gen8.generate([prompt[:65]], 1, prefix_cache=cache)  # caches the blocks up to 64
+    warm = gen8.generate([prompt], 6, prefix_cache=cache, keep_logits=True)[0]
     assert (warm.prefill.reused, warm.prefill.computed) == (64, 6)
     assert warm.tokens == cold.tokens
     assert all(torch.equal(x, y) for x, y in zip(warm.logits, cold.logits))

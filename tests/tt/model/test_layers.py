@@ -105,3 +105,32 @@ def test_gdn_bf16_activations_miss_the_bf16_gate(mesh, bf16_ckpt):
     for step in range(8):
         worst = min(worst, pcc(*h.mixer(_inputs(1, 10 + step), "decode")))
     assert worst < PCC_GATES["layer_bf16"], f"bf16 GDN activations now pass ({worst:.6f}): reconsider the fp32 choice"
+
+
+@pytest.fixture(scope="module")
+def gdn32_ckpt(tmp_path_factory):
+    return make_bf16_checkpoint(tmp_path_factory.mktemp("tt-ci-gdn32-bf16"), "ci-gdn32", seed=0)
+
+
+@pytest.mark.parametrize("preset", ["accuracy", "performance"])
+def test_fused_gdn_prefill_segments_then_decode(mesh, gdn32_ckpt, preset):
+    """The prefill on ttnn's fused GDN ops (tt/model/gdn_prefill.py; GDN heads a tile wide) against the reference,
+    in segments that take each of its shapes: 2 rows (fewer than the conv history's 3: the new history keeps old
+    rows), 38 rows (padded to 64: masked identity rows), 32 rows (whole tiles); then decode rows on the state it
+    left (bf16 conv history converted into the fp32 conv state). Measured (min over segments / decode steps): accuracy
+    0.999978 / 0.999979, performance 0.999760 / 0.999722; the composite prefill on the same inputs 0.999965 /
+    0.999984 and 0.999769 / 0.999741."""
+    h = LayerHarness(gdn32_ckpt, mesh, PrecisionSetting.named(preset), 0)
+    assert h.layer.mixer.prefill_path == "fused"
+    gate = PCC_GATES[PRESET_GATE[preset]]
+    for i, rows in enumerate((2, 38, 32)):
+        exp, got = h.mixer(_inputs(rows, 20 + i), "prefill")
+        ok, msg = comp_pcc(exp, got, gate)
+        assert ok, f"fused prefill segment {i} ({rows} rows, {preset}): {msg}"
+    for step in range(DECODE_STEPS):
+        exp, got = h.mixer(_inputs(1, 30 + step), "decode")
+        ok, msg = comp_pcc(exp, got, gate)
+        assert ok, f"decode step {step} after the fused prefill ({preset}): {msg}"
+    for name, (ref, tt) in h.gdn_states().items():
+        ok, msg = comp_pcc(ref, tt, PCC_GATES["gdn_state"])
+        assert ok, f"GDN {name} state after the fused prefill + {DECODE_STEPS} decode steps ({preset}): {msg}"

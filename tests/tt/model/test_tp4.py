@@ -41,7 +41,7 @@ def gen(ckpt):
 
 @pytest.fixture(scope="module")
 def plain(gen):
-    out = gen.greedy(PROMPT, MAX_NEW)
+    out = gen.generate([PROMPT], MAX_NEW)[0].tokens
     gen.release_trace()
     return out
 

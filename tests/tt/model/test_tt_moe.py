@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.reference.batch import greedy_generate
+from qwen36.reference.batch import generate
 from qwen36.reference.model import Qwen36Model
 from qwen36.tiny import PRESETS
 from qwen36.tt.model.model_config import PrecisionSetting
@@ -158,7 +158,7 @@ def make_gen(ckpt, precision="accuracy", **kw):
 
 
 def ref_greedy_with_margins(ref, ids, n):
-    toks = greedy_generate(ref, ids, n)
+    toks = generate(ref, [ids], n)[0].tokens
     full = torch.cat([ids, torch.tensor(toks)])
     lg = ref(full[None], ref.new_state(1, full.numel() + 1)).logits[0, ids.numel() - 1: ids.numel() - 1 + n]
     top2 = lg.topk(2, -1).values
@@ -249,7 +249,7 @@ def test_moe_greedy_equals_reference_on_a_clear_prompt(ckpt, ref):
     assert margins.min() >= MIN_MARGIN, f"precondition: reference top-2 gap {margins.min():.4f} < {MIN_MARGIN}"
     gen = make_gen(ckpt)
     try:
-        assert gen.greedy(PROMPT, 24) == exp
+        assert gen.generate([PROMPT], 24)[0].tokens == exp
     finally:
         gen.close()
 
@@ -268,7 +268,7 @@ def test_moe_speculative_greedy_lossless_all_mechanisms(ckpt, ref):
     gen = make_gen(ckpt)
     drafter = TTMTPDrafter(load_checkpoint(ckpt, require_mtp=True))
     try:
-        plain = gen.greedy(PROMPT, 16)
+        plain = gen.generate([PROMPT], 16)[0].tokens
         gen.release_trace()
         assert plain == exp
         for k in (1, 3):
@@ -323,7 +323,7 @@ def test_moe_stochastic_speculation_emits_the_target_distribution(ckpt):
     target's own probabilities (chi-square p > 1e-3; expectations summed over steps), no emitted token has target
     probability 0, and both rejection and acceptance occur."""
     from qwen36.checkpoint import load_checkpoint
-    from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+    from qwen36.generation.sampling import SamplingParams, probs_from_logits
     from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
     from qwen36.tt.spec.spec_backend import TTSpecBackend
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.tt.runtime.batch import batched_greedy
 from qwen36.tt.runtime.batch_buckets import BucketedBatchDecoder
-from qwen36.testing.tt_batch import (assert_users_match_single, batch_one_greedy as single, batch_test_checkpoint,
+from qwen36.testing.tt_batch import (assert_users_match_single, host_greedy, batch_one_greedy as single, batch_test_checkpoint,
                                      batch_test_generator, gdn_rows, random_prompt as prompt)
 
 
@@ -33,7 +32,7 @@ def test_grow_and_shrink_equal_batch_one(gen):
     limits = [4, 9, 3, 12, 6]
     dec = BucketedBatchDecoder(gen.model, (1, 2, 4), shrink_after=2)
     try:
-        res = batched_greedy(dec, prompts, limits, arrivals=[0, 1, 1, 2, 7], keep_logits=True)
+        res = host_greedy(dec, prompts, limits, arrivals=[0, 1, 1, 2, 7])
         caps = captures_per_bucket(dec)
         assert caps[2] == caps[4] == 1 and caps[1] <= 1, caps  # bucket 1 stepped once: its eager step
     finally:

@@ -14,12 +14,12 @@ import torch
 
 from qwen36.reference.batch import SlotDecoder
 from qwen36.reference.model import Qwen36Model
-from qwen36.speculative.sampling import SamplingParams
-from qwen36.speculative.thinking import ThinkingBudget
+from qwen36.generation.sampling import SamplingParams
+from qwen36.generation.thinking import ThinkingBudget
 from qwen36.testing.tt import small_tt_generator
-from qwen36.tt.runtime.batch import TTBatchDecoder, batched_greedy, bucket_for
+from qwen36.tt.runtime.batch import TTBatchDecoder, bucket_for
 from qwen36.testing.pcc import comp_pcc
-from qwen36.testing.tt_batch import (assert_users_match_single, batch_cli_equals_alone, batch_one_greedy as single,
+from qwen36.testing.tt_batch import (assert_users_match_single, host_greedy, batch_cli_equals_alone, batch_one_greedy as single,
                                      batch_test_checkpoint, batch_test_generator, gdn_rows, poison_slot,
                                      random_prompt as prompt)
 
@@ -57,12 +57,12 @@ def test_slots_equal_batch_one_with_one_capture(gen, b):
         prompts, limits, arrivals = [prompt(n, 10 + n) for n in (3, 9, 17, 6, 11)], [3, 7, 6, 8, 5], [0, 0, 0, 0, 1]
     dec = TTBatchDecoder(gen.model, b)
     try:
-        res = batched_greedy(dec, prompts, limits, arrivals=arrivals, keep_logits=True)
+        res = host_greedy(dec, prompts, limits, arrivals=arrivals)
         assert dec.captures == 1, dict(dec.traces.captures)
     finally:
         dec.release()
     if b > 1:
-        assert res.slots == [0, 1, 2, 3, 0]
+        assert [r.slot for r in res] == [0, 1, 2, 3, 0]
     assert_users_match_single(gen, prompts, res, limits)
 
 
@@ -75,7 +75,7 @@ def test_generator_decodes_on_its_one_slot_decoder(gen):
     dec = gen.decoder
     assert dec.slots == 1 and dec.state is gen.state and not dec.joins and dec.scratch is None
     before = dec.traces.captures["decode+sample/B1"]
-    res = gen.generate(p, 4, SamplingParams(temperature=0.8, seed=2, repetition_penalty=1.1))
+    res = gen.generate([p], 4, SamplingParams(temperature=0.8, seed=2, repetition_penalty=1.1))[0]
     assert len(res.tokens) == 4
     assert dec.traces.captures["decode+sample/B1"] == before + 1  # 3 decode steps: eager, capture + replay, replay
     assert dec.pos[0] == gen.state.pos == len(p) + 3
@@ -95,18 +95,18 @@ def test_batched_logits_track_reference_slot_decoder(gen, ckpt):
     prompts = [prompt(4, 21), prompt(10, 22)]
     dec = TTBatchDecoder(gen.model, 2)
     try:
-        res = batched_greedy(dec, prompts, 5, keep_logits=True)
+        res = host_greedy(dec, prompts, 5)
     finally:
         dec.release()
     ref = Qwen36Model.from_checkpoint(ckpt, dtype=torch.float32)
     sd = SlotDecoder(ref, 2, 64)
     rows = [[sd.join(u, p.tolist())] for u, p in enumerate(prompts)]
     for t in range(4):
-        out = sd.step(torch.tensor([res.tokens[0][t], res.tokens[1][t]]))
+        out = sd.step(torch.tensor([res[0].tokens[t], res[1].tokens[t]]))
         for u in range(2):
             rows[u].append(out[u])
     for u in range(2):
-        for t, (tt, rr) in enumerate(zip(res.logits[u], rows[u])):
+        for t, (tt, rr) in enumerate(zip(res[u].logits, rows[u])):
             ok, pcc = comp_pcc(rr, tt, TT_VS_REF_PCC)
             assert ok, f"user {u} token {t}: PCC {pcc} < {TT_VS_REF_PCC}"
 
@@ -118,16 +118,16 @@ def test_poisoned_free_slot_is_inert(gen):
     joiner_logits = single(gen, joiner, 1)[1][0]  # before any batch trace is live (the generator's prefill allocates)
     clean = TTBatchDecoder(gen.model, 2)
     try:
-        want = batched_greedy(clean, [ids], 5, keep_logits=True)
+        want = host_greedy(clean, [ids], 5)
     finally:
         clean.release()
     dec = TTBatchDecoder(gen.model, 2)
     try:
         poison_slot(dec, 1)
-        got = batched_greedy(dec, [ids], 5, keep_logits=True)
-        assert got.slots == [0] and dec.pos[1] == -1
-        assert got.tokens == want.tokens
-        for a, b in zip(got.logits[0], want.logits[0]):
+        got = host_greedy(dec, [ids], 5)
+        assert [r.slot for r in got] == [0] and dec.pos[1] == -1
+        assert [r.tokens for r in got] == [r.tokens for r in want]
+        for a, b in zip(got[0].logits, want[0].logits):
             assert torch.isfinite(a).all() and torch.equal(a, b)
         assert torch.equal(dec.join(1, joiner), joiner_logits)
     finally:
@@ -226,23 +226,23 @@ def test_batched_greedy_budgets_equal_batch_one(thinking_gen):
     prompts = prompts_of(thinking_gen.config.vocab_size)
     for n in (0, 3):
         budget = ThinkingBudget(n, START, END, PHRASE)
-        alone = [thinking_gen.generate(p, 14, thinking=budget, keep_logits=True) for p in prompts]
+        alone = [thinking_gen.generate([p], 14, thinking=budget, keep_logits=True)[0] for p in prompts]
         for u in (0, 2):  # the phrase at exactly n thinking tokens (none of them closed the block first)
             assert END not in alone[u].tokens[:n] and tuple(alone[u].tokens[n:n + len(PHRASE)]) == PHRASE
         thinking_gen.release_trace()
         dec = TTBatchDecoder(thinking_gen.model, 4, use_trace=thinking_gen.use_trace)
         try:
-            got = batched_greedy(dec, prompts, 14, thinking=budget, keep_logits=True)
+            got = host_greedy(dec, prompts, 14, thinking=budget)
         finally:
             dec.release()
         for u, want in enumerate(alone):
-            assert got.tokens[u] == want.tokens
-            diff = max(float((a - b).abs().max()) for a, b in zip(got.logits[u], want.logits))
+            assert got[u].tokens == want.tokens
+            diff = max(float((a - b).abs().max()) for a, b in zip(got[u].logits, want.logits))
             assert diff <= 1e-4, f"user {u}: batched logits differ from batch 1 by {diff}"
-    # the greedy_batch entry point (the CLI's several-prompt path) passes the budget through
+    # the several-prompt entry point (the CLI's) passes the budget through
     budget = ThinkingBudget(3, START, END, PHRASE)
-    assert thinking_gen.greedy_batch(prompts, 14, thinking=budget) == \
-        [thinking_gen.generate(p, 14, thinking=budget).tokens for p in prompts]
+    assert [r.tokens for r in thinking_gen.generate(prompts, 14, thinking=budget)] == \
+        [thinking_gen.generate([p], 14, thinking=budget)[0].tokens for p in prompts]
 
 
 @pytest.mark.slow
@@ -252,13 +252,13 @@ def test_batched_sampled_budget_with_penalties_equals_batch_one(thinking_gen):
     prompts = prompts_of(thinking_gen.config.vocab_size)
     params = SamplingParams(temperature=0.9, top_k=20, seed=4, repetition_penalty=1.3, presence_penalty=0.7)
     budget = ThinkingBudget(2, START, END, PHRASE)
-    alone = [thinking_gen.generate(p, 14, params, thinking=budget).tokens for p in prompts]
+    alone = [thinking_gen.generate([p], 14, params, thinking=budget)[0].tokens for p in prompts]
     assert all(tuple(t[2:2 + len(PHRASE)]) == PHRASE for t in (alone[0], alone[2]))
-    assert thinking_gen.sample_batch(prompts, 14, params, thinking=budget) == alone
+    assert [r.tokens for r in thinking_gen.generate(prompts, 14, params, thinking=budget)] == alone
 
 
 def test_budget_with_logprobs_is_refused(thinking_gen):
     budget = ThinkingBudget(2, START, END, PHRASE)
     with pytest.raises(ValueError, match="logprobs with a thinking budget"):
-        thinking_gen.sample_batch(prompts_of(thinking_gen.config.vocab_size), 4,
-                                  SamplingParams(temperature=1.0, seed=1, logprobs=2), thinking=budget)
+        thinking_gen.generate(prompts_of(thinking_gen.config.vocab_size), 4,
+                              SamplingParams(temperature=1.0, seed=1, logprobs=2), thinking=budget)

@@ -13,12 +13,14 @@ import torch
 from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.acceptance import greedy_accept
 from qwen36.speculative.engine import speculative_generate
-from qwen36.speculative.plain import plain_generate
-from qwen36.speculative.sampling import (SamplingParams, TokenHistory, penalize, pick_token, probs_from_logits,
+from qwen36.reference.batch import generate
+from qwen36.generation.sampling import (SamplingParams, TokenHistory, penalize, pick_token, probs_from_logits,
                                          token_logprobs)
 from qwen36.testing.tt import small_tt_generator
 from qwen36.tt.spec.accept import DeviceAcceptor
-from qwen36.tt.runtime.batch import TTBatchDecoder, batched_generate
+from qwen36.generation.plain import plain_generate
+from qwen36.tt.runtime.batch import TTBatchDecoder
+from qwen36.tt.runtime.decode import DevicePicks, TTDecoder
 from qwen36.tt.spec.spec_backend import TTSpecBackend
 from qwen36.tt.runtime.sampler import DeviceSampler
 from qwen36.tt.runtime.sampler_transform import SamplerStages
@@ -102,7 +104,7 @@ def _traced_picks(ttnn, m, s: DeviceSampler, buf, logits: list[torch.Tensor], tr
 ], ids=["min_p+top_k+penalties", "top_p+repetition+logprobs", "greedy+penalties"])
 def test_device_pick_equals_the_torch_transform_given_the_same_uniforms(mesh, params, rows):
     """A traced replay per step over one logits buffer the host rewrites: every row's token equals the host
-    inverse-CDF draw from ``speculative.sampling.probs_from_logits`` with that row's uniform and penalty history
+    inverse-CDF draw from ``generation.sampling.probs_from_logits`` with that row's uniform and penalty history
     (counts updated on device in place), or the argmax of the penalised row for a greedy row, step after step,
     across a table refill; a row's raw logprobs equal ``token_logprobs`` of its row. Row 0 has ``params``; at B=4
     the other rows hold users with other parameters (greedy, another top-k, min_p + top-p) in the same pick."""
@@ -316,8 +318,8 @@ def test_plain_tt_greedy_with_penalties_and_logprobs_vs_reference(gen, ref, monk
     model's numerics of the reference's; and no decode step reads the logits row back (only the small result)."""
     prompt = PENALISED_GREEDY_PROMPT
     params = SamplingParams(logprobs=3, **PENALTIES)
-    want = plain_generate(ref, prompt, 16, params)
-    assert want.tokens != plain_generate(ref, prompt, 16).tokens  # the penalties decide something here
+    want = generate(ref, [prompt], 16, params)[0]
+    assert want.tokens != generate(ref, [prompt], 16)[0].tokens  # the penalties decide something here
     gaps = _near_tie_gaps(ref, prompt, want.tokens, params)
     assert min(gaps) >= 0.04, f"precondition: a near-tie in the reference's (penalised, raw) logits: {gaps}"
     reads = []
@@ -330,7 +332,7 @@ def test_plain_tt_greedy_with_penalties_and_logprobs_vs_reference(gen, ref, monk
 
     # the emulating namespace is read-only; its per-name cache is where attribute lookups resolve
     monkeypatch.setitem(gen.ttnn._cache, "to_torch", counting_to_torch)
-    got = gen.generate(prompt, 16, params)
+    got = gen.generate([prompt], 16, params)[0]
     monkeypatch.undo()
     assert got.tokens == want.tokens
     for a, b in zip(got.logprobs, want.logprobs):
@@ -344,10 +346,10 @@ def test_plain_tt_greedy_with_penalties_and_logprobs_vs_reference(gen, ref, monk
 def test_plain_tt_sampling_is_seeded_and_greedy_is_unchanged(gen, ref):
     prompt = [5, 6, 7, 8, 9]
     params = SamplingParams(temperature=0.9, top_k=40, min_p=0.01, seed=4, **PENALTIES)
-    a, b = gen.generate(prompt, 10, params).tokens, gen.generate(prompt, 10, params).tokens
-    c = gen.generate(prompt, 10, SamplingParams(temperature=0.9, top_k=40, min_p=0.01, seed=5, **PENALTIES)).tokens
+    a, b = gen.generate([prompt], 10, params)[0].tokens, gen.generate([prompt], 10, params)[0].tokens
+    c = gen.generate([prompt], 10, SamplingParams(temperature=0.9, top_k=40, min_p=0.01, seed=5, **PENALTIES))[0].tokens
     assert a == b and a != c
-    assert gen.greedy(prompt, 10) == plain_generate(ref, prompt, 10).tokens
+    assert gen.generate([prompt], 10)[0].tokens == generate(ref, [prompt], 10)[0].tokens
 
 
 def _prompt(n: int, seed: int, vocab: int) -> list[int]:
@@ -364,7 +366,7 @@ USERS = [
 
 
 def _batch1(gen, prompts_, params, n):
-    outs = [gen.generate(p, n, sp) for p, sp in zip(prompts_, params)]
+    outs = [gen.generate([p], n, sp)[0] for p, sp in zip(prompts_, params)]
     gen.release_trace()  # the batch decoder allocates and joins: no generator trace may be live
     return outs
 
@@ -381,14 +383,14 @@ def test_each_user_samples_as_its_batch1_run(gen):
     dec = TTBatchDecoder(gen.model, 4)
     sampler = DeviceSampler(dec.ttnn, dec.mesh, v, 4, stages=SamplerStages.of(USERS, v)).allocate()
     try:
-        got = batched_generate(dec, sampler, prompts_, USERS, n)
+        got = plain_generate(TTDecoder(dec, DevicePicks(sampler)), prompts_, n, USERS)
         assert dec.captures == 1
     finally:
         dec.release()
         sampler.release()
-    assert got.tokens == [w.tokens for w in want]
-    assert got.logprobs[2] == want[2].logprobs and len(got.logprobs[2]) == n
-    assert got.logprobs[0] is None and want[0].logprobs is None
+    assert [r.tokens for r in got] == [w.tokens for w in want]
+    assert got[2].logprobs == want[2].logprobs and len(got[2].logprobs) == n
+    assert got[0].logprobs is None and want[0].logprobs is None
 
 
 def test_free_rows_and_reused_slot(gen):
@@ -403,8 +405,9 @@ def test_free_rows_and_reused_slot(gen):
     dec = TTBatchDecoder(gen.model, 8)
     sampler = DeviceSampler(dec.ttnn, dec.mesh, v, 8, stages=SamplerStages.every(logprobs=2)).allocate()
     try:
-        assert batched_generate(dec, sampler, prompts_, first, 7).tokens == want1
-        assert batched_generate(dec, sampler, prompts_, second, 5).tokens == want2
+        picks = TTDecoder(dec, DevicePicks(sampler))
+        assert [r.tokens for r in plain_generate(picks, prompts_, 7, first)] == want1
+        assert [r.tokens for r in plain_generate(picks, prompts_, 5, second)] == want2
         assert dec.captures == 1
     finally:
         dec.release()
@@ -460,16 +463,20 @@ def test_sampling_users_move_between_buckets(gen):
 @pytest.mark.slow
 def test_generate_cli_sampled_batch_on_tt(capsys, tmp_path, monkeypatch):
     """`qwen36 generate --device emulated-p150x2` with two prompts and --temperature: `ids[i]` equal each prompt's
-    own single-prompt run with the same settings and seed; --logprobs with several prompts is refused in one line."""
+    own single-prompt run with the same settings and seed; with --logprobs the batch prints each user's logprobs
+    and the same tokens (the one plain driver serves logprobs at any B)."""
     from qwen36.testing.cli import run_cli_streams as cli
     from qwen36.testing.tt_batch import CLI_TEXTS, batch_cli_equals_alone
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the TT weight cache goes under $HOME
     base = ["generate", "--max-new-tokens", "6", "--device", "emulated-p150x2", "--temperature", "0.8",
             "--top-k", "40", "--presence-penalty", "0.5", "--seed", "5"]
-    batch_cli_equals_alone(capsys, base)
-    rc, _, err = cli(capsys, *base, "--prompt", CLI_TEXTS[0], "--prompt", CLI_TEXTS[1], "--logprobs", "2")
-    assert rc == 2 and "--logprobs" in err
+    lines = batch_cli_equals_alone(capsys, base)
+    rc, out, err = cli(capsys, *base, "--prompt", CLI_TEXTS[0], "--prompt", CLI_TEXTS[1], "--logprobs", "2")
+    assert rc == 0, err
+    got = out.splitlines()
+    assert [l for l in got if l.startswith("ids[")] == [l for l in lines if l.startswith("ids[")]
+    assert "user 0:" in got and "user 1:" in got
 
 
 def _dev(ttnn, m, x, dtype=None, layout=None):
@@ -538,8 +545,8 @@ def test_tt_speculative_greedy_with_penalties_is_plain_greedy_with_penalties(mtp
     gen = mtp_gen
     prompt = prompts(ref.config.vocab_size)[0]
     params = SamplingParams(**PENALTIES)
-    plain = gen.generate(prompt, 16, params).tokens
-    assert plain != gen.greedy(prompt, 16)  # the penalties decide something here
+    plain = gen.generate([prompt], 16, params)[0].tokens
+    assert plain != gen.generate([prompt], 16)[0].tokens  # the penalties decide something here
     g = torch.Generator().manual_seed(0)
 
     def drafter(history, k):
@@ -573,7 +580,7 @@ def test_tt_speculative_logprobs_equal_plain(mtp_gen, ref):
     gen = mtp_gen
     prompt = prompts(ref.config.vocab_size)[0]
     params = SamplingParams(logprobs=2, **PENALTIES)
-    plain = gen.generate(prompt, 12, params)
+    plain = gen.generate([prompt], 12, params)[0]
     g = torch.Generator().manual_seed(1)
 
     def drafter(history, k):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qwen36.prefix_cache import PrefixCache
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 from qwen36.testing.tt import small_tt_generator
 
 BLOCK = 32  # = the paged-KV block size of small_tt_generator (a cached block is whole pages)
@@ -34,23 +34,42 @@ def same(a, b):
 def test_warm_equals_cold_at_every_boundary_greedy(gen):
     vocab = gen.config.vocab_size
     prompt = prompt_of(vocab, 70, 1)  # boundaries 32 and 64 before the last token
-    cold = gen.generate(prompt, 6, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False), keep_logits=True)
+    cold = gen.generate([prompt], 6, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False), keep_logits=True)[0]
     assert cold.prefill.reused == 0
     for k in (1, 2):
         cache = PrefixCache(BLOCK, BIG, with_mtp=False)
-        gen.generate(prompt[: k * BLOCK + 1], 1, prefix_cache=cache)  # caches the blocks up to k * BLOCK
-        warm = gen.generate(prompt, 6, prefix_cache=cache, keep_logits=True)
+        gen.generate([prompt[: k * BLOCK + 1]], 1, prefix_cache=cache)[0]  # caches the blocks up to k * BLOCK
+        warm = gen.generate([prompt], 6, prefix_cache=cache, keep_logits=True)[0]
         assert (warm.prefill.reused, warm.prefill.computed) == (k * BLOCK, 70 - k * BLOCK)
         same(cold, warm)
     # a prefix that diverges inside the second block reuses only the first
     cache = PrefixCache(BLOCK, BIG, with_mtp=False)
-    gen.generate(prompt[:40] + [(t + 1) % vocab for t in prompt[40:]], 1, prefix_cache=cache)
-    warm = gen.generate(prompt, 6, prefix_cache=cache, keep_logits=True)
+    gen.generate([prompt[:40] + [(t + 1) % vocab for t in prompt[40:]]], 1, prefix_cache=cache)[0]
+    warm = gen.generate([prompt], 6, prefix_cache=cache, keep_logits=True)[0]
     assert warm.prefill.reused == BLOCK
     same(cold, warm)
     # without a cache the prompt is one prefill: equal to rounding only
-    plain = gen.generate(prompt, 6, keep_logits=True)
+    plain = gen.generate([prompt], 6, keep_logits=True)[0]
     assert max(float((x - y).abs().max()) for x, y in zip(plain.logits, cold.logits)) < 0.1
+
+
+def test_fused_gdn_prefill_warm_equals_cold(ckpt_factory):
+    """The same at the config whose GDN prefill runs ttnn's fused ops (conv carry in bf16, flat chunk rule, gated
+    norm; tt/model/gdn_prefill.py): the segmented prefill's GDN state, restored, gives the cold request's bits."""
+    gen = small_tt_generator(ckpt_factory("ci-gdn32"), prefill_chunk=64)
+    try:
+        gdn = [layer.mixer for layer in gen.model.layers if hasattr(layer.mixer, "fused_prefill")]
+        assert gdn and all(m.prefill_path == "fused" for m in gdn)
+        prompt = prompt_of(gen.config.vocab_size, 70, 5)
+        cold = gen.generate([prompt], 6, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False), keep_logits=True)[0]
+        for k in (1, 2):
+            cache = PrefixCache(BLOCK, BIG, with_mtp=False)
+            gen.generate([prompt[: k * BLOCK + 1]], 1, prefix_cache=cache)
+            warm = gen.generate([prompt], 6, prefix_cache=cache, keep_logits=True)[0]
+            assert (warm.prefill.reused, warm.prefill.computed) == (k * BLOCK, 70 - k * BLOCK)
+            same(cold, warm)
+    finally:
+        gen.close()
 
 
 def test_warm_equals_cold_sampled_traced_and_eviction(gen):
@@ -59,27 +78,31 @@ def test_warm_equals_cold_sampled_traced_and_eviction(gen):
     vocab = gen.config.vocab_size
     prompt = prompt_of(vocab, 40, 2)
     params = SamplingParams(temperature=0.8, top_k=20, seed=4)
-    cold = gen.generate(prompt, 8, params, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False))
+    cold = gen.generate([prompt], 8, params, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False))[0]
     probe = PrefixCache(BLOCK, BIG, with_mtp=False)
-    gen.generate(prompt, 1, prefix_cache=probe)
+    gen.generate([prompt], 1, prefix_cache=probe)[0]
     one_block = probe.bytes
     cache = PrefixCache(BLOCK, one_block, with_mtp=False)
-    gen.generate(prompt, 1, prefix_cache=cache)  # caches block 0
-    warm = gen.generate(prompt, 8, params, prefix_cache=cache)
+    gen.generate([prompt], 1, prefix_cache=cache)[0]  # caches block 0
+    warm = gen.generate([prompt], 8, params, prefix_cache=cache)[0]
     assert warm.prefill.reused == BLOCK and warm.tokens == cold.tokens
     evicted = cache.nodes()[0].payload
-    gen.generate(prompt_of(vocab, 40, 3), 1, prefix_cache=cache)  # another prompt's block evicts it
+    gen.generate([prompt_of(vocab, 40, 3)], 1, prefix_cache=cache)[0]  # another prompt's block evicts it
     assert cache.stats.evictions == 1 and evicted.gdn == [] and evicted.kv == []
     cache.check()
 
 
 def _batch_run(gen, cache, prompts, limits, arrivals, pool_blocks=0, keep_pool=False):
-    from qwen36.tt.runtime.batch import TTBatchDecoder, batched_greedy
+    from types import SimpleNamespace
+
+    from qwen36.testing.tt_batch import host_greedy
+    from qwen36.tt.runtime.batch import TTBatchDecoder
 
     gen.release_trace()
     dec = TTBatchDecoder(gen.model, 4, prefix_cache=cache, pool_blocks=pool_blocks)
     try:
-        res = batched_greedy(dec, prompts, limits, arrivals=arrivals, keep_logits=True)
+        out = host_greedy(dec, prompts, limits, arrivals=arrivals)
+        res = SimpleNamespace(tokens=[r.tokens for r in out], logits=[r.logits for r in out])
         return (res, dict(dec.prefills)) if not keep_pool else (res, dec)
     finally:
         dec.release()
@@ -185,22 +208,22 @@ def test_pool_joins_leave_no_buffer_behind_under_a_live_trace(gen):
 def test_thinking_budget_on_tt_plain(gen):
     """The stop-thinking phrase at exactly N thinking tokens on the TT generator (fed as decode rows), with and
     without a prefix cache (the same tokens: the cache only changes where the prompt's prefill starts)."""
-    from qwen36.speculative.thinking import ThinkingBudget
+    from qwen36.generation.thinking import ThinkingBudget
 
     start, end = 7, 9
     phrase = (31, 32, 33, end, 34, 35)
     prompt = prompt_of(gen.config.vocab_size, 40, 8) + [start]
-    free = gen.generate(prompt, 16).tokens
+    free = gen.generate([prompt], 16)[0].tokens
     n = 4
     assert end not in free[:n]
     budget = ThinkingBudget(n, start, end, phrase)
-    out = gen.generate(prompt, 16, thinking=budget, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False))
+    out = gen.generate([prompt], 16, thinking=budget, prefix_cache=PrefixCache(BLOCK, BIG, with_mtp=False))[0]
     assert out.tokens[:n] == free[:n] and tuple(out.tokens[n:n + len(phrase)]) == phrase and len(out.tokens) == 16
     cache = PrefixCache(BLOCK, BIG, with_mtp=False)
-    gen.generate(prompt, 1, prefix_cache=cache)
-    warm = gen.generate(prompt, 16, thinking=budget, prefix_cache=cache, keep_logits=True)
+    gen.generate([prompt], 1, prefix_cache=cache)[0]
+    warm = gen.generate([prompt], 16, thinking=budget, prefix_cache=cache, keep_logits=True)[0]
     assert warm.prefill.reused == BLOCK and warm.tokens == out.tokens
-    zero = gen.generate(prompt, 8, thinking=ThinkingBudget(0, start, end, phrase)).tokens
+    zero = gen.generate([prompt], 8, thinking=ThinkingBudget(0, start, end, phrase))[0].tokens
     assert tuple(zero[:len(phrase)]) == phrase  # budget 0 with the block open: the phrase first
 
 
@@ -241,7 +264,7 @@ def test_speculative_warm_equals_cold(gen, ckpt_factory, mech):
     assert reused == 0
     for k in (1, 2):
         cache = PrefixCache(BLOCK, BIG, with_mtp=False)
-        gen.generate(prompt[: k * BLOCK + 1], 1, prefix_cache=cache)  # plain decoding fills the same blocks
+        gen.generate([prompt[: k * BLOCK + 1]], 1, prefix_cache=cache)[0]  # plain decoding fills the same blocks
         warm, warm_logits, reused, warm_mtp = run(cache)
         assert reused == k * BLOCK
         assert torch.equal(warm_logits, cold_logits)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM
 from qwen36.testing.vllm_calls import replay_calls as replay
 from qwen36.testing.vllm_replay import LOGITS_TOL, batch1_generator, load_on_mesh as _load, open_env, served_model
@@ -95,7 +95,7 @@ def test_replay_of_the_engines_device_sampled_calls(env):
     ref = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
         hf, ctx.mesh_device, 1, SAMPLED["max_model_len"], optimizations="accuracy", checkpoint=ck))
     gen = batch1_generator(ctx, ref)
-    want = [gen.generate(p, n, SamplingParams(**r)).tokens
+    want = [gen.generate([p], n, SamplingParams(**r))[0].tokens
             for p, n, r in zip(SAMPLED["prompts"], SAMPLED["max_tokens"], SAMPLED["requests"])]
     gen.release_trace()
     ref.close()

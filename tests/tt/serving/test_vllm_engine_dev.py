@@ -26,8 +26,8 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (dev-only check
 plugin_worker = pytest.importorskip("vllm_tt_plugin.worker",
                                     reason="the vllm-tt plugin is not installed (dev-only check; see docs/serving.md)")
 
-from qwen36.speculative.sampling import SamplingParams  # noqa: E402
-from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION, load_tt_target  # noqa: E402
+from qwen36.generation.sampling import SamplingParams  # noqa: E402
+from qwen36.tt.runtime.generator import DEFAULT_TRACE_REGION, build_generator  # noqa: E402
 from qwen36.testing.tt import make_bf16_checkpoint  # noqa: E402
 from qwen36.tt_ops.device import open_mesh  # noqa: E402
 
@@ -61,10 +61,10 @@ def test_vllm_llm_equals_generate(tmp_path, monkeypatch, spec_k, on_device):
     ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
     # vLLM reads _name_or_path = the model directory; the adapter loads weights from it
     assert json.loads((ck / "config.json").read_text())["architectures"]
-    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+    ref_gen = build_generator(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
                              block_size=BLOCK, prefill_chunk=64)
-    ref = (ref_gen.generate(PROMPT, N_NEW, SamplingParams(**STOCHASTIC)).tokens if on_device
-           else ref_gen.greedy(PROMPT, N_NEW))
+    ref = (ref_gen.generate([PROMPT], N_NEW, SamplingParams(**STOCHASTIC))[0].tokens if on_device
+           else ref_gen.generate([PROMPT], N_NEW)[0].tokens)
     ref_gen.close()
 
     ctx = _engine_mesh(monkeypatch)
@@ -95,9 +95,9 @@ def test_vllm_llm_host_logprobs_equal_generate(tmp_path, monkeypatch):
     of ``TTGenerator.generate`` (greedy, so both emit the same tokens) to float tolerance."""
     n_top = 3
     ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
-    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+    ref_gen = build_generator(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
                              block_size=BLOCK, prefill_chunk=64)
-    ref = ref_gen.generate(PROMPT, N_NEW, SamplingParams(logprobs=n_top))
+    ref = ref_gen.generate([PROMPT], N_NEW, SamplingParams(logprobs=n_top))[0]
     ref_gen.close()
 
     ctx = _engine_mesh(monkeypatch)
@@ -129,10 +129,10 @@ def test_vllm_llm_min_tokens_switches_host_to_device(tmp_path, monkeypatch):
     parameters: the device penalty row is rebuilt from the host-sampled tokens at the switch."""
     params = dict(temperature=0.0, presence_penalty=-1.5, frequency_penalty=0.5, repetition_penalty=0.7)
     ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
-    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+    ref_gen = build_generator(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
                              block_size=BLOCK, prefill_chunk=64)
-    ref = ref_gen.generate(PROMPT, N_NEW, SamplingParams(**params)).tokens
-    plain = ref_gen.greedy(PROMPT, N_NEW)
+    ref = ref_gen.generate([PROMPT], N_NEW, SamplingParams(**params))[0].tokens
+    plain = ref_gen.generate([PROMPT], N_NEW)[0].tokens
     ref_gen.close()
     assert ref != plain  # the penalties matter on this checkpoint
 
@@ -200,9 +200,9 @@ def test_vllm_llm_batch_equals_batch1_generate(tmp_path, monkeypatch):
     output. The plugin's calls are recorded; they must equal ``tests/data/vllm_tt_plugin_batch_trace.json``, which
     ``tests/tt/serving/test_vllm_contract.py`` replays without vLLM (a changed plugin or vLLM shows up here first)."""
     ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
-    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+    ref_gen = build_generator(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
                              block_size=BLOCK, prefill_chunk=64)
-    refs = [ref_gen.greedy(p, n) for p, n in zip(BATCH_PROMPTS, BATCH_NEW)]
+    refs = [ref_gen.generate([p], n)[0].tokens for p, n in zip(BATCH_PROMPTS, BATCH_NEW)]
     ref_gen.close()
 
     sps = [vllm.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in BATCH_NEW]
@@ -228,9 +228,9 @@ def test_vllm_llm_batch_sampled_on_device_equals_generate(tmp_path, monkeypatch)
             dict(temperature=1.2, top_k=50, seed=7)]
     prompts, n_new = BATCH_PROMPTS[:4], BATCH_NEW[:4]
     ck = make_bf16_checkpoint(tmp_path / "ci", "ci")
-    ref_gen = load_tt_target(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
+    ref_gen = build_generator(ck, "emulated-p150x2", precision="accuracy", cache_dir=None, max_seq_len=256,
                              block_size=BLOCK, prefill_chunk=64)
-    refs = [ref_gen.generate(p, n, SamplingParams(**r)).tokens for p, n, r in zip(prompts, n_new, reqs)]
+    refs = [ref_gen.generate([p], n, SamplingParams(**r))[0].tokens for p, n, r in zip(prompts, n_new, reqs)]
     ref_gen.close()
 
     sps = [vllm.SamplingParams(**r, max_tokens=n, ignore_eos=True) for r, n in zip(reqs, n_new)]

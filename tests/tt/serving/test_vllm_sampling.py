@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from qwen36.speculative.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
+from qwen36.generation.sampling import SamplingParams, SamplingParamsError, TokenHistory, pick_token
 from qwen36.tt.serving import vllm_types as vt
 from qwen36.tt.serving.qwen36_vllm import DecodeHandle, Qwen36ForCausalLM, sampling_from_plugin
 from qwen36.testing.vllm_replay import (BLOCK, MAX_LEN, PROMPT, PluginReplay, batch1_generator, greedy_accept,
@@ -198,10 +198,10 @@ def reference(env):
     m = _load(ctx, lambda: Qwen36ForCausalLM.initialize_vllm_model(
         hf, ctx.mesh_device, 1, MAX_LEN, optimizations="accuracy", checkpoint=ck, block_size=BLOCK, prefill_chunk=64))
     gen = batch1_generator(ctx, m)
-    out = {"greedy": gen.greedy(PROMPT, N_NEW),
-           "stochastic": gen.generate(PROMPT, N_NEW, ours(STOCHASTIC)).tokens,
-           "seed8": gen.generate(PROMPT, N_NEW, ours(vllm_request(**{**vars(STOCHASTIC), "seed": 8}))).tokens,
-           "greedy_penalized": gen.generate(PROMPT, 2 * N_NEW, ours(GREEDY_PENALIZED)).tokens}
+    out = {"greedy": gen.generate([PROMPT], N_NEW)[0].tokens,
+           "stochastic": gen.generate([PROMPT], N_NEW, ours(STOCHASTIC))[0].tokens,
+           "seed8": gen.generate([PROMPT], N_NEW, ours(vllm_request(**{**vars(STOCHASTIC), "seed": 8})))[0].tokens,
+           "greedy_penalized": gen.generate([PROMPT], 2 * N_NEW, ours(GREEDY_PENALIZED))[0].tokens}
     gen.release_trace()
     m.close()
     return out

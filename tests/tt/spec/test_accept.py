@@ -31,7 +31,7 @@ import torch
 pytest.importorskip("ttnn")
 
 from qwen36.speculative.acceptance import PLACEHOLDER_TOKEN_ID, greedy_accept, rejection_sample  # noqa: E402
-from qwen36.speculative.sampling import SamplingParams, probs_from_logits  # noqa: E402
+from qwen36.generation.sampling import SamplingParams, probs_from_logits  # noqa: E402
 from qwen36.testing.tt_hooks import acceptor_host_draft_probs, acceptor_host_drafts, acceptor_host_logits  # noqa: E402
 from qwen36.tt.spec.accept import DeviceAcceptor  # noqa: E402
 from qwen36.tt.runtime.sampler_transform import SamplerStages  # noqa: E402

@@ -21,7 +21,7 @@ import torch
 
 from qwen36.checkpoint import load_checkpoint
 from qwen36.probes.gdn_transaction_tp_checks import kv_host
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 from qwen36.testing.tt import small_tt_generator
 from qwen36.tt.spec.spec_backend import TTSpecBackend
 from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
@@ -96,7 +96,7 @@ def run_slots1(gen, reader, mech, K, params):
         log = [{"first": first, "prefill_logits": be.decoder.prefills[0].logits.reshape(-1).clone()}]
         for _ in range(STEPS):
             dr = be.draft({0: K})
-            ids, lg = d.read_drafts()
+            ids, lg = be.drafter.read_drafts()  # the layout's B-slot drafter (d.for_slots())
             v = be.verify(dr)
             vl = be.verify_logits()[0]
             acc = be.accept(dr, v)[0]

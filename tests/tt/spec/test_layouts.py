@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 from qwen36.tt.runtime.sampler_transform import SamplerStages
 from qwen36.tt.spec.mtp import TTMTPHead
+from qwen36.tt.spec.mtp_packed import PackedMTPHead
 from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
+from qwen36.tt.spec.host_rows import HostRowsState
 from qwen36.tt.spec.verify import SpecDeviceState
 
 
@@ -37,11 +39,11 @@ def test_backend_layout_refusals():
 
 
 def test_step_state_and_head_layout_refusals():
-    with pytest.raises(ValueError, match="rows='host'"):
-        SpecDeviceState(None, None, 2, "snapshot", users=2, rows="device")
-    with pytest.raises(ValueError, match="rows must be"):
-        SpecDeviceState(None, None, 2, "snapshot", rows="both")
-    with pytest.raises(ValueError, match="packed"):
-        TTMTPHead(None, None, 2, slots=2, packed=False)
+    with pytest.raises(ValueError, match="HostRowsState"):  # device-derived rows hold one user's position
+        SpecDeviceState(None, None, 2, "snapshot", users=2)
+    with pytest.raises(ValueError, match="users must be"):
+        HostRowsState(None, None, 2, "snapshot", users=0)
     with pytest.raises(ValueError, match="slots must be"):
-        TTMTPHead(None, None, 2, slots=0)
+        PackedMTPHead(None, None, 2, slots=0)
+    with pytest.raises(ValueError, match="draft depth k"):
+        TTMTPHead(None, None, 0)

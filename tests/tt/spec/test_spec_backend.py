@@ -36,7 +36,7 @@ from qwen36.reference.model import Qwen36Model
 from qwen36.speculative.engine import SpecBackend, speculative_generate
 from qwen36.speculative.mechanisms import MECHANISMS
 from qwen36.speculative.reference_backend import ReferenceBackend, ReferenceDraft as RefBatchDraft
-from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+from qwen36.generation.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.pcc import comp_pcc, pcc
 from qwen36.testing.speculative import oracle_drafter
 from qwen36.testing.tt import device_position, make_bf16_checkpoint
@@ -82,7 +82,7 @@ def plain(gen):
     """Plain batch-1 TT greedy output of every prompt."""
     out = []
     for p in PROMPTS:
-        out.append(gen.greedy(torch.tensor(p), N_NEW + 8))
+        out.append(gen.generate([torch.tensor(p)], N_NEW + 8)[0].tokens)
         gen.release_trace()
     return out
 
@@ -90,7 +90,7 @@ def plain(gen):
 @pytest.fixture(scope="module")
 def plain_one(gen):
     """Plain batch-1 TT greedy output of PROMPT (the one-user runs)."""
-    out = gen.greedy(PROMPT, MAX_NEW)
+    out = gen.generate([PROMPT], MAX_NEW)[0].tokens
     gen.release_trace()
     return out
 
@@ -307,7 +307,7 @@ def plain8(gen, plain):
     """Plain batch-1 TT greedy output of every prompt of PROMPTS8."""
     out = list(plain)
     for p in PROMPTS8[len(plain):]:
-        out.append(gen.greedy(torch.tensor(p), N_NEW + 8))
+        out.append(gen.generate([torch.tensor(p)], N_NEW + 8)[0].tokens)
         gen.release_trace()
     return out
 
@@ -592,7 +592,7 @@ def _rows_drafter(plain):
 def test_users_with_different_params_in_one_batch_equal_each_user_alone(gen):
     plain = []
     for p in ROWS_PROMPTS:
-        plain.append(gen.greedy(torch.tensor(p), ROWS_N_NEW + 4))
+        plain.append(gen.generate([torch.tensor(p)], ROWS_N_NEW + 4)[0].tokens)
         gen.release_trace()
     drafter = _rows_drafter(plain)
     be = TTSpecBackend(gen, "snapshot", drafter=drafter, slots=3, k=1, stages=SamplerStages.of(ROWS_USERS, 512))

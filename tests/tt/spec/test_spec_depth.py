@@ -24,7 +24,7 @@ from qwen36.probes.gdn_transaction_tp_checks import compare, kv_logical, kv_stat
 from qwen36.speculative.depth import DepthPolicy
 from qwen36.speculative.engine import speculative_generate
 from qwen36.speculative.mechanisms import MECHANISMS
-from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+from qwen36.generation.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.speculative import oracle_drafter
 from qwen36.testing.tt import device_position, make_bf16_checkpoint, read_scalar, small_tt_generator
 from qwen36.tt.spec.spec_backend import TTSpecBackend
@@ -49,7 +49,7 @@ def ci_gen(ci_ck):
 
 @pytest.fixture(scope="module")
 def ci_plain(ci_gen):
-    out = ci_gen.greedy(PROMPT, sum(SCHEDULE) + len(SCHEDULE) + 2)
+    out = ci_gen.generate([PROMPT], sum(SCHEDULE) + len(SCHEDULE) + 2)[0].tokens
     ci_gen.release_trace()
     return out
 
@@ -173,14 +173,14 @@ def test_auto_depth_greedy_with_penalties_is_plain_greedy_with_penalties(ci_ck, 
     equals plain greedy with penalties on TT and on the reference. Drafts are the answer with 30% wrong tokens, so
     that acceptance lengths (and so the controller's choices) vary."""
     from qwen36.reference.model import Qwen36Model
-    from qwen36.speculative.plain import plain_generate
-    from qwen36.speculative.sampling import TokenHistory
+    from qwen36.reference.batch import generate
+    from qwen36.generation.sampling import TokenHistory
 
     n, params = 24, SamplingParams(**PENALTIES)
     ref = Qwen36Model.from_checkpoint(ci_ck)
-    want = plain_generate(ref, PROMPT, n, params).tokens
-    assert want != plain_generate(ref, PROMPT, n).tokens, "the penalties must decide something on this prompt"
-    assert ci_gen.generate(PROMPT, n, params).tokens == want  # TT plain greedy with penalties
+    want = generate(ref, [PROMPT], n, params)[0].tokens
+    assert want != generate(ref, [PROMPT], n)[0].tokens, "the penalties must decide something on this prompt"
+    assert ci_gen.generate([PROMPT], n, params)[0].tokens == want  # TT plain greedy with penalties
     ci_gen.release_trace()
     g = torch.Generator().manual_seed(0)
     vocab = ref.config.vocab_size
@@ -240,13 +240,13 @@ def _controller():
 
 @pytest.fixture(scope="module")
 def auto_plain(gen):
-    from qwen36.reference.batch import greedy_generate
+    from qwen36.reference.batch import generate
     from qwen36.reference.model import Qwen36Model
 
-    tt = gen.greedy(AUTO_PROMPT, AUTO_NEW)
+    tt = gen.generate([AUTO_PROMPT], AUTO_NEW)[0].tokens
     gen.release_trace()
     ref_model = Qwen36Model.from_checkpoint(CKPT, dtype=torch.float32)
-    ref = greedy_generate(ref_model, torch.tensor([AUTO_PROMPT]), AUTO_NEW)
+    ref = generate(ref_model, [torch.tensor([AUTO_PROMPT])], AUTO_NEW)[0].tokens
     return tt, [int(t) for t in torch.as_tensor(ref).reshape(-1)[-AUTO_NEW:]]
 
 
@@ -274,11 +274,11 @@ def test_auto_depth_greedy_with_penalties_device_mtp(gen, drafter):
     """The CLI's ``--spec-k auto --repetition-penalty ...`` path on the shipped checkpoint: device MTP drafts, the
     fitted controller, the shared token counts; output == TT plain greedy with penalties == the reference's."""
     from qwen36.reference.model import Qwen36Model
-    from qwen36.speculative.plain import plain_generate
+    from qwen36.reference.batch import generate
 
     params = SamplingParams(**PENALTIES)
-    ref = plain_generate(Qwen36Model.from_checkpoint(CKPT, dtype=torch.float32), AUTO_PROMPT, AUTO_NEW, params).tokens
-    tt = gen.generate(AUTO_PROMPT, AUTO_NEW, params).tokens
+    ref = generate(Qwen36Model.from_checkpoint(CKPT, dtype=torch.float32), [AUTO_PROMPT], AUTO_NEW, params)[0].tokens
+    tt = gen.generate([AUTO_PROMPT], AUTO_NEW, params)[0].tokens
     gen.release_trace()
     assert tt == ref
     controller = _controller()
@@ -307,7 +307,7 @@ def test_auto_depth_stochastic_chi_square(gen, drafter, draft, seed, penalties):
     tokens plus d_1..d_j), and after every step the device's shared token counts equal the host history's."""
     from qwen36.testing.stats import P_VALUE_MIN as P_MIN, chi2_p, rank_cell
 
-    from qwen36.speculative.sampling import TokenHistory
+    from qwen36.generation.sampling import TokenHistory
 
     params = SamplingParams(1.0, TOP_K, 1.0, seed, draft=draft, **(PENALTIES if penalties else {}))
     be = TTSpecBackend(gen, "shadow_commit", drafter=drafter, depths=STOCH_DEPTHS)

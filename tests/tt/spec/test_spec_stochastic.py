@@ -26,7 +26,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qwen36.speculative.sampling import SamplingParams, probs_from_logits
+from qwen36.generation.sampling import SamplingParams, probs_from_logits
 from qwen36.testing.stats import chi2_p, rank_cell
 from qwen36.testing.tt import small_tt_generator
 from qwen36.tt.spec.accept import DeviceAcceptor

@@ -4,8 +4,8 @@ through the step's own verify / commit traces with every forced row accepted, an
 the last forced row. Greedy output == TT plain decoding with the same budget (``TTGenerator.generate``), every
 mechanism; the committed state continues exactly as a plain run of prompt + emitted tokens would.
 
-B slots (host rows, ``tt/spec/inject.py``): three users, one forced at its first token, one cut mid-step, one never
-forced: each user's tokens and every emitted token's logits row == the TT plain batch (``batched_greedy``) with the
+B slots (host rows, ``HostRows.inject`` in tt/spec/host_slots.py): three users, one forced at its first token, one cut mid-step, one never
+forced: each user's tokens and every emitted token's logits row == the TT plain batch (``plain_generate`` with host picks) with the
 same budget (bit-equal), two mechanisms; seeded sampling == each user run alone on the one-user layout. The pick after
 a phrase forced over several rounds counts each earlier token once (both layouts)."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 
 from qwen36.checkpoint import load_checkpoint
 from qwen36.speculative.engine import speculative_generate
-from qwen36.speculative.sampling import SamplingParams
-from qwen36.speculative.thinking import ThinkingBudget
+from qwen36.generation.sampling import SamplingParams
+from qwen36.generation.thinking import ThinkingBudget
 from qwen36.testing.pcc import pcc
 from qwen36.testing.tt import small_tt_generator
 from qwen36.testing.tt_batch import record_emitted_logits
@@ -49,9 +49,9 @@ def budget(n: int) -> ThinkingBudget:
 @pytest.mark.parametrize("mech,k,n", [("shadow_commit", 3, 2), ("snapshot", 2, 5), ("recompute", 3, 4),
                                       ("snapshot", 3, 1)])  # n = 1: reached at the prompt's token, before any step
 def test_speculative_budget_equals_plain_with_the_same_injection(gen, reader, mech, k, n):
-    plain = gen.generate(PROMPT, 24, thinking=budget(n), keep_logits=True)
+    plain = gen.generate([PROMPT], 24, thinking=budget(n), keep_logits=True)[0]
     want = plain.tokens
-    free = gen.generate(PROMPT, 24).tokens
+    free = gen.generate([PROMPT], 24)[0].tokens
     assert END not in free[:n] and tuple(want[n:n + len(PHRASE)]) == PHRASE  # the phrase at exactly n
     be = TTSpecBackend(gen, mech, drafter=TTMTPDrafter(reader))
     try:
@@ -101,7 +101,7 @@ def test_inject_refusals(gen, reader):
         be.close()
 
 
-# ---- B slots (host rows: tt/spec/inject.py) ---------------------------------------------------------------------
+# ---- B slots (host rows: HostRows.inject) ------------------------------------------------------------------------
 # START_B stands in for <think> where user 2's own greedy output emits it (its 3rd token): with budget 1 user 0
 # (prompt ends in an open block) is forced at its first token, before any step, user 2 in the middle of a step (its
 # second step accepts 2 drafts, tokens 3-5, and is cut after its 4th token: the commit takes a = 1, not the device's
@@ -119,12 +119,16 @@ def budget_b() -> ThinkingBudget:
 @pytest.fixture(scope="module")
 def plain_b(gen):
     """TT plain greedy of the three users as one batch (TTBatchDecoder, ForcedFeed) with the same budget."""
-    from qwen36.tt.runtime.batch import TTBatchDecoder, batched_greedy
+    from types import SimpleNamespace
+
+    from qwen36.testing.tt_batch import host_greedy
+    from qwen36.tt.runtime.batch import TTBatchDecoder
 
     gen.release_trace()
     dec = TTBatchDecoder(gen.model, 4, use_trace=gen.use_trace)
     try:
-        return batched_greedy(dec, PROMPTS_B, N_B, thinking=budget_b(), keep_logits=True)
+        out = host_greedy(dec, PROMPTS_B, N_B, thinking=budget_b())
+        return SimpleNamespace(tokens=[r.tokens for r in out], logits=[r.logits for r in out])
     finally:
         dec.release()
 
@@ -182,9 +186,8 @@ def test_batch_slots_sampled_budget_equals_one_user_path(gen, reader):
 def test_pick_after_the_phrase_counts_each_token_once(gen, reader, monkeypatch, slots):
     """Penalties: the host pick after a phrase forced over several rounds sees the output counts of exactly the
     tokens emitted before it (a regression: the one-user layout added the earlier rounds' tokens twice)."""
+    import qwen36.tt.spec.device_rows as device_mod
     import qwen36.tt.spec.host_slots as slots_mod
-    import qwen36.tt.spec.inject as inject_mod
-    import qwen36.tt.spec.spec_backend as backend_mod
 
     seen = []
 
@@ -192,10 +195,9 @@ def test_pick_after_the_phrase_counts_each_token_once(gen, reader, monkeypatch, 
         seen.append(penalties.counts.clone())
         return pick(logits, params, generator, penalties)
 
-    pick = backend_mod.pick_token
-    monkeypatch.setattr(backend_mod, "pick_token", recording_pick)
-    monkeypatch.setattr(inject_mod, "pick_token", recording_pick)
-    monkeypatch.setattr(slots_mod, "pick_token", recording_pick)  # the B-slot join's pick
+    pick = device_mod.pick_token
+    monkeypatch.setattr(device_mod, "pick_token", recording_pick)  # the one-user join's and inject's picks
+    monkeypatch.setattr(slots_mod, "pick_token", recording_pick)  # the B-slot join's and inject's picks
     params = SamplingParams(temperature=0.8, top_k=20, seed=5, repetition_penalty=1.3, presence_penalty=0.5,
                             draft="greedy")
     kw = {} if slots == 1 else {"slots": slots, "k": 2, "params": params}
@@ -233,7 +235,7 @@ class Schedule:
 def test_per_step_depths_budget_equals_plain_with_the_same_injection(gen, reader, mech, n):
     """``depths=`` (``--spec-k auto``): the forced rounds run at the depth the last commit prepared, the last round's
     chain at the user's next depth; greedy output == TT plain with the same budget, the pick row == plain's row."""
-    plain = gen.generate(PROMPT, 24, thinking=budget(n), keep_logits=True)
+    plain = gen.generate([PROMPT], 24, thinking=budget(n), keep_logits=True)[0]
     be = TTSpecBackend(gen, mech, drafter=TTMTPDrafter(reader), depths=(1, 2, 3))
     try:
         res = speculative_generate(be, [PROMPT], 24, [Schedule([3, 1, 2])], [SamplingParams()],

@@ -42,11 +42,11 @@ from qwen36.testing.tt import make_bf16_checkpoint
 from qwen36.tt.runtime.trace import TracedStep
 from qwen36.tt.model.weights import WeightLoader, load_mtp_weights
 from qwen36.speculative.engine import speculative_generate
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 from qwen36.testing.cli import run_cli_streams as cli
 from qwen36.testing.pcc import pcc
 from qwen36.testing.tt import small_tt_generator
-from qwen36.tt.spec.mtp_drafter import TTMTPDrafter
+from qwen36.tt.spec.mtp_drafter import PackedMTPDrafter, TTMTPDrafter
 from qwen36.tt.spec.spec_backend import BatchSpecError, TTSpecBackend
 
 K = 3
@@ -371,7 +371,7 @@ def plain_users(gen):
     """Plain batch-1 TT greedy output of every prompt."""
     out = []
     for p in USER_PROMPTS:
-        out.append(gen.greedy(torch.tensor(p), N_NEW))
+        out.append(gen.generate([torch.tensor(p)], N_NEW)[0].tokens)
         gen.release_trace()
     return out
 
@@ -579,12 +579,12 @@ def _inverse_cdf(probs: torch.Tensor, u: float) -> int:
 @pytest.mark.slow
 def test_sampled_drafts_follow_the_acceptors_transform(gen, reader):
     """B = 2, K = 2, temperature 1, top-k 6, draft="sample", host-seeded uniforms; user 0 drafts 2, user 1 drafts 1.
-    Per chain: the persistent draft distributions equal the host transform (speculative.sampling.probs_from_logits)
+    Per chain: the persistent draft distributions equal the host transform (generation.sampling.probs_from_logits)
     of the MTP draft logits (max abs <= 1e-6), the row past user 1's k_b is zero, and every draft is the inverse-CDF
     draw of its own distribution with uniform column b*32 + i of the chain's table row; draft, abort, draft
     reproduces the drafts (the abort gives the uniform row back) and a refilled table gives new ones. Then a
     sampled two-user run completes, with the draft distributions handed to the acceptor."""
-    from qwen36.speculative.sampling import probs_from_logits
+    from qwen36.generation.sampling import probs_from_logits
 
     sp = SamplingParams(temperature=1.0, top_k=6, seed=3)
     be = TTSpecBackend(gen, "snapshot", slots=2, k=2, drafter=TTMTPDrafter(reader), params=sp, rng="host")
@@ -630,12 +630,15 @@ def test_refuses_a_drafter_it_cannot_drive(gen, reader):
         TTSpecBackend(gen, slots=2, k=2, drafter=object())
 
 
-def test_one_packed_drafter_per_backend(gen, reader):
+def test_each_b_slot_layout_drafts_with_its_own_packed_drafter(gen, reader):
+    """A B-slot backend given the device MTP drafter drafts with that drafter's B-slot form (its own packed head);
+    a packed drafter holds one layout's head, so it is refused by a second backend."""
     drafter = TTMTPDrafter(reader)
     be = TTSpecBackend(gen, slots=2, k=2, drafter=drafter)
     try:
-        with pytest.raises(RuntimeError, match="one backend"):
-            TTSpecBackend(gen, slots=2, k=2, drafter=drafter)
+        assert isinstance(be.drafter, PackedMTPDrafter) and be.drafter.head.slots == 2
+        with pytest.raises(RuntimeError, match="one B-slot layout"):
+            TTSpecBackend(gen, slots=2, k=2, drafter=be.drafter)
     finally:
         be.close()
 

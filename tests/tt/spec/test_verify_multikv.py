@@ -33,7 +33,7 @@ def gen(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain(gen):
-    out = gen.greedy(PROMPT, MAX_NEW)
+    out = gen.generate([PROMPT], MAX_NEW)[0].tokens
     gen.release_trace()
     return out
 

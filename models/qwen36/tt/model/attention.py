@@ -43,7 +43,8 @@ class AttentionContext:
     pos: Any = None  # decode: [B] int32 cache position of the row
     chunk_start: int = 0  # prefill: absolute position of row 0 (a multiple of block_size)
     chunk_page_table: Any = None  # prefill: [B, pages of this chunk] int32
-    verify_plan: Any = None  # K+1-row verify (models/qwen36/tt/spec/verify.py VerifyPlan): per-row positions + GDN routing
+    verify_plan: Any = None  # K+1-row verify (models/qwen36/tt/spec/verify.py VerifyPlan): per-row KV rows and bounds
+    gdn_plan: Any = None  # K+1-row verify: the GDN layers' routes and what they keep (gdn_plan.GDNStepPlan)
 
 
 class TTGatedAttention:

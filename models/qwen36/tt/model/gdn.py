@@ -1,6 +1,8 @@
 """Gated DeltaNet layer on a TP mesh: each device owns Hk/N key heads and their Hv/N value heads.
 
-One forward for any number of rows T (prefill chunk, 1-row decode, K+1-row verify):
+One forward for any number of rows T (1-row decode, K+1-row verify, and the prefill chunks of configs whose GDN
+heads are narrower than a tile; with tile-wide heads, the 27B's, a prefill chunk runs the fused ops of
+gdn_prefill.py instead):
 
     mixed  = x @ in_proj_qkv ;  z = x @ in_proj_z ;  b = x @ in_proj_b ;  a' = x @ in_proj_a + dt_bias
              four matmuls (the same weight bytes as one fused matmul, and no output slices)
@@ -37,6 +39,8 @@ import torch
 
 from ...reference.gdn import L2NORM_EPS
 from .ccl import all_reduce, ccl_for
+from .gdn_plan import GDNKept, GDNStepPlan
+from .gdn_prefill import GDNPrefill, unsupported
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_fp32_state,
                            compute_config_matmul, compute_config_norm, state_memory_config)
 from .state import GDNLayerState
@@ -73,6 +77,10 @@ class TTGatedDeltaNet:
         self.batch_unfold_idx: dict[int, object] = {}
         self.verify_unfold_idx: dict[tuple[int, int], object] = {}  # (B, T) -> index of a batched verify's conv
         self.taps_by_tap = None  # conv taps as [1, K, 1, Cd] (batched decode), made by prepare_batch
+        # prefill on ttnn's fused GDN ops where the config's head widths fit them (gdn_prefill.py), else the
+        # composite prefill below; ``prefill_path`` says which (the cost probes record it)
+        self.fused_prefill = GDNPrefill(self) if unsupported(args) is None else None
+        self.prefill_path = "fused" if self.fused_prefill is not None else f"composite ({unsupported(args)})"
 
     def _ring_index(self, users: int):
         """uint32 ROW_MAJOR [1, B*Hv]: entry b*Hv + h = b*Hv + h (each user's head reads and rewrites its own block)."""
@@ -291,24 +299,33 @@ class TTGatedDeltaNet:
         return all_reduce(ttnn, part, a.num_devices)
 
     # ---- forward -----------------------------------------------------------------------------------
-    def forward(self, x, state: GDNLayerState, mode: str, verify_plan=None):
+    def forward(self, x, state: GDNLayerState, mode: str, plan: GDNStepPlan | None = None):
         """x [1, 1, T, H] (T rows at consecutive positions) -> [1, 1, T, H]; advances ``state`` in place.
-        ``verify_plan`` (a K+1-row speculative verify, models/qwen36/tt/spec/verify.py VerifyPlan) decides where the conv window and the
-        recurrent state go for a K+1-row verify (ring / snapshot / scratch) and records what the commit needs."""
+        ``plan`` (a multi-row step such as a K+1-row speculative verify; plain data, gdn_plan.py) says where the conv
+        window and the recurrent state go (its route for ``state``), and receives what the commit needs (a GDNKept)."""
         rows = x.shape[2]
         users = state.conv.shape[0]  # user slots of the state: a batched decode feeds one row per slot
-        plan_users = getattr(verify_plan, "users", 1)  # a host-row verify plan (tt/spec/verify.py) covers every slot
-        if users > 1 and (mode != "decode" or (verify_plan is not None and plan_users != users)):
-            raise NotImplementedError(f"GDN {mode}{' verify' if verify_plan is not None else ''} over a {users}-slot "
+        plan_users = 1 if plan is None else plan.users  # a multi-row plan covers every slot of the state
+        if users > 1 and (mode != "decode" or (plan is not None and plan_users != users)):
+            raise NotImplementedError(f"GDN {mode}{' verify' if plan is not None else ''} over a {users}-slot "
                                       "state: prefill runs on a batch-1 view of one slot, and a verify over B slots "
-                                      "needs a batched verify plan of B users")
+                                      "needs a step plan of B users")
+        if mode == "prefill" and self.fused_prefill is not None:
+            if plan is not None:
+                raise ValueError("GDN prefill takes no multi-row step plan (a verify runs in mode 'decode')")
+            return self.fused_prefill.forward(x, state)
+        route = None if plan is None else plan.route(state)
         mixed, z, b, a_in = self.project(x)
-        conv_write = True if verify_plan is None else verify_plan.conv_write(state)
+        conv_write = True if route is None or route.conv_write else None
         conv_out, window = self.causal_conv(mixed, state.conv, rows, write_state=conv_write, return_window=True)
         q, k, v = self.qkv_heads(conv_out, rows, users)
         g, beta = self.gates(b, a_in, rows, users)
-        if verify_plan is None:
+        if route is None:
             o = self.recurrence(q, k, v, g, beta, state, mode)
         else:
-            o = verify_plan.gdn_recurrence(self, state, q, k, v, g, beta, window)
+            if route.row_mask is not None:  # inert rows masked out of the recurrence (g = beta = 0)
+                g, beta = self.ttnn.multiply(g, route.row_mask), self.ttnn.multiply(beta, route.row_mask)
+            plan.kept.append(GDNKept(self, state, q, k, v, g, beta, window))
+            o = self.recurrence(q, k, v, g, beta, state, "decode", initial=route.initial, final=route.final,
+                                ring_idx=route.ring_idx)
         return self.output(o, z, rows)

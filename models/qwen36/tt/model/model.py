@@ -26,8 +26,9 @@ from .ccl import ccl_for
 from .gdn import TTGatedDeltaNet
 from .mlp import TTMLP
 from .moe import TTMoE
+from .decode_matmuls import decode_matmul_plan
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
-                           compute_config_norm, decode_matmul_plan, kv_update_input_memory_config)
+                           compute_config_norm, kv_update_input_memory_config)
 from .state import DecodeInputs, GDNLayerState, KVLayerState, TTModelState
 from .weights import LayerWeights, ModelWeights, MoEWeights
 
@@ -35,19 +36,23 @@ from .weights import LayerWeights, ModelWeights, MoEWeights
 def lm_head_logits(ttnn, args: TTModelArgs, lm_head, h, dtype):
     """This device's vocab slice of the logits, ``h`` [1, 1, T, H] (ACTIVATION dtype) @ ``lm_head`` [H, V/N] in
     ``dtype``, DRAM-interleaved. For T <= 32 rows (decode, the verify, MTP drafts, the last prefill row) the matmul
-    is DRAM-sharded when ``model_config.decode_matmul_plan`` gives a plan (the weight was placed that way at load):
-    h resharded into L1, the logits back to DRAM for the all_gather (2 programs more than the default matmul). The
-    target head and the MTP head share it, so both read the one LM-head weight the same way."""
+    runs the decode plan of ``args.decode_matmuls`` (``decode_matmuls.decode_matmul_plan``; the weight was placed for
+    it at load): mcast_1d reads h where it is and writes the logits straight to DRAM (one program); dram_sharded
+    reshards h into L1 and the logits back to DRAM for the all_gather (2 programs more). The target head and the MTP
+    head share it, so both read the one LM-head weight the same way."""
     k, n = lm_head.shape[-2], lm_head.shape[-1]
     cfg = compute_config_matmul(ttnn, args.dtype_name(TensorGroup.LM_HEAD))
     mc = activation_memory_config(ttnn)
-    plan = decode_matmul_plan(ttnn, args, TensorGroup.LM_HEAD, h.shape[-2], k, n)
+    plan = decode_matmul_plan(ttnn, args, TensorGroup.LM_HEAD, h.shape[-2], k, n,
+                              h.device().compute_with_storage_grid_size())
     if plan is None:
         return ttnn.linear(h, lm_head, dtype=dtype, memory_config=mc, compute_kernel_config=cfg)
-    hs = ttnn.to_memory_config(h, plan.input_memory_config)
-    out = ttnn.linear(hs, lm_head, dtype=dtype, memory_config=plan.output_memory_config,
-                      program_config=plan.program_config, compute_kernel_config=cfg)
-    return ttnn.to_memory_config(out, mc)
+    if plan.input_memory_config is not None:
+        h = ttnn.to_memory_config(h, plan.input_memory_config)
+    out_mc = mc if plan.input_memory_config is None else plan.output_memory_config
+    out = ttnn.linear(h, lm_head, dtype=dtype, memory_config=out_mc, program_config=plan.program_config,
+                      compute_kernel_config=cfg)
+    return out if out.memory_config() == mc else ttnn.to_memory_config(out, mc)
 
 
 @dataclass
@@ -79,9 +84,9 @@ class TTDecoderLayer:
         if self.layer_type == FULL:
             h = self.mixer.forward(h, state, ctx)
         else:
-            h = self.mixer.forward(h, state, ctx.mode, verify_plan=ctx.verify_plan)
+            h = self.mixer.forward(h, state, ctx.mode, plan=ctx.gdn_plan)
         x = ttnn.add(x, h, dtype=res)
-        # decode rows: the norm writes the L1 width shards the MLP's DRAM-sharded matmuls read (no reshard program)
+        # decode rows: the norm writes x where the MLP's decode matmuls read it (L1; no reshard program)
         mlp_in = getattr(self.mlp, "input_memory_config", lambda rows: None)(x.shape[-2])
         h = ttnn.rms_norm(x, epsilon=self.eps, weight=self.w.post_norm, compute_kernel_config=ncfg,
                           memory_config=mlp_in)

@@ -184,10 +184,11 @@ class TTModelArgs:
     # 256 / 1,024 / 2,048 rows (prefill-cost --chunk; docs/cost_figures.md), where the matmuls turn compute-bound
     prefill_chunk: int = 2048
     batch: int = 1
-    # decode matmul layout of the groups in DRAM_SHARDED_GROUPS: "dram_sharded" (weights width-sharded over the DRAM
-    # banks, 1-tile-row activations width-sharded in L1: decode_matmul_plan) or "interleaved" (DRAM-interleaved
-    # weights, ttnn's default program configs, as before)
-    decode_matmuls: str = "dram_sharded"
+    # decode matmul layout of the dense MLP and the LM head (tt/model/decode_matmuls.py): "mcast_1d" (DRAM-interleaved
+    # weights, 1D multicast matmuls on an explicit small grid, as Tenstorrent's qwen36 decode runs them),
+    # "dram_sharded" (weights width-sharded over the DRAM banks, activations width-sharded in L1) or "interleaved"
+    # (DRAM-interleaved weights, ttnn's default program configs; A/B figures)
+    decode_matmuls: str = "mcast_1d"
     # readers per DRAM bank asked of each DRAM-sharded decode matmul (num_workers_per_dram_bank, ttnn 0.81.1): a
     # matmul takes it where the device op's rule allows its weight's bank shards, else one (decode_readers_per_bank)
     dram_readers: int = 2
@@ -298,157 +299,15 @@ class TTModelArgs:
 # ---- memory configs ---------------------------------------------------------------------------------
 def weight_memory_config(ttnn):
     """DRAM interleaved: decode streams every weight once per token; 27B does not fit L1, and interleaving
-    spreads the stream over all 8 GDDR6 channels. (The MLP matrices are DRAM-sharded: matrix_memory_config.)"""
+    spreads the stream over all 8 GDDR6 channels. (The "dram_sharded" decode layout places the MLP and LM head
+    otherwise: decode_matmuls.matrix_memory_config.)"""
     return ttnn.DRAM_MEMORY_CONFIG
 
 
-DECODE_MATMUL_LAYOUTS = ("dram_sharded", "interleaved")
-# Weight groups whose decode matmuls run DRAM-sharded: the dense MLP (two thirds of the 27B weight stream; not a MoE
-# model's shared expert, uses_dram_sharded_weights says why) and the LM head (0.68 GB per device and token at 27B,
-# one matmul per step: its two reshards cost 8 us of dispatch against about 0.24 ms of weight time saved). The
-# mixer projections keep DRAM-interleaved weights and default program configs for now: with the decode residual
-# stream in DRAM each would need its own reshards in and out (docs/tt_model.md, "Programs per step", says why).
-DRAM_SHARDED_GROUPS = frozenset({TensorGroup.MLP_GATE_UP, TensorGroup.MLP_DOWN, TensorGroup.LM_HEAD})
+# decode layouts of the dense MLP's and the LM head's matmuls (tt/model/decode_matmuls.py says what each is and why
+# mcast_1d is the default)
+DECODE_MATMUL_LAYOUTS = ("mcast_1d", "dram_sharded", "interleaved")
 TILE = 32
-# Compute cores of one DRAM-sharded matmul: at most an 8x8 block of the worker grid (11 x 10 usable workers on a
-# P150a), the bound tt_transformers uses too.
-MAX_DECODE_MATMUL_GRID = (8, 8)
-
-
-def dram_bank_count(mesh) -> int:
-    """DRAM banks of one device (``mesh.dram_grid_size()``: 8 x 1 on Blackhole P150a, 12 x 1 on Wormhole)."""
-    g = mesh.dram_grid_size()
-    if g.y != 1:
-        raise ValueError(f"DRAM grid {g.x}x{g.y}: DRAM-sharded weights assume one row of banks")
-    return int(g.x)
-
-
-def uses_dram_sharded_weights(args: "TTModelArgs", group: TensorGroup, k: int, n: int) -> bool:
-    """Whether the per-device [k, n] weight of ``group`` is DRAM-sharded (and its decode matmuls with it): the
-    layout asks for it, the group is one of DRAM_SHARDED_GROUPS, the model is dense, and k and n are whole tiles
-    (a width-sharded activation and output split whole tiles over cores; tiny test configs whose per-device widths
-    are not tile multiples keep interleaved weights and default configs, decided here for the weight and its
-    matmuls alike). A MoE model's only dense MLP is its shared expert (3 x 2048 x 256 bf8 per device at 35B-A3B,
-    1.7 MB: about 0.6 us per layer saved at the DRAM-sharded rate), where the MLP's two extra reshard programs
-    (8 us of dispatch) cost more than the bandwidth saves, so it stays interleaved; its LM head stays interleaved
-    too, as the MoE figures (docs/tt_moe.md) were recorded."""
-    return (args.decode_matmuls == "dram_sharded" and group in DRAM_SHARDED_GROUPS and not args.cfg.is_moe
-            and k % TILE == 0 and n % TILE == 0)
-
-
-def dram_bank_shard_tiles(n_tiles: int, banks: int, readers: int = 1) -> int:
-    """Width in tiles of each bank's shard of a weight N tiles wide, DRAM-sharded over ``banks`` banks for a matmul
-    of ``readers`` readers per bank: R x ceil(N / (banks x R)). The 0.81.1 device op reads ceil(N / (banks x R))
-    tiles per reader (banks holding only padding dropped first) and asserts ``in1_shard_width_tiles ==
-    workers_per_bank * per_core_N_in1_sender`` for R > 1 (the wheel's message); with one reader it asserts nothing
-    but reads ceil(N / banks) tiles per K row with no bank row stride, so a wider physical shard would be misread
-    (emulator/dram_sharded_readers.py says where that is from, and refuses both). At R = 1 this is ceil(N / banks)
-    as before; for R = 2 it rounds the shard up to an even width (the 27B LM head: 485 -> 486 tiles, the last
-    bank's shard padded)."""
-    return readers * -(-n_tiles // (banks * readers))
-
-
-def dram_sharded_weight_memory_config(ttnn, k: int, n: int, banks: int, readers: int = 1):
-    """A [k, n] weight width-sharded over the ``banks`` DRAM banks: bank b holds columns [b*w, (b+1)*w) of every
-    row, w = :func:`dram_bank_shard_tiles` for the matmul's ``readers`` per bank (the last bank's shard is padded).
-    Each reading core of a DRAM-sharded matmul then streams one bank only, so all banks are read in parallel without
-    NoC contention between readers."""
-    w = dram_bank_shard_tiles(-(-n // TILE), banks, readers) * TILE
-    grid = ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(banks - 1, 0))})
-    return ttnn.MemoryConfig(ttnn.TensorMemoryLayout.WIDTH_SHARDED, ttnn.BufferType.DRAM,
-                             ttnn.ShardSpec(grid, (k, w), ttnn.ShardOrientation.ROW_MAJOR))
-
-
-def matrix_memory_config(ttnn, args: "TTModelArgs", group: TensorGroup, k: int, n: int, banks: int):
-    """Where a per-device [k, n] weight matrix of ``group`` lives: DRAM-sharded for the groups whose decode matmuls
-    are DRAM-sharded (prefill reads the same tensor with ttnn's default program config), else DRAM-interleaved."""
-    if uses_dram_sharded_weights(args, group, k, n):
-        # the bank shard width follows the readers its decode matmul will ask for (decode_matmul_plan): both come
-        # from decode_readers_per_bank, so the weight's layout and the program config cannot disagree
-        return dram_sharded_weight_memory_config(ttnn, k, n, banks, decode_readers_per_bank(args, n, banks, group))
-    return weight_memory_config(ttnn)
-
-
-@dataclass(frozen=True)
-class DecodeMatmulPlan:
-    """One DRAM-sharded decode matmul [rows <= 32, k] x [k, n]: ``cores`` compute cores on a ``grid`` (x, y), the
-    activation width-sharded over them in L1 (``input_memory_config``, [32, k / cores] per core), the output
-    likewise ([32, n / cores]), and the program config."""
-
-    k: int
-    n: int
-    cores: int
-    grid: tuple
-    program_config: Any
-    input_memory_config: Any
-    output_memory_config: Any
-
-
-def _decode_grid(k_tiles: int, n_tiles: int) -> tuple[int, int, int]:
-    """The most cores c that split both K and N into whole tiles and fit an x <= 8, y <= 8 block: (c, x, y)."""
-    gx, gy = MAX_DECODE_MATMUL_GRID
-    g = math.gcd(k_tiles, n_tiles)
-    for c in range(min(g, gx * gy), 0, -1):
-        if g % c:
-            continue
-        for x in range(min(c, gx), 0, -1):
-            if c % x == 0 and c // x <= gy:
-                return c, x, c // x
-    raise AssertionError("unreachable: c = 1 always fits")
-
-
-# groups whose DRAM-sharded decode matmuls ask for ``args.dram_readers`` readers per bank. The LM head is one of them
-# since its bank shards are laid out for the readers (dram_bank_shard_tiles: 485 -> 486 tiles at 27B TP=2, the last
-# bank's shard padded); the real head and a probe's cut vocabulary then get the same reader count.
-MULTI_READER_GROUPS = frozenset({TensorGroup.MLP_GATE_UP, TensorGroup.MLP_DOWN, TensorGroup.LM_HEAD})
-
-
-def decode_readers_per_bank(args: "TTModelArgs", n: int, banks: int = 8,
-                            group: TensorGroup = TensorGroup.MLP_GATE_UP) -> int:
-    """Readers per DRAM bank of a DRAM-sharded decode matmul whose [k, n] weight is width-sharded over ``banks``
-    in bank shards :func:`dram_bank_shard_tiles` wide for that reader count: ``args.dram_readers`` where the 0.81.1
-    device op's rule accepts those shards (tt_ops/emulator/dram_sharded_readers.py, which the emulated op enforces),
-    else one. The weight's memory config (:func:`matrix_memory_config`) asks the same question, so weight layout and
-    program config agree.
-
-    Why two: Blackhole's DRAM-sharded matmul reaches about 55 % of DRAM peak with one reader per bank and about 90 %
-    with two or three (tt-metal PR 54242); Tenstorrent's Llama-3.1-8B on P150 takes two for its QKV, output,
-    gate/up and down weights wherever the bank shard splits evenly (PR 54242 / 55080, 30.53 -> 23.76 ms per step).
-    The 27B MLP shards (34 and 20 tiles per bank at TP=2) split evenly; the LM head's 3880 tiles per device take
-    486-tile shards (the last bank holds 478 tiles and 8 of padding, +0.2 % bytes). Whether two beats one for a
-    given shape is a card measurement (docs/cost_model.md)."""
-    from qwen36.tt_ops.emulator.dram_sharded_readers import readers_rule_violation
-
-    if group not in MULTI_READER_GROUPS:
-        return 1
-    n_tiles = -(-n // TILE)
-    r = args.dram_readers
-    ok = readers_rule_violation(dram_bank_shard_tiles(n_tiles, banks, r), n_tiles, banks, r) is None
-    return r if ok else 1
-
-
-def decode_matmul_plan(ttnn, args: "TTModelArgs", group: TensorGroup, rows: int, k: int, n: int):
-    """The program config of a decode-mode matmul of ``group`` over ``rows`` activation rows, or ``None`` (ttnn's
-    default program config on DRAM-interleaved activations: prefill, and groups whose weights are interleaved).
-
-    DRAM-sharded (tt_transformers' decode matmuls; the device op's rules): one tile row of activations
-    (per_core_M = 1: the op supports M == 1 tile only, so more than 32 rows go the default way), in0 width-sharded
-    in L1 over the compute cores with in0_block_w dividing each core's K tiles (here the whole shard: one pass
-    over K per core), per_core_N = N tiles / cores, output width-sharded in L1 on the same cores."""
-    if not uses_dram_sharded_weights(args, group, k, n) or rows > TILE:
-        return None
-    cores, x, y = _decode_grid(k // TILE, n // TILE)
-    grid = ttnn.CoreGrid(y=y, x=x)
-
-    def l1_width(width: int):
-        return ttnn.create_sharded_memory_config(
-            shape=(TILE, width // cores), core_grid=grid, strategy=ttnn.ShardStrategy.WIDTH,
-            orientation=ttnn.ShardOrientation.ROW_MAJOR, use_height_and_width_as_shard_shape=True)
-
-    pc = ttnn.MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig(
-        in0_block_w=k // TILE // cores, per_core_M=1, per_core_N=n // TILE // cores, fused_activation=None,
-        num_workers_per_dram_bank=decode_readers_per_bank(args, n, group=group))
-    return DecodeMatmulPlan(k, n, cores, (x, y), pc, l1_width(k), l1_width(n))
 
 
 def activation_memory_config(ttnn):

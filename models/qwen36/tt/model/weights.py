@@ -29,8 +29,8 @@ from tqdm import tqdm
 from ...checkpoint import CheckpointReader
 from ...config import FULL
 from ...reference.layers import rope_cos_sin
-from .model_config import (TensorGroup, TTModelArgs, dram_bank_count, matrix_memory_config, mtp_head_args,
-                           weight_memory_config)
+from .decode_matmuls import dram_bank_count, matrix_memory_config
+from .model_config import TensorGroup, TTModelArgs, mtp_head_args, weight_memory_config
 
 
 # ---- host-side layout helpers (pure torch; unit-tested without a device) ------------------------------
@@ -126,6 +126,15 @@ class GDNWeights:
     dt_bias: Any  # [1, 1, 1, Hv_d] (fp32)
     norm: Any  # gated RMSNorm weight [Dv] (plain, not zero-centred)
     out_proj: Any  # [Vd, H] row-parallel
+    # the prefill's fused ops (tt/model/gdn_prefill.py): the conv taps as four [1, Cd] TILE tensors (tap j multiplies
+    # input t - (K-1) + j: experimental.kda.qkv_causal_conv1d_silu's tap0..tap3) and the gated-norm weight as a
+    # rank-1 [Dv] TILE tensor (experimental.kda.sigmoid_gated_rms_norm's weight)
+    conv_tap_rows: tuple = ()
+    norm_flat: Any = None
+
+
+# GDNWeights fields only the prefill reads (a decode step's weight bytes leave them out)
+GDN_PREFILL_ONLY = ("conv_tap_rows", "norm_flat")
 
 
 @dataclass
@@ -225,7 +234,7 @@ class WeightLoader:
         mc = matrix_memory_config(self.ttnn, self.args, group, k, n, dram_bank_count(self.mesh))
         # ttnn.as_tensor's cache file stores the tensor with its memory config and a cache hit loads it as stored
         # (ttnn/operations/core.py, 0.81.1): a DRAM-sharded weight's bank shard width (which follows its readers
-        # per bank, model_config.dram_bank_shard_tiles) is part of its file name, so a layout change never loads an
+        # per bank, decode_matmuls.dram_bank_shard_tiles) is part of its file name, so a layout change never loads an
         # old file
         spec = mc.shard_spec if mc.is_sharded() else None
         cache_name = name if spec is None else f"{name}_bankw{int(spec.shape[1])}"
@@ -252,7 +261,10 @@ class WeightLoader:
                             mapper=self.shard_cols)
         norm = self.norm_weight(f"{p}norm", self._get(f"{p}norm.weight"), zero_centred=False)
         out = self.matrix(f"{p}out_proj", self._get(f"{p}out_proj.weight"), TensorGroup.GDN_OUT, "row")
-        return GDNWeights(in_proj, in_z, in_b, in_a, conv_taps, l2w, neg_exp_a, dt_bias, norm, out)
+        tap_rows = tuple(self._put(f"{p}conv_tap{j}", taps[j:j + 1], small, mapper=self.shard_cols)
+                         for j in range(taps.shape[0]))
+        norm_flat = self._put(f"{p}norm_flat", self._get(f"{p}norm.weight").float().reshape(dv), small)
+        return GDNWeights(in_proj, in_z, in_b, in_a, conv_taps, l2w, neg_exp_a, dt_bias, norm, out, tap_rows, norm_flat)
 
     def attention(self, p: str) -> AttentionWeights:
         c = self.args.cfg

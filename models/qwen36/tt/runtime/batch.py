@@ -18,9 +18,9 @@ output row is ignored.
 
 Batch 1. ``TTGenerator`` (tt/runtime/generator.py) decodes on ``TTBatchDecoder(model, 1, state=<its state>,
 joins=False)``: it prefills its one sequence straight into that state (no scratch, no join buffers are allocated)
-and :meth:`TTBatchDecoder.hold` s slot 0 at the sequence's position; its decode steps, its device-sampled loop
-(:func:`batched_generate`) and its full-logits loop (:func:`batched_greedy` with a host pick) are the ones below at
-B = 1, so every plain TT decoder shares one step, one loop and one thinking-budget feed.
+and :meth:`TTBatchDecoder.hold` s slot 0 at the sequence's position; its decode steps are this class's at B = 1,
+and plain decoding at any B is one driver (``generation.plain.plain_generate`` over tt/runtime/decode.py's
+``TTDecoder``), so every plain TT decoder shares one step, one loop and one thinking-budget feed.
 
 Join. The prompt runs through the ordinary batch-1 prefill (chunked GDN, paged fill) on a batch-1 GDN scratch
 state and on the slot's own page-table row, so KV pages of no other slot are written; the slot's pages are
@@ -37,15 +37,12 @@ them is dead before the next replay), which is what lets a user join without rel
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from ...config import FULL
 from ..model.model import TTQwen36Model
 from ..model.model_config import TensorGroup, state_memory_config
 from .prefix import TTBlockPool, TTPrefillResult, prefill as tt_prefix_prefill
-from .sampler import DeviceSampler
 from ..model.state import GDNLayerState, KVLayerState, TTModelState, allocate_decode_inputs, allocate_state, new_layer_state
 from .trace import StepTraces
 
@@ -124,13 +121,15 @@ class TTBatchDecoder:
             raise ValueError(f"{what} needs a decoder built with joins=True (this one's slots are written by its "
                              f"owner, who calls hold())")
 
-    def _write(self, host: torch.Tensor, buf) -> None:
+    def write_ids(self, host: torch.Tensor, buf) -> None:
+        """Integer ids into one of this decoder's persistent int buffers (host -> device, between steps)."""
         ttnn = self.ttnn
         h = ttnn.from_torch(host.to(torch.int32), dtype=buf.dtype, layout=buf.layout,
                             mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
         ttnn.copy_host_to_device_tensor(h, buf)
 
-    def _zero_scratch(self) -> None:
+    def zero_scratch(self) -> None:
+        """Zero the batch-1 GDN scratch state (a join's starting state, a leave's source row)."""
         ttnn = self.ttnn
         for s in self.scratch:
             if s is None:
@@ -145,7 +144,8 @@ class TTBatchDecoder:
         return TTModelState([sc if sc is not None else st for st, sc in zip(self.state.layers, self.scratch)],
                             self.slot_page_table, row, 0)
 
-    def _scratch_scope(self):
+    def scratch_scope(self):
+        """ttnn's corruptible-allocation scope: transient buffers a replay may overwrite, dead before the next one."""
         return self.ttnn.tools.trace_allocation_tracker.corruptible_allocation_scope(self.mesh)
 
     # ---- device row gathers -------------------------------------------------------------------------------
@@ -153,8 +153,8 @@ class TTBatchDecoder:
         """Every GDN state tensor: row i <- source row idx[i] (source = the B slots, then the scratch when
         ``with_scratch``), on device."""
         ttnn, rm = self.ttnn, self.ttnn.ROW_MAJOR_LAYOUT
-        self._write(torch.tensor([idx]), self.gather_idx)
-        with self._scratch_scope():
+        self.write_ids(torch.tensor([idx]), self.gather_idx)
+        with self.scratch_scope():
             for st, sc in zip(self.state.layers, self.scratch):
                 if not isinstance(st, GDNLayerState):
                     continue
@@ -193,10 +193,10 @@ class TTBatchDecoder:
             raise ValueError("join needs at least one prompt token")
         ttnn, a = self.ttnn, self.model.args
         row = self.state.page_table_host[slot: slot + 1].contiguous()
-        self._write(row, self.slot_page_table)
-        self._zero_scratch()
+        self.write_ids(row, self.slot_page_table)
+        self.zero_scratch()
         view = self._scratch_view(row)
-        with self._scratch_scope():
+        with self.scratch_scope():
             for st in self.state.layers:
                 if isinstance(st, KVLayerState):
                     for cache in (st.k, st.v):
@@ -216,7 +216,7 @@ class TTBatchDecoder:
         """Free ``slot``: its GDN recurrent and conv state are zeroed on device, its position forgotten."""
         self._check_joins("leave")
         self._check_slot(slot)
-        self._zero_scratch()
+        self.zero_scratch()
         self._install_scratch(slot)
         self.pos[slot] = FREE
         res = self.prefills.pop(slot, None)
@@ -249,7 +249,7 @@ class TTBatchDecoder:
         self.prefills = {i: self.prefills[j] for i, j in enumerate(remap) if j in self.prefills}
         table = self.state.page_table_host[remap].contiguous()
         self.state.page_table_host = table
-        self._write(table, self.state.page_table)
+        self.write_ids(table, self.state.page_table)
 
     def set_page_table(self, table: torch.Tensor) -> None:
         """Replace the host page table [slots, blocks_per_seq] (a server's block table: vLLM hands every user its
@@ -261,7 +261,7 @@ class TTBatchDecoder:
         if torch.equal(table, self.state.page_table_host):
             return
         self.state.page_table_host = table.clone()
-        self._write(self.state.page_table_host, self.state.page_table)
+        self.write_ids(self.state.page_table_host, self.state.page_table)
 
     # ---- the step ---------------------------------------------------------------------------------------------
     def _decode_device(self):
@@ -302,195 +302,3 @@ class TTBatchDecoder:
         if self.pool is not None:
             self.pool.release()
             self.pool = None
-
-
-@dataclass
-class BatchResult:
-    tokens: list[list[int]]
-    logits: list[list[torch.Tensor]] = field(default_factory=list)  # per user: fp32 [V] per emitted token
-    slots: list[int] = field(default_factory=list)  # the slot each user decoded in
-    logprobs: list[list] = field(default_factory=list)  # per user: TokenLogprobs per emitted token (when asked)
-
-
-@torch.no_grad()
-def batched_greedy(decoder: TTBatchDecoder, prompts: list, max_new_tokens: int | list[int], eos_ids=(), *,
-                   arrivals: list[int] | None = None, keep_logits: bool = False, thinking=None, params=None,
-                   prefilled: list[torch.Tensor] | None = None) -> BatchResult:
-    """Greedy decode of every prompt on ``decoder``'s slots: user i joins at step ``arrivals[i]`` (default 0) into
-    the lowest free slot (waiting while none is free), emits its prompt's argmax then one token per step, and
-    leaves at its EOS (kept) or after ``max_new_tokens`` (one count, or one per user), freeing the slot for a
-    later user. ``thinking``: one ``ThinkingBudget`` for every user, each counted on its own (``ForcedFeed``).
-    Every pick is made on the host from the step's read-back logits row: ``params`` (one ``SamplingParams`` for
-    every user) picks with ``pick_token`` under them instead of the argmax, each user with its own token history
-    (penalties) and its own seeded generator, drawn only where no forced token goes (the full-logits path of
-    ``TTGenerator.generate``). ``prefilled``: the prompts' last-row logits when the caller already holds user i in
-    slot i (a ``joins=False`` decoder after :meth:`TTBatchDecoder.hold`): nobody joins, and the users keep their
-    slots when done (the owner's)."""
-    from qwen36.speculative.sampling import TokenHistory, pick_token
-    from qwen36.speculative.thinking import ForcedFeed
-
-    n = len(prompts)
-    arrivals = [0] * n if arrivals is None else list(arrivals)
-    limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
-    if len(arrivals) != n or len(limits) != n:
-        raise ValueError(f"{n} prompts but {len(arrivals)} arrivals and {len(limits)} token limits")
-    if min(limits, default=1) < 1:
-        raise ValueError("max_new_tokens must be >= 1")
-    if prefilled is not None:
-        _check_prefilled(decoder, n, prefilled)
-        if any(arrivals):
-            raise ValueError("prefilled users are in their slots already (no arrivals)")
-    res = BatchResult([[] for _ in range(n)], [[] for _ in range(n)] if keep_logits else [], [-1] * n)
-    pending = sorted(range(n), key=lambda i: (arrivals[i], i))
-    active: dict[int, int] = {}  # slot -> user
-    step = 0
-
-    feeds = [ForcedFeed(thinking, p) if thinking is not None else None for p in prompts]
-    histories = [TokenHistory(p, decoder.model.args.cfg.vocab_size) for p in prompts] if params is not None else None
-    gens = [params.generator() if not params.greedy else None for _ in prompts] if params is not None else None
-
-    def pick(user: int, logits: torch.Tensor) -> int:
-        if params is None:
-            return int(torch.argmax(logits))
-        return int(pick_token(logits.reshape(1, -1), params, gens[user], histories[user].now()))
-
-    def emit(user: int, logits: torch.Tensor) -> None:
-        index, feed = len(res.tokens[user]), feeds[user]
-        tok = feed.forced_next(index) if feed is not None else None
-        forced = tok is not None
-        if not forced:  # the pick is made only where it is emitted (a sampled pick draws from its generator)
-            tok = pick(user, logits)
-            if feed is not None:
-                feed.picked(tok, index)
-        res.tokens[user].append(tok)
-        if histories is not None:
-            histories[user].add([tok])
-        if keep_logits:
-            res.logits[user].append(logits.clone())
-        if (not forced and tok in eos_ids) or len(res.tokens[user]) >= limits[user]:
-            slot = res.slots[user]
-            del active[slot]
-            if prefilled is None:
-                decoder.leave(slot)
-
-    if prefilled is not None:
-        pending = []
-        for user, logits in enumerate(prefilled):
-            res.slots[user] = user
-            active[user] = user
-            emit(user, logits)
-    while pending or active:
-        while pending and arrivals[pending[0]] <= step and decoder.free_slots():
-            user, slot = pending.pop(0), decoder.free_slots()[0]
-            res.slots[user] = slot
-            active[slot] = user
-            emit(user, decoder.join(slot, prompts[user]))
-        if active:
-            feed = {slot: res.tokens[user][-1] for slot, user in active.items()}
-            logits, _ = decoder.step(feed)
-            for slot, user in list(active.items()):
-                emit(user, logits[slot])
-        step += 1
-    return res
-
-
-def _check_prefilled(dec: TTBatchDecoder, n: int, prefilled: list) -> None:
-    if len(prefilled) != n:
-        raise ValueError(f"{n} prompts but {len(prefilled)} prefilled logits rows")
-    held = [u for u in range(n) if u >= dec.slots or dec.pos[u] == FREE]
-    if held:
-        raise ValueError(f"prefilled users {held} do not hold their slots (hold() them first)")
-
-
-def sampled_step(dec: TTBatchDecoder, sampler: DeviceSampler, tokens: dict[int, int],
-                 traced: bool | None = None) -> list[tuple]:
-    """One decode forward over ``dec``'s slots followed by the device pick (row r of ``sampler`` picks for slot r),
-    as one traced step (its own trace name, captured once like the greedy step); returns every slot's (token,
-    logprobs or None) (rows of slots not in ``tokens`` are meaningless)."""
-    m = dec.model
-    if sampler.rows != dec.slots:
-        raise ValueError(f"sampler has {sampler.rows} rows, the decoder {dec.slots} slots")
-    for s in tokens:
-        dec._check_slot(s)
-        if dec.pos[s] < 0:
-            raise ValueError(f"slot {s} has no user (join it first)")
-        if dec.pos[s] >= m.args.max_seq_len:
-            raise ValueError(f"slot {s}: position {dec.pos[s]} reached max_seq_len {m.args.max_seq_len}")
-    toks = [int(tokens.get(s, 0)) for s in range(dec.slots)]
-    pos = [dec.pos[s] if s in tokens else -1 for s in range(dec.slots)]
-    m.copy_host_to_device(m.prepare_decode_inputs_host(toks, pos), dec.inputs)
-    sampler.before_step()
-    dec.traces.run(f"decode+sample/B{dec.slots}", lambda: sampler.pick(m.decode_forward(dec.inputs, dec.state).logits),
-                   traced=dec.use_trace if traced is None else traced)
-    dec.traces.step_done()
-    out = sampler.read()
-    for s in tokens:
-        dec.pos[s] += 1
-    return out
-
-
-@torch.no_grad()
-def batched_generate(dec: TTBatchDecoder, sampler: DeviceSampler, prompts: list, params: list,
-                     max_new_tokens: int | list[int], eos_ids=(), thinking=None, *,
-                     prefilled: list[torch.Tensor] | None = None) -> BatchResult:
-    """Plain decoding of every prompt as one batch, user i with ``params[i]`` (``SamplingParams``): user i joins
-    slot i, its first token is picked on the host from its prompt's last row (as ``TTGenerator.generate`` does),
-    every later token on device by row i of ``sampler``; a user leaves at its EOS (kept) or after its token
-    budget. Logprobs of the users that ask for them in ``res.logprobs`` (None for the others). ``thinking``: one
-    ``ThinkingBudget`` for every user, each counted on its own: a forced token replaces the row's pick (its penalty
-    rows rewritten from the history), so each user's tokens are its own ``TTGenerator.generate`` tokens (which is
-    this function at one slot). ``prefilled``: the prompts' last-row logits when the caller already holds user i in
-    slot i (a ``joins=False`` decoder after :meth:`TTBatchDecoder.hold`): nobody joins, and the users keep their
-    slots when done (the owner's)."""
-    from qwen36.speculative.sampling import TokenHistory, pick_token, token_logprobs
-    from qwen36.speculative.thinking import ForcedFeed
-
-    n = len(prompts)
-    limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
-    if len(params) != n or len(limits) != n:
-        raise ValueError(f"{n} prompts but {len(params)} sampling params and {len(limits)} token limits")
-    if n > dec.slots:
-        raise ValueError(f"{n} prompts for a decoder of {dec.slots} slots")
-    if min(limits, default=1) < 1:
-        raise ValueError("max_new_tokens must be >= 1")
-    res = BatchResult([[] for _ in range(n)], slots=list(range(n)),
-                      logprobs=[[] if p.logprobs is not None else None for p in params])
-    if thinking is not None and any(p.logprobs is not None for p in params):
-        raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
-    if prefilled is not None:
-        _check_prefilled(dec, n, prefilled)
-    active: set[int] = set()
-    ids_of: list[list[int]] = [[int(t) for t in torch.as_tensor(p).reshape(-1).tolist()] for p in prompts]
-    feeds = [ForcedFeed(thinking, ids) if thinking is not None else None for ids in ids_of]
-
-    def choose(u: int, pick: int) -> tuple[int, bool]:
-        return feeds[u].choose(pick, len(res.tokens[u])) if feeds[u] is not None else (pick, False)
-
-    def emit(u: int, tok: int, forced: bool, lp) -> bool:
-        res.tokens[u].append(tok)
-        if res.logprobs[u] is not None:
-            res.logprobs[u].append(lp)
-        return (not forced and tok in eos_ids) or len(res.tokens[u]) >= limits[u]
-
-    for u, (ids, p) in enumerate(zip(ids_of, params)):
-        logits = dec.join(u, ids) if prefilled is None else prefilled[u]
-        gen = p.generator() if not p.greedy else None
-        tok = int(pick_token(logits.reshape(1, -1), p, gen, TokenHistory(ids, sampler.vocab).now()))
-        lp = token_logprobs(logits, tok, p.logprobs) if p.logprobs is not None else None
-        tok, forced = choose(u, tok)  # a forced first token (budget 0) starts the row's history instead
-        sampler.start(u, p, ids, tok)
-        if not emit(u, tok, forced, lp):
-            active.add(u)
-        elif prefilled is None:
-            dec.leave(u)
-    while active:
-        picked = sampled_step(dec, sampler, {u: res.tokens[u][-1] for u in sorted(active)})
-        for u in sorted(active):
-            tok, forced = choose(u, picked[u][0])
-            if forced and sampler.stages.penalized:  # the device counted its own pick: rewrite from the history
-                sampler.resync(u, len(ids_of[u]), ids_of[u] + res.tokens[u] + [tok])
-            if emit(u, tok, forced, picked[u][1]):
-                active.discard(u)
-                if prefilled is None:
-                    dec.leave(u)
-    return res

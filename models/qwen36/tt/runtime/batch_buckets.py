@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import torch
 
-from .batch import DEFAULT_BUCKETS, FREE, TTBatchDecoder, sampled_step
+from .batch import DEFAULT_BUCKETS, FREE, TTBatchDecoder
+from .decode import sampled_step
 from ..model.model import TTQwen36Model
 from .sampler import DeviceSampler
 from ..model.state import GDNLayerState, KVLayerState
@@ -99,6 +100,11 @@ class BucketedBatchDecoder:
         return [s for s in range(self.slots) if s not in self.row]
 
     @property
+    def prefills(self) -> dict:
+        """Held slot -> its user's prefill result (tokens reused / computed), in the caller's slot numbers."""
+        return {s: self.dec.prefills[r] for s, r in self.row.items() if r in self.dec.prefills}
+
+    @property
     def captures(self) -> int:
         return sum(d.captures for d in self.decs.values())
 
@@ -142,9 +148,9 @@ class BucketedBatchDecoder:
             raise ValueError(f"{len(held)} users do not fit bucket {to}")
         idx = [self.row[s] for s in held] + [src.slots] * (to - len(held))  # src.slots: the zeroed scratch row
         ttnn, rm = self.ttnn, self.ttnn.ROW_MAJOR_LAYOUT
-        src._zero_scratch()
-        dst._write(torch.tensor([idx]), dst.gather_idx)
-        with src._scratch_scope():
+        src.zero_scratch()
+        dst.write_ids(torch.tensor([idx]), dst.gather_idx)
+        with src.scratch_scope():
             for st_src, sc, st_dst in zip(src.state.layers, src.scratch, dst.state.layers):
                 if not isinstance(st_src, GDNLayerState):
                     continue

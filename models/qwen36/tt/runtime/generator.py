@@ -15,32 +15,34 @@ Trace life cycle (the card rules, enforced by the emulator too; tt/runtime/trace
 A new prompt releases the traces first (prefill allocates, which is not allowed while a trace is live).
 
     gen = TTGenerator.from_checkpoint(ckpt, "emulated-p150x2")
-    ids = gen.greedy(prompt_ids, max_new_tokens=32, eos_ids=())
-    res = gen.generate(prompt_ids, 32, SamplingParams(temperature=0.8, top_p=0.95, seed=1, logprobs=2))
+    tokens = gen.generate([prompt_ids], 32)[0].tokens
+    res = gen.generate([prompt_ids], 32, SamplingParams(temperature=0.8, top_p=0.95, seed=1, logprobs=2))[0]
 
-Plain decoding (``generate`` / ``greedy``) is ``batched_generate`` at one slot: every decode token is picked on
-device inside the traced step (:class:`.sampler.DeviceSampler` with one row: argmax or a seeded draw after
-penalties/temperature/min_p/top-k/top-p, penalty counts updated in place; its traced step holds only the stages the
-parameters need), so a step reads back only the token id (and its logprobs when asked), never the logits row. The
-prompt's last row is read once per generation (prefill), and its token is picked on the host by the same transform
-(``speculative.sampling.pick_token``). ``generate(keep_logits=True)`` is ``batched_greedy`` at one slot with the
-host pick under the parameters (every step's logits row read back); ``decode_step`` is the decoder's full-logits
-step for callers that need the row itself (the vLLM adapter's logits contract, numerics tests).
+Plain decoding (``generate``) is ``generation.plain.plain_generate`` over tt/runtime/decode.py's ``TTDecoder``: one
+prompt on this generator's own sequence (the decoder's slot 0), several on a bucket decoder. Every decode token is
+picked on device inside the traced step (:class:`.sampler.DeviceSampler`, one row per user: argmax or a seeded draw
+after penalties/temperature/min_p/top-k/top-p, penalty counts updated in place; its traced step holds only the
+stages the parameters need), so a step reads back only the token id (and its logprobs when asked), never the logits
+row. The prompt's last row is read once per generation (prefill), and its token is picked on the host by the same
+transform (``generation.sampling.pick_token``). ``generate(keep_logits=True)`` picks on the host under the
+parameters from every step's read-back logits row; ``decode_step`` is the decoder's full-logits step for callers
+that need the row itself (the vLLM adapter's logits contract, numerics tests).
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from loguru import logger
 
 from ...checkpoint import load_checkpoint
-from ...speculative.plain import PlainResult
-from ...speculative.sampling import SamplingParams
+from ...generation.plain import PlainResult, plain_generate
+from ...generation.sampling import SamplingParams
 from ..model.model import TTQwen36Model
-from .batch import TTBatchDecoder, batched_generate, batched_greedy
+from .batch import DEFAULT_BUCKETS, TTBatchDecoder, bucket_for
+from .decode import DevicePicks, LogitsRows, TTDecoder
 from .prefix import TTPrefillResult, prefill as tt_prefix_prefill
 from ..model.model_config import PrecisionSetting, TTModelArgs
 from .sampler import DeviceSampler
@@ -157,99 +159,57 @@ class TTGenerator:
         return tt_prefix_prefill(self.model, self.state, list(prompt), cache)
 
     @torch.no_grad()
-    def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-                 eos_ids=(), prefix_cache=None, keep_logits: bool = False, thinking=None) -> PlainResult:
-        """Plain decoding with the full sampling transform; tokens cut after EOS (kept) or at max_new_tokens.
-        ``prefix_cache``: resume the prompt from cached block boundaries (released when this returns);
-        ``keep_logits``: read back every step's logits row (the full-logits decode step; tests); ``thinking``: a
-        ``speculative.thinking.ThinkingBudget``: at N thinking tokens the stop-thinking phrase is forced, fed as
-        decode rows (a TT prefill must start on a KV page boundary), each replacing the step's pick."""
-        if thinking is not None and params.logprobs is not None:
-            raise ValueError("logprobs with a thinking budget are not supported (forced tokens have no sampled logprob)")
-        t0 = time.perf_counter()
-        if prefix_cache is None:
-            logits, pre = self.prefill(prompt), None  # releases the traces: the sampler may allocate below
-        else:
-            pre = self.prefill_cached(prompt, prefix_cache)
-            logits = pre.logits
-        prefill_s = time.perf_counter() - t0  # the prompt's logits are on the host: time to first token
-        try:
-            res = self._decode_from(prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre, thinking)
-            res.prefill_s = prefill_s
-            return res
-        finally:
-            if pre is not None:
-                pre.lease.release()
-
-    def _decode_from(self, prompt, logits, max_new_tokens, params, eos_ids, keep_logits, pre,
-                     thinking=None) -> PlainResult:
-        """The decoder's loops at slot 0 (held at the end of the prompt): ``batched_generate`` (device picks; the
-        first token picked on the host from the prompt's row) or, with ``keep_logits``, ``batched_greedy`` with the
-        host pick under ``params`` (every row read back). At least one token is emitted, as ever."""
-        self._hold()
-        limit = max(1, int(max_new_tokens))
-        try:
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None, eos_ids=(), *, prefix_cache=None,
+                 keep_logits: bool = False, thinking=None, buckets=None) -> list[PlainResult]:
+        """Plain decoding of ``prompts`` (``generation.plain.plain_generate``), user i with ``params[i]`` (one for
+        every user, or one each; default greedy) and its token limit (at least one token is emitted); tokens cut
+        after EOS (kept). One prompt decodes on this generator's own sequence (its state, resuming from
+        ``prefix_cache``'s cached block boundaries); several on a decoder of the smallest bucket holding them (one
+        traced forward per step over its slots; each user's tokens are its own one-prompt tokens). Tokens are picked
+        on device (a :class:`DeviceSampler` whose traced step holds the stages the users need; a step reads back
+        ids only), or with ``keep_logits`` on the host from every step's logits row (kept in the results).
+        ``thinking``: a ``generation.thinking.ThinkingBudget``: the phrase fed as decode rows (a TT prefill must
+        start on a KV page boundary), each replacing the step's pick."""
+        n = len(prompts)
+        limits = [max(1, int(m)) for m in ([max_new_tokens] * n if isinstance(max_new_tokens, int) else max_new_tokens)]
+        params = [SamplingParams()] * n if params is None else params
+        params = [params] * n if isinstance(params, SamplingParams) else list(params)
+        vocab = self.config.vocab_size
+        if n == 1:
             if keep_logits:
-                res = batched_greedy(self.decoder, [prompt], limit, eos_ids, keep_logits=True, thinking=thinking,
-                                     params=params, prefilled=[logits])
-                return PlainResult(res.tokens[0], None, res.logits[0], pre)
-            self.sampler = self._sampler_for(params)
-            res = batched_generate(self.decoder, self.sampler, [prompt], [params], limit, eos_ids, thinking=thinking,
-                                   prefilled=[logits])
-            return PlainResult(res.tokens[0], res.logprobs[0], None, pre)
+                picks = LogitsRows(vocab, keep_logits=True)
+            else:
+                self.release_trace()  # the sampler may allocate: no trace live
+                self.sampler = self._sampler_for(params[0])
+                picks = DevicePicks(self.sampler)
+            backend = _OwnSequence(self, picks, prefix_cache)
+            try:
+                return plain_generate(backend, prompts, limits, params, eos_ids, thinking=thinking)
+            finally:
+                backend.close()
+        self.release_trace()
+        dec = TTBatchDecoder(self.model, bucket_for(n, buckets or DEFAULT_BUCKETS), use_trace=self.use_trace,
+                             prefix_cache=prefix_cache)
+        sampler = None
+        if keep_logits:
+            picks = LogitsRows(vocab, keep_logits=True)
+        else:
+            sampler = DeviceSampler(self.ttnn, self.mesh, vocab, dec.slots, rng=self.rng,
+                                    stages=SamplerStages.of(params, vocab)).allocate()
+            picks = DevicePicks(sampler)
+        try:
+            return plain_generate(TTDecoder(dec, picks, self.label), prompts, limits, params, eos_ids,
+                                  thinking=thinking)
         finally:
-            self.state.pos = self.decoder.pos[0]
+            dec.release()
+            if sampler is not None:
+                sampler.release()
 
     # ---- CLI contract (same as ReferenceTarget) ----------------------------------------------------------
     @torch.no_grad()
     def teacher_forced_logits(self, ids: torch.Tensor) -> torch.Tensor:
         return self.prefill(ids, all_rows=True)
-
-    @torch.no_grad()
-    def greedy(self, prompt: list[int], max_new_tokens: int, eos_ids: tuple[int, ...] = ()) -> list[int]:
-        return self.generate(prompt, max_new_tokens, SamplingParams(), eos_ids).tokens
-
-    @torch.no_grad()
-    def greedy_batch(self, prompts: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...] = (),
-                     buckets=None, thinking=None) -> list[list[int]]:
-        """Plain greedy decoding of several users as one TT batch (tt/runtime/batch.py): a decoder of the smallest bucket
-        holding every prompt, one traced forward per step over all its slots; each user's tokens are its own
-        batch-1 greedy tokens."""
-        from .batch import DEFAULT_BUCKETS, TTBatchDecoder, batched_greedy, bucket_for
-
-        self.release_trace()
-        dec = TTBatchDecoder(self.model, bucket_for(len(prompts), buckets or DEFAULT_BUCKETS), use_trace=self.use_trace)
-        try:
-            return batched_greedy(dec, prompts, max_new_tokens, eos_ids, thinking=thinking).tokens
-        finally:
-            dec.release()
-
-    @torch.no_grad()
-    def sample_batch(self, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams,
-                     eos_ids: tuple[int, ...] = (), buckets=None, thinking=None) -> list[list[int]]:
-        """Plain decoding of several users as one TT batch, every user with ``params`` (each its own uniform stream
-        of ``params.seed``): each user's tokens are its own batch-1 ``generate`` tokens."""
-        return self.generate_batch(prompts, [params] * len(prompts), max_new_tokens, eos_ids, buckets,
-                                   thinking).tokens
-
-    @torch.no_grad()
-    def generate_batch(self, prompts: list[list[int]], params: Sequence[SamplingParams],
-                       max_new_tokens: int | Sequence[int], eos_ids: tuple[int, ...] = (), buckets=None,
-                       thinking=None):
-        """Plain decoding of several users as one TT batch with the full sampling transform on device: a
-        :class:`DeviceSampler` over the bucket's rows holding the stages the users need, each row its user's own
-        ``params`` and budget. Returns the batch result (``tokens``, ``logprobs`` per user)."""
-        from .batch import DEFAULT_BUCKETS, TTBatchDecoder, batched_generate, bucket_for
-
-        self.release_trace()
-        dec = TTBatchDecoder(self.model, bucket_for(len(prompts), buckets or DEFAULT_BUCKETS), use_trace=self.use_trace)
-        sampler = DeviceSampler(self.ttnn, self.mesh, self.config.vocab_size, dec.slots, rng=self.rng,
-                                stages=SamplerStages.of(list(params), self.config.vocab_size)).allocate()
-        try:
-            return batched_generate(dec, sampler, prompts, list(params), max_new_tokens, eos_ids, thinking=thinking)
-        finally:
-            dec.release()
-            sampler.release()
 
     def close(self) -> None:
         self.release_trace()
@@ -257,16 +217,87 @@ class TTGenerator:
             self.ctx.close()
 
 
-def load_tt_target(ckpt, device: str, dtype=None, require_mtp: bool = False, precision: str = "performance",
-                   cache_dir: str | Path | None | bool = True, **kw) -> TTGenerator:
-    """Entry point of ``qwen36 logits|generate --device emulated-p150x2|p150x2``. ``dtype`` is the reference
-    model's torch dtype; the TT model's numerics are set by the precision preset instead. Weight caches go to
-    ``default_cache_dir(ckpt)`` (``cache_dir=True``), a given directory, or nowhere (``None``/``False``)."""
+class _OwnSequence(TTDecoder):
+    """A generator's own sequence as the one slot of plain decoding: a join resets it and prefills straight into its
+    state (through ``prefix_cache``: the prompt's blocks held until it leaves), then holds the decoder's slot 0 at
+    the sequence's position; leaving keeps the state (the generator's) at its position."""
+
+    def __init__(self, gen: TTGenerator, picks, prefix_cache=None):
+        super().__init__(gen.decoder, picks, gen.label or "tt")
+        self.gen, self.cache = gen, prefix_cache
+        self.pre: TTPrefillResult | None = None
+        self.joined = False
+
+    def free_slots(self) -> list[int]:
+        return [] if self.joined else [0]
+
+    def join(self, slot: int, prompt, params: SamplingParams, forced: int | None = None):
+        if self.cache is None:
+            logits, self.pre = self.gen.prefill(prompt), None
+        else:
+            self.pre = self.gen.prefill_cached(prompt, self.cache)
+            logits = self.pre.logits
+        self.joined = True
+        self.decoder.hold(0, self.gen.state.pos)
+        pick = self.picks.start(0, prompt, params, logits, forced)
+        pick.prefill = self.pre
+        return pick
+
+    def leave(self, slot: int) -> None:
+        self.gen.state.pos = self.decoder.pos[0]
+        self.picks.stop(0)
+        if self.pre is not None and self.pre.lease is not None:
+            self.pre.lease.release()
+        self.pre, self.joined = None, False
+
+    def close(self) -> None:
+        """A generation that stopped early (an error) leaves too."""
+        if self.joined:
+            self.leave(0)
+
+
+@dataclass(frozen=True)
+class Pages:
+    """A generator's KV page size and prefill chunk (``TTModelArgs.block_size`` / ``prefill_chunk``; None: the
+    model defaults, 64-token pages and 256-row chunks)."""
+
+    block_size: int | None = None
+    prefill_chunk: int | None = None
+
+    def args(self) -> dict:
+        return {k: v for k, v in (("block_size", self.block_size), ("prefill_chunk", self.prefill_chunk)) if v is not None}
+
+    def seq_len(self, max_len: int) -> int:
+        """Room for ``max_len`` tokens in whole pages, two pages at least."""
+        block = self.block_size or TTModelArgs.block_size
+        return max(2 * block, -(-int(max_len) // block) * block)
+
+
+# The pages of short contexts (the test and probe checkpoints, tens to hundreds of tokens): 32-token pages, so a
+# 40-token prompt already crosses one, and 64-row prefill chunks (two pages).
+SMALL_PAGES = Pages(block_size=32, prefill_chunk=64)
+# The command line's speculative runs: 32-token pages (the sequence's KV rounded to them), default chunks.
+SPEC_PAGES = Pages(block_size=32)
+
+
+def build_generator(ckpt, device: str, *, precision: str | PrecisionSetting = "performance", dtype=None,
+                    require_mtp: bool = False, cache_dir: str | Path | None | bool = True, max_len: int | None = None,
+                    pages: Pages = Pages(), **kw) -> TTGenerator:
+    """The one builder of a :class:`TTGenerator` (the command line, chat, probes, test support). ``dtype`` is the
+    reference model's torch dtype; the TT model's numerics are set by the precision preset instead. Weight caches go
+    to ``default_cache_dir(ckpt)`` (``cache_dir=True``), a given directory, or nowhere (``None``/``False``).
+    ``max_len``: the longest sequence it must hold (prompt + new tokens + the verify's rows), rounded up to whole
+    ``pages`` (else ``max_seq_len=`` in ``kw``, or 2048). ``kw``: ``max_seq_len``, ``use_trace``, ``progress``,
+    ``mesh_kw`` (``TTGenerator.from_checkpoint``)."""
     if cache_dir is True:
         cache_dir = default_cache_dir(ckpt)
     elif cache_dir is False:
         cache_dir = None
     if dtype is not None:
         logger.info(f"TT target: --dtype {dtype} applies to the reference model; using precision preset '{precision}'")
+    if max_len is not None:
+        if "max_seq_len" in kw:
+            raise ValueError("build_generator takes max_len (rounded to whole pages) or max_seq_len, not both")
+        kw["max_seq_len"] = pages.seq_len(max_len)
     return TTGenerator.from_checkpoint(ckpt, device, precision=precision, require_mtp=require_mtp, cache_dir=cache_dir,
-                                       **kw)
+                                       **pages.args(), **kw)

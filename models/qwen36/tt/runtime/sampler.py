@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from qwen36.speculative.sampling import SamplingParams, TokenLogprobs
+from qwen36.generation.sampling import SamplingParams, TokenLogprobs
 
 from ..model.model_config import compute_config_exact_count
 from .sampler_tables import DRAFT_UNIFORMS_PER_ROW, RNG_SOURCES, UniformTable, plain_sampler_seeds
@@ -110,7 +110,7 @@ class DeviceSampler:
         if self.stages.penalized:
             ts += [self.seen, self.counts]
         for u in self.uniforms:
-            ts += [u.table, u.counter, u._zero]
+            ts += u.buffers()
         for t in ts:
             self.ttnn.deallocate(t)
         self.allocated = False

@@ -54,6 +54,10 @@ class UniformTable:
             self.refill()
         return self
 
+    def buffers(self) -> list:
+        """The table's device buffers (table, counter, the counter's reset value), for their owner to free."""
+        return [self.table, self.counter, self._zero]
+
     def refill(self) -> None:
         """(Re)fill the table and reset the counter to row 0. Outside any capture; allocates nothing on device."""
         if self.table is None:

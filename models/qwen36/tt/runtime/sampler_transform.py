@@ -2,7 +2,7 @@
 the plain-decode sampler (tt/runtime/sampler.py).
 
 * :func:`inverse_cdf_draw`: one categorical draw per row from unnormalised weights and one uniform.
-* :func:`penalize` and :func:`probs_from_logits`: the device twin of ``speculative.sampling``'s transform
+* :func:`penalize` and :func:`probs_from_logits`: the device twin of ``generation.sampling``'s transform
   (penalties -> temperature -> min_p -> top-k -> top-p -> softmax) with one user's parameters as scalars, which
   the acceptor and the draft pick share.
 * :class:`SamplerStages`, :func:`row_values`, :func:`penalize_rows` and :func:`probs_rows`: the same steps with
@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from qwen36.speculative.sampling import SamplingParams
+from qwen36.generation.sampling import SamplingParams
 
 from ..model.model_config import compute_config_exact_count
 from .sampler_tables import DRAFT_UNIFORMS_PER_ROW, UniformTable, draft_uniform_seeds
@@ -56,7 +56,7 @@ def probs_from_logits(ttnn, x, params: SamplingParams, ckc):
     """fp32 (penalised) logits ``[1, B, rows, V]`` -> fp32 probabilities: temperature (x * 1/T), min_p (drop
     x < max + log(min_p), i.e. p < min_p * p_max), top-k (keep x >= k-th largest, ties kept), top-p (drop a token
     when the mass of the tokens sorted before it is >= top_p), softmax. One descending sort serves top-k and
-    top-p. Device twin of ``speculative.sampling.probs_from_logits`` after its penalties."""
+    top-p. Device twin of ``generation.sampling.probs_from_logits`` after its penalties."""
     if params.greedy:
         raise ValueError("probs_from_logits needs temperature > 0 (greedy decoding uses argmax)")
     b, rows, vocab = (int(x.shape[i]) for i in (1, 2, 3))

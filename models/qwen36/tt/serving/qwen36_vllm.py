@@ -90,7 +90,7 @@ from ..runtime.generator import TTGenerator
 from ..model.model import TTQwen36Model
 from ..model.model_config import PrecisionSetting, TTModelArgs
 from ..spec.mtp_drafter import TTMTPDrafter
-from ..spec.spec_backend import TTSpecBackend
+from ..spec.build import build_spec_backend
 from ..model.state import KVLayerState, allocate_state, new_layer_state
 from ..spec.verify import max_spec_tiles
 from ..model.weights import WeightLoader
@@ -98,7 +98,7 @@ from .vllm_args import (DEPTH_COSTS, DEPTH_MODES, MAX_BATCH, MAX_K, ONE_USER, Bl
                         config_uses_mrope, hf_dict, max_depth, sampling_from_plugin, spec_depth_mode)
 from .vllm_batch import BatchServer
 from .vllm_failure import DeviceStepFailed, stops_on_device_failure
-from .vllm_one import OneSequenceServer, depth_controller, launch_depths, spec_bytes
+from .vllm_one import OneSequenceServer, depth_controller, spec_bytes
 
 __all__ = ["DecodeHandle", "DeviceStepFailed", "Qwen36ForCausalLM", "sampling_from_plugin", "stops_on_device_failure"]
 
@@ -151,9 +151,11 @@ class Qwen36ForCausalLM:
         # vLLM hands each verify its own drafts, so the backend caps acceptance at their count (capped_accept)
         self.spec_backend = None
         if spec_k and self.has_mtp:
-            self.spec_backend = TTSpecBackend(gen, mechanism, drafter=TTMTPDrafter(reader, cache_dir),
-                                              use_trace=gen.use_trace, capped_accept=True,
-                                              depths=launch_depths(reader.config, spec_k, spec_depth, depth_costs))
+            # auto: every depth the controller may pick gets its traces (the launch's controller, fresh)
+            depth = (depth_controller(min(int(spec_k), max_depth(reader.config)), depth_costs)
+                     if spec_depth == "auto" else None)
+            self.spec_backend = build_spec_backend(gen, TTMTPDrafter(reader, cache_dir), depth=depth,
+                                                   mechanism=mechanism, use_trace=gen.use_trace, capped_accept=True)
         # the server of the launch: plain decode of 1..32 sequences on the batched decoder (vLLM state slot j =
         # decoder slot j; one sequence is bucket 1, the same code path), or the speculative sequence of a launch
         # with a speculative K; ``batch`` is the batch server, None in a speculative launch

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...config import Qwen36Config
-from ...speculative.sampling import SamplingParams, SamplingParamsError
+from ...generation.sampling import SamplingParams, SamplingParamsError
 from . import vllm_types as vt
 from ..runtime.batch import DEFAULT_BUCKETS
 from ..spec.accept import UNIFORMS_PER_ROW

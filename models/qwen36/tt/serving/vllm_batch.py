@@ -7,7 +7,7 @@ import secrets
 
 import torch
 
-from ...speculative.sampling import SamplingParams, TokenHistory, pick_token
+from ...generation.sampling import SamplingParams, TokenHistory, pick_token
 from ..runtime.batch import DEFAULT_BUCKETS, FREE
 from ..runtime.batch_buckets import BucketedBatchDecoder
 from ..model.state import KVLayerState

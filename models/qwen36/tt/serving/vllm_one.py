@@ -20,14 +20,6 @@ def depth_controller(k_max: int, costs: str = DEPTH_COSTS):
     return DepthPolicy.load().controller(cost_key(costs), k_max=k_max)
 
 
-def launch_depths(cfg: Qwen36Config, spec_k: int, spec_depth: str, costs: str = DEPTH_COSTS) -> tuple[int, ...] | None:
-    """The draft depths a speculative launch's steps may use: the controller's (``auto``), else None (one depth,
-    the launch's K)."""
-    if spec_depth != "auto":
-        return None
-    return tuple(depth_controller(min(int(spec_k), max_depth(cfg)), costs).depths)
-
-
 def spec_bytes(cfg: Qwen36Config, depths, max_len: int) -> int:
     """Declared device bytes of one speculating sequence over the whole mesh (the plugin records, does not yet
     budget, this): the K+1 fp32 GDN recurrent-state candidate slots of the shadow commit for every depth the

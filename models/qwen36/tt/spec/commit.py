@@ -1,7 +1,7 @@
 """In-place commit of a packed K+1 verify on device, every commit mechanism (``tt/spec/mechanisms.py``), traceable.
 
-Input: the verify's per-GDN-layer records (``verify.GDNRecord``) and the acceptor's accepted count ``a``
-(``DeviceAcceptor.count``, fp32 [1,1,1,1] on device). Nothing is read back.
+Input: what each GDN layer kept in the verify (``tt/model/gdn_plan.GDNKept``, in ``vout.plan.gdn.kept``) and the
+acceptor's accepted count ``a`` (``DeviceAcceptor.count``, fp32 [1,1,1,1] on device). Nothing is read back.
 
     conv (every mechanism): new conv state = window rows a+1 .. a+Kc-1 (the shift register after row a),
         gathered exactly with ``ttnn.embedding`` (row indices a+1+i as uint32). A 0/1 selector matmul is not exact
@@ -15,7 +15,7 @@ Input: the verify's per-GDN-layer records (``verify.GDNRecord``) and the accepto
     recompute: the verify ran on scratch; re-run on live with the same masking. 1 copy per layer (scratch).
     positions: n' = n + a + 1; pending' = emitted token a (from the acceptor's result row).
 
-Host rows (``SpecDeviceState(rows="host")``, B user slots): user b's a_b = count_b for the users in the step and -1
+Host rows (``HostRowsState``, tt/spec/host_rows.py, B user slots): user b's a_b = count_b for the users in the step and -1
 for the others (``active`` [1, B, 1, 1], written by the host): conv rows 0.. (unchanged), nothing re-advanced, and
 count_b zeroed so the ring points the user at slot 0 (its unchanged state). Positions and pending tokens are host
 inputs of the next step there, not device state.
@@ -25,53 +25,25 @@ attend them (bounds are n'..n'+K and n' <= n+a+1), and the masked recurrence ign
 """
 from __future__ import annotations
 
-from ..model.model_config import compute_config_exact_count
 from .verify import SpecDeviceState, VerifyOutputs
 
 
 def commit(step_state: SpecDeviceState, vout: VerifyOutputs, result=None) -> None:
-    """Device-only commit of one step (see module doc). ``result`` = the acceptor's persistent result (device rows:
-    the pending token is read from it; host rows take none)."""
-    if step_state.rows == "host":
-        _commit_host_rows(step_state, vout)
-        return
-    ttnn = step_state.ttnn
-    acc = step_state.acceptor
-    a = acc.count  # [1,1,1,1] fp32
-    # window row index of every new conv-state row: a+1+i, as the uint32 ROW_MAJOR [1, Kc-1] embedding wants
-    kc1 = step_state.kc - 1
-    idx = ttnn.typecast(ttnn.add(step_state.c_conv_rows, a), ttnn.uint32)  # [1,1,1,Kc-1]
-    idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, kc1])
-    mask = ttnn.le(step_state.c_rows, a) if step_state.mechanism.readvance else None  # [1,T,1]: 1 for rows <= a
-    commit_gdn_layers(step_state, vout.plan.records, idx, mask)
-    # positions and the pending token
-    ttnn.copy(ttnn.add(step_state.n, ttnn.add(a, step_state.c_one)), step_state.n)
-    toks = ttnn.typecast(ttnn.slice(result, [0, 0, 0, 0], [1, 1, 1, step_state.t]), ttnn.float32)
-    # fp32 token ids: the accurate (SFPU, full fp32) sum needs fp32_dest_acc_en; without it the FPU reads TF32
-    # and ids above 2048 come out wrong (ttnn.sum docstring, fast_and_approximate_mode)
-    pend = ttnn.sum(ttnn.multiply(toks, ttnn.eq(step_state.c_tok_cols, a)), dim=3, keepdim=True,
-                    compute_kernel_config=compute_config_exact_count(ttnn))
-    ttnn.copy(pend, step_state.pending)
+    """Device-only commit of one step (see module doc): the step state's row selection (one user: from the accepted
+    count; B slots: per user, -1 outside the step), the GDN layers, then the position and pending token (one user:
+    from ``result``, the acceptor's persistent result; B slots take none)."""
+    idx, mask = step_state.commit_selection()
+    commit_gdn_layers(step_state, vout.plan.gdn.kept, idx, mask)
+    step_state.advance(result)
 
 
-def _commit_host_rows(step_state: SpecDeviceState, vout: VerifyOutputs) -> None:
-    """The per-user commit of B slots (host rows): a_b = count_b for users in the step, -1 for the others."""
-    ttnn, b, acc = step_state.ttnn, step_state.users, step_state.acceptor
-    ttnn.copy(ttnn.multiply(acc.count, step_state.active), acc.count)  # 0 for slots outside the step (ring slot 0)
-    a_B111 = ttnn.add(acc.count, ttnn.subtract(step_state.active, 1.0))
-    idx = ttnn.typecast(ttnn.add(step_state.c_conv_rows, a_B111), ttnn.uint32)  # [1, B, 1, Kc-1]
-    idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, b * (step_state.kc - 1)])
-    mask = ttnn.le(step_state.c_rows, ttnn.reshape(a_B111, [b, 1, 1])) if step_state.mechanism.readvance else None
-    commit_gdn_layers(step_state, vout.plan.records, idx, mask)
-
-
-def commit_gdn_layers(step_state, records, conv_idx, mask) -> None:
+def commit_gdn_layers(step_state, kept, conv_idx, mask) -> None:
     """The GDN part of a commit, device and host rows alike: per layer,
     conv state = window rows ``conv_idx`` (uint32 ROW_MAJOR [1, B*(Kc-1)], rows of the window viewed as
     [B*(Kc-1+T), Cd]); for the re-advance mechanisms, the K+1 rows re-run with g and beta multiplied by ``mask``
     (1 for the rows to keep); then the mechanism's own commit work (``after_commit``)."""
     ttnn, mech = step_state.ttnn, step_state.mechanism
-    for r in records:
+    for r in kept:
         shape = list(r.window.shape)  # [B, 1, Kc-1+T, Cd]
         rows = 1
         for d in shape[:-1]:
@@ -83,7 +55,7 @@ def commit_gdn_layers(step_state, records, conv_idx, mask) -> None:
             g = ttnn.reshape(ttnn.multiply(r.g, mask), list(r.g.shape))
             beta = ttnn.reshape(ttnn.multiply(r.beta, mask), list(r.beta.shape))
             initial = mech.readvance_initial(r.state, step_state.layer_bufs[id(r.state)])
-            r.gdn.recurrence(r.q, r.k, r.v, g, beta, r.state, "decode", initial=initial, final=r.state.recurrent)
+            r.layer.recurrence(r.q, r.k, r.v, g, beta, r.state, "decode", initial=initial, final=r.state.recurrent)
     mech.after_commit(step_state)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ...speculative.sampling import SamplingParams
+from ...generation.sampling import SamplingParams
 from .accept import DeviceAcceptor
 from .mechanisms import TTMechanism
 from .verify import SpecDeviceState

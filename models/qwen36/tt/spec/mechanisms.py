@@ -26,6 +26,7 @@ import torch
 
 from ...speculative.engine import MechanismCounters
 from ...speculative.mechanisms import resolve
+from ..model.gdn_plan import GDNRoute
 
 
 class StepState(Protocol):
@@ -43,6 +44,7 @@ class StepState(Protocol):
     acceptor: Any
     block_idx: Any
     c_zero: Any
+    row_mask: Any
 
     def _dev(self, x: torch.Tensor, dtype=None, layout=None) -> Any: ...
 
@@ -85,7 +87,6 @@ class TTMechanism:
     name: ClassVar[str]
     ring: ClassVar[bool] = False  # the committed recurrent state is the ring slot the ring index points at
     readvance: ClassVar[bool] = False  # the commit re-runs the K+1 rows, rows > a masked to identity
-    conv_write: ClassVar[bool | None] = None  # True: the verify advances the live conv state (else: window kept)
 
     # ---- buffers and host-side setup (outside any capture) -------------------------------------------------------
     def buffers(self, step_state: StepState, s) -> SpecLayerBuffers:
@@ -115,8 +116,9 @@ class TTMechanism:
     def pre_verify(self, step_state: StepState, s, bufs: SpecLayerBuffers) -> None:
         """Copies before the verify."""
 
-    def recurrence(self, step_state: StepState, gdn, q, k, v, g, beta, state, bufs: SpecLayerBuffers):
-        """The verify's K+1-row recurrence of one GDN layer."""
+    def route(self, step_state: StepState, bufs: SpecLayerBuffers) -> GDNRoute:
+        """Where the verify's K+1 rows take one GDN layer's state (plain data the layer reads: conv window kept or
+        advanced, the recurrent state's start and end buffers or the ring; the host-row mask)."""
         raise NotImplementedError
 
     def readvance_initial(self, state, bufs: SpecLayerBuffers):
@@ -196,8 +198,9 @@ class ShadowCommit(TTMechanism):
         c.state_copies += 2 * n_gdn  # ring slot -> live, live -> the other ring
         c.state_bytes_moved += 2 * nbytes.recurrent
 
-    def recurrence(self, step_state, gdn, q, k, v, g, beta, state, bufs):
-        return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.ring, ring_idx=step_state.block_idx)
+    def route(self, step_state, bufs):
+        return GDNRoute(conv_write=False, initial=bufs.ring, ring_idx=step_state.block_idx,
+                        row_mask=step_state.row_mask)
 
     def after_commit(self, step_state):
         step_state.acceptor.ring_block_idx()  # initial_state_block_idx = a*Hv + h: the next verify starts from slot a
@@ -222,7 +225,6 @@ class Snapshot(TTMechanism):
 
     name = "snapshot"
     readvance = True
-    conv_write = True
 
     def buffers(self, step_state, s):
         return SpecLayerBuffers(snap_rec=step_state._dev(torch.zeros(list(s.recurrent.shape)), s.recurrent.dtype),
@@ -233,8 +235,8 @@ class Snapshot(TTMechanism):
         step_state.ttnn.copy(s.recurrent, bufs.snap_rec)
         step_state.ttnn.copy(s.conv, bufs.snap_conv)
 
-    def recurrence(self, step_state, gdn, q, k, v, g, beta, state, bufs):
-        return gdn.recurrence(q, k, v, g, beta, state, "decode")  # live advances through all T rows
+    def route(self, step_state, bufs):
+        return GDNRoute(conv_write=True, row_mask=step_state.row_mask)  # live advances through all T rows
 
     def readvance_initial(self, state, bufs):
         return bufs.snap_rec
@@ -275,8 +277,9 @@ class Recompute(TTMechanism):
     def pre_verify(self, step_state, s, bufs):
         step_state.ttnn.copy(s.recurrent, bufs.scratch_rec)
 
-    def recurrence(self, step_state, gdn, q, k, v, g, beta, state, bufs):
-        return gdn.recurrence(q, k, v, g, beta, state, "decode", initial=bufs.scratch_rec, final=bufs.scratch_rec)
+    def route(self, step_state, bufs):
+        return GDNRoute(conv_write=False, initial=bufs.scratch_rec, final=bufs.scratch_rec,
+                        row_mask=step_state.row_mask)
 
     def readvance_initial(self, state, bufs):
         return state.recurrent

@@ -1,6 +1,8 @@
-"""The device drafter of the TT speculative step: the MTP head (tt/spec/mtp.py) driven inside the step's traces, with
-argmax or sampled draft picks (tt/runtime/sampler_transform.py), for one user (tt/spec/spec_backend.py) or packed over
-the user slots of the backend (tt/spec/spec_backend.py, B slots)."""
+"""The device drafters of the TT speculative step: the MTP head driven inside the step's traces, with argmax or
+sampled draft picks (tt/runtime/sampler_transform.py). :class:`TTMTPDrafter` drafts for one user (the one-user step
+layout, tt/spec/device_rows.py; tt/spec/mtp.py); :class:`PackedMTPDrafter` for the B user slots of the B-slot layout
+(tt/spec/host_slots.py; tt/spec/mtp_packed.py), which builds it from the drafter it is given
+(:meth:`TTMTPDrafter.for_slots`)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -9,6 +11,7 @@ import torch
 
 from ..model.model_config import TensorGroup
 from .mtp import TTMTPHead, load_tt_mtp
+from .mtp_packed import PackedMTPHead, load_packed_mtp
 from ..runtime.sampler_transform import SampledDraftPick, argmax_pick
 from .verify import SpecDeviceState
 
@@ -31,13 +34,7 @@ class TTMTPDrafter:
     and the draft distributions handed to ``DeviceAcceptor.stochastic``. With several depths the picks share one
     uniform table (one stream per run, whatever depth each chain has).
 
-    Packed over B user slots (a step state with host rows: ``TTSpecBackend`` with B slots): one packed
-    ``TTMTPHead(slots=B)`` at the backend's verify depth K, every user's reseed and chain in the same device ops
-    (per-user positions, per-slot MTP pages); argmax or sampled drafts as above, each user drawing from its own
-    uniform columns. Hooks that backend calls: :meth:`allocate` (construction, before any capture), :meth:`join` (a
-    user's MTP prefill, eager), :meth:`write_inputs` (host positions before the draft trace), :meth:`device_chain`
-    (the draft trace: K drafts per user into the verify's token rows and the acceptor's drafts) and
-    :meth:`device_reseed` (inside the commit trace: the step's verified rows, row a_b of each user kept)."""
+    The B user slots of the B-slot layout draft with :class:`PackedMTPDrafter` (:meth:`for_slots`)."""
 
     def __init__(self, reader, cache_dir=None):
         self.reader, self.cache_dir = reader, cache_dir
@@ -49,7 +46,11 @@ class TTMTPDrafter:
         self._k = None
         self.sampler = None  # SampledDraftPick of the current depth when drafts are sampled
         self.h_sel = self.chain_base = None
-        self.packed = False  # True once allocated for a step state with host rows (B user slots)
+
+    def for_slots(self) -> "PackedMTPDrafter":
+        """The drafter of the same MTP head over the B user slots of a B-slot step layout (a new one per layout: it
+        holds that layout's packed head)."""
+        return PackedMTPDrafter(self.reader, self.cache_dir)
 
     def _head(self, step_state: SpecDeviceState, k: int) -> TTMTPHead:
         if self._base is None or self._base.target is not step_state.model:
@@ -60,18 +61,7 @@ class TTMTPDrafter:
         return self._heads[k]
 
     def allocate(self, step_state: SpecDeviceState) -> None:
-        """The head(s) for ``step_state`` (before any capture). Host rows: the packed B-slot head; its acceptor's
-        params asking for sampled drafts switch them on."""
-        if step_state.rows == "host":
-            if self.head is not None:
-                raise RuntimeError("a packed TTMTPDrafter serves one backend: make one per B-slot TTSpecBackend")
-            self.packed = True
-            self.head = load_tt_mtp(step_state.model, self.reader, step_state.k, cache_dir=self.cache_dir,
-                                    slots=step_state.users, packed=True)
-            acc = step_state.acceptor
-            if acc is not None and acc.params.sampled_drafts:
-                self.head.enable_sampling(acc)
-            return
+        """The head for ``step_state``'s depth (before any capture)."""
         self.allocate_depths([step_state])
 
     def allocate_depths(self, step_states: Sequence[SpecDeviceState]) -> None:
@@ -122,34 +112,16 @@ class TTMTPDrafter:
         self.before_device_draft()
         self.head.prefill_draft(nxt, prompt_hidden)
 
-    def join(self, slot: int, history: list[int], prompt_hidden) -> None:
-        """Packed: the MTP prefill of the user joining ``slot``; ``history`` = prompt + first token,
-        ``prompt_hidden`` the prefill's post-norm rows [1, 1, P, H]."""
-        self.head.join_slot(slot, torch.tensor(history[1:]), prompt_hidden)
-
-    def write_inputs(self, depths: dict[int, int], pos: dict[int, int], pending: dict[int, int]) -> None:
-        """Packed: the reseed and chain positions of the users of the next verify (between replays)."""
-        self.head.write_reseed_inputs(depths, pos)
-        self.head.write_chain_inputs(depths, pos, pending)
-
     def step_back(self) -> None:
-        """An aborted step gives its chain's uniform row back (packed, sampled drafts). One user: nothing to give
-        back (the aborted step's drafts were made by the previous commit)."""
-        if self.packed:
-            self.head.chain_step_back()
+        """An aborted step: nothing to give back (the aborted step's drafts were made by the previous commit)."""
 
     def read_drafts(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids [B, K] int64, fp32 logits [B, K, V]) of the last chain (tests and probes; B = 1 for one user)."""
-        if self.packed:
-            return self.head.read_batch_drafts()
+        """(ids [1, K] int64, fp32 logits [1, K, V]) of the last chain (tests and probes)."""
         ids, logits = self.head.read_drafts()
         return torch.tensor([ids], dtype=torch.int64), logits[None]
 
     def before_device_draft(self) -> None:
         """Host side, outside any capture, before every chain execution (eager or replayed)."""
-        if self.packed:
-            self.head.before_chain()
-            return
         owner = self._rng_owner if self._rng_owner is not None else self.sampler
         if owner is not None and self.sampler is not None:
             owner.before_chain()
@@ -161,13 +133,8 @@ class TTMTPDrafter:
                                         step_state.acceptor.count)
 
     def device_reseed(self, step_state: SpecDeviceState, vout) -> None:
-        """Reseed over the verified K+1 rows, row a -> :attr:`h_sel`, n + a + 1 -> :attr:`chain_base`. Packed:
-        every stepping user's rows, row a_b of each into the head's own ``h_sel``."""
+        """Reseed over the verified K+1 rows, row a -> :attr:`h_sel`, n + a + 1 -> :attr:`chain_base`."""
         ttnn = step_state.ttnn
-        if self.packed:
-            acc = step_state.acceptor
-            self.head.reseed_select_batch(acc.result, vout.out.hidden, acc.count, step_state.active)
-            return
         self._set_pos(step_state)
         h, base = self._heads[step_state.k].reseed_select(step_state.acceptor.result, vout.out.hidden, self.pos,
                                                           step_state.acceptor.count)
@@ -177,11 +144,7 @@ class TTMTPDrafter:
         ttnn.copy(base, self.chain_base)
 
     def device_chain(self, step_state: SpecDeviceState) -> None:
-        """The chain of ``step_state``'s depth K from :attr:`h_sel` at :attr:`chain_base` (writes that depth's drafts).
-        Packed: K drafts per user into the step state's token rows and the acceptor's drafts."""
-        if self.packed:
-            self.head.chain_batch(step_state.tokens, step_state.drafts)
-            return
+        """The chain of ``step_state``'s depth K from :attr:`h_sel` at :attr:`chain_base` (writes that depth's drafts)."""
         self._heads[step_state.k].chain(self.h_sel, self.chain_base)
 
     def _set_pos(self, step_state: SpecDeviceState) -> None:
@@ -191,9 +154,7 @@ class TTMTPDrafter:
 
     def draft_probs(self, acceptor=None):
         """[1, 1, K, V] fp32 draft distributions (persistent) for sampled drafts of ``acceptor``'s depth (None: the
-        current depth); None = one-hot (argmax drafts). Packed: [1, B, K, V], zero past each user's depth."""
-        if self.packed:
-            return self.head.draft_probs
+        current depth); None = one-hot (argmax drafts)."""
         sampler = self.sampler if acceptor is None else self._samplers.get(acceptor.k)
         return sampler.draft_probs if sampler is not None else None
 
@@ -202,3 +163,64 @@ class TTMTPDrafter:
         if self._rng_owner is not None:
             self._rng_owner.uniforms.restart()
             self._rng_owner.rows_used = 0
+
+
+class PackedMTPDrafter:
+    """The device drafter of the B-slot layout: one :class:`~.mtp_packed.PackedMTPHead` at the layout's verify depth
+    K, every user's reseed and chain in the same device ops (per-user positions, per-slot MTP pages); argmax drafts,
+    or sampled ones when the acceptor's params ask for them (each user drawing from its own uniform columns). What
+    the layout calls: :meth:`allocate` (construction, before any capture), :meth:`join` (a user's MTP prefill, eager),
+    :meth:`write_inputs` (host positions before the draft trace), :meth:`device_chain` (the draft trace: K drafts per
+    user into the verify's token rows and the acceptor's drafts) and :meth:`device_reseed` (inside the commit trace:
+    the step's verified rows, row a_b of each user kept)."""
+
+    def __init__(self, reader, cache_dir=None):
+        self.reader, self.cache_dir = reader, cache_dir
+        self.head: PackedMTPHead | None = None
+
+    def allocate(self, step_state: SpecDeviceState) -> None:
+        """The packed head over ``step_state``'s users (before any capture); its acceptor's params asking for
+        sampled drafts switch them on."""
+        if self.head is not None:
+            raise RuntimeError("a PackedMTPDrafter serves one B-slot layout (TTMTPDrafter.for_slots makes one each)")
+        self.head = load_packed_mtp(step_state.model, self.reader, step_state.k, step_state.users,
+                                    cache_dir=self.cache_dir)
+        acc = step_state.acceptor
+        if acc is not None and acc.params.sampled_drafts:
+            self.head.enable_sampling(acc)
+
+    def join(self, slot: int, history: list[int], prompt_hidden) -> None:
+        """The MTP prefill of the user joining ``slot``; ``history`` = prompt + first token, ``prompt_hidden`` the
+        prefill's post-norm rows [1, 1, P, H]."""
+        self.head.join_slot(slot, torch.tensor(history[1:]), prompt_hidden)
+
+    def write_inputs(self, depths: dict[int, int], pos: dict[int, int], pending: dict[int, int]) -> None:
+        """The reseed and chain positions of the users of the next verify (between replays)."""
+        self.head.write_reseed_inputs(depths, pos)
+        self.head.write_chain_inputs(depths, pos, pending)
+
+    def step_back(self) -> None:
+        """An aborted step gives its chain's uniform row back (sampled drafts)."""
+        self.head.chain_step_back()
+
+    def read_drafts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids [B, K] int64, fp32 logits [B, K, V]) of the last chain (tests and probes)."""
+        return self.head.read_batch_drafts()
+
+    def before_device_draft(self) -> None:
+        """Host side, outside any capture, before every chain execution (eager or replayed)."""
+        self.head.before_chain()
+
+    def device_reseed(self, step_state: SpecDeviceState, vout) -> None:
+        """Every stepping user's verified rows, row a_b of each into the head's own ``h_sel``."""
+        acc = step_state.acceptor
+        self.head.reseed_select_batch(acc.result, vout.out.hidden, acc.count, step_state.active)
+
+    def device_chain(self, step_state: SpecDeviceState) -> None:
+        """K drafts per user into the step state's token rows and the acceptor's drafts."""
+        self.head.chain_batch(step_state.tokens, step_state.drafts)
+
+    def draft_probs(self, acceptor=None):
+        """[1, B, K, V] fp32 draft distributions (zero past each user's depth) for sampled drafts; None when the
+        drafts are argmax picks."""
+        return self.head.draft_probs

@@ -22,11 +22,12 @@ GDN layer is kept for the commit (``models/qwen36/tt/spec/commit.py``), which se
 
 Users (``users=B``, ``TTSpecBackend`` with B slots, ``tt/spec/spec_backend.py``): the verify packs B users x T rows (user b's at
 b*T..) over a decoder's B slots. Its row inputs (token rows, RoPE rows, physical KV rows, SDPA bounds, the
-per-KV-head page table) are then persistent buffers the host writes before each verify (``rows="host"``) instead
-of being derived from a resident n and pending token (``rows="device"``, one user only), the GDN recurrence
+per-KV-head page table) are then persistent buffers the host writes before each verify (``HostRowsState``,
+tt/spec/host_rows.py) instead of being derived from a resident n and pending token (``SpecDeviceState``, one user
+only), the GDN recurrence
 multiplies g and beta by a per-row mask (``row_mask`` [B, T, 1]: 0 for inert rows, so a user's rows past its depth
 and a slot outside the step leave its state bit for bit), the mechanism buffers are B-slot shaped (``hv`` counts
-the ring heads of all users, B*Hv_d) and the commit selects per user (``commit.py``). ``rows="host"`` at one user
+the ring heads of all users, B*Hv_d) and the commit selects per user (``commit.py``). ``HostRowsState`` at one user
 is the batched step at B = 1 (the same numbers as the one-user step, other programs).
 
 Limits (refused clearly by :func:`check_verify_shape`): the kernel's multi-position mode takes one KV head per
@@ -36,7 +37,7 @@ head_dim 256 on Blackhole: the kernel keeps every candidate row of a head in one
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -46,8 +47,9 @@ from ...errors import UserError
 from ..model.attention import AttentionContext
 from .mechanisms import GDNStateBytes, SpecLayerBuffers, TTMechanism, tt_mechanism
 from ..model.model import DecodeOutputs, TTQwen36Model
-from ..model.model_config import TensorGroup, compute_config_exact_count, state_memory_config
-from ..model.state import GDNLayerState, TTModelState
+from ..model.gdn_plan import GDNStepPlan
+from ..model.model_config import compute_config_exact_count, state_memory_config
+from ..model.state import TTModelState
 
 SPEC_TILES_AT_HD256 = 11  # multi-position paged SDPA fits about 11 candidate rows per core at head_dim 256 (L1 budget)
 
@@ -78,44 +80,16 @@ def check_verify_shape(args, k: int) -> None:
 
 
 @dataclass
-class GDNRecord:
-    """What a verify leaves for the commit of one GDN layer (device tensors of this step)."""
-
-    gdn: Any
-    state: GDNLayerState
-    q: Any
-    k: Any
-    v: Any
-    g: Any
-    beta: Any
-    window: Any  # [1, 1, Kc-1+T, Cd]: conv state before the verify, then the T rows' conv inputs
-
-
-@dataclass
 class VerifyPlan:
-    """``AttentionContext.verify_plan`` of one verify: per-row positions and the mechanism's GDN routing."""
+    """``AttentionContext.verify_plan`` of one verify: per-row KV cache rows and SDPA bounds; ``gdn`` is the GDN
+    layers' plain-data plan (``AttentionContext.gdn_plan``: each layer's route from the commit mechanism, and what
+    each layer keeps for the commit)."""
 
-    step_state: "SpecDeviceState"
+    users: int  # user slots of the packed verify (the attention and GDN layers lay the rows out per user)
     phys_rows: Any  # [1, T] int32 RM: physical KV cache row (page * block_size + row in page) of row j
     bounds: Any  # [G*T] int32 RM: SDPA bound of candidate j (= n + j), once per local KV head
     head_page_table: Any  # [G, blocks] int32 RM: page table of the per-KV-head cache view (pt*G + h)
-    records: list = field(default_factory=list)
-
-    @property
-    def users(self) -> int:
-        """User slots of the packed verify (the attention and GDN layers lay the rows out per user)."""
-        return self.step_state.users
-
-    def conv_write(self, state: GDNLayerState):
-        """True when the mechanism's verify advances the live conv state; else None (the window is kept)."""
-        return self.step_state.mechanism.conv_write
-
-    def gdn_recurrence(self, gdn, state: GDNLayerState, q, k, v, g, beta, window):
-        st = self.step_state
-        if st.row_mask is not None:  # host rows: inert rows masked out of the recurrence (g = beta = 0)
-            g, beta = st.ttnn.multiply(g, st.row_mask), st.ttnn.multiply(beta, st.row_mask)
-        self.records.append(GDNRecord(gdn, state, q, k, v, g, beta, window))
-        return st.mechanism.recurrence(st, gdn, q, k, v, g, beta, state, st.layer_bufs[id(state)])
+    gdn: GDNStepPlan
 
 
 @dataclass
@@ -124,33 +98,32 @@ class VerifyOutputs:
     plan: VerifyPlan
     tokens: Any  # [1, T] uint32 RM: the verified rows
 
+    def without_gdn_kept(self) -> "VerifyOutputs":
+        """These outputs with no GDN layer's kept tensors: a commit of them does only the work that does not repeat
+        per GDN layer (the cost probes count one layer's part as the difference)."""
+        return replace(self, plan=replace(self.plan, gdn=replace(self.plan.gdn, kept=[])))
+
 
 class SpecDeviceState:
     """Persistent device buffers of the speculative step for one model state, one K and ``users`` user slots (see
-    module doc)."""
+    module doc), the verify's row inputs derived on device from the resident position and pending token (one user).
+    The B-slot layout's step state, whose row inputs the host writes, is :class:`~.host_rows.HostRowsState`."""
 
     def __init__(self, model: TTQwen36Model, state: TTModelState, k: int, mechanism: str | TTMechanism,
-                 shared: "SpecDeviceState | None" = None, users: int = 1, rows: str | None = None):
+                 shared: "SpecDeviceState | None" = None, users: int = 1):
         """``shared``: the step state of another depth of the same generation. This one then uses its position,
         pending token and (mechanisms without a ring) GDN buffers instead of allocating its own: the per-depth
         step states of ``--spec-k auto`` are views of ONE device state, and only what has a K+1 shape is per depth
         (drafts, row constants, the shadow_commit ring).
 
-        ``users``: the user slots of ``state`` one verify packs (B). ``rows``: where the verify's row inputs come
-        from, ``"device"`` (derived from the resident n and pending token; one user, the default there) or
-        ``"host"`` (persistent buffers the host writes per step, plus the GDN row mask; the default above one
-        user)."""
+        ``users``: the user slots of ``state`` one verify packs (B; one here, B in ``HostRowsState``)."""
         mechanism = tt_mechanism(mechanism)
-        rows = rows or ("device" if users == 1 else "host")
-        if rows not in ("device", "host"):
-            raise ValueError(f"rows must be 'device' or 'host', got {rows!r}")
-        if rows == "device" and users != 1:
-            raise ValueError(f"device-derived row inputs hold one user's position; {users} users need rows='host'")
-        if shared is not None and (rows != "device" or shared.state is not state
-                                   or shared.mechanism.name != mechanism.name):
+        self._check_users(users)
+        if shared is not None and (shared.state is not state or shared.mechanism.name != mechanism.name
+                                   or type(shared) is not type(self)):
             raise ValueError("a shared step state must be of the same model state and commit mechanism, with "
                              "device-derived rows")
-        self.shared, self.users, self.rows = shared, users, rows
+        self.shared, self.users = shared, users
         check_verify_shape(model.args, k)
         self.model, self.state, self.k, self.t, self.mechanism = model, state, k, k + 1, mechanism
         self.ttnn, self.mesh = model.ttnn, model.mesh
@@ -176,10 +149,13 @@ class SpecDeviceState:
         """Host tensor laid out like the persistent buffer ``like`` (for copy_host_to_device_tensor)."""
         return self.ttnn.from_torch(x, dtype=like.dtype, layout=like.layout, mesh_mapper=self.rep)
 
+    @staticmethod
+    def _check_users(users: int) -> None:
+        if users != 1:
+            raise ValueError(f"device-derived row inputs hold one user's position; {users} users need the host-rows "
+                             f"step state (HostRowsState)")
+
     def allocate(self) -> None:
-        if self.rows == "host":
-            self._allocate_host_rows()
-            return
         ttnn, t, kc, sh = self.ttnn, self.t, self.kc, self.shared
         if sh is None:
             self.n = self._dev(torch.zeros(1, 1, 1, 1))
@@ -206,31 +182,6 @@ class SpecDeviceState:
             else:
                 self.layer_bufs[id(s)] = self.mechanism.buffers(self, s)
 
-    def _allocate_host_rows(self) -> None:
-        """The row-input buffers the host writes per step (B users x T rows; -1 = an inert row), the row mask, the
-        step's active flags, the per-user conv commit rows and the B-slot mechanism buffers."""
-        ttnn, t, kc, b, a = self.ttnn, self.t, self.kc, self.users, self.model.args
-        rm, i32 = ttnn.ROW_MAJOR_LAYOUT, torch.int32
-        heads, pages = a.hkv_d, int(self.state.page_table.shape[-1])
-        self.tokens = self._dev(torch.zeros(1, b * t, dtype=i32), ttnn.uint32, rm)
-        self.rope_idx = self._dev(torch.zeros(1, b * t, dtype=i32), ttnn.uint32, rm)
-        self.phys_rows = self._dev(torch.full((1, b * t), -1, dtype=i32), ttnn.int32, rm)
-        self.bounds = self._dev(torch.full((b * heads * t,), -1, dtype=i32), ttnn.int32, rm)
-        self.head_page_table = self._dev(torch.zeros(b * heads, pages, dtype=i32), ttnn.int32, rm)
-        self.drafts = self._dev(torch.zeros(1, b, 1, self.k, dtype=i32), ttnn.uint32, rm)
-        self.row_mask = self._dev(torch.zeros(b, t, 1))
-        self.active = self._dev(torch.zeros(1, b, 1, 1))
-        self.c_zero = self._dev(torch.zeros(1, b, 1, 1))
-        self.c_rows = self._dev(torch.arange(t, dtype=torch.float32).reshape(1, t, 1))
-        # conv commit: user b's new state row i = window row b*(Kc-1+T) + 1 + i + a_b of the [B*(Kc-1+T), Cd] table
-        base = torch.arange(b)[:, None] * (kc - 1 + t) + torch.arange(1, kc)[None, :]
-        self.c_conv_rows = self._dev(base.to(torch.float32).reshape(1, b, 1, kc - 1))
-        for s in self.state.gdn_states():
-            self.layer_bufs[id(s)] = self.mechanism.buffers(self, s)
-        for layer in self.model.layers:
-            if hasattr(layer.mixer, "prepare_batch_verify"):
-                layer.mixer.prepare_batch_verify(b, t)
-
     def attach_acceptor(self, acceptor) -> None:
         """The acceptor owns the accepted count and the ring index (``ring_block_idx``)."""
         self.acceptor = acceptor
@@ -239,21 +190,11 @@ class SpecDeviceState:
     # ---- host-side (outside capture) -------------------------------------------------------------------
     def start(self, n: int = 0, pending: int = 0) -> None:
         """After a prefill of n tokens: n, pending, then the mechanism's start (shadow_commit: the live recurrent
-        state into ring slot 0, every head pointed at it). Eager, outside any capture (allocates temporaries).
-        Host rows: positions and pending tokens are inputs of each step, not device state; the mechanism's start
-        only (ring: every slot's live state into ring slot 0)."""
-        if self.rows == "host":
-            self.mechanism.start(self)
-            return
+        state into ring slot 0, every head pointed at it). Eager, outside any capture (allocates temporaries)."""
         ttnn = self.ttnn
         ttnn.copy_host_to_device_tensor(self.host(torch.tensor([[[[float(n)]]]]), self.n), self.n)
         ttnn.copy_host_to_device_tensor(self.host(torch.tensor([[[[float(pending)]]]]), self.pending), self.pending)
         self.mechanism.start(self)
-
-    def write(self, name: str, host: torch.Tensor) -> None:
-        """Host rows: write one of the step's row-input buffers (between replays)."""
-        buf = getattr(self, name)
-        self.ttnn.copy_host_to_device_tensor(self.host(host, buf), buf)
 
     def write_drafts(self, drafts: list[int]) -> None:
         """Host drafter: write d_1..d_K into the persistent drafts buffer (between replays)."""
@@ -269,10 +210,7 @@ class SpecDeviceState:
     def verify_rows(self):
         """-> (tokens [1,T] uint32 RM, rope_idx [1,T] uint32 RM, bounds [G*T] int32 RM, phys_rows [1,T] int32 RM,
         head_page_table [G, blocks] int32 RM); G = local KV heads (see ``attend_verify``). Name suffixes give the
-        shape: T rows, G local KV heads, P pages per sequence. Host rows: the buffers the host wrote (B*T rows,
-        B*G heads)."""
-        if self.rows == "host":
-            return self.tokens, self.rope_idx, self.bounds, self.phys_rows, self.head_page_table
+        shape: T rows, G local KV heads, P pages per sequence."""
         ttnn, t, heads, bs = self.ttnn, self.t, self.model.args.hkv_d, self.model.args.block_size
         rm = ttnn.ROW_MAJOR_LAYOUT
         pos_111T = ttnn.add(self.n, self.c_ar)  # fp32: n..n+K
@@ -296,16 +234,44 @@ class SpecDeviceState:
         tokens_1T = ttnn.to_layout(ttnn.reshape(ttnn.typecast(toks_111T, ttnn.uint32), [1, t]), rm)
         return tokens_1T, rope_idx_1T, bounds_GT, phys_1T, head_pt_GP
 
+    def gdn_plan(self) -> GDNStepPlan:
+        """The GDN layers' routes for one verify (the commit mechanism's, over this step state's buffers)."""
+        return GDNStepPlan(self.users, {id(s): self.mechanism.route(self, self.layer_bufs[id(s)])
+                                        for s in self.state.gdn_states()})
+
+    def commit_selection(self):
+        """The commit's row selection (device, traceable; tt/spec/commit.py): (conv window rows of the new conv state,
+        uint32 RM [1, Kc-1]; the re-advance mask [1, T, 1], 1 for rows <= a, or None without a re-advance)."""
+        ttnn, a = self.ttnn, self.acceptor.count  # [1,1,1,1] fp32
+        # window row index of every new conv-state row: a+1+i, as the uint32 ROW_MAJOR [1, Kc-1] embedding wants
+        idx = ttnn.typecast(ttnn.add(self.c_conv_rows, a), ttnn.uint32)  # [1,1,1,Kc-1]
+        idx = ttnn.reshape(ttnn.to_layout(idx, ttnn.ROW_MAJOR_LAYOUT), [1, self.kc - 1])
+        mask = ttnn.le(self.c_rows, a) if self.mechanism.readvance else None  # [1,T,1]: 1 for rows <= a
+        return idx, mask
+
+    def advance(self, result) -> None:
+        """After the commit (device, traceable): n' = n + a + 1, pending' = the emitted token a of the acceptor's
+        ``result`` row."""
+        ttnn, a = self.ttnn, self.acceptor.count
+        ttnn.copy(ttnn.add(self.n, ttnn.add(a, self.c_one)), self.n)
+        toks = ttnn.typecast(ttnn.slice(result, [0, 0, 0, 0], [1, 1, 1, self.t]), ttnn.float32)
+        # fp32 token ids: the accurate (SFPU, full fp32) sum needs fp32_dest_acc_en; without it the FPU reads TF32
+        # and ids above 2048 come out wrong (ttnn.sum docstring, fast_and_approximate_mode)
+        pend = ttnn.sum(ttnn.multiply(toks, ttnn.eq(self.c_tok_cols, a)), dim=3, keepdim=True,
+                        compute_kernel_config=compute_config_exact_count(ttnn))
+        ttnn.copy(pend, self.pending)
+
     def verify(self) -> VerifyOutputs:
         """Pre-verify copies + ONE target forward over the T rows (device only)."""
         m = self.model
         self.pre_verify()
         tokens_1T, rope_idx_1T, bounds_GT, phys_1T, head_pt_GP = self.verify_rows()
-        verify_plan = VerifyPlan(self, phys_1T, bounds_GT, head_pt_GP)
+        verify_plan = VerifyPlan(self.users, phys_1T, bounds_GT, head_pt_GP, self.gdn_plan())
         with m.region("embed"):
             x_11TH = m.embed(tokens_1T)
             cos_1T1D, sin_1T1D = m.rope_rows(rope_idx_1T)
-        ctx = AttentionContext("decode", cos_1T1D, sin_1T1D, self.state.page_table, verify_plan=verify_plan)
+        ctx = AttentionContext("decode", cos_1T1D, sin_1T1D, self.state.page_table, verify_plan=verify_plan,
+                               gdn_plan=verify_plan.gdn)
         x_11TH = m.layers_forward(x_11TH, self.state, ctx)
         with m.region("head"):
             logits_11TV, hidden_11TH = m.head(x_11TH, last_row_only=False)

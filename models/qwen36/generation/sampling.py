@@ -25,11 +25,13 @@ from typing import Sequence
 import torch
 
 from ..errors import UserError
-from .mechanisms import DRAFT_MODES
 
 GREEDY_TEMPERATURE = 0.0  # temperature 0 means argmax decoding (no randomness at all)
 MAX_LOGPROBS = 20  # largest top-n a request may ask for (vLLM's default max_logprobs)
 PENALTY_RANGE = 2.0  # presence / frequency penalties lie in [-2, 2] (vLLM's and OpenAI's range)
+# How the MTP picks drafts in a stochastic speculative run (SamplingParams.draft; its ``sampled_drafts`` is the one
+# test of it): "sample" draws from the transformed draft distribution, "greedy" takes the argmax (one-hot drafts).
+DRAFT_MODES = ("sample", "greedy")
 
 
 class SamplingParamsError(UserError, ValueError):
