@@ -137,6 +137,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="performance", help="accuracy | performance | performance-bf4")
     p.add_argument("--context", type=int, default=4096,
                    help="sequence length at the counted step (the decode attends to this many KV positions)")
+    p.add_argument("--contexts", default="",
+                   help="further sequence lengths (comma-separated, e.g. 128,16384,65536,131072,262144), each counted "
+                        "by its own decode step on the same build; calibrated figures per context in the record")
     p.add_argument("--vocab-sample", type=int, default=4096,
                    help="vocabulary actually built (LM head extrapolated to the real vocab)")
     p.add_argument("--seed", type=int, default=0)
@@ -250,11 +253,11 @@ class CostBench:
 
 def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, probe: str = NAME,
                 emulated_only: bool = True, decode_matmuls: str = "mcast_1d", slots: int = 1,
-                dram_readers: int = 2, numerics: str = "strict") -> CostBench:
+                dram_readers: int = 2, numerics: str = "strict", **args_kw) -> CostBench:
     """Open the mesh (emulated unless ``emulated_only`` is False) and build the first GDN + first attention layer
     of ``cfg`` with state for ``slots`` users of a ``context``-token sequence (plus 64 positions of head room).
     ``numerics`` (emulator only): ``"exact"`` computes faster with the same counts (prefill-cost uses it; a test
-    compares the counts of both)."""
+    compares the counts of both). ``args_kw`` go to TTModelArgs (``prefill_chunk``, ``block_size``)."""
     from qwen36.tt_ops.device import open_mesh
 
     from qwen36.config import FULL
@@ -272,7 +275,7 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
         gdn_id, attn_id = cfg.layer_types.index("linear_attention"), cfg.layer_types.index(FULL)
         args = TTModelArgs.from_config(cfg, ctx.num_devices, PrecisionSetting.named(precision),
                                        max_seq_len=context + 64, decode_matmuls=decode_matmuls,
-                                       dram_readers=dram_readers)
+                                       dram_readers=dram_readers, **args_kw)
         weights = WeightLoader(RandomCheckpoint(cfg, seed), args, ctx.ttnn, ctx.mesh_device, progress=False).load(
             layers=[gdn_id, attn_id])
         model = TTQwen36Model(args, weights, ctx.ttnn, ctx.mesh_device)
@@ -283,6 +286,15 @@ def build_bench(device: str, cfg, precision: str, context: int, seed: int = 0, p
     bench = CostBench(ctx, cfg, args, weights, model, state, context)
     model.region = bench.region
     return bench
+
+
+def _moe_corrected(counts, corr: dict):
+    """A MoE layer's counts with the router's bytes at the real expert count (``router_correction``) added."""
+    out = counts.copy(counts.name)
+    for k, v in corr.items():
+        out.bytes_read[k] += v
+        out.bytes_read_per_op["ttnn.linear"][k] += v  # the router matmul's extra columns
+    return out
 
 
 def token_counts(name: str, parts) -> "Counts":
@@ -322,10 +334,12 @@ def program_ranking(parts: dict) -> list:
 
 def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, real_vocab: int | None = None,
             n_gdn: int | None = None, n_attn: int | None = None, real_cfg=None,
-            decode_matmuls: str = "mcast_1d", batch: int = 1, dram_readers: int = 2) -> dict:
+            decode_matmuls: str = "mcast_1d", batch: int = 1, dram_readers: int = 2,
+            more_contexts: tuple[int, ...] = ()) -> dict:
     """Build the first GDN + first attention layer of ``cfg`` on ``device``, count one decode step of ``batch``
     users by region and extrapolate to ``n_gdn`` + ``n_attn`` layers (default: cfg's) and ``real_vocab`` (default:
-    cfg's)."""
+    cfg's). ``more_contexts``: further contexts, each counted by one more eager step on the same bench (state sized
+    for the longest) at its own position; their calibrated figures go to ``calibrated_by_context``."""
     from qwen36.tt_ops.cost_model import LABEL, ROOFLINE_LABEL, CalibratedP150aModel, P150aCostModel, decode_layout_bounds
 
     from qwen36.config import FULL
@@ -334,8 +348,9 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
 
     if batch < 1:
         raise UserError(f"--batch must be >= 1, got {batch}")
-    bench = build_bench(device, cfg, precision, context, seed, decode_matmuls=decode_matmuls, slots=batch,
-                        dram_readers=dram_readers)
+    bench = build_bench(device, cfg, precision, max((context,) + tuple(more_contexts)), seed,
+                        decode_matmuls=decode_matmuls, slots=batch, dram_readers=dram_readers)
+    bench.context = context  # the primary figure's context (the state holds the longest)
     try:
         ttnn, mesh, n, model, state, weights, args = (bench.ttnn, bench.mesh, bench.ctx.num_devices, bench.model,
                                                       bench.state, bench.weights, bench.args)
@@ -349,6 +364,17 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
                 else model.prepare_decode_inputs_host([1] * batch, [pos] * batch))
         model.copy_host_to_device(host, inputs)
         model.decode_forward(inputs, state)  # eager step: the counted one
+        by_context = {}
+        for extra in more_contexts:  # the same step at another position: only the KV read and its update move
+            counted = dict(regions)
+            p = extra - 1
+            model.copy_host_to_device(model.prepare_decode_inputs_host([1], p) if batch == 1
+                                      else model.prepare_decode_inputs_host([1] * batch, [p] * batch), inputs)
+            regions.clear()
+            model.decode_forward(inputs, state)
+            by_context[extra] = dict(regions)
+            regions.clear()
+            regions.update(counted)
         model.region = lambda name: contextlib.nullcontext()
         # the trace records the same programs: capture and compare
         trace = TracedStep(ttnn, mesh, lambda: model.decode_forward(inputs, state), name="decode")
@@ -364,19 +390,17 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         attn = regions["layer1"].copy("attention layer")
         kv_read = bench.kv_read_bytes()
         gdn = regions["layer0"].copy("GDN layer")
-        moe = None
+        moe, moe_corr = None, {}
         if cfg.is_moe:
             from qwen36.tt.model.model_config import TensorGroup
 
             real = real_cfg or cfg
             corr = router_correction(cfg, real, 1, bench.dtype_name(TensorGroup.MOE_ROUTER),
                                      bench.dtype_name(TensorGroup.MOE_ROUTING))
-            for layer in (gdn, attn):
-                for k, v in corr.items():
-                    layer.bytes_read[k] += v
-                    layer.bytes_read_per_op["ttnn.linear"][k] += v  # the router matmul's extra columns
+            gdn, attn = _moe_corrected(gdn, corr), _moe_corrected(attn, corr)
             mw = weights.layers[0].mlp
             group = (mw.experts_gate_up.bytes_per_device() + mw.experts_down.bytes_per_device()) // cfg.num_experts
+            moe_corr = corr
             router = mw.router.bytes_per_device() // cfg.num_experts * real.num_experts
             moe = {"experts_built": cfg.num_experts, "experts_real": real.num_experts, "top_k": cfg.num_experts_per_tok,
                    "expert_bytes_per_device": group,
@@ -405,6 +429,17 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
         parts = {"embed": (embed, 1), "gdn_layer": (gdn, n_gdn), "attention_layer": (attn, n_attn), "head": (head, 1)}
         cal["regions_ms"] = {name: CalibratedP150aModel().predict_ms(c) for name, (c, _) in parts.items()}
         cal["program_ranking"] = program_ranking(parts)
+        by_ctx = {context: cal}
+        for extra, reg in by_context.items():
+            t = token_counts(f"decode token at context {extra}", (
+                (bench.corrected_embed(reg["embed"], batch), 1), (_moe_corrected(reg["layer0"], moe_corr), n_gdn),
+                (_moe_corrected(reg["layer1"], moe_corr), n_attn),
+                (vocab_scaled_counts(reg["head"], "head (vocab-extrapolated)", ratio), 1)))
+            by_ctx[extra] = calibrated_block(t, batch)
+        calibrated_by_context = {str(c): {k: f[k] for k in ("ms", "ms_low", "ms_high", "tok_s", "tok_s_low",
+                                                             "tok_s_high", "aggregate_tok_s")}
+                                 | {"dram_interleaved_ms": f["breakdown"]["dram_interleaved_ms"]}
+                                 for c, f in sorted(by_ctx.items())}
         # the same counts under the decode layouts tt_transformers uses (cost_model.decode_layout_bounds): weights
         # DRAM-sharded, activations in L1; KV and GDN state stay DRAM reads
         gdn_st = state.layers[0]
@@ -451,6 +486,7 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
             "cost_model_constants": br["constants"],
             "roofline_label": ROOFLINE_LABEL,
             "calibrated": cal,
+            "calibrated_by_context": calibrated_by_context,
             **({"moe": moe} if moe is not None else {}),
         }
     finally:
@@ -460,9 +496,17 @@ def measure(device: str, cfg, precision: str, context: int, seed: int = 0, *, re
 def run(args: argparse.Namespace) -> ProbeReport:
     device = args.device if args.device != "reference" else "emulated-p150x2"
     cfg, base = build_config(args.preset, args.vocab_sample)
+    try:
+        more = tuple(sorted({int(x) for x in args.contexts.split(",") if x.strip()} - {args.context}))
+    except ValueError:
+        raise UserError(f"--contexts must be comma-separated integers, got {args.contexts!r}") from None
+    bad = [c for c in (args.context,) + more if not 1 <= c <= base.max_position_embeddings]
+    if bad:
+        raise UserError(f"contexts {bad} outside 1..{base.max_position_embeddings} (the model's positions)")
     fig = measure(device, cfg, args.precision, args.context, args.seed, real_vocab=base.vocab_size,
                   n_gdn=len(base.gdn_layer_ids), n_attn=len(base.attention_layer_ids), real_cfg=base,
-                  decode_matmuls=args.decode_matmuls, batch=args.batch, dram_readers=args.dram_readers)
+                  decode_matmuls=args.decode_matmuls, batch=args.batch, dram_readers=args.dram_readers,
+                  more_contexts=more)
     check = fig["programs_traced_step_check"]
     cells = [
         {"cell": "trace records the counted step", "pass": check["regions_sum"] == check["trace_replay"], **check},
@@ -491,6 +535,10 @@ def run(args: argparse.Namespace) -> ProbeReport:
     print(f"  [{cal['label']}] top programs per step: " + "; ".join(
         f"{r['region']} {r['op'].replace('ttnn.', '')} x{r['programs_per_step']} {r['ms_per_step']:.2f} ms"
         for r in cal["program_ranking"][:8]))
+    for c, f in fig["calibrated_by_context"].items():
+        print(f"  [{cal['label']}] context {int(c):>6}: {f['ms']:.2f} ms/step (band {f['ms_low']:.2f}-{f['ms_high']:.2f}), "
+              f"{f['tok_s']:.2f} tok/s per user ({f['tok_s_low']:.2f}-{f['tok_s_high']:.2f}); DRAM interleaved "
+              f"{f['dram_interleaved_ms']:.2f} ms")
     bd = fig["breakdown_ms"]
     print(f"  [{fig['label']}] DRAM {bd['dram_ms']:.2f} ms = interleaved {bd['dram_interleaved_ms']:.2f} + DRAM-sharded "
           f"{bd['dram_sharded_ms']:.2f}; dispatch {bd['dispatch_ms']:.2f}, collectives "
@@ -501,7 +549,7 @@ def run(args: argparse.Namespace) -> ProbeReport:
               f"{' (L1)' if lay['activations_in_l1'] else ''}), {lay['aggregate_tok_s']:.1f} tok/s aggregate")
     return ProbeReport(probe=NAME, backend=fig["backend"],
                        config={"preset": args.preset, "precision": args.precision, "context": args.context,
-                               "decode_matmuls": args.decode_matmuls, "dram_readers": args.dram_readers,
+                               "contexts": [args.context, *more], "decode_matmuls": args.decode_matmuls, "dram_readers": args.dram_readers,
                                "batch": args.batch,
                                "vocab_sample": cfg.vocab_size, "real_vocab": base.vocab_size,
                                "seed": args.seed},

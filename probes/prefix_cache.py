@@ -10,8 +10,8 @@ tokens after the longest common prefix with the history the previous turn left).
 backend that ran; on the emulator they are emulator times, not card times.
 
 With ``--ttft-preset`` (e.g. ``27b``) the record also carries ``performance.ttft_modelled``: the time to first
-token of a prompt of ``--ttft-prefix`` + 256 tokens served cold and warm (the prefix cached up to its last whole
-prefill chunk), **modelled (calibrated)** by ``probe prefill-cost``'s term (its real chunks counted on the emulated
+token of a prompt of ``--ttft-prefix`` + 256 tokens served cold and warm (the prefix, a whole number of KV pages,
+cached), **modelled (calibrated)** by ``probe prefill-cost``'s term (its real chunks counted on the emulated
 mesh at that preset's shapes, priced by ``tt_ops/cost_model.py``'s calibrated constants) plus the warm request's
 restore: device copies of the cached KV rows and one GDN checkpoint per layer, read and written at the calibrated
 interleaved DRAM bandwidth. Device time only; the counting takes minutes at the 27B shapes.
@@ -33,20 +33,23 @@ SYSTEM = "You write Python code."
 
 def ttft_modelled(preset: str, prefix: int, new: int = 256, precision: str = "performance", seed: int = 0) -> dict:
     """Calibrated TTFT (ms, with bands) of ``prefix`` + ``new`` tokens cold and warm at ``preset``'s shapes, TP=2
-    (module doc). ``prefix`` and ``new`` are multiples of the prefill chunk (the warm prefill starts at a chunk
-    boundary, as a TT prefill must start on a KV page boundary)."""
+    (module doc). The warm prefill starts at ``prefix``, which must be a KV page boundary (a TT prefill starts on
+    one); each prefill runs in the model's chunks (prefill-cost counts every chunk size they need)."""
     from qwen36.probes.decode_cost import build_config
-    from qwen36.probes.prefill_cost import figures, measure_units
+    from qwen36.probes.prefill_cost import default_chunk, figures, measure_units, rows_needed
+    from qwen36.tt.model.model_config import TTModelArgs
     from qwen36.tt_ops.cost_model import CalibratedP150aModel
 
     cfg, base = build_config(preset, 4096)
     if base.is_moe:
         raise UserError(f"--ttft-preset {preset}: the MoE presets are priced by `qwen36 probe prefill-cost` alone")
-    unit = measure_units("emulated-p150x2", cfg, precision, seed, base.vocab_size)
-    chunk, tp = unit["chunk"], unit["tp"]
-    if prefix % chunk or new % chunk or prefix <= 0 or new <= 0:
-        raise UserError(f"--ttft-prefix {prefix} and the 256 new tokens must be positive multiples of the prefill "
-                        f"chunk ({chunk})")
+    block = TTModelArgs.__dataclass_fields__["block_size"].default
+    if prefix <= 0 or new <= 0 or prefix % block:
+        raise UserError(f"--ttft-prefix {prefix} must be a positive multiple of the KV page ({block} tokens): the warm "
+                        f"prefill starts there; new tokens {new} must be positive")
+    rows = rows_needed(default_chunk(), block, [prefix + new], [(prefix + new, prefix)])
+    unit = measure_units("emulated-p150x2", cfg, precision, seed, base.vocab_size, rows=rows)
+    tp = unit["tp"]
     n_gdn, n_attn = len(base.gdn_layer_ids), len(base.attention_layer_ids)
     cold = figures(unit, n_gdn, n_attn, prefix + new)
     warm = figures(unit, n_gdn, n_attn, new, start=prefix)

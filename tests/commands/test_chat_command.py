@@ -113,22 +113,25 @@ def test_generate_thinking_budget_several_prompts_batched(tmp_path, capsys):
 
 def test_prefix_cache_modelled_ttft_is_the_calibrated_prefill_term():
     """--ttft-preset: cold = prefill-cost's calibrated figure for the whole prompt, warm = its figure from the hit
-    plus the restore copies; the ci preset's shapes keep it fast (the 27b preset runs the same code)."""
+    plus the restore copies; the ci preset's shapes keep it fast (the 27b preset runs the same code). The prefill is
+    charged as an untraced region, where a chunk's host dispatch does not shrink with its rows: a hit saves whole
+    chunks, so the prompt here is two chunks cold and one warm."""
     from qwen36.probes.decode_cost import build_config
-    from qwen36.probes.prefill_cost import figures, measure_units
+    from qwen36.probes.prefill_cost import default_chunk, figures, measure_units
     from qwen36.probes.prefix_cache import ttft_modelled
     from qwen36.tt_ops.cost_model import CALIBRATED_LABEL
 
-    m = ttft_modelled("ci", 512, 256)
+    chunk = default_chunk()
+    m = ttft_modelled("ci", chunk, 256)
     cfg, base = build_config("ci", 4096)
-    unit = measure_units("emulated-p150x2", cfg, "performance", 0, base.vocab_size)
+    unit = measure_units("emulated-p150x2", cfg, "performance", 0, base.vocab_size, rows={chunk, 256})
     n_gdn, n_attn = len(base.gdn_layer_ids), len(base.attention_layer_ids)
-    assert m["label"] == CALIBRATED_LABEL and m["tokens_reused"] == 512
-    assert m["cold_ms"]["ms"] == round(figures(unit, n_gdn, n_attn, 768)["ms"], 1)
-    rest = figures(unit, n_gdn, n_attn, 256, start=512)["ms"]
+    assert m["label"] == CALIBRATED_LABEL and m["tokens_reused"] == chunk
+    assert m["cold_ms"]["ms"] == round(figures(unit, n_gdn, n_attn, chunk + 256)["ms"], 1)
+    rest = figures(unit, n_gdn, n_attn, 256, start=chunk)["ms"]
     assert m["restore_ms"]["ms"] > 0 and abs(m["warm_ms"]["ms"] - (rest + m["restore_ms"]["ms"])) <= 0.06
     assert m["cold_ms"]["ms_low"] <= m["cold_ms"]["ms"] <= m["cold_ms"]["ms_high"]
     assert m["warm_ms"]["ms"] < m["cold_ms"]["ms"]
-    with pytest.raises(UserError, match="multiples of the prefill chunk"):
+    with pytest.raises(UserError, match="multiple of the KV page"):
         ttft_modelled("ci", 500, 256)
 

@@ -12,7 +12,8 @@ def test_decode_cost_probe_ci(tmp_path):
     from qwen36.cli import main
 
     rec = tmp_path / "dc.jsonl"
-    rc = main(["probe", "decode-cost", "--device", "emulated-p150x2", "--preset", "ci", "--records", str(rec)])
+    rc = main(["probe", "decode-cost", "--device", "emulated-p150x2", "--preset", "ci", "--contexts", "64,2048,4096",
+               "--records", str(rec)])
     assert rc == 0
     (r,) = read_records(rec)
     perf = r["performance"]
@@ -34,6 +35,17 @@ def test_decode_cost_probe_ci(tmp_path):
     assert sum(r["ms_per_step"] for r in cal["program_ranking"]) == pytest.approx(cal["ms"], rel=1e-6)
     assert sum(r["programs_per_step"] for r in cal["program_ranking"]) == p["per_token"]
     assert cal["ms"] > perf["modelled_ms_per_step"]
+    # further contexts, each its own counted step on the same build: the primary one is the calibrated figure, and
+    # from 2,048 to 4,096 positions the step reads 32 more K and V pages of the one attention layer (64 rows x
+    # 32 dims, one KV head per device: two bf16 tiles each), charged at the bf16 interleaved rate
+    from qwen36.tt_ops.cost_model import CALIBRATION
+
+    by = perf["calibrated_by_context"]
+    assert sorted(by, key=int) == ["64", "2048", "4096"] and by["4096"]["ms"] == cal["ms"]
+    assert by["64"]["ms"] < by["2048"]["ms"] < by["4096"]["ms"]
+    extra = 2 * (4096 // 64 - 2048 // 64) * 2 * 2048
+    assert by["4096"]["dram_interleaved_ms"] - by["2048"]["dram_interleaved_ms"] == pytest.approx(
+        extra / (CALIBRATION["interleaved_bf16_gbps"].value * 1e9) * 1e3, rel=1e-6)
 
 
 @pytest.mark.slow  # two probe runs end to end

@@ -126,6 +126,9 @@ def test_linear_flops_and_fidelity_are_counted(ctx1):
 
 
 # ---- prefill-cost's per-chunk extrapolation, proven against chunks run at CI size -------------------------------
+PROMPT = 3 * 256 + 80  # three whole chunks and a partial one
+
+
 @pytest.fixture(scope="module")
 def ci_units():
     pytest.importorskip("ttnn")
@@ -135,10 +138,13 @@ def ci_units():
     cfg, base = build_config("ci", 4096)
     out = {}
     for numerics in ("exact", "strict"):
-        bench = build_bench("emulated-p150x2", cfg, "performance", context=3 * 256, numerics=numerics)
+        bench = build_bench("emulated-p150x2", cfg, "performance", context=PROMPT, numerics=numerics,
+                            prefill_chunk=256)
         try:
-            ids = torch.randint(0, cfg.vocab_size, (3 * 256,), generator=torch.Generator().manual_seed(0))
+            ids = torch.randint(0, cfg.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(0))
             out[numerics] = pc.count_chunks(bench, ids)
+            out[numerics + "_embed"] = [bench.corrected_embed(ch["parts"]["embed"], ch["rows"])
+                                        for ch in out[numerics]]
             # the same prompt through prefill_forward itself, from a fresh state
             from qwen36.tt.model.state import allocate_state
 
@@ -147,32 +153,36 @@ def ci_units():
             with bench.ctx.counters.scope("prefill_forward") as whole:
                 bench.model.prefill_forward(ids, bench.state)
             out[numerics + "_whole"] = whole
-            out["kv_block_bytes"] = bench.state.layers[1].k.bytes_per_device() // bench.state.layers[1].k.shape[0]
-            out["block"] = bench.args.block_size
         finally:
             bench.close()
+    out["unit"] = pc.measure_units("emulated-p150x2", cfg, "performance", 0, cfg.vocab_size, chunk=256, rows={80})
     return cfg, base, out
 
 
 def _same(a: Counts, b: Counts, skip_sdpa: bool = False):
     assert a.programs_per_op == b.programs_per_op
     assert a.collectives == b.collectives and a.collective_bytes == b.collective_bytes
-    assert dict(a.bytes_read) == dict(b.bytes_read)
+    sd = lambda c: {k: v for k, v in c.bytes_read.items()}  # noqa: E731
+    if not skip_sdpa:
+        assert sd(a) == sd(b)
     wa = {k: v for k, v in a.compute_work.items() if not (skip_sdpa and k[0] == SDPA)}
     wb = {k: v for k, v in b.compute_work.items() if not (skip_sdpa and k[0] == SDPA)}
     assert wa == wb
 
 
 def test_chunk_counts_extrapolate_exactly(ci_units):
-    """At CI size: the probe's chunk driver counts what prefill_forward counts; every chunk runs the same programs
-    per layer kind; the embed and GDN-layer counts are identical across chunks; an attention chunk differs from
-    chunk 0 only in its SDPA program, whose FLOPs the emulator records as 4 B Hq D x causal pairs; exact and strict
-    numerics count the same; and prompt_counts (chunk 0 + the SDPA rule) equals the corrected sum of the chunks
-    actually run."""
+    """At CI size: the probe's chunk driver counts what prefill_forward counts; every whole chunk runs the same
+    programs per layer kind; the embed and GDN-layer counts are identical across whole chunks; an attention chunk
+    differs from chunk 0 only in its SDPA program, whose FLOPs the emulator records as 4 B Hq D x causal pairs and
+    whose K/V reads are the pages up to the chunk's end; exact and strict numerics count the same; and
+    prompt_counts (the units of measure_units moved to each chunk's position, a partial last chunk counted at its own
+    size) equals the sum of the chunks actually run, for the prompt and for a prefix hit."""
     from qwen36.probes import prefill_cost as pc
 
     cfg, base, u = ci_units
     chunks = u["exact"]
+    assert [(c["start"], c["rows"]) for c in chunks] == pc.chunk_plan(PROMPT, 0, 256, 64) == [
+        (0, 256), (256, 256), (512, 256), (768, 80)]
     whole = Counts("driver")
     for ch in chunks:
         for part in ch["parts"].values():
@@ -182,39 +192,54 @@ def test_chunk_counts_extrapolate_exactly(ci_units):
         for name in a["parts"]:
             _same(a["parts"][name], b["parts"][name])
     gdn, attn = "layer0", "layer1"  # the built layers: the first GDN (0) and attention (3) layer
-    pair = pc.sdpa_pair_flops(chunks[0]["parts"][attn], 0, 256)
+    unit = u["unit"]
+    pair = unit["sdpa_pair_flops"]
+    assert pair == pc.sdpa_pair_flops(chunks[0]["parts"][attn], 0, 256)
+    page = unit["kv_block_bytes"]
     for ch in chunks:
-        _same(ch["parts"]["embed"], chunks[0]["parts"]["embed"])
-        _same(ch["parts"][gdn], chunks[0]["parts"][gdn])
-        _same(ch["parts"][attn], chunks[0]["parts"][attn], skip_sdpa=True)
-        (key,) = [k for k in ch["parts"][attn].compute_work if k[0] == SDPA]
-        s = ch["start"]
-        assert key[1] == pair * (256 * s + 256 * 257 // 2)
-    unit = {"chunk": 256, "block": u["block"], "kv_block_bytes": u["kv_block_bytes"], "sdpa_pair_flops": pair,
-            "embed": chunks[0]["parts"]["embed"], "gdn": chunks[0]["parts"][gdn],
-            "attention": chunks[0]["parts"][attn], "head": chunks[-1]["parts"]["head"]}
+        s, rows = ch["start"], ch["rows"]
+        ref = chunks[0] if rows == 256 else ch
+        _same(ch["parts"]["embed"], ref["parts"]["embed"])
+        _same(ch["parts"][gdn], ref["parts"][gdn])
+        _same(ch["parts"][attn], ref["parts"][attn], skip_sdpa=True)
+        ((key, n),) = [(k, n) for k, n in ch["parts"][attn].compute_work.items() if k[0] == SDPA]
+        assert n == 1 and key[1] == pair * (rows * s + rows * (rows + 1) // 2)
+        # its bf16 reads: q [1, Hq/2, rows, D] and K and V pages up to the chunk's end (not the whole cache)
+        q_bytes = cfg.num_attention_heads // 2 * -(-rows // 32) * -(-cfg.head_dim // 32) * TILE_BYTES["BFLOAT16"]
+        assert dict(key[4])[unit["kv_key"]] == q_bytes + 2 * -(-(s + rows) // 64) * page
     n_gdn, n_attn = len(base.gdn_layer_ids), len(base.attention_layer_ids)
-    got = pc.prompt_counts(unit, n_gdn, n_attn, 3 * 256)
-    want = Counts("want")
-    for ch in chunks:
-        want.add(ch["parts"]["embed"])
-        want.add(ch["parts"][gdn], n_gdn)
-        want.add(pc.sdpa_chunk_counts(ch["parts"][attn], ch["start"], 256, u["kv_block_bytes"], u["block"], pair),
-                 n_attn)
-    want.add(chunks[-1]["parts"]["head"])
-    _same(got, want)
-    # the SDPA correction reads the K and V blocks up to the chunk's end, not the whole cache
-    late = pc.sdpa_chunk_counts(unit["attention"], 512, 256, u["kv_block_bytes"], u["block"], pair)
-    early = pc.sdpa_chunk_counts(unit["attention"], 0, 256, u["kv_block_bytes"], u["block"], pair)
-    assert late.bytes_read_total - early.bytes_read_total == 2 * (512 // u["block"]) * u["kv_block_bytes"]
-    # a prefix hit of 512 tokens prefills the last chunk from position 512: the third chunk actually run
-    rest = pc.prompt_counts(unit, n_gdn, n_attn, 256, start=512)
-    want = Counts("rest")
-    want.add(chunks[2]["parts"]["embed"])
-    want.add(chunks[2]["parts"][gdn], n_gdn)
-    want.add(pc.sdpa_chunk_counts(chunks[2]["parts"][attn], 512, 256, u["kv_block_bytes"], u["block"], pair), n_attn)
-    want.add(chunks[2]["parts"]["head"])
-    _same(rest, want)
+
+    def run_sum(run):
+        want = Counts("want")
+        for ch, emb in run:
+            want.add(emb)
+            want.add(ch["parts"][gdn], n_gdn)
+            want.add(ch["parts"][attn], n_attn)
+        want.add(run[-1][0]["parts"]["head"])
+        return want
+
+    run = list(zip(chunks, u["exact_embed"]))
+    cap = PROMPT + 64  # the fixture's bench: build_bench sizes the page table for its context + 64 positions
+    _same(pc.prompt_counts(unit, n_gdn, n_attn, PROMPT, capacity=cap), run_sum(run))
+    # the SDPA program reads 2 x the K/V pages up to its chunk's end (the op's accounting, moved exactly)
+    late = pc.sdpa_chunk_counts(unit["rows"][256]["attention"], 512, 256, unit["kv_key"], page, 64, pair)
+    early = unit["rows"][256]["attention"]
+    assert late.bytes_read_total - early.bytes_read_total == 2 * (512 // 64) * page
+    # a prefix hit of 512 tokens prefills the last two chunks from position 512: the chunks actually run
+    _same(pc.prompt_counts(unit, n_gdn, n_attn, PROMPT - 512, start=512, capacity=cap), run_sum(run[2:]))
+
+
+def test_long_position_check_at_ci_size(ci_units):
+    """The probe's long-position check: one whole chunk's attention layer run at position 8,192 (a bench whose KV
+    holds 8,448 positions) counts exactly what the position-0 chunk moved there counts."""
+    from qwen36.probes import prefill_cost as pc
+
+    cfg, _, u = ci_units
+    got = pc.long_position_check("emulated-p150x2", cfg, "performance", 0, u["unit"], 8192)
+    assert got["agree"], got["fields"]
+    assert got["kv_positions"] == 8192 + 256
+    pair = u["unit"]["sdpa_pair_flops"]
+    assert got["sdpa_flops"] == pair * (256 * 8192 + 256 * 257 // 2)
 
 
 def test_prefill_cost_probe_record(tmp_path):
@@ -223,11 +248,14 @@ def test_prefill_cost_probe_record(tmp_path):
 
     rec = tmp_path / "pc.jsonl"
     assert main(["probe", "prefill-cost", "--device", "emulated-p150x2", "--preset", "ci", "--prompts", "128,256,512",
-                 "--prefix-hits", "512:256,512:320", "--records", str(rec)]) == 0
+                 "--chunk", "256", "--prefix-hits", "512:256,512:320", "--long-check", "512", "--records", str(rec)]) == 0
     (r,) = read_records(rec)
     perf = r["performance"]
     assert r["verdict"] == "pass" and perf["label"] == CALIBRATED_LABEL and perf["tp"] == 2 and perf["batch"] == 1
-    assert set(perf["ttft"]) == {"128", "256", "512"}
+    assert set(perf["ttft"]) == {"128", "256", "512"} and perf["ttft"]["128"]["chunks"] == 1
+    assert perf["ttft"]["128"]["ms"] < perf["ttft"]["256"]["ms"]
+    lc = perf["long_position_check"]
+    assert lc["start"] == 512 and lc["agree"] and r["config"]["long_check"] == 512
     # the CI config's GDN heads (16 wide) are narrower than a tile: the composite prefill ran, and the record says so
     assert perf["gdn_prefill_path"].startswith("composite") and r["config"]["gdn_prefill"] == "fused"
     # a 128-token prompt is one partial chunk, counted as it runs: the same programs as a whole chunk (every op runs
@@ -265,18 +293,21 @@ def test_prefill_cost_probe_record(tmp_path):
     assert "| 512 | 256 | 256 |" in md and "time to first token" in md
 
 
-def test_prefill_cost_refuses_partial_chunks():
+def test_prefill_cost_chunk_plan_and_refusals():
     from qwen36.errors import UserError
     from qwen36.probes import prefill_cost as pc
 
-    with pytest.raises(UserError, match="multiples of the prefill chunk"):
-        pc.prompt_counts({"chunk": 256}, 1, 1, 300)
+    assert pc.chunk_plan(128, 0, 2048, 64) == [(0, 128)]
+    assert pc.chunk_plan(4096, 3840, 2048, 64) == [(3840, 2048), (5888, 2048)]
+    assert pc.rows_needed(2048, 64, [128, 4096, 5000], [(4096, 3840)]) == {128, 2048, 904, 256}
+    with pytest.raises(UserError, match="starts on a KV page"):
+        pc.chunk_plan(256, 100, 256, 64)
+    with pytest.raises(UserError, match="no counted chunk of 44 rows"):
+        pc.prompt_counts({"chunk": 256, "block": 64, "rows": {256: {}}}, 1, 1, 300)
     with pytest.raises(UserError, match="PROMPT:HIT"):
         pc.parse_hits("4096")
     with pytest.raises(UserError, match="multiple of the KV page"):
         pc.hit_plan(512, 300, 256, 64)
-    with pytest.raises(ValueError, match="not counted as a short prompt"):
-        pc.short_prompt_counts({"chunk": 256, "short": {}}, 1, 1, 128)
 
 
 def test_force_gdn_prefill():
@@ -305,9 +336,10 @@ def test_force_gdn_prefill():
 
 
 def test_moe_units_extrapolate_in_experts():
-    """The MoE sibling's prefill at CI size: per-chunk counts built at 32 and 64 experts, extrapolated linearly to
-    96, equal the counts of a build at 96 experts (programs, bytes, collectives, FLOPs of every compute program);
-    the sparse matmuls' FLOPs are 2 x experts x M x K x N (the prefill's scan mode runs every expert)."""
+    """The MoE sibling's prefill at CI size: per-chunk counts built at 32, 64 and 96 experts, extrapolated to 128 as
+    a quadratic in the expert count, equal the counts of a build at 128 experts (programs, bytes, collectives, FLOPs
+    of every compute program); the grouped expert matmuls compute E + M k / R blocks of R rows each (only the
+    routed pairs: tt/model/moe_dispatch.py)."""
     pytest.importorskip("ttnn")
     import dataclasses
 
@@ -315,15 +347,20 @@ def test_moe_units_extrapolate_in_experts():
     from qwen36.probes.decode_cost import build_config
 
     cfg, _ = build_config("moe-ci", 4096)
-    real = dataclasses.replace(cfg, num_experts=96)
-    got = pc.measure_units_moe("emulated-p150x2", cfg, real, "performance", 0, experts=(32, 64))
-    want = pc.measure_units("emulated-p150x2", real, "performance", 0, real.vocab_size)
-    for part in ("embed", "gdn", "attention", "head"):
-        _same(got[part], want[part])
-        assert dict(got[part].bytes_read_per_op) == {k: dict(v) for k, v in want[part].bytes_read_per_op.items()}
-    sparse = [(k, n) for k, n in want["gdn"].compute_work.items() if k[0] == "ttnn.sparse_matmul"]
+    real = dataclasses.replace(cfg, num_experts=128)
+    got = pc.measure_units_moe("emulated-p150x2", cfg, real, "performance", 0, experts=(32, 64, 96), chunk=256)
+    want = pc.measure_units("emulated-p150x2", real, "performance", 0, real.vocab_size, chunk=256)
+    for part in pc.PARTS:
+        g, w = got["rows"][256][part], want["rows"][256][part]
+        _same(g, w)
+        assert dict(g.bytes_read_per_op) == {k: dict(v) for k, v in w.bytes_read_per_op.items()}
+    sparse = [(k, n) for k, n in want["rows"][256]["gdn"].compute_work.items() if k[0] == "ttnn.sparse_matmul"]
     assert len(sparse) == 2 and all(n == 1 for _, n in sparse)
     pad = lambda n: -(-n // 32) * 32  # noqa: E731  (the engine computes whole tiles)
     h, i_d = real.hidden_size, real.moe_intermediate_size // 2  # each expert tensor-parallel over 2 devices
-    assert sorted(k[1] for k, _ in sparse) == sorted([2 * 96 * 256 * h * pad(2 * i_d), 2 * 96 * 256 * pad(i_d) * h])
-    assert got["experts"] == {"built": [32, 64], "extrapolated_to": 96}
+    from qwen36.tt.model.moe_dispatch import BLOCK
+
+    blocks = 128 + 256 * real.num_experts_per_tok // BLOCK
+    assert sorted(k[1] for k, _ in sparse) == sorted([2 * blocks * BLOCK * h * pad(2 * i_d),
+                                                      2 * blocks * BLOCK * pad(i_d) * h])
+    assert got["experts"] == {"built": [32, 64, 96], "extrapolated_to": 128}

@@ -80,3 +80,20 @@ def mtp_kv_from_host(head, k: torch.Tensor, v: torch.Tensor) -> None:
         host = ttnn.from_torch(paged, dtype=cache.dtype, layout=ttnn.TILE_LAYOUT,
                                mesh_mapper=ttnn.ShardTensorToMesh(head.mesh, dim=1))
         ttnn.copy_host_to_device_tensor(host, cache)
+
+
+def layer_kv_from_host(model, kv, page_table_host: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Overwrite a target attention layer's paged KV (``kv``: a KVLayerState of ``model``, a TTQwen36Model) with one
+    user's K, V [Hkv, S, D] in the reference's head-dim order (K is stored permuted on device), placing logical block
+    j in the physical page ``page_table_host[0, j]``; pages no logical block names keep their contents."""
+    from qwen36.tt.model.weights import rope_head_permutation
+
+    ttnn, c, bs = model.ttnn, model.args.cfg, model.args.block_size
+    for cache, x in ((kv.k, k[..., rope_head_permutation(c.head_dim, c.rotary_dim)]), (kv.v, v)):
+        full = ttnn.to_torch(cache, mesh_composer=ttnn.ConcatMeshToTensor(model.mesh, dim=1)).float()
+        hkv, s, d = x.shape
+        blocks = x.reshape(hkv, s // bs, bs, d).permute(1, 0, 2, 3)
+        full[page_table_host[0, : s // bs].long()] = blocks.float()
+        host = ttnn.from_torch(full, dtype=cache.dtype, layout=ttnn.TILE_LAYOUT,
+                               mesh_mapper=ttnn.ShardTensorToMesh(model.mesh, dim=1))
+        ttnn.copy_host_to_device_tensor(host, cache)

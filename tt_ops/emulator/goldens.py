@@ -112,13 +112,13 @@ def golden_impl(op_name: str, real_op, golden: Callable | None = None) -> Callab
             r = golden(*map_shards(args, i, convert), **map_shards(gkw, i, convert))
             results.append(r)
         if op_name in FP32_COMPUTE_GOLDENS and numerics.is_strict(ref):
-            results = _dst_rule(results, args, kwargs, ref)
-        return _assemble(op_name, results, args, kwargs, ref, out_kw)
+            results = dst_rule(results, args, kwargs, ref)
+        return assemble(op_name, results, args, kwargs, ref, out_kw)
 
     return impl
 
 
-def _dst_rule(results, args, kwargs, ref):
+def dst_rule(results, args, kwargs, ref):
     """Strict numerics: an fp32 result packed out of a 16-bit Dst (``fp32_dest_acc_en`` off, the default when no
     config is passed) carries bf16 precision only (numerics.dst_output)."""
     if _out_dtype_name(results[0], args, kwargs, ref) != "FLOAT32":
@@ -149,7 +149,7 @@ OUTPUT_LAYOUT = {
 }
 
 
-def _assemble(op_name, results, args, kwargs, ref, out_kw=None):
+def assemble(op_name, results, args, kwargs, ref, out_kw=None):
     first = results[0]
     mem = output_memory_config(op_name, kwargs.get("memory_config"), ref)
     if isinstance(first, torch.Tensor):

@@ -177,9 +177,12 @@ def paged_sdpa_decode(input_tensor_q, input_tensor_k, input_tensor_v, page_table
     for i in range(input_tensor_q.num_shards):
         q = input_tensor_q.shards[i].to(torch.float32)
         pt = page_table_tensor.shards[i].to(torch.int64)
-        k = _paged_to_contiguous(input_tensor_k.shards[i].to(torch.float32), pt)
-        v = _paged_to_contiguous(input_tensor_v.shards[i].to(torch.float32), pt)
         pos = shard_ints(kwargs.get("cur_pos_tensor"), i)
+        if pos is not None and kwargs.get("is_causal", True):  # the pages up to the largest bound (what is read)
+            bs = input_tensor_k.shards[i].shape[2]
+            pt = pt[:, :max(1, min(pt.shape[1], (int(pos.max()) + bs) // bs))]
+        k = _paged_to_contiguous(input_tensor_k.shards[i], pt).to(torch.float32)
+        v = _paged_to_contiguous(input_tensor_v.shards[i], pt).to(torch.float32)
         if q.shape[1] != pt.shape[0]:
             raise EmulatorError(f"{op}: q has {q.shape[1]} users/groups but the page table has {pt.shape[0]} rows")
         outs.append(_decode_core(op, q, k, v, pos, kwargs.get("scale"), kwargs.get("is_causal", True), spec_t))

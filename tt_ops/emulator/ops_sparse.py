@@ -20,8 +20,11 @@ Semantics follow the ttnn 0.81.1 docstring (modes table and the ``indices`` para
 Each computed block is one FPU matmul with the same strict numerics as ``ttnn.matmul`` (TF32 operands, fidelity
 phases, Dst accumulation, K padding rule P2). Accounting: the op reads a, the sparsity/indices tensors and only the
 groups of b it computes (``nnz`` or the non-zero count in scan mode, ``len(indices)`` in indexed mode: on a card the
-reader never fetches a skipped group's tiles); a trace records that count at capture, like the card's program,
-which is fixed at capture too. Tiles other than 32x32 (``output_tile``, or inputs built with another ``tile``) are
+reader never fetches a skipped group's tiles; in the dense-A mode over several batches every active (batch, group)
+pair streams its group's tiles again, as the reader fetches in1 per active pair and an expert's weights do not stay
+in L1 from one batch to the next); a trace records that count at capture, like the card's program, which is fixed
+at capture too. The dense-A mode computes the active pairs only, one group at a time (its expanded output is
+A x B x E blocks, most of them skipped). Tiles other than 32x32 (``output_tile``, or inputs built with another ``tile``) are
 refused by name; fused activations too.
 """
 
@@ -58,7 +61,10 @@ def groups_read(b: dict) -> int:
     e = int(b["input_tensor_b"].logical_shape_list[1])
     if nnz is None:
         nnz = int((b["sparsity"].shards[0] != 0).sum())
-    return min(e, int(nnz))  # b is read at most once per group
+    a = b["input_tensor_a"].logical_shape_list
+    if not b.get("is_input_a_sparse", False) and a[0] * a[1] > 1:
+        return int(nnz)  # dense A over several batches: each active (batch, group) pair streams its group again
+    return min(e, int(nnz))  # one batch: b is read at most once per group
 
 
 def _read(args, kwargs):
@@ -201,12 +207,33 @@ def _shard(b: dict, i: int, cfg) -> torch.Tensor:
         y = _block(a, w, a_t, w_t, cfg)  # [1, E, M, N]
         mask = (sp.reshape(-1) != 0).reshape(1, -1, 1, 1)
     elif b_sparse:
-        y = _block(a[:, :, None, None], w[None, None], a_t, w_t, cfg)  # [A, B, 1, E, M, N]
-        mask = (sp != 0).reshape(*y.shape[:-2], 1, 1)
+        return _dense_a_pairs(a, w, sp, a_t, w_t, cfg, expanded=True)  # [A, B, 1, E, M, N]
     else:
         y = _block(a, w[0][None], a_t, w_t, cfg)  # [A, E, M, N]: block (a, e) = a[a, e] @ b[0, e]
         mask = (sp.reshape(a.shape[0], -1) != 0).reshape(*y.shape[:2], 1, 1)
     return torch.where(mask, y, torch.zeros((), dtype=y.dtype))
+
+
+def _dense_a_pairs(a: torch.Tensor, w: torch.Tensor, sp: torch.Tensor, a_t, w_t, cfg, expanded: bool) -> torch.Tensor:
+    """Dense A [A, B, M, K] x sparse B [1, E, K, N]: the active pairs (sparsity [1, A, B, E] != 0) only, computed one
+    group at a time over the row blocks that use it (a row's result does not depend on the other rows: rules N7/N8),
+    so memory follows the active pairs, not A x B x E. ``expanded``: the [A, B, 1, E, M, N] output with skipped
+    pairs zero-filled; else the compact [1, nnz, M, N] in sparsity scan order."""
+    n_a, n_b, m, _ = a.shape
+    e, n = w.shape[1], w.shape[-1]
+    flags = (sp.reshape(n_a * n_b, e) != 0)
+    pairs = flags.nonzero()  # (batch, group) in scan order
+    blocks = a.reshape(n_a * n_b, m, -1)
+    out = torch.zeros(pairs.shape[0], m, n, dtype=torch.float64)
+    for g in pairs[:, 1].unique().tolist():
+        sel = (pairs[:, 1] == g).nonzero().reshape(-1)
+        rows = blocks[pairs[sel, 0]].reshape(-1, blocks.shape[-1])  # every block of group g, stacked
+        out[sel] = _block(rows, w[0, g], a_t, w_t, cfg).to(torch.float64).reshape(sel.numel(), m, n)
+    if not expanded:
+        return out.unsqueeze(0)
+    full = torch.zeros(n_a * n_b, e, m, n, dtype=torch.float64)
+    full[pairs[:, 0], pairs[:, 1]] = out
+    return full.reshape(n_a, n_b, 1, e, m, n)
 
 
 def _compact(b: dict, i: int, y: torch.Tensor) -> torch.Tensor:
@@ -227,10 +254,24 @@ def sparse_matmul(input_tensor_a, input_tensor_b, **kwargs):
     fused = getattr(b["program_config"], "fused_activation", None)
     if fused is not None:
         raise NotEmulatedError(f"{OP}: program_config.fused_activation is not emulated")
-    outs = [_shard(b, i, cfg) for i in range(input_tensor_a.num_shards)]
     out_t = b.get("optional_output_tensor")
+    nnz = b.get("nnz")
+    dense_a = b.get("indices") is None and not b.get("is_input_a_sparse", False) and b.get("is_input_b_sparse", True)
+    a_shape, w_shape = input_tensor_a.logical_shape_list, input_tensor_b.logical_shape_list
+    if (out_t is not None and dense_a and nnz is not None
+            and list(out_t.logical_shape_list) == [1, int(nnz), a_shape[2], w_shape[3]]):
+        # the compact form of the dense-A mode: computed pair by pair (the expanded [A, B, 1, E, M, N] never exists)
+        counts = [int((b["sparsity"].shards[i] != 0).sum()) for i in range(input_tensor_a.num_shards)]
+        if any(c != int(nnz) for c in counts):
+            raise EmulatorError(f"{OP}: nnz={nnz} but the sparsity has {counts} non-zero entries per device "
+                                "(a card hangs on this mismatch; the docstring makes exactness the caller's duty)")
+        outs = [_dense_a_pairs(input_tensor_a.shards[i].to(torch.float32), input_tensor_b.shards[i].to(torch.float32),
+                               b["sparsity"].shards[i].to(torch.float32), input_tensor_a, input_tensor_b, cfg,
+                               expanded=False) for i in range(input_tensor_a.num_shards)]
+        write_inplace(out_t, [quantize_via_ttnn(o, out_t.dtype) for o in outs])
+        return out_t
+    outs = [_shard(b, i, cfg) for i in range(input_tensor_a.num_shards)]
     if out_t is not None:
-        nnz = b.get("nnz")
         compact = None if nnz is None or b.get("indices") is not None else [1, int(nnz)] + list(outs[0].shape[-2:])
         if compact is not None and list(out_t.logical_shape_list) == compact:
             counts = [int((b["sparsity"].shards[i] != 0).sum()) for i in range(input_tensor_a.num_shards)]

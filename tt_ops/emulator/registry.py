@@ -31,7 +31,8 @@ class OverrideSpec:
 OVERRIDES: dict[str, OverrideSpec] = {}
 
 _MODULES = ("ops_core", "ops_mappers", "ops_compute", "ops_ccl", "ops_attention", "ops_kv_cache", "ops_gdn",
-            "ops_trace", "ops_sampling", "ops_gather", "ops_sparse", "ops_kda", "ops_gdn_chunk", "ops_kda_scan")
+            "ops_trace", "ops_sampling", "ops_gather", "ops_sparse", "ops_sdpa_prefill", "ops_kda", "ops_gdn_chunk",
+            "ops_kda_scan")
 _loaded = False
 
 

@@ -17,6 +17,17 @@ TT_PRECISIONS = ("accuracy", "performance", "performance-bf4")
 DEFAULT_TT_PRECISION = "performance"
 
 
+def precision_name(text: str) -> str:
+    """A precision name ``PrecisionSetting.named`` accepts (a preset and ``+`` modifiers), else a usage error."""
+    from ..tt.model.model_config import PrecisionSetting
+
+    try:
+        PrecisionSetting.named(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def parse_ids(text: str) -> list[int]:
     try:
         ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]

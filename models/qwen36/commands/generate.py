@@ -11,8 +11,8 @@ from ..errors import UserError
 from ..generation.sampling import DRAFT_MODES, SamplingParams, SamplingParamsError
 from ..speculative.mechanisms import DEFAULT_MECHANISM, MECHANISMS
 from .common import (DEFAULT_TT_PRECISION, TT_PRECISIONS, add_checkpoint_arg, add_sampling_args, add_thinking_arg,
-                     parse_ids, positive_int, print_logprobs, print_outputs, read_messages, resolve_checkpoint,
-                     sampling_params, torch_dtype)
+                     parse_ids, positive_int, precision_name, print_logprobs, print_outputs, read_messages,
+                     resolve_checkpoint, sampling_params, torch_dtype)
 
 
 def add_parser(sub, name: str) -> None:
@@ -35,10 +35,12 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=32)
     p.add_argument("--device", default="reference", help="reference | reference-cuda | emulated-p150x2 | p150x2 | ...")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
-    p.add_argument("--precision", default=None, choices=TT_PRECISIONS,
+    p.add_argument("--precision", default=None, type=precision_name,
                    help=f"TT devices: the precision preset (docs/tt_precision.md) of plain and speculative decoding alike, "
-                        f"so that the two decode the same model (default {DEFAULT_TT_PRECISION}); the reference's "
-                        f"numerics are set by --dtype")
+                        f"so that the two decode the same model (default {DEFAULT_TT_PRECISION}): one of "
+                        f"{', '.join(TT_PRECISIONS)}, optionally with +<group>=<dtype> modifiers, e.g. "
+                        f"performance+kv_cache=bfloat8_b (the bf8 KV cache, docs/memory.md); the reference's numerics "
+                        f"are set by --dtype")
     add_spec_args(p)
     add_thinking_arg(p)
     p.set_defaults(run=run)

@@ -130,22 +130,23 @@ def test_routing_on_device_picks_the_reference_experts(mesh, ckpt):
 @pytest.mark.parametrize("rows", [1, 4, 40])
 def test_routed_experts_read_only_the_routed_groups(mesh, ckpt, rows):
     """Performance preset: within the routed-expert part only the expert weights are bfloat8_b, so the bfloat8_b
-    bytes read are the expert groups actually fetched: rows*k groups (duplicates re-read) when rows*k <= E,
-    else all E groups once."""
+    bytes read are the expert groups actually fetched: rows*k groups (duplicates re-read) when rows*k <= E, else
+    one group per dispatch block (E + ceil(rows*k / R) blocks of R rows: tt/model/moe_dispatch.py)."""
     h = LayerHarness(ckpt, mesh, PrecisionSetting.named("performance"), 1)
     moe = h.layer.mlp
     x = h.to_device(_x(rows, 3))
-    _, w, top_w, ids = moe.route(x)
-    probs = moe.route(x)[0]
+    _, w, _, ids = moe.route(x)
     counters = mesh.counters
     with counters.scope("routed") as c:
         if rows * moe.k <= CFG.num_experts:
             moe.routed(x, w, ids)
         else:
-            moe.routed_all_experts(x, probs, top_w)
+            moe.routed_dispatch(x, w, ids)
     e = CFG.num_experts
     group = (moe.w.experts_gate_up.bytes_per_device() + moe.w.experts_down.bytes_per_device()) // e
-    expect = group * (rows * moe.k if rows * moe.k <= e else e)
+    from qwen36.tt.model.moe_dispatch import BLOCK
+
+    expect = group * (rows * moe.k if rows * moe.k <= e else e + -(-rows * moe.k // BLOCK))
     assert c.bytes_read["BFLOAT8_B"] == expect, (dict(c.bytes_read), expect)
 
 
@@ -382,3 +383,47 @@ def test_moe_transaction_probe_k1_every_mechanism(ckpt):
     failed = [(c["cell"], c.get("failed")) for c in cells if not c["pass"]]
     assert not failed, failed
     assert len(cells) == 3 * 2 + 1
+
+
+@pytest.mark.parametrize("case", ["random", "one_expert", "spread"])
+def test_dispatch_plan_puts_every_slot_in_its_experts_block(mesh, ckpt, case):
+    """The prefill dispatch (tt/model/moe_dispatch.py) on hand-made routings of 72 rows, top-2 of 8 experts (144
+    slots, 8 + 3 blocks of 64 rows): every slot has its own dispatch row holding its row of x exactly, the other
+    dispatch rows are zero, every block belongs to exactly one expert (the grouped matmul's nnz), the block of a slot
+    is its expert's, and expert e owns ceil(c_e / R) blocks. ``one_expert``: every row's first choice is expert 5 (72
+    slots, 2 blocks); ``spread``: as many experts as possible with few rows."""
+    from qwen36.tt.model import moe_dispatch
+
+    h = LayerHarness(ckpt, mesh, PrecisionSetting.named("performance"), 1)
+    moe, ttnn = h.layer.mlp, h.ttnn
+    rows, k, e = 72, moe.k, CFG.num_experts
+    gen = torch.Generator().manual_seed(11)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(rows)])
+    if case == "one_expert":
+        ids[:, 0] = 5
+        ids[:, 1] = torch.where(ids[:, 1] == 5, torch.tensor(6), ids[:, 1])
+    elif case == "spread":
+        ids = torch.stack([torch.tensor([r % e, (r + 1) % e]) for r in range(rows)])
+    x = _x(rows, 4).to(torch.bfloat16).float()
+    ids_t = ttnn.from_torch(ids[None, None].to(torch.int32), dtype=ttnn.uint16, layout=ttnn.TILE_LAYOUT,
+                            device=h.mesh, mesh_mapper=ttnn.ReplicateTensorToMesh(h.mesh))
+    d = moe_dispatch.plan(ttnn, h.args, moe.dispatch_consts(rows), h.to_device(x), ids_t)
+    host = lambda t: ttnn.to_torch(ttnn.get_device_tensors(t)[0])  # noqa: E731
+    r = moe_dispatch.BLOCK
+    nb = moe_dispatch.dispatch_blocks(rows, k, e)
+    assert d.blocks == nb == e + -(-rows * k // r)
+    xd = host(d.rows_x).float().reshape(nb * r, -1)
+    slot_rows = host(d.slot_rows).reshape(-1).long()
+    sp = host(d.sparsity).float().reshape(nb, e)
+    assert slot_rows.unique().numel() == rows * k, "two slots share a dispatch row"
+    slot_ids = ids.t().reshape(-1)  # choice-major: slot s = j * rows + r
+    slot_row = torch.arange(rows * k) % rows
+    assert torch.equal(xd[slot_rows], x[0, slot_row]), "a dispatch row does not hold its slot's row of x"
+    rest = torch.ones(nb * r, dtype=torch.bool)
+    rest[slot_rows] = False
+    assert not xd[rest].any(), "a dispatch row no slot lands in is not zero"
+    assert torch.equal(sp.sum(-1), torch.ones(nb)), "a block must belong to exactly one expert"
+    assert torch.equal(sp.argmax(-1)[slot_rows // r], slot_ids), "a slot's block is not its expert's"
+    counts = torch.bincount(slot_ids, minlength=e)
+    owned = torch.bincount(sp.argmax(-1)[: int((-(-counts // r)).sum())], minlength=e)
+    assert torch.equal(owned, -(-counts // r))

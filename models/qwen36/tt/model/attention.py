@@ -22,10 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from .ccl import all_reduce, ccl_for
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
                            compute_config_norm, kv_update_input_memory_config, rope_decode_memory_config,
-                           sdpa_decode_program_config)
+                           sdpa_decode_program_config, sdpa_prefill_program_config)
 from .state import KVLayerState
 from .weights import AttentionWeights
 
@@ -53,6 +55,7 @@ class TTGatedAttention:
         self.hq, self.hkv, self.d = args.hq_d, args.hkv_d, c.head_dim
         self.eps = c.rms_norm_eps
         self.scale = c.head_dim ** -0.5
+        self._identity: dict = {}  # (rows, pages) -> identity page table of a block-float cache's verify write
 
     def rope(self, x, ctx: AttentionContext):
         """RoPE on x [1, T, heads, D] (head dims in the permuted order, see the module doc).
@@ -150,9 +153,14 @@ class TTGatedAttention:
         users = getattr(plan, "users", 1)
         rows, g, heads = q.shape[1], self.hq // self.hkv, self.hkv
         t = rows // users
-        k_1GTD, v_1GTD = (ttnn.permute(ttnn.to_memory_config(x, activation_memory_config(ttnn)), (0, 2, 1, 3))
-                          for x in (k, v))
-        ttnn.experimental.indexed_fused_update_cache(kv.k, k_1GTD, kv.v, v_1GTD, plan.phys_rows)
+        if kv.k.dtype == ttnn.bfloat16:
+            k_1GTD, v_1GTD = (ttnn.permute(ttnn.to_memory_config(x, activation_memory_config(ttnn)), (0, 2, 1, 3))
+                              for x in (k, v))
+            ttnn.experimental.indexed_fused_update_cache(kv.k, k_1GTD, kv.v, v_1GTD, plan.phys_rows)
+        else:  # a block-float cache: indexed_fused_update_cache is bf16-only (0.81.1 docstring), so the rows go through
+            # the decode's fused update, the T rows as its users, each at its physical row under an identity page table
+            ttnn.experimental.paged_fused_update_cache(kv.k, k, kv.v, v, update_idxs_tensor=ttnn.reshape(plan.phys_rows, [rows]),
+                                                       page_table=self.identity_pages(rows, kv.k.shape[0]))
         if users == 1:
             q_GTgD = ttnn.permute(ttnn.reshape(q, [rows, heads, g, self.d]), (1, 0, 2, 3))
         else:  # [B, T, G, g D] -> [B, G, T, g D] -> [B*G, T, g, D]: group b*G + h
@@ -172,6 +180,18 @@ class TTGatedAttention:
             o_TGgD = ttnn.permute(ttnn.reshape(o_GTgD, [users, heads, t, g * self.d]), (0, 2, 1, 3))
         return ttnn.reshape(o_TGgD, [1, 1, rows, self.hq * self.d])
 
+    def identity_pages(self, rows: int, pages: int):
+        """[rows, pages] int32: every row the identity page table (logical page p is physical page p), so a cache
+        update at a physical row writes that row. Made on the eager verify that precedes any capture."""
+        key = (rows, pages)
+        if key not in self._identity:
+            ttnn = self.ttnn
+            self._identity[key] = ttnn.from_torch(
+                torch.arange(pages, dtype=torch.int32).expand(rows, pages).contiguous(), dtype=ttnn.int32,
+                layout=ttnn.ROW_MAJOR_LAYOUT, device=self.mesh, memory_config=activation_memory_config(ttnn),
+                mesh_mapper=ttnn.ReplicateTensorToMesh(self.mesh))
+        return self._identity[key]
+
     def head_view(self, cache):
         """Paged cache [P, G, bs, D] viewed as [P*G, 1, bs, D] (one KV head per block; the same buffer)."""
         p, heads, bs, d = cache.shape
@@ -189,6 +209,7 @@ class TTGatedAttention:
             ttnn.experimental.paged_fill_cache(cache, heads_first, ctx.chunk_page_table, batch_idx=0)
         o = ttnn.transformer.chunked_scaled_dot_product_attention(
             qh, kv.k, kv.v, ctx.page_table, ctx.chunk_start, scale=self.scale,
+            program_config=sdpa_prefill_program_config(ttnn, self.mesh, ctx.chunk_start, rows),
             compute_kernel_config=compute_config_norm(ttnn), memory_config=activation_memory_config(ttnn))
         o = ttnn.permute(o, (0, 2, 1, 3))  # [1, T, Hq_d, D]
         return ttnn.reshape(o, [1, 1, rows, self.hq * self.d])

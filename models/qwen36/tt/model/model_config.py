@@ -179,7 +179,10 @@ class TTModelArgs:
     precision: PrecisionSetting
     max_seq_len: int = 4096
     block_size: int = 64  # paged-KV page size in tokens (tiles of 32 rows; 64 = tt_transformers default)
-    prefill_chunk: int = 256  # prefill chunk length; a multiple of block_size (paged_fill_cache writes whole pages)
+    # prefill chunk length; a multiple of block_size (paged_fill_cache writes whole pages). Every chunk re-reads all
+    # weights, so longer chunks amortise them: at 27B TP=2 the calibrated 4k TTFT is 1,868 / 1,067 / 991 ms at
+    # 256 / 1,024 / 2,048 rows (prefill-cost --chunk; docs/cost_figures.md), where the matmuls turn compute-bound
+    prefill_chunk: int = 2048
     batch: int = 1
     # decode matmul layout of the dense MLP and the LM head (tt/model/decode_matmuls.py): "mcast_1d" (DRAM-interleaved
     # weights, 1D multicast matmuls on an explicit small grid, as Tenstorrent's qwen36 decode runs them),
@@ -360,6 +363,34 @@ def matmul_program_config(ttnn, rows: int, k: int, n: int):
     """``None``: let ttnn pick its default multicast matmul for [rows, k] x [k, n] (prefill, and decode matmuls of
     the groups outside DRAM_SHARDED_GROUPS; those use :func:`decode_matmul_plan`). No card sweep exists yet."""
     return None
+
+
+# q / k chunk sizes the chunked prefill SDPA may take, largest first. The op requires the chunk's start to be a
+# multiple of both (its docstring: q_chunk_size, and k_chunk_size as a workaround for tt-metal issue 35225); a prefill
+# starts on a KV page (block_size, >= 32 rows), a prefix-cache resume too, so 32 always divides it.
+SDPA_PREFILL_CHUNKS = (256, 128, 64, 32)
+
+
+def sdpa_prefill_chunk_size(chunk_start: int, rows: int) -> int:
+    """The q and k chunk size of a prefill chunk of ``rows`` rows at ``chunk_start``: the largest of
+    :data:`SDPA_PREFILL_CHUNKS` that divides the start (any size divides 0) and is at most the rows rounded up to a
+    tile. One size for q and k keeps the rule simple: both must divide the start."""
+    rows_pad = -(-rows // TILE) * TILE
+    for c in SDPA_PREFILL_CHUNKS:
+        if chunk_start % c == 0 and c <= rows_pad:
+            return c
+    raise ValueError(f"prefill chunk start {chunk_start} is not a multiple of {SDPA_PREFILL_CHUNKS[-1]} (a KV page "
+                     "starts every block_size rows, itself a multiple of the 32-row tile)")
+
+
+def sdpa_prefill_program_config(ttnn, mesh, chunk_start: int, rows: int):
+    """Program config of the chunked prefill SDPA (``transformer.chunked_scaled_dot_product_attention``) for a chunk
+    of ``rows`` rows at ``chunk_start``: the device's compute grid and :func:`sdpa_prefill_chunk_size` for q and k,
+    exact exponentials. The op's default (no config) leaves the chunk sizes to the device op; naming them makes the
+    start rule checkable and holds at any position up to the model's 262,144. Sizes are to tune on cards."""
+    size = sdpa_prefill_chunk_size(chunk_start, rows)
+    return ttnn.SDPAProgramConfig(compute_with_storage_grid_size=mesh.compute_with_storage_grid_size(),
+                                  q_chunk_size=size, k_chunk_size=size, exp_approx_mode=False)
 
 
 def sdpa_decode_program_config(ttnn):

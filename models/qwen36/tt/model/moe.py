@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from . import moe_dispatch
 from .ccl import all_reduce, ccl_for
 from .mlp import TTMLP
 from .model_config import (TensorGroup, TTModelArgs, activation_memory_config, compute_config_matmul,
@@ -70,6 +71,7 @@ class TTMoE:
         self.i_d = args.moe_intermediate_d
         self.shared_mlp = TTMLP(args, weights.shared, ttnn, mesh)  # the dense SwiGLU, its reduce left to forward
         self._onehot: dict[int, object] = {}  # rows -> device one-hot (made on the eager run before any capture)
+        self._dispatch: dict[int, moe_dispatch.DispatchConsts] = {}  # prefill chunk rows -> dispatch constants
 
     def onehot(self, rows: int):
         if rows not in self._onehot:
@@ -92,29 +94,42 @@ class TTMoE:
         total = ttnn.sum(top_w, dim=-1, keepdim=True, memory_config=mc, compute_kernel_config=compute_config_norm(ttnn))
         return probs, ttnn.divide(top_w, total, memory_config=mc), top_w, top_i
 
-    def routed_all_experts(self, x, probs, top_w):
-        """Rows x all E experts (sparse_matmul scan mode, every group active): for chunks with M*k > E, where the
-        indexed mode cannot list M*k slots. Combine weights are dense: p * [p >= k-th largest p], renormalised
-        (the same k experts as top-k unless two probabilities tie exactly at the k-th place)."""
+    def dispatch_consts(self, rows: int) -> moe_dispatch.DispatchConsts:
+        if rows not in self._dispatch:
+            self._dispatch[rows] = moe_dispatch.make_consts(self.ttnn, self.mesh, self.args, rows)
+        return self._dispatch[rows]
+
+    def routed_dispatch(self, x, w, ids):
+        """The k routed experts of every row for chunks with M*k > E (prefill): the slots dispatched to their experts
+        in blocks of ``moe_dispatch.BLOCK`` rows, one grouped matmul pair over the blocks, the outputs gathered back and weighted
+        (tt/model/moe_dispatch.py). Only the routed (row, expert) pairs are computed, each expert's weights read once
+        per block of its rows."""
         ttnn, a = self.ttnn, self.args
-        rows, e = x.shape[2], a.cfg.num_experts
+        rows = x.shape[2]
         mc, act = activation_memory_config(ttnn), a.dtype(TensorGroup.ACTIVATION, ttnn)
-        kth = ttnn.slice(top_w, [0, 0, 0, self.k - 1], [1, 1, rows, self.k])
-        keep = ttnn.multiply(probs, ttnn.ge(probs, kth), memory_config=mc)
-        total = ttnn.sum(keep, dim=-1, keepdim=True, memory_config=mc, compute_kernel_config=compute_config_norm(ttnn))
-        c = ttnn.permute(ttnn.divide(keep, total, memory_config=mc), (0, 3, 2, 1))  # [1, E, M, 1]
-        y = self._experts(x, e, nnz=e)
-        y = ttnn.multiply(y, c, dtype=act, memory_config=mc)
+        d = moe_dispatch.plan(ttnn, a, self.dispatch_consts(rows), x, ids)
+        y = self._experts(d.rows_x, d.blocks, grouped=d.sparsity)  # [1, NB, R, H]
+        y = moe_dispatch.gather_back(ttnn, y, d.slot_rows, rows, self.k)  # [1, k, M, H]
+        wc = ttnn.reshape(ttnn.permute(w, (0, 1, 3, 2), memory_config=mc), [1, self.k, rows, 1])  # choice-major
+        y = ttnn.multiply(y, wc, dtype=act, memory_config=mc)
         return ttnn.sum(y, dim=1, keepdim=True, memory_config=mc, compute_kernel_config=compute_config_norm(ttnn))
 
-    def _experts(self, x, groups: int, **mode):
+    def _experts(self, x, groups: int, grouped=None, **mode):
         """down(silu(gate x) * up x) of ``groups`` expert slots over the M rows of x: [1, groups, M, H]. ``mode`` picks
-        the sparse_matmul mode the gate/up and down matmuls share: ``nnz=E`` (scan, every expert) or ``indices=``
-        (the listed experts only)."""
+        the sparse_matmul mode the gate/up and down matmuls share: ``indices=`` (the listed experts, each over all M
+        rows). ``grouped`` (a [1, 1, groups, E] sparsity with one expert per block): x is [1, groups, R, H], block b
+        computed against its own expert only (the dense-A mode, ``nnz`` = groups, compact outputs)."""
         ttnn, a = self.ttnn, self.args
         rows, h = x.shape[2], a.cfg.hidden_size
         mc, act = activation_memory_config(ttnn), a.dtype(TensorGroup.ACTIVATION, ttnn)
-        gu = ttnn.sparse_matmul(x, self.w.experts_gate_up, sparsity=self.w.sparsity, **mode,
+        sparsity, down_a_sparse = self.w.sparsity, True
+        outs = {}
+        if grouped is not None:
+            sparsity, down_a_sparse, mode = grouped, False, {"nnz": groups}
+            outs = {n: ttnn.allocate_tensor_on_device(ttnn.Shape([1, groups, rows, n]), act, ttnn.TILE_LAYOUT,
+                                                      self.mesh, mc) for n in (2 * self.i_d, h)}
+        gu = ttnn.sparse_matmul(x, self.w.experts_gate_up, sparsity=sparsity, **mode,
+                                optional_output_tensor=outs.get(2 * self.i_d),
                                 is_input_a_sparse=False, is_input_b_sparse=True, dtype=act, memory_config=mc,
                                 program_config=sparse_matmul_program_config(ttnn, rows, 2 * self.i_d),
                                 compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_GATE_UP)))
@@ -122,8 +137,8 @@ class TTMoE:
         gate = ttnn.slice(gu, [0, 0, 0, 0], [1, groups, rows, self.i_d])
         up = ttnn.slice(gu, [0, 0, 0, self.i_d], [1, groups, rows, 2 * self.i_d])
         hid = ttnn.multiply(ttnn.silu(gate), up, memory_config=mc)
-        return ttnn.sparse_matmul(hid, self.w.experts_down, sparsity=self.w.sparsity, **mode,
-                                  is_input_a_sparse=True, is_input_b_sparse=True, dtype=act, memory_config=mc,
+        return ttnn.sparse_matmul(hid, self.w.experts_down, sparsity=sparsity, **mode, optional_output_tensor=outs.get(h),
+                                  is_input_a_sparse=down_a_sparse, is_input_b_sparse=True, dtype=act, memory_config=mc,
                                   program_config=sparse_matmul_program_config(ttnn, rows, h),
                                   compute_kernel_config=compute_config_matmul(ttnn, a.dtype_name(TensorGroup.MLP_DOWN)))
 
@@ -163,6 +178,6 @@ class TTMoE:
         if x.shape[2] * self.k <= a.cfg.num_experts:
             routed = self.routed(x, w, ids)
         else:
-            routed = self.routed_all_experts(x, probs, top_w)
+            routed = self.routed_dispatch(x, w, ids)
         out = ttnn.add(routed, self.shared(x), dtype=a.dtype(TensorGroup.ACTIVATION, ttnn))
         return all_reduce(ttnn, out, a.num_devices)
