@@ -47,7 +47,8 @@ def test_rope_head_permutation_rejects_odd_dims():
 def harness(tmp_path_factory):
     from qwen36.tt.model.model_config import PrecisionSetting
     from qwen36.tt_ops.device import open_mesh
-    from support.tt import LayerHarness, make_bf16_checkpoint
+    from qwen36.tiny import make_bf16_checkpoint
+    from support.tt import LayerHarness
 
     ckpt = make_bf16_checkpoint(tmp_path_factory.mktemp("tt-fusions"), "ci", seed=0)
     with open_mesh("emulated-p150x2") as ctx:
@@ -108,7 +109,8 @@ def test_mlp_programs_dram_sharded_decode(tmp_path):
     """DRAM-sharded decode: gate, up, multiply, down, the single-op all-reduce on the down output's L1 width shards,
     the reshard of its sum to DRAM, plus the reshard of x into L1 width shards when x arrives interleaved: 7 programs,
     1 collective, the weights read from their DRAM banks."""
-    from support.tt import LayerHarness, make_bf16_checkpoint
+    from qwen36.tiny import make_bf16_checkpoint
+    from support.tt import LayerHarness
     from qwen36.tt.model.model_config import PrecisionSetting
     from qwen36.tt_ops.device import open_mesh
 
@@ -156,7 +158,8 @@ def test_decoder_layer_norm_writes_the_mlp_input(harness):
 
 def test_mlp_programs_interleaved_decode(tmp_path):
     """decode_matmuls="interleaved" keeps the six-program decode MLP (the all-reduce is two) on DRAM-interleaved weights."""
-    from support.tt import LayerHarness, make_bf16_checkpoint
+    from qwen36.tiny import make_bf16_checkpoint
+    from support.tt import LayerHarness
     from qwen36.tt.model.model_config import PrecisionSetting
     from qwen36.tt_ops.device import open_mesh
 
@@ -174,7 +177,8 @@ def test_lm_head_decode_layouts(tmp_path):
     interleaved weight writing the logits to DRAM; dram_sharded a DRAM-sharded matmul on weights placed over the 8
     banks, bracketed by two reshards; interleaved ttnn's default. The logits are the same bits in every layout (same
     bf8 weight, same contraction); prefill-size row counts take the default matmul on the same weight."""
-    from support.tt import LayerHarness, make_bf16_checkpoint
+    from qwen36.tiny import make_bf16_checkpoint
+    from support.tt import LayerHarness
     from qwen36.tt.model.model import lm_head_logits
     from qwen36.tt.model.model_config import PrecisionSetting
     from qwen36.tt_ops.device import open_mesh
