@@ -268,3 +268,18 @@ def test_prefix_config_from_the_launch():
     assert (c.checkpoints, c.policy.every) == (3, 1024)
     with pytest.raises(ValueError, match="prefix_checkpoints"):
         PrefixConfig.from_tt_options({"prefix_checkpoints": -1}, True, 8)
+
+
+def test_served_prefill_chunk_is_the_checkpoint_grid_unless_the_launch_says():
+    """The served model prefills in 256-row chunks (its prefix checkpoints' grid) whatever the model's own default,
+    unless the launch's additional_config names another; a bad value is refused by name."""
+    from types import SimpleNamespace
+
+    from qwen36.tt.model.model_config import TTModelArgs
+    from qwen36.tt.serving.vllm_args import SERVED_PREFILL_CHUNK, prefill_chunk_option
+
+    assert prefill_chunk_option(None) == SERVED_PREFILL_CHUNK == 256
+    assert TTModelArgs.__dataclass_fields__["prefill_chunk"].default != SERVED_PREFILL_CHUNK
+    assert prefill_chunk_option(SimpleNamespace(additional_config={"tt": {"prefill_chunk": 2048}})) == 2048
+    with pytest.raises(ValueError, match="tt.prefill_chunk"):
+        prefill_chunk_option(SimpleNamespace(additional_config={"tt": {"prefill_chunk": "big"}}))

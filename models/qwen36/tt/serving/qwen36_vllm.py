@@ -95,7 +95,8 @@ from ..model.state import KVLayerState, allocate_state, new_layer_state
 from ..speculative.verify import max_spec_tiles
 from ..model.weights import WeightLoader
 from .vllm_args import (DEPTH_COSTS, DEPTH_MODES, MAX_BATCH, MAX_K, ONE_USER, BlockTables, DecodeHandle, batch_rows,
-                        config_uses_mrope, hf_dict, max_depth, sampling_from_plugin, spec_depth_mode)
+                        config_uses_mrope, hf_dict, max_depth, prefill_chunk_option, sampling_from_plugin,
+                        spec_depth_mode)
 from .vllm_batch import BatchServer
 from .vllm_failure import DeviceStepFailed, stops_on_device_failure
 from .vllm_one import SPEC_PREFIX, OneSequenceServer, depth_controller, spec_bytes
@@ -265,6 +266,8 @@ class Qwen36ForCausalLM:
             if spec_depth is None:
                 spec_depth = spec_depth_mode(vllm_config)
         spec_depth = spec_depth or "fixed"
+        if prefill_chunk is None:
+            prefill_chunk = prefill_chunk_option(vllm_config)
         raw = hf_dict(hf_config)
         cfg = Qwen36Config.from_dict(raw)
         path = checkpoint or raw.get("_name_or_path") or os.environ.get("HF_MODEL")

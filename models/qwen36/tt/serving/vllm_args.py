@@ -60,6 +60,25 @@ def spec_depth_mode(vllm_config) -> str:
     return mode
 
 
+# The served model's prefill chunk: the prefix cache's checkpoint grid too (a hit restores the GDN state at a multiple
+# of it and re-prefills from there, exact only at the cold prefill's own chunk boundaries; docs/vllm_prefix.md). 256
+# keeps hits fine-grained (a 4k turn on a cached 3.8k prefix re-prefills 256 rows); the model's own default, 2,048,
+# amortises the weights over longer chunks for a cold long prompt (docs/cost_figures.md). A launch picks with
+# additional_config {"tt": {"prefill_chunk": N}}.
+SERVED_PREFILL_CHUNK = 256
+
+
+def prefill_chunk_option(vllm_config) -> int:
+    """The launch's ``additional_config`` ``tt.prefill_chunk`` (a positive multiple of the KV page, checked where the
+    model's args are made), else :data:`SERVED_PREFILL_CHUNK`."""
+    add = getattr(vllm_config, "additional_config", None) or {}
+    tt = add.get("tt", {}) if isinstance(add, dict) else {}
+    n = tt.get("prefill_chunk", SERVED_PREFILL_CHUNK) if isinstance(tt, dict) else SERVED_PREFILL_CHUNK
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        raise ValueError(f"additional_config tt.prefill_chunk={n!r}: a positive integer expected")
+    return n
+
+
 def _row_value(sp, name: str, row: int):
     """Row ``row`` of one TTSamplingParams field: a per-row list / tuple / tensor, or one value for every row."""
     v = getattr(sp, name)
