@@ -41,6 +41,7 @@ import torch
 
 from qwen36.errors import UserError
 from qwen36.probes.records import ProbeReport
+from qwen36.probes.prefill_hits import checkpoint_counts, hit_plan, parse_hits
 
 NAME = "prefill-cost"
 HELP = ("calibrated P150a time to first token (prefill chunks + last-row LM head) at 27B / 35B-A3B shapes, from "
@@ -81,16 +82,6 @@ def _int_list(text: str, what: str) -> list[int]:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
-
-
-def parse_hits(text: str) -> list[tuple[int, int]]:
-    out = []
-    for pair in (x for x in text.split(",") if x.strip()):
-        a, sep, b = pair.partition(":")
-        if not sep:
-            raise UserError(f"--prefix-hits takes PROMPT:HIT pairs, got {pair!r}")
-        out.append((int(a), int(b)))
-    return out
 
 
 def count_chunks(bench, ids: torch.Tensor) -> list[dict]:
@@ -402,36 +393,6 @@ def measure_units(device: str, cfg, precision: str, seed: int, real_vocab: int, 
         return unit
     finally:
         bench.close()
-
-
-def checkpoint_counts(bench, gdn_index: int) -> dict:
-    """Counts of saving and of restoring one GDN layer's checkpoint (``tt/runtime/resume.py`` ``CheckpointPool``:
-    device copies of the recurrent and conv state): what a prefix hit adds per GDN layer."""
-    from qwen36.tt.runtime.resume import CheckpointPool
-
-    pool = CheckpointPool(bench.model, 1, gdn_layers=1)
-    layer = [bench.state.layers[gdn_index]]
-    try:
-        with bench.ctx.counters.scope("checkpoint save") as save:
-            pool.save(0, layer)
-        with bench.ctx.counters.scope("checkpoint load") as load:
-            pool.load(0, layer)
-    finally:
-        pool.release()
-    return {"checkpoint_save": save.copy("checkpoint save (one GDN layer)"),
-            "checkpoint_load": load.copy("checkpoint load (one GDN layer)")}
-
-
-def hit_plan(prompt: int, hit: int, chunk: int, page: int) -> dict:
-    """How the adapter serves a hit of ``hit`` cached tokens on a ``prompt``-token prompt (``tt/runtime/resume.py``):
-    the grid boundary it restores, the rows it runs, the checkpoints the default policy saves on the way."""
-    from qwen36.tt.runtime.resume import CheckpointPolicy
-
-    if hit % page or not 0 < hit < prompt:
-        raise UserError(f"prefix hit {hit} must be a multiple of the KV page ({page}) in (0, prompt {prompt})")
-    u = chunk * (hit // chunk)
-    saves = sum(CheckpointPolicy().wants(b, prompt, chunk) for b in range(u + chunk, prompt, chunk))
-    return {"restored_from": u, "rerun_tokens": hit - u, "prefilled_tokens": prompt - u, "saves": saves}
 
 
 def _dtype_key(t) -> str:
