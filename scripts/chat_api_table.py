@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import support_path  # noqa: F401  (tests/ on sys.path: the test-support package `support`)
+from support.scripts import wait_until_healthy
 
 
 
@@ -144,7 +145,6 @@ def main(argv=None) -> int:
                                                   "earlier row's answer needs that row too)")
     args = ap.parse_args(argv)
 
-    import httpx
 
     from support.chat_api import CHAT_CHECKPOINT, make_chat_checkpoint
     from support.vllm_calls import read_recording
@@ -164,15 +164,7 @@ def main(argv=None) -> int:
           flush=True)
     clean = False
     try:
-        while True:
-            if server.poll() is not None:
-                sys.exit(f"chat_api_table: the server exited ({server.returncode}); log {tmp / 'server.log'}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
+        wait_until_healthy(server, url, "chat_api_table", tmp / "server.log")
         print(f"server up in {time.time() - t0:.0f} s", flush=True)
         rows = drive(url, record, ck, args.rows.split(",") if args.rows else None)
     finally:

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import support_path  # noqa: F401  (tests/ on sys.path: the test-support package `support`)
+from support.scripts import wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 64
@@ -66,7 +67,6 @@ def scrape(url: str) -> dict:
 def start_server(args, ck: Path, record: Path, prefix_caching: bool, port: int, log: Path) -> subprocess.Popen:
     """``qwen36 serve --device emulated-p150x2`` (prefix caching on unless ``prefix_caching`` is false) with the
     soak's recorder installed first (``scripts/soak_vllm_http.py --serve``)."""
-    import httpx
 
     budget = args.max_model_len * args.max_num_seqs
     cmd = [sys.executable, str(REPO / "scripts/soak_vllm_http.py"), "--serve", str(record), str(budget), "0",
@@ -79,15 +79,8 @@ def start_server(args, ck: Path, record: Path, prefix_caching: bool, port: int, 
     record.mkdir(parents=True, exist_ok=True)
     server = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    while True:
-        if server.poll() is not None:
-            sys.exit(f"chat_vllm_http: the server exited ({server.returncode}); log {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
+    wait_until_healthy(server, url, "chat_vllm_http", log)
+    return server
 
 
 def stop_server(server: subprocess.Popen) -> None:

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import support_path  # noqa: F401  (tests/ on sys.path: the test-support package `support`)
+from support.scripts import wait_until_healthy
 
 BLOCK = 64
 
@@ -211,7 +212,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
-    import httpx
 
     from qwen36.tiny import make_bf16_checkpoint
 
@@ -240,15 +240,7 @@ def main(argv=None) -> int:
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     print(f"soak_vllm_http: server pid {server.pid}, log {tmp / 'server.log'}", flush=True)
     try:
-        while True:
-            if server.poll() is not None:
-                sys.exit(f"soak_vllm_http: the server exited ({server.returncode}); log {tmp / 'server.log'}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
+        wait_until_healthy(server, url, "soak_vllm_http", tmp / "server.log")
         t_up = time.time() - t0
         time.sleep(2.5)  # the recorder flushes every second: every warmup call is on disk
         warm_calls = len((record / "calls.jsonl").read_text().splitlines())

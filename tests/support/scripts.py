@@ -25,3 +25,21 @@ def load_script(name: str):
     sys.modules[mod_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def wait_until_healthy(server, url: str, who: str, log) -> None:
+    """Poll ``url``/health every 2 s until the server answers 200; exit naming ``who`` and the server's ``log`` if
+    the server process ends first (the launchers of the HTTP scripts)."""
+    import time
+
+    import httpx
+
+    while True:
+        if server.poll() is not None:
+            sys.exit(f"{who}: the server exited ({server.returncode}); log {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
